@@ -1,0 +1,114 @@
+//! ObjectSet and ClusterObjectSet: one revision of objects, reconciled phase by phase.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::common::{
+    ControlledObjectReference, LifecycleState, ObjectSetTemplateSpec, PreviousRevisionReference,
+    RemotePhaseReference,
+};
+use super::resource::{api_kind, condition_column, Column, KindInfo, AGE_COLUMN};
+
+/// Desired state of an ObjectSet.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ObjectSetSpec {
+    /// Active, Paused or Archived (default Active).
+    #[serde(default)]
+    #[schemars(extend("default" = "Active"))]
+    pub lifecycle_state: LifecycleState,
+    /// Revisions whose objects this one may adopt.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub previous: Vec<PreviousRevisionReference>,
+    /// Phases, probes and success delay.
+    #[serde(flatten)]
+    pub template: ObjectSetTemplateSpec,
+}
+
+/// Observed state of an ObjectSet.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ObjectSetStatus {
+    /// Available, Succeeded, InTransition, Paused, Archived and mapped conditions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// Summary for `kubectl get`; not an API contract.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// Revision number, monotonically increasing.
+    #[serde(default, skip_serializing_if = "crate::schema::is_default")]
+    pub revision: i64,
+    /// ObjectSetPhases this set delegated phases to.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub remote_phases: Vec<RemotePhaseReference>,
+    /// Objects this set controls.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub controller_of: Vec<ControlledObjectReference>,
+}
+
+const OBJECT_SET_COLUMNS: &[Column] = &[
+    Column {
+        name: "Status",
+        type_: "string",
+        json_path: ".status.phase",
+        priority: 0,
+    },
+    condition_column(
+        "Available",
+        r#".status.conditions[?(@.type=="Available")].status"#,
+    ),
+    condition_column(
+        "Succeeded",
+        r#".status.conditions[?(@.type=="Succeeded")].status"#,
+    ),
+    Column {
+        name: "Revision",
+        type_: "integer",
+        json_path: ".status.revision",
+        priority: 0,
+    },
+    Column {
+        name: "Lifecycle",
+        type_: "string",
+        json_path: ".spec.lifecycleState",
+        priority: 1,
+    },
+    AGE_COLUMN,
+];
+
+api_kind! {
+    /// One revision of objects in a namespace, reconciled phase by phase.
+    pub struct ObjectSet {
+        pub spec: ObjectSetSpec,
+    }
+    status: ObjectSetStatus,
+    scope: NamespaceResourceScope,
+    info: KindInfo {
+        group: crate::GROUP,
+        kind: "ObjectSet",
+        plural: "objectsets",
+        namespaced: true,
+        short_names: &["objset", "os"],
+        columns: OBJECT_SET_COLUMNS,
+        status_default_phase: Some("Pending"),
+    },
+}
+
+api_kind! {
+    /// One revision of cluster-scoped (and any-namespace) objects, reconciled phase by phase.
+    pub struct ClusterObjectSet {
+        pub spec: ObjectSetSpec,
+    }
+    status: ObjectSetStatus,
+    scope: ClusterResourceScope,
+    info: KindInfo {
+        group: crate::GROUP,
+        kind: "ClusterObjectSet",
+        plural: "clusterobjectsets",
+        namespaced: false,
+        short_names: &["clobjset", "clos"],
+        columns: OBJECT_SET_COLUMNS,
+        status_default_phase: Some("Pending"),
+    },
+}

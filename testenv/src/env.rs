@@ -1,0 +1,370 @@
+//! A whole environment: start-up order, timings, teardown, and the per-test-binary shared instance.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use crate::apiserver::{self, ApiServer};
+use crate::binaries::Binaries;
+use crate::error::{io_error, TestEnvError};
+use crate::nats::{self, Nats};
+use crate::process::ManagedProcess;
+use crate::registry::{self, Registry};
+use crate::{controller_manager, etcd};
+
+/// What to start.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EnvConfig {
+    /// Number of hosted-cluster apiservers (`hosted-0`, `hosted-1`, ...).
+    pub hosted_clusters: usize,
+    /// Whether to run kube-controller-manager against the management apiserver.
+    pub controller_manager: bool,
+}
+
+impl Default for EnvConfig {
+    /// What [`shared()`] starts: two hosted clusters and the controller manager.
+    fn default() -> Self {
+        Self {
+            hosted_clusters: 2,
+            controller_manager: true,
+        }
+    }
+}
+
+/// How long each part of the start took.
+#[derive(Clone, Debug, Default)]
+pub struct StartupTimings {
+    /// etcd until healthy.
+    pub etcd: Duration,
+    /// nats-server until JetStream answers.
+    pub nats: Duration,
+    /// Registry until `/v2/` answers.
+    pub registry: Duration,
+    /// All apiservers until every `/readyz` is ok (they start in parallel).
+    pub apiservers: Duration,
+    /// kube-controller-manager until its controllers act.
+    pub controller_manager: Duration,
+    /// The whole start.
+    pub total: Duration,
+}
+
+/// A running environment. Dropping it stops every server and removes its files.
+#[derive(Debug)]
+pub struct TestEnv {
+    root: PathBuf,
+    controller_manager: Option<ManagedProcess>,
+    management: ApiServer,
+    hosted: Vec<ApiServer>,
+    nats: Nats,
+    registry: Registry,
+    etcd: etcd::Etcd,
+    timings: StartupTimings,
+}
+
+impl TestEnv {
+    /// Starts everything `config` asks for. Independent servers start in parallel.
+    pub async fn start(config: EnvConfig) -> Result<Self, TestEnvError> {
+        let started = Instant::now();
+        let binaries = Binaries::locate()?;
+        let root = new_root_dir()?;
+        let result = start_in(&binaries, &root, &config, started).await;
+        if result.is_err() {
+            // The servers started so far were stopped when their handles dropped.
+            let _ = std::fs::remove_dir_all(&root);
+        }
+        result
+    }
+
+    /// The management cluster's apiserver.
+    pub fn management(&self) -> &ApiServer {
+        &self.management
+    }
+
+    /// The hosted clusters' apiservers.
+    pub fn hosted_clusters(&self) -> &[ApiServer] {
+        &self.hosted
+    }
+
+    /// nats-server.
+    pub fn nats(&self) -> &Nats {
+        &self.nats
+    }
+
+    /// OCI registry.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// `http://127.0.0.1:<port>` of etcd.
+    pub fn etcd_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.etcd.client_port)
+    }
+
+    /// Whether kube-controller-manager runs.
+    pub fn has_controller_manager(&self) -> bool {
+        self.controller_manager.is_some()
+    }
+
+    /// Directory holding every server's data, configuration and log.
+    pub fn root_dir(&self) -> &Path {
+        &self.root
+    }
+
+    /// How long the start took, per part.
+    pub fn timings(&self) -> &StartupTimings {
+        &self.timings
+    }
+
+    /// Process ids of every server, with their names (for resource measurements).
+    pub fn processes(&self) -> Vec<(String, u32)> {
+        let mut processes = vec![("etcd".to_owned(), self.etcd.process.pid())];
+        processes.push((self.management.name().to_owned(), self.management.pid()));
+        processes.extend(
+            self.hosted
+                .iter()
+                .map(|server| (server.name().to_owned(), server.pid())),
+        );
+        if let Some(manager) = &self.controller_manager {
+            processes.push(("kube-controller-manager".to_owned(), manager.pid()));
+        }
+        processes.push(("nats-server".to_owned(), self.nats.process.pid()));
+        processes.push(("docker-registry".to_owned(), self.registry.process.pid()));
+        processes
+            .into_iter()
+            .filter_map(|(name, pid)| pid.map(|pid| (name, pid)))
+            .collect()
+    }
+}
+
+impl Drop for TestEnv {
+    fn drop(&mut self) {
+        // Clients of etcd first, so nothing logs about a vanished etcd; then the files.
+        if let Some(manager) = &self.controller_manager {
+            manager.stop();
+        }
+        self.management.process.stop();
+        for server in &self.hosted {
+            server.process.stop();
+        }
+        self.nats.process.stop();
+        self.registry.process.stop();
+        self.etcd.process.stop();
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+async fn start_in(
+    binaries: &Binaries,
+    root: &Path,
+    config: &EnvConfig,
+    started: Instant,
+) -> Result<TestEnv, TestEnvError> {
+    let mut timings = StartupTimings::default();
+    let token = format!(
+        "pko-{}-{}",
+        std::process::id(),
+        started.elapsed().as_nanos()
+    );
+    let token_file = root.join("tokens.csv");
+    std::fs::write(&token_file, format!("{token},admin,admin,system:masters\n"))
+        .map_err(io_error("write", &token_file))?;
+    let (key, public_key) = (root.join("sa.key"), root.join("sa.pub"));
+
+    let timed = |since: Instant| since.elapsed();
+    let (etcd, nats, registry, keys) = tokio::join!(
+        async {
+            let t = Instant::now();
+            etcd::start(binaries, root)
+                .await
+                .map(|etcd| (etcd, timed(t)))
+        },
+        async {
+            let t = Instant::now();
+            nats::start(binaries, root)
+                .await
+                .map(|nats| (nats, timed(t)))
+        },
+        async {
+            let t = Instant::now();
+            registry::start(binaries, root)
+                .await
+                .map(|registry| (registry, timed(t)))
+        },
+        service_account_keys(binaries, &key, &public_key),
+    );
+    let (etcd, nats, registry) = (etcd?, nats?, registry?);
+    keys?;
+    (timings.etcd, timings.nats, timings.registry) = (etcd.1, nats.1, registry.1);
+
+    let shared = apiserver::Shared {
+        binaries,
+        etcd_port: etcd.0.client_port,
+        service_account_key: &key,
+        service_account_public_key: &public_key,
+        token_file: &token_file,
+        token: &token,
+    };
+    let apiservers_started = Instant::now();
+    let names: Vec<String> = std::iter::once("management".to_owned())
+        .chain((0..config.hosted_clusters).map(|index| format!("hosted-{index}")))
+        .collect();
+    let dirs: Vec<PathBuf> = names.iter().map(|name| root.join(name)).collect();
+    let servers = futures::future::join_all(
+        names
+            .iter()
+            .zip(&dirs)
+            .map(|(name, dir)| apiserver::start(&shared, name, dir)),
+    )
+    .await;
+    let mut servers = servers
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()?
+        .into_iter();
+    timings.apiservers = apiservers_started.elapsed();
+    let management = servers
+        .next()
+        .ok_or_else(|| TestEnvError::SharedStartFailed("no management apiserver".into()))?;
+    let hosted: Vec<ApiServer> = servers.collect();
+
+    let controller_manager = if config.controller_manager {
+        let t = Instant::now();
+        let process =
+            controller_manager::start(binaries, &management, &root.join("management")).await?;
+        timings.controller_manager = t.elapsed();
+        Some(process)
+    } else {
+        None
+    };
+    timings.total = started.elapsed();
+    tracing::info!(?timings, root = %root.display(), "test environment ready");
+    Ok(TestEnv {
+        root: root.to_owned(),
+        controller_manager,
+        management,
+        hosted,
+        nats: nats.0,
+        registry: registry.0,
+        etcd: etcd.0,
+        timings,
+    })
+}
+
+/// The ECDSA key pair apiservers sign and verify service-account tokens with.
+async fn service_account_keys(
+    binaries: &Binaries,
+    key: &Path,
+    public_key: &Path,
+) -> Result<(), TestEnvError> {
+    let key_arg = key.display().to_string();
+    let public_arg = public_key.display().to_string();
+    run(
+        &binaries.openssl,
+        &[
+            "ecparam",
+            "-name",
+            "prime256v1",
+            "-genkey",
+            "-noout",
+            "-out",
+            &key_arg,
+        ],
+    )
+    .await?;
+    run(
+        &binaries.openssl,
+        &["ec", "-in", &key_arg, "-pubout", "-out", &public_arg],
+    )
+    .await
+}
+
+async fn run(program: &Path, args: &[&str]) -> Result<(), TestEnvError> {
+    let command = format!("{} {}", program.display(), args.join(" "));
+    let output = tokio::process::Command::new(program)
+        .args(args)
+        .output()
+        .await
+        .map_err(|error| TestEnvError::Command {
+            command: command.clone(),
+            detail: error.to_string(),
+        })?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(TestEnvError::Command {
+            command,
+            detail: format!(
+                "{}: {}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr)
+            ),
+        })
+    }
+}
+
+/// Base directory of environments: `PKO_TESTENV_DIR`, else `/dev/shm/pko-testenv` (etcd and the registry
+/// write a lot; memory is faster than disk), else the temp directory.
+fn base_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("PKO_TESTENV_DIR") {
+        return PathBuf::from(dir);
+    }
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() {
+        shm.join("pko-testenv")
+    } else {
+        std::env::temp_dir().join("pko-testenv")
+    }
+}
+
+/// A fresh `<base>/<pid>-<n>` directory. Directories of processes that no longer exist (a shared
+/// environment outlives its test binary's statics, so nothing dropped it) are removed first.
+fn new_root_dir() -> Result<PathBuf, TestEnvError> {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static ENVIRONMENTS: AtomicU32 = AtomicU32::new(0);
+    let base = base_dir();
+    std::fs::create_dir_all(&base).map_err(io_error("create directory", &base))?;
+    if let Ok(entries) = std::fs::read_dir(&base) {
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let owner_alive = name
+                .split('-')
+                .next()
+                .and_then(|pid| pid.parse::<u32>().ok())
+                .is_some_and(|pid| Path::new("/proc").join(pid.to_string()).exists());
+            if !owner_alive {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+    }
+    let dir = base.join(format!(
+        "{}-{}",
+        std::process::id(),
+        ENVIRONMENTS.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).map_err(io_error("create directory", &dir))?;
+    Ok(dir)
+}
+
+/// The environment every test of this test binary shares ([`EnvConfig::default`]), started by the first
+/// caller. Blocks while it starts; later callers get it at once. Its servers stop when the test binary
+/// exits. Tests take their own clients from it and work in their own namespaces.
+pub fn shared() -> Result<&'static TestEnv, TestEnvError> {
+    static SHARED: OnceLock<Result<TestEnv, String>> = OnceLock::new();
+    SHARED
+        .get_or_init(|| {
+            // Its own thread and runtime: the caller may be inside a runtime that must not block on
+            // itself, and that runtime ends with its test.
+            std::thread::spawn(|| {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|error| format!("cannot build a tokio runtime: {error}"))?;
+                runtime
+                    .block_on(TestEnv::start(EnvConfig::default()))
+                    .map_err(|error| error.to_string())
+            })
+            .join()
+            .unwrap_or_else(|_| Err("the start-up thread panicked".to_owned()))
+        })
+        .as_ref()
+        .map_err(|message| TestEnvError::SharedStartFailed(message.clone()))
+}

@@ -1,0 +1,72 @@
+//! Kubeconfig files for the apiservers (token auth, loopback, self-signed serving certificate) and
+//! clients built from them.
+
+use std::path::Path;
+
+use kube::config::{
+    AuthInfo, Cluster, Context, KubeConfigOptions, Kubeconfig, NamedAuthInfo, NamedCluster,
+    NamedContext,
+};
+
+use crate::error::{io_error, TestEnvError};
+
+/// Writes a kubeconfig for `server` authenticating with `token`. The apiserver's serving certificate is
+/// self-signed and generated at start, so the kubeconfig skips verification; it only ever points at
+/// loopback.
+pub(crate) fn write(
+    path: &Path,
+    name: &str,
+    server: &str,
+    token: &str,
+) -> Result<(), TestEnvError> {
+    let config = Kubeconfig {
+        clusters: vec![NamedCluster {
+            name: name.to_owned(),
+            cluster: Some(Cluster {
+                server: Some(server.to_owned()),
+                insecure_skip_tls_verify: Some(true),
+                ..Default::default()
+            }),
+            other: Default::default(),
+        }],
+        auth_infos: vec![NamedAuthInfo {
+            name: "admin".to_owned(),
+            auth_info: Some(AuthInfo {
+                token: Some(token.to_owned().into()),
+                ..Default::default()
+            }),
+            other: Default::default(),
+        }],
+        contexts: vec![NamedContext {
+            name: name.to_owned(),
+            context: Some(Context {
+                cluster: name.to_owned(),
+                user: Some("admin".to_owned()),
+                ..Default::default()
+            }),
+            other: Default::default(),
+        }],
+        current_context: Some(name.to_owned()),
+        api_version: Some("v1".to_owned()),
+        kind: Some("Config".to_owned()),
+        ..Default::default()
+    };
+    let yaml = serde_saphyr::to_string(&config).map_err(|error| TestEnvError::Kube {
+        server: name.to_owned(),
+        source: error.to_string().into(),
+    })?;
+    std::fs::write(path, yaml).map_err(io_error("write kubeconfig", path))
+}
+
+/// A client for the kubeconfig at `path`.
+pub(crate) async fn client(path: &Path, name: &str) -> Result<kube::Client, TestEnvError> {
+    let kube_error = |source: Box<dyn std::error::Error + Send + Sync>| TestEnvError::Kube {
+        server: name.to_owned(),
+        source,
+    };
+    let kubeconfig = Kubeconfig::read_from(path).map_err(|error| kube_error(error.into()))?;
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .map_err(|error| kube_error(error.into()))?;
+    kube::Client::try_from(config).map_err(|error| kube_error(error.into()))
+}

@@ -1,0 +1,37 @@
+//! The real servers pko runs against, started on free loopback ports for tests, the loadtest and the
+//! local environment launcher:
+//!
+//! - one etcd, shared by every apiserver through distinct `--etcd-prefix`es;
+//! - a management kube-apiserver, optionally with kube-controller-manager (garbage collection,
+//!   namespace deletion);
+//! - N hosted-cluster kube-apiservers, each standing in for a HyperShift guest cluster;
+//! - nats-server with JetStream;
+//! - an OCI registry (distribution).
+//!
+//! [`shared()`] gives every test of one test binary the same running set, so a binary pays the start-up
+//! once; tests isolate themselves with [`ApiServer::create_namespace`]. [`TestEnv::start`] gives an
+//! owned set that is torn down when dropped. Server processes die with the process that started them,
+//! also when a test panics or the runner is killed.
+//!
+//! This crate starts and stops servers and hands out clients; it knows nothing of pko's behaviour.
+
+mod apiserver;
+mod binaries;
+mod controller_manager;
+mod env;
+mod error;
+mod etcd;
+mod kubeconfig;
+mod nats;
+mod net;
+mod process;
+mod registry;
+mod wait;
+
+pub use apiserver::ApiServer;
+pub use binaries::Binaries;
+pub use env::{shared, EnvConfig, StartupTimings, TestEnv};
+pub use error::TestEnvError;
+pub use nats::Nats;
+pub use registry::Registry;
+pub use wait::wait_until;

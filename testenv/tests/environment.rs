@@ -1,0 +1,290 @@
+//! The harness starts real servers that work: every apiserver stores and watches objects independently,
+//! the controller manager collects garbage, JetStream stores and delivers, the registry stores blobs, and
+//! servers never outlive the process that started them.
+
+use std::time::Duration;
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::Resource;
+use pko_testenv::{shared, wait_until, EnvConfig, TestEnv};
+
+const DEADLINE: Duration = Duration::from_secs(30);
+
+fn config_map(name: &str, value: &str) -> ConfigMap {
+    ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            ..Default::default()
+        },
+        data: Some([("value".to_owned(), value.to_owned())].into()),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn every_apiserver_stores_and_watches_objects() {
+    let env = shared().unwrap();
+    let servers: Vec<_> = std::iter::once(env.management())
+        .chain(env.hosted_clusters())
+        .collect();
+    assert_eq!(servers.len(), 3, "management plus two hosted clusters");
+    for server in servers {
+        let namespace = server.create_namespace("watch").await.unwrap();
+        let config_maps: Api<ConfigMap> =
+            Api::namespaced(server.client().await.unwrap(), &namespace);
+        let mut events = watcher(config_maps.clone(), watcher::Config::default())
+            .applied_objects()
+            .boxed();
+        config_maps
+            .create(
+                &PostParams::default(),
+                &config_map("written", server.name()),
+            )
+            .await
+            .unwrap();
+        let seen = tokio::time::timeout(DEADLINE, async {
+            while let Some(object) = events.try_next().await.unwrap() {
+                if object.metadata.name.as_deref() == Some("written") {
+                    return object;
+                }
+            }
+            panic!("watch ended");
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{} did not deliver the watch event", server.name()));
+        assert_eq!(seen.data.unwrap()["value"], server.name());
+    }
+}
+
+#[tokio::test]
+async fn hosted_clusters_do_not_share_objects() {
+    let env = shared().unwrap();
+    let [first, second] = env.hosted_clusters() else {
+        panic!("expected two hosted clusters");
+    };
+    let namespace = first.create_namespace("isolation").await.unwrap();
+    let in_first: Api<ConfigMap> = Api::namespaced(first.client().await.unwrap(), &namespace);
+    in_first
+        .create(&PostParams::default(), &config_map("only-here", "first"))
+        .await
+        .unwrap();
+    for other in [second, env.management()] {
+        let api: Api<ConfigMap> = Api::namespaced(other.client().await.unwrap(), &namespace);
+        assert!(
+            api.get_opt("only-here").await.unwrap().is_none(),
+            "{} sees an object written to {}",
+            other.name(),
+            first.name()
+        );
+    }
+    assert_ne!(first.url(), second.url());
+    assert_ne!(first.kubeconfig_path(), second.kubeconfig_path());
+}
+
+#[tokio::test]
+async fn controller_manager_collects_garbage() {
+    let env = shared().unwrap();
+    assert!(env.has_controller_manager());
+    let server = env.management();
+    let namespace = server.create_namespace("gc").await.unwrap();
+    let api: Api<ConfigMap> = Api::namespaced(server.client().await.unwrap(), &namespace);
+    let owner = api
+        .create(&PostParams::default(), &config_map("owner", "x"))
+        .await
+        .unwrap();
+    let mut dependent = config_map("dependent", "y");
+    dependent.metadata.owner_references = Some(vec![owner.controller_owner_ref(&()).unwrap()]);
+    api.create(&PostParams::default(), &dependent)
+        .await
+        .unwrap();
+
+    api.delete("owner", &DeleteParams::default()).await.unwrap();
+    wait_until("dependent garbage-collected", DEADLINE, || {
+        let api = api.clone();
+        async move {
+            match api.get_opt("dependent").await {
+                Ok(None) => Ok(()),
+                Ok(Some(_)) => Err("dependent still exists".to_owned()),
+                Err(error) => Err(error.to_string()),
+            }
+        }
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn jetstream_stores_and_delivers_a_message() {
+    use async_nats::jetstream::{self, consumer::pull, stream};
+    let env = shared().unwrap();
+    let context = jetstream::new(env.nats().client().await.unwrap());
+    let stream = context
+        .create_stream(stream::Config {
+            name: "harness-check".to_owned(),
+            subjects: vec!["harness.check.>".to_owned()],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let ack = context
+        .publish("harness.check.one", "payload-1".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    assert_eq!(ack.stream, "harness-check");
+
+    let consumer = stream
+        .create_consumer(pull::Config {
+            durable_name: Some("harness-reader".to_owned()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut messages = consumer.fetch().max_messages(1).messages().await.unwrap();
+    let message = tokio::time::timeout(DEADLINE, messages.next())
+        .await
+        .unwrap()
+        .expect("one message")
+        .unwrap();
+    assert_eq!(message.subject.as_str(), "harness.check.one");
+    assert_eq!(&message.payload[..], b"payload-1");
+    message.ack().await.unwrap();
+}
+
+#[tokio::test]
+async fn registry_stores_and_returns_a_blob() {
+    use oci_client::client::{ClientConfig, ClientProtocol};
+    use oci_client::{Client, Reference};
+    let env = shared().unwrap();
+    let client = Client::new(ClientConfig {
+        protocol: ClientProtocol::Http,
+        ..Default::default()
+    });
+    let reference: Reference = format!("{}/harness/blob:v1", env.registry().host())
+        .parse()
+        .unwrap();
+    let data = b"pko harness blob".to_vec();
+    let digest = format!("sha256:{}", sha256_hex(&data));
+    client
+        .push_blob(&reference, data.clone(), &digest)
+        .await
+        .unwrap();
+    let mut pulled = Vec::new();
+    client
+        .pull_blob(&reference, digest.as_str(), &mut pulled)
+        .await
+        .unwrap();
+    assert_eq!(pulled, data);
+}
+
+/// SHA-256 via the system's sha256sum, so the test does not pull in a hashing crate of its own.
+fn sha256_hex(data: &[u8]) -> String {
+    use std::io::Write;
+    let mut child = std::process::Command::new("sha256sum")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(data).unwrap();
+    let output = child.wait_with_output().unwrap();
+    String::from_utf8(output.stdout).unwrap()[..64].to_owned()
+}
+
+fn alive(pid: u32) -> bool {
+    // A reaped process has no /proc entry; a killed but unreaped one is a zombie ("Z").
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|stat| {
+            !stat
+                .split_whitespace()
+                .nth(2)
+                .is_some_and(|state| state == "Z")
+        })
+        .unwrap_or(false)
+}
+
+const MINIMAL: EnvConfig = EnvConfig {
+    hosted_clusters: 0,
+    controller_manager: false,
+};
+
+#[tokio::test]
+async fn dropping_an_environment_stops_its_servers_and_removes_its_files() {
+    let env = TestEnv::start(MINIMAL).await.unwrap();
+    let pids: Vec<u32> = env.processes().into_iter().map(|(_, pid)| pid).collect();
+    let root = env.root_dir().to_owned();
+    assert_eq!(pids.len(), 4, "etcd, apiserver, nats-server, registry");
+    assert!(pids.iter().all(|pid| alive(*pid)));
+    drop(env);
+    assert!(
+        pids.iter().all(|pid| !alive(*pid)),
+        "a server survived drop"
+    );
+    assert!(!root.exists(), "{} not removed", root.display());
+}
+
+const CRASH_CHILD: &str = "PKO_TESTENV_CRASH_CHILD";
+
+/// Run by `servers_die_with_a_crashing_test_process` in a child process: starts servers, then aborts
+/// without unwinding or running any destructor.
+#[tokio::test]
+#[ignore = "helper: runs only as the child of servers_die_with_a_crashing_test_process"]
+async fn crashing_child() {
+    if std::env::var_os(CRASH_CHILD).is_none() {
+        return;
+    }
+    let env = TestEnv::start(MINIMAL).await.unwrap();
+    let pids: Vec<String> = env
+        .processes()
+        .into_iter()
+        .map(|(_, pid)| pid.to_string())
+        .collect();
+    println!("PIDS {}", pids.join(" "));
+    std::process::abort();
+}
+
+#[tokio::test]
+async fn servers_die_with_a_crashing_test_process() {
+    let output = tokio::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "crashing_child",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CRASH_CHILD, "1")
+        .output()
+        .await
+        .unwrap();
+    assert!(!output.status.success(), "the child was meant to abort");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let pids: Vec<u32> = stdout
+        .lines()
+        .find_map(|line| line.split_once("PIDS ").map(|(_, pids)| pids))
+        .unwrap_or_else(|| {
+            panic!(
+                "child printed no PIDS line: {stdout}\n{}",
+                String::from_utf8_lossy(&output.stderr)
+            )
+        })
+        .split_whitespace()
+        .map(|pid| pid.parse().unwrap())
+        .collect();
+    assert_eq!(pids.len(), 4);
+    wait_until("servers of the aborted process gone", DEADLINE, || {
+        let survivors: Vec<u32> = pids.iter().copied().filter(|pid| alive(*pid)).collect();
+        async move {
+            if survivors.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("still running: {survivors:?}"))
+            }
+        }
+    })
+    .await
+    .unwrap();
+}
