@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the real components pko's tests, loadtest and dev environment run against:
 #   etcd-server, nats-server, docker-registry, skopeo      (Debian packages)
+#   kubectl                                                (kubernetes-client, unless one is installed)
 #   kube-apiserver, kube-controller-manager v1.20.2        (built from Debian's `kubernetes` source package)
 #
 # Idempotent. Built binaries are cached under ${XDG_CACHE_HOME:-$HOME/.cache}/pko/, so a second run only
@@ -75,6 +76,10 @@ install_packages "${DEB_PACKAGES[@]}"
 for bin in etcd nats-server docker-registry skopeo; do
   command -v $bin >/dev/null || die "$bin is not on PATH after installing ${DEB_PACKAGES[*]}"
 done
+if ! command -v kubectl >/dev/null; then
+  current_step="install kubectl"
+  install_packages kubernetes-client
+fi
 info "etcd $(etcd --version 2>/dev/null | head -n1 | awk '{print $3}'), nats-server $(nats-server --version 2>/dev/null | awk '{print $2}')"
 
 step "kube-apiserver and kube-controller-manager $KUBE_VERSION"
@@ -99,6 +104,7 @@ else
   apt_update_once
 
   work=$(mktemp -d "${TMPDIR:-/tmp}/pko-kube-build.XXXXXX")
+  chmod 755 "$work" # apt-get source downloads as the _apt user
   [ "${PKO_KUBE_BUILD_KEEP:-0}" = 1 ] || trap 'rc=$?; rm -rf "$work"; [ $rc -eq 0 ] || printf "\nerror: step failed (exit %s): %s\n" "$rc" "$current_step" >&2' EXIT
 
   current_step="download Debian kubernetes source"

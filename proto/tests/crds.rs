@@ -1,5 +1,7 @@
 //! `deploy/crds/` must be exactly what the types generate. Run with `PKO_UPDATE_CRDS=1` to rewrite it.
 
+#![allow(clippy::unwrap_used)] // tests fail loudly on the first unexpected error
+
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 

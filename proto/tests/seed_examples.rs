@@ -2,6 +2,8 @@
 //! accepted as written (raw JSON, so the CRDs' own defaults apply) and reads back through the Rust types
 //! equal to the example as the types see it; invalid specs are rejected with the field named.
 
+#![allow(clippy::unwrap_used)] // tests fail loudly on the first unexpected error
+
 mod common;
 
 use std::path::PathBuf;

@@ -18,9 +18,11 @@
 mod apiserver;
 mod binaries;
 mod controller_manager;
+mod crds;
 mod env;
 mod error;
 mod etcd;
+mod hypershift;
 mod kubeconfig;
 mod nats;
 mod net;
@@ -30,8 +32,10 @@ mod wait;
 
 pub use apiserver::ApiServer;
 pub use binaries::Binaries;
+pub use crds::install_crds;
 pub use env::{shared, EnvConfig, StartupTimings, TestEnv};
 pub use error::TestEnvError;
+pub use hypershift::{SimulatedHostedCluster, HOSTED_CLUSTERS_NAMESPACE, KUBECONFIG_SECRET};
 pub use nats::Nats;
 pub use registry::Registry;
 pub use wait::wait_until;

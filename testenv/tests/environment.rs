@@ -2,6 +2,8 @@
 //! the controller manager collects garbage, JetStream stores and delivers, the registry stores blobs, and
 //! servers never outlive the process that started them.
 
+#![allow(clippy::unwrap_used)] // tests fail loudly on the first unexpected error
+
 use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
@@ -198,10 +200,9 @@ fn alive(pid: u32) -> bool {
     // A reaped process has no /proc entry; a killed but unreaped one is a zombie ("Z").
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .map(|stat| {
-            !stat
-                .split_whitespace()
+            stat.split_whitespace()
                 .nth(2)
-                .is_some_and(|state| state == "Z")
+                .is_none_or(|state| state != "Z")
         })
         .unwrap_or(false)
 }
@@ -287,4 +288,50 @@ async fn servers_die_with_a_crashing_test_process() {
     })
     .await
     .unwrap();
+}
+
+#[tokio::test]
+async fn simulated_hypershift_points_each_hosted_cluster_at_its_apiserver() {
+    use k8s_openapi::api::core::v1::Secret;
+    use pko_proto::hypershift::HostedCluster;
+    let env = shared().unwrap();
+    let simulated = env.simulate_hypershift().await.unwrap();
+    assert_eq!(simulated.len(), 2);
+    let management = env.management().client().await.unwrap();
+    let hosted_clusters: Api<HostedCluster> =
+        Api::namespaced(management.clone(), pko_testenv::HOSTED_CLUSTERS_NAMESPACE);
+    for (cluster, server) in simulated.iter().zip(env.hosted_clusters()) {
+        let object = hosted_clusters.get(&cluster.name).await.unwrap();
+        assert!(object.is_available(), "{} not Available", cluster.name);
+        assert_eq!(
+            object.hosted_control_plane_namespace().as_deref(),
+            Some(cluster.hcp_namespace.as_str())
+        );
+
+        // The Secret's kubeconfig reaches this hosted cluster's apiserver and no other.
+        let secret = Api::<Secret>::namespaced(management.clone(), &cluster.hcp_namespace)
+            .get(pko_testenv::KUBECONFIG_SECRET)
+            .await
+            .unwrap();
+        let kubeconfig = kube::config::Kubeconfig::from_yaml(
+            std::str::from_utf8(&secret.data.unwrap()["kubeconfig"].0).unwrap(),
+        )
+        .unwrap();
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+            .await
+            .unwrap();
+        let through_secret = kube::Client::try_from(config).unwrap();
+        let namespace = server.create_namespace("via-secret").await.unwrap();
+        Api::<ConfigMap>::namespaced(through_secret, &namespace)
+            .create(&PostParams::default(), &config_map("marker", &cluster.name))
+            .await
+            .unwrap();
+        let direct: Api<ConfigMap> = Api::namespaced(server.client().await.unwrap(), &namespace);
+        assert_eq!(
+            direct.get("marker").await.unwrap().data.unwrap()["value"],
+            cluster.name
+        );
+    }
+    // Idempotent: a second run changes nothing and fails nothing.
+    assert_eq!(env.simulate_hypershift().await.unwrap(), simulated);
 }

@@ -2,8 +2,6 @@
 
 use std::path::PathBuf;
 
-use serde::de::DeserializeOwned;
-use serde::Serialize;
 use serde_json::Value;
 
 /// `(file name, parsed YAML)` of every seed fixture.
@@ -25,35 +23,6 @@ pub fn seed_fixtures() -> Vec<(String, Value)> {
         .collect();
     fixtures.sort_by(|a, b| a.0.cmp(&b.0));
     fixtures
-}
-
-fn through<T: DeserializeOwned + Serialize>(value: &Value) -> Result<Value, String> {
-    let typed: T = serde_json::from_value(value.clone()).map_err(|error| error.to_string())?;
-    serde_json::to_value(&typed).map_err(|error| error.to_string())
-}
-
-/// The object parsed into its Rust type and serialized again.
-pub fn through_type(value: &Value) -> Result<Value, String> {
-    use pko_proto::core::*;
-    use pko_proto::manifests::{PackageManifest, PackageManifestLock};
-    match value["kind"].as_str().unwrap_or_default() {
-        "Package" => through::<Package>(value),
-        "ClusterPackage" => through::<ClusterPackage>(value),
-        "ObjectDeployment" => through::<ObjectDeployment>(value),
-        "ClusterObjectDeployment" => through::<ClusterObjectDeployment>(value),
-        "ObjectSet" => through::<ObjectSet>(value),
-        "ClusterObjectSet" => through::<ClusterObjectSet>(value),
-        "ObjectSetPhase" => through::<ObjectSetPhase>(value),
-        "ClusterObjectSetPhase" => through::<ClusterObjectSetPhase>(value),
-        "ObjectSlice" => through::<ObjectSlice>(value),
-        "ClusterObjectSlice" => through::<ClusterObjectSlice>(value),
-        "ObjectTemplate" => through::<ObjectTemplate>(value),
-        "ClusterObjectTemplate" => through::<ClusterObjectTemplate>(value),
-        "HostedClusterPackage" => through::<HostedClusterPackage>(value),
-        "PackageManifest" => through::<PackageManifest>(value),
-        "PackageManifestLock" => through::<PackageManifestLock>(value),
-        other => Err(format!("no type for kind {other:?}")),
-    }
 }
 
 /// Every field of `expected` is in `actual` with the same value (`actual` may add defaulted fields).

@@ -1,0 +1,58 @@
+//! Installing CRDs into an apiserver and waiting until they are served.
+
+use std::time::Duration;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, Patch, PatchParams};
+use kube::Client;
+
+use crate::error::TestEnvError;
+use crate::wait::wait_until;
+
+const ESTABLISHED_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Server-side applies `crds` and waits until each is Established.
+pub async fn install_crds(
+    client: &Client,
+    crds: &[CustomResourceDefinition],
+) -> Result<(), TestEnvError> {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let params = PatchParams::apply("pko-testenv").force();
+    for crd in crds {
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        api.patch(&name, &params, &Patch::Apply(crd))
+            .await
+            .map_err(|error| TestEnvError::Kube {
+                server: format!("CRD {name}"),
+                source: Box::new(error),
+            })?;
+    }
+    for crd in crds {
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        wait_until(
+            &format!("CRD {name} established"),
+            ESTABLISHED_TIMEOUT,
+            || {
+                let (api, name) = (api.clone(), name.clone());
+                async move {
+                    let crd = api.get(&name).await.map_err(|error| error.to_string())?;
+                    let established = crd
+                        .status
+                        .and_then(|status| status.conditions)
+                        .unwrap_or_default()
+                        .iter()
+                        .any(|condition| {
+                            condition.type_ == "Established" && condition.status == "True"
+                        });
+                    if established {
+                        Ok(())
+                    } else {
+                        Err("not established yet".to_owned())
+                    }
+                }
+            },
+        )
+        .await?;
+    }
+    Ok(())
+}

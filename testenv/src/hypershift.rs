@@ -1,0 +1,133 @@
+//! Makes the management apiserver look like a HyperShift management cluster: the HostedCluster CRD (a
+//! stand-in), and for each hosted-cluster apiserver a HostedCluster reporting Available=True, its HCP
+//! namespace, and the `service-network-admin-kubeconfig` Secret holding that apiserver's kubeconfig, as
+//! HyperShift provides it to components next to the control plane.
+
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::ByteString;
+use kube::api::{Api, ObjectMeta, Patch, PatchParams};
+use pko_proto::hypershift::{HostedCluster, HostedClusterCondition, HostedClusterStatus};
+use serde_json::json;
+
+use crate::crds::install_crds;
+use crate::env::TestEnv;
+use crate::error::{io_error, TestEnvError};
+
+/// Namespace the simulated HostedCluster objects live in (HyperShift's conventional `clusters`).
+pub const HOSTED_CLUSTERS_NAMESPACE: &str = "clusters";
+/// Secret in each HCP namespace holding the hosted cluster's kubeconfig.
+pub const KUBECONFIG_SECRET: &str = "service-network-admin-kubeconfig";
+
+/// One hosted cluster as the management cluster sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SimulatedHostedCluster {
+    /// HostedCluster name (the hosted apiserver's name, e.g. `hosted-0`).
+    pub name: String,
+    /// HostedCluster namespace.
+    pub namespace: String,
+    /// HCP namespace holding the kubeconfig Secret.
+    pub hcp_namespace: String,
+}
+
+impl TestEnv {
+    /// Registers every hosted-cluster apiserver as a HostedCluster of the management apiserver. Idempotent.
+    pub async fn simulate_hypershift(&self) -> Result<Vec<SimulatedHostedCluster>, TestEnvError> {
+        let management = self.management();
+        let client = management.client().await?;
+        let crd = pko_proto::hypershift::stand_in_crd().map_err(|error| TestEnvError::Kube {
+            server: management.name().to_owned(),
+            source: Box::new(error),
+        })?;
+        install_crds(&client, &[crd]).await?;
+
+        let kube_error = |error: kube::Error| TestEnvError::Kube {
+            server: management.name().to_owned(),
+            source: Box::new(error),
+        };
+        let params = PatchParams::apply("pko-testenv").force();
+        let namespaces: Api<Namespace> = Api::all(client.clone());
+        let hosted_clusters: Api<HostedCluster> =
+            Api::namespaced(client.clone(), HOSTED_CLUSTERS_NAMESPACE);
+        apply_namespace(&namespaces, &params, HOSTED_CLUSTERS_NAMESPACE)
+            .await
+            .map_err(kube_error)?;
+        let mut simulated = Vec::new();
+        for server in self.hosted_clusters() {
+            let name = server.name().to_owned();
+            let kubeconfig_path = server.kubeconfig_path();
+            let mut cluster = HostedCluster {
+                metadata: ObjectMeta {
+                    name: Some(name.clone()),
+                    namespace: Some(HOSTED_CLUSTERS_NAMESPACE.to_owned()),
+                    ..Default::default()
+                },
+                spec: Some(json!({ "release": { "image": "simulated" } })),
+                status: None,
+            };
+            let hcp_namespace = cluster
+                .hosted_control_plane_namespace()
+                .unwrap_or_else(|| format!("{HOSTED_CLUSTERS_NAMESPACE}-{name}"));
+            hosted_clusters
+                .patch(&name, &params, &Patch::Apply(&cluster))
+                .await
+                .map_err(kube_error)?;
+            cluster.status = Some(HostedClusterStatus {
+                conditions: vec![HostedClusterCondition {
+                    type_: pko_proto::hypershift::AVAILABLE.to_owned(),
+                    status: "True".to_owned(),
+                    reason: Some("AsExpected".to_owned()),
+                    message: Some("simulated by pko-testenv".to_owned()),
+                    observed_generation: None,
+                    last_transition_time: None,
+                }],
+                other: Default::default(),
+            });
+            hosted_clusters
+                .patch_status(&name, &params, &Patch::Apply(&cluster))
+                .await
+                .map_err(kube_error)?;
+
+            apply_namespace(&namespaces, &params, &hcp_namespace)
+                .await
+                .map_err(kube_error)?;
+            let kubeconfig =
+                std::fs::read(kubeconfig_path).map_err(io_error("read", kubeconfig_path))?;
+            let secret = Secret {
+                metadata: ObjectMeta {
+                    name: Some(KUBECONFIG_SECRET.to_owned()),
+                    namespace: Some(hcp_namespace.clone()),
+                    ..Default::default()
+                },
+                data: Some([("kubeconfig".to_owned(), ByteString(kubeconfig))].into()),
+                ..Default::default()
+            };
+            Api::<Secret>::namespaced(client.clone(), &hcp_namespace)
+                .patch(KUBECONFIG_SECRET, &params, &Patch::Apply(&secret))
+                .await
+                .map_err(kube_error)?;
+            simulated.push(SimulatedHostedCluster {
+                name,
+                namespace: HOSTED_CLUSTERS_NAMESPACE.to_owned(),
+                hcp_namespace,
+            });
+        }
+        Ok(simulated)
+    }
+}
+
+async fn apply_namespace(
+    api: &Api<Namespace>,
+    params: &PatchParams,
+    name: &str,
+) -> Result<(), kube::Error> {
+    let namespace = Namespace {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    api.patch(name, params, &Patch::Apply(&namespace))
+        .await
+        .map(|_| ())
+}
