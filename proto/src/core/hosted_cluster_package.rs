@@ -6,7 +6,9 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::package::PackageTemplateSpec;
-use super::resource::{api_kind, condition_column, Column, KindInfo, AGE_COLUMN};
+use super::resource::{
+    api_kind, condition_column, integer_column, wide_column, Column, KindInfo, AGE_COLUMN,
+};
 
 /// Desired state of a HostedClusterPackage.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -191,37 +193,15 @@ const HOSTED_CLUSTER_PACKAGE_COLUMNS: &[Column] = &[
         "Paused",
         r#".status.conditions[?(@.type=="HasPausedPackage")].status"#,
     ),
-    Column {
-        name: "Updated",
-        type_: "integer",
-        json_path: ".status.updatedPackages",
-        priority: 0,
-    },
-    Column {
-        name: "Total",
-        type_: "integer",
-        json_path: ".status.totalPackages",
-        priority: 0,
-    },
-    Column {
-        name: "Unavailable",
-        type_: "integer",
-        json_path: ".status.unavailablePackages",
-        priority: 0,
-    },
+    integer_column("Updated", ".status.updatedPackages"),
+    integer_column("Total", ".status.totalPackages"),
+    integer_column("Unavailable", ".status.unavailablePackages"),
     AGE_COLUMN,
-    Column {
-        name: "Image",
-        type_: "string",
-        json_path: ".spec.template.spec.image",
-        priority: 1,
-    },
-    Column {
-        name: "Message",
-        type_: "string",
-        json_path: r#".status.conditions[?(@.type=="Progressing")].message"#,
-        priority: 1,
-    },
+    wide_column("Image", ".spec.template.spec.image"),
+    wide_column(
+        "Message",
+        r#".status.conditions[?(@.type=="Progressing")].message"#,
+    ),
 ];
 
 api_kind! {

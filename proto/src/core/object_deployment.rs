@@ -5,7 +5,10 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::common::ObjectSetTemplate;
-use super::resource::{api_kind, condition_column, Column, KindInfo, AGE_COLUMN};
+use super::resource::{
+    api_kind, condition_column, integer_column, wide_column, Column, KindInfo, AGE_COLUMN,
+    PHASE_COLUMN,
+};
 
 /// Desired state of an ObjectDeployment.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -57,12 +60,7 @@ pub struct ObjectDeploymentStatus {
 }
 
 const OBJECT_DEPLOYMENT_COLUMNS: &[Column] = &[
-    Column {
-        name: "Status",
-        type_: "string",
-        json_path: ".status.phase",
-        priority: 0,
-    },
+    PHASE_COLUMN,
     condition_column(
         "Available",
         r#".status.conditions[?(@.type=="Available")].status"#,
@@ -71,18 +69,8 @@ const OBJECT_DEPLOYMENT_COLUMNS: &[Column] = &[
         "Progressing",
         r#".status.conditions[?(@.type=="Progressing")].status"#,
     ),
-    Column {
-        name: "Revision",
-        type_: "integer",
-        json_path: ".status.revision",
-        priority: 0,
-    },
-    Column {
-        name: "Hash",
-        type_: "string",
-        json_path: ".status.templateHash",
-        priority: 1,
-    },
+    integer_column("Revision", ".status.revision"),
+    wide_column("Hash", ".status.templateHash"),
     AGE_COLUMN,
 ];
 

@@ -8,7 +8,10 @@ use super::common::{
     ControlledObjectReference, LifecycleState, ObjectSetTemplateSpec, PreviousRevisionReference,
     RemotePhaseReference,
 };
-use super::resource::{api_kind, condition_column, Column, KindInfo, AGE_COLUMN};
+use super::resource::{
+    api_kind, condition_column, integer_column, wide_column, Column, KindInfo, AGE_COLUMN,
+    PHASE_COLUMN,
+};
 
 /// Desired state of an ObjectSet.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -48,12 +51,7 @@ pub struct ObjectSetStatus {
 }
 
 const OBJECT_SET_COLUMNS: &[Column] = &[
-    Column {
-        name: "Status",
-        type_: "string",
-        json_path: ".status.phase",
-        priority: 0,
-    },
+    PHASE_COLUMN,
     condition_column(
         "Available",
         r#".status.conditions[?(@.type=="Available")].status"#,
@@ -62,18 +60,8 @@ const OBJECT_SET_COLUMNS: &[Column] = &[
         "Succeeded",
         r#".status.conditions[?(@.type=="Succeeded")].status"#,
     ),
-    Column {
-        name: "Revision",
-        type_: "integer",
-        json_path: ".status.revision",
-        priority: 0,
-    },
-    Column {
-        name: "Lifecycle",
-        type_: "string",
-        json_path: ".spec.lifecycleState",
-        priority: 1,
-    },
+    integer_column("Revision", ".status.revision"),
+    wide_column("Lifecycle", ".spec.lifecycleState"),
     AGE_COLUMN,
 ];
 

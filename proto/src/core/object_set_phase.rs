@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use super::common::{
     ControlledObjectReference, ObjectSetObject, ObjectSetProbe, PreviousRevisionReference,
 };
-use super::resource::{api_kind, condition_column, Column, KindInfo, AGE_COLUMN};
+use super::resource::{api_kind, condition_column, integer_column, Column, KindInfo, AGE_COLUMN};
 
 /// Desired state of an ObjectSetPhase. Everything but `paused` is immutable once created.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -58,12 +58,7 @@ const OBJECT_SET_PHASE_COLUMNS: &[Column] = &[
         "Paused",
         r#".status.conditions[?(@.type=="Paused")].status"#,
     ),
-    Column {
-        name: "Revision",
-        type_: "integer",
-        json_path: ".spec.revision",
-        priority: 0,
-    },
+    integer_column("Revision", ".spec.revision"),
     AGE_COLUMN,
 ];
 

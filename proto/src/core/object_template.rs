@@ -4,7 +4,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::resource::{api_kind, condition_column, Column, KindInfo, AGE_COLUMN};
+use super::resource::{api_kind, condition_column, Column, KindInfo, AGE_COLUMN, PHASE_COLUMN};
 
 /// Desired state of an ObjectTemplate.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -59,12 +59,7 @@ pub struct ObjectTemplateStatus {
 }
 
 const OBJECT_TEMPLATE_COLUMNS: &[Column] = &[
-    Column {
-        name: "Status",
-        type_: "string",
-        json_path: ".status.phase",
-        priority: 0,
-    },
+    PHASE_COLUMN,
     condition_column(
         "Available",
         r#".status.conditions[?(@.type=="Available")].status"#,

@@ -4,7 +4,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::resource::{api_kind, condition_column, Column, KindInfo, AGE_COLUMN};
+use super::resource::{
+    api_kind, condition_column, integer_column, wide_column, Column, KindInfo, AGE_COLUMN,
+    PHASE_COLUMN,
+};
 
 /// What to install.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -56,12 +59,7 @@ pub struct PackageTemplateSpec {
 }
 
 const PACKAGE_COLUMNS: &[Column] = &[
-    Column {
-        name: "Status",
-        type_: "string",
-        json_path: ".status.phase",
-        priority: 0,
-    },
+    PHASE_COLUMN,
     condition_column(
         "Available",
         r#".status.conditions[?(@.type=="Available")].status"#,
@@ -78,18 +76,8 @@ const PACKAGE_COLUMNS: &[Column] = &[
         "Invalid",
         r#".status.conditions[?(@.type=="Invalid")].status"#,
     ),
-    Column {
-        name: "Revision",
-        type_: "integer",
-        json_path: ".status.revision",
-        priority: 0,
-    },
-    Column {
-        name: "Image",
-        type_: "string",
-        json_path: ".spec.image",
-        priority: 1,
-    },
+    integer_column("Revision", ".status.revision"),
+    wide_column("Image", ".spec.image"),
     AGE_COLUMN,
 ];
 

@@ -185,6 +185,34 @@ pub(crate) const fn condition_column(name: &'static str, json_path: &'static str
     }
 }
 
+/// An integer column shown by default.
+pub(crate) const fn integer_column(name: &'static str, json_path: &'static str) -> Column {
+    Column {
+        name,
+        type_: "integer",
+        json_path,
+        priority: 0,
+    }
+}
+
+/// A string column shown only with `-o wide`.
+pub(crate) const fn wide_column(name: &'static str, json_path: &'static str) -> Column {
+    Column {
+        name,
+        type_: "string",
+        json_path,
+        priority: 1,
+    }
+}
+
+/// The `.status.phase` summary column of kinds that keep Package Operator's phase field.
+pub(crate) const PHASE_COLUMN: Column = Column {
+    name: "Status",
+    type_: "string",
+    json_path: ".status.phase",
+    priority: 0,
+};
+
 /// The `Age` column every kind shows last.
 pub(crate) const AGE_COLUMN: Column = Column {
     name: "Age",
