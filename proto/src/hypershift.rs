@@ -95,13 +95,19 @@ impl HostedCluster {
         })
     }
 
-    /// The namespace HyperShift runs this cluster's control plane in: `<namespace>-<name>`, with dots in
-    /// the name replaced by dashes. `None` while the object has no name or namespace.
+    /// The namespace HyperShift runs this cluster's control plane in (see
+    /// [`hosted_control_plane_namespace`]). `None` while the object has no name or namespace.
     pub fn hosted_control_plane_namespace(&self) -> Option<String> {
         let namespace = self.metadata.namespace.as_deref()?;
         let name = self.metadata.name.as_deref()?;
-        Some(format!("{namespace}-{}", name.replace('.', "-")))
+        Some(hosted_control_plane_namespace(namespace, name))
     }
+}
+
+/// HyperShift's HCP namespace of the HostedCluster `namespace/name`: `<namespace>-<name>`, with dots in the
+/// name replaced by dashes.
+pub fn hosted_control_plane_namespace(namespace: &str, name: &str) -> String {
+    format!("{namespace}-{}", name.replace('.', "-"))
 }
 
 impl kube::Resource for HostedCluster {

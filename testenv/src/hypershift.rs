@@ -64,9 +64,10 @@ impl TestEnv {
                 spec: Some(json!({ "release": { "image": "simulated" } })),
                 status: None,
             };
-            let hcp_namespace = cluster
-                .hosted_control_plane_namespace()
-                .unwrap_or_else(|| format!("{HOSTED_CLUSTERS_NAMESPACE}-{name}"));
+            let hcp_namespace = pko_proto::hypershift::hosted_control_plane_namespace(
+                HOSTED_CLUSTERS_NAMESPACE,
+                &name,
+            );
             hosted_clusters
                 .patch(&name, &params, &Patch::Apply(&cluster))
                 .await

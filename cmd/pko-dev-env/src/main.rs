@@ -28,7 +28,7 @@ struct Args {
 #[derive(Debug)]
 enum LaunchError {
     Env(pko_testenv::TestEnvError),
-    Crds(pko_proto::crds::RenderError),
+    Crds(pko_proto::core::CrdError),
     Io(String, std::io::Error),
 }
 
@@ -70,7 +70,7 @@ async fn run(args: Args) -> Result<(), LaunchError> {
     .await
     .map_err(LaunchError::Env)?;
     let client = env.management().client().await.map_err(LaunchError::Env)?;
-    let crds = pko_proto::crds::all().map_err(|error| LaunchError::Crds(error.into()))?;
+    let crds = pko_proto::crds::all().map_err(LaunchError::Crds)?;
     pko_testenv::install_crds(&client, &crds)
         .await
         .map_err(LaunchError::Env)?;
