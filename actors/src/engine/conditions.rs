@@ -1,0 +1,116 @@
+//! Status-condition bookkeeping shared by every kind pko reports on: set a condition keeping its
+//! `lastTransitionTime` when the status did not change, remove one, look one up.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+
+/// The content of a condition; time and generation are filled in by [`set_condition`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConditionUpdate {
+    pub type_: String,
+    pub status: bool,
+    pub reason: String,
+    pub message: String,
+}
+
+impl ConditionUpdate {
+    pub fn new(type_: &str, status: bool, reason: &str, message: impl Into<String>) -> Self {
+        Self {
+            type_: type_.to_owned(),
+            status,
+            reason: reason.to_owned(),
+            message: message.into(),
+        }
+    }
+}
+
+fn status_str(status: bool) -> &'static str {
+    if status {
+        "True"
+    } else {
+        "False"
+    }
+}
+
+/// Sets (adds or replaces) a condition. `lastTransitionTime` moves only when the status changes.
+pub fn set_condition(
+    conditions: &mut Vec<Condition>,
+    update: ConditionUpdate,
+    generation: i64,
+    now: Timestamp,
+) {
+    let status = status_str(update.status);
+    let existing = conditions.iter_mut().find(|c| c.type_ == update.type_);
+    let transition = match &existing {
+        Some(c) if c.status == status => c.last_transition_time.clone(),
+        _ => Time(now),
+    };
+    let condition = Condition {
+        type_: update.type_,
+        status: status.to_owned(),
+        reason: update.reason,
+        message: update.message,
+        observed_generation: Some(generation),
+        last_transition_time: transition,
+    };
+    match existing {
+        Some(c) => *c = condition,
+        None => conditions.push(condition),
+    }
+}
+
+/// Removes a condition if present.
+pub fn remove_condition(conditions: &mut Vec<Condition>, type_: &str) {
+    conditions.retain(|c| c.type_ != type_);
+}
+
+/// The condition of this type, if present.
+pub fn find_condition<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
+    conditions.iter().find(|c| c.type_ == type_)
+}
+
+/// True when the condition is present, `True`, and written for `generation`.
+pub fn is_true_for(conditions: &[Condition], type_: &str, generation: i64) -> bool {
+    find_condition(conditions, type_).is_some_and(|c| {
+        c.status == "True" && c.observed_generation.is_none_or(|g| g == generation)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transition_time_moves_only_on_status_change() {
+        let t0 = Timestamp::from_second(1_000).unwrap();
+        let t1 = Timestamp::from_second(2_000).unwrap();
+        let mut conds = Vec::new();
+        set_condition(
+            &mut conds,
+            ConditionUpdate::new("Available", false, "A", "x"),
+            1,
+            t0,
+        );
+        set_condition(
+            &mut conds,
+            ConditionUpdate::new("Available", false, "B", "y"),
+            2,
+            t1,
+        );
+        assert_eq!(conds.len(), 1);
+        assert_eq!(conds[0].last_transition_time.0, t0);
+        assert_eq!(conds[0].reason, "B");
+        assert_eq!(conds[0].observed_generation, Some(2));
+        set_condition(
+            &mut conds,
+            ConditionUpdate::new("Available", true, "C", "z"),
+            2,
+            t1,
+        );
+        assert_eq!(conds[0].last_transition_time.0, t1);
+        assert!(is_true_for(&conds, "Available", 2));
+        assert!(!is_true_for(&conds, "Available", 3));
+        remove_condition(&mut conds, "Available");
+        assert!(conds.is_empty());
+    }
+}

@@ -1,0 +1,10 @@
+//! The functional core: rules as plain functions over plain data, with no I/O and no actors.
+
+pub mod adoption;
+pub mod conditions;
+pub mod desired_object;
+pub mod label_selector;
+pub mod object_ref;
+pub mod object_set_status;
+pub mod probe;
+pub mod template_hash;

@@ -1,0 +1,345 @@
+//! Status computation for ObjectSets (and the ObjectSetPhases that report back into them): from what the
+//! phases observed to the conditions PKO users know (Available, Succeeded, InTransition, Paused, Archived),
+//! plus when the success delay will have passed.
+//!
+//! Pure: the caller passes the current time and writes the result only if it differs.
+
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::jiff::Timestamp;
+use pko_proto::core::common::LifecycleState;
+
+use super::conditions::{find_condition, remove_condition, set_condition, ConditionUpdate};
+
+pub const AVAILABLE: &str = "Available";
+pub const SUCCEEDED: &str = "Succeeded";
+pub const IN_TRANSITION: &str = "InTransition";
+pub const PAUSED: &str = "Paused";
+pub const ARCHIVED: &str = "Archived";
+
+/// Why a phase is not available yet; the names are PKO's condition reasons.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockReason {
+    ProbeFailure,
+    CollisionDetected,
+    PreflightError,
+    /// A delegated phase whose ObjectSetPhase reported nothing current yet.
+    PhaseNotReported,
+}
+
+impl BlockReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BlockReason::ProbeFailure => "ProbeFailure",
+            BlockReason::CollisionDetected => "CollisionDetected",
+            BlockReason::PreflightError => "PreflightError",
+            BlockReason::PhaseNotReported => "PhaseNotReported",
+        }
+    }
+}
+
+/// Where one phase stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PhaseProgress {
+    /// All objects applied and every probe passed.
+    Available,
+    /// The phase stopped here; later phases are not applied.
+    Blocked {
+        reason: BlockReason,
+        message: String,
+    },
+}
+
+/// A condition copied from a managed object through a conditionMapping.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MappedCondition {
+    pub type_: String,
+    pub status: bool,
+    pub reason: String,
+    pub message: String,
+}
+
+/// What the reconcile observed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SetObservation {
+    pub lifecycle: LifecycleState,
+    pub generation: i64,
+    /// Phase outcomes in order; it ends at the first blocked phase.
+    pub phases: Vec<(String, PhaseProgress)>,
+    pub total_phases: usize,
+    pub success_delay_seconds: i32,
+    /// For Archived sets: whether every object is gone.
+    pub teardown_complete: bool,
+    pub mapped: Vec<MappedCondition>,
+}
+
+/// New conditions and, when Succeeded is pending on the success delay, how long until it is due.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SetStatusDecision {
+    pub conditions: Vec<Condition>,
+    pub phase: &'static str,
+    pub recheck_after: Option<Duration>,
+}
+
+/// Computes the ObjectSet's conditions from the previous ones and the observation.
+pub fn object_set_conditions(
+    previous: &[Condition],
+    obs: &SetObservation,
+    now: Timestamp,
+) -> SetStatusDecision {
+    let mut conditions = previous.to_vec();
+    let generation = obs.generation;
+    let set =
+        |conds: &mut Vec<Condition>, u: ConditionUpdate| set_condition(conds, u, generation, now);
+
+    if obs.lifecycle == LifecycleState::Archived {
+        remove_condition(&mut conditions, PAUSED);
+        remove_condition(&mut conditions, IN_TRANSITION);
+        let update = if obs.teardown_complete {
+            ConditionUpdate::new(ARCHIVED, true, "Archived", "ObjectSet is archived.")
+        } else {
+            ConditionUpdate::new(
+                ARCHIVED,
+                false,
+                "ArchivalInProgress",
+                "ObjectSet is being archived.",
+            )
+        };
+        set(&mut conditions, update);
+        return SetStatusDecision {
+            conditions,
+            phase: "Archived",
+            recheck_after: None,
+        };
+    }
+    remove_condition(&mut conditions, ARCHIVED);
+
+    let paused = obs.lifecycle == LifecycleState::Paused;
+    if paused {
+        set(
+            &mut conditions,
+            ConditionUpdate::new(PAUSED, true, "Paused", "Lifecycle state set to paused."),
+        );
+    } else {
+        remove_condition(&mut conditions, PAUSED);
+    }
+
+    let blocked = obs.phases.iter().find_map(|(name, p)| match p {
+        PhaseProgress::Blocked { reason, message } => Some((name, *reason, message)),
+        PhaseProgress::Available => None,
+    });
+    let all_available = blocked.is_none() && obs.phases.len() == obs.total_phases;
+    match blocked {
+        Some((name, reason, message)) => {
+            let msg = format!("Phase {name:?} failed: {message}");
+            set(
+                &mut conditions,
+                ConditionUpdate::new(AVAILABLE, false, reason.as_str(), msg),
+            );
+            let waiting = format!("Phase {name:?} has not passed its probes yet.");
+            set(
+                &mut conditions,
+                ConditionUpdate::new(IN_TRANSITION, true, "InTransition", waiting),
+            );
+        }
+        None if all_available => {
+            set(
+                &mut conditions,
+                ConditionUpdate::new(
+                    AVAILABLE,
+                    true,
+                    "Available",
+                    "Object is available and passes all probes.",
+                ),
+            );
+            remove_condition(&mut conditions, IN_TRANSITION);
+        }
+        None => {
+            // Fewer outcomes than phases without a blocked one: the caller stopped early (e.g. paused mid-way).
+            set(
+                &mut conditions,
+                ConditionUpdate::new(
+                    AVAILABLE,
+                    false,
+                    "Pending",
+                    "Not all phases reconciled yet.",
+                ),
+            );
+            set(
+                &mut conditions,
+                ConditionUpdate::new(
+                    IN_TRANSITION,
+                    true,
+                    "InTransition",
+                    "Not all phases reconciled yet.",
+                ),
+            );
+        }
+    }
+
+    for mapped in &obs.mapped {
+        set(
+            &mut conditions,
+            ConditionUpdate::new(
+                &mapped.type_,
+                mapped.status,
+                &mapped.reason,
+                mapped.message.clone(),
+            ),
+        );
+    }
+
+    let mut recheck_after = None;
+    let already_succeeded =
+        find_condition(&conditions, SUCCEEDED).is_some_and(|c| c.status == "True");
+    if all_available && !already_succeeded {
+        let since = find_condition(&conditions, AVAILABLE)
+            .map(|c| c.last_transition_time.0)
+            .unwrap_or(now);
+        let delay =
+            Duration::from_secs(u64::try_from(obs.success_delay_seconds.max(0)).unwrap_or(0));
+        let held = now.duration_since(since);
+        let held = Duration::try_from(held).unwrap_or(Duration::ZERO);
+        if held >= delay {
+            set(
+                &mut conditions,
+                ConditionUpdate::new(
+                    SUCCEEDED,
+                    true,
+                    "RolloutSuccess",
+                    "ObjectSet completed its rollout.",
+                ),
+            );
+        } else {
+            recheck_after = Some(delay - held);
+        }
+    }
+
+    let phase = if paused {
+        "Paused"
+    } else if all_available {
+        "Available"
+    } else {
+        "NotReady"
+    };
+    SetStatusDecision {
+        conditions,
+        phase,
+        recheck_after,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::conditions::is_true_for;
+
+    fn obs(phases: Vec<(String, PhaseProgress)>, delay: i32) -> SetObservation {
+        SetObservation {
+            lifecycle: LifecycleState::Active,
+            generation: 1,
+            total_phases: 2,
+            phases,
+            success_delay_seconds: delay,
+            teardown_complete: false,
+            mapped: vec![],
+        }
+    }
+
+    fn at(s: i64) -> Timestamp {
+        Timestamp::from_second(s).unwrap()
+    }
+
+    #[test]
+    fn blocked_phase_sets_in_transition_and_reason() {
+        let o = obs(
+            vec![(
+                "deploy".into(),
+                PhaseProgress::Blocked {
+                    reason: BlockReason::ProbeFailure,
+                    message: "core ConfigMap ns/a: missing".into(),
+                },
+            )],
+            0,
+        );
+        let d = object_set_conditions(&[], &o, at(10));
+        let avail = find_condition(&d.conditions, AVAILABLE).unwrap();
+        assert_eq!(avail.status, "False");
+        assert_eq!(avail.reason, "ProbeFailure");
+        assert_eq!(
+            avail.message,
+            "Phase \"deploy\" failed: core ConfigMap ns/a: missing"
+        );
+        assert!(is_true_for(&d.conditions, IN_TRANSITION, 1));
+        assert!(find_condition(&d.conditions, SUCCEEDED).is_none());
+        assert_eq!(d.phase, "NotReady");
+    }
+
+    #[test]
+    fn success_waits_for_the_delay_then_sticks() {
+        let all = vec![
+            ("a".into(), PhaseProgress::Available),
+            ("b".into(), PhaseProgress::Available),
+        ];
+        let d = object_set_conditions(&[], &obs(all.clone(), 5), at(100));
+        assert!(is_true_for(&d.conditions, AVAILABLE, 1));
+        assert!(find_condition(&d.conditions, SUCCEEDED).is_none());
+        assert_eq!(d.recheck_after, Some(Duration::from_secs(5)));
+
+        let d2 = object_set_conditions(&d.conditions, &obs(all.clone(), 5), at(103));
+        assert_eq!(d2.recheck_after, Some(Duration::from_secs(2)));
+        let d3 = object_set_conditions(&d2.conditions, &obs(all, 5), at(105));
+        assert!(is_true_for(&d3.conditions, SUCCEEDED, 1));
+        assert_eq!(d3.recheck_after, None);
+
+        // Losing availability later does not revoke Succeeded.
+        let blocked = vec![(
+            "a".into(),
+            PhaseProgress::Blocked {
+                reason: BlockReason::ProbeFailure,
+                message: "x".into(),
+            },
+        )];
+        let d4 = object_set_conditions(&d3.conditions, &obs(blocked, 5), at(200));
+        assert!(is_true_for(&d4.conditions, SUCCEEDED, 1));
+        assert!(!is_true_for(&d4.conditions, AVAILABLE, 1));
+    }
+
+    #[test]
+    fn unchanged_observation_gives_identical_conditions() {
+        let all = vec![
+            ("a".into(), PhaseProgress::Available),
+            ("b".into(), PhaseProgress::Available),
+        ];
+        let d = object_set_conditions(&[], &obs(all.clone(), 0), at(100));
+        let again = object_set_conditions(&d.conditions, &obs(all, 0), at(500));
+        assert_eq!(d.conditions, again.conditions);
+    }
+
+    #[test]
+    fn archived_and_paused() {
+        let mut o = obs(vec![], 0);
+        o.lifecycle = LifecycleState::Archived;
+        let d = object_set_conditions(&[], &o, at(1));
+        assert_eq!(
+            find_condition(&d.conditions, ARCHIVED).unwrap().reason,
+            "ArchivalInProgress"
+        );
+        o.teardown_complete = true;
+        let d = object_set_conditions(&d.conditions, &o, at(2));
+        assert!(is_true_for(&d.conditions, ARCHIVED, 1));
+
+        let mut p = obs(
+            vec![
+                ("a".into(), PhaseProgress::Available),
+                ("b".into(), PhaseProgress::Available),
+            ],
+            0,
+        );
+        p.lifecycle = LifecycleState::Paused;
+        let d = object_set_conditions(&[], &p, at(1));
+        assert!(is_true_for(&d.conditions, PAUSED, 1));
+        assert_eq!(d.phase, "Paused");
+    }
+}
