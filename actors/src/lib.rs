@@ -1,7 +1,19 @@
 //! pko's object engine and the actor system that drives it.
 //!
 //! `engine` is the functional core (probes, adoption, desired objects, status, hashing): plain functions,
-//! tested without a server. `applier` and the reconcile modules do the apiserver I/O the engine decides on.
-//! The actor modules hold state, timers and routing, and call the two.
+//! tested without a server. `applier`, `object_cache` and `phase_runner` do the apiserver I/O the engine
+//! decides on. The actors (`object_set_actor`, `phase_actor`, the feeds) hold state, timers and routing and
+//! call the two.
 
+pub mod applier;
+pub mod context;
 pub mod engine;
+pub mod manager;
+pub mod object_cache;
+pub mod object_set_actor;
+pub mod object_set_plan;
+pub mod phase_actor;
+pub mod phase_runner;
+pub mod registry;
+pub mod set_feed;
+pub mod set_object;

@@ -3,6 +3,7 @@
 pub mod adoption;
 pub mod conditions;
 pub mod desired_object;
+pub mod drift;
 pub mod label_selector;
 pub mod object_ref;
 pub mod object_set_status;

@@ -16,6 +16,13 @@ pub fn template_hash(template: &ObjectSetTemplate, collision_count: i32) -> Stri
     encode(hasher.0)
 }
 
+/// Order-independent 64-bit hash of a JSON value (remembers what was last applied without keeping it).
+pub fn value_hash(value: &Value) -> u64 {
+    let mut hasher = Fnv1a::default();
+    write_canonical(value, &mut hasher);
+    hasher.0
+}
+
 #[derive(Clone, Copy)]
 struct Fnv1a(u64);
 

@@ -1,0 +1,243 @@
+//! The applier: every read and write pko makes to objects it manages. Server-side apply with field owner
+//! `package-operator`, adoption patches, deletes with UID+resourceVersion preconditions, and kind discovery.
+//!
+//! It decides nothing (the engine does); it counts the requests it makes so benchmarks and tests can assert
+//! that an unchanged set issues no writes.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use dashmap::DashMap;
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, Preconditions,
+};
+use kube::discovery::Scope;
+use kube::{Api, Client};
+use serde_json::{json, Value};
+use tracing::instrument;
+
+use crate::engine::desired_object::FIELD_MANAGER;
+use crate::engine::object_ref::ObjectKey;
+
+/// A request the apiserver refused or could not serve.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    #[error("unknown kind {kind} in {api_version}: the apiserver does not serve it")]
+    UnknownKind { api_version: String, kind: String },
+    #[error("{object}: {kind} is namespaced but the object has no namespace")]
+    MissingNamespace { object: String, kind: String },
+    #[error("{object}: {kind} is cluster-scoped but the object names namespace {namespace:?}")]
+    UnexpectedNamespace {
+        object: String,
+        kind: String,
+        namespace: String,
+    },
+    #[error("{object}: {source}")]
+    Api {
+        object: String,
+        #[source]
+        source: Box<kube::Error>,
+    },
+    #[error("{object}: response is not a valid object: {source}")]
+    Decode {
+        object: String,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+impl ApplyError {
+    /// True for conflicts and failed preconditions: the object changed under us; re-read and retry.
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, ApplyError::Api { source, .. } if matches!(source.as_ref(), kube::Error::Api(s) if s.code == 409))
+    }
+}
+
+/// A kind as the apiserver serves it.
+#[derive(Debug, Clone)]
+pub struct ResolvedKind {
+    pub resource: ApiResource,
+    pub namespaced: bool,
+}
+
+/// Request counts since start.
+#[derive(Debug, Default)]
+pub struct RequestCounts {
+    pub reads: AtomicU64,
+    pub writes: AtomicU64,
+}
+
+impl RequestCounts {
+    pub fn writes(&self) -> u64 {
+        self.writes.load(Ordering::Relaxed)
+    }
+    pub fn reads(&self) -> u64 {
+        self.reads.load(Ordering::Relaxed)
+    }
+}
+
+/// Reads and writes managed objects; cheap to clone.
+#[derive(Clone)]
+pub struct Applier {
+    client: Client,
+    kinds: Arc<DashMap<(String, String, String), ResolvedKind>>,
+    counts: Arc<RequestCounts>,
+}
+
+impl Applier {
+    pub fn new(client: Client) -> Self {
+        Self {
+            client,
+            kinds: Arc::default(),
+            counts: Arc::default(),
+        }
+    }
+
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    pub fn counts(&self) -> &RequestCounts {
+        &self.counts
+    }
+
+    /// Looks up how the apiserver serves a kind (cached for the process lifetime).
+    pub async fn resolve(&self, key: &ObjectKey) -> Result<ResolvedKind, ApplyError> {
+        let id = (key.group.clone(), key.version.clone(), key.kind.clone());
+        if let Some(k) = self.kinds.get(&id) {
+            return Ok(k.clone());
+        }
+        let gvk = GroupVersionKind::gvk(&key.group, &key.version, &key.kind);
+        let (resource, caps) = kube::discovery::pinned_kind(&self.client, &gvk)
+            .await
+            .map_err(|_| ApplyError::UnknownKind {
+                api_version: key.api_version(),
+                kind: key.kind.clone(),
+            })?;
+        let resolved = ResolvedKind {
+            resource,
+            namespaced: caps.scope == Scope::Namespaced,
+        };
+        self.kinds.insert(id, resolved.clone());
+        Ok(resolved)
+    }
+
+    async fn api(&self, key: &ObjectKey) -> Result<Api<DynamicObject>, ApplyError> {
+        let kind = self.resolve(key).await?;
+        match (kind.namespaced, key.namespace.is_empty()) {
+            (true, false) => Ok(Api::namespaced_with(
+                self.client.clone(),
+                &key.namespace,
+                &kind.resource,
+            )),
+            (false, true) => Ok(Api::all_with(self.client.clone(), &kind.resource)),
+            (true, true) => Err(ApplyError::MissingNamespace {
+                object: key.to_string(),
+                kind: key.kind.clone(),
+            }),
+            (false, false) => Err(ApplyError::UnexpectedNamespace {
+                object: key.to_string(),
+                kind: key.kind.clone(),
+                namespace: key.namespace.clone(),
+            }),
+        }
+    }
+
+    fn api_error(key: &ObjectKey) -> impl Fn(kube::Error) -> ApplyError + '_ {
+        move |source| ApplyError::Api {
+            object: key.to_string(),
+            source: Box::new(source),
+        }
+    }
+
+    fn to_value(key: &ObjectKey, object: DynamicObject) -> Result<Value, ApplyError> {
+        serde_json::to_value(object).map_err(|source| ApplyError::Decode {
+            object: key.to_string(),
+            source,
+        })
+    }
+
+    /// Reads an object; `None` when it does not exist.
+    #[instrument(skip(self), fields(object = %key))]
+    pub async fn get(&self, key: &ObjectKey) -> Result<Option<Value>, ApplyError> {
+        let api = self.api(key).await?;
+        self.counts.reads.fetch_add(1, Ordering::Relaxed);
+        let got = api.get_opt(&key.name).await.map_err(Self::api_error(key))?;
+        got.map(|o| Self::to_value(key, o)).transpose()
+    }
+
+    /// Server-side applies `body` (force, field owner `package-operator`) and returns the stored object.
+    #[instrument(skip(self, body), fields(object = %key))]
+    pub async fn apply(&self, key: &ObjectKey, body: &Value) -> Result<Value, ApplyError> {
+        let api = self.api(key).await?;
+        self.counts.writes.fetch_add(1, Ordering::Relaxed);
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        let stored = api
+            .patch(&key.name, &params, &Patch::Apply(body))
+            .await
+            .map_err(Self::api_error(key))?;
+        Self::to_value(key, stored)
+    }
+
+    /// Turns the controller reference with `controller_uid` into a plain owner reference, so another owner
+    /// can become controller. Guarded by the observed resourceVersion: a concurrent change makes it fail.
+    #[instrument(skip(self, observed), fields(object = %key))]
+    pub async fn demote_controller(
+        &self,
+        key: &ObjectKey,
+        observed: &Value,
+        controller_uid: &str,
+    ) -> Result<Value, ApplyError> {
+        let refs = observed
+            .pointer("/metadata/ownerReferences")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        let demoted: Vec<Value> = refs
+            .into_iter()
+            .map(|mut r| {
+                if r.get("uid").and_then(Value::as_str) == Some(controller_uid) {
+                    r["controller"] = json!(false);
+                }
+                r
+            })
+            .collect();
+        let rv = observed.pointer("/metadata/resourceVersion").cloned();
+        let patch = json!({"metadata": {"ownerReferences": demoted, "resourceVersion": rv}});
+        let api = self.api(key).await?;
+        self.counts.writes.fetch_add(1, Ordering::Relaxed);
+        let stored = api
+            .patch(&key.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(Self::api_error(key))?;
+        Self::to_value(key, stored)
+    }
+
+    /// Deletes the object only if it still has this UID and resourceVersion. `Ok(false)` when it was
+    /// already gone.
+    #[instrument(skip(self), fields(object = %key))]
+    pub async fn delete_exact(
+        &self,
+        key: &ObjectKey,
+        uid: &str,
+        resource_version: &str,
+    ) -> Result<bool, ApplyError> {
+        let api = self.api(key).await?;
+        self.counts.writes.fetch_add(1, Ordering::Relaxed);
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: Some(uid.to_owned()),
+                resource_version: Some(resource_version.to_owned()),
+            }),
+            ..DeleteParams::background()
+        };
+        match api.delete(&key.name, &params).await {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+            Err(source) => Err(ApplyError::Api {
+                object: key.to_string(),
+                source: Box::new(source),
+            }),
+        }
+    }
+}

@@ -1,0 +1,149 @@
+//! Shared, label-filtered watches of the objects pko manages: one watch per kind, whatever the number of
+//! owners, keeping a store of the last observed state and routing each change to the owner that controls
+//! the object (by controller UID).
+//!
+//! Owners register a route when they start and remove it when they stop. The cache never writes objects.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use dashmap::DashMap;
+use futures::StreamExt;
+use kube::api::{Api, DynamicObject};
+use kube::runtime::watcher::{self, Event};
+use kube::Client;
+use serde_json::Value;
+use tracing::{debug, warn};
+
+use crate::applier::ResolvedKind;
+use crate::engine::adoption::controller_of;
+use crate::engine::desired_object::CACHE_LABEL;
+use crate::engine::object_ref::ObjectKey;
+
+type KindId = (String, String, String);
+/// Called with the key of a changed object controlled by the route's owner.
+pub type Route = Arc<dyn Fn(ObjectKey) + Send + Sync>;
+
+/// Last observed managed objects, per kind, and who to tell when they change.
+#[derive(Clone)]
+pub struct ObjectCache {
+    client: Client,
+    objects: Arc<DashMap<ObjectKey, Arc<Value>>>,
+    watched: Arc<DashMap<KindId, ()>>,
+    routes: Arc<DashMap<String, Route>>,
+}
+
+impl ObjectCache {
+    pub fn new(client: Client) -> Self {
+        Self {
+            client,
+            objects: Arc::default(),
+            watched: Arc::default(),
+            routes: Arc::default(),
+        }
+    }
+
+    /// The last observed state, if the object carries pko's cache label and has been seen.
+    pub fn get(&self, key: &ObjectKey) -> Option<Arc<Value>> {
+        self.objects.get(key).map(|v| v.clone())
+    }
+
+    /// Records a state pko itself just read or wrote (the watch will confirm it).
+    pub fn record(&self, key: &ObjectKey, object: Value) {
+        self.objects.insert(key.clone(), Arc::new(object));
+    }
+
+    /// Forgets an object pko knows is gone.
+    pub fn forget(&self, key: &ObjectKey) {
+        self.objects.remove(key);
+    }
+
+    /// Sends changes of objects controlled by `owner_uid` to `route`.
+    pub fn add_route(&self, owner_uid: &str, route: Route) {
+        self.routes.insert(owner_uid.to_owned(), route);
+    }
+
+    pub fn remove_route(&self, owner_uid: &str) {
+        self.routes.remove(owner_uid);
+    }
+
+    /// Starts the shared watch for a kind unless it runs already.
+    pub fn ensure_watch(&self, key: &ObjectKey, kind: &ResolvedKind) {
+        let id = (key.group.clone(), key.version.clone(), key.kind.clone());
+        if self.watched.insert(id.clone(), ()).is_some() {
+            return;
+        }
+        let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &kind.resource);
+        let config = watcher::Config::default().labels(&format!("{CACHE_LABEL}=True"));
+        let cache = self.clone();
+        tokio::spawn(async move {
+            debug!(kind = %id.2, "starting managed-object watch");
+            let mut stream = watcher::watcher(api, config).boxed();
+            let mut listed: HashSet<ObjectKey> = HashSet::new();
+            while let Some(event) = stream.next().await {
+                match event {
+                    Ok(Event::Apply(o)) | Ok(Event::InitApply(o)) => {
+                        if let Some(key) = cache.observe(&id, o, false) {
+                            listed.insert(key);
+                        }
+                    }
+                    Ok(Event::Delete(o)) => {
+                        cache.observe(&id, o, true);
+                    }
+                    Ok(Event::Init) => listed.clear(),
+                    Ok(Event::InitDone) => cache.drop_unlisted(&id, &listed),
+                    Err(e) => warn!(kind = %id.2, error = %e, "managed-object watch error; retrying"),
+                }
+            }
+        });
+    }
+
+    fn observe(&self, id: &KindId, object: DynamicObject, deleted: bool) -> Option<ObjectKey> {
+        let value = serde_json::to_value(object).ok()?;
+        let mut key = ObjectKey::of(&value)?;
+        key.group.clone_from(&id.0);
+        key.version.clone_from(&id.1);
+        let owner = controller_of(&value).map(|(uid, _, _)| uid);
+        if deleted {
+            self.objects.remove(&key);
+        } else if self.is_newer(&key, &value) {
+            self.objects.insert(key.clone(), Arc::new(value));
+        }
+        if let Some(route) = owner.and_then(|uid| self.routes.get(&uid).map(|r| r.clone())) {
+            route(key.clone());
+        }
+        Some(key)
+    }
+
+    /// Our own apply results can overtake the watch; never replace a state with an older one.
+    fn is_newer(&self, key: &ObjectKey, value: &Value) -> bool {
+        let rv = |v: &Value| {
+            v.pointer("/metadata/resourceVersion")
+                .and_then(Value::as_str)
+                .and_then(|s| s.parse::<u64>().ok())
+        };
+        match (self.objects.get(key).and_then(|o| rv(&o)), rv(value)) {
+            (Some(known), Some(new)) => new >= known,
+            _ => true,
+        }
+    }
+
+    /// After a re-list, objects of this kind not listed again were deleted while the watch was down.
+    fn drop_unlisted(&self, id: &KindId, listed: &HashSet<ObjectKey>) {
+        let gone: Vec<(ObjectKey, Option<String>)> = self
+            .objects
+            .iter()
+            .filter(|e| {
+                let k = e.key();
+                k.group == id.0 && k.version == id.1 && k.kind == id.2 && !listed.contains(k)
+            })
+            .map(|e| (e.key().clone(), controller_of(e.value()).map(|(uid, _, _)| uid)))
+            .collect();
+        for (key, owner) in gone {
+            self.objects.remove(&key);
+            if let Some(route) = owner.and_then(|uid| self.routes.get(&uid).map(|r| r.clone())) {
+                route(key);
+            }
+        }
+    }
+}

@@ -1,0 +1,362 @@
+//! The ObjectSet actor: one per ObjectSet or ClusterObjectSet. Plans the set when its generation changes,
+//! drives its phase actors strictly in order (a phase runs only after every earlier phase is available),
+//! tears down in reverse order when archived, routes changes of its objects to the phase that owns them,
+//! and writes status only when it changes. Succeeded fires from a timer, not from the next event.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use actix::prelude::*;
+use k8s_openapi::jiff::Timestamp;
+use pko_proto::core::common::{ControlledObjectReference, LifecycleState};
+use pko_proto::core::object_set::ObjectSetStatus;
+use serde_json::Value;
+use tracing::{info_span, warn, Instrument};
+
+use crate::context::ManagerContext;
+use crate::engine::adoption::revision_of;
+use crate::engine::object_ref::ObjectKey;
+use crate::engine::object_set_status::{
+    object_set_conditions, BlockReason, PhaseProgress, SetObservation,
+};
+use crate::object_set_plan::{plan_object_set, PlanInputs};
+use crate::phase_actor::{PhaseActor, PhaseCommand, PhaseFinished, PhaseOutcome, UpdatePlan};
+use crate::phase_runner::{PhasePlan, PhaseReport};
+use crate::set_object::SetObject;
+
+/// The latest state of the set, from its watch.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct SetObserved(pub SetObject);
+
+/// The set is gone; the actor stops.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct SetGone;
+
+/// A managed object controlled by this set changed.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct ObjectChanged(pub ObjectKey);
+
+struct Phase {
+    name: String,
+    actor: Addr<PhaseActor>,
+    report: Option<PhaseReport>,
+    torn_down: bool,
+}
+
+pub struct ObjectSetActor {
+    context: ManagerContext,
+    set: Option<SetObject>,
+    planned_generation: Option<i64>,
+    plan_version: u64,
+    plan_error: Option<String>,
+    revision: i64,
+    phases: Vec<Phase>,
+    object_phase: HashMap<ObjectKey, usize>,
+    success_timer: Option<SpawnHandle>,
+}
+
+impl ObjectSetActor {
+    pub fn new(context: ManagerContext) -> Self {
+        Self {
+            context,
+            set: None,
+            planned_generation: None,
+            plan_version: 0,
+            plan_error: None,
+            revision: 0,
+            phases: Vec::new(),
+            object_phase: HashMap::new(),
+            success_timer: None,
+        }
+    }
+
+    fn lifecycle(&self) -> LifecycleState {
+        self.set.as_ref().map(|s| s.spec.lifecycle_state.clone()).unwrap_or_default()
+    }
+
+    /// Looks up previous revisions (UIDs and revision numbers) and slices, then plans the set.
+    fn replan(&mut self, ctx: &mut Context<Self>) {
+        let Some(set) = self.set.clone() else { return };
+        let client = self.context.client.clone();
+        let span = info_span!("plan_object_set", kind = set.kind.kind(), namespace = set.namespace(), name = set.name());
+        let gather = async move {
+            let api = set.kind.api(client.clone(), set.namespace());
+            let mut inputs = PlanInputs::default();
+            let mut highest_previous = 0;
+            for previous in &set.spec.previous {
+                match api.get_opt(&previous.name).await {
+                    Ok(Some(p)) => {
+                        if let Some(uid) = p.metadata.uid.clone() {
+                            inputs.previous_uids.push(uid);
+                        }
+                        let value = serde_json::to_value(&p).unwrap_or(Value::Null);
+                        let rev = value.pointer("/status/revision").and_then(Value::as_i64).unwrap_or_default();
+                        highest_previous = highest_previous.max(rev);
+                    }
+                    Ok(None) => {}
+                    Err(e) => return Err(format!("reading previous revision {:?}: {e}", previous.name)),
+                }
+            }
+            for (index, phase) in set.spec.template.phases.iter().enumerate() {
+                for name in &phase.slices {
+                    match set.slice_objects(client.clone(), name).await {
+                        Ok(Some(objects)) => {
+                            inputs.slices.insert(name.clone(), objects);
+                        }
+                        Ok(None) => {
+                            return Err(format!("spec.phases[{index}].slices: slice {name:?} not found"));
+                        }
+                        Err(e) => return Err(format!("reading slice {name:?}: {e}")),
+                    }
+                }
+            }
+            let annotated = set.meta.annotations.as_ref().and_then(|a| {
+                revision_of(&serde_json::json!({"metadata": {"annotations": a}}))
+            });
+            inputs.revision = match (set.status.revision, annotated) {
+                (r, _) if r > 0 => r,
+                (_, Some(r)) if r > 0 => r,
+                _ => highest_previous + 1,
+            };
+            let plans = plan_object_set(&set, &inputs).map_err(|e| e.to_string())?;
+            Ok((set.generation(), inputs.revision, plans))
+        }
+        .instrument(span);
+        ctx.wait(gather.into_actor(self).map(|result, act, ctx| match result {
+            Ok((generation, revision, plans)) => act.install_plans(generation, revision, plans, ctx),
+            Err(message) => {
+                act.plan_error = Some(message);
+                act.planned_generation = act.set.as_ref().map(SetObject::generation);
+                act.stop_phases();
+                act.publish_status(ctx);
+            }
+        }));
+    }
+
+    fn install_plans(&mut self, generation: i64, revision: i64, plans: Vec<PhasePlan>, ctx: &mut Context<Self>) {
+        self.plan_error = None;
+        self.planned_generation = Some(generation);
+        self.revision = revision;
+        self.plan_version += 1;
+        let paused = self.lifecycle() == LifecycleState::Paused;
+        let same_shape = plans.len() == self.phases.len()
+            && plans.iter().zip(&self.phases).all(|(p, q)| p.name == q.name);
+        if !same_shape {
+            self.stop_phases();
+        }
+        self.object_phase.clear();
+        for (index, plan) in plans.into_iter().enumerate() {
+            for o in &plan.objects {
+                self.object_phase.insert(o.key.clone(), index);
+            }
+            let update = UpdatePlan { plan: Arc::new(plan), paused, version: self.plan_version };
+            if same_shape {
+                self.phases[index].actor.do_send(update);
+                self.phases[index].report = None;
+                self.phases[index].torn_down = false;
+            } else {
+                let name = update.plan.name.clone();
+                let owner = ctx.address().recipient();
+                let actor = PhaseActor::new(index, self.context.clone(), update, owner).start();
+                self.phases.push(Phase { name, actor, report: None, torn_down: false });
+            }
+        }
+        if let Some(set) = &self.set {
+            let addr = ctx.address();
+            self.context.cache.add_route(
+                set.uid(),
+                Arc::new(move |key| addr.do_send(ObjectChanged(key))),
+            );
+        }
+        self.drive(ctx);
+    }
+
+    fn stop_phases(&mut self) {
+        // Dropping the addresses stops the phase actors once their queues drain.
+        self.phases.clear();
+        self.object_phase.clear();
+    }
+
+    /// Starts the next step: the first phase without a current report (Active/Paused), or the last phase
+    /// not yet torn down (Archived).
+    fn drive(&mut self, ctx: &mut Context<Self>) {
+        if self.lifecycle() == LifecycleState::Archived {
+            match self.phases.iter().rposition(|p| !p.torn_down) {
+                Some(i) => self.phases[i].actor.do_send(PhaseCommand::Teardown),
+                None => self.publish_status(ctx),
+            }
+            return;
+        }
+        for phase in &self.phases {
+            match &phase.report {
+                None => {
+                    phase.actor.do_send(PhaseCommand::Reconcile);
+                    return;
+                }
+                Some(r) if r.progress != PhaseProgress::Available => break,
+                Some(_) => {}
+            }
+        }
+        self.publish_status(ctx);
+    }
+
+    /// Index of the first phase that is not available (phases after it must not run).
+    fn frontier(&self) -> usize {
+        self.phases
+            .iter()
+            .position(|p| p.report.as_ref().is_none_or(|r| r.progress != PhaseProgress::Available))
+            .unwrap_or(self.phases.len())
+    }
+
+    fn observation(&self, set: &SetObject) -> SetObservation {
+        let mut phases = Vec::new();
+        let mut mapped = Vec::new();
+        if let Some(message) = &self.plan_error {
+            phases.push((
+                "(plan)".to_owned(),
+                PhaseProgress::Blocked { reason: BlockReason::PreflightError, message: message.clone() },
+            ));
+        }
+        for phase in &self.phases {
+            let Some(report) = &phase.report else { break };
+            phases.push((phase.name.clone(), report.progress.clone()));
+            mapped.extend(report.mapped.iter().cloned());
+            if report.progress != PhaseProgress::Available {
+                break;
+            }
+        }
+        SetObservation {
+            lifecycle: set.spec.lifecycle_state.clone(),
+            generation: set.generation(),
+            phases,
+            total_phases: self.phases.len(),
+            success_delay_seconds: set.spec.template.success_delay_seconds,
+            teardown_complete: self.phases.iter().all(|p| p.torn_down),
+            mapped,
+        }
+    }
+
+    fn publish_status(&mut self, ctx: &mut Context<Self>) {
+        let Some(set) = self.set.clone() else { return };
+        let decision = object_set_conditions(&set.status.conditions, &self.observation(&set), Timestamp::now());
+        if let Some(handle) = self.success_timer.take() {
+            ctx.cancel_future(handle);
+        }
+        if let Some(after) = decision.recheck_after {
+            self.success_timer = Some(ctx.run_later(after, |act, ctx| act.publish_status(ctx)));
+        }
+        let mut controller_of: Vec<ControlledObjectReference> = self
+            .phases
+            .iter()
+            .filter_map(|p| p.report.as_ref())
+            .flat_map(|r| r.controlled.iter())
+            .map(|k| ControlledObjectReference {
+                kind: k.kind.clone(),
+                group: k.group.clone(),
+                name: k.name.clone(),
+                namespace: k.namespace.clone(),
+            })
+            .collect();
+        if set.spec.lifecycle_state == LifecycleState::Archived {
+            controller_of.clear();
+        }
+        let status = ObjectSetStatus {
+            conditions: decision.conditions,
+            phase: Some(decision.phase.to_owned()),
+            revision: self.revision,
+            remote_phases: set.status.remote_phases.clone(),
+            controller_of,
+        };
+        if status == set.status {
+            return;
+        }
+        if let Some(s) = self.set.as_mut() {
+            s.status = status.clone();
+        }
+        let client = self.context.client.clone();
+        let span = info_span!("write_status", kind = set.kind.kind(), namespace = set.namespace(), name = set.name());
+        ctx.spawn(
+            async move {
+                if let Err(e) = set.write_status(client, &status).await {
+                    warn!(error = %e, "status write failed");
+                }
+            }
+            .instrument(span)
+            .into_actor(self),
+        );
+    }
+}
+
+impl Actor for ObjectSetActor {
+    type Context = Context<Self>;
+
+    fn stopped(&mut self, _: &mut Self::Context) {
+        if let Some(set) = &self.set {
+            self.context.cache.remove_route(set.uid());
+        }
+    }
+}
+
+impl Handler<SetObserved> for ObjectSetActor {
+    type Result = ();
+    fn handle(&mut self, SetObserved(set): SetObserved, ctx: &mut Context<Self>) {
+        let generation = set.generation();
+        self.set = Some(set);
+        if self.planned_generation != Some(generation) {
+            self.replan(ctx);
+        }
+    }
+}
+
+impl Handler<SetGone> for ObjectSetActor {
+    type Result = ();
+    fn handle(&mut self, _: SetGone, ctx: &mut Context<Self>) {
+        self.stop_phases();
+        ctx.stop();
+    }
+}
+
+impl Handler<ObjectChanged> for ObjectSetActor {
+    type Result = ();
+    fn handle(&mut self, ObjectChanged(key): ObjectChanged, _: &mut Context<Self>) {
+        let Some(&index) = self.object_phase.get(&key) else { return };
+        if self.lifecycle() == LifecycleState::Archived {
+            if self.phases.iter().rposition(|p| !p.torn_down) == Some(index) {
+                self.phases[index].actor.do_send(PhaseCommand::Teardown);
+            }
+            return;
+        }
+        // Phases beyond the first unavailable one are not applied yet; their events change nothing.
+        if index <= self.frontier() {
+            self.phases[index].actor.do_send(PhaseCommand::Reconcile);
+        }
+    }
+}
+
+impl Handler<PhaseFinished> for ObjectSetActor {
+    type Result = ();
+    fn handle(&mut self, finished: PhaseFinished, ctx: &mut Context<Self>) {
+        if finished.version != self.plan_version || finished.index >= self.phases.len() {
+            return;
+        }
+        let phase = &mut self.phases[finished.index];
+        match finished.outcome {
+            PhaseOutcome::Reconciled(report) => {
+                let was_available = phase.report.as_ref().is_some_and(|r| r.progress == PhaseProgress::Available);
+                let now_available = report.progress == PhaseProgress::Available;
+                phase.report = Some(report);
+                if now_available && !was_available {
+                    // Later phases must be re-checked now that this one passed.
+                    for later in &mut self.phases[finished.index + 1..] {
+                        later.report = None;
+                    }
+                }
+            }
+            PhaseOutcome::TornDown(report) => phase.torn_down = report.complete(),
+        }
+        self.drive(ctx);
+    }
+}

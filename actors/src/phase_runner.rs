@@ -1,0 +1,298 @@
+//! Runs one phase against an apiserver: observe each object, decide adoption, apply what drifted, probe,
+//! collect mapped conditions; and tears a phase down. The same functions serve the manager's local phases
+//! and (later) the hosted-cluster connector, so both follow one set of rules.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use futures::{stream, StreamExt};
+use serde_json::Value;
+use tracing::{instrument, warn};
+
+use crate::applier::{ApplyError, Applier};
+use crate::engine::adoption::{controller_of, decide_adoption, Adopter, AdoptionDecision};
+use crate::engine::desired_object::DesiredObject;
+use crate::engine::drift::is_subset;
+use crate::engine::object_ref::ObjectKey;
+use crate::engine::object_set_status::{BlockReason, MappedCondition, PhaseProgress};
+use crate::engine::probe::{ProbeResult, ProbeSet};
+use crate::engine::template_hash::value_hash;
+use crate::object_cache::ObjectCache;
+
+/// Objects of one phase are applied with this much concurrency.
+const APPLY_CONCURRENCY: usize = 16;
+
+/// Everything needed to reconcile one phase, derived from the owner's spec.
+#[derive(Debug, Clone)]
+pub struct PhasePlan {
+    pub name: String,
+    pub objects: Vec<DesiredObject>,
+    pub probes: Arc<ProbeSet>,
+    pub owner_uid: String,
+    pub revision: i64,
+    pub previous_uids: Vec<String>,
+}
+
+/// What one reconcile of a phase found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PhaseReport {
+    pub progress: PhaseProgress,
+    /// Managed objects this owner controls after the run.
+    pub controlled: Vec<ObjectKey>,
+    pub mapped: Vec<MappedCondition>,
+    /// Set when a failure may go away by itself (apiserver unavailable, conflict): retry with backoff.
+    pub transient_error: bool,
+}
+
+/// Per-phase memory of what was last applied (desired-body hash by object); lets an unchanged phase skip
+/// its writes.
+pub type AppliedHashes = HashMap<ObjectKey, u64>;
+
+enum ObjectOutcome {
+    Ready {
+        key: ObjectKey,
+        observed: Option<Value>,
+        applied_hash: Option<u64>,
+    },
+    Collision(ObjectKey, String),
+    Failed(ObjectKey, ApplyError),
+}
+
+/// Reconciles one phase. With `paused`, nothing is written: objects are only observed and probed.
+#[instrument(skip_all, fields(phase = %plan.name, owner = %plan.owner_uid, objects = plan.objects.len()))]
+pub async fn reconcile_phase(
+    applier: &Applier,
+    cache: &ObjectCache,
+    plan: &PhasePlan,
+    applied: &mut AppliedHashes,
+    paused: bool,
+) -> PhaseReport {
+    let snapshot: &AppliedHashes = applied;
+    let outcomes: Vec<ObjectOutcome> = stream::iter(plan.objects.iter())
+        .map(|desired| reconcile_object(applier, cache, plan, desired, snapshot.get(&desired.key).copied(), paused))
+        .buffered(APPLY_CONCURRENCY)
+        .collect()
+        .await;
+
+    let mut collisions = Vec::new();
+    let mut failures = Vec::new();
+    let mut probe_failures = Vec::new();
+    let mut controlled = Vec::new();
+    let mut mapped = Vec::new();
+    let mut transient_error = false;
+    for (desired, outcome) in plan.objects.iter().zip(outcomes) {
+        match outcome {
+            ObjectOutcome::Ready { key, observed, applied_hash } => {
+                if let Some(h) = applied_hash {
+                    applied.insert(key.clone(), h);
+                }
+                let Some(observed) = observed else {
+                    probe_failures.push(format!("{key}: object not found"));
+                    continue;
+                };
+                if desired.managed
+                    && controller_of(&observed).is_some_and(|(uid, _, _)| uid == plan.owner_uid)
+                {
+                    controlled.push(key.clone());
+                }
+                if let ProbeResult::Failed(messages) = plan.probes.evaluate(&key, &observed) {
+                    probe_failures.push(format!("{key}: {}", messages.join(", ")));
+                }
+                mapped.extend(mapped_conditions(desired, &observed));
+            }
+            ObjectOutcome::Collision(key, reason) => collisions.push(format!("{key}: {reason}")),
+            ObjectOutcome::Failed(key, error) => {
+                transient_error |= is_transient(&error);
+                warn!(object = %key, %error, "phase object failed");
+                failures.push(error.to_string());
+            }
+        }
+    }
+    let progress = if !failures.is_empty() {
+        blocked(BlockReason::PreflightError, &failures)
+    } else if !collisions.is_empty() {
+        blocked(BlockReason::CollisionDetected, &collisions)
+    } else if !probe_failures.is_empty() {
+        blocked(BlockReason::ProbeFailure, &probe_failures)
+    } else {
+        PhaseProgress::Available
+    };
+    PhaseReport {
+        progress,
+        controlled,
+        mapped,
+        transient_error,
+    }
+}
+
+fn blocked(reason: BlockReason, messages: &[String]) -> PhaseProgress {
+    PhaseProgress::Blocked {
+        reason,
+        message: messages.join("; "),
+    }
+}
+
+fn is_transient(error: &ApplyError) -> bool {
+    match error {
+        ApplyError::Api { source, .. } => match source.as_ref() {
+            kube::Error::Api(s) => s.code == 409 || s.code == 429 || s.code >= 500,
+            _ => true,
+        },
+        _ => false,
+    }
+}
+
+async fn observe(applier: &Applier, cache: &ObjectCache, key: &ObjectKey) -> Result<Option<Value>, ApplyError> {
+    if let Some(v) = cache.get(key) {
+        return Ok(Some((*v).clone()));
+    }
+    let got = applier.get(key).await?;
+    Ok(got)
+}
+
+async fn reconcile_object(
+    applier: &Applier,
+    cache: &ObjectCache,
+    plan: &PhasePlan,
+    desired: &DesiredObject,
+    last_applied: Option<u64>,
+    paused: bool,
+) -> ObjectOutcome {
+    let key = desired.key.clone();
+    match try_reconcile_object(applier, cache, plan, desired, last_applied, paused).await {
+        Ok(outcome) => outcome,
+        Err(e) => ObjectOutcome::Failed(key, e),
+    }
+}
+
+async fn try_reconcile_object(
+    applier: &Applier,
+    cache: &ObjectCache,
+    plan: &PhasePlan,
+    desired: &DesiredObject,
+    last_applied: Option<u64>,
+    paused: bool,
+) -> Result<ObjectOutcome, ApplyError> {
+    let key = &desired.key;
+    let kind = applier.resolve(key).await?;
+    if desired.managed {
+        cache.ensure_watch(key, &kind);
+    }
+    let observed = observe(applier, cache, key).await?;
+    if !desired.managed || paused {
+        return Ok(ObjectOutcome::Ready { key: key.clone(), observed, applied_hash: None });
+    }
+    let hash = value_hash(&desired.object);
+    if let Some(existing) = &observed {
+        let adopter = Adopter {
+            uid: &plan.owner_uid,
+            revision: plan.revision,
+            previous_uids: &plan.previous_uids,
+        };
+        match decide_adoption(&adopter, &desired.collision_protection, existing) {
+            AdoptionDecision::Refuse(reason) => return Ok(ObjectOutcome::Collision(key.clone(), reason)),
+            AdoptionDecision::AlreadyOwned => {
+                if last_applied == Some(hash) && is_subset(&desired.object, existing) {
+                    return Ok(ObjectOutcome::Ready { key: key.clone(), observed, applied_hash: None });
+                }
+            }
+            AdoptionDecision::Adopt { demote: Some(uid) } => {
+                applier.demote_controller(key, existing, &uid).await?;
+            }
+            AdoptionDecision::Adopt { demote: None } => {}
+        }
+    }
+    let stored = applier.apply(key, &desired.object).await?;
+    cache.record(key, stored.clone());
+    Ok(ObjectOutcome::Ready { key: key.clone(), observed: Some(stored), applied_hash: Some(hash) })
+}
+
+/// Copies the conditions named by the object's conditionMappings, if written for its current generation.
+fn mapped_conditions(desired: &DesiredObject, observed: &Value) -> Vec<MappedCondition> {
+    if desired.condition_mappings.is_empty() {
+        return Vec::new();
+    }
+    let generation = observed.pointer("/metadata/generation").and_then(Value::as_i64);
+    let conditions = observed
+        .pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    desired
+        .condition_mappings
+        .iter()
+        .filter_map(|m| {
+            let c = conditions
+                .iter()
+                .find(|c| c.get("type").and_then(Value::as_str) == Some(m.source_type.as_str()))?;
+            let fresh = match (c.get("observedGeneration").and_then(Value::as_i64), generation) {
+                (Some(o), Some(g)) => o == g,
+                _ => true,
+            };
+            fresh.then(|| MappedCondition {
+                type_: m.destination_type.clone(),
+                status: c.get("status").and_then(Value::as_str) == Some("True"),
+                reason: c.get("reason").and_then(Value::as_str).unwrap_or("Mapped").to_owned(),
+                message: c.get("message").and_then(Value::as_str).unwrap_or_default().to_owned(),
+            })
+        })
+        .collect()
+}
+
+/// Result of one teardown pass over a phase.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TeardownReport {
+    /// Objects this owner still controls (deletion requested, not yet observed gone).
+    pub remaining: Vec<ObjectKey>,
+    pub errors: Vec<String>,
+}
+
+impl TeardownReport {
+    pub fn complete(&self) -> bool {
+        self.remaining.is_empty() && self.errors.is_empty()
+    }
+}
+
+/// Deletes the objects of a phase that this owner still controls. Objects another revision took over are
+/// left alone (handover). Deletes carry UID and resourceVersion preconditions, so an object changed since it
+/// was observed is re-examined instead of deleted blindly.
+#[instrument(skip_all, fields(phase = %plan.name, owner = %plan.owner_uid))]
+pub async fn teardown_phase(applier: &Applier, cache: &ObjectCache, plan: &PhasePlan) -> TeardownReport {
+    let mut report = TeardownReport { remaining: Vec::new(), errors: Vec::new() };
+    for desired in plan.objects.iter().filter(|d| d.managed) {
+        let key = &desired.key;
+        let observed = match applier.get(key).await {
+            Ok(o) => o,
+            Err(ApplyError::UnknownKind { .. }) => None,
+            Err(e) => {
+                report.errors.push(e.to_string());
+                continue;
+            }
+        };
+        let Some(observed) = observed else {
+            cache.forget(key);
+            continue;
+        };
+        if controller_of(&observed).is_none_or(|(uid, _, _)| uid != plan.owner_uid) {
+            continue;
+        }
+        if observed.pointer("/metadata/deletionTimestamp").is_some() {
+            report.remaining.push(key.clone());
+            continue;
+        }
+        let uid = observed.pointer("/metadata/uid").and_then(Value::as_str).unwrap_or_default();
+        let rv = observed.pointer("/metadata/resourceVersion").and_then(Value::as_str).unwrap_or_default();
+        match applier.delete_exact(key, uid, rv).await {
+            Ok(_) => {
+                if let Ok(Some(_)) = applier.get(key).await {
+                    report.remaining.push(key.clone());
+                } else {
+                    cache.forget(key);
+                }
+            }
+            Err(e) if e.is_conflict() => report.remaining.push(key.clone()),
+            Err(e) => report.errors.push(e.to_string()),
+        }
+    }
+    report
+}

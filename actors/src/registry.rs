@@ -1,0 +1,56 @@
+//! Actor addresses keyed by object reference, so every event for an object reaches the one actor that owns
+//! it (and a sharded deployment can later route by the same key).
+
+use std::hash::Hash;
+
+use actix::{Actor, Addr};
+use dashmap::DashMap;
+
+/// `kind/namespace/name` of a package-operator object.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ObjectRef {
+    pub kind: &'static str,
+    pub namespace: String,
+    pub name: String,
+}
+
+/// Live actors of one type, by the object they own.
+pub struct Registry<A: Actor, K: Eq + Hash = ObjectRef> {
+    actors: DashMap<K, Addr<A>>,
+}
+
+impl<A: Actor, K: Eq + Hash + Clone> Default for Registry<A, K> {
+    fn default() -> Self {
+        Self { actors: DashMap::new() }
+    }
+}
+
+impl<A: Actor, K: Eq + Hash + Clone> Registry<A, K> {
+    /// The actor for `key`, started with `start` if there is none (or the old one stopped).
+    pub fn get_or_start(&self, key: &K, start: impl FnOnce() -> Addr<A>) -> Addr<A> {
+        if let Some(addr) = self.actors.get(key) {
+            if addr.connected() {
+                return addr.clone();
+            }
+        }
+        let addr = start();
+        self.actors.insert(key.clone(), addr.clone());
+        addr
+    }
+
+    pub fn get(&self, key: &K) -> Option<Addr<A>> {
+        self.actors.get(key).map(|a| a.clone())
+    }
+
+    pub fn remove(&self, key: &K) -> Option<Addr<A>> {
+        self.actors.remove(key).map(|(_, a)| a)
+    }
+
+    pub fn len(&self) -> usize {
+        self.actors.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.actors.is_empty()
+    }
+}

@@ -1,0 +1,189 @@
+//! `pko-manager`: the operator process. Parses flags, connects to the apiserver, optionally installs the
+//! CRDs and takes the leader lease, then runs the actor system until SIGTERM or SIGINT.
+
+mod crd_install;
+mod health;
+mod leader;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::Client;
+use pko_actors::context::ManagerContext;
+use tracing::{error, info};
+
+use crate::health::{request_metrics, HealthState};
+use crate::leader::{LeaderLease, LeaseConfig};
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Reconciles package-operator.run objects on the cluster it runs against.
+#[derive(Debug, Parser)]
+#[command(version)]
+struct Args {
+    /// Kubeconfig to use; without it, $KUBECONFIG, ~/.kube/config or the in-cluster service account.
+    #[arg(long, env = "PKO_KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// Install or upgrade pko's CRDs before starting.
+    #[arg(long)]
+    install_crds: bool,
+    /// Only reconcile while holding the leader Lease.
+    #[arg(long)]
+    leader_election: bool,
+    /// Namespace of the leader Lease.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "package-operator-system")]
+    leader_election_namespace: String,
+    /// Name of the leader Lease.
+    #[arg(long, default_value = "pko-manager")]
+    lease_name: String,
+    /// Address of /healthz, /readyz and /metrics.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    health_addr: SocketAddr,
+    /// Log format.
+    #[arg(long, value_enum, default_value = "text")]
+    log_format: LogFormat,
+}
+
+/// Why the manager could not start or keep running.
+#[derive(Debug, thiserror::Error)]
+pub enum ManagerError {
+    #[error("kubeconfig {path}: {message}")]
+    Kubeconfig { path: PathBuf, message: String },
+    #[error("connecting to the apiserver: {0}")]
+    Client(#[source] kube::Error),
+    #[error("installing CRDs: {0}")]
+    Crds(String),
+    #[error("health endpoint {addr}: {source}")]
+    Health {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot build the async runtime: {0}")]
+    Runtime(#[source] std::io::Error),
+    #[error("waiting for a shutdown signal: {0}")]
+    Signal(#[source] std::io::Error),
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+async fn client(kubeconfig: Option<&PathBuf>) -> Result<Client, ManagerError> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let err = |message: String| ManagerError::Kubeconfig { path: path.clone(), message };
+            let file = Kubeconfig::read_from(path).map_err(|e| err(e.to_string()))?;
+            kube::Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
+                .await
+                .map_err(|e| err(e.to_string()))?
+        }
+        None => kube::Config::infer().await.map_err(|e| ManagerError::Kubeconfig {
+            path: PathBuf::from("(inferred)"),
+            message: e.to_string(),
+        })?,
+    };
+    Client::try_from(config).map_err(ManagerError::Client)
+}
+
+async fn shutdown_signal() -> Result<&'static str, ManagerError> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).map_err(ManagerError::Signal)?;
+    let mut int = signal(SignalKind::interrupt()).map_err(ManagerError::Signal)?;
+    Ok(tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    })
+}
+
+async fn run(args: Args) -> Result<(), ManagerError> {
+    let client = client(args.kubeconfig.as_ref()).await?;
+    if args.install_crds {
+        crd_install::install_crds(&client).await?;
+        info!("CRDs installed");
+    }
+    let context = ManagerContext::new(client.clone());
+    let applier = context.applier.clone();
+    let health = HealthState::new(move || request_metrics(applier.counts()));
+    let bound = health::serve(args.health_addr, health.clone())
+        .await
+        .map_err(|source| ManagerError::Health { addr: args.health_addr, source })?;
+    info!(addr = %bound, "serving /healthz, /readyz, /metrics");
+
+    let lease = if args.leader_election {
+        let identity = format!(
+            "{}-{}",
+            std::env::var("HOSTNAME").unwrap_or_else(|_| "pko-manager".to_owned()),
+            std::process::id()
+        );
+        let config = LeaseConfig {
+            namespace: args.leader_election_namespace.clone(),
+            name: args.lease_name.clone(),
+            identity,
+            duration: Duration::from_secs(15),
+        };
+        Some(LeaderLease::acquire(client.clone(), config).await?)
+    } else {
+        None
+    };
+
+    let engine = pko_actors::manager::start(context);
+    health.set_ready(true);
+    info!("manager running");
+
+    let lost_lease = async {
+        match &lease {
+            Some(lease) => lease.keep_renewing().await,
+            None => std::future::pending().await,
+        }
+    };
+    let outcome = tokio::select! {
+        signal = shutdown_signal() => signal.map(|s| info!(signal = s, "shutting down")),
+        () = lost_lease => {
+            error!("lost the leader lease; exiting so another replica takes over");
+            Ok(())
+        }
+    };
+    health.set_ready(false);
+    engine.stop();
+    if let Some(lease) = &lease {
+        lease.release().await;
+    }
+    outcome
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    init_logging(args.log_format);
+    // actix actors on a multi-thread tokio runtime: kube futures and watches run on the worker threads.
+    let system = actix::System::with_tokio_rt(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| {
+                eprintln!("{}", ManagerError::Runtime(e));
+                std::process::exit(1)
+            })
+    });
+    match system.block_on(run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            error!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,145 @@
+//! Shared by the manager's integration tests: one environment and one manager process per test binary,
+//! and helpers to create objects and wait on their conditions. Tests isolate themselves by namespace.
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use pko_proto::core::object_set::ObjectSet;
+use pko_testenv::{wait_until, ManagerProcess, TestEnv};
+use serde_json::{json, Value};
+
+pub const TIMEOUT: Duration = Duration::from_secs(60);
+
+pub fn env() -> &'static TestEnv {
+    pko_testenv::shared().expect("shared test environment")
+}
+
+/// The manager every test of this binary shares, started on first use.
+pub fn manager() -> &'static ManagerProcess {
+    static MANAGER: OnceLock<Result<ManagerProcess, String>> = OnceLock::new();
+    MANAGER
+        .get_or_init(|| {
+            std::thread::spawn(|| {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| e.to_string())?;
+                runtime
+                    .block_on(env().start_manager(Path::new(env!("CARGO_BIN_EXE_pko-manager")), &[]))
+                    .map_err(|e| e.to_string())
+            })
+            .join()
+            .unwrap_or_else(|_| Err("manager start-up thread panicked".to_owned()))
+        })
+        .as_ref()
+        .expect("pko-manager started")
+}
+
+/// A namespace of its own, with the manager running.
+pub async fn setup(prefix: &str) -> (Client, String) {
+    manager();
+    let client = env().management().client().await.unwrap();
+    let ns = env().management().create_namespace(prefix).await.unwrap();
+    (client, ns)
+}
+
+pub fn configmap(name: &str, data: Value) -> Value {
+    json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": data})
+}
+
+/// An ObjectSet with the given phases (`[(name, [object])]`) and extra spec fields.
+pub fn object_set(name: &str, phases: &[(&str, Vec<Value>)], extra: Value) -> ObjectSet {
+    let phases: Vec<Value> = phases
+        .iter()
+        .map(|(p, objects)| {
+            json!({"name": p, "objects": objects.iter().map(|o| json!({"object": o})).collect::<Vec<_>>()})
+        })
+        .collect();
+    let mut spec = json!({"phases": phases});
+    if let (Some(s), Some(e)) = (spec.as_object_mut(), extra.as_object()) {
+        for (k, v) in e {
+            s.insert(k.clone(), v.clone());
+        }
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "package-operator.run/v1alpha1",
+        "kind": "ObjectSet",
+        "metadata": {"name": name},
+        "spec": spec,
+    }))
+    .unwrap()
+}
+
+pub async fn create_set(client: &Client, ns: &str, set: &ObjectSet) -> ObjectSet {
+    Api::<ObjectSet>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), set)
+        .await
+        .unwrap()
+}
+
+pub async fn patch_set(client: &Client, ns: &str, name: &str, patch: Value) {
+    Api::<ObjectSet>::namespaced(client.clone(), ns)
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+}
+
+/// Condition `type_` of the named ObjectSet, if reported for its current generation.
+pub async fn set_condition(client: &Client, ns: &str, name: &str, type_: &str) -> Option<(String, String, String)> {
+    let set = Api::<ObjectSet>::namespaced(client.clone(), ns).get(name).await.ok()?;
+    let generation = set.metadata.generation?;
+    set.status?
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == type_ && c.observed_generation == Some(generation))
+        .map(|c| (c.status, c.reason, c.message))
+}
+
+/// Waits until the set's condition has `status` (and, if given, `reason`); returns its message.
+pub async fn wait_condition(client: &Client, ns: &str, name: &str, type_: &str, status: &str, reason: Option<&str>) -> String {
+    wait_until(&format!("ObjectSet {ns}/{name} {type_}={status}"), TIMEOUT, || async {
+        match set_condition(client, ns, name, type_).await {
+            Some((s, r, m)) if s == status && reason.is_none_or(|want| want == r) => Ok(m),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await
+    .unwrap()
+}
+
+pub async fn get_cm(client: &Client, ns: &str, name: &str) -> Option<ConfigMap> {
+    Api::<ConfigMap>::namespaced(client.clone(), ns).get_opt(name).await.unwrap()
+}
+
+pub async fn wait_cm(client: &Client, ns: &str, name: &str, check: impl Fn(&ConfigMap) -> bool) -> ConfigMap {
+    wait_until(&format!("ConfigMap {ns}/{name}"), TIMEOUT, || async {
+        match get_cm(client, ns, name).await {
+            Some(cm) if check(&cm) => Ok(cm),
+            other => Err(format!("{:?}", other.map(|c| c.data))),
+        }
+    })
+    .await
+    .unwrap()
+}
+
+pub async fn patch_cm(client: &Client, ns: &str, name: &str, patch: Value) {
+    Api::<ConfigMap>::namespaced(client.clone(), ns)
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+}
+
+/// UID of the controller of a ConfigMap, if any.
+pub fn controller_uid(cm: &ConfigMap) -> Option<String> {
+    cm.metadata
+        .owner_references
+        .as_ref()?
+        .iter()
+        .find(|r| r.controller == Some(true))
+        .map(|r| r.uid.clone())
+}

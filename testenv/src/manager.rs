@@ -1,0 +1,99 @@
+//! A pko-manager process against the environment's management apiserver, for tests and benchmarks that
+//! exercise the real binary (and can kill it).
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use crate::env::TestEnv;
+use crate::error::{io_error, TestEnvError};
+use crate::net::{free_port, http_get};
+use crate::process::ManagedProcess;
+
+const READY_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// A running manager; killed when dropped.
+#[derive(Debug)]
+pub struct ManagerProcess {
+    process: ManagedProcess,
+    health_port: u16,
+}
+
+impl ManagerProcess {
+    /// Port of /healthz, /readyz and /metrics.
+    pub fn health_port(&self) -> u16 {
+        self.health_port
+    }
+
+    /// Process id.
+    pub fn pid(&self) -> Option<u32> {
+        self.process.pid()
+    }
+
+    /// The last lines of its log.
+    pub fn log_tail(&self) -> String {
+        self.process.log_tail()
+    }
+
+    /// Path of its log file.
+    pub fn log_path(&self) -> &Path {
+        self.process.log_path()
+    }
+
+    /// GET on the health listener: (status code, body).
+    pub async fn get(&self, path: &str) -> Result<(u16, String), String> {
+        http_get(self.health_port, path).await
+    }
+
+    /// Value of one counter on /metrics.
+    pub async fn metric(&self, name: &str) -> Result<u64, String> {
+        let (_, body) = self.get("/metrics").await?;
+        body.lines()
+            .find_map(|line| line.strip_prefix(name)?.trim().parse().ok())
+            .ok_or_else(|| format!("metric {name} not found in:\n{body}"))
+    }
+
+    /// Kills the process (SIGKILL) and reaps it.
+    pub fn kill(&self) {
+        self.process.stop();
+    }
+}
+
+impl TestEnv {
+    /// Starts `binary` (a pko-manager build) against the management apiserver with `--install-crds`
+    /// plus `extra_args`, and waits until it reports ready.
+    pub async fn start_manager(
+        &self,
+        binary: &Path,
+        extra_args: &[&str],
+    ) -> Result<ManagerProcess, TestEnvError> {
+        static MANAGERS: AtomicUsize = AtomicUsize::new(0);
+        let n = MANAGERS.fetch_add(1, Ordering::Relaxed);
+        let dir = self.root_dir();
+        let health_port = free_port().map_err(io_error("allocate port", dir))?;
+        let mut command = Command::new(binary);
+        command
+            .arg("--kubeconfig")
+            .arg(self.management().kubeconfig_path())
+            .arg("--install-crds")
+            .arg("--health-addr")
+            .arg(format!("127.0.0.1:{health_port}"))
+            .args(extra_args)
+            .env("RUST_LOG", std::env::var("PKO_MANAGER_LOG").unwrap_or_else(|_| "info".into()));
+        let process =
+            ManagedProcess::spawn("pko-manager", command, &dir.join(format!("pko-manager-{n}.log")))?;
+        process
+            .wait_ready(READY_TIMEOUT, || async move {
+                match http_get(health_port, "/readyz").await? {
+                    (200, _) => Ok(()),
+                    (code, body) => Err(format!("/readyz answered {code}: {body}")),
+                }
+            })
+            .await?;
+        Ok(ManagerProcess {
+            process,
+            health_port,
+        })
+    }
+}
