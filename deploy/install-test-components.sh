@@ -14,7 +14,7 @@ set -euo pipefail
 
 KUBE_VERSION=v1.20.2
 # Bumped whenever the build recipe (patches below) changes, so a cached build from an older recipe is rebuilt.
-KUBE_RECIPE=pko2
+KUBE_RECIPE=pko3
 CACHE_DIR=${PKO_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/pko}
 KUBE_BIN_DIR=$CACHE_DIR/kube-$KUBE_VERSION-$KUBE_RECIPE
 DEB_PACKAGES=(etcd-server nats-server docker-registry skopeo)
@@ -130,16 +130,18 @@ else
   cp -r "$fixed" "$srcroot/vendor/github.com/modern-go/reflect2"
   info "vendor/github.com/modern-go/reflect2 <- $(basename "$(dirname "$fixed")")/reflect2 (Debian)"
 
-  # go-openapi/validate v0.19 compares two reflect.Values to detect "zero" data; from Go 1.16 on that
+  # go-openapi/validate v0.19 (and kube-openapi's copy of it) compares two reflect.Values to detect "zero" data; from Go 1.16 on that
   # comparison is true for "", 0 and false, so the apiserver rejects every custom resource holding an
   # empty string, a zero or false ("Invalid value: null", kubernetes/kubernetes#99804). Only nil is null.
-  current_step="patch vendored go-openapi/validate zero-value check"
-  typego="$srcroot/vendor/github.com/go-openapi/validate/type.go"
+  current_step="patch vendored OpenAPI validators' zero-value check"
   zero_check='if data == nil || reflect.DeepEqual(reflect.Zero(reflect.TypeOf(data)), reflect.ValueOf(data)) {'
-  grep -qF "$zero_check" "$typego" || die "$typego: expected zero-value check not found"
-  ZERO_CHECK=$zero_check perl -pi -e 's/\Q$ENV{ZERO_CHECK}\E/if data == nil {/' "$typego"
-  grep -qF "$zero_check" "$typego" && die "$typego: patch did not apply"
-  info "vendor/github.com/go-openapi/validate/type.go: only nil counts as null"
+  for typego in "$srcroot/vendor/github.com/go-openapi/validate/type.go" \
+                "$srcroot/vendor/k8s.io/kube-openapi/pkg/validation/validate/type.go"; do
+    grep -qF "$zero_check" "$typego" || die "$typego: expected zero-value check not found"
+    ZERO_CHECK=$zero_check perl -pi -e 's/\Q$ENV{ZERO_CHECK}\E/if data == nil {/' "$typego"
+    grep -qF "$zero_check" "$typego" && die "$typego: patch did not apply"
+    info "${typego#"$srcroot"/}: only nil counts as null"
+  done
 
   current_step="build kube-apiserver and kube-controller-manager"
   mkdir -p "$srcroot/.go/src/k8s.io"

@@ -7,13 +7,16 @@
 
 pub mod applier;
 pub mod context;
+pub mod deployment_object;
 pub mod engine;
+pub mod kind_feed;
 pub mod manager;
 pub mod object_cache;
+pub mod object_deployment_actor;
 pub mod object_set_actor;
 pub mod object_set_plan;
 pub mod phase_actor;
 pub mod phase_runner;
 pub mod registry;
-pub mod set_feed;
+
 pub mod set_object;

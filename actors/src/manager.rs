@@ -2,19 +2,22 @@
 
 use std::sync::Arc;
 
-use actix::{Actor, Addr, System};
+use actix::{Actor, System};
+use pko_proto::core::object_deployment::{ClusterObjectDeployment, ObjectDeployment};
 use pko_proto::core::object_set::{ClusterObjectSet, ObjectSet};
+use pko_proto::core::object_set_phase::{ClusterObjectSetPhase, ObjectSetPhase};
 
 use crate::context::ManagerContext;
+use crate::kind_feed::{KindFeed, Tap};
+use crate::object_deployment_actor::{ObjectDeploymentActor, RevisionChanged};
 use crate::object_set_actor::ObjectSetActor;
-use crate::registry::Registry;
-use crate::set_feed::SetFeed;
+use crate::registry::{ObjectRef, Registry};
+use crate::set_object::{SetKind, SetObject};
 
-/// The running engine; dropping it leaves the actors running until the System stops.
+/// The running engine.
 pub struct Engine {
     pub sets: Arc<Registry<ObjectSetActor>>,
-    _object_sets: Addr<SetFeed<ObjectSet>>,
-    _cluster_object_sets: Addr<SetFeed<ClusterObjectSet>>,
+    pub deployments: Arc<Registry<ObjectDeploymentActor>>,
 }
 
 impl Engine {
@@ -24,12 +27,45 @@ impl Engine {
     }
 }
 
+/// Wakes the deployment that controls a set whenever the set changes.
+fn deployment_tap(deployments: Arc<Registry<ObjectDeploymentActor>>) -> Tap<SetObject> {
+    Arc::new(move |set: &SetObject| {
+        let Some(owner) = set
+            .meta
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|r| r.controller == Some(true))
+        else {
+            return;
+        };
+        let kind = match (set.kind, owner.kind.as_str()) {
+            (SetKind::Namespaced, "ObjectDeployment") => "ObjectDeployment",
+            (SetKind::Cluster, "ClusterObjectDeployment") => "ClusterObjectDeployment",
+            _ => return,
+        };
+        let key = ObjectRef {
+            kind,
+            namespace: set.namespace().to_owned(),
+            name: owner.name.clone(),
+        };
+        if let Some(addr) = deployments.get(&key) {
+            addr.do_send(RevisionChanged);
+        }
+    })
+}
+
 /// Starts the feeds on the current actix System.
 pub fn start(context: ManagerContext) -> Engine {
     let sets: Arc<Registry<ObjectSetActor>> = Arc::default();
-    Engine {
-        _object_sets: SetFeed::<ObjectSet>::new(context.clone(), sets.clone()).start(),
-        _cluster_object_sets: SetFeed::<ClusterObjectSet>::new(context, sets.clone()).start(),
-        sets,
-    }
+    let deployments: Arc<Registry<ObjectDeploymentActor>> = Arc::default();
+    let tap = Some(deployment_tap(deployments.clone()));
+    KindFeed::<ObjectSet, _>::new(context.clone(), sets.clone(), tap.clone()).start();
+    KindFeed::<ClusterObjectSet, _>::new(context.clone(), sets.clone(), tap).start();
+    // ObjectSetPhases of class `default` are sets of one phase; other classes are filtered out.
+    KindFeed::<ObjectSetPhase, _>::new(context.clone(), sets.clone(), None).start();
+    KindFeed::<ClusterObjectSetPhase, _>::new(context.clone(), sets.clone(), None).start();
+    KindFeed::<ObjectDeployment, _>::new(context.clone(), deployments.clone(), None).start();
+    KindFeed::<ClusterObjectDeployment, _>::new(context, deployments.clone(), None).start();
+    Engine { sets, deployments }
 }

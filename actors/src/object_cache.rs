@@ -92,7 +92,9 @@ impl ObjectCache {
                     }
                     Ok(Event::Init) => listed.clear(),
                     Ok(Event::InitDone) => cache.drop_unlisted(&id, &listed),
-                    Err(e) => warn!(kind = %id.2, error = %e, "managed-object watch error; retrying"),
+                    Err(e) => {
+                        warn!(kind = %id.2, error = %e, "managed-object watch error; retrying")
+                    }
                 }
             }
         });
@@ -137,7 +139,12 @@ impl ObjectCache {
                 let k = e.key();
                 k.group == id.0 && k.version == id.1 && k.kind == id.2 && !listed.contains(k)
             })
-            .map(|e| (e.key().clone(), controller_of(e.value()).map(|(uid, _, _)| uid)))
+            .map(|e| {
+                (
+                    e.key().clone(),
+                    controller_of(e.value()).map(|(uid, _, _)| uid),
+                )
+            })
             .collect();
         for (key, owner) in gone {
             self.objects.remove(&key);

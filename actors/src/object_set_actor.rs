@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use actix::prelude::*;
 use k8s_openapi::jiff::Timestamp;
-use pko_proto::core::common::{ControlledObjectReference, LifecycleState};
+use pko_proto::core::common::{ControlledObjectReference, LifecycleState, RemotePhaseReference};
 use pko_proto::core::object_set::ObjectSetStatus;
 use serde_json::Value;
 use tracing::{info_span, warn, Instrument};
@@ -19,20 +19,12 @@ use crate::engine::object_ref::ObjectKey;
 use crate::engine::object_set_status::{
     object_set_conditions, BlockReason, PhaseProgress, SetObservation,
 };
-use crate::object_set_plan::{plan_object_set, PlanInputs};
+use crate::kind_feed::{FeedTarget, Gone, Observed};
+use crate::object_set_plan::{phase_object_name, plan_object_set, PlanInputs};
 use crate::phase_actor::{PhaseActor, PhaseCommand, PhaseFinished, PhaseOutcome, UpdatePlan};
 use crate::phase_runner::{PhasePlan, PhaseReport};
-use crate::set_object::SetObject;
-
-/// The latest state of the set, from its watch.
-#[derive(Debug, Message)]
-#[rtype(result = "()")]
-pub struct SetObserved(pub SetObject);
-
-/// The set is gone; the actor stops.
-#[derive(Debug, Message)]
-#[rtype(result = "()")]
-pub struct SetGone;
+use crate::registry::ObjectRef;
+use crate::set_object::{SetObject, DEFAULT_CLASS};
 
 /// A managed object controlled by this set changed.
 #[derive(Debug, Message)]
@@ -41,6 +33,7 @@ pub struct ObjectChanged(pub ObjectKey);
 
 struct Phase {
     name: String,
+    delegated: bool,
     actor: Addr<PhaseActor>,
     report: Option<PhaseReport>,
     torn_down: bool,
@@ -74,30 +67,71 @@ impl ObjectSetActor {
     }
 
     fn lifecycle(&self) -> LifecycleState {
-        self.set.as_ref().map(|s| s.spec.lifecycle_state.clone()).unwrap_or_default()
+        self.set
+            .as_ref()
+            .map(|s| s.spec.lifecycle_state.clone())
+            .unwrap_or_default()
     }
 
     /// Looks up previous revisions (UIDs and revision numbers) and slices, then plans the set.
     fn replan(&mut self, ctx: &mut Context<Self>) {
         let Some(set) = self.set.clone() else { return };
         let client = self.context.client.clone();
-        let span = info_span!("plan_object_set", kind = set.kind.kind(), namespace = set.namespace(), name = set.name());
+        let span = info_span!(
+            "plan_object_set",
+            kind = set.kind.kind(),
+            namespace = set.namespace(),
+            name = set.name()
+        );
         let gather = async move {
-            let api = set.kind.api(client.clone(), set.namespace());
+            let api = set
+                .kind
+                .revision_kind()
+                .api(client.clone(), set.namespace());
+            let phase_api = set.kind.phase_kind().api(client.clone(), set.namespace());
+            // An ObjectSetPhase named <set>-<phase> adopts from <previous>-<phase>, which controls the objects.
+            let phase_suffix = set
+                .controller_name()
+                .and_then(|owner| set.name().strip_prefix(&format!("{owner}-")))
+                .filter(|_| set.kind.is_phase())
+                .map(str::to_owned);
             let mut inputs = PlanInputs::default();
             let mut highest_previous = 0;
             for previous in &set.spec.previous {
+                if let Some(suffix) = &phase_suffix {
+                    match phase_api
+                        .get_opt(&phase_object_name(&previous.name, suffix))
+                        .await
+                    {
+                        Ok(Some(p)) => inputs.previous_uids.extend(p.metadata.uid),
+                        Ok(None) => {}
+                        Err(e) => {
+                            return Err(format!(
+                                "reading previous phase of {:?}: {e}",
+                                previous.name
+                            ))
+                        }
+                    }
+                }
                 match api.get_opt(&previous.name).await {
                     Ok(Some(p)) => {
                         if let Some(uid) = p.metadata.uid.clone() {
                             inputs.previous_uids.push(uid);
                         }
                         let value = serde_json::to_value(&p).unwrap_or(Value::Null);
-                        let rev = value.pointer("/status/revision").and_then(Value::as_i64).unwrap_or_default();
+                        let rev = value
+                            .pointer("/status/revision")
+                            .and_then(Value::as_i64)
+                            .unwrap_or_default();
                         highest_previous = highest_previous.max(rev);
                     }
                     Ok(None) => {}
-                    Err(e) => return Err(format!("reading previous revision {:?}: {e}", previous.name)),
+                    Err(e) => {
+                        return Err(format!(
+                            "reading previous revision {:?}: {e}",
+                            previous.name
+                        ))
+                    }
                 }
             }
             for (index, phase) in set.spec.template.phases.iter().enumerate() {
@@ -107,16 +141,20 @@ impl ObjectSetActor {
                             inputs.slices.insert(name.clone(), objects);
                         }
                         Ok(None) => {
-                            return Err(format!("spec.phases[{index}].slices: slice {name:?} not found"));
+                            return Err(format!(
+                                "spec.phases[{index}].slices: slice {name:?} not found"
+                            ));
                         }
                         Err(e) => return Err(format!("reading slice {name:?}: {e}")),
                     }
                 }
             }
-            let annotated = set.meta.annotations.as_ref().and_then(|a| {
-                revision_of(&serde_json::json!({"metadata": {"annotations": a}}))
-            });
+            let annotated =
+                set.meta.annotations.as_ref().and_then(|a| {
+                    revision_of(&serde_json::json!({"metadata": {"annotations": a}}))
+                });
             inputs.revision = match (set.status.revision, annotated) {
+                _ if set.given_revision.is_some() => set.given_revision.unwrap_or_default(),
                 (r, _) if r > 0 => r,
                 (_, Some(r)) if r > 0 => r,
                 _ => highest_previous + 1,
@@ -125,25 +163,40 @@ impl ObjectSetActor {
             Ok((set.generation(), inputs.revision, plans))
         }
         .instrument(span);
-        ctx.wait(gather.into_actor(self).map(|result, act, ctx| match result {
-            Ok((generation, revision, plans)) => act.install_plans(generation, revision, plans, ctx),
-            Err(message) => {
-                act.plan_error = Some(message);
-                act.planned_generation = act.set.as_ref().map(SetObject::generation);
-                act.stop_phases();
-                act.publish_status(ctx);
-            }
-        }));
+        ctx.wait(
+            gather
+                .into_actor(self)
+                .map(|result, act, ctx| match result {
+                    Ok((generation, revision, plans)) => {
+                        act.install_plans(generation, revision, plans, ctx)
+                    }
+                    Err(message) => {
+                        act.plan_error = Some(message);
+                        act.planned_generation = act.set.as_ref().map(SetObject::generation);
+                        act.stop_phases();
+                        act.publish_status(ctx);
+                    }
+                }),
+        );
     }
 
-    fn install_plans(&mut self, generation: i64, revision: i64, plans: Vec<PhasePlan>, ctx: &mut Context<Self>) {
+    fn install_plans(
+        &mut self,
+        generation: i64,
+        revision: i64,
+        plans: Vec<PhasePlan>,
+        ctx: &mut Context<Self>,
+    ) {
         self.plan_error = None;
         self.planned_generation = Some(generation);
         self.revision = revision;
         self.plan_version += 1;
         let paused = self.lifecycle() == LifecycleState::Paused;
         let same_shape = plans.len() == self.phases.len()
-            && plans.iter().zip(&self.phases).all(|(p, q)| p.name == q.name);
+            && plans
+                .iter()
+                .zip(&self.phases)
+                .all(|(p, q)| p.name == q.name && p.delegated == q.delegated);
         if !same_shape {
             self.stop_phases();
         }
@@ -152,16 +205,27 @@ impl ObjectSetActor {
             for o in &plan.objects {
                 self.object_phase.insert(o.key.clone(), index);
             }
-            let update = UpdatePlan { plan: Arc::new(plan), paused, version: self.plan_version };
+            let update = UpdatePlan {
+                plan: Arc::new(plan),
+                paused,
+                version: self.plan_version,
+            };
             if same_shape {
                 self.phases[index].actor.do_send(update);
                 self.phases[index].report = None;
                 self.phases[index].torn_down = false;
             } else {
                 let name = update.plan.name.clone();
+                let delegated = update.plan.delegated;
                 let owner = ctx.address().recipient();
                 let actor = PhaseActor::new(index, self.context.clone(), update, owner).start();
-                self.phases.push(Phase { name, actor, report: None, torn_down: false });
+                self.phases.push(Phase {
+                    name,
+                    delegated,
+                    actor,
+                    report: None,
+                    torn_down: false,
+                });
             }
         }
         if let Some(set) = &self.set {
@@ -207,7 +271,11 @@ impl ObjectSetActor {
     fn frontier(&self) -> usize {
         self.phases
             .iter()
-            .position(|p| p.report.as_ref().is_none_or(|r| r.progress != PhaseProgress::Available))
+            .position(|p| {
+                p.report
+                    .as_ref()
+                    .is_none_or(|r| r.progress != PhaseProgress::Available)
+            })
             .unwrap_or(self.phases.len())
     }
 
@@ -217,7 +285,10 @@ impl ObjectSetActor {
         if let Some(message) = &self.plan_error {
             phases.push((
                 "(plan)".to_owned(),
-                PhaseProgress::Blocked { reason: BlockReason::PreflightError, message: message.clone() },
+                PhaseProgress::Blocked {
+                    reason: BlockReason::PreflightError,
+                    message: message.clone(),
+                },
             ));
         }
         for phase in &self.phases {
@@ -241,19 +312,26 @@ impl ObjectSetActor {
 
     fn publish_status(&mut self, ctx: &mut Context<Self>) {
         let Some(set) = self.set.clone() else { return };
-        let decision = object_set_conditions(&set.status.conditions, &self.observation(&set), Timestamp::now());
+        let decision = object_set_conditions(
+            &set.status.conditions,
+            &self.observation(&set),
+            Timestamp::now(),
+        );
         if let Some(handle) = self.success_timer.take() {
             ctx.cancel_future(handle);
         }
         if let Some(after) = decision.recheck_after {
             self.success_timer = Some(ctx.run_later(after, |act, ctx| act.publish_status(ctx)));
         }
-        let mut controller_of: Vec<ControlledObjectReference> = self
-            .phases
-            .iter()
-            .filter_map(|p| p.report.as_ref())
-            .flat_map(|r| r.controlled.iter())
-            .map(|k| ControlledObjectReference {
+        let reports = || {
+            self.phases
+                .iter()
+                .filter_map(|p| p.report.as_ref().map(|r| (p.delegated, r)))
+        };
+        let mut controller_of: Vec<ControlledObjectReference> = reports()
+            .filter(|(delegated, _)| !delegated)
+            .flat_map(|(_, r)| r.controlled.iter())
+            .map(|(k, _)| ControlledObjectReference {
                 kind: k.kind.clone(),
                 group: k.group.clone(),
                 name: k.name.clone(),
@@ -263,13 +341,21 @@ impl ObjectSetActor {
         if set.spec.lifecycle_state == LifecycleState::Archived {
             controller_of.clear();
         }
-        let status = ObjectSetStatus {
+        let remote_phases = reports()
+            .filter(|(delegated, _)| *delegated)
+            .flat_map(|(_, r)| r.controlled.iter())
+            .map(|(k, uid)| RemotePhaseReference {
+                name: k.name.clone(),
+                uid: uid.clone(),
+            })
+            .collect();
+        let status = set.kind.status_view(ObjectSetStatus {
             conditions: decision.conditions,
             phase: Some(decision.phase.to_owned()),
             revision: self.revision,
-            remote_phases: set.status.remote_phases.clone(),
+            remote_phases,
             controller_of,
-        };
+        });
         if status == set.status {
             return;
         }
@@ -277,7 +363,12 @@ impl ObjectSetActor {
             s.status = status.clone();
         }
         let client = self.context.client.clone();
-        let span = info_span!("write_status", kind = set.kind.kind(), namespace = set.namespace(), name = set.name());
+        let span = info_span!(
+            "write_status",
+            kind = set.kind.kind(),
+            namespace = set.namespace(),
+            name = set.name()
+        );
         ctx.spawn(
             async move {
                 if let Err(e) = set.write_status(client, &status).await {
@@ -300,9 +391,31 @@ impl Actor for ObjectSetActor {
     }
 }
 
-impl Handler<SetObserved> for ObjectSetActor {
+impl FeedTarget for ObjectSetActor {
+    type Object = SetObject;
+
+    fn start_for(context: &ManagerContext) -> Addr<Self> {
+        ObjectSetActor::new(context.clone()).start()
+    }
+
+    /// ObjectSetPhases of other classes belong to other controllers (the hosted-cluster connector, or
+    /// out-of-tree ones).
+    fn wants(set: &SetObject) -> bool {
+        !set.kind.is_phase() || set.phase_class() == Some(DEFAULT_CLASS)
+    }
+
+    fn key(set: &SetObject) -> ObjectRef {
+        ObjectRef {
+            kind: set.kind.kind(),
+            namespace: set.namespace().to_owned(),
+            name: set.name().to_owned(),
+        }
+    }
+}
+
+impl Handler<Observed<SetObject>> for ObjectSetActor {
     type Result = ();
-    fn handle(&mut self, SetObserved(set): SetObserved, ctx: &mut Context<Self>) {
+    fn handle(&mut self, Observed(set): Observed<SetObject>, ctx: &mut Context<Self>) {
         let generation = set.generation();
         self.set = Some(set);
         if self.planned_generation != Some(generation) {
@@ -311,9 +424,9 @@ impl Handler<SetObserved> for ObjectSetActor {
     }
 }
 
-impl Handler<SetGone> for ObjectSetActor {
+impl Handler<Gone> for ObjectSetActor {
     type Result = ();
-    fn handle(&mut self, _: SetGone, ctx: &mut Context<Self>) {
+    fn handle(&mut self, _: Gone, ctx: &mut Context<Self>) {
         self.stop_phases();
         ctx.stop();
     }
@@ -322,7 +435,9 @@ impl Handler<SetGone> for ObjectSetActor {
 impl Handler<ObjectChanged> for ObjectSetActor {
     type Result = ();
     fn handle(&mut self, ObjectChanged(key): ObjectChanged, _: &mut Context<Self>) {
-        let Some(&index) = self.object_phase.get(&key) else { return };
+        let Some(&index) = self.object_phase.get(&key) else {
+            return;
+        };
         if self.lifecycle() == LifecycleState::Archived {
             if self.phases.iter().rposition(|p| !p.torn_down) == Some(index) {
                 self.phases[index].actor.do_send(PhaseCommand::Teardown);
@@ -345,7 +460,10 @@ impl Handler<PhaseFinished> for ObjectSetActor {
         let phase = &mut self.phases[finished.index];
         match finished.outcome {
             PhaseOutcome::Reconciled(report) => {
-                let was_available = phase.report.as_ref().is_some_and(|r| r.progress == PhaseProgress::Available);
+                let was_available = phase
+                    .report
+                    .as_ref()
+                    .is_some_and(|r| r.progress == PhaseProgress::Available);
                 let now_available = report.progress == PhaseProgress::Available;
                 phase.report = Some(report);
                 if now_available && !was_available {

@@ -4,12 +4,16 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use pko_proto::core::common::{ObjectSetObject, ObjectSetTemplatePhase};
+use pko_proto::core::common::{
+    CollisionProtection, LifecycleState, ObjectSetObject, ObjectSetProbe, ObjectSetTemplatePhase,
+    PackageProbeKindSpec, Probe, ProbeConditionSpec, ProbeSelector,
+};
+use serde_json::json;
 
 use crate::engine::desired_object::{find_duplicate, prepare_phase, DesiredObject, InvalidObject};
 use crate::engine::probe::{ProbeSet, ProbeSpecError};
 use crate::phase_runner::PhasePlan;
-use crate::set_object::SetObject;
+use crate::set_object::{SetObject, PHASE_CLASS_LABEL};
 
 /// Why a set cannot be planned; shown as `PreflightError` on the set.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -20,8 +24,6 @@ pub enum PlanError {
     Probe(#[from] ProbeSpecError),
     #[error("spec.phases[{index}].name: phase name {name:?} is used twice")]
     DuplicatePhase { index: usize, name: String },
-    #[error("spec.phases[{index}].class: {class:?}: delegated phases are not handled by this manager yet")]
-    UnsupportedClass { index: usize, class: String },
 }
 
 /// Inputs the actor gathered for planning.
@@ -34,7 +36,10 @@ pub struct PlanInputs {
 }
 
 /// The objects of a phase: its own plus those of its slices, in order.
-fn phase_objects(phase: &ObjectSetTemplatePhase, slices: &BTreeMap<String, Vec<ObjectSetObject>>) -> Vec<ObjectSetObject> {
+fn phase_objects(
+    phase: &ObjectSetTemplatePhase,
+    slices: &BTreeMap<String, Vec<ObjectSetObject>>,
+) -> Vec<ObjectSetObject> {
     let mut objects = phase.objects.clone();
     for name in &phase.slices {
         if let Some(more) = slices.get(name) {
@@ -42,6 +47,60 @@ fn phase_objects(phase: &ObjectSetTemplatePhase, slices: &BTreeMap<String, Vec<O
         }
     }
     objects
+}
+
+/// Name of the ObjectSetPhase a phase is delegated to.
+pub fn phase_object_name(set: &str, phase: &str) -> String {
+    format!("{set}-{phase}")
+}
+
+/// The ObjectSetPhase carrying a delegated phase: its objects (slices inlined), every availability probe of
+/// the set, revision, previous and the pause flag.
+fn phase_object(
+    set: &SetObject,
+    phase: &ObjectSetTemplatePhase,
+    objects: &[ObjectSetObject],
+    revision: i64,
+) -> serde_json::Value {
+    let kind = set.kind.phase_kind();
+    json!({
+        "apiVersion": format!("{}/{}", pko_proto::GROUP, pko_proto::VERSION),
+        "kind": kind.kind(),
+        "metadata": {
+            "name": phase_object_name(set.name(), &phase.name),
+            "labels": { PHASE_CLASS_LABEL: phase.class },
+        },
+        "spec": {
+            "paused": set.spec.lifecycle_state == LifecycleState::Paused,
+            "revision": revision,
+            "previous": set.spec.previous,
+            "availabilityProbes": set.spec.template.availability_probes,
+            "objects": objects,
+            "externalObjects": phase.external_objects,
+        },
+    })
+}
+
+/// A delegated phase is available when its ObjectSetPhase reports Available for its current generation.
+fn delegated_probe(set: &SetObject) -> Arc<ProbeSet> {
+    let probe = ObjectSetProbe {
+        probes: vec![Probe {
+            condition: Some(ProbeConditionSpec {
+                type_: "Available".into(),
+                status: "True".into(),
+            }),
+            ..Probe::default()
+        }],
+        selector: ProbeSelector {
+            kind: PackageProbeKindSpec {
+                group: pko_proto::GROUP.into(),
+                kind: set.kind.phase_kind().kind().into(),
+            },
+            selector: None,
+        },
+    };
+    // A fixed, valid probe: compilation cannot fail.
+    Arc::new(ProbeSet::compile(&[probe], "delegated phase").unwrap_or_else(|_| ProbeSet::empty()))
 }
 
 /// Plans every phase of `set`.
@@ -55,27 +114,48 @@ pub fn plan_object_set(set: &SetObject, inputs: &PlanInputs) -> Result<Vec<Phase
     let mut plans = Vec::with_capacity(set.spec.template.phases.len());
     for (index, phase) in set.spec.template.phases.iter().enumerate() {
         if names.insert(phase.name.clone(), index).is_some() {
-            return Err(PlanError::DuplicatePhase { index, name: phase.name.clone() });
+            return Err(PlanError::DuplicatePhase {
+                index,
+                name: phase.name.clone(),
+            });
         }
-        if !phase.class.is_empty() {
-            return Err(PlanError::UnsupportedClass { index, class: phase.class.clone() });
-        }
+        let field = format!("spec.phases[{index}]");
         let objects = phase_objects(phase, &inputs.slices);
+        // Validated here even when delegated: a broken object fails the set, not some other controller.
         let prepared = prepare_phase(
             &owner,
             inputs.revision,
-            &format!("spec.phases[{index}]"),
+            &field,
             &objects,
             &phase.external_objects,
         )?;
-        plans.push(PhasePlan {
-            name: phase.name.clone(),
-            objects: prepared,
-            probes: probes.clone(),
-            owner_uid: owner.uid.clone(),
-            revision: inputs.revision,
-            previous_uids: inputs.previous_uids.clone(),
-        });
+        let plan = if phase.class.is_empty() {
+            PhasePlan {
+                name: phase.name.clone(),
+                objects: prepared,
+                probes: probes.clone(),
+                owner_uid: owner.uid.clone(),
+                revision: inputs.revision,
+                previous_uids: inputs.previous_uids.clone(),
+                delegated: false,
+            }
+        } else {
+            let delegate = ObjectSetObject {
+                object: phase_object(set, phase, &objects, inputs.revision),
+                collision_protection: CollisionProtection::Prevent,
+                condition_mappings: Vec::new(),
+            };
+            PhasePlan {
+                name: phase.name.clone(),
+                objects: prepare_phase(&owner, inputs.revision, &field, &[delegate], &[])?,
+                probes: delegated_probe(set),
+                owner_uid: owner.uid.clone(),
+                revision: inputs.revision,
+                previous_uids: inputs.previous_uids.clone(),
+                delegated: true,
+            }
+        };
+        plans.push(plan);
     }
     let fields: Vec<(String, &DesiredObject)> = plans
         .iter()
@@ -89,4 +169,79 @@ pub fn plan_object_set(set: &SetObject, inputs: &PlanInputs) -> Result<Vec<Phase
         .collect();
     find_duplicate(fields.iter().map(|(f, o)| (f.as_str(), *o)))?;
     Ok(plans)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pko_proto::core::object_set::ObjectSet;
+
+    fn set(phases: serde_json::Value) -> SetObject {
+        let set: ObjectSet = serde_json::from_value(json!({
+            "apiVersion": "package-operator.run/v1alpha1", "kind": "ObjectSet",
+            "metadata": {"name": "s", "namespace": "ns", "uid": "u1"},
+            "spec": {"phases": phases},
+        }))
+        .unwrap();
+        SetObject::from(set)
+    }
+
+    fn cm(name: &str) -> serde_json::Value {
+        json!({"object": {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}}})
+    }
+
+    #[test]
+    fn delegated_phase_becomes_an_object_set_phase() {
+        let s = set(json!([
+            {"name": "a", "objects": [cm("x")]},
+            {"name": "b", "class": "default", "objects": [cm("y")], "slices": ["more"]},
+        ]));
+        let mut inputs = PlanInputs {
+            revision: 4,
+            ..Default::default()
+        };
+        inputs.slices.insert(
+            "more".into(),
+            vec![serde_json::from_value(cm("z")).unwrap()],
+        );
+        let plans = plan_object_set(&s, &inputs).unwrap();
+        assert!(!plans[0].delegated);
+        assert!(plans[1].delegated);
+        let phase = &plans[1].objects[0];
+        assert_eq!(phase.key.kind, "ObjectSetPhase");
+        assert_eq!(phase.key.name, "s-b");
+        assert_eq!(
+            phase.object["metadata"]["labels"][PHASE_CLASS_LABEL],
+            "default"
+        );
+        assert_eq!(phase.object["metadata"]["ownerReferences"][0]["uid"], "u1");
+        assert_eq!(phase.object["spec"]["revision"], 4);
+        let names: Vec<&str> = phase.object["spec"]["objects"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| o["object"]["metadata"]["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["y", "z"], "slice objects are inlined");
+    }
+
+    #[test]
+    fn spec_problems_are_named() {
+        let dup = set(json!([{"name": "a", "objects": [cm("x")]}, {"name": "a", "objects": []}]));
+        assert_eq!(
+            plan_object_set(&dup, &PlanInputs::default()).unwrap_err(),
+            PlanError::DuplicatePhase {
+                index: 1,
+                name: "a".into()
+            }
+        );
+        let twice =
+            set(json!([{"name": "a", "objects": [cm("x")]}, {"name": "b", "objects": [cm("x")]}]));
+        let err = plan_object_set(&twice, &PlanInputs::default()).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("spec.phases[1].objects[0]: duplicates spec.phases[0].objects[0]"),
+            "{err}"
+        );
+    }
 }

@@ -8,7 +8,9 @@ use std::time::Duration;
 use actix::prelude::*;
 
 use crate::context::ManagerContext;
-use crate::phase_runner::{reconcile_phase, teardown_phase, AppliedHashes, PhasePlan, PhaseReport, TeardownReport};
+use crate::phase_runner::{
+    reconcile_phase, teardown_phase, AppliedHashes, PhasePlan, PhaseReport, TeardownReport,
+};
 
 const BACKOFF_MIN: Duration = Duration::from_secs(1);
 const BACKOFF_MAX: Duration = Duration::from_secs(60);
@@ -60,7 +62,12 @@ pub struct PhaseActor {
 }
 
 impl PhaseActor {
-    pub fn new(index: usize, context: ManagerContext, update: UpdatePlan, owner: Recipient<PhaseFinished>) -> Self {
+    pub fn new(
+        index: usize,
+        context: ManagerContext,
+        update: UpdatePlan,
+        owner: Recipient<PhaseFinished>,
+    ) -> Self {
         Self {
             index,
             context,
@@ -93,33 +100,48 @@ impl PhaseActor {
         let work = async move {
             let outcome = match command {
                 PhaseCommand::Reconcile => PhaseOutcome::Reconciled(
-                    reconcile_phase(&context.applier, &context.cache, &plan, &mut applied, paused).await,
+                    reconcile_phase(
+                        &context.applier,
+                        &context.cache,
+                        &plan,
+                        &mut applied,
+                        paused,
+                    )
+                    .await,
                 ),
-                PhaseCommand::Teardown => {
-                    PhaseOutcome::TornDown(teardown_phase(&context.applier, &context.cache, &plan).await)
-                }
+                PhaseCommand::Teardown => PhaseOutcome::TornDown(
+                    teardown_phase(&context.applier, &context.cache, &plan).await,
+                ),
             };
             (outcome, applied)
         };
-        ctx.spawn(work.into_actor(self).map(move |(outcome, applied), act, ctx| {
-            act.applied = applied;
-            act.running = false;
-            let retry = match &outcome {
-                PhaseOutcome::Reconciled(r) => r.transient_error,
-                PhaseOutcome::TornDown(t) => !t.errors.is_empty(),
-            };
-            if retry {
-                let delay = act.backoff;
-                act.backoff = (act.backoff * 2).min(BACKOFF_MAX);
-                act.retry = Some(ctx.run_later(delay, move |act, ctx| act.run(command, ctx)));
-            } else {
-                act.backoff = BACKOFF_MIN;
-            }
-            act.owner.do_send(PhaseFinished { index: act.index, version, outcome });
-            if let Some(next) = act.queued.take() {
-                act.run(next, ctx);
-            }
-        }));
+        ctx.spawn(
+            work.into_actor(self)
+                .map(move |(outcome, applied), act, ctx| {
+                    act.applied = applied;
+                    act.running = false;
+                    let retry = match &outcome {
+                        PhaseOutcome::Reconciled(r) => r.transient_error,
+                        PhaseOutcome::TornDown(t) => !t.errors.is_empty(),
+                    };
+                    if retry {
+                        let delay = act.backoff;
+                        act.backoff = (act.backoff * 2).min(BACKOFF_MAX);
+                        act.retry =
+                            Some(ctx.run_later(delay, move |act, ctx| act.run(command, ctx)));
+                    } else {
+                        act.backoff = BACKOFF_MIN;
+                    }
+                    act.owner.do_send(PhaseFinished {
+                        index: act.index,
+                        version,
+                        outcome,
+                    });
+                    if let Some(next) = act.queued.take() {
+                        act.run(next, ctx);
+                    }
+                }),
+        );
     }
 }
 

@@ -9,7 +9,7 @@ use futures::{stream, StreamExt};
 use serde_json::Value;
 use tracing::{instrument, warn};
 
-use crate::applier::{ApplyError, Applier};
+use crate::applier::{Applier, ApplyError};
 use crate::engine::adoption::{controller_of, decide_adoption, Adopter, AdoptionDecision};
 use crate::engine::desired_object::DesiredObject;
 use crate::engine::drift::is_subset;
@@ -31,14 +31,16 @@ pub struct PhasePlan {
     pub owner_uid: String,
     pub revision: i64,
     pub previous_uids: Vec<String>,
+    /// The phase's only object is the ObjectSetPhase it was delegated to.
+    pub delegated: bool,
 }
 
 /// What one reconcile of a phase found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PhaseReport {
     pub progress: PhaseProgress,
-    /// Managed objects this owner controls after the run.
-    pub controlled: Vec<ObjectKey>,
+    /// Managed objects this owner controls after the run, with their UIDs.
+    pub controlled: Vec<(ObjectKey, String)>,
     pub mapped: Vec<MappedCondition>,
     /// Set when a failure may go away by itself (apiserver unavailable, conflict): retry with backoff.
     pub transient_error: bool,
@@ -69,7 +71,16 @@ pub async fn reconcile_phase(
 ) -> PhaseReport {
     let snapshot: &AppliedHashes = applied;
     let outcomes: Vec<ObjectOutcome> = stream::iter(plan.objects.iter())
-        .map(|desired| reconcile_object(applier, cache, plan, desired, snapshot.get(&desired.key).copied(), paused))
+        .map(|desired| {
+            reconcile_object(
+                applier,
+                cache,
+                plan,
+                desired,
+                snapshot.get(&desired.key).copied(),
+                paused,
+            )
+        })
         .buffered(APPLY_CONCURRENCY)
         .collect()
         .await;
@@ -82,7 +93,11 @@ pub async fn reconcile_phase(
     let mut transient_error = false;
     for (desired, outcome) in plan.objects.iter().zip(outcomes) {
         match outcome {
-            ObjectOutcome::Ready { key, observed, applied_hash } => {
+            ObjectOutcome::Ready {
+                key,
+                observed,
+                applied_hash,
+            } => {
                 if let Some(h) = applied_hash {
                     applied.insert(key.clone(), h);
                 }
@@ -93,7 +108,11 @@ pub async fn reconcile_phase(
                 if desired.managed
                     && controller_of(&observed).is_some_and(|(uid, _, _)| uid == plan.owner_uid)
                 {
-                    controlled.push(key.clone());
+                    let uid = observed
+                        .pointer("/metadata/uid")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default();
+                    controlled.push((key.clone(), uid.to_owned()));
                 }
                 if let ProbeResult::Failed(messages) = plan.probes.evaluate(&key, &observed) {
                     probe_failures.push(format!("{key}: {}", messages.join(", ")));
@@ -142,7 +161,11 @@ fn is_transient(error: &ApplyError) -> bool {
     }
 }
 
-async fn observe(applier: &Applier, cache: &ObjectCache, key: &ObjectKey) -> Result<Option<Value>, ApplyError> {
+async fn observe(
+    applier: &Applier,
+    cache: &ObjectCache,
+    key: &ObjectKey,
+) -> Result<Option<Value>, ApplyError> {
     if let Some(v) = cache.get(key) {
         return Ok(Some((*v).clone()));
     }
@@ -180,7 +203,11 @@ async fn try_reconcile_object(
     }
     let observed = observe(applier, cache, key).await?;
     if !desired.managed || paused {
-        return Ok(ObjectOutcome::Ready { key: key.clone(), observed, applied_hash: None });
+        return Ok(ObjectOutcome::Ready {
+            key: key.clone(),
+            observed,
+            applied_hash: None,
+        });
     }
     let hash = value_hash(&desired.object);
     if let Some(existing) = &observed {
@@ -190,10 +217,16 @@ async fn try_reconcile_object(
             previous_uids: &plan.previous_uids,
         };
         match decide_adoption(&adopter, &desired.collision_protection, existing) {
-            AdoptionDecision::Refuse(reason) => return Ok(ObjectOutcome::Collision(key.clone(), reason)),
+            AdoptionDecision::Refuse(reason) => {
+                return Ok(ObjectOutcome::Collision(key.clone(), reason))
+            }
             AdoptionDecision::AlreadyOwned => {
                 if last_applied == Some(hash) && is_subset(&desired.object, existing) {
-                    return Ok(ObjectOutcome::Ready { key: key.clone(), observed, applied_hash: None });
+                    return Ok(ObjectOutcome::Ready {
+                        key: key.clone(),
+                        observed,
+                        applied_hash: None,
+                    });
                 }
             }
             AdoptionDecision::Adopt { demote: Some(uid) } => {
@@ -204,7 +237,11 @@ async fn try_reconcile_object(
     }
     let stored = applier.apply(key, &desired.object).await?;
     cache.record(key, stored.clone());
-    Ok(ObjectOutcome::Ready { key: key.clone(), observed: Some(stored), applied_hash: Some(hash) })
+    Ok(ObjectOutcome::Ready {
+        key: key.clone(),
+        observed: Some(stored),
+        applied_hash: Some(hash),
+    })
 }
 
 /// Copies the conditions named by the object's conditionMappings, if written for its current generation.
@@ -212,7 +249,9 @@ fn mapped_conditions(desired: &DesiredObject, observed: &Value) -> Vec<MappedCon
     if desired.condition_mappings.is_empty() {
         return Vec::new();
     }
-    let generation = observed.pointer("/metadata/generation").and_then(Value::as_i64);
+    let generation = observed
+        .pointer("/metadata/generation")
+        .and_then(Value::as_i64);
     let conditions = observed
         .pointer("/status/conditions")
         .and_then(Value::as_array)
@@ -225,15 +264,26 @@ fn mapped_conditions(desired: &DesiredObject, observed: &Value) -> Vec<MappedCon
             let c = conditions
                 .iter()
                 .find(|c| c.get("type").and_then(Value::as_str) == Some(m.source_type.as_str()))?;
-            let fresh = match (c.get("observedGeneration").and_then(Value::as_i64), generation) {
+            let fresh = match (
+                c.get("observedGeneration").and_then(Value::as_i64),
+                generation,
+            ) {
                 (Some(o), Some(g)) => o == g,
                 _ => true,
             };
             fresh.then(|| MappedCondition {
                 type_: m.destination_type.clone(),
                 status: c.get("status").and_then(Value::as_str) == Some("True"),
-                reason: c.get("reason").and_then(Value::as_str).unwrap_or("Mapped").to_owned(),
-                message: c.get("message").and_then(Value::as_str).unwrap_or_default().to_owned(),
+                reason: c
+                    .get("reason")
+                    .and_then(Value::as_str)
+                    .unwrap_or("Mapped")
+                    .to_owned(),
+                message: c
+                    .get("message")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_owned(),
             })
         })
         .collect()
@@ -257,8 +307,15 @@ impl TeardownReport {
 /// left alone (handover). Deletes carry UID and resourceVersion preconditions, so an object changed since it
 /// was observed is re-examined instead of deleted blindly.
 #[instrument(skip_all, fields(phase = %plan.name, owner = %plan.owner_uid))]
-pub async fn teardown_phase(applier: &Applier, cache: &ObjectCache, plan: &PhasePlan) -> TeardownReport {
-    let mut report = TeardownReport { remaining: Vec::new(), errors: Vec::new() };
+pub async fn teardown_phase(
+    applier: &Applier,
+    cache: &ObjectCache,
+    plan: &PhasePlan,
+) -> TeardownReport {
+    let mut report = TeardownReport {
+        remaining: Vec::new(),
+        errors: Vec::new(),
+    };
     for desired in plan.objects.iter().filter(|d| d.managed) {
         let key = &desired.key;
         let observed = match applier.get(key).await {
@@ -280,8 +337,14 @@ pub async fn teardown_phase(applier: &Applier, cache: &ObjectCache, plan: &Phase
             report.remaining.push(key.clone());
             continue;
         }
-        let uid = observed.pointer("/metadata/uid").and_then(Value::as_str).unwrap_or_default();
-        let rv = observed.pointer("/metadata/resourceVersion").and_then(Value::as_str).unwrap_or_default();
+        let uid = observed
+            .pointer("/metadata/uid")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let rv = observed
+            .pointer("/metadata/resourceVersion")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
         match applier.delete_exact(key, uid, rv).await {
             Ok(_) => {
                 if let Ok(Some(_)) = applier.get(key).await {

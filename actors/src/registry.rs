@@ -21,7 +21,9 @@ pub struct Registry<A: Actor, K: Eq + Hash = ObjectRef> {
 
 impl<A: Actor, K: Eq + Hash + Clone> Default for Registry<A, K> {
     fn default() -> Self {
-        Self { actors: DashMap::new() }
+        Self {
+            actors: DashMap::new(),
+        }
     }
 }
 

@@ -1,20 +1,34 @@
-//! One view of ObjectSet and ClusterObjectSet, so a single actor and planner serve both kinds.
+//! One view of ObjectSet, ClusterObjectSet and the ObjectSetPhases the manager reconciles itself (class
+//! `default`), so a single actor and planner serve all four kinds: an ObjectSetPhase is a set with exactly
+//! one phase whose revision is given, not derived.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
 use kube::{Api, Client, Resource};
+use pko_proto::core::common::{
+    LifecycleState, ObjectSetObject, ObjectSetTemplatePhase, ObjectSetTemplateSpec,
+};
 use pko_proto::core::object_set::{ClusterObjectSet, ObjectSet, ObjectSetSpec, ObjectSetStatus};
+use pko_proto::core::object_set_phase::{
+    ClusterObjectSetPhase, ObjectSetPhase, ObjectSetPhaseSpec, ObjectSetPhaseStatus,
+};
 use pko_proto::core::object_slice::{ClusterObjectSlice, ObjectSlice};
-use pko_proto::core::common::ObjectSetObject;
 use serde_json::json;
 
 use crate::engine::desired_object::{OwnerRef, FIELD_MANAGER};
 
-/// Which of the two kinds an ObjectSet is.
+/// Label naming the class of a delegated phase.
+pub const PHASE_CLASS_LABEL: &str = "package-operator.run/phase-class";
+/// The phase class this manager reconciles itself.
+pub const DEFAULT_CLASS: &str = "default";
+
+/// Which kind an object driven by the set actor is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum SetKind {
     Namespaced,
     Cluster,
+    Phase,
+    ClusterPhase,
 }
 
 impl SetKind {
@@ -22,6 +36,34 @@ impl SetKind {
         match self {
             SetKind::Namespaced => "ObjectSet",
             SetKind::Cluster => "ClusterObjectSet",
+            SetKind::Phase => "ObjectSetPhase",
+            SetKind::ClusterPhase => "ClusterObjectSetPhase",
+        }
+    }
+
+    pub fn is_phase(self) -> bool {
+        matches!(self, SetKind::Phase | SetKind::ClusterPhase)
+    }
+
+    pub fn is_namespaced(self) -> bool {
+        matches!(self, SetKind::Namespaced | SetKind::Phase)
+    }
+
+    /// The ObjectSet kind revisions (`previous`) of this kind refer to.
+    pub fn revision_kind(self) -> SetKind {
+        if self.is_namespaced() {
+            SetKind::Namespaced
+        } else {
+            SetKind::Cluster
+        }
+    }
+
+    /// The ObjectSetPhase kind this kind delegates phases to.
+    pub fn phase_kind(self) -> SetKind {
+        if self.is_namespaced() {
+            SetKind::Phase
+        } else {
+            SetKind::ClusterPhase
         }
     }
 
@@ -29,25 +71,44 @@ impl SetKind {
         match self {
             SetKind::Namespaced => ApiResource::erase::<ObjectSet>(&()),
             SetKind::Cluster => ApiResource::erase::<ClusterObjectSet>(&()),
+            SetKind::Phase => ApiResource::erase::<ObjectSetPhase>(&()),
+            SetKind::ClusterPhase => ApiResource::erase::<ClusterObjectSetPhase>(&()),
         }
     }
 
-    /// API for sets of this kind in `namespace` (ignored for cluster sets).
+    /// API for objects of this kind in `namespace` (ignored for cluster-scoped kinds).
     pub fn api(self, client: Client, namespace: &str) -> Api<DynamicObject> {
-        match self {
-            SetKind::Namespaced => Api::namespaced_with(client, namespace, &self.api_resource()),
-            SetKind::Cluster => Api::all_with(client, &self.api_resource()),
+        if self.is_namespaced() {
+            Api::namespaced_with(client, namespace, &self.api_resource())
+        } else {
+            Api::all_with(client, &self.api_resource())
         }
+    }
+
+    /// The part of a set status this kind has: ObjectSetPhases carry only conditions (Available, Paused
+    /// and mapped ones) and controllerOf.
+    pub fn status_view(self, mut status: ObjectSetStatus) -> ObjectSetStatus {
+        if self.is_phase() {
+            status.phase = None;
+            status.revision = 0;
+            status.remote_phases.clear();
+            status
+                .conditions
+                .retain(|c| c.type_ == "Available" || c.type_ == "Paused" || c.type_.contains('/'));
+        }
+        status
     }
 }
 
-/// An ObjectSet or ClusterObjectSet as the engine sees it.
+/// An ObjectSet, ClusterObjectSet or ObjectSetPhase as the engine sees it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SetObject {
     pub kind: SetKind,
     pub meta: ObjectMeta,
     pub spec: ObjectSetSpec,
     pub status: ObjectSetStatus,
+    /// The revision an ObjectSetPhase was given; `None` for sets (they derive theirs).
+    pub given_revision: Option<i64>,
 }
 
 impl From<ObjectSet> for SetObject {
@@ -57,6 +118,7 @@ impl From<ObjectSet> for SetObject {
             meta: o.metadata,
             spec: o.spec,
             status: o.status.unwrap_or_default(),
+            given_revision: None,
         }
     }
 }
@@ -68,7 +130,58 @@ impl From<ClusterObjectSet> for SetObject {
             meta: o.metadata,
             spec: o.spec,
             status: o.status.unwrap_or_default(),
+            given_revision: None,
         }
+    }
+}
+
+fn from_phase(
+    kind: SetKind,
+    meta: ObjectMeta,
+    spec: ObjectSetPhaseSpec,
+    status: Option<ObjectSetPhaseStatus>,
+) -> SetObject {
+    let status = status.unwrap_or_default();
+    SetObject {
+        kind,
+        spec: ObjectSetSpec {
+            lifecycle_state: if spec.paused {
+                LifecycleState::Paused
+            } else {
+                LifecycleState::Active
+            },
+            previous: spec.previous,
+            template: ObjectSetTemplateSpec {
+                phases: vec![ObjectSetTemplatePhase {
+                    name: meta.name.clone().unwrap_or_default(),
+                    class: String::new(),
+                    objects: spec.objects,
+                    external_objects: spec.external_objects,
+                    slices: Vec::new(),
+                }],
+                availability_probes: spec.availability_probes,
+                success_delay_seconds: 0,
+            },
+        },
+        status: ObjectSetStatus {
+            conditions: status.conditions,
+            controller_of: status.controller_of,
+            ..ObjectSetStatus::default()
+        },
+        given_revision: Some(spec.revision),
+        meta,
+    }
+}
+
+impl From<ObjectSetPhase> for SetObject {
+    fn from(o: ObjectSetPhase) -> Self {
+        from_phase(SetKind::Phase, o.metadata, o.spec, o.status)
+    }
+}
+
+impl From<ClusterObjectSetPhase> for SetObject {
+    fn from(o: ClusterObjectSetPhase) -> Self {
+        from_phase(SetKind::ClusterPhase, o.metadata, o.spec, o.status)
     }
 }
 
@@ -96,30 +209,73 @@ impl SetObject {
             kind: self.kind.kind().to_owned(),
             name: self.name().to_owned(),
             uid: self.uid().to_owned(),
-            namespace: (self.kind == SetKind::Namespaced).then(|| self.namespace().to_owned()),
+            namespace: self
+                .kind
+                .is_namespaced()
+                .then(|| self.namespace().to_owned()),
         }
     }
 
-    /// Writes `status` through the status subresource.
-    pub async fn write_status(&self, client: Client, status: &ObjectSetStatus) -> Result<(), kube::Error> {
+    /// The phase class, for ObjectSetPhases.
+    pub fn phase_class(&self) -> Option<&str> {
+        self.meta
+            .labels
+            .as_ref()?
+            .get(PHASE_CLASS_LABEL)
+            .map(String::as_str)
+    }
+
+    /// Name of the object's controller (the ObjectSet of an ObjectSetPhase).
+    pub fn controller_name(&self) -> Option<&str> {
+        self.meta
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|r| r.controller == Some(true))
+            .map(|r| r.name.as_str())
+    }
+
+    /// Writes `status` through the status subresource (the ObjectSetPhase form for phases).
+    pub async fn write_status(
+        &self,
+        client: Client,
+        status: &ObjectSetStatus,
+    ) -> Result<(), kube::Error> {
         let api = self.kind.api(client, self.namespace());
-        let patch = json!({ "status": status });
-        api.patch_status(self.name(), &PatchParams::apply(FIELD_MANAGER), &Patch::Merge(&patch))
-            .await
-            .map(|_| ())
+        let patch = if self.kind.is_phase() {
+            let phase_status = ObjectSetPhaseStatus {
+                conditions: status.conditions.clone(),
+                controller_of: status.controller_of.clone(),
+            };
+            json!({ "status": phase_status })
+        } else {
+            json!({ "status": status })
+        };
+        api.patch_status(
+            self.name(),
+            &PatchParams::apply(FIELD_MANAGER),
+            &Patch::Merge(&patch),
+        )
+        .await
+        .map(|_| ())
     }
 
     /// Reads the objects of an ObjectSlice (ClusterObjectSlice for cluster sets); `None` if it is missing.
-    pub async fn slice_objects(&self, client: Client, name: &str) -> Result<Option<Vec<ObjectSetObject>>, kube::Error> {
-        match self.kind {
-            SetKind::Namespaced => Api::<ObjectSlice>::namespaced(client, self.namespace())
+    pub async fn slice_objects(
+        &self,
+        client: Client,
+        name: &str,
+    ) -> Result<Option<Vec<ObjectSetObject>>, kube::Error> {
+        if self.kind.is_namespaced() {
+            Api::<ObjectSlice>::namespaced(client, self.namespace())
                 .get_opt(name)
                 .await
-                .map(|s| s.map(|s| s.objects)),
-            SetKind::Cluster => Api::<ClusterObjectSlice>::all(client)
+                .map(|s| s.map(|s| s.objects))
+        } else {
+            Api::<ClusterObjectSlice>::all(client)
                 .get_opt(name)
                 .await
-                .map(|s| s.map(|s| s.objects)),
+                .map(|s| s.map(|s| s.objects))
         }
     }
 }

@@ -8,7 +8,7 @@ use crate::error::TestEnvError;
 /// Kubernetes version the install script builds.
 const KUBE_VERSION: &str = "v1.20.2";
 /// Revision of the build recipe in deploy/install-test-components.sh (its patches); part of the cache path.
-const KUBE_RECIPE: &str = "pko2";
+const KUBE_RECIPE: &str = "pko3";
 
 /// Paths of every server binary.
 #[derive(Clone, Debug)]
@@ -29,7 +29,7 @@ pub struct Binaries {
 
 impl Binaries {
     /// Finds every binary or says which is missing. `PKO_KUBE_BIN_DIR` overrides the kube binaries'
-    /// directory (default `${XDG_CACHE_HOME:-$HOME/.cache}/pko/kube-v1.20.2-pko2`).
+    /// directory (default `${XDG_CACHE_HOME:-$HOME/.cache}/pko/kube-v1.20.2-pko3`).
     pub fn locate() -> Result<Self, TestEnvError> {
         let kube_dir = kube_bin_dir();
         Ok(Self {
@@ -51,7 +51,9 @@ fn kube_bin_dir() -> PathBuf {
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))
         .unwrap_or_else(|| PathBuf::from(".cache"));
-    cache.join("pko").join(format!("kube-{KUBE_VERSION}-{KUBE_RECIPE}"))
+    cache
+        .join("pko")
+        .join(format!("kube-{KUBE_VERSION}-{KUBE_RECIPE}"))
 }
 
 fn in_dir(dir: &Path, binary: &'static str) -> Result<PathBuf, TestEnvError> {

@@ -80,9 +80,15 @@ impl TestEnv {
             .arg("--health-addr")
             .arg(format!("127.0.0.1:{health_port}"))
             .args(extra_args)
-            .env("RUST_LOG", std::env::var("PKO_MANAGER_LOG").unwrap_or_else(|_| "info".into()));
-        let process =
-            ManagedProcess::spawn("pko-manager", command, &dir.join(format!("pko-manager-{n}.log")))?;
+            .env(
+                "RUST_LOG",
+                std::env::var("PKO_MANAGER_LOG").unwrap_or_else(|_| "info".into()),
+            );
+        let process = ManagedProcess::spawn(
+            "pko-manager",
+            command,
+            &dir.join(format!("pko-manager-{n}.log")),
+        )?;
         process
             .wait_ready(READY_TIMEOUT, || async move {
                 match http_get(health_port, "/readyz").await? {

@@ -30,7 +30,8 @@ mod tests {
         let desired = json!({"metadata": {"name": "a", "labels": {"x": "1"}}, "data": {"k": "v"}});
         let observed = json!({"metadata": {"name": "a", "uid": "u", "labels": {"x": "1", "y": "2"}}, "data": {"k": "v"}});
         assert!(is_subset(&desired, &observed));
-        let edited = json!({"metadata": {"name": "a", "labels": {"x": "1"}}, "data": {"k": "manual"}});
+        let edited =
+            json!({"metadata": {"name": "a", "labels": {"x": "1"}}, "data": {"k": "manual"}});
         assert!(!is_subset(&desired, &edited));
         assert!(!is_subset(&json!({"l": [1, 2]}), &json!({"l": [1, 2, 3]})));
         assert!(is_subset(&json!({"n": 1}), &json!({"n": 1.0})));

@@ -2,6 +2,7 @@
 
 pub mod adoption;
 pub mod conditions;
+pub mod deployment_plan;
 pub mod desired_object;
 pub mod drift;
 pub mod label_selector;

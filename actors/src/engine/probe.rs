@@ -115,6 +115,11 @@ impl ProbeSet {
         Ok(Self { groups })
     }
 
+    /// No probes: every object passes.
+    pub fn empty() -> Self {
+        Self { groups: Vec::new() }
+    }
+
     /// True when no probe is configured at all.
     pub fn is_empty(&self) -> bool {
         self.groups.is_empty()

@@ -1,13 +1,19 @@
 //! `pko-dev-env`: the local environment. Starts a management kube-apiserver (with kube-controller-manager),
 //! hosted-cluster kube-apiservers registered as HyperShift HostedClusters, nats-server with JetStream and
-//! an OCI registry; installs pko's CRDs; prints how to reach everything and writes it to an env file;
-//! runs until interrupted, then stops every server.
+//! an OCI registry; installs pko's CRDs; starts pko-manager against it and rolls out the sample
+//! ObjectDeployment (`deploy/examples/object-deployment.yaml`); prints how to reach everything and writes it
+//! to an env file; runs until interrupted, then stops every server.
 
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use clap::Parser;
-use pko_testenv::{EnvConfig, SimulatedHostedCluster, TestEnv};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Patch, PatchParams};
+use kube::Api;
+use pko_proto::core::object_deployment::ObjectDeployment;
+use pko_testenv::{wait_until, EnvConfig, SimulatedHostedCluster, TestEnv};
+use serde_json::json;
 use tokio::signal::unix::{signal, SignalKind};
 
 /// Runs the local pko environment.
@@ -23,13 +29,22 @@ struct Args {
     /// Stop as soon as everything is ready (for checking the setup).
     #[arg(long)]
     exit_when_ready: bool,
+    /// pko-manager binary (default: next to this binary, as `cargo build` puts it).
+    #[arg(long)]
+    manager: Option<PathBuf>,
 }
+
+/// The sample rolled out once the manager runs.
+const SAMPLE: &str = include_str!("../../../deploy/examples/object-deployment.yaml");
+const SAMPLE_TIMEOUT: Duration = Duration::from_secs(120);
 
 #[derive(Debug)]
 enum LaunchError {
     Env(pko_testenv::TestEnvError),
     Crds(pko_proto::core::CrdError),
     Io(String, std::io::Error),
+    Manager(String),
+    Sample(String),
 }
 
 impl std::fmt::Display for LaunchError {
@@ -38,6 +53,8 @@ impl std::fmt::Display for LaunchError {
             Self::Env(error) => write!(f, "{error}"),
             Self::Crds(error) => write!(f, "{error}"),
             Self::Io(what, error) => write!(f, "{what}: {error}"),
+            Self::Manager(message) => write!(f, "pko-manager: {message}"),
+            Self::Sample(message) => write!(f, "sample rollout: {message}"),
         }
     }
 }
@@ -76,8 +93,20 @@ async fn run(args: Args) -> Result<(), LaunchError> {
         .map_err(LaunchError::Env)?;
     let hosted = env.simulate_hypershift().await.map_err(LaunchError::Env)?;
 
+    let manager_bin = manager_path(args.manager.clone())?;
+    let manager = env
+        .start_manager(&manager_bin, &[])
+        .await
+        .map_err(|e| LaunchError::Manager(e.to_string()))?;
     let env_file = write_env_file(&args.state_dir, &env)?;
     print_summary(&env, &hosted, &env_file, started);
+    println!(
+        "pko-manager:       pid {}, log {}, metrics http://127.0.0.1:{}/metrics",
+        manager.pid().unwrap_or_default(),
+        manager.log_path().display(),
+        manager.health_port()
+    );
+    roll_out_sample(&env).await?;
     if args.exit_when_ready {
         return Ok(());
     }
@@ -91,9 +120,81 @@ async fn run(args: Args) -> Result<(), LaunchError> {
         _ = interrupt.recv() => {}
     }
     println!("Stopping...");
+    drop(manager);
     drop(env);
     let _ = std::fs::remove_file(&env_file);
     println!("Stopped.");
+    Ok(())
+}
+
+fn manager_path(explicit: Option<PathBuf>) -> Result<PathBuf, LaunchError> {
+    if let Some(path) = explicit {
+        return Ok(path);
+    }
+    let exe =
+        std::env::current_exe().map_err(|e| LaunchError::Io("locate this binary".into(), e))?;
+    let sibling = exe.with_file_name("pko-manager");
+    if sibling.exists() {
+        Ok(sibling)
+    } else {
+        Err(LaunchError::Manager(format!(
+            "{} not found: build it first (cargo build -p pko-manager) or pass --manager",
+            sibling.display()
+        )))
+    }
+}
+
+/// Applies the sample ObjectDeployment and waits until the manager reports it Available.
+async fn roll_out_sample(env: &TestEnv) -> Result<(), LaunchError> {
+    let sample = |e: String| LaunchError::Sample(e);
+    let client = env.management().client().await.map_err(LaunchError::Env)?;
+    let od: ObjectDeployment = serde_saphyr::from_str(SAMPLE).map_err(|e| sample(e.to_string()))?;
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "pko-sample"}});
+    let apply = PatchParams::apply("pko-dev-env").force();
+    namespaces
+        .patch("pko-sample", &apply, &Patch::Apply(&ns))
+        .await
+        .map_err(|e| sample(e.to_string()))?;
+    let api: Api<ObjectDeployment> = Api::namespaced(client, "pko-sample");
+    api.patch("sample", &apply, &Patch::Apply(&od))
+        .await
+        .map_err(|e| sample(e.to_string()))?;
+    println!("\nSample rollout: ObjectDeployment pko-sample/sample (deploy/examples/object-deployment.yaml)");
+    // The last printed condition line, so progress prints once per change.
+    let last = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    wait_until("sample ObjectDeployment Available", SAMPLE_TIMEOUT, || {
+        let api = api.clone();
+        let last = last.clone();
+        async move {
+            let od = api.get("sample").await.map_err(|e| e.to_string())?;
+            let status = od.status.unwrap_or_default();
+            let line = status
+                .conditions
+                .iter()
+                .map(|c| format!("{}={} ({})", c.type_, c.status, c.reason))
+                .collect::<Vec<_>>()
+                .join(", ");
+            if let Ok(mut last) = last.lock() {
+                if line != *last && !line.is_empty() {
+                    println!("  revision {}: {line}", status.revision.unwrap_or_default());
+                    *last = line.clone();
+                }
+            }
+            let available = status
+                .conditions
+                .iter()
+                .any(|c| c.type_ == "Available" && c.status == "True");
+            if available {
+                Ok(())
+            } else {
+                Err(line)
+            }
+        }
+    })
+    .await
+    .map_err(|e| sample(e.to_string()))?;
+    println!("  see it: source the env file, then kubectl get objectdeployments,objectsets,configmaps -n pko-sample");
     Ok(())
 }
 

@@ -1,6 +1,6 @@
 //! The README's "run it" command works as a newcomer would use it: the launcher becomes ready, kubectl
-//! reaches the management cluster through the env file, the simulated HostedClusters are there, and
-//! SIGTERM stops everything and cleans up.
+//! reaches the management cluster through the env file, the simulated HostedClusters are there, the
+//! manager rolls the sample ObjectDeployment out, and SIGTERM stops everything and cleans up.
 
 #![allow(clippy::unwrap_used)] // tests fail loudly on the first unexpected error
 
@@ -62,6 +62,23 @@ async fn launcher_runs_until_terminated() {
     assert!(clusters.contains("hosted-0"), "{clusters}");
     kubectl(&kubeconfig, &["get", "hcpkg"]);
     kubectl(&hosted_kubeconfig, &["get", "namespaces"]);
+    // The manager runs and rolls the sample out.
+    kubectl(
+        &kubeconfig,
+        &[
+            "wait",
+            "--for=condition=Available",
+            "objectdeployment/sample",
+            "-n",
+            "pko-sample",
+            "--timeout=120s",
+        ],
+    );
+    let sets = kubectl(
+        &kubeconfig,
+        &["get", "objectsets", "-n", "pko-sample", "--no-headers"],
+    );
+    assert!(sets.contains("Available"), "{sets}");
 
     let pid = launcher.id().unwrap().to_string();
     assert!(Command::new("kill")
@@ -76,6 +93,7 @@ async fn launcher_runs_until_terminated() {
     assert!(output.status.success(), "exit status {}", output.status);
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(stdout.contains("Ready in"), "{stdout}");
+    assert!(stdout.contains("Sample rollout"), "{stdout}");
     assert!(stdout.contains("Stopped."), "{stdout}");
     assert!(
         !PathBuf::from(&kubeconfig).exists(),

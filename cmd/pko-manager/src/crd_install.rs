@@ -26,7 +26,11 @@ pub async fn install_crds(client: &Client) -> Result<(), ManagerError> {
         let established = await_condition(api.clone(), &name, conditions::is_crd_established());
         tokio::time::timeout(ESTABLISH_TIMEOUT, established)
             .await
-            .map_err(|_| ManagerError::Crds(format!("CRD {name} not established after {ESTABLISH_TIMEOUT:?}")))?
+            .map_err(|_| {
+                ManagerError::Crds(format!(
+                    "CRD {name} not established after {ESTABLISH_TIMEOUT:?}"
+                ))
+            })?
             .map_err(|e| ManagerError::Crds(format!("waiting for CRD {name}: {e}")))?;
     }
     Ok(())

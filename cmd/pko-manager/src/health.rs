@@ -18,7 +18,9 @@ pub struct HealthState {
 }
 
 impl HealthState {
-    pub fn new(metrics: impl Fn() -> Vec<(&'static str, &'static str, u64)> + Send + Sync + 'static) -> Self {
+    pub fn new(
+        metrics: impl Fn() -> Vec<(&'static str, &'static str, u64)> + Send + Sync + 'static,
+    ) -> Self {
         Self {
             ready: Arc::default(),
             counts: Arc::new(metrics),
@@ -32,7 +34,9 @@ impl HealthState {
     fn metrics_text(&self) -> String {
         let mut out = String::new();
         for (name, help, value) in (self.counts)() {
-            out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}\n"));
+            out.push_str(&format!(
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}\n"
+            ));
         }
         out
     }
@@ -41,8 +45,16 @@ impl HealthState {
 /// Metric lines for the applier's request counters.
 pub fn request_metrics(counts: &RequestCounts) -> Vec<(&'static str, &'static str, u64)> {
     vec![
-        ("pko_object_reads_total", "Reads of managed objects (GET).", counts.reads()),
-        ("pko_object_writes_total", "Writes to managed objects (apply, patch, delete).", counts.writes()),
+        (
+            "pko_object_reads_total",
+            "Reads of managed objects (GET).",
+            counts.reads(),
+        ),
+        (
+            "pko_object_writes_total",
+            "Writes to managed objects (apply, patch, delete).",
+            counts.writes(),
+        ),
     ]
 }
 

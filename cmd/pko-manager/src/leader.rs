@@ -101,7 +101,11 @@ impl LeaderLease {
                 let ours = current.holder_identity.as_deref() == Some(&self.config.identity);
                 lease.spec = Some(self.spec(if ours { current.acquire_time } else { None }));
                 // replace() carries the resourceVersion we read: a concurrent taker makes this fail.
-                match self.api.replace(&self.config.name, &PostParams::default(), &lease).await {
+                match self
+                    .api
+                    .replace(&self.config.name, &PostParams::default(), &lease)
+                    .await
+                {
                     Ok(_) => Ok(true),
                     Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
                     Err(e) => Err(e),
@@ -134,12 +138,19 @@ impl LeaderLease {
     /// Gives the lease up on shutdown so a successor need not wait for it to expire.
     pub async fn release(&self) {
         if let Ok(Some(mut lease)) = self.api.get_opt(&self.config.name).await {
-            let ours = lease.spec.as_ref().and_then(|s| s.holder_identity.as_deref()) == Some(&self.config.identity);
+            let ours = lease
+                .spec
+                .as_ref()
+                .and_then(|s| s.holder_identity.as_deref())
+                == Some(&self.config.identity);
             if ours {
                 if let Some(spec) = lease.spec.as_mut() {
                     spec.holder_identity = None;
                 }
-                let _ = self.api.replace(&self.config.name, &PostParams::default(), &lease).await;
+                let _ = self
+                    .api
+                    .replace(&self.config.name, &PostParams::default(), &lease)
+                    .await;
             }
         }
     }

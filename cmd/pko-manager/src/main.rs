@@ -76,7 +76,9 @@ pub enum ManagerError {
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
@@ -86,16 +88,21 @@ fn init_logging(format: LogFormat) {
 async fn client(kubeconfig: Option<&PathBuf>) -> Result<Client, ManagerError> {
     let config = match kubeconfig {
         Some(path) => {
-            let err = |message: String| ManagerError::Kubeconfig { path: path.clone(), message };
+            let err = |message: String| ManagerError::Kubeconfig {
+                path: path.clone(),
+                message,
+            };
             let file = Kubeconfig::read_from(path).map_err(|e| err(e.to_string()))?;
             kube::Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
                 .await
                 .map_err(|e| err(e.to_string()))?
         }
-        None => kube::Config::infer().await.map_err(|e| ManagerError::Kubeconfig {
-            path: PathBuf::from("(inferred)"),
-            message: e.to_string(),
-        })?,
+        None => kube::Config::infer()
+            .await
+            .map_err(|e| ManagerError::Kubeconfig {
+                path: PathBuf::from("(inferred)"),
+                message: e.to_string(),
+            })?,
     };
     Client::try_from(config).map_err(ManagerError::Client)
 }
@@ -121,7 +128,10 @@ async fn run(args: Args) -> Result<(), ManagerError> {
     let health = HealthState::new(move || request_metrics(applier.counts()));
     let bound = health::serve(args.health_addr, health.clone())
         .await
-        .map_err(|source| ManagerError::Health { addr: args.health_addr, source })?;
+        .map_err(|source| ManagerError::Health {
+            addr: args.health_addr,
+            source,
+        })?;
     info!(addr = %bound, "serving /healthz, /readyz, /metrics");
 
     let lease = if args.leader_election {

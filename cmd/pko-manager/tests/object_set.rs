@@ -13,6 +13,7 @@ use kube::api::PostParams;
 use kube::runtime::watcher::{self, Event};
 use kube::Api;
 use pko_proto::core::object_set::ObjectSet;
+use pko_proto::core::object_set_phase::ObjectSetPhase;
 use serde_json::json;
 
 use common::*;
@@ -27,7 +28,10 @@ fn cel_probe(rule: &str, message: &str) -> serde_json::Value {
 #[tokio::test]
 async fn failing_probe_gates_next_phase_until_fixed_then_succeeds_after_delay() {
     let (client, ns) = setup("os-gate").await;
-    let mut extra = cel_probe("!has(self.data.gate) || self.data.gate == 'open'", "gate is closed");
+    let mut extra = cel_probe(
+        "!has(self.data.gate) || self.data.gate == 'open'",
+        "gate is closed",
+    );
     extra["successDelaySeconds"] = json!(2);
     let set = object_set(
         "gated",
@@ -41,27 +45,73 @@ async fn failing_probe_gates_next_phase_until_fixed_then_succeeds_after_delay() 
     // probe watches a key pko does not set.
     let mut set = set;
     set.spec.template.phases[0].objects[0].object = configmap("first", json!({"x": "1"}));
-    set.spec.template.availability_probes[0].probes[0].cel.as_mut().unwrap().rule =
-        "has(self.data.ready) && self.data.ready == 'yes'".into();
+    set.spec.template.availability_probes[0].probes[0]
+        .cel
+        .as_mut()
+        .unwrap()
+        .rule = "has(self.data.ready) && self.data.ready == 'yes'".into();
     set.spec.template.phases[1].objects[0].object = configmap("second", json!({"ready": "yes"}));
     create_set(&client, &ns, &set).await;
 
-    let message = wait_condition(&client, &ns, "gated", "Available", "False", Some("ProbeFailure")).await;
+    let message = wait_condition(
+        &client,
+        &ns,
+        "gated",
+        "Available",
+        "False",
+        Some("ProbeFailure"),
+    )
+    .await;
     assert!(message.starts_with("Phase \"one\" failed:"), "{message}");
-    assert!(message.contains("gate is closed") || message.contains("ready"), "{message}");
-    let (status, _, _) = set_condition(&client, &ns, "gated", "InTransition").await.unwrap();
+    assert!(
+        message.contains("gate is closed") || message.contains("ready"),
+        "{message}"
+    );
+    let (status, _, _) = set_condition(&client, &ns, "gated", "InTransition")
+        .await
+        .unwrap();
     assert_eq!(status, "True");
-    assert!(get_cm(&client, &ns, "second").await.is_none(), "phase two applied before phase one passed");
+    assert!(
+        get_cm(&client, &ns, "second").await.is_none(),
+        "phase two applied before phase one passed"
+    );
 
     patch_cm(&client, &ns, "first", json!({"data": {"ready": "yes"}})).await;
-    wait_condition(&client, &ns, "gated", "Available", "True", Some("Available")).await;
+    wait_condition(
+        &client,
+        &ns,
+        "gated",
+        "Available",
+        "True",
+        Some("Available"),
+    )
+    .await;
     assert!(get_cm(&client, &ns, "second").await.is_some());
 
     // Succeeded arrives from the timer alone: nothing else changes after Available.
-    wait_condition(&client, &ns, "gated", "Succeeded", "True", Some("RolloutSuccess")).await;
-    let stored = Api::<ObjectSet>::namespaced(client.clone(), &ns).get("gated").await.unwrap();
+    wait_condition(
+        &client,
+        &ns,
+        "gated",
+        "Succeeded",
+        "True",
+        Some("RolloutSuccess"),
+    )
+    .await;
+    let stored = Api::<ObjectSet>::namespaced(client.clone(), &ns)
+        .get("gated")
+        .await
+        .unwrap();
     let status = stored.status.unwrap();
-    let at = |t: &str| status.conditions.iter().find(|c| c.type_ == t).unwrap().last_transition_time.0;
+    let at = |t: &str| {
+        status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == t)
+            .unwrap()
+            .last_transition_time
+            .0
+    };
     let held = at("Succeeded").duration_since(at("Available"));
     assert!(held.as_secs() >= 2, "Succeeded after {held:?}, want >= 2s");
     assert!(status.conditions.iter().all(|c| c.type_ != "InTransition"));
@@ -84,7 +134,10 @@ async fn collision_protection_matrix() {
     let (client, ns) = setup("os-collide").await;
     let cms = Api::<ConfigMap>::namespaced(client.clone(), &ns);
     let stranger = cms
-        .create(&PostParams::default(), &serde_json::from_value(configmap("stranger", json!({}))).unwrap())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(configmap("stranger", json!({}))).unwrap(),
+        )
         .await
         .unwrap();
     let stranger_uid = stranger.metadata.uid.clone().unwrap();
@@ -95,10 +148,18 @@ async fn collision_protection_matrix() {
                 "apiVersion": "v1", "kind": "ConfigMap", "name": "stranger", "uid": stranger_uid, "controller": true,
             }]);
         }
-        cms.create(&PostParams::default(), &serde_json::from_value(existing).unwrap()).await.unwrap();
+        cms.create(
+            &PostParams::default(),
+            &serde_json::from_value(existing).unwrap(),
+        )
+        .await
+        .unwrap();
         let mut set = object_set(
             &format!("set-{i}"),
-            &[("only", vec![configmap(&format!("existing-{i}"), json!({"v": "ours"}))])],
+            &[(
+                "only",
+                vec![configmap(&format!("existing-{i}"), json!({"v": "ours"}))],
+            )],
             json!({}),
         );
         set.spec.template.phases[0].objects[0].collision_protection =
@@ -110,16 +171,39 @@ async fn collision_protection_matrix() {
         let case = format!("{protection} owned={owned}");
         if *adopt {
             wait_condition(&client, &ns, &name, "Available", "True", None).await;
-            let cm = get_cm(&client, &ns, &format!("existing-{i}")).await.unwrap();
-            let set = Api::<ObjectSet>::namespaced(client.clone(), &ns).get(&name).await.unwrap();
+            let cm = get_cm(&client, &ns, &format!("existing-{i}"))
+                .await
+                .unwrap();
+            let set = Api::<ObjectSet>::namespaced(client.clone(), &ns)
+                .get(&name)
+                .await
+                .unwrap();
             assert_eq!(controller_uid(&cm), set.metadata.uid, "{case}");
             assert_eq!(cm.data.unwrap()["v"], "ours", "{case}");
         } else {
-            let message = wait_condition(&client, &ns, &name, "Available", "False", Some("CollisionDetected")).await;
+            let message = wait_condition(
+                &client,
+                &ns,
+                &name,
+                "Available",
+                "False",
+                Some("CollisionDetected"),
+            )
+            .await;
             assert!(message.contains("refusing to adopt"), "{case}: {message}");
-            let cm = get_cm(&client, &ns, &format!("existing-{i}")).await.unwrap();
-            assert_eq!(cm.data.as_ref().unwrap()["v"], "theirs", "{case}: object was modified");
-            assert_eq!(controller_uid(&cm), owned.then(|| stranger_uid.clone()), "{case}");
+            let cm = get_cm(&client, &ns, &format!("existing-{i}"))
+                .await
+                .unwrap();
+            assert_eq!(
+                cm.data.as_ref().unwrap()["v"],
+                "theirs",
+                "{case}: object was modified"
+            );
+            assert_eq!(
+                controller_uid(&cm),
+                owned.then(|| stranger_uid.clone()),
+                "{case}"
+            );
         }
     }
 }
@@ -128,26 +212,62 @@ async fn collision_protection_matrix() {
 async fn bad_input_gives_a_condition_naming_the_field() {
     let (client, ns) = setup("os-invalid").await;
     let mut with_owner = configmap("x", json!({}));
-    with_owner["metadata"]["ownerReferences"] = json!([{"apiVersion": "v1", "kind": "ConfigMap", "name": "y", "uid": "u"}]);
+    with_owner["metadata"]["ownerReferences"] =
+        json!([{"apiVersion": "v1", "kind": "ConfigMap", "name": "y", "uid": "u"}]);
     let mut foreign = configmap("x", json!({}));
     foreign["metadata"]["namespace"] = json!("kube-system");
     let cases = [
-        ("owner-refs", vec![with_owner], json!({}), "spec.phases[0].objects[0].object.metadata.ownerReferences"),
-        ("foreign", vec![foreign], json!({}), "outside the owner's namespace"),
-        ("dupes", vec![configmap("d", json!({})), configmap("d", json!({}))], json!({}), "duplicates"),
-        ("bad-cel", vec![configmap("c", json!({}))], cel_probe("self.data.(", "x"), "spec.availabilityProbes[0].probes[0].cel.rule"),
+        (
+            "owner-refs",
+            vec![with_owner],
+            json!({}),
+            "spec.phases[0].objects[0].object.metadata.ownerReferences",
+        ),
+        (
+            "foreign",
+            vec![foreign],
+            json!({}),
+            "outside the owner's namespace",
+        ),
+        (
+            "dupes",
+            vec![configmap("d", json!({})), configmap("d", json!({}))],
+            json!({}),
+            "duplicates",
+        ),
+        (
+            "bad-cel",
+            vec![configmap("c", json!({}))],
+            cel_probe("self.data.(", "x"),
+            "spec.availabilityProbes[0].probes[0].cel.rule",
+        ),
         (
             "unknown-kind",
-            vec![json!({"apiVersion": "example.com/v1", "kind": "Nothing", "metadata": {"name": "n"}})],
+            vec![
+                json!({"apiVersion": "example.com/v1", "kind": "Nothing", "metadata": {"name": "n"}}),
+            ],
             json!({}),
             "unknown kind Nothing in example.com/v1",
         ),
     ];
     for (name, objects, extra, _) in &cases {
-        create_set(&client, &ns, &object_set(name, &[("p", objects.clone())], extra.clone())).await;
+        create_set(
+            &client,
+            &ns,
+            &object_set(name, &[("p", objects.clone())], extra.clone()),
+        )
+        .await;
     }
     for (name, _, _, expect) in &cases {
-        let message = wait_condition(&client, &ns, name, "Available", "False", Some("PreflightError")).await;
+        let message = wait_condition(
+            &client,
+            &ns,
+            name,
+            "Available",
+            "False",
+            Some("PreflightError"),
+        )
+        .await;
         assert!(message.contains(expect), "{name}: {message}");
     }
     // Nothing of the refused sets was written.
@@ -155,7 +275,11 @@ async fn bad_input_gives_a_condition_naming_the_field() {
     assert!(get_cm(&client, &ns, "d").await.is_none());
 
     // An unknown collisionProtection never reaches the manager: the CRD's enum rejects it.
-    let mut set = object_set("unknown-protection", &[("p", vec![configmap("u", json!({}))])], json!({}));
+    let mut set = object_set(
+        "unknown-protection",
+        &[("p", vec![configmap("u", json!({}))])],
+        json!({}),
+    );
     set.spec.template.phases[0].objects[0].collision_protection =
         serde_json::from_value(json!("Sometimes")).unwrap();
     let err = Api::<ObjectSet>::namespaced(client.clone(), &ns)
@@ -176,18 +300,46 @@ async fn paused_set_leaves_edits_alone_until_unpaused() {
     create_set(&client, &ns, &set).await;
     wait_condition(&client, &ns, "pausable", "Available", "True", None).await;
 
-    patch_set(&client, &ns, "pausable", json!({"spec": {"lifecycleState": "Paused"}})).await;
+    patch_set(
+        &client,
+        &ns,
+        "pausable",
+        json!({"spec": {"lifecycleState": "Paused"}}),
+    )
+    .await;
     wait_condition(&client, &ns, "pausable", "Paused", "True", Some("Paused")).await;
     patch_cm(&client, &ns, "cm", json!({"data": {"v": "manual"}})).await;
     // The paused set observes the edit (its probe fails) and does not revert it.
-    let message = wait_condition(&client, &ns, "pausable", "Available", "False", Some("ProbeFailure")).await;
+    let message = wait_condition(
+        &client,
+        &ns,
+        "pausable",
+        "Available",
+        "False",
+        Some("ProbeFailure"),
+    )
+    .await;
     assert!(message.contains("v is not orig"), "{message}");
-    assert_eq!(get_cm(&client, &ns, "cm").await.unwrap().data.unwrap()["v"], "manual");
+    assert_eq!(
+        get_cm(&client, &ns, "cm").await.unwrap().data.unwrap()["v"],
+        "manual"
+    );
 
-    patch_set(&client, &ns, "pausable", json!({"spec": {"lifecycleState": "Active"}})).await;
-    wait_cm(&client, &ns, "cm", |cm| cm.data.as_ref().is_some_and(|d| d["v"] == "orig")).await;
+    patch_set(
+        &client,
+        &ns,
+        "pausable",
+        json!({"spec": {"lifecycleState": "Active"}}),
+    )
+    .await;
+    wait_cm(&client, &ns, "cm", |cm| {
+        cm.data.as_ref().is_some_and(|d| d["v"] == "orig")
+    })
+    .await;
     wait_condition(&client, &ns, "pausable", "Available", "True", None).await;
-    assert!(set_condition(&client, &ns, "pausable", "Paused").await.is_none());
+    assert!(set_condition(&client, &ns, "pausable", "Paused")
+        .await
+        .is_none());
 }
 
 #[tokio::test]
@@ -219,22 +371,49 @@ async fn archiving_tears_down_in_reverse_phase_order() {
                         let _ = tx.send(());
                     }
                 }
-                Event::Delete(cm) => seen.lock().unwrap().push(cm.metadata.name.unwrap_or_default()),
+                Event::Delete(cm) => seen
+                    .lock()
+                    .unwrap()
+                    .push(cm.metadata.name.unwrap_or_default()),
                 _ => {}
             }
         }
     });
     ready_rx.await.unwrap();
-    patch_set(&client, &ns, "archivable", json!({"spec": {"lifecycleState": "Archived"}})).await;
-    wait_condition(&client, &ns, "archivable", "Archived", "True", Some("Archived")).await;
+    patch_set(
+        &client,
+        &ns,
+        "archivable",
+        json!({"spec": {"lifecycleState": "Archived"}}),
+    )
+    .await;
+    wait_condition(
+        &client,
+        &ns,
+        "archivable",
+        "Archived",
+        "True",
+        Some("Archived"),
+    )
+    .await;
     pko_testenv::wait_until("three deletions observed", TIMEOUT, || async {
         let d = deleted.lock().unwrap().clone();
-        if d.len() >= 3 { Ok(d) } else { Err(format!("{d:?}")) }
+        if d.len() >= 3 {
+            Ok(d)
+        } else {
+            Err(format!("{d:?}"))
+        }
     })
     .await
     .unwrap();
     watch.abort();
-    let order: Vec<String> = deleted.lock().unwrap().iter().filter(|n| n.starts_with("cm-")).cloned().collect();
+    let order: Vec<String> = deleted
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|n| n.starts_with("cm-"))
+        .cloned()
+        .collect();
     assert_eq!(order, ["cm-c", "cm-b", "cm-a"]);
 }
 
@@ -243,7 +422,13 @@ async fn handover_moves_shared_objects_and_archival_removes_the_rest() {
     let (client, ns) = setup("os-handover").await;
     let rev1 = object_set(
         "rev1",
-        &[("p", vec![configmap("cm1", json!({"rev": "1"})), configmap("cm2", json!({}))])],
+        &[(
+            "p",
+            vec![
+                configmap("cm1", json!({"rev": "1"})),
+                configmap("cm2", json!({})),
+            ],
+        )],
         json!({}),
     );
     create_set(&client, &ns, &rev1).await;
@@ -251,7 +436,13 @@ async fn handover_moves_shared_objects_and_archival_removes_the_rest() {
 
     let rev2 = object_set(
         "rev2",
-        &[("p", vec![configmap("cm1", json!({"rev": "2"})), configmap("cm3", json!({}))])],
+        &[(
+            "p",
+            vec![
+                configmap("cm1", json!({"rev": "2"})),
+                configmap("cm3", json!({})),
+            ],
+        )],
         json!({"previous": [{"name": "rev1"}]}),
     );
     let rev2 = create_set(&client, &ns, &rev2).await;
@@ -262,10 +453,74 @@ async fn handover_moves_shared_objects_and_archival_removes_the_rest() {
     let revisions: BTreeMap<_, _> = cm1.metadata.annotations.unwrap().into_iter().collect();
     assert_eq!(revisions["package-operator.run/revision"], "2");
 
-    patch_set(&client, &ns, "rev1", json!({"spec": {"lifecycleState": "Archived"}})).await;
+    patch_set(
+        &client,
+        &ns,
+        "rev1",
+        json!({"spec": {"lifecycleState": "Archived"}}),
+    )
+    .await;
     wait_condition(&client, &ns, "rev1", "Archived", "True", None).await;
-    assert!(get_cm(&client, &ns, "cm2").await.is_none(), "cm2 should be deleted with rev1");
+    assert!(
+        get_cm(&client, &ns, "cm2").await.is_none(),
+        "cm2 should be deleted with rev1"
+    );
     let cm1 = get_cm(&client, &ns, "cm1").await.unwrap();
-    assert_eq!(controller_uid(&cm1), rev2.metadata.uid, "cm1 must stay with rev2");
+    assert_eq!(
+        controller_uid(&cm1),
+        rev2.metadata.uid,
+        "cm1 must stay with rev2"
+    );
     assert!(get_cm(&client, &ns, "cm3").await.is_some());
+}
+
+#[tokio::test]
+async fn default_class_phase_runs_through_an_object_set_phase() {
+    let (client, ns) = setup("os-delegate").await;
+    let mut set = object_set(
+        "mixed",
+        &[
+            ("local", vec![configmap("cm-local", json!({}))]),
+            (
+                "delegated",
+                vec![configmap("cm-delegated", json!({"v": "1"}))],
+            ),
+            ("after", vec![configmap("cm-after", json!({}))]),
+        ],
+        json!({}),
+    );
+    set.spec.template.phases[1].class = "default".into();
+    create_set(&client, &ns, &set).await;
+    wait_condition(&client, &ns, "mixed", "Available", "True", None).await;
+
+    let phases = Api::<ObjectSetPhase>::namespaced(client.clone(), &ns);
+    let phase = phases.get("mixed-delegated").await.unwrap();
+    assert_eq!(
+        phase.metadata.labels.as_ref().unwrap()["package-operator.run/phase-class"],
+        "default"
+    );
+    assert_eq!(phase.spec.revision, 1);
+    assert_eq!(phase.spec.objects.len(), 1);
+    let status = phase.status.clone().unwrap();
+    assert!(status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "Available" && c.status == "True"));
+    assert_eq!(status.controller_of.len(), 1);
+
+    let cm = get_cm(&client, &ns, "cm-delegated").await.unwrap();
+    assert_eq!(
+        controller_uid(&cm),
+        phase.metadata.uid,
+        "the ObjectSetPhase controls its objects"
+    );
+    assert!(get_cm(&client, &ns, "cm-after").await.is_some());
+    let stored = Api::<ObjectSet>::namespaced(client.clone(), &ns)
+        .get("mixed")
+        .await
+        .unwrap();
+    let remote = &stored.status.unwrap().remote_phases;
+    assert_eq!(remote.len(), 1);
+    assert_eq!(remote[0].name, "mixed-delegated");
+    assert_eq!(Some(&remote[0].uid), phase.metadata.uid.as_ref());
 }

@@ -30,7 +30,9 @@ pub fn manager() -> &'static ManagerProcess {
                     .build()
                     .map_err(|e| e.to_string())?;
                 runtime
-                    .block_on(env().start_manager(Path::new(env!("CARGO_BIN_EXE_pko-manager")), &[]))
+                    .block_on(
+                        env().start_manager(Path::new(env!("CARGO_BIN_EXE_pko-manager")), &[]),
+                    )
                     .map_err(|e| e.to_string())
             })
             .join()
@@ -90,8 +92,16 @@ pub async fn patch_set(client: &Client, ns: &str, name: &str, patch: Value) {
 }
 
 /// Condition `type_` of the named ObjectSet, if reported for its current generation.
-pub async fn set_condition(client: &Client, ns: &str, name: &str, type_: &str) -> Option<(String, String, String)> {
-    let set = Api::<ObjectSet>::namespaced(client.clone(), ns).get(name).await.ok()?;
+pub async fn set_condition(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    type_: &str,
+) -> Option<(String, String, String)> {
+    let set = Api::<ObjectSet>::namespaced(client.clone(), ns)
+        .get(name)
+        .await
+        .ok()?;
     let generation = set.metadata.generation?;
     set.status?
         .conditions
@@ -101,22 +111,41 @@ pub async fn set_condition(client: &Client, ns: &str, name: &str, type_: &str) -
 }
 
 /// Waits until the set's condition has `status` (and, if given, `reason`); returns its message.
-pub async fn wait_condition(client: &Client, ns: &str, name: &str, type_: &str, status: &str, reason: Option<&str>) -> String {
-    wait_until(&format!("ObjectSet {ns}/{name} {type_}={status}"), TIMEOUT, || async {
-        match set_condition(client, ns, name, type_).await {
-            Some((s, r, m)) if s == status && reason.is_none_or(|want| want == r) => Ok(m),
-            other => Err(format!("{other:?}")),
-        }
-    })
+pub async fn wait_condition(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    type_: &str,
+    status: &str,
+    reason: Option<&str>,
+) -> String {
+    wait_until(
+        &format!("ObjectSet {ns}/{name} {type_}={status}"),
+        TIMEOUT,
+        || async {
+            match set_condition(client, ns, name, type_).await {
+                Some((s, r, m)) if s == status && reason.is_none_or(|want| want == r) => Ok(m),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
     .await
     .unwrap()
 }
 
 pub async fn get_cm(client: &Client, ns: &str, name: &str) -> Option<ConfigMap> {
-    Api::<ConfigMap>::namespaced(client.clone(), ns).get_opt(name).await.unwrap()
+    Api::<ConfigMap>::namespaced(client.clone(), ns)
+        .get_opt(name)
+        .await
+        .unwrap()
 }
 
-pub async fn wait_cm(client: &Client, ns: &str, name: &str, check: impl Fn(&ConfigMap) -> bool) -> ConfigMap {
+pub async fn wait_cm(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    check: impl Fn(&ConfigMap) -> bool,
+) -> ConfigMap {
     wait_until(&format!("ConfigMap {ns}/{name}"), TIMEOUT, || async {
         match get_cm(client, ns, name).await {
             Some(cm) if check(&cm) => Ok(cm),

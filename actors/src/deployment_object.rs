@@ -1,0 +1,224 @@
+//! One view of ObjectDeployment and ClusterObjectDeployment, with the apiserver calls their actor makes
+//! on the ObjectSets they own.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, Resource};
+use pko_proto::core::common::LifecycleState;
+use pko_proto::core::object_deployment::{
+    ClusterObjectDeployment, ObjectDeployment, ObjectDeploymentSpec, ObjectDeploymentStatus,
+};
+use pko_proto::core::object_set::{ClusterObjectSet, ObjectSet, ObjectSetSpec};
+use serde_json::json;
+
+use crate::engine::desired_object::{FIELD_MANAGER, REVISION_ANNOTATION};
+use crate::set_object::{SetKind, SetObject};
+
+/// Label linking an ObjectSet to its deployment.
+pub const DEPLOYMENT_LABEL: &str = "package-operator.run/object-deployment";
+/// Annotation with the template hash of an ObjectSet.
+pub const HASH_ANNOTATION: &str = "package-operator.run/hash";
+
+/// An ObjectDeployment or ClusterObjectDeployment.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeploymentObject {
+    pub sets: SetKind,
+    pub meta: ObjectMeta,
+    pub spec: ObjectDeploymentSpec,
+    pub status: ObjectDeploymentStatus,
+}
+
+impl From<ObjectDeployment> for DeploymentObject {
+    fn from(o: ObjectDeployment) -> Self {
+        Self {
+            sets: SetKind::Namespaced,
+            meta: o.metadata,
+            spec: o.spec,
+            status: o.status.unwrap_or_default(),
+        }
+    }
+}
+
+impl From<ClusterObjectDeployment> for DeploymentObject {
+    fn from(o: ClusterObjectDeployment) -> Self {
+        Self {
+            sets: SetKind::Cluster,
+            meta: o.metadata,
+            spec: o.spec,
+            status: o.status.unwrap_or_default(),
+        }
+    }
+}
+
+impl DeploymentObject {
+    pub fn kind(&self) -> &'static str {
+        if self.sets.is_namespaced() {
+            "ObjectDeployment"
+        } else {
+            "ClusterObjectDeployment"
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        self.meta.name.as_deref().unwrap_or_default()
+    }
+
+    pub fn namespace(&self) -> &str {
+        self.meta.namespace.as_deref().unwrap_or_default()
+    }
+
+    pub fn uid(&self) -> &str {
+        self.meta.uid.as_deref().unwrap_or_default()
+    }
+
+    pub fn generation(&self) -> i64 {
+        self.meta.generation.unwrap_or_default()
+    }
+
+    fn own_api(&self, client: Client) -> Api<kube::api::DynamicObject> {
+        if self.sets.is_namespaced() {
+            let resource = kube::api::ApiResource::erase::<ObjectDeployment>(&());
+            Api::namespaced_with(client, self.namespace(), &resource)
+        } else {
+            let resource = kube::api::ApiResource::erase::<ClusterObjectDeployment>(&());
+            Api::all_with(client, &resource)
+        }
+    }
+
+    /// The ObjectSets labelled as this deployment's.
+    pub async fn list_sets(&self, client: Client) -> Result<Vec<SetObject>, kube::Error> {
+        let params = ListParams::default().labels(&format!("{DEPLOYMENT_LABEL}={}", self.name()));
+        Ok(if self.sets.is_namespaced() {
+            Api::<ObjectSet>::namespaced(client, self.namespace())
+                .list(&params)
+                .await?
+                .items
+                .into_iter()
+                .map(SetObject::from)
+                .collect()
+        } else {
+            Api::<ClusterObjectSet>::all(client)
+                .list(&params)
+                .await?
+                .items
+                .into_iter()
+                .map(SetObject::from)
+                .collect()
+        })
+    }
+
+    /// Creates the ObjectSet of a new revision, controlled by this deployment.
+    pub async fn create_set(
+        &self,
+        client: Client,
+        name: &str,
+        hash: &str,
+        revision: i64,
+        previous: &[String],
+    ) -> Result<(), kube::Error> {
+        let template = &self.spec.template;
+        let mut labels: BTreeMap<String, String> =
+            template.metadata.labels.clone().unwrap_or_default();
+        labels.insert(DEPLOYMENT_LABEL.to_owned(), self.name().to_owned());
+        let mut annotations: BTreeMap<String, String> =
+            template.metadata.annotations.clone().unwrap_or_default();
+        annotations.insert(HASH_ANNOTATION.to_owned(), hash.to_owned());
+        annotations.insert(REVISION_ANNOTATION.to_owned(), revision.to_string());
+        let meta = ObjectMeta {
+            name: Some(name.to_owned()),
+            namespace: self
+                .sets
+                .is_namespaced()
+                .then(|| self.namespace().to_owned()),
+            labels: Some(labels),
+            annotations: Some(annotations),
+            owner_references: Some(vec![OwnerReference {
+                api_version: ObjectDeployment::api_version(&()).into_owned(),
+                kind: self.kind().to_owned(),
+                name: self.name().to_owned(),
+                uid: self.uid().to_owned(),
+                controller: Some(true),
+                block_owner_deletion: Some(true),
+            }]),
+            ..ObjectMeta::default()
+        };
+        let spec = ObjectSetSpec {
+            lifecycle_state: LifecycleState::Active,
+            previous: previous
+                .iter()
+                .map(|n| pko_proto::core::common::PreviousRevisionReference { name: n.clone() })
+                .collect(),
+            template: template.spec.clone(),
+        };
+        let params = PostParams::default();
+        if self.sets.is_namespaced() {
+            let set = ObjectSet {
+                metadata: meta,
+                spec,
+                status: None,
+            };
+            Api::<ObjectSet>::namespaced(client, self.namespace())
+                .create(&params, &set)
+                .await
+                .map(|_| ())
+        } else {
+            let set = ClusterObjectSet {
+                metadata: meta,
+                spec,
+                status: None,
+            };
+            Api::<ClusterObjectSet>::all(client)
+                .create(&params, &set)
+                .await
+                .map(|_| ())
+        }
+    }
+
+    /// Sets an owned set's lifecycleState.
+    pub async fn set_lifecycle(
+        &self,
+        client: Client,
+        name: &str,
+        state: LifecycleState,
+    ) -> Result<(), kube::Error> {
+        let patch = json!({"spec": {"lifecycleState": state.as_str()}});
+        self.sets
+            .api(client, self.namespace())
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map(|_| ())
+    }
+
+    /// Deletes an owned set (its objects were already torn down when it was archived).
+    pub async fn delete_set(&self, client: Client, name: &str) -> Result<(), kube::Error> {
+        match self
+            .sets
+            .api(client, self.namespace())
+            .delete(name, &Default::default())
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Writes `status` through the status subresource.
+    pub async fn write_status(
+        &self,
+        client: Client,
+        status: &ObjectDeploymentStatus,
+    ) -> Result<(), kube::Error> {
+        let patch = json!({ "status": status });
+        self.own_api(client)
+            .patch_status(
+                self.name(),
+                &PatchParams::apply(FIELD_MANAGER),
+                &Patch::Merge(&patch),
+            )
+            .await
+            .map(|_| ())
+    }
+}

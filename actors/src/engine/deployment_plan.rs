@@ -1,0 +1,292 @@
+//! The ObjectDeployment rules: which ObjectSet is the current revision, when to create one, when the hash
+//! collides, which old revisions to archive and delete, and the deployment's conditions. Pure.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::jiff::Timestamp;
+use pko_proto::core::common::{LifecycleState, ObjectSetTemplateSpec};
+
+use super::conditions::{is_true_for, set_condition, ConditionUpdate};
+
+/// One existing ObjectSet as the deployment sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RevisionView {
+    pub name: String,
+    /// Controlled by this deployment.
+    pub ours: bool,
+    pub revision: i64,
+    pub template: ObjectSetTemplateSpec,
+    pub lifecycle: LifecycleState,
+    pub available: bool,
+    pub succeeded: bool,
+    pub archived: bool,
+    /// Conditions with a `domain/Type` name, to copy upward.
+    pub mapped: Vec<Condition>,
+}
+
+/// What the deployment must do next.
+#[derive(Debug, Clone, PartialEq)]
+pub enum DeploymentAction {
+    /// The name for the current template is taken by a foreign or different set: bump collisionCount.
+    BumpCollisionCount,
+    /// Create the set for the current template.
+    Create {
+        name: String,
+        revision: i64,
+        previous: Vec<String>,
+    },
+    /// The current revision exists; archive and prune the others.
+    Settle {
+        current: String,
+        archive: Vec<String>,
+        delete: Vec<String>,
+    },
+}
+
+/// Name of the ObjectSet for a template hash.
+pub fn revision_name(deployment: &str, hash: &str) -> String {
+    format!("{deployment}-{hash}")
+}
+
+/// Decides the next action from the template, its hash-derived name and the existing sets.
+pub fn plan_deployment(
+    template: &ObjectSetTemplateSpec,
+    wanted_name: &str,
+    revisions: &[RevisionView],
+    history_limit: i32,
+) -> DeploymentAction {
+    let ours: Vec<&RevisionView> = revisions.iter().filter(|r| r.ours).collect();
+    let Some(current) = revisions.iter().find(|r| r.name == wanted_name) else {
+        let revision = ours.iter().map(|r| r.revision).max().unwrap_or(0) + 1;
+        let mut previous: Vec<&RevisionView> =
+            ours.iter().copied().filter(|r| !r.archived).collect();
+        previous.sort_by_key(|r| r.revision);
+        return DeploymentAction::Create {
+            name: wanted_name.to_owned(),
+            revision,
+            previous: previous.into_iter().map(|r| r.name.clone()).collect(),
+        };
+    };
+    if !current.ours || current.template != *template {
+        return DeploymentAction::BumpCollisionCount;
+    }
+    let archive = if current.available {
+        ours.iter()
+            .filter(|r| r.name != current.name && r.lifecycle != LifecycleState::Archived)
+            .map(|r| r.name.clone())
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let mut archived: Vec<&RevisionView> = ours
+        .iter()
+        .copied()
+        .filter(|r| r.name != current.name && r.archived)
+        .collect();
+    archived.sort_by_key(|r| std::cmp::Reverse(r.revision));
+    let keep = usize::try_from(history_limit.max(0)).unwrap_or(0);
+    let delete = archived.iter().skip(keep).map(|r| r.name.clone()).collect();
+    DeploymentAction::Settle {
+        current: current.name.clone(),
+        archive,
+        delete,
+    }
+}
+
+/// The deployment's conditions and summary phase.
+pub fn deployment_conditions(
+    previous: &[Condition],
+    generation: i64,
+    current: Option<&RevisionView>,
+    others: &[RevisionView],
+    now: Timestamp,
+) -> (Vec<Condition>, &'static str) {
+    let mut conditions = previous.to_vec();
+    let set = |c: &mut Vec<Condition>, u| set_condition(c, u, generation, now);
+    let any_available = current.is_some_and(|c| c.available) || others.iter().any(|r| r.available);
+    if any_available {
+        set(
+            &mut conditions,
+            ConditionUpdate::new(
+                "Available",
+                true,
+                "Available",
+                "At least one revision is available.",
+            ),
+        );
+    } else {
+        set(
+            &mut conditions,
+            ConditionUpdate::new(
+                "Available",
+                false,
+                "ObjectSetUnready",
+                "No ObjectSet is available.",
+            ),
+        );
+    }
+    let settled = current.is_some_and(|c| c.succeeded)
+        && others
+            .iter()
+            .all(|r| r.lifecycle == LifecycleState::Archived);
+    if settled {
+        set(
+            &mut conditions,
+            ConditionUpdate::new("Progressing", false, "Idle", "Update concluded."),
+        );
+    } else if current.is_some_and(|c| c.available) {
+        set(
+            &mut conditions,
+            ConditionUpdate::new("Progressing", true, "LatestRevisionPendingSuccess", "Latest revision is available, waiting for success and archival of older revisions."),
+        );
+    } else {
+        set(
+            &mut conditions,
+            ConditionUpdate::new(
+                "Progressing",
+                true,
+                "Progressing",
+                "Latest revision is progressing.",
+            ),
+        );
+    }
+    // Mapped conditions come from the current revision only, and only if fresh there.
+    conditions.retain(|c| !c.type_.contains('/'));
+    if let Some(current) = current {
+        for m in &current.mapped {
+            let update =
+                ConditionUpdate::new(&m.type_, m.status == "True", &m.reason, m.message.clone());
+            set(&mut conditions, update);
+        }
+    }
+    let phase = if is_true_for(&conditions, "Available", generation) {
+        "Available"
+    } else {
+        "NotReady"
+    };
+    (conditions, phase)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pko_proto::core::common::ObjectSetTemplatePhase;
+
+    fn template(phase: &str) -> ObjectSetTemplateSpec {
+        let mut t = ObjectSetTemplateSpec::default();
+        t.phases.push(ObjectSetTemplatePhase {
+            name: phase.into(),
+            ..Default::default()
+        });
+        t
+    }
+
+    fn rev(
+        name: &str,
+        revision: i64,
+        phase: &str,
+        available: bool,
+        archived: bool,
+    ) -> RevisionView {
+        RevisionView {
+            name: name.into(),
+            ours: true,
+            revision,
+            template: template(phase),
+            lifecycle: if archived {
+                LifecycleState::Archived
+            } else {
+                LifecycleState::Active
+            },
+            available,
+            succeeded: available,
+            archived,
+            mapped: vec![],
+        }
+    }
+
+    #[test]
+    fn first_revision_is_created() {
+        assert_eq!(
+            plan_deployment(&template("a"), "od-x", &[], 10),
+            DeploymentAction::Create {
+                name: "od-x".into(),
+                revision: 1,
+                previous: vec![]
+            }
+        );
+    }
+
+    #[test]
+    fn new_template_creates_next_revision_with_previous() {
+        let revs = [
+            rev("od-1", 1, "a", true, true),
+            rev("od-2", 2, "b", true, false),
+        ];
+        assert_eq!(
+            plan_deployment(&template("c"), "od-3", &revs, 10),
+            DeploymentAction::Create {
+                name: "od-3".into(),
+                revision: 3,
+                previous: vec!["od-2".into()]
+            }
+        );
+    }
+
+    #[test]
+    fn foreign_or_different_set_with_our_name_is_a_collision() {
+        let mut foreign = rev("od-x", 1, "a", true, false);
+        foreign.ours = false;
+        assert_eq!(
+            plan_deployment(&template("a"), "od-x", &[foreign], 10),
+            DeploymentAction::BumpCollisionCount
+        );
+        let different = rev("od-x", 1, "zzz", true, false);
+        assert_eq!(
+            plan_deployment(&template("a"), "od-x", &[different], 10),
+            DeploymentAction::BumpCollisionCount
+        );
+    }
+
+    #[test]
+    fn archives_once_current_is_available_and_prunes_history() {
+        let mut revs: Vec<RevisionView> = (1..=5)
+            .map(|i| rev(&format!("od-{i}"), i, &i.to_string(), true, i < 4))
+            .collect();
+        revs[4].available = false;
+        // Current (5) not available: nothing archived yet; archived beyond the limit pruned oldest first.
+        assert_eq!(
+            plan_deployment(&template("5"), "od-5", &revs, 2),
+            DeploymentAction::Settle {
+                current: "od-5".into(),
+                archive: vec![],
+                delete: vec!["od-1".into()]
+            }
+        );
+        revs[4].available = true;
+        assert_eq!(
+            plan_deployment(&template("5"), "od-5", &revs, 2),
+            DeploymentAction::Settle {
+                current: "od-5".into(),
+                archive: vec!["od-4".into()],
+                delete: vec!["od-1".into()]
+            }
+        );
+    }
+
+    #[test]
+    fn conditions_follow_revisions() {
+        let now = Timestamp::from_second(10).unwrap();
+        let (c, phase) = deployment_conditions(&[], 1, None, &[], now);
+        assert_eq!(phase, "NotReady");
+        assert!(c
+            .iter()
+            .any(|c| c.type_ == "Available" && c.reason == "ObjectSetUnready"));
+        let current = rev("od-2", 2, "b", true, false);
+        let old = rev("od-1", 1, "a", true, true);
+        let (c, phase) = deployment_conditions(&c, 1, Some(&current), &[old], now);
+        assert_eq!(phase, "Available");
+        assert!(c
+            .iter()
+            .any(|c| c.type_ == "Progressing" && c.status == "False" && c.reason == "Idle"));
+    }
+}

@@ -1,0 +1,281 @@
+//! The ObjectDeployment actor: one per ObjectDeployment or ClusterObjectDeployment. Each reconcile lists
+//! the deployment's ObjectSets, lets the deployment plan decide (create a revision, bump the collision
+//! count, archive and prune old revisions), applies that, and writes status only when it changes. Events of
+//! its ObjectSets wake it directly.
+
+use std::time::Duration;
+
+use actix::prelude::*;
+use k8s_openapi::jiff::Timestamp;
+use pko_proto::core::common::LifecycleState;
+use pko_proto::core::object_deployment::ObjectDeploymentStatus;
+use serde_json::json;
+use tracing::{info_span, warn, Instrument};
+
+use crate::context::ManagerContext;
+use crate::deployment_object::DeploymentObject;
+use crate::engine::adoption::{controller_of, revision_of};
+use crate::engine::conditions::is_true_for;
+use crate::engine::deployment_plan::{
+    deployment_conditions, plan_deployment, revision_name, DeploymentAction, RevisionView,
+};
+use crate::engine::template_hash::template_hash;
+use crate::kind_feed::{FeedTarget, Gone, Observed};
+use crate::registry::ObjectRef;
+use crate::set_object::SetObject;
+
+const BACKOFF_MIN: Duration = Duration::from_secs(1);
+const BACKOFF_MAX: Duration = Duration::from_secs(60);
+/// Collision-count bumps within one reconcile before giving up until the next event.
+const MAX_COLLISIONS_PER_RUN: usize = 5;
+
+/// One of the deployment's ObjectSets changed.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct RevisionChanged;
+
+fn view(set: &SetObject, owner_uid: &str) -> RevisionView {
+    let generation = set.generation();
+    let conditions = &set.status.conditions;
+    let meta = json!({"metadata": {
+        "ownerReferences": set.meta.owner_references,
+        "annotations": set.meta.annotations,
+    }});
+    RevisionView {
+        name: set.name().to_owned(),
+        ours: controller_of(&meta).is_some_and(|(uid, _, _)| uid == owner_uid),
+        revision: if set.status.revision > 0 {
+            set.status.revision
+        } else {
+            revision_of(&meta).unwrap_or(0)
+        },
+        template: set.spec.template.clone(),
+        lifecycle: set.spec.lifecycle_state.clone(),
+        available: is_true_for(conditions, "Available", generation),
+        succeeded: is_true_for(conditions, "Succeeded", generation),
+        archived: is_true_for(conditions, "Archived", generation),
+        mapped: conditions
+            .iter()
+            .filter(|c| {
+                c.type_.contains('/') && c.observed_generation.is_none_or(|g| g == generation)
+            })
+            .cloned()
+            .collect(),
+    }
+}
+
+/// One reconcile; returns the status to publish.
+async fn reconcile_deployment(
+    context: ManagerContext,
+    mut od: DeploymentObject,
+) -> Result<ObjectDeploymentStatus, kube::Error> {
+    let client = context.client.clone();
+    for _ in 0..MAX_COLLISIONS_PER_RUN {
+        let count = od.status.collision_count.unwrap_or(0);
+        let hash = template_hash(&od.spec.template, count);
+        let name = revision_name(od.name(), &hash);
+        let sets = od.list_sets(client.clone()).await?;
+        let views: Vec<RevisionView> = sets.iter().map(|s| view(s, od.uid())).collect();
+        let action = plan_deployment(
+            &od.spec.template.spec,
+            &name,
+            &views,
+            od.spec.revision_history_limit,
+        );
+        let (current, others): (Option<&RevisionView>, Vec<RevisionView>) = match &action {
+            DeploymentAction::BumpCollisionCount => {
+                od.status.collision_count = Some(count + 1);
+                continue;
+            }
+            DeploymentAction::Create {
+                name,
+                revision,
+                previous,
+            } => {
+                match od
+                    .create_set(client.clone(), name, &hash, *revision, previous)
+                    .await
+                {
+                    Ok(()) => {}
+                    // A set we could not list (not labelled as ours) holds the name: that is a collision.
+                    Err(kube::Error::Api(s)) if s.code == 409 => {
+                        od.status.collision_count = Some(count + 1);
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                }
+                (None, views.iter().filter(|v| v.ours).cloned().collect())
+            }
+            DeploymentAction::Settle {
+                current,
+                archive,
+                delete,
+            } => {
+                for name in archive {
+                    od.set_lifecycle(client.clone(), name, LifecycleState::Archived)
+                        .await?;
+                }
+                for name in delete {
+                    od.delete_set(client.clone(), name).await?;
+                }
+                let current = views.iter().find(|v| &v.name == current);
+                let others = views
+                    .iter()
+                    .filter(|v| {
+                        v.ours
+                            && Some(&v.name) != current.map(|c| &c.name)
+                            && !delete.contains(&v.name)
+                    })
+                    .map(|v| {
+                        let mut v = v.clone();
+                        if archive.contains(&v.name) {
+                            v.lifecycle = LifecycleState::Archived;
+                        }
+                        v
+                    })
+                    .collect();
+                (current, others)
+            }
+        };
+        let (conditions, phase) = deployment_conditions(
+            &od.status.conditions,
+            od.generation(),
+            current,
+            &others,
+            Timestamp::now(),
+        );
+        return Ok(ObjectDeploymentStatus {
+            conditions,
+            phase: Some(phase.to_owned()),
+            collision_count: od.status.collision_count,
+            template_hash: Some(hash),
+            revision: current.map(|c| c.revision).or(od.status.revision),
+        });
+    }
+    warn!(
+        deployment = od.name(),
+        "template hash keeps colliding; will retry on the next event"
+    );
+    Ok(od.status)
+}
+
+pub struct ObjectDeploymentActor {
+    context: ManagerContext,
+    deployment: Option<DeploymentObject>,
+    running: bool,
+    dirty: bool,
+    backoff: Duration,
+    retry: Option<SpawnHandle>,
+}
+
+impl ObjectDeploymentActor {
+    pub fn new(context: ManagerContext) -> Self {
+        Self {
+            context,
+            deployment: None,
+            running: false,
+            dirty: false,
+            backoff: BACKOFF_MIN,
+            retry: None,
+        }
+    }
+
+    fn reconcile(&mut self, ctx: &mut Context<Self>) {
+        let Some(od) = self.deployment.clone() else {
+            return;
+        };
+        if self.running {
+            self.dirty = true;
+            return;
+        }
+        if let Some(handle) = self.retry.take() {
+            ctx.cancel_future(handle);
+        }
+        self.running = true;
+        let context = self.context.clone();
+        let span = info_span!(
+            "reconcile_object_deployment",
+            kind = od.kind(),
+            namespace = od.namespace(),
+            name = od.name()
+        );
+        let work = async move {
+            let result = reconcile_deployment(context.clone(), od.clone()).await;
+            if let Ok(status) = &result {
+                if *status != od.status {
+                    od.write_status(context.client.clone(), status).await?;
+                }
+            }
+            result
+        }
+        .instrument(span);
+        ctx.spawn(work.into_actor(self).map(|result, act, ctx| {
+            act.running = false;
+            match result {
+                Ok(status) => {
+                    act.backoff = BACKOFF_MIN;
+                    if let Some(od) = act.deployment.as_mut() {
+                        od.status = status;
+                    }
+                }
+                Err(e) => {
+                    warn!(error = %e, "ObjectDeployment reconcile failed; retrying");
+                    let delay = act.backoff;
+                    act.backoff = (act.backoff * 2).min(BACKOFF_MAX);
+                    act.retry = Some(ctx.run_later(delay, |act, ctx| act.reconcile(ctx)));
+                }
+            }
+            if std::mem::take(&mut act.dirty) {
+                act.reconcile(ctx);
+            }
+        }));
+    }
+}
+
+impl Actor for ObjectDeploymentActor {
+    type Context = Context<Self>;
+}
+
+impl FeedTarget for ObjectDeploymentActor {
+    type Object = DeploymentObject;
+
+    fn start_for(context: &ManagerContext) -> Addr<Self> {
+        ObjectDeploymentActor::new(context.clone()).start()
+    }
+
+    fn key(od: &DeploymentObject) -> ObjectRef {
+        ObjectRef {
+            kind: od.kind(),
+            namespace: od.namespace().to_owned(),
+            name: od.name().to_owned(),
+        }
+    }
+}
+
+impl Handler<Observed<DeploymentObject>> for ObjectDeploymentActor {
+    type Result = ();
+    fn handle(&mut self, Observed(od): Observed<DeploymentObject>, ctx: &mut Context<Self>) {
+        // Our own status writes come back through the watch; they need no reconcile.
+        let unchanged = self.deployment.as_ref().is_some_and(|known| {
+            known.generation() == od.generation() && known.status == od.status
+        });
+        self.deployment = Some(od);
+        if !unchanged {
+            self.reconcile(ctx);
+        }
+    }
+}
+
+impl Handler<RevisionChanged> for ObjectDeploymentActor {
+    type Result = ();
+    fn handle(&mut self, _: RevisionChanged, ctx: &mut Context<Self>) {
+        self.reconcile(ctx);
+    }
+}
+
+impl Handler<Gone> for ObjectDeploymentActor {
+    type Result = ();
+    fn handle(&mut self, _: Gone, ctx: &mut Context<Self>) {
+        ctx.stop();
+    }
+}

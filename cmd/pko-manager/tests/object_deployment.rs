@@ -1,0 +1,278 @@
+//! ObjectDeployment behaviour on a real apiserver with the real pko-manager binary: revisions, archival
+//! with revisionHistoryLimit, hash collisions, and conditionMappings flowing up to the deployment.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{
+    ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
+};
+use kube::Api;
+use pko_actors::engine::template_hash::template_hash;
+use pko_proto::core::object_deployment::ObjectDeployment;
+use pko_proto::core::object_set::ObjectSet;
+use pko_testenv::wait_until;
+use serde_json::{json, Value};
+
+use common::*;
+
+fn deployment(name: &str, objects: Vec<Value>, extra: Value) -> ObjectDeployment {
+    let objects: Vec<Value> = objects.into_iter().map(|o| json!({"object": o})).collect();
+    let mut spec = json!({
+        "selector": {"matchLabels": {"app": name}},
+        "template": {
+            "metadata": {"labels": {"app": name}},
+            "spec": {"phases": [{"name": "main", "objects": objects}]},
+        },
+    });
+    if let (Some(s), Some(e)) = (spec.as_object_mut(), extra.as_object()) {
+        for (k, v) in e {
+            s.insert(k.clone(), v.clone());
+        }
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "package-operator.run/v1alpha1",
+        "kind": "ObjectDeployment",
+        "metadata": {"name": name},
+        "spec": spec,
+    }))
+    .unwrap()
+}
+
+async fn wait_deployment(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    what: &str,
+    check: impl Fn(&ObjectDeployment) -> bool,
+) -> ObjectDeployment {
+    let api = Api::<ObjectDeployment>::namespaced(client.clone(), ns);
+    wait_until(
+        &format!("ObjectDeployment {ns}/{name}: {what}"),
+        TIMEOUT,
+        || async {
+            let od = api.get(name).await.map_err(|e| e.to_string())?;
+            if check(&od) {
+                Ok(od)
+            } else {
+                Err(format!("{:?}", od.status))
+            }
+        },
+    )
+    .await
+    .unwrap()
+}
+
+fn condition(od: &ObjectDeployment, type_: &str) -> Option<(String, String)> {
+    let generation = od.metadata.generation?;
+    od.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_ && c.observed_generation == Some(generation))
+        .map(|c| (c.status.clone(), c.reason.clone()))
+}
+
+async fn sets_of(client: &kube::Client, ns: &str, name: &str) -> Vec<ObjectSet> {
+    let params =
+        ListParams::default().labels(&format!("package-operator.run/object-deployment={name}"));
+    let mut sets = Api::<ObjectSet>::namespaced(client.clone(), ns)
+        .list(&params)
+        .await
+        .unwrap()
+        .items;
+    sets.sort_by_key(|s| s.status.as_ref().map(|st| st.revision).unwrap_or_default());
+    sets
+}
+
+#[tokio::test]
+async fn revisions_archive_and_respect_history_limit() {
+    let (client, ns) = setup("od-history").await;
+    let api = Api::<ObjectDeployment>::namespaced(client.clone(), &ns);
+    let od = deployment(
+        "web",
+        vec![configmap("conf", json!({"v": "1"}))],
+        json!({"revisionHistoryLimit": 1}),
+    );
+    api.create(&PostParams::default(), &od).await.unwrap();
+    wait_deployment(&client, &ns, "web", "revision 1 available", |od| {
+        condition(od, "Available").is_some_and(|(s, _)| s == "True")
+            && od.status.as_ref().and_then(|s| s.revision) == Some(1)
+    })
+    .await;
+
+    for v in ["2", "3"] {
+        let mut od = api.get("web").await.unwrap();
+        od.spec.template.spec.phases[0].objects[0].object = configmap("conf", json!({"v": v}));
+        api.replace("web", &PostParams::default(), &od)
+            .await
+            .unwrap();
+        let want: i64 = v.parse().unwrap();
+        wait_deployment(
+            &client,
+            &ns,
+            "web",
+            &format!("revision {v} settled"),
+            |od| {
+                od.status.as_ref().and_then(|s| s.revision) == Some(want)
+                    && condition(od, "Progressing")
+                        .is_some_and(|(s, r)| s == "False" && r == "Idle")
+            },
+        )
+        .await;
+        wait_cm(&client, &ns, "conf", |cm| {
+            cm.data.as_ref().is_some_and(|d| d["v"] == v)
+        })
+        .await;
+    }
+    // History limit 1: revision 1 deleted, revision 2 archived, revision 3 current.
+    let sets = wait_until("two revisions left", TIMEOUT, || async {
+        let sets = sets_of(&client, &ns, "web").await;
+        if sets.len() == 2 {
+            Ok(sets)
+        } else {
+            Err(format!("{} sets", sets.len()))
+        }
+    })
+    .await
+    .unwrap();
+    let revisions: Vec<i64> = sets
+        .iter()
+        .map(|s| s.status.as_ref().unwrap().revision)
+        .collect();
+    assert_eq!(revisions, [2, 3]);
+    assert_eq!(sets[0].spec.lifecycle_state.as_str(), "Archived");
+    assert_eq!(
+        sets[1]
+            .spec
+            .previous
+            .iter()
+            .map(|p| p.name.as_str())
+            .collect::<Vec<_>>(),
+        [sets[0].metadata.name.as_deref().unwrap()]
+    );
+    // The ConfigMap was handed over through every revision, never deleted.
+    let cm = get_cm(&client, &ns, "conf").await.unwrap();
+    assert_eq!(controller_uid(&cm), sets[1].metadata.uid);
+}
+
+#[tokio::test]
+async fn hash_collision_increments_collision_count() {
+    let (client, ns) = setup("od-collide").await;
+    let od = deployment("clash", vec![configmap("c", json!({}))], json!({}));
+    // A set that is not the deployment's already holds the name of collisionCount 0.
+    let taken = format!("clash-{}", template_hash(&od.spec.template, 0));
+    let squatter = object_set(
+        &taken,
+        &[("p", vec![configmap("other", json!({}))])],
+        json!({}),
+    );
+    create_set(&client, &ns, &squatter).await;
+
+    Api::<ObjectDeployment>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &od)
+        .await
+        .unwrap();
+    let od = wait_deployment(&client, &ns, "clash", "available after a collision", |od| {
+        condition(od, "Available").is_some_and(|(s, _)| s == "True")
+    })
+    .await;
+    let status = od.status.unwrap();
+    assert_eq!(status.collision_count, Some(1));
+    let expected = template_hash(&od.spec.template, 1);
+    assert_eq!(status.template_hash.as_deref(), Some(expected.as_str()));
+    assert!(Api::<ObjectSet>::namespaced(client.clone(), &ns)
+        .get_opt(&format!("clash-{expected}"))
+        .await
+        .unwrap()
+        .is_some());
+}
+
+#[tokio::test]
+async fn condition_mappings_reach_the_deployment() {
+    let (client, ns) = setup("od-mapping").await;
+    let crds = Api::<CustomResourceDefinition>::all(client.clone());
+    let crd: CustomResourceDefinition = serde_json::from_value(json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "widgets.test.pko.example"},
+        "spec": {
+            "group": "test.pko.example",
+            "names": {"kind": "Widget", "plural": "widgets", "singular": "widget", "listKind": "WidgetList"},
+            "scope": "Namespaced",
+            "versions": [{
+                "name": "v1", "served": true, "storage": true,
+                "subresources": {"status": {}},
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
+            }],
+        },
+    }))
+    .unwrap();
+    crds.patch(
+        "widgets.test.pko.example",
+        &PatchParams::apply("test").force(),
+        &Patch::Apply(&crd),
+    )
+    .await
+    .unwrap();
+    wait_until("Widget CRD served", TIMEOUT, || async {
+        let c = crds
+            .get("widgets.test.pko.example")
+            .await
+            .map_err(|e| e.to_string())?;
+        let ok = c
+            .status
+            .and_then(|s| s.conditions)
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.type_ == "Established" && c.status == "True");
+        if ok {
+            Ok(())
+        } else {
+            Err("not established".to_owned())
+        }
+    })
+    .await
+    .unwrap();
+
+    let widget = json!({"apiVersion": "test.pko.example/v1", "kind": "Widget", "metadata": {"name": "w"}, "spec": {"size": 1}});
+    let mut od = deployment("mapped", vec![widget], json!({}));
+    od.spec.template.spec.phases[0].objects[0].condition_mappings = serde_json::from_value(
+        json!([{"sourceType": "Ready", "destinationType": "test.pko.example/WidgetReady"}]),
+    )
+    .unwrap();
+    Api::<ObjectDeployment>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &od)
+        .await
+        .unwrap();
+
+    let resource =
+        ApiResource::from_gvk(&GroupVersionKind::gvk("test.pko.example", "v1", "Widget"));
+    let widgets: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &resource);
+    let w = wait_until("widget applied", TIMEOUT, || async {
+        widgets
+            .get_opt("w")
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| "missing".to_owned())
+    })
+    .await
+    .unwrap();
+    let generation = w.metadata.generation.unwrap_or(1);
+    let status = json!({"status": {"conditions": [{
+        "type": "Ready", "status": "True", "reason": "AllGood", "message": "widget is ready",
+        "observedGeneration": generation, "lastTransitionTime": "2026-01-01T00:00:00Z",
+    }]}});
+    widgets
+        .patch_status("w", &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap();
+
+    let od = wait_deployment(&client, &ns, "mapped", "mapped condition", |od| {
+        condition(od, "test.pko.example/WidgetReady")
+            .is_some_and(|(s, r)| s == "True" && r == "AllGood")
+    })
+    .await;
+    assert!(condition(&od, "Available").is_some_and(|(s, _)| s == "True"));
+}
