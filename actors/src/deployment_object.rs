@@ -14,6 +14,7 @@ use pko_proto::core::object_set::{ClusterObjectSet, ObjectSet, ObjectSetSpec};
 use serde_json::json;
 
 use crate::engine::desired_object::{FIELD_MANAGER, REVISION_ANNOTATION};
+use crate::object_meta::MetaView;
 use crate::set_object::{SetKind, SetObject};
 
 /// Label linking an ObjectSet to its deployment.
@@ -52,6 +53,12 @@ impl From<ClusterObjectDeployment> for DeploymentObject {
     }
 }
 
+impl MetaView for DeploymentObject {
+    fn meta(&self) -> &ObjectMeta {
+        &self.meta
+    }
+}
+
 impl DeploymentObject {
     pub fn kind(&self) -> &'static str {
         if self.sets.is_namespaced() {
@@ -59,22 +66,6 @@ impl DeploymentObject {
         } else {
             "ClusterObjectDeployment"
         }
-    }
-
-    pub fn name(&self) -> &str {
-        self.meta.name.as_deref().unwrap_or_default()
-    }
-
-    pub fn namespace(&self) -> &str {
-        self.meta.namespace.as_deref().unwrap_or_default()
-    }
-
-    pub fn uid(&self) -> &str {
-        self.meta.uid.as_deref().unwrap_or_default()
-    }
-
-    pub fn generation(&self) -> i64 {
-        self.meta.generation.unwrap_or_default()
     }
 
     fn own_api(&self, client: Client) -> Api<kube::api::DynamicObject> {

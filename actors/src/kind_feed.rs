@@ -39,6 +39,24 @@ pub trait FeedTarget:
     fn key(object: &Self::Object) -> ObjectRef;
 }
 
+/// A kind a feed can watch.
+pub trait WatchedKind:
+    Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + Unpin + 'static
+{
+}
+
+impl<K> WatchedKind for K where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + Debug
+        + DeserializeOwned
+        + Send
+        + Sync
+        + Unpin
+        + 'static
+{
+}
+
 /// Called for every observed object before it is routed (lets other actors follow a kind).
 pub type Tap<T> = Arc<dyn Fn(&T) + Send + Sync>;
 
@@ -54,14 +72,7 @@ impl<K, A> KindFeed<K, A>
 where
     A: FeedTarget,
     A::Object: From<K>,
-    K: Resource<DynamicType = ()>
-        + Clone
-        + Debug
-        + DeserializeOwned
-        + Send
-        + Sync
-        + Unpin
-        + 'static,
+    K: WatchedKind,
     A::Context: ToEnvelope<A, Observed<A::Object>> + ToEnvelope<A, Gone>,
 {
     pub fn new(
@@ -103,14 +114,7 @@ impl<K, A> Actor for KindFeed<K, A>
 where
     A: FeedTarget,
     A::Object: From<K>,
-    K: Resource<DynamicType = ()>
-        + Clone
-        + Debug
-        + DeserializeOwned
-        + Send
-        + Sync
-        + Unpin
-        + 'static,
+    K: WatchedKind,
     A::Context: ToEnvelope<A, Observed<A::Object>> + ToEnvelope<A, Gone>,
 {
     type Context = Context<Self>;
@@ -125,14 +129,7 @@ impl<K, A> StreamHandler<Result<Event<K>, watcher::Error>> for KindFeed<K, A>
 where
     A: FeedTarget,
     A::Object: From<K>,
-    K: Resource<DynamicType = ()>
-        + Clone
-        + Debug
-        + DeserializeOwned
-        + Send
-        + Sync
-        + Unpin
-        + 'static,
+    K: WatchedKind,
     A::Context: ToEnvelope<A, Observed<A::Object>> + ToEnvelope<A, Gone>,
 {
     fn handle(&mut self, event: Result<Event<K>, watcher::Error>, _: &mut Context<Self>) {

@@ -13,6 +13,7 @@ pub mod kind_feed;
 pub mod manager;
 pub mod object_cache;
 pub mod object_deployment_actor;
+pub mod object_meta;
 pub mod object_set_actor;
 pub mod object_set_plan;
 pub mod phase_actor;

@@ -10,6 +10,7 @@ use pko_proto::core::object_set_phase::{ClusterObjectSetPhase, ObjectSetPhase};
 use crate::context::ManagerContext;
 use crate::kind_feed::{KindFeed, Tap};
 use crate::object_deployment_actor::{ObjectDeploymentActor, RevisionChanged};
+use crate::object_meta::MetaView;
 use crate::object_set_actor::ObjectSetActor;
 use crate::registry::{ObjectRef, Registry};
 use crate::set_object::{SetKind, SetObject};

@@ -21,6 +21,7 @@ use crate::engine::deployment_plan::{
 };
 use crate::engine::template_hash::template_hash;
 use crate::kind_feed::{FeedTarget, Gone, Observed};
+use crate::object_meta::MetaView;
 use crate::registry::ObjectRef;
 use crate::set_object::SetObject;
 

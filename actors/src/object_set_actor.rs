@@ -20,6 +20,7 @@ use crate::engine::object_set_status::{
     object_set_conditions, BlockReason, PhaseProgress, SetObservation,
 };
 use crate::kind_feed::{FeedTarget, Gone, Observed};
+use crate::object_meta::MetaView;
 use crate::object_set_plan::{phase_object_name, plan_object_set, PlanInputs};
 use crate::phase_actor::{PhaseActor, PhaseCommand, PhaseFinished, PhaseOutcome, UpdatePlan};
 use crate::phase_runner::{PhasePlan, PhaseReport};

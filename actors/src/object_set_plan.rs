@@ -12,6 +12,7 @@ use serde_json::json;
 
 use crate::engine::desired_object::{find_duplicate, prepare_phase, DesiredObject, InvalidObject};
 use crate::engine::probe::{ProbeSet, ProbeSpecError};
+use crate::object_meta::MetaView;
 use crate::phase_runner::PhasePlan;
 use crate::set_object::{SetObject, PHASE_CLASS_LABEL};
 

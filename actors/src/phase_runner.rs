@@ -71,15 +71,11 @@ pub async fn reconcile_phase(
 ) -> PhaseReport {
     let snapshot: &AppliedHashes = applied;
     let outcomes: Vec<ObjectOutcome> = stream::iter(plan.objects.iter())
-        .map(|desired| {
-            reconcile_object(
-                applier,
-                cache,
-                plan,
-                desired,
-                snapshot.get(&desired.key).copied(),
-                paused,
-            )
+        .map(|desired| async move {
+            let last = snapshot.get(&desired.key).copied();
+            reconcile_object(applier, cache, plan, desired, last, paused)
+                .await
+                .unwrap_or_else(|e| ObjectOutcome::Failed(desired.key.clone(), e))
         })
         .buffered(APPLY_CONCURRENCY)
         .collect()
@@ -174,21 +170,6 @@ async fn observe(
 }
 
 async fn reconcile_object(
-    applier: &Applier,
-    cache: &ObjectCache,
-    plan: &PhasePlan,
-    desired: &DesiredObject,
-    last_applied: Option<u64>,
-    paused: bool,
-) -> ObjectOutcome {
-    let key = desired.key.clone();
-    match try_reconcile_object(applier, cache, plan, desired, last_applied, paused).await {
-        Ok(outcome) => outcome,
-        Err(e) => ObjectOutcome::Failed(key, e),
-    }
-}
-
-async fn try_reconcile_object(
     applier: &Applier,
     cache: &ObjectCache,
     plan: &PhasePlan,

@@ -16,6 +16,7 @@ use pko_proto::core::object_slice::{ClusterObjectSlice, ObjectSlice};
 use serde_json::json;
 
 use crate::engine::desired_object::{OwnerRef, FIELD_MANAGER};
+use crate::object_meta::MetaView;
 
 /// Label naming the class of a delegated phase.
 pub const PHASE_CLASS_LABEL: &str = "package-operator.run/phase-class";
@@ -185,23 +186,13 @@ impl From<ClusterObjectSetPhase> for SetObject {
     }
 }
 
+impl MetaView for SetObject {
+    fn meta(&self) -> &ObjectMeta {
+        &self.meta
+    }
+}
+
 impl SetObject {
-    pub fn name(&self) -> &str {
-        self.meta.name.as_deref().unwrap_or_default()
-    }
-
-    pub fn namespace(&self) -> &str {
-        self.meta.namespace.as_deref().unwrap_or_default()
-    }
-
-    pub fn uid(&self) -> &str {
-        self.meta.uid.as_deref().unwrap_or_default()
-    }
-
-    pub fn generation(&self) -> i64 {
-        self.meta.generation.unwrap_or_default()
-    }
-
     /// Owner reference data for the objects this set applies.
     pub fn owner(&self) -> OwnerRef {
         OwnerRef {

@@ -1,0 +1,24 @@
+//! Accessors shared by the engine's views of package-operator objects.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+/// Name, namespace, UID and generation of an object, empty or zero when unset.
+pub trait MetaView {
+    fn meta(&self) -> &ObjectMeta;
+
+    fn name(&self) -> &str {
+        self.meta().name.as_deref().unwrap_or_default()
+    }
+
+    fn namespace(&self) -> &str {
+        self.meta().namespace.as_deref().unwrap_or_default()
+    }
+
+    fn uid(&self) -> &str {
+        self.meta().uid.as_deref().unwrap_or_default()
+    }
+
+    fn generation(&self) -> i64 {
+        self.meta().generation.unwrap_or_default()
+    }
+}
