@@ -54,6 +54,19 @@ impl ManagerProcess {
             .ok_or_else(|| format!("metric {name} not found in:\n{body}"))
     }
 
+    /// Waits until /readyz answers 200 (the manager leads and runs its actors).
+    pub async fn wait_ready(&self, timeout: Duration) -> Result<(), TestEnvError> {
+        let port = self.health_port;
+        self.process
+            .wait_ready(timeout, || async move {
+                match http_get(port, "/readyz").await? {
+                    (200, _) => Ok(()),
+                    (code, body) => Err(format!("/readyz answered {code}: {body}")),
+                }
+            })
+            .await
+    }
+
     /// Kills the process (SIGKILL) and reaps it.
     pub fn kill(&self) {
         self.process.stop();
@@ -64,6 +77,17 @@ impl TestEnv {
     /// Starts `binary` (a pko-manager build) against the management apiserver with `--install-crds`
     /// plus `extra_args`, and waits until it reports ready.
     pub async fn start_manager(
+        &self,
+        binary: &Path,
+        extra_args: &[&str],
+    ) -> Result<ManagerProcess, TestEnvError> {
+        let manager = self.spawn_manager(binary, extra_args)?;
+        manager.wait_ready(READY_TIMEOUT).await?;
+        Ok(manager)
+    }
+
+    /// Like [`TestEnv::start_manager`] without waiting for readiness (a standby replica never gets ready).
+    pub fn spawn_manager(
         &self,
         binary: &Path,
         extra_args: &[&str],
@@ -89,14 +113,6 @@ impl TestEnv {
             command,
             &dir.join(format!("pko-manager-{n}.log")),
         )?;
-        process
-            .wait_ready(READY_TIMEOUT, || async move {
-                match http_get(health_port, "/readyz").await? {
-                    (200, _) => Ok(()),
-                    (code, body) => Err(format!("/readyz answered {code}: {body}")),
-                }
-            })
-            .await?;
         Ok(ManagerProcess {
             process,
             health_port,
