@@ -9,7 +9,8 @@ use std::sync::Arc;
 
 use dashmap::DashMap;
 use kube::api::{
-    ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, Preconditions,
+    ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
+    Preconditions,
 };
 use kube::discovery::Scope;
 use kube::{Api, Client};
@@ -164,6 +165,21 @@ impl Applier {
         self.counts.reads.fetch_add(1, Ordering::Relaxed);
         let got = api.get_opt(&key.name).await.map_err(Self::api_error(key))?;
         got.map(|o| Self::to_value(key, o)).transpose()
+    }
+
+    /// Lists every object of `key`'s kind in `key`'s namespace (cluster-wide for cluster-scoped kinds).
+    #[instrument(skip(self), fields(kind = %key.kind, namespace = %key.namespace))]
+    pub async fn list_like(&self, key: &ObjectKey) -> Result<Vec<Value>, ApplyError> {
+        let api = self.api(key).await?;
+        self.counts.reads.fetch_add(1, Ordering::Relaxed);
+        let list = api
+            .list(&ListParams::default())
+            .await
+            .map_err(Self::api_error(key))?;
+        list.items
+            .into_iter()
+            .map(|o| Self::to_value(key, o))
+            .collect()
     }
 
     /// Server-side applies `body` (force, field owner `package-operator`) and returns the stored object.

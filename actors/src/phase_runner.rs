@@ -70,10 +70,11 @@ pub async fn reconcile_phase(
     paused: bool,
 ) -> PhaseReport {
     let snapshot: &AppliedHashes = applied;
+    let prefetched = &prefetch(applier, cache, &plan.objects).await;
     let outcomes: Vec<ObjectOutcome> = stream::iter(plan.objects.iter())
         .map(|desired| async move {
             let last = snapshot.get(&desired.key).copied();
-            reconcile_object(applier, cache, plan, desired, last, paused)
+            reconcile_object(applier, cache, prefetched, plan, desired, last, paused)
                 .await
                 .unwrap_or_else(|e| ObjectOutcome::Failed(desired.key.clone(), e))
         })
@@ -157,21 +158,67 @@ fn is_transient(error: &ApplyError) -> bool {
     }
 }
 
+/// What one LIST per kind and namespace found for objects the cache did not know (`None`: absent).
+type Prefetched = HashMap<ObjectKey, Option<Value>>;
+
+/// Below this many cache misses of one kind in one namespace, single GETs are cheaper than a LIST.
+const LIST_THRESHOLD: usize = 8;
+
+/// For kinds and namespaces with many objects the cache does not hold (a new set, or objects that exist
+/// without pko's label), one LIST replaces a GET per object.
+async fn prefetch(applier: &Applier, cache: &ObjectCache, objects: &[DesiredObject]) -> Prefetched {
+    let mut misses: HashMap<(String, String, String, String), Vec<&ObjectKey>> = HashMap::new();
+    for o in objects.iter().filter(|o| cache.get(&o.key).is_none()) {
+        let k = &o.key;
+        misses
+            .entry((
+                k.group.clone(),
+                k.version.clone(),
+                k.kind.clone(),
+                k.namespace.clone(),
+            ))
+            .or_default()
+            .push(k);
+    }
+    let mut found = Prefetched::new();
+    for keys in misses.values().filter(|keys| keys.len() >= LIST_THRESHOLD) {
+        // A failed LIST only loses the shortcut: those objects fall back to GETs.
+        let Ok(listed) = applier.list_like(keys[0]).await else {
+            continue;
+        };
+        let by_name: HashMap<&str, &Value> = listed
+            .iter()
+            .filter_map(|v| Some((v.pointer("/metadata/name")?.as_str()?, v)))
+            .collect();
+        for key in keys {
+            found.insert(
+                (*key).clone(),
+                by_name.get(key.name.as_str()).map(|v| (*v).clone()),
+            );
+        }
+    }
+    found
+}
+
 async fn observe(
     applier: &Applier,
     cache: &ObjectCache,
+    prefetched: &Prefetched,
     key: &ObjectKey,
 ) -> Result<Option<Value>, ApplyError> {
     if let Some(v) = cache.get(key) {
         return Ok(Some((*v).clone()));
     }
-    let got = applier.get(key).await?;
-    Ok(got)
+    if let Some(known) = prefetched.get(key) {
+        return Ok(known.clone());
+    }
+    applier.get(key).await
 }
 
 async fn reconcile_object(
     applier: &Applier,
     cache: &ObjectCache,
+    prefetched: &Prefetched,
     plan: &PhasePlan,
     desired: &DesiredObject,
     last_applied: Option<u64>,
@@ -182,7 +229,7 @@ async fn reconcile_object(
     if desired.managed {
         cache.ensure_watch(key, &kind);
     }
-    let observed = observe(applier, cache, key).await?;
+    let observed = observe(applier, cache, prefetched, key).await?;
     if !desired.managed || paused {
         return Ok(ObjectOutcome::Ready {
             key: key.clone(),

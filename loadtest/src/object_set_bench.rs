@@ -217,6 +217,7 @@ async fn measure(
         state = want;
     }
     samples.sort();
+    let manager_rss_mib = pko.pid().map(crate::rss_kib).unwrap_or_default() / 1024;
 
     println!(
         "object-set: {objects} ConfigMaps, 3 phases (manager: {})",
@@ -236,5 +237,6 @@ async fn measure(
         samples.last().map(|d| d.as_secs_f64() * 1e3).unwrap_or_default(),
         samples.len()
     );
+    println!("  manager RSS at the end:             {manager_rss_mib} MiB");
     Ok(())
 }
