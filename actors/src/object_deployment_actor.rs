@@ -82,6 +82,7 @@ async fn reconcile_deployment(
             &name,
             &views,
             od.spec.revision_history_limit,
+            od.spec.paused,
         );
         let (current, others): (Option<&RevisionView>, Vec<RevisionView>) = match &action {
             DeploymentAction::BumpCollisionCount => {
@@ -106,6 +107,30 @@ async fn reconcile_deployment(
                     Err(e) => return Err(e),
                 }
                 (None, views.iter().filter(|v| v.ours).cloned().collect())
+            }
+            DeploymentAction::Hold { pause } => {
+                for name in pause {
+                    od.set_lifecycle(client.clone(), name, LifecycleState::Paused)
+                        .await?;
+                }
+                let current = views.iter().find(|v| v.name == name);
+                let others = views
+                    .iter()
+                    .filter(|v| v.ours && v.name != name)
+                    .cloned()
+                    .collect();
+                (current, others)
+            }
+            DeploymentAction::Resume { current } => {
+                od.set_lifecycle(client.clone(), current, LifecycleState::Active)
+                    .await?;
+                let current = views.iter().find(|v| &v.name == current);
+                let others = views
+                    .iter()
+                    .filter(|v| v.ours && Some(&v.name) != current.map(|c| &c.name))
+                    .cloned()
+                    .collect();
+                (current, others)
             }
             DeploymentAction::Settle {
                 current,
@@ -141,6 +166,7 @@ async fn reconcile_deployment(
         let (conditions, phase) = deployment_conditions(
             &od.status.conditions,
             od.generation(),
+            od.spec.paused,
             current,
             &others,
             Timestamp::now(),

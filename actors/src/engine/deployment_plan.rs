@@ -40,6 +40,10 @@ pub enum DeploymentAction {
         archive: Vec<String>,
         delete: Vec<String>,
     },
+    /// The current revision was paused with the deployment; make it Active again.
+    Resume { current: String },
+    /// The deployment is paused: no new revision, no archival; these live revisions get paused.
+    Hold { pause: Vec<String> },
 }
 
 /// Name of the ObjectSet for a template hash.
@@ -53,8 +57,17 @@ pub fn plan_deployment(
     wanted_name: &str,
     revisions: &[RevisionView],
     history_limit: i32,
+    paused: bool,
 ) -> DeploymentAction {
     let ours: Vec<&RevisionView> = revisions.iter().filter(|r| r.ours).collect();
+    if paused {
+        let pause = ours
+            .iter()
+            .filter(|r| r.lifecycle == LifecycleState::Active)
+            .map(|r| r.name.clone())
+            .collect();
+        return DeploymentAction::Hold { pause };
+    }
     let Some(current) = revisions.iter().find(|r| r.name == wanted_name) else {
         let revision = ours.iter().map(|r| r.revision).max().unwrap_or(0) + 1;
         let mut previous: Vec<&RevisionView> =
@@ -68,6 +81,12 @@ pub fn plan_deployment(
     };
     if !current.ours || current.template != *template {
         return DeploymentAction::BumpCollisionCount;
+    }
+    if current.lifecycle == LifecycleState::Paused {
+        // Unpaused again: resume the current revision before anything else.
+        return DeploymentAction::Resume {
+            current: current.name.clone(),
+        };
     }
     let archive = if current.available {
         ours.iter()
@@ -96,12 +115,21 @@ pub fn plan_deployment(
 pub fn deployment_conditions(
     previous: &[Condition],
     generation: i64,
+    paused: bool,
     current: Option<&RevisionView>,
     others: &[RevisionView],
     now: Timestamp,
 ) -> (Vec<Condition>, &'static str) {
     let mut conditions = previous.to_vec();
     let set = |c: &mut Vec<Condition>, u| set_condition(c, u, generation, now);
+    if paused {
+        set(
+            &mut conditions,
+            ConditionUpdate::new("Paused", true, "Paused", "ObjectDeployment is paused."),
+        );
+    } else {
+        conditions.retain(|c| c.type_ != "Paused");
+    }
     let any_available = current.is_some_and(|c| c.available) || others.iter().any(|r| r.available);
     if any_available {
         set(
@@ -207,7 +235,7 @@ mod tests {
     #[test]
     fn first_revision_is_created() {
         assert_eq!(
-            plan_deployment(&template("a"), "od-x", &[], 10),
+            plan_deployment(&template("a"), "od-x", &[], 10, false),
             DeploymentAction::Create {
                 name: "od-x".into(),
                 revision: 1,
@@ -223,7 +251,7 @@ mod tests {
             rev("od-2", 2, "b", true, false),
         ];
         assert_eq!(
-            plan_deployment(&template("c"), "od-3", &revs, 10),
+            plan_deployment(&template("c"), "od-3", &revs, 10, false),
             DeploymentAction::Create {
                 name: "od-3".into(),
                 revision: 3,
@@ -237,12 +265,12 @@ mod tests {
         let mut foreign = rev("od-x", 1, "a", true, false);
         foreign.ours = false;
         assert_eq!(
-            plan_deployment(&template("a"), "od-x", &[foreign], 10),
+            plan_deployment(&template("a"), "od-x", &[foreign], 10, false),
             DeploymentAction::BumpCollisionCount
         );
         let different = rev("od-x", 1, "zzz", true, false);
         assert_eq!(
-            plan_deployment(&template("a"), "od-x", &[different], 10),
+            plan_deployment(&template("a"), "od-x", &[different], 10, false),
             DeploymentAction::BumpCollisionCount
         );
     }
@@ -255,7 +283,7 @@ mod tests {
         revs[4].available = false;
         // Current (5) not available: nothing archived yet; archived beyond the limit pruned oldest first.
         assert_eq!(
-            plan_deployment(&template("5"), "od-5", &revs, 2),
+            plan_deployment(&template("5"), "od-5", &revs, 2, false),
             DeploymentAction::Settle {
                 current: "od-5".into(),
                 archive: vec![],
@@ -264,7 +292,7 @@ mod tests {
         );
         revs[4].available = true;
         assert_eq!(
-            plan_deployment(&template("5"), "od-5", &revs, 2),
+            plan_deployment(&template("5"), "od-5", &revs, 2, false),
             DeploymentAction::Settle {
                 current: "od-5".into(),
                 archive: vec!["od-4".into()],
@@ -274,16 +302,49 @@ mod tests {
     }
 
     #[test]
+    fn pause_holds_everything_and_unpause_resumes() {
+        let revs = [
+            rev("od-1", 1, "a", true, true),
+            rev("od-2", 2, "b", true, false),
+        ];
+        // Paused with a new template: no new revision, the live one is paused.
+        assert_eq!(
+            plan_deployment(&template("c"), "od-3", &revs, 10, true),
+            DeploymentAction::Hold {
+                pause: vec!["od-2".into()]
+            }
+        );
+        let mut paused = revs.clone();
+        paused[1].lifecycle = LifecycleState::Paused;
+        assert_eq!(
+            plan_deployment(&template("b"), "od-2", &paused, 10, false),
+            DeploymentAction::Resume {
+                current: "od-2".into()
+            }
+        );
+        let (c, phase) = deployment_conditions(
+            &[],
+            1,
+            true,
+            Some(&revs[1]),
+            &[],
+            Timestamp::from_second(1).unwrap(),
+        );
+        assert_eq!(phase, "Paused");
+        assert!(c.iter().any(|c| c.type_ == "Paused" && c.status == "True"));
+    }
+
+    #[test]
     fn conditions_follow_revisions() {
         let now = Timestamp::from_second(10).unwrap();
-        let (c, phase) = deployment_conditions(&[], 1, None, &[], now);
+        let (c, phase) = deployment_conditions(&[], 1, false, None, &[], now);
         assert_eq!(phase, "NotReady");
         assert!(c
             .iter()
             .any(|c| c.type_ == "Available" && c.reason == "ObjectSetUnready"));
         let current = rev("od-2", 2, "b", true, false);
         let old = rev("od-1", 1, "a", true, true);
-        let (c, phase) = deployment_conditions(&c, 1, Some(&current), &[old], now);
+        let (c, phase) = deployment_conditions(&c, 1, false, Some(&current), &[old], now);
         assert_eq!(phase, "Available");
         assert!(c
             .iter()

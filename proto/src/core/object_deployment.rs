@@ -22,6 +22,10 @@ pub struct ObjectDeploymentSpec {
     pub selector: LabelSelector,
     /// Template of new ObjectSets.
     pub template: ObjectSetTemplate,
+    /// Stops rolling out: no new revisions, revisions paused (status still reported). Not in the seed API;
+    /// Package Operator added it later, and Packages pause through it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub paused: bool,
 }
 
 impl Default for ObjectDeploymentSpec {
@@ -30,6 +34,7 @@ impl Default for ObjectDeploymentSpec {
             revision_history_limit: default_revision_history_limit(),
             selector: LabelSelector::default(),
             template: ObjectSetTemplate::default(),
+            paused: false,
         }
     }
 }
