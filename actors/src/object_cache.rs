@@ -31,6 +31,8 @@ pub struct ObjectCache {
     objects: Arc<DashMap<ObjectKey, Arc<Value>>>,
     watched: Arc<DashMap<KindId, ()>>,
     routes: Arc<DashMap<String, Route>>,
+    /// Owners observing each external object (objects pko reads but does not label or own).
+    external: Arc<DashMap<ObjectKey, Vec<String>>>,
 }
 
 impl ObjectCache {
@@ -40,6 +42,7 @@ impl ObjectCache {
             objects: Arc::default(),
             watched: Arc::default(),
             routes: Arc::default(),
+            external: Arc::default(),
         }
     }
 
@@ -94,6 +97,56 @@ impl ObjectCache {
                     Ok(Event::InitDone) => cache.drop_unlisted(&id, &listed),
                     Err(e) => {
                         warn!(kind = %id.2, error = %e, "managed-object watch error; retrying")
+                    }
+                }
+            }
+        });
+    }
+
+    /// Tells `owner_uid` about every change of an external object. One watch per object (by field
+    /// selector), since such objects carry no label to share a watch on; they are read with GETs, not
+    /// cached.
+    pub fn watch_external(&self, key: &ObjectKey, kind: &ResolvedKind, owner_uid: &str) {
+        let mut first = false;
+        {
+            let mut owners = self.external.entry(key.clone()).or_insert_with(|| {
+                first = true;
+                Vec::new()
+            });
+            if !owners.iter().any(|o| o == owner_uid) {
+                owners.push(owner_uid.to_owned());
+            }
+        }
+        if !first {
+            return;
+        }
+        let api: Api<DynamicObject> = if kind.namespaced {
+            Api::namespaced_with(self.client.clone(), &key.namespace, &kind.resource)
+        } else {
+            Api::all_with(self.client.clone(), &kind.resource)
+        };
+        let config = watcher::Config::default().fields(&format!("metadata.name={}", key.name));
+        let cache = self.clone();
+        let key = key.clone();
+        tokio::spawn(async move {
+            let mut stream = watcher::watcher(api, config).boxed();
+            while let Some(event) = stream.next().await {
+                match event {
+                    Ok(Event::Apply(_)) | Ok(Event::Delete(_)) | Ok(Event::InitDone) => {
+                        let owners = cache
+                            .external
+                            .get(&key)
+                            .map(|o| o.clone())
+                            .unwrap_or_default();
+                        for owner in owners {
+                            if let Some(route) = cache.routes.get(&owner).map(|r| r.clone()) {
+                                route(key.clone());
+                            }
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        warn!(object = %key, error = %e, "external-object watch error; retrying")
                     }
                 }
             }

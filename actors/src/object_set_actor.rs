@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use actix::prelude::*;
 use k8s_openapi::jiff::Timestamp;
@@ -50,6 +51,18 @@ pub struct ObjectSetActor {
     phases: Vec<Phase>,
     object_phase: HashMap<ObjectKey, usize>,
     success_timer: Option<SpawnHandle>,
+    replan_backoff: Duration,
+}
+
+const REPLAN_BACKOFF_MIN: Duration = Duration::from_secs(1);
+const REPLAN_BACKOFF_MAX: Duration = Duration::from_secs(60);
+
+/// Why a set could not be planned.
+enum Unplannable {
+    /// The spec itself is wrong.
+    Spec(String),
+    /// Something the plan needs could not be read (missing slice, apiserver error).
+    Inputs(String),
 }
 
 impl ObjectSetActor {
@@ -64,6 +77,7 @@ impl ObjectSetActor {
             phases: Vec::new(),
             object_phase: HashMap::new(),
             success_timer: None,
+            replan_backoff: REPLAN_BACKOFF_MIN,
         }
     }
 
@@ -107,10 +121,10 @@ impl ObjectSetActor {
                         Ok(Some(p)) => inputs.previous_uids.extend(p.metadata.uid),
                         Ok(None) => {}
                         Err(e) => {
-                            return Err(format!(
+                            return Err(Unplannable::Inputs(format!(
                                 "reading previous phase of {:?}: {e}",
                                 previous.name
-                            ))
+                            )))
                         }
                     }
                 }
@@ -128,25 +142,27 @@ impl ObjectSetActor {
                     }
                     Ok(None) => {}
                     Err(e) => {
-                        return Err(format!(
+                        return Err(Unplannable::Inputs(format!(
                             "reading previous revision {:?}: {e}",
                             previous.name
-                        ))
+                        )))
                     }
                 }
             }
             for (index, phase) in set.spec.template.phases.iter().enumerate() {
                 for name in &phase.slices {
-                    match set.slice_objects(client.clone(), name).await {
+                    match set.use_slice(client.clone(), name).await {
                         Ok(Some(objects)) => {
                             inputs.slices.insert(name.clone(), objects);
                         }
                         Ok(None) => {
-                            return Err(format!(
+                            return Err(Unplannable::Inputs(format!(
                                 "spec.phases[{index}].slices: slice {name:?} not found"
-                            ));
+                            )));
                         }
-                        Err(e) => return Err(format!("reading slice {name:?}: {e}")),
+                        Err(e) => {
+                            return Err(Unplannable::Inputs(format!("reading slice {name:?}: {e}")))
+                        }
                     }
                 }
             }
@@ -160,7 +176,9 @@ impl ObjectSetActor {
                 (_, Some(r)) if r > 0 => r,
                 _ => highest_previous + 1,
             };
-            let plans = plan_object_set(&set, &inputs).map_err(|e| e.to_string())?;
+            // A spec error stays until the spec changes; no retry for it.
+            let plans =
+                plan_object_set(&set, &inputs).map_err(|e| Unplannable::Spec(e.to_string()))?;
             Ok((set.generation(), inputs.revision, plans))
         }
         .instrument(span);
@@ -169,13 +187,24 @@ impl ObjectSetActor {
                 .into_actor(self)
                 .map(|result, act, ctx| match result {
                     Ok((generation, revision, plans)) => {
+                        act.replan_backoff = REPLAN_BACKOFF_MIN;
                         act.install_plans(generation, revision, plans, ctx)
                     }
-                    Err(message) => {
+                    Err(unplannable) => {
+                        let (message, retry) = match unplannable {
+                            Unplannable::Spec(m) => (m, false),
+                            Unplannable::Inputs(m) => (m, true),
+                        };
                         act.plan_error = Some(message);
                         act.planned_generation = act.set.as_ref().map(SetObject::generation);
                         act.stop_phases();
                         act.publish_status(ctx);
+                        if retry {
+                            // Slices or previous revisions may appear later, or the apiserver recover.
+                            let delay = act.replan_backoff;
+                            act.replan_backoff = (delay * 2).min(REPLAN_BACKOFF_MAX);
+                            ctx.run_later(delay, |act, ctx| act.replan(ctx));
+                        }
                     }
                 }),
         );

@@ -228,6 +228,8 @@ async fn reconcile_object(
     let kind = applier.resolve(key).await?;
     if desired.managed {
         cache.ensure_watch(key, &kind);
+    } else {
+        cache.watch_external(key, &kind, &plan.owner_uid);
     }
     let observed = observe(applier, cache, prefetched, key).await?;
     if !desired.managed || paused {

@@ -2,7 +2,7 @@
 //! `default`), so a single actor and planner serve all four kinds: an ObjectSetPhase is a set with exactly
 //! one phase whose revision is given, not derived.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
 use kube::{Api, Client, Resource};
 use pko_proto::core::common::{
@@ -251,22 +251,53 @@ impl SetObject {
         .map(|_| ())
     }
 
-    /// Reads the objects of an ObjectSlice (ClusterObjectSlice for cluster sets); `None` if it is missing.
-    pub async fn slice_objects(
+    /// Reads the objects of an ObjectSlice (ClusterObjectSlice for cluster sets), `None` if it is missing,
+    /// and makes this set an owner of the slice (a plain owner reference: several revisions may share a
+    /// slice; it is garbage-collected once none of them is left).
+    pub async fn use_slice(
         &self,
         client: Client,
         name: &str,
     ) -> Result<Option<Vec<ObjectSetObject>>, kube::Error> {
-        if self.kind.is_namespaced() {
-            Api::<ObjectSlice>::namespaced(client, self.namespace())
-                .get_opt(name)
-                .await
-                .map(|s| s.map(|s| s.objects))
+        let resource = if self.kind.is_namespaced() {
+            ApiResource::erase::<ObjectSlice>(&())
         } else {
-            Api::<ClusterObjectSlice>::all(client)
-                .get_opt(name)
-                .await
-                .map(|s| s.map(|s| s.objects))
+            ApiResource::erase::<ClusterObjectSlice>(&())
+        };
+        let api: Api<DynamicObject> = if self.kind.is_namespaced() {
+            Api::namespaced_with(client, self.namespace(), &resource)
+        } else {
+            Api::all_with(client, &resource)
+        };
+        let Some(slice) = api.get_opt(name).await? else {
+            return Ok(None);
+        };
+        let objects: Vec<ObjectSetObject> = slice
+            .data
+            .get("objects")
+            .cloned()
+            .map(serde_json::from_value)
+            .transpose()
+            .map_err(kube::Error::SerdeError)?
+            .unwrap_or_default();
+        let mut owners = slice.metadata.owner_references.clone().unwrap_or_default();
+        if !owners.iter().any(|o| o.uid == self.uid()) {
+            let me = self.owner();
+            owners.push(OwnerReference {
+                api_version: me.api_version,
+                kind: me.kind,
+                name: me.name,
+                uid: me.uid,
+                controller: None,
+                block_owner_deletion: None,
+            });
+            let patch = json!({"metadata": {
+                "ownerReferences": owners,
+                "resourceVersion": slice.metadata.resource_version,
+            }});
+            api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
         }
+        Ok(Some(objects))
     }
 }

@@ -281,7 +281,11 @@ async fn condition_mappings_reach_the_deployment() {
 async fn paused_deployment_holds_revisions_until_unpaused() {
     let (client, ns) = setup("od-pause").await;
     let api = Api::<ObjectDeployment>::namespaced(client.clone(), &ns);
-    let od = deployment("held", vec![configmap("conf", json!({"v": "1"}))], json!({}));
+    let od = deployment(
+        "held",
+        vec![configmap("conf", json!({"v": "1"}))],
+        json!({}),
+    );
     api.create(&PostParams::default(), &od).await.unwrap();
     wait_deployment(&client, &ns, "held", "available", |od| {
         condition(od, "Available").is_some_and(|(s, _)| s == "True")
@@ -292,7 +296,9 @@ async fn paused_deployment_holds_revisions_until_unpaused() {
     let mut od = api.get("held").await.unwrap();
     od.spec.paused = true;
     od.spec.template.spec.phases[0].objects[0].object = configmap("conf", json!({"v": "2"}));
-    api.replace("held", &PostParams::default(), &od).await.unwrap();
+    api.replace("held", &PostParams::default(), &od)
+        .await
+        .unwrap();
     wait_deployment(&client, &ns, "held", "paused", |od| {
         condition(od, "Paused").is_some_and(|(s, r)| s == "True" && r == "Paused")
     })
@@ -300,16 +306,24 @@ async fn paused_deployment_holds_revisions_until_unpaused() {
     let sets = sets_of(&client, &ns, "held").await;
     assert_eq!(sets.len(), 1, "no new revision while paused");
     assert_eq!(sets[0].spec.lifecycle_state.as_str(), "Paused");
-    assert_eq!(get_cm(&client, &ns, "conf").await.unwrap().data.unwrap()["v"], "1");
+    assert_eq!(
+        get_cm(&client, &ns, "conf").await.unwrap().data.unwrap()["v"],
+        "1"
+    );
 
     let mut od = api.get("held").await.unwrap();
     od.spec.paused = false;
-    api.replace("held", &PostParams::default(), &od).await.unwrap();
+    api.replace("held", &PostParams::default(), &od)
+        .await
+        .unwrap();
     wait_deployment(&client, &ns, "held", "revision 2 settled", |od| {
         od.status.as_ref().and_then(|s| s.revision) == Some(2)
             && condition(od, "Progressing").is_some_and(|(s, r)| s == "False" && r == "Idle")
     })
     .await;
-    wait_cm(&client, &ns, "conf", |cm| cm.data.as_ref().is_some_and(|d| d["v"] == "2")).await;
+    wait_cm(&client, &ns, "conf", |cm| {
+        cm.data.as_ref().is_some_and(|d| d["v"] == "2")
+    })
+    .await;
     assert!(condition(&api.get("held").await.unwrap(), "Paused").is_none());
 }

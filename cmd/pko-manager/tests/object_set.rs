@@ -14,6 +14,7 @@ use kube::runtime::watcher::{self, Event};
 use kube::Api;
 use pko_proto::core::object_set::ObjectSet;
 use pko_proto::core::object_set_phase::ObjectSetPhase;
+use pko_proto::core::object_slice::ObjectSlice;
 use serde_json::json;
 
 use common::*;
@@ -28,29 +29,20 @@ fn cel_probe(rule: &str, message: &str) -> serde_json::Value {
 #[tokio::test]
 async fn failing_probe_gates_next_phase_until_fixed_then_succeeds_after_delay() {
     let (client, ns) = setup("os-gate").await;
+    // The probe reads a key pko does not set, so the test can "fix" the object without a new template.
     let mut extra = cel_probe(
-        "!has(self.data.gate) || self.data.gate == 'open'",
-        "gate is closed",
+        "has(self.data.ready) && self.data.ready == 'yes'",
+        "not ready yet",
     );
     extra["successDelaySeconds"] = json!(2);
     let set = object_set(
         "gated",
         &[
-            ("one", vec![configmap("first", json!({"gate": "closed"}))]),
-            ("two", vec![configmap("second", json!({"x": "1"}))]),
+            ("one", vec![configmap("first", json!({"x": "1"}))]),
+            ("two", vec![configmap("second", json!({"ready": "yes"}))]),
         ],
         extra,
     );
-    // The gate key is owned by pko (desired "closed"), so "fixing" it means a new template; instead the
-    // probe watches a key pko does not set.
-    let mut set = set;
-    set.spec.template.phases[0].objects[0].object = configmap("first", json!({"x": "1"}));
-    set.spec.template.availability_probes[0].probes[0]
-        .cel
-        .as_mut()
-        .unwrap()
-        .rule = "has(self.data.ready) && self.data.ready == 'yes'".into();
-    set.spec.template.phases[1].objects[0].object = configmap("second", json!({"ready": "yes"}));
     create_set(&client, &ns, &set).await;
 
     let message = wait_condition(
@@ -62,10 +54,9 @@ async fn failing_probe_gates_next_phase_until_fixed_then_succeeds_after_delay() 
         Some("ProbeFailure"),
     )
     .await;
-    assert!(message.starts_with("Phase \"one\" failed:"), "{message}");
-    assert!(
-        message.contains("gate is closed") || message.contains("ready"),
-        "{message}"
+    assert_eq!(
+        message,
+        format!("Phase \"one\" failed: core ConfigMap {ns}/first: not ready yet")
     );
     let (status, _, _) = set_condition(&client, &ns, "gated", "InTransition")
         .await
@@ -523,4 +514,119 @@ async fn default_class_phase_runs_through_an_object_set_phase() {
     assert_eq!(remote.len(), 1);
     assert_eq!(remote[0].name, "mixed-delegated");
     assert_eq!(Some(&remote[0].uid), phase.metadata.uid.as_ref());
+}
+
+#[tokio::test]
+async fn slices_feed_their_phase_and_are_owned_by_the_set() {
+    let (client, ns) = setup("os-slices").await;
+    let mut set = object_set(
+        "sliced",
+        &[("p", vec![configmap("inline", json!({}))])],
+        json!({}),
+    );
+    set.spec.template.phases[0].slices = vec!["extra".into()];
+    create_set(&client, &ns, &set).await;
+    // The slice does not exist yet: a condition names it, and the set retries by itself.
+    let message = wait_condition(
+        &client,
+        &ns,
+        "sliced",
+        "Available",
+        "False",
+        Some("PreflightError"),
+    )
+    .await;
+    assert!(message.contains("slice \"extra\" not found"), "{message}");
+
+    let slices = Api::<ObjectSlice>::namespaced(client.clone(), &ns);
+    let slice: ObjectSlice = serde_json::from_value(json!({
+        "apiVersion": "package-operator.run/v1alpha1", "kind": "ObjectSlice",
+        "metadata": {"name": "extra"},
+        "objects": [{"object": configmap("from-slice", json!({"k": "v"}))}],
+    }))
+    .unwrap();
+    slices.create(&PostParams::default(), &slice).await.unwrap();
+    wait_condition(&client, &ns, "sliced", "Available", "True", None).await;
+    let cm = get_cm(&client, &ns, "from-slice").await.unwrap();
+    let stored = Api::<ObjectSet>::namespaced(client.clone(), &ns)
+        .get("sliced")
+        .await
+        .unwrap();
+    assert_eq!(controller_uid(&cm), stored.metadata.uid);
+    let owners = slices
+        .get("extra")
+        .await
+        .unwrap()
+        .metadata
+        .owner_references
+        .unwrap();
+    assert!(owners
+        .iter()
+        .any(|o| Some(&o.uid) == stored.metadata.uid.as_ref() && o.controller != Some(true)));
+}
+
+#[tokio::test]
+async fn external_objects_are_probed_but_never_written() {
+    let (client, ns) = setup("os-external").await;
+    let mut set = object_set(
+        "watcher",
+        &[("p", vec![configmap("mine", json!({}))])],
+        json!({}),
+    );
+    set.spec.template.phases[0].external_objects =
+        serde_json::from_value(json!([{"object": configmap("theirs", json!({}))}])).unwrap();
+    set.spec.template.availability_probes = serde_json::from_value(json!([{
+        "selector": {"kind": {"group": "", "kind": "ConfigMap"}, "selector": {"matchLabels": {"role": "external"}}},
+        "probes": [{"cel": {"rule": "self.data.ready == 'yes'", "message": "external not ready"}}],
+    }]))
+    .unwrap();
+    create_set(&client, &ns, &set).await;
+    let message = wait_condition(
+        &client,
+        &ns,
+        "watcher",
+        "Available",
+        "False",
+        Some("ProbeFailure"),
+    )
+    .await;
+    assert!(
+        message.contains("ConfigMap")
+            && message.contains("theirs")
+            && message.contains("not found"),
+        "{message}"
+    );
+
+    let cms = Api::<ConfigMap>::namespaced(client.clone(), &ns);
+    let mut theirs = configmap("theirs", json!({"ready": "no"}));
+    theirs["metadata"]["labels"] = json!({"role": "external"});
+    cms.create(
+        &PostParams::default(),
+        &serde_json::from_value(theirs).unwrap(),
+    )
+    .await
+    .unwrap();
+    // The object's own watch wakes the set: the failure moves from "not found" to the probe's message.
+    pko_testenv::wait_until("probe message of the external object", TIMEOUT, || async {
+        match set_condition(&client, &ns, "watcher", "Available").await {
+            Some((_, _, m)) if m.contains("external not ready") => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await
+    .unwrap();
+    patch_cm(&client, &ns, "theirs", json!({"data": {"ready": "yes"}})).await;
+    wait_condition(&client, &ns, "watcher", "Available", "True", None).await;
+
+    let theirs = get_cm(&client, &ns, "theirs").await.unwrap();
+    assert!(
+        theirs.metadata.owner_references.is_none(),
+        "external object got an owner"
+    );
+    assert!(!theirs
+        .metadata
+        .annotations
+        .unwrap_or_default()
+        .contains_key("package-operator.run/revision"));
+    assert_eq!(theirs.data.unwrap()["ready"], "yes");
 }
