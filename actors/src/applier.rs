@@ -109,18 +109,37 @@ impl Applier {
             return Ok(k.clone());
         }
         let gvk = GroupVersionKind::gvk(&key.group, &key.version, &key.kind);
-        let (resource, caps) = kube::discovery::pinned_kind(&self.client, &gvk)
-            .await
-            .map_err(|_| ApplyError::UnknownKind {
-                api_version: key.api_version(),
-                kind: key.kind.clone(),
-            })?;
+        let (resource, caps) = match kube::discovery::pinned_kind(&self.client, &gvk).await {
+            Ok(found) => found,
+            // The group/version is not served (404) or does not have the kind.
+            Err(kube::Error::Api(s)) if s.code == 404 => return Err(self.unknown_kind(key)),
+            Err(kube::Error::Discovery(_)) => return Err(self.unknown_kind(key)),
+            Err(source) => {
+                return Err(ApplyError::Api {
+                    object: key.to_string(),
+                    source: Box::new(source),
+                })
+            }
+        };
         let resolved = ResolvedKind {
             resource,
             namespaced: caps.scope == Scope::Namespaced,
         };
         self.kinds.insert(id, resolved.clone());
         Ok(resolved)
+    }
+
+    fn unknown_kind(&self, key: &ObjectKey) -> ApplyError {
+        ApplyError::UnknownKind {
+            api_version: key.api_version(),
+            kind: key.kind.clone(),
+        }
+    }
+
+    /// Checks that the apiserver serves the object's kind and that the object's namespace fits the kind's
+    /// scope, without writing anything.
+    pub async fn preflight(&self, key: &ObjectKey) -> Result<(), ApplyError> {
+        self.api(key).await.map(|_| ())
     }
 
     async fn api(&self, key: &ObjectKey) -> Result<Api<DynamicObject>, ApplyError> {

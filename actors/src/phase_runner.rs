@@ -69,6 +69,24 @@ pub async fn reconcile_phase(
     applied: &mut AppliedHashes,
     paused: bool,
 ) -> PhaseReport {
+    // Every kind known and every namespace fitting its scope before the first write: a phase with a bad
+    // object writes nothing.
+    let preflight: Vec<ApplyError> = stream::iter(plan.objects.iter())
+        .map(|d| applier.preflight(&d.key))
+        .buffered(APPLY_CONCURRENCY)
+        .filter_map(|r| async move { r.err() })
+        .collect()
+        .await;
+    if !preflight.is_empty() {
+        let transient_error = preflight.iter().any(is_transient);
+        let messages: Vec<String> = preflight.iter().map(ToString::to_string).collect();
+        return PhaseReport {
+            progress: blocked(BlockReason::PreflightError, &messages),
+            controlled: Vec::new(),
+            mapped: Vec::new(),
+            transient_error,
+        };
+    }
     let snapshot: &AppliedHashes = applied;
     let prefetched = &prefetch(applier, cache, &plan.objects).await;
     let outcomes: Vec<ObjectOutcome> = stream::iter(plan.objects.iter())

@@ -235,6 +235,7 @@ async fn bad_input_gives_a_condition_naming_the_field() {
         (
             "unknown-kind",
             vec![
+                configmap("valid-beside-unknown", json!({})),
                 json!({"apiVersion": "example.com/v1", "kind": "Nothing", "metadata": {"name": "n"}}),
             ],
             json!({}),
@@ -264,6 +265,10 @@ async fn bad_input_gives_a_condition_naming_the_field() {
     // Nothing of the refused sets was written.
     assert!(get_cm(&client, &ns, "x").await.is_none());
     assert!(get_cm(&client, &ns, "d").await.is_none());
+    assert!(
+        get_cm(&client, &ns, "valid-beside-unknown").await.is_none(),
+        "a phase with an unknown kind must write nothing"
+    );
 
     // An unknown collisionProtection never reaches the manager: the CRD's enum rejects it.
     let mut set = object_set(
