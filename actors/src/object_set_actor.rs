@@ -17,9 +17,7 @@ use tracing::{info_span, warn, Instrument};
 use crate::context::ManagerContext;
 use crate::engine::adoption::revision_of;
 use crate::engine::object_ref::ObjectKey;
-use crate::engine::object_set_status::{
-    object_set_conditions, BlockReason, PhaseProgress, SetObservation,
-};
+use crate::engine::object_set_status::{object_set_conditions, PhaseProgress, SetObservation};
 use crate::kind_feed::{FeedTarget, Gone, Observed};
 use crate::object_meta::MetaView;
 use crate::object_set_plan::{phase_object_name, plan_object_set, PlanInputs};
@@ -312,15 +310,6 @@ impl ObjectSetActor {
     fn observation(&self, set: &SetObject) -> SetObservation {
         let mut phases = Vec::new();
         let mut mapped = Vec::new();
-        if let Some(message) = &self.plan_error {
-            phases.push((
-                "(plan)".to_owned(),
-                PhaseProgress::Blocked {
-                    reason: BlockReason::PreflightError,
-                    message: message.clone(),
-                },
-            ));
-        }
         for phase in &self.phases {
             let Some(report) = &phase.report else { break };
             phases.push((phase.name.clone(), report.progress.clone()));
@@ -336,6 +325,7 @@ impl ObjectSetActor {
             total_phases: self.phases.len(),
             success_delay_seconds: set.spec.template.success_delay_seconds,
             teardown_complete: self.phases.iter().all(|p| p.torn_down),
+            plan_error: self.plan_error.clone(),
             mapped,
         }
     }

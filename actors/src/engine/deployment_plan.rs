@@ -186,7 +186,9 @@ pub fn deployment_conditions(
             set(&mut conditions, update);
         }
     }
-    let phase = if is_true_for(&conditions, "Available", generation) {
+    let phase = if paused {
+        "Paused"
+    } else if is_true_for(&conditions, "Available", generation) {
         "Available"
     } else {
         "NotReady"

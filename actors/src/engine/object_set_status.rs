@@ -71,6 +71,8 @@ pub struct SetObservation {
     pub success_delay_seconds: i32,
     /// For Archived sets: whether every object is gone.
     pub teardown_complete: bool,
+    /// Why the set could not be planned at all (the message names the field).
+    pub plan_error: Option<String>,
     pub mapped: Vec<MappedCondition>,
 }
 
@@ -129,9 +131,22 @@ pub fn object_set_conditions(
         PhaseProgress::Blocked { reason, message } => Some((name, *reason, message)),
         PhaseProgress::Available => None,
     });
-    let all_available = blocked.is_none() && obs.phases.len() == obs.total_phases;
-    match blocked {
-        Some((name, reason, message)) => {
+    let all_available =
+        obs.plan_error.is_none() && blocked.is_none() && obs.phases.len() == obs.total_phases;
+    match (&obs.plan_error, blocked) {
+        (Some(message), _) => {
+            let reason = BlockReason::PreflightError.as_str();
+            set(
+                &mut conditions,
+                ConditionUpdate::new(AVAILABLE, false, reason, message.clone()),
+            );
+            let waiting = "The spec cannot be reconciled; see Available.";
+            set(
+                &mut conditions,
+                ConditionUpdate::new(IN_TRANSITION, true, "InTransition", waiting),
+            );
+        }
+        (None, Some((name, reason, message))) => {
             let msg = format!("Phase {name:?} failed: {message}");
             set(
                 &mut conditions,
@@ -143,7 +158,7 @@ pub fn object_set_conditions(
                 ConditionUpdate::new(IN_TRANSITION, true, "InTransition", waiting),
             );
         }
-        None if all_available => {
+        (None, None) if all_available => {
             set(
                 &mut conditions,
                 ConditionUpdate::new(
@@ -155,7 +170,7 @@ pub fn object_set_conditions(
             );
             remove_condition(&mut conditions, IN_TRANSITION);
         }
-        None => {
+        (None, None) => {
             // Fewer outcomes than phases without a blocked one: the caller stopped early (e.g. paused mid-way).
             set(
                 &mut conditions,
@@ -243,6 +258,7 @@ mod tests {
             phases,
             success_delay_seconds: delay,
             teardown_complete: false,
+            plan_error: None,
             mapped: vec![],
         }
     }
@@ -315,6 +331,20 @@ mod tests {
         let d = object_set_conditions(&[], &obs(all.clone(), 0), at(100));
         let again = object_set_conditions(&d.conditions, &obs(all, 0), at(500));
         assert_eq!(d.conditions, again.conditions);
+    }
+
+    #[test]
+    fn plan_errors_are_reported_as_they_are() {
+        let mut o = obs(vec![], 0);
+        o.plan_error = Some("spec.phases[0].objects[0].object.kind: is required".into());
+        let d = object_set_conditions(&[], &o, at(1));
+        let avail = find_condition(&d.conditions, AVAILABLE).unwrap();
+        assert_eq!(avail.reason, "PreflightError");
+        assert_eq!(
+            avail.message,
+            "spec.phases[0].objects[0].object.kind: is required"
+        );
+        assert_eq!(d.phase, "NotReady");
     }
 
     #[test]
