@@ -63,8 +63,9 @@ impl std::fmt::Display for LaunchError {
 async fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+                tracing_subscriber::EnvFilter::new("warn,kube_client::client::tls=error")
+            }),
         )
         .init();
     let args = Args::parse();
@@ -107,6 +108,7 @@ async fn run(args: Args) -> Result<(), LaunchError> {
         manager.health_port()
     );
     roll_out_sample(&env).await?;
+    println!("\nCtrl-C stops everything.");
     if args.exit_when_ready {
         return Ok(());
     }
@@ -249,6 +251,5 @@ fn print_summary(
     );
     println!("  etcd                  {}", env.etcd_url());
     println!("  logs and data         {}", env.root_dir().display());
-    println!("\nIn another shell:\n  source {}\n  kubectl apply -f deploy/crds/\n  kubectl get hostedclusters -A\n", env_file.display());
-    println!("Ctrl-C stops everything.");
+    println!("\nIn another shell:\n  source {}\n  kubectl get objectdeployments,objectsets -n pko-sample\n  kubectl get hostedclusters -A\n", env_file.display());
 }
