@@ -19,25 +19,14 @@ use common::*;
 
 fn deployment(name: &str, objects: Vec<Value>, extra: Value) -> ObjectDeployment {
     let objects: Vec<Value> = objects.into_iter().map(|o| json!({"object": o})).collect();
-    let mut spec = json!({
+    let spec = json!({
         "selector": {"matchLabels": {"app": name}},
         "template": {
             "metadata": {"labels": {"app": name}},
             "spec": {"phases": [{"name": "main", "objects": objects}]},
         },
     });
-    if let (Some(s), Some(e)) = (spec.as_object_mut(), extra.as_object()) {
-        for (k, v) in e {
-            s.insert(k.clone(), v.clone());
-        }
-    }
-    serde_json::from_value(json!({
-        "apiVersion": "package-operator.run/v1alpha1",
-        "kind": "ObjectDeployment",
-        "metadata": {"name": name},
-        "spec": spec,
-    }))
-    .unwrap()
+    typed("ObjectDeployment", name, spec, extra)
 }
 
 async fn wait_deployment(

@@ -11,6 +11,7 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use pko_proto::core::object_set::ObjectSet;
 use pko_testenv::{wait_until, ManagerProcess, TestEnv};
+use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 
 pub const TIMEOUT: Duration = Duration::from_secs(60);
@@ -62,7 +63,11 @@ pub fn object_set(name: &str, phases: &[(&str, Vec<Value>)], extra: Value) -> Ob
             json!({"name": p, "objects": objects.iter().map(|o| json!({"object": o})).collect::<Vec<_>>()})
         })
         .collect();
-    let mut spec = json!({"phases": phases});
+    typed("ObjectSet", name, json!({"phases": phases}), extra)
+}
+
+/// A package-operator object of `kind` with `spec`, plus the top-level spec fields in `extra`.
+pub fn typed<T: DeserializeOwned>(kind: &str, name: &str, mut spec: Value, extra: Value) -> T {
     if let (Some(s), Some(e)) = (spec.as_object_mut(), extra.as_object()) {
         for (k, v) in e {
             s.insert(k.clone(), v.clone());
@@ -70,7 +75,7 @@ pub fn object_set(name: &str, phases: &[(&str, Vec<Value>)], extra: Value) -> Ob
     }
     serde_json::from_value(json!({
         "apiVersion": "package-operator.run/v1alpha1",
-        "kind": "ObjectSet",
+        "kind": kind,
         "metadata": {"name": name},
         "spec": spec,
     }))
