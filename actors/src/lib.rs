@@ -16,6 +16,7 @@ pub mod object_deployment_actor;
 pub mod object_meta;
 pub mod object_set_actor;
 pub mod object_set_plan;
+pub mod package;
 pub mod phase_actor;
 pub mod phase_runner;
 pub mod registry;

@@ -1,0 +1,8 @@
+//! Package loading: from the files of a package (a directory today, an OCI image's `package/` tree next) to
+//! its manifest and the objects of each phase, with every problem named by file and line.
+//!
+//! Pure apart from reading a directory in `files.rs`; the Package actor and `kubectl-package` share it.
+
+pub mod files;
+pub mod loader;
+pub mod template;

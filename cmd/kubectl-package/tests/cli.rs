@@ -1,0 +1,88 @@
+//! `kubectl-package validate` and `tree` on the example packages: exit codes and messages for a valid
+//! package and for each kind of broken one.
+#![allow(clippy::unwrap_used)]
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn packages() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/packages")
+}
+
+fn run(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kubectl-package"))
+        .args(args)
+        .current_dir(packages())
+        .output()
+        .unwrap()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn simple_package_validates_and_shows_its_tree() {
+    let out = run(&["validate", "simple", "--config", "simple-config.yaml"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out).trim(),
+        "Package validated: 2 phases, 3 objects."
+    );
+
+    let out = run(&["tree", "simple", "--config", "simple-config.yaml"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let expected = "\
+Package simple
+├── Phase namespace
+│   └── v1 Namespace simple-ns
+└── Phase deploy
+    ├── apps/v1 Deployment simple-ns/simple
+    └── v1 ConfigMap simple-ns/simple-settings";
+    assert_eq!(stdout(&out).trim_end(), expected);
+}
+
+#[test]
+fn broken_packages_name_file_line_and_problem() {
+    let cases = [
+        ("broken-manifest", "manifest.yaml: error: line 7 column 3"),
+        ("missing-phase-annotation", "objects.yaml:8: ConfigMap no-phase: missing annotation package-operator.run/phase"),
+        ("missing-gvk", "objects.yaml:1: object has no apiVersion"),
+        ("invalid-label", "objects.yaml:1: ConfigMap labelled: label \"bad key!\": name \"bad key!\" must be"),
+        ("missing-key", "cm.yaml.gotmpl: map has no entry for key: missing"),
+        ("unknown-phase", "objects.yaml:1: ConfigMap lost: phase \"nowhere\" is not declared in the manifest (declared: namespace, deploy)"),
+    ];
+    for (package, expected) in cases {
+        let out = run(&["validate", package]);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "{package}: {err}");
+        assert!(
+            err.contains(&format!("kubectl-package: invalid package: {expected}")),
+            "{package}: {err}"
+        );
+    }
+}
+
+#[test]
+fn a_template_needing_config_fails_without_it() {
+    let out = run(&["validate", "simple"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("deployment.yaml.gotmpl: "),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn unreadable_input_is_exit_code_2() {
+    let out = run(&["validate", "does-not-exist"]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = run(&["validate", "simple", "--config", "nope.yaml"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("nope.yaml"));
+}

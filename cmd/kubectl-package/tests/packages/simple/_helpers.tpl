@@ -1,0 +1,3 @@
+{{- define "app.labels" }}
+    app.kubernetes.io/name: {{ .package.metadata.name }}
+{{- end }}
