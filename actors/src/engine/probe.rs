@@ -296,8 +296,18 @@ fn probe_cel(object: &Value, program: &Program, message: &str) -> Result<(), Str
 
 /// Evaluates a compiled boolean CEL expression with `object` bound to `self`.
 pub fn evaluate_cel(program: &Program, object: &Value) -> Result<bool, String> {
+    evaluate_cel_with(program, [("self", object)])
+}
+
+/// Evaluates a compiled boolean CEL expression with the given JSON values bound as variables.
+pub fn evaluate_cel_with<'a>(
+    program: &Program,
+    variables: impl IntoIterator<Item = (&'a str, &'a Value)>,
+) -> Result<bool, String> {
     let mut context = Context::default().with_all();
-    context.add_variable_from_value("self", json_to_cel(object));
+    for (name, value) in variables {
+        context.add_variable_from_value(name, json_to_cel(value));
+    }
     match program.execute(&context) {
         Ok(CelValue::Bool(b)) => Ok(b),
         Ok(other) => Err(format!("rule returned {other:?}, not a bool")),

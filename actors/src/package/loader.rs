@@ -4,6 +4,7 @@
 //! file and the line where the offending document starts.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use pko_proto::core::common::{
     CollisionProtection, ConditionMapping, ObjectSetObject, ObjectSetTemplatePhase,
@@ -14,6 +15,7 @@ use serde_json::Value;
 
 use super::files::PackageFiles;
 use super::template::{render, TemplateError};
+use super::template_funcs::package_funcs;
 
 /// Annotation naming the phase of an object (required).
 pub const PHASE_ANNOTATION: &str = "package-operator.run/phase";
@@ -188,6 +190,7 @@ pub fn load_package(files: &PackageFiles, context: &Value) -> Result<LoadedPacka
         .filter(|(path, _)| basename(path).starts_with('_'))
         .map(|(path, bytes)| Ok((path.clone(), text(path, bytes)?)))
         .collect::<Result<_, PackageError>>()?;
+    let funcs = package_funcs(Arc::new(files.clone()), Arc::new(context.clone()));
 
     let declared: Vec<&str> = manifest
         .spec
@@ -206,7 +209,7 @@ pub fn load_package(files: &PackageFiles, context: &Value) -> Result<LoadedPacka
         let (name, content) = match path.strip_suffix(".gotmpl") {
             Some(rendered_name) => (
                 rendered_name,
-                render(path, &text(path, bytes)?, &helpers, context)?,
+                render(path, &text(path, bytes)?, &helpers, &funcs, context)?,
             ),
             None => (path.as_str(), text(path, bytes)?),
         };

@@ -6,3 +6,4 @@
 pub mod files;
 pub mod loader;
 pub mod template;
+pub mod template_funcs;

@@ -1,8 +1,8 @@
-//! `*.gotmpl` rendering: Go text/template semantics (the gotmpl crate) with `missingkey=error`, and the
-//! package's `_`-prefixed helper files available to every template through `template`/`include`-free
-//! `{{ template "name" . }}` calls. Errors name the file and carry the template engine's line.
+//! `*.gotmpl` rendering: Go text/template semantics (the gotmpl crate) with `missingkey=error`, the
+//! functions of `template_funcs.rs`, and the package's `_`-prefixed helper files, whose `define`d templates
+//! every template can call with `{{ template "name" . }}`. Errors name the file.
 
-use gotmpl::{MissingKey, Template};
+use gotmpl::{FuncMap, MissingKey, Template};
 use serde_json::Value;
 
 /// A template that failed to parse or render.
@@ -13,12 +13,13 @@ pub struct TemplateError {
     pub message: String,
 }
 
-/// Renders `source` (from `file`) with `context` as `.`; `helpers` are (file, source) pairs whose
-/// `define`d templates become callable.
+/// Renders `source` (from `file`) with `context` as `.` and `funcs` callable; `helpers` are (file,
+/// source) pairs whose `define`d templates become callable.
 pub fn render(
     file: &str,
     source: &str,
     helpers: &[(String, String)],
+    funcs: &FuncMap,
     context: &Value,
 ) -> Result<String, TemplateError> {
     let err = |message: String| TemplateError {
@@ -26,7 +27,9 @@ pub fn render(
         message,
     };
     let data = gotmpl::ser::to_value(context).map_err(|e| err(e.to_string()))?;
-    let mut template = Template::new(file).missing_key(MissingKey::Error);
+    let mut template = Template::new(file)
+        .missing_key(MissingKey::Error)
+        .funcs(funcs.clone());
     for (helper_file, helper) in helpers {
         template = template.parse(helper).map_err(|e| TemplateError {
             file: helper_file.clone(),
@@ -54,6 +57,7 @@ mod tests {
             "cm.yaml.gotmpl",
             "name: {{ template \"name\" . }}\nreplicas: {{ .config.replicas }}",
             &helpers,
+            &FuncMap::new(),
             &json!({"package": {"metadata": {"name": "pkg"}}, "config": {"replicas": 3}}),
         )
         .unwrap();
@@ -66,6 +70,7 @@ mod tests {
             "deploy.yaml.gotmpl",
             "x: {{ .config.nope }}",
             &[],
+            &FuncMap::new(),
             &json!({"config": {}}),
         )
         .unwrap_err();
