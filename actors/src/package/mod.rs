@@ -4,6 +4,7 @@
 //! Pure apart from reading a directory in `files.rs`; the Package actor and `kubectl-package` share it.
 
 pub mod files;
+pub mod image;
 pub mod loader;
 pub mod template;
 pub mod template_funcs;

@@ -1,6 +1,7 @@
-//! `kubectl-package`: works with Package Operator packages on disk. `validate` loads a package directory
-//! (manifest, lock file, templates, every object's phase and labels) and reports the first problem with
-//! file and line; `tree` prints the phases and objects the package produces.
+//! `kubectl-package`: works with Package Operator packages. `validate` loads a package directory or a pulled
+//! image (manifest, lock file, templates, every object's phase and labels) and reports the first problem
+//! with file and line; `tree` prints the phases and objects the package produces; `build --push` validates
+//! a directory and pushes it as a package image.
 //!
 //! Exit codes: 0 valid, 1 the package is invalid, 2 the command could not run (usage, unreadable files).
 
@@ -8,8 +9,10 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use pko_actors::package::files::from_dir;
-use pko_actors::package::loader::{load_package, LoadedPackage};
+use oci_client::secrets::RegistryAuth;
+use pko_actors::package::files::{from_dir, PackageFiles};
+use pko_actors::package::image::ImageStore;
+use pko_actors::package::loader::{load_manifest, load_package, LoadedPackage, PackageError};
 use serde_json::{json, Value};
 
 #[derive(Debug, Parser)]
@@ -21,19 +24,34 @@ struct Args {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Check that a package directory loads: manifest, templates, objects.
+    /// Check that a package loads: manifest, templates, objects.
     Validate(Source),
-    /// Print the phases and objects a package directory produces.
+    /// Print the phases and objects a package produces.
     Tree(Source),
+    /// Validate a package directory and push it as a package image.
+    Build {
+        #[command(flatten)]
+        source: Source,
+        /// Image reference to push to (registry/repository:tag).
+        #[arg(long)]
+        push: String,
+    },
 }
 
 #[derive(Debug, clap::Args)]
 struct Source {
-    /// Package directory (holding manifest.yaml).
-    path: PathBuf,
+    /// Package directory (holding manifest.yaml); omit with --pull.
+    #[arg(required_unless_present = "pull")]
+    path: Option<PathBuf>,
+    /// Load the package from this image instead of a directory.
+    #[arg(long, conflicts_with = "path")]
+    pull: Option<String>,
     /// Package config (YAML or JSON) given to templates as `.config`.
     #[arg(long)]
     config: Option<PathBuf>,
+    /// Registries spoken to over plain HTTP (local test registries), comma-separated hosts.
+    #[arg(long, value_delimiter = ',')]
+    plain_http: Vec<String>,
 }
 
 enum Failure {
@@ -41,7 +59,8 @@ enum Failure {
     CannotRun(String),
 }
 
-fn context(source: &Source) -> Result<Value, Failure> {
+/// The template context: the package is named like its manifest, in namespace `default`.
+fn context(source: &Source, name: &str) -> Result<Value, Failure> {
     let config: Value = match &source.config {
         None => json!({}),
         Some(path) => {
@@ -51,12 +70,6 @@ fn context(source: &Source) -> Result<Value, Failure> {
                 .map_err(|e| Failure::CannotRun(format!("{}: {e}", path.display())))?
         }
     };
-    let name = source
-        .path
-        .canonicalize()
-        .ok()
-        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
-        .unwrap_or_else(|| "package".to_owned());
     Ok(json!({
         "package": {"metadata": {"name": name, "namespace": "default", "labels": {}, "annotations": {}}, "image": ""},
         "config": config,
@@ -64,10 +77,64 @@ fn context(source: &Source) -> Result<Value, Failure> {
     }))
 }
 
-fn load(source: &Source) -> Result<LoadedPackage, Failure> {
-    let files = from_dir(Path::new(&source.path))
-        .map_err(|e| Failure::CannotRun(format!("{}: {e}", source.path.display())))?;
-    load_package(&files, &context(source)?).map_err(|e| Failure::Invalid(e.to_string()))
+/// Registry credentials from PKO_REGISTRY_USERNAME / PKO_REGISTRY_PASSWORD, anonymous without them.
+fn auth() -> RegistryAuth {
+    match (
+        std::env::var("PKO_REGISTRY_USERNAME"),
+        std::env::var("PKO_REGISTRY_PASSWORD"),
+    ) {
+        (Ok(user), Ok(password)) => RegistryAuth::Basic(user, password),
+        _ => RegistryAuth::Anonymous,
+    }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Failure::CannotRun(format!("async runtime: {e}")))
+}
+
+fn files(source: &Source) -> Result<PackageFiles, Failure> {
+    match (&source.path, &source.pull) {
+        (Some(path), _) => from_dir(Path::new(path))
+            .map_err(|e| Failure::CannotRun(format!("{}: {e}", path.display()))),
+        (None, Some(image)) => {
+            let store = ImageStore::new(source.plain_http.clone());
+            let (digest, files) = runtime()?
+                .block_on(store.fetch(image, &auth()))
+                .map_err(|e| Failure::CannotRun(e.to_string()))?;
+            eprintln!("pulled {image} ({digest})");
+            Ok((*files).clone())
+        }
+        (None, None) => Err(Failure::CannotRun(
+            "give a package directory or --pull IMAGE".to_owned(),
+        )),
+    }
+}
+
+fn load(source: &Source) -> Result<(PackageFiles, LoadedPackage), Failure> {
+    let files = files(source)?;
+    let invalid = |e: PackageError| Failure::Invalid(e.to_string());
+    let (_, manifest) = load_manifest(&files).map_err(invalid)?;
+    let name = manifest.metadata.name.clone().unwrap_or_default();
+    let package = load_package(&files, &context(source, &name)?).map_err(invalid)?;
+    Ok((files, package))
+}
+
+fn build(source: &Source, image: &str) -> Result<String, Failure> {
+    let (files, package) = load(source)?;
+    let objects: usize = package.phases.iter().map(|p| p.objects.len()).sum();
+    eprintln!(
+        "validated: {} phases, {objects} objects; pushing {} files to {image}",
+        package.phases.len(),
+        files.len()
+    );
+    let store = ImageStore::new(source.plain_http.clone());
+    let url = runtime()?
+        .block_on(store.push(image, &files, &auth()))
+        .map_err(|e| Failure::CannotRun(e.to_string()))?;
+    Ok(format!("Pushed {image} ({url})"))
 }
 
 fn tree(package: &LoadedPackage) -> String {
@@ -125,14 +192,15 @@ fn tree(package: &LoadedPackage) -> String {
 fn main() -> ExitCode {
     let args = Args::parse();
     let result = match &args.command {
-        Command::Validate(source) => load(source).map(|p| {
+        Command::Validate(source) => load(source).map(|(_, p)| {
             let objects: usize = p.phases.iter().map(|ph| ph.objects.len()).sum();
             format!(
                 "Package validated: {} phases, {objects} objects.",
                 p.phases.len()
             )
         }),
-        Command::Tree(source) => load(source).map(|p| tree(&p)),
+        Command::Tree(source) => load(source).map(|(_, p)| tree(&p)),
+        Command::Build { source, push } => build(source, push),
     };
     match result {
         Ok(out) => {
