@@ -1,9 +1,12 @@
 //! What every actor of the manager shares: the apiserver client, the applier and the managed-object cache.
 
+use std::sync::Arc;
+
 use kube::Client;
 
 use crate::applier::Applier;
 use crate::object_cache::ObjectCache;
+use crate::package::image::ImageStore;
 
 /// Shared handles; cheap to clone.
 #[derive(Clone)]
@@ -11,13 +14,17 @@ pub struct ManagerContext {
     pub client: Client,
     pub applier: Applier,
     pub cache: ObjectCache,
+    /// Package images, cached by digest for the whole manager.
+    pub images: Arc<ImageStore>,
 }
 
 impl ManagerContext {
-    pub fn new(client: Client) -> Self {
+    /// `plain_http_registries` are reached over HTTP instead of HTTPS (local registries).
+    pub fn new(client: Client, plain_http_registries: Vec<String>) -> Self {
         Self {
             applier: Applier::new(client.clone()),
             cache: ObjectCache::new(client.clone()),
+            images: Arc::new(ImageStore::new(plain_http_registries)),
             client,
         }
     }

@@ -17,6 +17,8 @@ pub mod object_meta;
 pub mod object_set_actor;
 pub mod object_set_plan;
 pub mod package;
+pub mod package_actor;
+pub mod package_object;
 pub mod phase_actor;
 pub mod phase_runner;
 pub mod registry;

@@ -6,12 +6,15 @@ use actix::{Actor, System};
 use pko_proto::core::object_deployment::{ClusterObjectDeployment, ObjectDeployment};
 use pko_proto::core::object_set::{ClusterObjectSet, ObjectSet};
 use pko_proto::core::object_set_phase::{ClusterObjectSetPhase, ObjectSetPhase};
+use pko_proto::core::package::{ClusterPackage, Package};
 
 use crate::context::ManagerContext;
+use crate::deployment_object::DeploymentObject;
 use crate::kind_feed::{KindFeed, Tap};
 use crate::object_deployment_actor::{ObjectDeploymentActor, RevisionChanged};
 use crate::object_meta::MetaView;
 use crate::object_set_actor::ObjectSetActor;
+use crate::package_actor::{DeploymentChanged, PackageActor};
 use crate::registry::{ObjectRef, Registry};
 use crate::set_object::{SetKind, SetObject};
 
@@ -19,6 +22,7 @@ use crate::set_object::{SetKind, SetObject};
 pub struct Engine {
     pub sets: Arc<Registry<ObjectSetActor>>,
     pub deployments: Arc<Registry<ObjectDeploymentActor>>,
+    pub packages: Arc<Registry<PackageActor>>,
 }
 
 impl Engine {
@@ -56,6 +60,34 @@ fn deployment_tap(deployments: Arc<Registry<ObjectDeploymentActor>>) -> Tap<SetO
     })
 }
 
+/// Wakes the package that controls a deployment whenever the deployment changes.
+fn package_tap(packages: Arc<Registry<PackageActor>>) -> Tap<DeploymentObject> {
+    Arc::new(move |od: &DeploymentObject| {
+        let Some(owner) = od
+            .meta
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|r| r.controller == Some(true))
+        else {
+            return;
+        };
+        let kind = match (od.sets.is_namespaced(), owner.kind.as_str()) {
+            (true, "Package") => "Package",
+            (false, "ClusterPackage") => "ClusterPackage",
+            _ => return,
+        };
+        let key = ObjectRef {
+            kind,
+            namespace: od.namespace().to_owned(),
+            name: owner.name.clone(),
+        };
+        if let Some(addr) = packages.get(&key) {
+            addr.do_send(DeploymentChanged);
+        }
+    })
+}
+
 /// Starts the feeds on the current actix System.
 pub fn start(context: ManagerContext) -> Engine {
     let sets: Arc<Registry<ObjectSetActor>> = Arc::default();
@@ -66,7 +98,17 @@ pub fn start(context: ManagerContext) -> Engine {
     // ObjectSetPhases of class `default` are sets of one phase; other classes are filtered out.
     KindFeed::<ObjectSetPhase, _>::new(context.clone(), sets.clone(), None).start();
     KindFeed::<ClusterObjectSetPhase, _>::new(context.clone(), sets.clone(), None).start();
-    KindFeed::<ObjectDeployment, _>::new(context.clone(), deployments.clone(), None).start();
-    KindFeed::<ClusterObjectDeployment, _>::new(context, deployments.clone(), None).start();
-    Engine { sets, deployments }
+    let packages: Arc<Registry<PackageActor>> = Arc::default();
+    let od_tap = Some(package_tap(packages.clone()));
+    KindFeed::<ObjectDeployment, _>::new(context.clone(), deployments.clone(), od_tap.clone())
+        .start();
+    KindFeed::<ClusterObjectDeployment, _>::new(context.clone(), deployments.clone(), od_tap)
+        .start();
+    KindFeed::<Package, _>::new(context.clone(), packages.clone(), None).start();
+    KindFeed::<ClusterPackage, _>::new(context, packages.clone(), None).start();
+    Engine {
+        sets,
+        deployments,
+        packages,
+    }
 }

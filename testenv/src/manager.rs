@@ -103,6 +103,9 @@ impl TestEnv {
             .arg("--install-crds")
             .arg("--health-addr")
             .arg(format!("127.0.0.1:{health_port}"))
+            // The environment's registry speaks plain HTTP.
+            .arg("--plain-http-registry")
+            .arg(self.registry().host())
             .args(extra_args)
             .env(
                 "RUST_LOG",

@@ -47,6 +47,9 @@ struct Args {
     /// Address of /healthz, /readyz and /metrics.
     #[arg(long, default_value = "127.0.0.1:8080")]
     health_addr: SocketAddr,
+    /// Registries to pull package images from over plain HTTP (local registries), comma-separated hosts.
+    #[arg(long, env = "PKO_PLAIN_HTTP_REGISTRIES", value_delimiter = ',')]
+    plain_http_registry: Vec<String>,
     /// Log format.
     #[arg(long, value_enum, default_value = "text")]
     log_format: LogFormat,
@@ -123,7 +126,7 @@ async fn run(args: Args) -> Result<(), ManagerError> {
         crd_install::install_crds(&client).await?;
         info!("CRDs installed");
     }
-    let context = ManagerContext::new(client.clone());
+    let context = ManagerContext::new(client.clone(), args.plain_http_registry.clone());
     let applier = context.applier.clone();
     let health = HealthState::new(move || request_metrics(applier.counts()));
     let bound = health::serve(args.health_addr, health.clone())

@@ -1,0 +1,272 @@
+//! From a Package and its loaded contents to the ObjectDeployment that rolls it out, and the Package's
+//! conditions from what happened (unpack, load) and what the ObjectDeployment reports. Pure.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::jiff::Timestamp;
+use pko_proto::manifests::PackageManifestScope;
+use serde_json::{json, Value};
+
+use super::loader::LoadedPackage;
+use crate::engine::conditions::{remove_condition, set_condition, ConditionUpdate};
+
+/// Label with the manifest name on everything a package creates.
+pub const PACKAGE_LABEL: &str = "package-operator.run/package";
+/// Label with the Package's name.
+pub const INSTANCE_LABEL: &str = "package-operator.run/instance";
+/// Annotation recording the image a deployment was unpacked from.
+pub const SOURCE_IMAGE_ANNOTATION: &str = "package-operator.run/package-source-image";
+
+/// The Package (or ClusterPackage) being reconciled, as these rules need it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PackageRef {
+    pub name: String,
+    /// `None` for ClusterPackages.
+    pub namespace: Option<String>,
+    pub uid: String,
+    pub image: String,
+    pub paused: bool,
+}
+
+impl PackageRef {
+    fn kind(&self) -> &'static str {
+        if self.namespace.is_some() {
+            "Package"
+        } else {
+            "ClusterPackage"
+        }
+    }
+}
+
+/// A package installed in a scope its manifest does not declare.
+pub fn scope_error(package: &PackageRef, loaded: &LoadedPackage) -> Option<String> {
+    let wanted = match package.namespace {
+        Some(_) => PackageManifestScope::Namespaced,
+        None => PackageManifestScope::Cluster,
+    };
+    (!loaded.manifest.spec.scopes.contains(&wanted)).then(|| {
+        format!(
+            "{}: the package does not support scope {} (declared: {}); install it as the other kind",
+            loaded.manifest_file,
+            wanted.as_str(),
+            loaded.manifest.spec.scopes.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", "),
+        )
+    })
+}
+
+/// The ObjectDeployment (or ClusterObjectDeployment) of a package: same name (and namespace), controlled
+/// by the Package, labelled with the manifest and instance names.
+pub fn package_deployment(package: &PackageRef, loaded: &LoadedPackage) -> Value {
+    let manifest_name = loaded.manifest.metadata.name.clone().unwrap_or_default();
+    let labels = json!({ PACKAGE_LABEL: manifest_name, INSTANCE_LABEL: package.name });
+    let mut metadata = json!({
+        "name": package.name,
+        "labels": labels,
+        "annotations": { SOURCE_IMAGE_ANNOTATION: package.image },
+        "ownerReferences": [{
+            "apiVersion": format!("{}/{}", pko_proto::GROUP, pko_proto::VERSION),
+            "kind": package.kind(),
+            "name": package.name,
+            "uid": package.uid,
+            "controller": true,
+            "blockOwnerDeletion": true,
+        }],
+    });
+    if let Some(ns) = &package.namespace {
+        metadata["namespace"] = json!(ns);
+    }
+    json!({
+        "apiVersion": format!("{}/{}", pko_proto::GROUP, pko_proto::VERSION),
+        "kind": if package.namespace.is_some() { "ObjectDeployment" } else { "ClusterObjectDeployment" },
+        "metadata": metadata,
+        "spec": {
+            "paused": package.paused,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": loaded.template_spec(),
+            },
+        },
+    })
+}
+
+/// What the last unpack of the package's current spec came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UnpackOutcome {
+    /// Image pulled, package loaded, deployment applied.
+    Unpacked,
+    /// The image could not be pulled; retried with backoff.
+    PullFailed(String),
+    /// The package's content is wrong; retried when the spec changes.
+    Invalid(String),
+}
+
+/// The Package's conditions and summary phase. `deployment` is the ObjectDeployment's (conditions,
+/// generation) when it exists.
+pub fn package_conditions(
+    previous: &[Condition],
+    generation: i64,
+    paused: bool,
+    outcome: &UnpackOutcome,
+    deployment: Option<(&[Condition], i64)>,
+    now: Timestamp,
+) -> (Vec<Condition>, &'static str) {
+    let mut conditions = previous.to_vec();
+    let set = |c: &mut Vec<Condition>, u| set_condition(c, u, generation, now);
+    match outcome {
+        UnpackOutcome::Unpacked => {
+            set(
+                &mut conditions,
+                ConditionUpdate::new("Unpacked", true, "UnpackSuccess", "Unpack job succeeded"),
+            );
+            remove_condition(&mut conditions, "Invalid");
+        }
+        UnpackOutcome::PullFailed(message) => {
+            set(
+                &mut conditions,
+                ConditionUpdate::new("Unpacked", false, "ImagePullBackOff", message.clone()),
+            );
+        }
+        UnpackOutcome::Invalid(message) => {
+            set(
+                &mut conditions,
+                ConditionUpdate::new("Invalid", true, "LoadError", message.clone()),
+            );
+        }
+    }
+    // Available, Progressing, Paused and mapped conditions come from the deployment, when fresh there.
+    conditions.retain(|c| {
+        !c.type_.contains('/')
+            && !matches!(c.type_.as_str(), "Available" | "Progressing" | "Paused")
+    });
+    if let Some((od_conditions, od_generation)) = deployment {
+        for c in od_conditions
+            .iter()
+            .filter(|c| c.observed_generation.is_none_or(|g| g == od_generation))
+        {
+            if matches!(c.type_.as_str(), "Available" | "Progressing" | "Paused")
+                || c.type_.contains('/')
+            {
+                set(
+                    &mut conditions,
+                    ConditionUpdate::new(
+                        &c.type_,
+                        c.status == "True",
+                        &c.reason,
+                        c.message.clone(),
+                    ),
+                );
+            }
+        }
+    }
+    let is_true = |t: &str| {
+        conditions
+            .iter()
+            .any(|c| c.type_ == t && c.status == "True")
+    };
+    let phase = match outcome {
+        UnpackOutcome::Invalid(_) => "Invalid",
+        UnpackOutcome::PullFailed(_) => "Unpacking",
+        UnpackOutcome::Unpacked if paused => "Paused",
+        UnpackOutcome::Unpacked if is_true("Available") => "Available",
+        UnpackOutcome::Unpacked => "Progressing",
+    };
+    (conditions, phase)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::package::files::PackageFiles;
+    use crate::package::loader::load_package;
+
+    fn loaded(scopes: &str) -> LoadedPackage {
+        let mut files = PackageFiles::new();
+        files.insert(
+            "manifest.yaml".into(),
+            format!("apiVersion: manifests.package-operator.run/v1alpha1\nkind: PackageManifest\nmetadata: {{name: shop}}\nspec:\n  scopes: [{scopes}]\n  phases: [{{name: main}}]\n").into(),
+        );
+        files.insert("cm.yaml".into(), b"apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c\n  annotations: {package-operator.run/phase: main}\n".to_vec());
+        load_package(&files, &json!({})).unwrap()
+    }
+
+    fn package(namespace: Option<&str>) -> PackageRef {
+        PackageRef {
+            name: "my-shop".into(),
+            namespace: namespace.map(str::to_owned),
+            uid: "u".into(),
+            image: "reg/shop:v1".into(),
+            paused: false,
+        }
+    }
+
+    #[test]
+    fn deployment_carries_the_package() {
+        let od = package_deployment(&package(Some("ns")), &loaded("Namespaced"));
+        assert_eq!(od["kind"], "ObjectDeployment");
+        assert_eq!(od["metadata"]["namespace"], "ns");
+        assert_eq!(od["metadata"]["labels"][PACKAGE_LABEL], "shop");
+        assert_eq!(od["metadata"]["labels"][INSTANCE_LABEL], "my-shop");
+        assert_eq!(od["metadata"]["ownerReferences"][0]["kind"], "Package");
+        assert_eq!(
+            od["spec"]["template"]["spec"]["phases"][0]["objects"][0]["object"]["metadata"]["name"],
+            "c"
+        );
+        let cluster = package_deployment(&package(None), &loaded("Cluster"));
+        assert_eq!(cluster["kind"], "ClusterObjectDeployment");
+        assert!(cluster["metadata"].get("namespace").is_none());
+    }
+
+    #[test]
+    fn scopes_are_enforced() {
+        assert!(scope_error(&package(Some("ns")), &loaded("Namespaced")).is_none());
+        let err = scope_error(&package(None), &loaded("Namespaced")).unwrap();
+        assert!(err.contains("does not support scope Cluster"), "{err}");
+    }
+
+    #[test]
+    fn conditions_follow_unpack_and_deployment() {
+        let now = Timestamp::from_second(5).unwrap();
+        let (c, phase) = package_conditions(
+            &[],
+            1,
+            false,
+            &UnpackOutcome::PullFailed("image x not found".into()),
+            None,
+            now,
+        );
+        assert_eq!(phase, "Unpacking");
+        assert!(c.iter().any(|c| c.type_ == "Unpacked"
+            && c.reason == "ImagePullBackOff"
+            && c.message == "image x not found"));
+        let od = vec![Condition {
+            type_: "Available".into(),
+            status: "True".into(),
+            reason: "Available".into(),
+            message: "ok".into(),
+            observed_generation: Some(2),
+            last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now),
+        }];
+        let (c, phase) =
+            package_conditions(&c, 1, false, &UnpackOutcome::Unpacked, Some((&od, 2)), now);
+        assert_eq!(phase, "Available");
+        assert!(c
+            .iter()
+            .any(|c| c.type_ == "Unpacked" && c.status == "True" && c.reason == "UnpackSuccess"));
+        let (c, phase) = package_conditions(
+            &c,
+            1,
+            false,
+            &UnpackOutcome::Invalid("manifest.yaml: bad".into()),
+            None,
+            now,
+        );
+        assert_eq!(phase, "Invalid");
+        assert!(c
+            .iter()
+            .any(|c| c.type_ == "Invalid" && c.reason == "LoadError"));
+        assert!(
+            !c.iter().any(|c| c.type_ == "Available"),
+            "no deployment, no Available"
+        );
+    }
+}

@@ -1,0 +1,245 @@
+//! The Package actor: one per Package or ClusterPackage. When the spec changes it pulls the image (cached
+//! by digest), loads the package with the package's template context, and applies the ObjectDeployment;
+//! when the deployment changes it only recomputes status. Pull failures retry with backoff (10 s .. 300 s)
+//! and show in `Unpacked`; a broken package is `Invalid` until its spec changes.
+
+use std::time::Duration;
+
+use actix::prelude::*;
+use k8s_openapi::jiff::Timestamp;
+use oci_client::secrets::RegistryAuth;
+use pko_proto::core::package::PackageStatus;
+use tracing::{info_span, warn, Instrument};
+
+use crate::context::ManagerContext;
+use crate::engine::template_hash::value_hash;
+use crate::kind_feed::{FeedTarget, Gone, Observed};
+use crate::object_meta::MetaView;
+use crate::package::deployment::{
+    package_conditions, package_deployment, scope_error, UnpackOutcome,
+};
+use crate::package::loader::load_package;
+use crate::package_object::PackageObject;
+use crate::registry::ObjectRef;
+
+const BACKOFF_MIN: Duration = Duration::from_secs(10);
+const BACKOFF_MAX: Duration = Duration::from_secs(300);
+
+/// The package's ObjectDeployment changed.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct DeploymentChanged;
+
+/// Hash of a package spec: a new one means unpacking again.
+fn spec_hash(package: &PackageObject) -> String {
+    format!(
+        "{:016x}",
+        value_hash(&serde_json::to_value(&package.spec).unwrap_or_default())
+    )
+}
+
+/// Pulls, loads and applies; returns the outcome (errors become outcomes, except apiserver failures).
+async fn unpack(
+    context: &ManagerContext,
+    package: &PackageObject,
+) -> Result<UnpackOutcome, kube::Error> {
+    let files = match context
+        .images
+        .fetch(&package.spec.image, &RegistryAuth::Anonymous)
+        .await
+    {
+        Ok((_, files)) => files,
+        Err(e) => return Ok(UnpackOutcome::PullFailed(e.to_string())),
+    };
+    let version = context.client.apiserver_version().await?.git_version;
+    let loaded = match load_package(&files, &package.template_context(&version)) {
+        Ok(loaded) => loaded,
+        Err(e) => return Ok(UnpackOutcome::Invalid(e.to_string())),
+    };
+    let reference = package.package_ref();
+    if let Some(message) = scope_error(&reference, &loaded) {
+        return Ok(UnpackOutcome::Invalid(message));
+    }
+    package
+        .apply_deployment(
+            context.client.clone(),
+            &package_deployment(&reference, &loaded),
+        )
+        .await?;
+    Ok(UnpackOutcome::Unpacked)
+}
+
+pub struct PackageActor {
+    context: ManagerContext,
+    package: Option<PackageObject>,
+    /// The spec hash and outcome of the last unpack.
+    unpacked: Option<(String, UnpackOutcome)>,
+    running: bool,
+    dirty: bool,
+    backoff: Duration,
+    retry: Option<SpawnHandle>,
+}
+
+impl PackageActor {
+    pub fn new(context: ManagerContext) -> Self {
+        Self {
+            context,
+            package: None,
+            unpacked: None,
+            running: false,
+            dirty: false,
+            backoff: BACKOFF_MIN,
+            retry: None,
+        }
+    }
+
+    fn reconcile(&mut self, ctx: &mut Context<Self>) {
+        let Some(package) = self.package.clone() else {
+            return;
+        };
+        if self.running {
+            self.dirty = true;
+            return;
+        }
+        if let Some(handle) = self.retry.take() {
+            ctx.cancel_future(handle);
+        }
+        self.running = true;
+        let hash = spec_hash(&package);
+        let previous = self
+            .unpacked
+            .clone()
+            .filter(|(h, o)| *h == hash && !matches!(o, UnpackOutcome::PullFailed(_)));
+        let context = self.context.clone();
+        let span = info_span!(
+            "reconcile_package",
+            kind = package.kind(),
+            namespace = package.namespace(),
+            name = package.name()
+        );
+        let work = async move {
+            let outcome = match previous {
+                Some((_, outcome)) => outcome,
+                None => unpack(&context, &package).await?,
+            };
+            let deployment = match outcome {
+                UnpackOutcome::Unpacked => {
+                    package.deployment_status(context.client.clone()).await?
+                }
+                _ => None,
+            };
+            let (conditions, phase) = package_conditions(
+                &package.status.conditions,
+                package.generation(),
+                package.spec.paused,
+                &outcome,
+                deployment
+                    .as_ref()
+                    .map(|d| (d.conditions.as_slice(), d.generation)),
+                Timestamp::now(),
+            );
+            let status = PackageStatus {
+                conditions,
+                phase: Some(phase.to_owned()),
+                unpacked_hash: if outcome == UnpackOutcome::Unpacked {
+                    hash.clone()
+                } else {
+                    package.status.unpacked_hash.clone()
+                },
+                revision: deployment
+                    .as_ref()
+                    .and_then(|d| d.revision)
+                    .unwrap_or(package.status.revision),
+            };
+            if status != package.status {
+                package
+                    .write_status(context.client.clone(), &status)
+                    .await?;
+            }
+            Ok::<_, kube::Error>((hash, outcome, status))
+        }
+        .instrument(span);
+        ctx.spawn(work.into_actor(self).map(|result, act, ctx| {
+            act.running = false;
+            let retry_after = match result {
+                Ok((hash, outcome, status)) => {
+                    let failed = matches!(outcome, UnpackOutcome::PullFailed(_));
+                    act.unpacked = Some((hash, outcome));
+                    if let Some(p) = act.package.as_mut() {
+                        p.status = status;
+                    }
+                    failed.then_some(act.backoff)
+                }
+                Err(e) => {
+                    warn!(error = %e, "Package reconcile failed; retrying");
+                    Some(act.backoff)
+                }
+            };
+            match retry_after {
+                Some(delay) => {
+                    act.backoff = (act.backoff * 2).min(BACKOFF_MAX);
+                    act.retry = Some(ctx.run_later(delay, |act, ctx| act.reconcile(ctx)));
+                }
+                None => act.backoff = BACKOFF_MIN,
+            }
+            if std::mem::take(&mut act.dirty) {
+                act.reconcile(ctx);
+            }
+        }));
+    }
+}
+
+impl Actor for PackageActor {
+    type Context = Context<Self>;
+}
+
+impl FeedTarget for PackageActor {
+    type Object = PackageObject;
+
+    fn start_for(context: &ManagerContext) -> Addr<Self> {
+        PackageActor::new(context.clone()).start()
+    }
+
+    fn key(p: &PackageObject) -> ObjectRef {
+        ObjectRef {
+            kind: p.kind(),
+            namespace: p.namespace().to_owned(),
+            name: p.name().to_owned(),
+        }
+    }
+}
+
+impl Handler<Observed<PackageObject>> for PackageActor {
+    type Result = ();
+    fn handle(&mut self, Observed(package): Observed<PackageObject>, ctx: &mut Context<Self>) {
+        // Our own status writes come back through the watch; they need no reconcile.
+        let unchanged = self.package.as_ref().is_some_and(|known| {
+            known.generation() == package.generation() && known.status == package.status
+        });
+        if self
+            .package
+            .as_ref()
+            .is_some_and(|k| k.generation() != package.generation())
+        {
+            self.backoff = BACKOFF_MIN;
+        }
+        self.package = Some(package);
+        if !unchanged {
+            self.reconcile(ctx);
+        }
+    }
+}
+
+impl Handler<DeploymentChanged> for PackageActor {
+    type Result = ();
+    fn handle(&mut self, _: DeploymentChanged, ctx: &mut Context<Self>) {
+        self.reconcile(ctx);
+    }
+}
+
+impl Handler<Gone> for PackageActor {
+    type Result = ();
+    fn handle(&mut self, _: Gone, ctx: &mut Context<Self>) {
+        ctx.stop();
+    }
+}

@@ -1,0 +1,171 @@
+//! One view of Package and ClusterPackage for the Package actor, with the calls it makes.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
+use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
+use kube::{Api, Client};
+use pko_proto::core::object_deployment::{ClusterObjectDeployment, ObjectDeployment};
+use pko_proto::core::package::{ClusterPackage, Package, PackageSpec, PackageStatus};
+use serde_json::{json, Value};
+
+use crate::engine::desired_object::FIELD_MANAGER;
+use crate::object_meta::MetaView;
+use crate::package::deployment::PackageRef;
+
+/// What a Package copies from its ObjectDeployment.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeploymentView {
+    pub conditions: Vec<Condition>,
+    pub generation: i64,
+    pub revision: Option<i64>,
+}
+
+/// A Package (namespaced) or ClusterPackage.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PackageObject {
+    pub cluster: bool,
+    pub meta: ObjectMeta,
+    pub spec: PackageSpec,
+    pub status: PackageStatus,
+}
+
+impl From<Package> for PackageObject {
+    fn from(p: Package) -> Self {
+        Self {
+            cluster: false,
+            meta: p.metadata,
+            spec: p.spec,
+            status: p.status.unwrap_or_default(),
+        }
+    }
+}
+
+impl From<ClusterPackage> for PackageObject {
+    fn from(p: ClusterPackage) -> Self {
+        Self {
+            cluster: true,
+            meta: p.metadata,
+            spec: p.spec,
+            status: p.status.unwrap_or_default(),
+        }
+    }
+}
+
+impl MetaView for PackageObject {
+    fn meta(&self) -> &ObjectMeta {
+        &self.meta
+    }
+}
+
+impl PackageObject {
+    pub fn kind(&self) -> &'static str {
+        if self.cluster {
+            "ClusterPackage"
+        } else {
+            "Package"
+        }
+    }
+
+    pub fn package_ref(&self) -> PackageRef {
+        PackageRef {
+            name: self.name().to_owned(),
+            namespace: (!self.cluster).then(|| self.namespace().to_owned()),
+            uid: self.uid().to_owned(),
+            image: self.spec.image.clone(),
+            paused: self.spec.paused,
+        }
+    }
+
+    /// The template context (`.package`, `.config`, `.environment`) for this package.
+    pub fn template_context(&self, kubernetes_version: &str) -> Value {
+        json!({
+            "package": {
+                "metadata": {
+                    "name": self.name(),
+                    "namespace": self.namespace(),
+                    "labels": self.meta.labels.clone().unwrap_or_default(),
+                    "annotations": self.meta.annotations.clone().unwrap_or_default(),
+                },
+                "image": self.spec.image,
+            },
+            "config": self.spec.config.clone().unwrap_or_else(|| json!({})),
+            "environment": {"kubernetes": {"version": kubernetes_version}},
+        })
+    }
+
+    fn api(&self, client: Client, resource: &ApiResource) -> Api<DynamicObject> {
+        if self.cluster {
+            Api::all_with(client, resource)
+        } else {
+            Api::namespaced_with(client, self.namespace(), resource)
+        }
+    }
+
+    fn deployment_resource(&self) -> ApiResource {
+        if self.cluster {
+            ApiResource::erase::<ClusterObjectDeployment>(&())
+        } else {
+            ApiResource::erase::<ObjectDeployment>(&())
+        }
+    }
+
+    /// Server-side applies the package's ObjectDeployment.
+    pub async fn apply_deployment(
+        &self,
+        client: Client,
+        deployment: &Value,
+    ) -> Result<(), kube::Error> {
+        let api = self.api(client, &self.deployment_resource());
+        api.patch(
+            self.name(),
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(deployment),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// The ObjectDeployment's status as the Package reports it, if the deployment exists.
+    pub async fn deployment_status(
+        &self,
+        client: Client,
+    ) -> Result<Option<DeploymentView>, kube::Error> {
+        let api = self.api(client, &self.deployment_resource());
+        let Some(od) = api.get_opt(self.name()).await? else {
+            return Ok(None);
+        };
+        let conditions = od
+            .data
+            .pointer("/status/conditions")
+            .cloned()
+            .map(serde_json::from_value)
+            .transpose()
+            .map_err(kube::Error::SerdeError)?
+            .unwrap_or_default();
+        Ok(Some(DeploymentView {
+            conditions,
+            generation: od.metadata.generation.unwrap_or_default(),
+            revision: od.data.pointer("/status/revision").and_then(Value::as_i64),
+        }))
+    }
+
+    /// Writes `status` through the status subresource.
+    pub async fn write_status(
+        &self,
+        client: Client,
+        status: &PackageStatus,
+    ) -> Result<(), kube::Error> {
+        let resource = if self.cluster {
+            ApiResource::erase::<ClusterPackage>(&())
+        } else {
+            ApiResource::erase::<Package>(&())
+        };
+        self.api(client, &resource)
+            .patch_status(
+                self.name(),
+                &PatchParams::apply(FIELD_MANAGER),
+                &Patch::Merge(&json!({ "status": status })),
+            )
+            .await
+            .map(|_| ())
+    }
+}

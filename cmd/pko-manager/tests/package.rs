@@ -1,0 +1,249 @@
+//! Packages end to end: an image pushed to the real registry, installed as a Package, rolled out through
+//! its ObjectDeployment; image and package errors as conditions.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::Api;
+use oci_client::secrets::RegistryAuth;
+use pko_actors::package::files::PackageFiles;
+use pko_actors::package::image::ImageStore;
+use pko_proto::core::object_deployment::ObjectDeployment;
+use pko_proto::core::package::{ClusterPackage, Package};
+use pko_testenv::wait_until;
+use serde_json::json;
+
+use common::*;
+
+const MANIFEST: &str = "apiVersion: manifests.package-operator.run/v1alpha1
+kind: PackageManifest
+metadata:
+  name: greeter
+spec:
+  scopes: [Namespaced]
+  phases:
+  - name: config
+";
+
+const CONFIGMAP: &str = "apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: {{ .package.metadata.name }}-greeting
+  annotations:
+    package-operator.run/phase: config
+data:
+  greeting: {{ .config.greeting | quote }}
+  kube: {{ .environment.kubernetes.version | quote }}
+";
+
+async fn push(tag: &str, files: &[(&str, &str)]) -> String {
+    let host = env().registry().host();
+    let image = format!("{host}/packages/{tag}");
+    let files: PackageFiles = files
+        .iter()
+        .map(|(p, c)| ((*p).to_owned(), c.as_bytes().to_vec()))
+        .collect();
+    ImageStore::new(vec![host])
+        .push(&image, &files, &RegistryAuth::Anonymous)
+        .await
+        .unwrap();
+    image
+}
+
+fn package(name: &str, image: &str, config: serde_json::Value) -> Package {
+    serde_json::from_value(json!({
+        "apiVersion": "package-operator.run/v1alpha1", "kind": "Package",
+        "metadata": {"name": name}, "spec": {"image": image, "config": config},
+    }))
+    .unwrap()
+}
+
+async fn wait_package(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    type_: &str,
+    status: &str,
+    reason: &str,
+) -> String {
+    let api = Api::<Package>::namespaced(client.clone(), ns);
+    wait_until(
+        &format!("Package {ns}/{name} {type_}={status} ({reason})"),
+        TIMEOUT,
+        || async {
+            let p = api.get(name).await.map_err(|e| e.to_string())?;
+            let generation = p.metadata.generation;
+            let found = p
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.iter().find(|c| c.type_ == type_).cloned());
+            match found {
+                Some(c)
+                    if c.status == status
+                        && c.reason == reason
+                        && c.observed_generation == generation =>
+                {
+                    Ok(c.message)
+                }
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn package_rolls_out_and_updates_with_its_config() {
+    let (client, ns) = setup("pkg-greeter").await;
+    let image = push(
+        "greeter:v1",
+        &[("manifest.yaml", MANIFEST), ("cm.yaml.gotmpl", CONFIGMAP)],
+    )
+    .await;
+    let packages = Api::<Package>::namespaced(client.clone(), &ns);
+    packages
+        .create(
+            &PostParams::default(),
+            &package("hello", &image, json!({"greeting": "hi"})),
+        )
+        .await
+        .unwrap();
+
+    wait_package(&client, &ns, "hello", "Available", "True", "Available").await;
+    wait_package(&client, &ns, "hello", "Unpacked", "True", "UnpackSuccess").await;
+    let cm = wait_cm(&client, &ns, "hello-greeting", |_| true).await;
+    let data = cm.data.unwrap();
+    assert_eq!(data["greeting"], "hi");
+    assert!(data["kube"].starts_with("v1.20"), "{:?}", data["kube"]);
+    let od = Api::<ObjectDeployment>::namespaced(client.clone(), &ns)
+        .get("hello")
+        .await
+        .unwrap();
+    let p = packages.get("hello").await.unwrap();
+    assert_eq!(
+        od.metadata.owner_references.unwrap()[0].uid,
+        p.metadata.uid.unwrap()
+    );
+    assert_eq!(
+        od.metadata.labels.unwrap()["package-operator.run/package"],
+        "greeter"
+    );
+    assert!(!p.status.unwrap().unpacked_hash.is_empty());
+
+    // A config change rolls a new revision; the ConfigMap follows.
+    packages
+        .patch(
+            "hello",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"config": {"greeting": "hello again"}}})),
+        )
+        .await
+        .unwrap();
+    wait_cm(&client, &ns, "hello-greeting", |cm| {
+        cm.data
+            .as_ref()
+            .is_some_and(|d| d["greeting"] == "hello again")
+    })
+    .await;
+    let od_api = Api::<ObjectDeployment>::namespaced(client.clone(), &ns);
+    wait_until("revision 2", TIMEOUT, || async {
+        let od = od_api.get("hello").await.map_err(|e| e.to_string())?;
+        match od.status.and_then(|s| s.revision) {
+            Some(2) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await
+    .unwrap();
+    wait_until("the Package reports revision 2", TIMEOUT, || async {
+        let p = packages.get("hello").await.map_err(|e| e.to_string())?;
+        match p.status.map(|s| s.revision) {
+            Some(2) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn image_and_package_errors_are_conditions() {
+    let (client, ns) = setup("pkg-errors").await;
+    let packages = Api::<Package>::namespaced(client.clone(), &ns);
+    let host = env().registry().host();
+    packages
+        .create(
+            &PostParams::default(),
+            &package("ghost", &format!("{host}/packages/ghost:v1"), json!({})),
+        )
+        .await
+        .unwrap();
+    let message = wait_package(
+        &client,
+        &ns,
+        "ghost",
+        "Unpacked",
+        "False",
+        "ImagePullBackOff",
+    )
+    .await;
+    assert!(message.contains("not found"), "{message}");
+
+    let broken = push(
+        "broken:v1",
+        &[
+            ("manifest.yaml", MANIFEST),
+            (
+                "cm.yaml",
+                "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: x\n",
+            ),
+        ],
+    )
+    .await;
+    packages
+        .create(
+            &PostParams::default(),
+            &package("broken", &broken, json!({})),
+        )
+        .await
+        .unwrap();
+    let message = wait_package(&client, &ns, "broken", "Invalid", "True", "LoadError").await;
+    assert_eq!(
+        message,
+        "cm.yaml:1: ConfigMap x: missing annotation package-operator.run/phase"
+    );
+
+    // A Namespaced-only package installed cluster-wide is invalid, with the reason.
+    let good = push(
+        "greeter:v1",
+        &[("manifest.yaml", MANIFEST), ("cm.yaml.gotmpl", CONFIGMAP)],
+    )
+    .await;
+    let cluster = Api::<ClusterPackage>::all(client.clone());
+    let name = format!("{ns}-cluster");
+    let cp: ClusterPackage = serde_json::from_value(json!({
+        "apiVersion": "package-operator.run/v1alpha1", "kind": "ClusterPackage",
+        "metadata": {"name": name}, "spec": {"image": good, "config": {"greeting": "x"}},
+    }))
+    .unwrap();
+    cluster.create(&PostParams::default(), &cp).await.unwrap();
+    let message = wait_until("ClusterPackage invalid", TIMEOUT, || async {
+        let p = cluster.get(&name).await.map_err(|e| e.to_string())?;
+        p.status
+            .and_then(|s| {
+                s.conditions
+                    .into_iter()
+                    .find(|c| c.type_ == "Invalid" && c.status == "True")
+            })
+            .map(|c| c.message)
+            .ok_or_else(|| "not yet".to_owned())
+    })
+    .await
+    .unwrap();
+    assert!(
+        message.contains("does not support scope Cluster"),
+        "{message}"
+    );
+}
