@@ -75,8 +75,9 @@ impl PackageObject {
         }
     }
 
-    /// The template context (`.package`, `.config`, `.environment`) for this package.
-    pub fn template_context(&self, kubernetes_version: &str) -> Value {
+    /// The template context (`.package`, `.config`, `.environment`) for this package, given its admitted
+    /// config.
+    pub fn template_context(&self, config: Value, kubernetes_version: &str) -> Value {
         json!({
             "package": {
                 "metadata": {
@@ -87,7 +88,7 @@ impl PackageObject {
                 },
                 "image": self.spec.image,
             },
-            "config": self.spec.config.clone().unwrap_or_else(|| json!({})),
+            "config": config,
             "environment": {"kubernetes": {"version": kubernetes_version}},
         })
     }

@@ -13,6 +13,7 @@ use pko_proto::core::common::{
 use pko_proto::manifests::{PackageManifest, PackageManifestLock};
 use serde_json::Value;
 
+use super::config::admit_config;
 use super::files::PackageFiles;
 use super::template::{render, TemplateError};
 use super::template_funcs::package_funcs;
@@ -38,6 +39,8 @@ pub enum PackageError {
     Manifest { file: String, message: String },
     #[error("{file}: {message}")]
     Lock { file: String, message: String },
+    #[error("{file}: config rejected by spec.config.openAPIV3Schema: {}", errors.join("; "))]
+    Config { file: String, errors: Vec<String> },
     #[error(
         "{file}: multi-component packages (spec.components) are not supported by this version yet"
     )]
@@ -161,6 +164,29 @@ pub fn load_manifest(files: &PackageFiles) -> Result<(String, PackageManifest), 
         });
     }
     Ok((file.to_owned(), manifest))
+}
+
+/// Admits a package config against the manifest's schema (pruned, defaulted, validated).
+pub fn admit_package_config(
+    manifest_file: &str,
+    manifest: &PackageManifest,
+    config: Option<&Value>,
+) -> Result<Value, PackageError> {
+    let schema = manifest
+        .spec
+        .config
+        .as_ref()
+        .and_then(|c| c.open_api_v3_schema.as_ref())
+        .map(serde_json::to_value)
+        .transpose()
+        .map_err(|e| PackageError::Manifest {
+            file: manifest_file.to_owned(),
+            message: e.to_string(),
+        })?;
+    admit_config(schema.as_ref(), config).map_err(|errors| PackageError::Config {
+        file: manifest_file.to_owned(),
+        errors,
+    })
 }
 
 /// Loads a package: manifest, lock file, rendered templates and the objects of each phase. `context` is

@@ -12,7 +12,9 @@ use clap::{Parser, Subcommand};
 use oci_client::secrets::RegistryAuth;
 use pko_actors::package::files::{from_dir, PackageFiles};
 use pko_actors::package::image::ImageStore;
-use pko_actors::package::loader::{load_manifest, load_package, LoadedPackage, PackageError};
+use pko_actors::package::loader::{
+    admit_package_config, load_manifest, load_package, LoadedPackage, PackageError,
+};
 use serde_json::{json, Value};
 
 #[derive(Debug, Parser)]
@@ -59,22 +61,25 @@ enum Failure {
     CannotRun(String),
 }
 
-/// The template context: the package is named like its manifest, in namespace `default`.
-fn context(source: &Source, name: &str) -> Result<Value, Failure> {
-    let config: Value = match &source.config {
-        None => json!({}),
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| Failure::CannotRun(format!("{}: {e}", path.display())))?;
-            serde_saphyr::from_str(&text)
-                .map_err(|e| Failure::CannotRun(format!("{}: {e}", path.display())))?
-        }
+/// The config file's content, if one was given.
+fn read_config(source: &Source) -> Result<Option<Value>, Failure> {
+    let Some(path) = &source.config else {
+        return Ok(None);
     };
-    Ok(json!({
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Failure::CannotRun(format!("{}: {e}", path.display())))?;
+    serde_saphyr::from_str(&text)
+        .map(Some)
+        .map_err(|e| Failure::CannotRun(format!("{}: {e}", path.display())))
+}
+
+/// The template context: the package is named like its manifest, in namespace `default`.
+fn context(name: &str, config: Value) -> Value {
+    json!({
         "package": {"metadata": {"name": name, "namespace": "default", "labels": {}, "annotations": {}}, "image": ""},
         "config": config,
         "environment": {"kubernetes": {"version": "v1.20.2"}},
-    }))
+    })
 }
 
 /// Registry credentials from PKO_REGISTRY_USERNAME / PKO_REGISTRY_PASSWORD, anonymous without them.
@@ -116,9 +121,12 @@ fn files(source: &Source) -> Result<PackageFiles, Failure> {
 fn load(source: &Source) -> Result<(PackageFiles, LoadedPackage), Failure> {
     let files = files(source)?;
     let invalid = |e: PackageError| Failure::Invalid(e.to_string());
-    let (_, manifest) = load_manifest(&files).map_err(invalid)?;
+    let (manifest_file, manifest) = load_manifest(&files).map_err(invalid)?;
     let name = manifest.metadata.name.clone().unwrap_or_default();
-    let package = load_package(&files, &context(source, &name)?).map_err(invalid)?;
+    let config = read_config(source)?;
+    let config =
+        admit_package_config(&manifest_file, &manifest, config.as_ref()).map_err(invalid)?;
+    let package = load_package(&files, &context(&name, config)).map_err(invalid)?;
     Ok((files, package))
 }
 

@@ -68,11 +68,13 @@ fn broken_packages_name_file_line_and_problem() {
 }
 
 #[test]
-fn a_template_needing_config_fails_without_it() {
+fn config_is_admitted_against_the_manifest_schema() {
     let out = run(&["validate", "simple"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(
-        stderr(&out).contains("deployment.yaml.gotmpl: "),
+        stderr(&out).contains(
+            "invalid package: manifest.yaml: config rejected by spec.config.openAPIV3Schema: config.replicas: required"
+        ),
         "{}",
         stderr(&out)
     );

@@ -24,6 +24,13 @@ spec:
   scopes: [Namespaced]
   phases:
   - name: config
+  config:
+    openAPIV3Schema:
+      type: object
+      properties:
+        greeting:
+          type: string
+          default: hello
 ";
 
 const CONFIGMAP: &str = "apiVersion: v1
@@ -215,12 +222,26 @@ async fn image_and_package_errors_are_conditions() {
         "cm.yaml:1: ConfigMap x: missing annotation package-operator.run/phase"
     );
 
-    // A Namespaced-only package installed cluster-wide is invalid, with the reason.
+    // Config is admitted against the manifest's schema.
     let good = push(
         "greeter:v1",
         &[("manifest.yaml", MANIFEST), ("cm.yaml.gotmpl", CONFIGMAP)],
     )
     .await;
+    packages
+        .create(
+            &PostParams::default(),
+            &package("typo", &good, json!({"greeting": 5})),
+        )
+        .await
+        .unwrap();
+    let message = wait_package(&client, &ns, "typo", "Invalid", "True", "LoadError").await;
+    assert_eq!(
+        message,
+        "manifest.yaml: config rejected by spec.config.openAPIV3Schema: config.greeting: must be string, got integer"
+    );
+
+    // A Namespaced-only package installed cluster-wide is invalid, with the reason.
     let cluster = Api::<ClusterPackage>::all(client.clone());
     let name = format!("{ns}-cluster");
     let cp: ClusterPackage = serde_json::from_value(json!({
