@@ -15,6 +15,7 @@ use serde_json::Value;
 
 use super::config::admit_config;
 use super::files::PackageFiles;
+use super::filtering::{Filter, CONDITION_ANNOTATION};
 use super::template::{render, TemplateError};
 use super::template_funcs::package_funcs;
 
@@ -225,11 +226,18 @@ pub fn load_package(files: &PackageFiles, context: &Value) -> Result<LoadedPacka
         .map(|p| p.name.as_str())
         .collect();
     let mut by_phase: BTreeMap<String, Vec<ObjectSetObject>> = BTreeMap::new();
+    let filter =
+        Filter::new(manifest.spec.conditional_filtering.as_ref(), context).map_err(|message| {
+            PackageError::Manifest {
+                file: manifest_file.clone(),
+                message,
+            }
+        })?;
     for (path, bytes) in files {
         if MANIFEST_FILES.contains(&path.as_str()) || LOCK_FILES.contains(&path.as_str()) {
             continue;
         }
-        if basename(path).starts_with('_') {
+        if basename(path).starts_with('_') || !filter.keeps_path(path) {
             continue;
         }
         let (name, content) = match path.strip_suffix(".gotmpl") {
@@ -249,6 +257,16 @@ pub fn load_package(files: &PackageFiles, context: &Value) -> Result<LoadedPacka
                 message: e.to_string(),
             })?;
             if object.is_null() {
+                continue;
+            }
+            let keep = filter
+                .keeps_object(&object)
+                .map_err(|message| PackageError::Yaml {
+                    file: path.clone(),
+                    line,
+                    message: format!("annotation {CONDITION_ANNOTATION}: {message}"),
+                })?;
+            if !keep {
                 continue;
             }
             let (phase, spec) = check_object(path, line, object, &declared)?;

@@ -6,6 +6,7 @@
 pub mod config;
 pub mod deployment;
 pub mod files;
+pub mod filtering;
 pub mod image;
 pub mod loader;
 pub mod template;

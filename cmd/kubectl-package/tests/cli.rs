@@ -88,3 +88,19 @@ fn unreadable_input_is_exit_code_2() {
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("nope.yaml"));
 }
+
+#[test]
+fn cel_filtering_drops_exactly_the_intended_objects() {
+    let single = run(&["tree", "cel-filtering"]);
+    assert_eq!(single.status.code(), Some(0), "{}", stderr(&single));
+    assert_eq!(
+        stdout(&single).trim_end(),
+        "Package cel-filtering\n└── Phase main\n    ├── v1 ConfigMap app\n    └── v1 ConfigMap single-instance-notice"
+    );
+    let ha = run(&["tree", "cel-filtering", "--config", "cel-filtering-ha.yaml"]);
+    assert_eq!(ha.status.code(), Some(0), "{}", stderr(&ha));
+    assert_eq!(
+        stdout(&ha).trim_end(),
+        "Package cel-filtering\n└── Phase main\n    ├── v1 ConfigMap app\n    └── v1 ConfigMap ha-budget"
+    );
+}
