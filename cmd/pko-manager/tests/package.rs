@@ -268,3 +268,77 @@ async fn image_and_package_errors_are_conditions() {
         "{message}"
     );
 }
+
+#[tokio::test]
+async fn pausing_a_package_pauses_its_revisions_until_unpaused() {
+    let (client, ns) = setup("pkg-pause").await;
+    let image = push(
+        "greeter:v1",
+        &[("manifest.yaml", MANIFEST), ("cm.yaml.gotmpl", CONFIGMAP)],
+    )
+    .await;
+    let packages = Api::<Package>::namespaced(client.clone(), &ns);
+    packages
+        .create(
+            &PostParams::default(),
+            &package("held", &image, json!({"greeting": "hi"})),
+        )
+        .await
+        .unwrap();
+    wait_package(&client, &ns, "held", "Available", "True", "Available").await;
+
+    packages
+        .patch(
+            "held",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"paused": true}})),
+        )
+        .await
+        .unwrap();
+    wait_package(&client, &ns, "held", "Paused", "True", "Paused").await;
+    let od = Api::<ObjectDeployment>::namespaced(client.clone(), &ns)
+        .get("held")
+        .await
+        .unwrap();
+    assert!(od.spec.paused);
+    let sets = Api::<pko_proto::core::object_set::ObjectSet>::namespaced(client.clone(), &ns)
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items;
+    assert!(
+        sets.iter()
+            .all(|s| s.spec.lifecycle_state.as_str() == "Paused"),
+        "{sets:?}"
+    );
+
+    // An edit made while paused stays until the package is unpaused, then pko puts its value back.
+    patch_cm(
+        &client,
+        &ns,
+        "held-greeting",
+        json!({"data": {"greeting": "manual"}}),
+    )
+    .await;
+    assert_eq!(
+        get_cm(&client, &ns, "held-greeting")
+            .await
+            .unwrap()
+            .data
+            .unwrap()["greeting"],
+        "manual"
+    );
+    packages
+        .patch(
+            "held",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"paused": false}})),
+        )
+        .await
+        .unwrap();
+    wait_cm(&client, &ns, "held-greeting", |cm| {
+        cm.data.as_ref().is_some_and(|d| d["greeting"] == "hi")
+    })
+    .await;
+    wait_package(&client, &ns, "held", "Available", "True", "Available").await;
+}
