@@ -312,7 +312,8 @@ async fn pausing_a_package_pauses_its_revisions_until_unpaused() {
         "{sets:?}"
     );
 
-    // An edit made while paused stays until the package is unpaused, then pko puts its value back.
+    // Unpausing puts pko's value back over an edit made meanwhile. (That a paused revision writes nothing
+    // at all is asserted in object_set.rs, where a probe makes the paused set observe the edit.)
     patch_cm(
         &client,
         &ns,
@@ -320,14 +321,6 @@ async fn pausing_a_package_pauses_its_revisions_until_unpaused() {
         json!({"data": {"greeting": "manual"}}),
     )
     .await;
-    assert_eq!(
-        get_cm(&client, &ns, "held-greeting")
-            .await
-            .unwrap()
-            .data
-            .unwrap()["greeting"],
-        "manual"
-    );
     packages
         .patch(
             "held",
