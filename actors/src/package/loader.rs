@@ -1,5 +1,5 @@
 //! From package files to a manifest and the objects of each phase: finds and checks the manifest (and
-//! lock file), renders `*.gotmpl` files, splits YAML streams, and checks every object (apiVersion/kind,
+//! lock file), renders `*.gotmpl` and `*.hbs` files, splits YAML streams, and checks every object (apiVersion/kind,
 //! phase annotation naming a declared phase, labels, pko's object annotations). Every error names the
 //! file and the line where the offending document starts.
 
@@ -16,6 +16,7 @@ use serde_json::Value;
 use super::config::admit_config;
 use super::files::PackageFiles;
 use super::filtering::{Filter, CONDITION_ANNOTATION};
+use super::hbs_template::render_hbs;
 use super::template::{render, TemplateError};
 use super::template_funcs::package_funcs;
 
@@ -91,6 +92,9 @@ pub enum PackageError {
         problem: String,
     },
 }
+
+/// A text file of the package: (path, content).
+type SourceFile = (String, String);
 
 /// A loaded package.
 #[derive(Debug, Clone, PartialEq)]
@@ -212,11 +216,14 @@ pub fn load_package(files: &PackageFiles, context: &Value) -> Result<LoadedPacka
         ),
     };
 
-    let helpers: Vec<(String, String)> = files
+    // `_`-prefixed files: `.hbs` ones are handlebars partials, the rest gotmpl `define`s.
+    let (partials, helpers): (Vec<SourceFile>, Vec<SourceFile>) = files
         .iter()
         .filter(|(path, _)| basename(path).starts_with('_'))
         .map(|(path, bytes)| Ok((path.clone(), text(path, bytes)?)))
-        .collect::<Result<_, PackageError>>()?;
+        .collect::<Result<Vec<_>, PackageError>>()?
+        .into_iter()
+        .partition(|(path, _)| path.ends_with(".hbs"));
     let funcs = package_funcs(Arc::new(files.clone()), Arc::new(context.clone()));
 
     let declared: Vec<&str> = manifest
@@ -240,12 +247,18 @@ pub fn load_package(files: &PackageFiles, context: &Value) -> Result<LoadedPacka
         if basename(path).starts_with('_') || !filter.keeps_path(path) {
             continue;
         }
-        let (name, content) = match path.strip_suffix(".gotmpl") {
-            Some(rendered_name) => (
+        let (name, content) = if let Some(rendered_name) = path.strip_suffix(".gotmpl") {
+            (
                 rendered_name,
                 render(path, &text(path, bytes)?, &helpers, &funcs, context)?,
-            ),
-            None => (path.as_str(), text(path, bytes)?),
+            )
+        } else if let Some(rendered_name) = path.strip_suffix(".hbs") {
+            (
+                rendered_name,
+                render_hbs(path, &text(path, bytes)?, &partials, &funcs, context)?,
+            )
+        } else {
+            (path.as_str(), text(path, bytes)?)
         };
         if !(name.ends_with(".yaml") || name.ends_with(".yml")) {
             continue;

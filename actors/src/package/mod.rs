@@ -7,6 +7,7 @@ pub mod config;
 pub mod deployment;
 pub mod files;
 pub mod filtering;
+pub mod hbs_template;
 pub mod image;
 pub mod loader;
 pub mod template;

@@ -51,6 +51,10 @@ struct Source {
     /// Package config (YAML or JSON) given to templates as `.config`.
     #[arg(long)]
     config: Option<PathBuf>,
+    /// Namespace the package is rendered for; "" renders it as a ClusterPackage. Default: "" when the
+    /// manifest declares the Cluster scope, else `default`.
+    #[arg(long)]
+    namespace: Option<String>,
     /// Registries spoken to over plain HTTP (local test registries), comma-separated hosts.
     #[arg(long, value_delimiter = ',')]
     plain_http: Vec<String>,
@@ -73,10 +77,10 @@ fn read_config(source: &Source) -> Result<Option<Value>, Failure> {
         .map_err(|e| Failure::CannotRun(format!("{}: {e}", path.display())))
 }
 
-/// The template context: the package is named like its manifest, in namespace `default`.
-fn context(name: &str, config: Value) -> Value {
+/// The template context: the package is named like its manifest, in `namespace` ("" for cluster scope).
+fn context(name: &str, namespace: &str, config: Value) -> Value {
     json!({
-        "package": {"metadata": {"name": name, "namespace": "default", "labels": {}, "annotations": {}}, "image": ""},
+        "package": {"metadata": {"name": name, "namespace": namespace, "labels": {}, "annotations": {}}, "image": ""},
         "config": config,
         "environment": {"kubernetes": {"version": "v1.20.2"}},
     })
@@ -126,7 +130,11 @@ fn load(source: &Source) -> Result<(PackageFiles, LoadedPackage), Failure> {
     let config = read_config(source)?;
     let config =
         admit_package_config(&manifest_file, &manifest, config.as_ref()).map_err(invalid)?;
-    let package = load_package(&files, &context(&name, config)).map_err(invalid)?;
+    let namespace = source.namespace.clone().unwrap_or_else(|| {
+        let cluster = manifest.spec.scopes.iter().any(|s| s.as_str() == "Cluster");
+        if cluster { "" } else { "default" }.to_owned()
+    });
+    let package = load_package(&files, &context(&name, &namespace, config)).map_err(invalid)?;
     Ok((files, package))
 }
 

@@ -44,6 +44,24 @@ Package simple
     ├── apps/v1 Deployment simple-ns/simple
     └── v1 ConfigMap simple-ns/simple-settings";
     assert_eq!(stdout(&out).trim_end(), expected);
+
+    // Rendered for a namespace: no Namespace object, everything in the package's namespace.
+    let out = run(&[
+        "tree",
+        "simple",
+        "--config",
+        "simple-config.yaml",
+        "--namespace",
+        "team-a",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let expected = "\
+Package simple
+├── Phase namespace
+└── Phase deploy
+    ├── apps/v1 Deployment team-a/simple
+    └── v1 ConfigMap team-a/simple-settings";
+    assert_eq!(stdout(&out).trim_end(), expected);
 }
 
 #[test]
@@ -54,6 +72,7 @@ fn broken_packages_name_file_line_and_problem() {
         ("missing-gvk", "objects.yaml:1: object has no apiVersion"),
         ("invalid-label", "objects.yaml:1: ConfigMap labelled: label \"bad key!\": name \"bad key!\" must be"),
         ("missing-key", "cm.yaml.gotmpl: map has no entry for key: missing"),
+        ("missing-key-handlebars", "cm.yaml.hbs: line 8, column 10: missing key \"config.missing\""),
         ("unknown-phase", "objects.yaml:1: ConfigMap lost: phase \"nowhere\" is not declared in the manifest (declared: namespace, deploy)"),
     ];
     for (package, expected) in cases {
@@ -102,5 +121,15 @@ fn cel_filtering_drops_exactly_the_intended_objects() {
     assert_eq!(
         stdout(&ha).trim_end(),
         "Package cel-filtering\n└── Phase main\n    ├── v1 ConfigMap app\n    └── v1 ConfigMap ha-budget"
+    );
+}
+
+#[test]
+fn handlebars_package_renders_with_partials_helpers_and_defaults() {
+    let out = run(&["tree", "handlebars"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out).trim_end(),
+        "Package handlebars\n├── Phase config\n│   └── v1 ConfigMap handlebars-settings\n└── Phase app\n    ├── v1 ConfigMap handlebars-region-eu\n    └── v1 ConfigMap handlebars-region-us"
     );
 }

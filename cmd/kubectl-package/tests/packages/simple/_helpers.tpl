@@ -1,3 +1,4 @@
 {{- define "app.labels" }}
     app.kubernetes.io/name: {{ .package.metadata.name }}
 {{- end }}
+{{- define "app.namespace" }}{{ .package.metadata.namespace | default (printf "%s-ns" .package.metadata.name) }}{{ end }}
