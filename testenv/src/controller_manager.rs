@@ -1,5 +1,6 @@
 //! kube-controller-manager for the management apiserver: only the controllers tests rely on (garbage
-//! collection of owned objects, namespace deletion, default ServiceAccounts).
+//! collection of owned objects, namespace deletion, default ServiceAccounts, and Deployment/ReplicaSet
+//! status so packages can probe a Deployment's Available condition; there is no scheduler or kubelet).
 
 use std::path::Path;
 use std::process::Command;
@@ -27,7 +28,7 @@ pub(crate) async fn start(
             management.kubeconfig_path().display()
         ))
         .arg("--leader-elect=false")
-        .arg("--controllers=garbagecollector,namespace,serviceaccount")
+        .arg("--controllers=garbagecollector,namespace,serviceaccount,deployment,replicaset")
         .arg("--port=0")
         .arg("--secure-port=0")
         .arg("--use-service-account-credentials=false");

@@ -1,4 +1,2 @@
-{{- define "app.labels" }}
-    app.kubernetes.io/name: {{ .package.metadata.name }}
-{{- end }}
+{{- define "app.labels" }} {"app.kubernetes.io/name": {{ .package.metadata.name | quote }}}{{ end }}
 {{- define "app.namespace" }}{{ .package.metadata.namespace | default (printf "%s-ns" .package.metadata.name) }}{{ end }}

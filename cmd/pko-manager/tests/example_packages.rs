@@ -1,0 +1,241 @@
+//! The example packages of `cmd/kubectl-package/tests/packages`, built and pushed with the real
+//! `kubectl-package build --push`, installed as Package and ClusterPackage on the real apiserver: each
+//! becomes Available with the objects its templates and config give.
+//!
+//! `kubectl-package` is found next to the manager binary; `cargo test --workspace` builds both.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams};
+use kube::Api;
+use pko_proto::core::object_set::{ClusterObjectSet, ObjectSet};
+use pko_proto::core::package::{ClusterPackage, Package};
+use pko_testenv::wait_until;
+use serde_json::{json, Value};
+
+use common::*;
+
+fn examples() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../kubectl-package/tests/packages")
+}
+
+fn kubectl_package() -> PathBuf {
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_pko-manager")).with_file_name("kubectl-package");
+    assert!(
+        bin.exists(),
+        "{} is missing: build it with `cargo build -p kubectl-package` (cargo test --workspace does)",
+        bin.display()
+    );
+    bin
+}
+
+/// `kubectl-package build <example> --push <registry>/examples/<tag>`; returns the image.
+fn build_and_push(example: &str, tag: &str, extra: &[&str]) -> String {
+    let host = env().registry().host();
+    let image = format!("{host}/examples/{tag}");
+    let out = Command::new(kubectl_package())
+        .current_dir(examples())
+        .args(["build", example, "--push", &image, "--plain-http", &host])
+        .args(extra)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains(&format!("Pushed {image}")), "{stdout}");
+    image
+}
+
+fn package_api(client: &kube::Client, ns: Option<&str>) -> Api<DynamicObject> {
+    match ns {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &ApiResource::erase::<Package>(&())),
+        None => Api::all_with(client.clone(), &ApiResource::erase::<ClusterPackage>(&())),
+    }
+}
+
+async fn install(client: &kube::Client, ns: Option<&str>, name: &str, image: &str, config: Value) {
+    let kind = if ns.is_some() {
+        "Package"
+    } else {
+        "ClusterPackage"
+    };
+    let object: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "package-operator.run/v1alpha1", "kind": kind,
+        "metadata": {"name": name}, "spec": {"image": image, "config": config},
+    }))
+    .unwrap();
+    package_api(client, ns)
+        .create(&PostParams::default(), &object)
+        .await
+        .unwrap();
+}
+
+/// Waits until the (Cluster)Package's Available condition is True for its current generation.
+async fn wait_available(client: &kube::Client, ns: Option<&str>, name: &str) {
+    let api = package_api(client, ns);
+    wait_until(&format!("package {name} Available"), TIMEOUT, || async {
+        let p = api.get(name).await.map_err(|e| e.to_string())?;
+        let generation = p.metadata.generation.map(Value::from).unwrap_or_default();
+        let conditions = p.data.pointer("/status/conditions").cloned();
+        let available = conditions
+            .as_ref()
+            .and_then(Value::as_array)
+            .and_then(|cs| {
+                cs.iter().find(|c| {
+                    c["type"] == "Available"
+                        && c["status"] == "True"
+                        && c["observedGeneration"] == generation
+                })
+            });
+        if available.is_some() {
+            return Ok(());
+        }
+        // Say why: the package's conditions and its ObjectSets' conditions.
+        let sets = match ns {
+            Some(ns) => Api::<DynamicObject>::namespaced_with(
+                client.clone(),
+                ns,
+                &ApiResource::erase::<ObjectSet>(&()),
+            ),
+            None => Api::all_with(client.clone(), &ApiResource::erase::<ClusterObjectSet>(&())),
+        };
+        let sets: Vec<Value> = sets
+            .list(&Default::default())
+            .await
+            .map_err(|e| e.to_string())?
+            .items
+            .into_iter()
+            .filter(|s| {
+                s.metadata
+                    .name
+                    .as_deref()
+                    .is_some_and(|n| n.starts_with(name))
+            })
+            .map(|s| {
+                s.data
+                    .pointer("/status/conditions")
+                    .cloned()
+                    .unwrap_or_default()
+            })
+            .collect();
+        Err(format!("package: {conditions:?}; sets: {sets:?}"))
+    })
+    .await
+    .unwrap();
+}
+
+async fn deployment(client: &kube::Client, ns: &str, name: &str) -> Deployment {
+    Api::<Deployment>::namespaced(client.clone(), ns)
+        .get(name)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn simple_package_installs_in_both_scopes() {
+    let (client, ns) = setup("ex-simple").await;
+    let image = build_and_push("simple", "simple:v1", &["--config", "simple-config.yaml"]);
+    // No kubelet here: with 0 replicas the Deployment is Available, which the package probes.
+    install(&client, Some(&ns), "simple", &image, json!({"replicas": 0})).await;
+    let cluster_name = format!("{ns}-simple");
+    install(&client, None, &cluster_name, &image, json!({"replicas": 0})).await;
+
+    wait_available(&client, Some(&ns), "simple").await;
+    let d = deployment(&client, &ns, "simple").await;
+    assert_eq!(d.spec.unwrap().replicas, Some(0));
+    let cm = get_cm(&client, &ns, "simple-settings").await.unwrap();
+    let data = cm.data.unwrap();
+    assert_eq!(data["replicas"], "0");
+    assert_eq!(data["motd"], "welcome to simple");
+    assert_eq!(data["scale"], "low");
+
+    wait_available(&client, None, &cluster_name).await;
+    let cluster_ns = format!("{cluster_name}-ns");
+    let namespace = Api::<Namespace>::all(client.clone())
+        .get(&cluster_ns)
+        .await
+        .unwrap();
+    assert!(namespace.metadata.owner_references.is_some());
+    let d = deployment(&client, &cluster_ns, &cluster_name).await;
+    assert_eq!(
+        d.metadata.labels.unwrap()["app.kubernetes.io/name"],
+        cluster_name
+    );
+}
+
+#[tokio::test]
+async fn handlebars_package_renders_and_hands_over_on_update() {
+    let (client, ns) = setup("ex-hbs").await;
+    let image = build_and_push("handlebars", "handlebars:v1", &[]);
+    install(&client, Some(&ns), "hb", &image, json!({"greeting": "hi"})).await;
+    wait_available(&client, Some(&ns), "hb").await;
+
+    let settings = get_cm(&client, &ns, "hb-settings").await.unwrap();
+    let data = settings.data.unwrap();
+    assert_eq!(data["greeting"], "HI");
+    assert_eq!(data["regions"], "eu,us");
+    assert!(data["kubernetes"].starts_with("v1.20"), "{data:?}");
+    assert_eq!(
+        settings.metadata.labels.unwrap()["app.kubernetes.io/managed-by"],
+        "pko"
+    );
+    let eu = get_cm(&client, &ns, "hb-region-eu").await.unwrap();
+    assert_eq!(eu.data.as_ref().unwrap()["index"], "0");
+    assert!(get_cm(&client, &ns, "hb-region-us").await.is_some());
+
+    // A config update rolls a new revision: the kept object is handed over (same object), the dropped
+    // one is removed.
+    package_api(&client, Some(&ns))
+        .patch(
+            "hb",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"config": {"regions": ["eu"]}}})),
+        )
+        .await
+        .unwrap();
+    wait_until("hb-region-us removed", TIMEOUT, || async {
+        match get_cm(&client, &ns, "hb-region-us").await {
+            None => Ok(()),
+            Some(_) => Err("still there".to_owned()),
+        }
+    })
+    .await
+    .unwrap();
+    wait_available(&client, Some(&ns), "hb").await;
+    let eu_after = get_cm(&client, &ns, "hb-region-eu").await.unwrap();
+    assert_eq!(eu_after.metadata.uid, eu.metadata.uid);
+    let settings = get_cm(&client, &ns, "hb-settings").await.unwrap();
+    assert_eq!(settings.data.unwrap()["regions"], "eu");
+}
+
+#[tokio::test]
+async fn cel_filtering_package_drops_exactly_the_filtered_objects() {
+    let (client, ns) = setup("ex-cel").await;
+    let image = build_and_push("cel-filtering", "cel-filtering:v1", &[]);
+    install(&client, Some(&ns), "single", &image, json!({})).await;
+    wait_available(&client, Some(&ns), "single").await;
+    assert!(get_cm(&client, &ns, "single-instance-notice")
+        .await
+        .is_some());
+    assert!(get_cm(&client, &ns, "ha-budget").await.is_none());
+    assert!(get_cm(&client, &ns, "app").await.is_some());
+
+    let (_, ha_ns) = setup("ex-cel-ha").await;
+    // As cel-filtering-ha.yaml.
+    install(&client, Some(&ha_ns), "ha", &image, json!({"replicas": 3})).await;
+    wait_available(&client, Some(&ha_ns), "ha").await;
+    assert!(get_cm(&client, &ha_ns, "ha-budget").await.is_some());
+    assert!(get_cm(&client, &ha_ns, "single-instance-notice")
+        .await
+        .is_none());
+}
