@@ -18,7 +18,7 @@ use crate::object_meta::MetaView;
 use crate::package::deployment::{
     package_conditions, package_deployment, scope_error, UnpackOutcome,
 };
-use crate::package::loader::{admit_package_config, load_manifest, load_package};
+use crate::package::loader::load_installable;
 use crate::package_object::PackageObject;
 use crate::registry::ObjectRef;
 
@@ -52,14 +52,13 @@ async fn unpack(
         Err(e) => return Ok(UnpackOutcome::PullFailed(e.to_string())),
     };
     let version = context.client.apiserver_version().await?.git_version;
-    let admitted = load_manifest(&files).and_then(|(file, manifest)| {
-        admit_package_config(&file, &manifest, package.spec.config.as_ref())
-    });
-    let config = match admitted {
-        Ok(config) => config,
-        Err(e) => return Ok(UnpackOutcome::Invalid(e.to_string())),
-    };
-    let loaded = match load_package(&files, &package.template_context(config, &version)) {
+    let loaded = load_installable(
+        &files,
+        Some(package.spec.component.as_str()),
+        package.spec.config.as_ref(),
+        |_, config| package.template_context(config, &version),
+    );
+    let loaded = match loaded {
         Ok(loaded) => loaded,
         Err(e) => return Ok(UnpackOutcome::Invalid(e.to_string())),
     };

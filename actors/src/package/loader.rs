@@ -13,6 +13,7 @@ use pko_proto::core::common::{
 use pko_proto::manifests::{PackageManifest, PackageManifestLock};
 use serde_json::Value;
 
+use super::components::{in_component, select_component};
 use super::config::admit_config;
 use super::files::PackageFiles;
 use super::filtering::{Filter, CONDITION_ANNOTATION};
@@ -33,9 +34,9 @@ const LOCK_FILES: [&str; 2] = ["manifest.lock.yaml", "manifest.lock.yml"];
 /// Why a package cannot be loaded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PackageError {
-    #[error("package has no manifest.yaml or manifest.yml at its root")]
+    #[error("manifest.yaml: not found (nor manifest.yml)")]
     MissingManifest,
-    #[error("package has both manifest.yaml and manifest.yml")]
+    #[error("manifest.yaml: manifest.yml exists too; a package has one manifest")]
     TwoManifests,
     #[error("{file}: {message}")]
     Manifest { file: String, message: String },
@@ -43,10 +44,18 @@ pub enum PackageError {
     Lock { file: String, message: String },
     #[error("{file}: config rejected by spec.config.openAPIV3Schema: {}", errors.join("; "))]
     Config { file: String, errors: Vec<String> },
-    #[error(
-        "{file}: multi-component packages (spec.components) are not supported by this version yet"
-    )]
-    ComponentsUnsupported { file: String },
+    #[error("{file}: spec.component is {component:?}, but the package is not multi-component (no spec.components)")]
+    NotMultiComponent { file: String, component: String },
+    #[error("component {component:?} not found in components/ (available: {available})")]
+    UnknownComponent {
+        component: String,
+        available: String,
+    },
+    #[error("component {component:?}: components/{component}/{source}")]
+    InComponent {
+        component: String,
+        source: Box<PackageError>,
+    },
     #[error(transparent)]
     Template(#[from] TemplateError),
     #[error("{file}:{line}: {message}")]
@@ -163,11 +172,6 @@ pub fn load_manifest(files: &PackageFiles) -> Result<(String, PackageManifest), 
             "spec.phases: at least one phase is required".to_owned(),
         ));
     }
-    if manifest.spec.components.is_some() {
-        return Err(PackageError::ComponentsUnsupported {
-            file: file.to_owned(),
-        });
-    }
     Ok((file.to_owned(), manifest))
 }
 
@@ -192,6 +196,24 @@ pub fn admit_package_config(
         file: manifest_file.to_owned(),
         errors,
     })
+}
+
+/// Loads what a (Cluster)Package installs: picks the component (`spec.component`), admits `config`
+/// against its manifest, and loads it with the template context `context` builds from the manifest and
+/// the admitted config. Errors inside a component name it.
+pub fn load_installable(
+    files: &PackageFiles,
+    component: Option<&str>,
+    config: Option<&Value>,
+    context: impl FnOnce(&PackageManifest, Value) -> Value,
+) -> Result<LoadedPackage, PackageError> {
+    let files = select_component(files, component)?;
+    let load = || {
+        let (manifest_file, manifest) = load_manifest(&files)?;
+        let admitted = admit_package_config(&manifest_file, &manifest, config)?;
+        load_package(&files, &context(&manifest, admitted))
+    };
+    load().map_err(|e| in_component(component, e))
 }
 
 /// Loads a package: manifest, lock file, rendered templates and the objects of each phase. `context` is

@@ -10,11 +10,10 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use oci_client::secrets::RegistryAuth;
+use pko_actors::package::components::component_names;
 use pko_actors::package::files::{from_dir, PackageFiles};
 use pko_actors::package::image::ImageStore;
-use pko_actors::package::loader::{
-    admit_package_config, load_manifest, load_package, LoadedPackage, PackageError,
-};
+use pko_actors::package::loader::{load_installable, LoadedPackage};
 use serde_json::{json, Value};
 
 #[derive(Debug, Parser)]
@@ -51,6 +50,10 @@ struct Source {
     /// Package config (YAML or JSON) given to templates as `.config`.
     #[arg(long)]
     config: Option<PathBuf>,
+    /// Component of a multi-component package (`components/<name>/`); without it `validate` and `build`
+    /// check the root package and every component, `tree` shows the root package.
+    #[arg(long)]
+    component: Option<String>,
     /// Namespace the package is rendered for; "" renders it as a ClusterPackage. Default: "" when the
     /// manifest declares the Cluster scope, else `default`.
     #[arg(long)]
@@ -122,30 +125,57 @@ fn files(source: &Source) -> Result<PackageFiles, Failure> {
     }
 }
 
-fn load(source: &Source) -> Result<(PackageFiles, LoadedPackage), Failure> {
-    let files = files(source)?;
-    let invalid = |e: PackageError| Failure::Invalid(e.to_string());
-    let (manifest_file, manifest) = load_manifest(&files).map_err(invalid)?;
-    let name = manifest.metadata.name.clone().unwrap_or_default();
+/// Loads the root package (or `component`) as a Package with the source's config would install it.
+fn load_one(
+    source: &Source,
+    files: &PackageFiles,
+    component: Option<&str>,
+) -> Result<LoadedPackage, Failure> {
     let config = read_config(source)?;
-    let config =
-        admit_package_config(&manifest_file, &manifest, config.as_ref()).map_err(invalid)?;
-    let namespace = source.namespace.clone().unwrap_or_else(|| {
-        let cluster = manifest.spec.scopes.iter().any(|s| s.as_str() == "Cluster");
-        if cluster { "" } else { "default" }.to_owned()
-    });
-    let package = load_package(&files, &context(&name, &namespace, config)).map_err(invalid)?;
-    Ok((files, package))
+    load_installable(files, component, config.as_ref(), |manifest, config| {
+        let name = manifest.metadata.name.clone().unwrap_or_default();
+        let namespace = source.namespace.clone().unwrap_or_else(|| {
+            let cluster = manifest.spec.scopes.iter().any(|s| s.as_str() == "Cluster");
+            if cluster { "" } else { "default" }.to_owned()
+        });
+        context(&name, &namespace, config)
+    })
+    .map_err(|e| Failure::Invalid(e.to_string()))
+}
+
+/// The package `--component` names (or the root), plus, with `every_component`, each component of a
+/// multi-component package: (component, package) in that order.
+fn load(
+    source: &Source,
+    every_component: bool,
+) -> Result<(PackageFiles, Vec<(Option<String>, LoadedPackage)>), Failure> {
+    let files = files(source)?;
+    let chosen = source.component.as_deref();
+    let mut loaded = vec![(chosen.map(str::to_owned), load_one(source, &files, chosen)?)];
+    if every_component && chosen.is_none() && loaded[0].1.manifest.spec.components.is_some() {
+        for name in component_names(&files) {
+            let package = load_one(source, &files, Some(&name))?;
+            loaded.push((Some(name), package));
+        }
+    }
+    Ok((files, loaded))
+}
+
+fn summary(component: Option<&str>, package: &LoadedPackage) -> String {
+    let objects: usize = package.phases.iter().map(|p| p.objects.len()).sum();
+    let what = component.map_or_else(|| "Package".to_owned(), |c| format!("Component {c}"));
+    format!(
+        "{what} validated: {} phases, {objects} objects.",
+        package.phases.len()
+    )
 }
 
 fn build(source: &Source, image: &str) -> Result<String, Failure> {
-    let (files, package) = load(source)?;
-    let objects: usize = package.phases.iter().map(|p| p.objects.len()).sum();
-    eprintln!(
-        "validated: {} phases, {objects} objects; pushing {} files to {image}",
-        package.phases.len(),
-        files.len()
-    );
+    let (files, packages) = load(source, true)?;
+    for (component, package) in &packages {
+        eprintln!("{}", summary(component.as_deref(), package));
+    }
+    eprintln!("pushing {} files to {image}", files.len());
     let store = ImageStore::new(source.plain_http.clone());
     let url = runtime()?
         .block_on(store.push(image, &files, &auth()))
@@ -208,14 +238,14 @@ fn tree(package: &LoadedPackage) -> String {
 fn main() -> ExitCode {
     let args = Args::parse();
     let result = match &args.command {
-        Command::Validate(source) => load(source).map(|(_, p)| {
-            let objects: usize = p.phases.iter().map(|ph| ph.objects.len()).sum();
-            format!(
-                "Package validated: {} phases, {objects} objects.",
-                p.phases.len()
-            )
+        Command::Validate(source) => load(source, true).map(|(_, packages)| {
+            packages
+                .iter()
+                .map(|(component, package)| summary(component.as_deref(), package))
+                .collect::<Vec<_>>()
+                .join("\n")
         }),
-        Command::Tree(source) => load(source).map(|(_, p)| tree(&p)),
+        Command::Tree(source) => load(source, false).map(|(_, packages)| tree(&packages[0].1)),
         Command::Build { source, push } => build(source, push),
     };
     match result {

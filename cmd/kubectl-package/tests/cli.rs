@@ -73,6 +73,7 @@ fn broken_packages_name_file_line_and_problem() {
         ("invalid-label", "objects.yaml:1: ConfigMap labelled: label \"bad key!\": name \"bad key!\" must be"),
         ("missing-key", "cm.yaml.gotmpl: map has no entry for key: missing"),
         ("missing-key-handlebars", "cm.yaml.hbs: line 8, column 10: missing key \"config.missing\""),
+        ("broken-component", "component \"bad\": components/bad/objects.yaml:1: ConfigMap bad-unannotated: missing annotation package-operator.run/phase"),
         ("unknown-phase", "objects.yaml:1: ConfigMap lost: phase \"nowhere\" is not declared in the manifest (declared: namespace, deploy)"),
     ];
     for (package, expected) in cases {
@@ -131,5 +132,36 @@ fn handlebars_package_renders_with_partials_helpers_and_defaults() {
     assert_eq!(
         stdout(&out).trim_end(),
         "Package handlebars\n├── Phase config\n│   └── v1 ConfigMap handlebars-settings\n└── Phase app\n    ├── v1 ConfigMap handlebars-region-eu\n    └── v1 ConfigMap handlebars-region-us"
+    );
+}
+
+#[test]
+fn multi_component_packages_validate_every_component_and_select_one() {
+    let out = run(&["validate", "multi-component"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out).trim_end(),
+        "Package validated: 1 phases, 1 objects.\nComponent backend validated: 2 phases, 2 objects.\nComponent frontend validated: 2 phases, 2 objects."
+    );
+    let out = run(&["tree", "multi-component", "--component", "frontend"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out).trim_end(),
+        "Package frontend\n├── Phase config\n│   └── v1 ConfigMap frontend-frontend-config\n└── Phase app\n    └── v1 ConfigMap frontend-frontend-app"
+    );
+
+    let out = run(&["validate", "multi-component", "--component", "db"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("invalid package: component \"db\" not found in components/ (available: backend, frontend)"),
+        "{}",
+        stderr(&out)
+    );
+    let out = run(&["validate", "handlebars", "--component", "x"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("invalid package: manifest.yaml: spec.component is \"x\", but the package is not multi-component (no spec.components)"),
+        "{}",
+        stderr(&out)
     );
 }

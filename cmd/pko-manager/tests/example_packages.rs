@@ -64,6 +64,10 @@ fn package_api(client: &kube::Client, ns: Option<&str>) -> Api<DynamicObject> {
 }
 
 async fn install(client: &kube::Client, ns: Option<&str>, name: &str, image: &str, config: Value) {
+    install_spec(client, ns, name, json!({"image": image, "config": config})).await;
+}
+
+async fn install_spec(client: &kube::Client, ns: Option<&str>, name: &str, spec: Value) {
     let kind = if ns.is_some() {
         "Package"
     } else {
@@ -71,7 +75,7 @@ async fn install(client: &kube::Client, ns: Option<&str>, name: &str, image: &st
     };
     let object: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "package-operator.run/v1alpha1", "kind": kind,
-        "metadata": {"name": name}, "spec": {"image": image, "config": config},
+        "metadata": {"name": name}, "spec": spec,
     }))
     .unwrap();
     package_api(client, ns)
@@ -238,4 +242,115 @@ async fn cel_filtering_package_drops_exactly_the_filtered_objects() {
     assert!(get_cm(&client, &ha_ns, "single-instance-notice")
         .await
         .is_none());
+}
+
+/// The message of the package's `type_` condition once it has `status` for the current generation.
+async fn wait_condition_message(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    type_: &str,
+    status: &str,
+) -> String {
+    let api = package_api(client, Some(ns));
+    wait_until(
+        &format!("package {name} {type_}={status}"),
+        TIMEOUT,
+        || async {
+            let p = api.get(name).await.map_err(|e| e.to_string())?;
+            let generation = p.metadata.generation.map(Value::from).unwrap_or_default();
+            let conditions = p.data.pointer("/status/conditions").cloned();
+            conditions
+                .as_ref()
+                .and_then(Value::as_array)
+                .and_then(|cs| {
+                    cs.iter().find(|c| {
+                        c["type"] == type_
+                            && c["status"] == status
+                            && c["observedGeneration"] == generation
+                    })
+                })
+                .map(|c| c["message"].as_str().unwrap_or_default().to_owned())
+                .ok_or_else(|| format!("{conditions:?}"))
+        },
+    )
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn components_of_one_image_install_separately() {
+    let (client, ns) = setup("ex-multi").await;
+    let image = build_and_push("multi-component", "multi-component:v1", &[]);
+    let ns_ref = Some(ns.as_str());
+    install_spec(
+        &client,
+        ns_ref,
+        "api",
+        json!({"image": image, "component": "backend"}),
+    )
+    .await;
+    install_spec(
+        &client,
+        ns_ref,
+        "web",
+        json!({"image": image, "component": "frontend"}),
+    )
+    .await;
+    install_spec(&client, ns_ref, "base", json!({"image": image})).await;
+    install_spec(
+        &client,
+        ns_ref,
+        "db",
+        json!({"image": image, "component": "db"}),
+    )
+    .await;
+    wait_available(&client, ns_ref, "api").await;
+    wait_available(&client, ns_ref, "web").await;
+    wait_available(&client, ns_ref, "base").await;
+    let backend = get_cm(&client, &ns, "api-backend-app").await.unwrap();
+    assert_eq!(backend.data.unwrap()["tier"], "backend");
+    assert!(get_cm(&client, &ns, "web-frontend-config").await.is_some());
+    // The root package installs only its own objects, none of the components'.
+    assert!(get_cm(&client, &ns, "multi-component-root").await.is_some());
+    assert!(get_cm(&client, &ns, "base-backend-app").await.is_none());
+    let message = wait_condition_message(&client, &ns, "db", "Invalid", "True").await;
+    assert_eq!(
+        message,
+        "component \"db\" not found in components/ (available: backend, frontend)"
+    );
+
+    // A broken component fails its own Package naming the component, file and line; its sibling works.
+    // `build` refuses a package with a broken component, so this image is pushed through the library.
+    let host = env().registry().host();
+    let broken = format!("{host}/examples/broken-component:v1");
+    let files = pko_actors::package::files::from_dir(&examples().join("broken-component")).unwrap();
+    pko_actors::package::image::ImageStore::new(vec![host])
+        .push(
+            &broken,
+            &files,
+            &oci_client::secrets::RegistryAuth::Anonymous,
+        )
+        .await
+        .unwrap();
+    install_spec(
+        &client,
+        ns_ref,
+        "bad",
+        json!({"image": broken, "component": "bad"}),
+    )
+    .await;
+    install_spec(
+        &client,
+        ns_ref,
+        "good",
+        json!({"image": broken, "component": "good"}),
+    )
+    .await;
+    let message = wait_condition_message(&client, &ns, "bad", "Invalid", "True").await;
+    assert_eq!(
+        message,
+        "component \"bad\": components/bad/objects.yaml:1: ConfigMap bad-unannotated: missing annotation package-operator.run/phase"
+    );
+    wait_available(&client, ns_ref, "good").await;
 }
