@@ -143,12 +143,15 @@ fn load_one(
     .map_err(|e| Failure::Invalid(e.to_string()))
 }
 
+/// A loaded package and the component it is (None: the root package).
+type Loaded = (Option<String>, LoadedPackage);
+
 /// The package `--component` names (or the root), plus, with `every_component`, each component of a
 /// multi-component package: (component, package) in that order.
 fn load(
     source: &Source,
     every_component: bool,
-) -> Result<(PackageFiles, Vec<(Option<String>, LoadedPackage)>), Failure> {
+) -> Result<(PackageFiles, Vec<Loaded>), Failure> {
     let files = files(source)?;
     let chosen = source.component.as_deref();
     let mut loaded = vec![(chosen.map(str::to_owned), load_one(source, &files, chosen)?)];
