@@ -111,6 +111,20 @@ impl ImageStore {
         Ok((digest, files))
     }
 
+    /// The manifest digest `image` currently resolves to (what `kubectl-package update` locks).
+    #[instrument(skip(self, auth))]
+    pub async fn resolve_digest(
+        &self,
+        image: &str,
+        auth: &RegistryAuth,
+    ) -> Result<String, ImageError> {
+        let reference = parse_reference(image)?;
+        self.client
+            .fetch_manifest_digest(&reference, auth)
+            .await
+            .map_err(|e| registry_error(image, e))
+    }
+
     /// Packs `files` into one gzip'd tar layer under `package/` and pushes it as `image`; returns the
     /// manifest URL the registry reports.
     #[instrument(skip(self, files, auth))]

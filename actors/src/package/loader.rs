@@ -18,6 +18,7 @@ use super::config::admit_config;
 use super::files::PackageFiles;
 use super::filtering::{Filter, CONDITION_ANNOTATION};
 use super::hbs_template::render_hbs;
+use super::image_lock::resolve_images;
 use super::template::{render, TemplateError};
 use super::template_funcs::package_funcs;
 
@@ -228,15 +229,30 @@ pub fn load_package(files: &PackageFiles, context: &Value) -> Result<LoadedPacka
             })
         }
         Ok(None) => None,
-        Ok(Some((file, bytes))) => Some(
+        Ok(Some((file, bytes))) => Some((
+            file,
             serde_saphyr::from_str::<PackageManifestLock>(&text(file, bytes)?).map_err(|e| {
                 PackageError::Lock {
                     file: file.to_owned(),
                     message: e.to_string(),
                 }
             })?,
-        ),
+        )),
     };
+    let images = resolve_images(
+        &manifest_file,
+        &manifest,
+        lock.as_ref().map(|(file, lock)| (*file, lock)),
+    )?;
+    let mut context = context.clone();
+    if let Some(map) = context.as_object_mut() {
+        map.insert(
+            "images".to_owned(),
+            serde_json::to_value(&images).unwrap_or_default(),
+        );
+    }
+    let context = &context;
+    let lock = lock.map(|(_, lock)| lock);
 
     // `_`-prefixed files: `.hbs` ones are handlebars partials, the rest gotmpl `define`s.
     let (partials, helpers): (Vec<SourceFile>, Vec<SourceFile>) = files

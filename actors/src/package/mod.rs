@@ -10,6 +10,7 @@ pub mod files;
 pub mod filtering;
 pub mod hbs_template;
 pub mod image;
+pub mod image_lock;
 pub mod loader;
 pub mod template;
 pub mod template_funcs;

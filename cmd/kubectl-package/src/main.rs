@@ -1,10 +1,11 @@
 //! `kubectl-package`: works with Package Operator packages. `validate` loads a package directory or a pulled
 //! image (manifest, lock file, templates, every object's phase and labels) and reports the first problem
 //! with file and line; `tree` prints the phases and objects the package produces; `build --push` validates
-//! a directory and pushes it as a package image.
+//! a directory and pushes it as a package image; `update` locks the digests of the manifest's images.
 //!
 //! Exit codes: 0 valid, 1 the package is invalid, 2 the command could not run (usage, unreadable files).
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -13,7 +14,8 @@ use oci_client::secrets::RegistryAuth;
 use pko_actors::package::components::component_names;
 use pko_actors::package::files::{from_dir, PackageFiles};
 use pko_actors::package::image::ImageStore;
-use pko_actors::package::loader::{load_installable, LoadedPackage};
+use pko_actors::package::image_lock::lock_for;
+use pko_actors::package::loader::{load_installable, load_manifest, LoadedPackage};
 use serde_json::{json, Value};
 
 #[derive(Debug, Parser)]
@@ -30,6 +32,15 @@ enum Command {
     /// Print the phases and objects a package produces.
     Tree(Source),
     /// Validate a package directory and push it as a package image.
+    /// Resolve the digests of the manifest's spec.images and write them to manifest.lock.yaml (the root
+    /// package and each component).
+    Update {
+        /// Package directory.
+        path: PathBuf,
+        /// Registries spoken to over plain HTTP (local test registries), comma-separated hosts.
+        #[arg(long, value_delimiter = ',')]
+        plain_http: Vec<String>,
+    },
     Build {
         #[command(flatten)]
         source: Source,
@@ -148,10 +159,7 @@ type Loaded = (Option<String>, LoadedPackage);
 
 /// The package `--component` names (or the root), plus, with `every_component`, each component of a
 /// multi-component package: (component, package) in that order.
-fn load(
-    source: &Source,
-    every_component: bool,
-) -> Result<(PackageFiles, Vec<Loaded>), Failure> {
+fn load(source: &Source, every_component: bool) -> Result<(PackageFiles, Vec<Loaded>), Failure> {
     let files = files(source)?;
     let chosen = source.component.as_deref();
     let mut loaded = vec![(chosen.map(str::to_owned), load_one(source, &files, chosen)?)];
@@ -184,6 +192,64 @@ fn build(source: &Source, image: &str) -> Result<String, Failure> {
         .block_on(store.push(image, &files, &auth()))
         .map_err(|e| Failure::CannotRun(e.to_string()))?;
     Ok(format!("Pushed {image} ({url})"))
+}
+
+/// Locks the images of the package (or component) in `dir`; returns what it did.
+fn update_dir(
+    dir: &Path,
+    store: &ImageStore,
+    runtime: &tokio::runtime::Runtime,
+) -> Result<String, Failure> {
+    let files = from_dir(dir).map_err(|e| Failure::CannotRun(format!("{}: {e}", dir.display())))?;
+    let (_, manifest) = load_manifest(&files).map_err(|e| Failure::Invalid(e.to_string()))?;
+    let lock_name = if files.contains_key("manifest.lock.yml") {
+        "manifest.lock.yml"
+    } else {
+        "manifest.lock.yaml"
+    };
+    let lock_path = dir.join(lock_name);
+    if manifest.spec.images.is_empty() {
+        return Ok(format!(
+            "{}: no spec.images, nothing to lock",
+            dir.display()
+        ));
+    }
+    let mut digests = BTreeMap::new();
+    for image in &manifest.spec.images {
+        let digest = runtime
+            .block_on(store.resolve_digest(&image.image, &auth()))
+            .map_err(|e| Failure::CannotRun(e.to_string()))?;
+        eprintln!("{} {} -> {digest}", image.name, image.image);
+        digests.insert(image.name.clone(), digest);
+    }
+    let yaml = serde_saphyr::to_string(&lock_for(&manifest, &digests))
+        .map_err(|e| Failure::CannotRun(format!("{}: {e}", lock_path.display())))?;
+    let unchanged = std::fs::read_to_string(&lock_path).is_ok_and(|old| old == yaml);
+    if unchanged {
+        return Ok(format!("{} is up to date", lock_path.display()));
+    }
+    std::fs::write(&lock_path, yaml)
+        .map_err(|e| Failure::CannotRun(format!("{}: {e}", lock_path.display())))?;
+    Ok(format!(
+        "Updated {} ({} images)",
+        lock_path.display(),
+        digests.len()
+    ))
+}
+
+fn update(dir: &Path, plain_http: &[String]) -> Result<String, Failure> {
+    let files = from_dir(dir).map_err(|e| Failure::CannotRun(format!("{}: {e}", dir.display())))?;
+    let store = ImageStore::new(plain_http.to_vec());
+    let runtime = runtime()?;
+    let mut out = vec![update_dir(dir, &store, &runtime)?];
+    for component in component_names(&files) {
+        out.push(update_dir(
+            &dir.join("components").join(component),
+            &store,
+            &runtime,
+        )?);
+    }
+    Ok(out.join("\n"))
 }
 
 fn tree(package: &LoadedPackage) -> String {
@@ -250,6 +316,7 @@ fn main() -> ExitCode {
         }),
         Command::Tree(source) => load(source, false).map(|(_, packages)| tree(&packages[0].1)),
         Command::Build { source, push } => build(source, push),
+        Command::Update { path, plain_http } => update(path, plain_http),
     };
     match result {
         Ok(out) => {

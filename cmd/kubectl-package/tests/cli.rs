@@ -74,6 +74,7 @@ fn broken_packages_name_file_line_and_problem() {
         ("missing-key", "cm.yaml.gotmpl: map has no entry for key: missing"),
         ("missing-key-handlebars", "cm.yaml.hbs: line 8, column 10: missing key \"config.missing\""),
         ("broken-component", "component \"bad\": components/bad/objects.yaml:1: ConfigMap bad-unannotated: missing annotation package-operator.run/phase"),
+        ("missing-lock", "manifest.yaml: spec.images needs a lock file (manifest.lock.yaml); run `kubectl-package update`"),
         ("unknown-phase", "objects.yaml:1: ConfigMap lost: phase \"nowhere\" is not declared in the manifest (declared: namespace, deploy)"),
     ];
     for (package, expected) in cases {
@@ -164,4 +165,37 @@ fn multi_component_packages_validate_every_component_and_select_one() {
         "{}",
         stderr(&out)
     );
+}
+
+#[test]
+fn locked_images_reach_templates_as_repository_at_digest() {
+    let out = run(&["validate", "images"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let dir = tempdir_copy("images");
+    let lock = dir.join("manifest.lock.yaml");
+    let text = std::fs::read_to_string(&lock)
+        .unwrap()
+        .replace("team/app:v1", "team/app:v2");
+    std::fs::write(&lock, text).unwrap();
+    let out = run(&["validate", dir.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("invalid package: manifest.lock.yaml: image \"app\" is locked as \"registry.example/team/app:v2\", the manifest says \"registry.example/team/app:v1\"; run `kubectl-package update`"),
+        "{}",
+        stderr(&out)
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A private copy of an example package (tests edit it).
+fn tempdir_copy(example: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("pko-cli-{example}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for entry in std::fs::read_dir(packages().join(example)).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_type().unwrap().is_file() {
+            std::fs::copy(entry.path(), dir.join(entry.file_name())).unwrap();
+        }
+    }
+    dir
 }

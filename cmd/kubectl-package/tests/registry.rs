@@ -87,3 +87,76 @@ fn broken_packages_are_not_pushed_and_unknown_images_are_reported() {
         text(&out.stderr)
     );
 }
+
+/// The digest `validate --pull` reports for `image` (stderr: `pulled <image> (<digest>)`).
+fn pulled_digest(image: &str, host: &str, extra: &[&str]) -> String {
+    let mut args = vec!["validate", "--pull", image, "--plain-http", host];
+    args.extend_from_slice(extra);
+    let out = run(&args);
+    let stderr = text(&out.stderr);
+    stderr
+        .split_once(&format!("pulled {image} ("))
+        .and_then(|(_, rest)| rest.split_once(')'))
+        .map(|(digest, _)| digest.to_owned())
+        .unwrap_or_else(|| panic!("no digest in: {stderr}"))
+}
+
+#[test]
+fn update_locks_the_digests_of_the_manifest_images() {
+    let host = pko_testenv::shared().unwrap().registry().host();
+    let app = format!("{host}/apps/app:v1");
+    let push = |package: &str, config: &[&str]| {
+        let mut args = vec!["build", package, "--push", &app, "--plain-http", &host];
+        args.extend_from_slice(config);
+        let out = run(&args);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    };
+    push("simple", &["--config", "simple-config.yaml"]);
+
+    // The `images` example, pointed at the image just pushed, without its lock.
+    let dir = std::env::temp_dir().join(format!("pko-update-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let packages = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/packages/images");
+    let manifest = std::fs::read_to_string(packages.join("manifest.yaml"))
+        .unwrap()
+        .replace("registry.example/team/app:v1", &app);
+    std::fs::write(dir.join("manifest.yaml"), manifest).unwrap();
+    std::fs::copy(
+        packages.join("pinned.yaml.gotmpl"),
+        dir.join("pinned.yaml.gotmpl"),
+    )
+    .unwrap();
+    let dir_arg = dir.to_str().unwrap();
+
+    let out = run(&["validate", dir_arg]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+
+    let out = run(&["update", dir_arg, "--plain-http", &host]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let lock_path = dir.join("manifest.lock.yaml");
+    assert_eq!(
+        text(&out.stdout).trim(),
+        format!("Updated {} (1 images)", lock_path.display())
+    );
+    let digest = pulled_digest(&app, &host, &["--config", "simple-config.yaml"]);
+    let lock = std::fs::read_to_string(&lock_path).unwrap();
+    assert!(lock.contains(&digest), "{lock}");
+    let out = run(&["validate", dir_arg]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let out = run(&["update", dir_arg, "--plain-http", &host]);
+    assert_eq!(
+        text(&out.stdout).trim(),
+        format!("{} is up to date", lock_path.display())
+    );
+
+    // The tag moves: update follows it.
+    push("handlebars", &[]);
+    let moved = pulled_digest(&app, &host, &[]);
+    assert_ne!(moved, digest);
+    let out = run(&["update", dir_arg, "--plain-http", &host]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(std::fs::read_to_string(&lock_path)
+        .unwrap()
+        .contains(&moved));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -354,3 +354,16 @@ async fn components_of_one_image_install_separately() {
     );
     wait_available(&client, ns_ref, "good").await;
 }
+
+#[tokio::test]
+async fn locked_images_are_rendered_pinned_by_digest() {
+    let (client, ns) = setup("ex-images").await;
+    let image = build_and_push("images", "images:v1", &[]);
+    install(&client, Some(&ns), "images", &image, json!({})).await;
+    wait_available(&client, Some(&ns), "images").await;
+    let cm = get_cm(&client, &ns, "pinned-image").await.unwrap();
+    assert_eq!(
+        cm.data.unwrap()["image"],
+        "registry.example/team/app@sha256:6f3c1e0b7d1a4e2c9b8a7f6e5d4c3b2a19081726354453627180918273645546"
+    );
+}
