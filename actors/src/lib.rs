@@ -21,6 +21,7 @@ pub mod package_actor;
 pub mod package_object;
 pub mod phase_actor;
 pub mod phase_runner;
+pub mod pull_secrets;
 pub mod registry;
 
 pub mod set_object;

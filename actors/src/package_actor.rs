@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use k8s_openapi::jiff::Timestamp;
-use oci_client::secrets::RegistryAuth;
 use pko_proto::core::package::PackageStatus;
 use tracing::{info_span, warn, Instrument};
 
@@ -43,11 +42,11 @@ async fn unpack(
     context: &ManagerContext,
     package: &PackageObject,
 ) -> Result<UnpackOutcome, kube::Error> {
-    let files = match context
-        .images
-        .fetch(&package.spec.image, &RegistryAuth::Anonymous)
-        .await
-    {
+    let auth = context
+        .pull_secrets
+        .auth_for(&context.client, &package.spec.image)
+        .await?;
+    let files = match context.images.fetch(&package.spec.image, &auth).await {
         Ok((_, files)) => files,
         Err(e) => return Ok(UnpackOutcome::PullFailed(e.to_string())),
     };

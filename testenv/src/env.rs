@@ -57,6 +57,7 @@ pub struct TestEnv {
     hosted: Vec<ApiServer>,
     nats: Nats,
     registry: Registry,
+    authenticated_registry: Registry,
     etcd: etcd::Etcd,
     timings: StartupTimings,
 }
@@ -95,6 +96,11 @@ impl TestEnv {
         &self.registry
     }
 
+    /// OCI registry behind basic auth (see `Registry::credentials`).
+    pub fn authenticated_registry(&self) -> &Registry {
+        &self.authenticated_registry
+    }
+
     /// `http://127.0.0.1:<port>` of etcd.
     pub fn etcd_url(&self) -> String {
         format!("http://127.0.0.1:{}", self.etcd.client_port)
@@ -129,6 +135,10 @@ impl TestEnv {
         }
         processes.push(("nats-server".to_owned(), self.nats.process.pid()));
         processes.push(("docker-registry".to_owned(), self.registry.process.pid()));
+        processes.push((
+            "docker-registry (auth)".to_owned(),
+            self.authenticated_registry.process.pid(),
+        ));
         processes
             .into_iter()
             .filter_map(|(name, pid)| pid.map(|pid| (name, pid)))
@@ -148,6 +158,7 @@ impl Drop for TestEnv {
         }
         self.nats.process.stop();
         self.registry.process.stop();
+        self.authenticated_registry.process.stop();
         self.etcd.process.stop();
         let _ = std::fs::remove_dir_all(&self.root);
     }
@@ -186,13 +197,17 @@ async fn start_in(
         },
         async {
             let t = Instant::now();
-            registry::start(binaries, root)
-                .await
-                .map(|registry| (registry, timed(t)))
+            let (open, authenticated) = tokio::join!(
+                registry::start(binaries, root, false),
+                registry::start(binaries, root, true)
+            );
+            Ok::<_, TestEnvError>(((open?, authenticated?), timed(t)))
         },
         service_account_keys(binaries, &key, &public_key),
     );
     let (etcd, nats, registry) = (etcd?, nats?, registry?);
+    let ((registry, authenticated_registry), registry_time) = registry;
+    let registry = (registry, registry_time);
     keys?;
     (timings.etcd, timings.nats, timings.registry) = (etcd.1, nats.1, registry.1);
 
@@ -244,6 +259,7 @@ async fn start_in(
         hosted,
         nats: nats.0,
         registry: registry.0,
+        authenticated_registry,
         etcd: etcd.0,
         timings,
     })

@@ -39,5 +39,5 @@ pub use error::TestEnvError;
 pub use hypershift::{SimulatedHostedCluster, HOSTED_CLUSTERS_NAMESPACE, KUBECONFIG_SECRET};
 pub use manager::ManagerProcess;
 pub use nats::Nats;
-pub use registry::Registry;
+pub use registry::{Registry, REGISTRY_PASSWORD, REGISTRY_USER};
 pub use wait::wait_until;

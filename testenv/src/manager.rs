@@ -103,9 +103,13 @@ impl TestEnv {
             .arg("--install-crds")
             .arg("--health-addr")
             .arg(format!("127.0.0.1:{health_port}"))
-            // The environment's registry speaks plain HTTP.
+            // The environment's registries speak plain HTTP.
             .arg("--plain-http-registry")
-            .arg(self.registry().host())
+            .arg(format!(
+                "{},{}",
+                self.registry().host(),
+                self.authenticated_registry().host()
+            ))
             .args(extra_args)
             .env(
                 "RUST_LOG",

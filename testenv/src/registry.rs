@@ -1,4 +1,5 @@
-//! An OCI registry (distribution), plain HTTP on loopback.
+//! OCI registries (distribution), plain HTTP on loopback: an anonymous one, and one behind basic auth
+//! (htpasswd) for pull-secret tests.
 
 use std::path::Path;
 use std::process::Command;
@@ -11,11 +12,20 @@ use crate::process::{start_with_retries, ManagedProcess};
 
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The user of the authenticated registry.
+pub const REGISTRY_USER: &str = "pko";
+/// Its password.
+pub const REGISTRY_PASSWORD: &str = "pko-registry-secret";
+/// bcrypt (cost 6) of `REGISTRY_PASSWORD`, precomputed: distribution's htpasswd auth takes bcrypt only.
+const REGISTRY_PASSWORD_BCRYPT: &str =
+    "$2b$06$FW93WH9qzeu6tYe2dd4UDO30YZBOy2jLFcURfxEXpAhY0uoLCvLsy";
+
 /// A running OCI registry.
 #[derive(Debug)]
 pub struct Registry {
     pub(crate) process: ManagedProcess,
     port: u16,
+    authenticated: bool,
 }
 
 impl Registry {
@@ -23,29 +33,64 @@ impl Registry {
     pub fn host(&self) -> String {
         format!("127.0.0.1:{}", self.port)
     }
+
+    /// (user, password) when the registry requires basic auth (`REGISTRY_USER`/`REGISTRY_PASSWORD`).
+    pub fn credentials(&self) -> Option<(&'static str, &'static str)> {
+        self.authenticated
+            .then_some((REGISTRY_USER, REGISTRY_PASSWORD))
+    }
 }
 
-pub(crate) async fn start(binaries: &Binaries, dir: &Path) -> Result<Registry, TestEnvError> {
+/// Starts a registry; `authenticated` ones answer only `REGISTRY_USER` with `REGISTRY_PASSWORD`.
+pub(crate) async fn start(
+    binaries: &Binaries,
+    dir: &Path,
+    authenticated: bool,
+) -> Result<Registry, TestEnvError> {
+    let name = if authenticated {
+        "registry-auth"
+    } else {
+        "registry"
+    };
     start_with_retries(|attempt| async move {
         let port = free_port().map_err(io_error("allocate port", dir))?;
-        let config = dir.join("registry.yaml");
-        let text = format!(
+        let config = dir.join(format!("{name}.yaml"));
+        let mut text = format!(
             "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: \"{}\"\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\n",
-            dir.join(format!("registry-data-{attempt}")).display()
+            dir.join(format!("{name}-data-{attempt}")).display()
         );
+        if authenticated {
+            let htpasswd = dir.join(format!("{name}.htpasswd"));
+            std::fs::write(
+                &htpasswd,
+                format!("{REGISTRY_USER}:{REGISTRY_PASSWORD_BCRYPT}\n"),
+            )
+            .map_err(io_error("write", &htpasswd))?;
+            text.push_str(&format!(
+                "auth:\n  htpasswd:\n    realm: pko-test\n    path: \"{}\"\n",
+                htpasswd.display()
+            ));
+        }
         std::fs::write(&config, text).map_err(io_error("write", &config))?;
         let mut command = Command::new(&binaries.registry);
         command.arg("serve").arg(&config);
-        let process = ManagedProcess::spawn("docker-registry", command, &dir.join("registry.log"))?;
+        let process =
+            ManagedProcess::spawn("docker-registry", command, &dir.join(format!("{name}.log")))?;
+        // An authenticated registry is up when it challenges anonymous requests.
+        let ready = if authenticated { 401 } else { 200 };
         process
             .wait_ready(READY_TIMEOUT, || async move {
                 match http_get(port, "/v2/").await? {
-                    (200, _) => Ok(()),
+                    (status, _) if status == ready => Ok(()),
                     (status, body) => Err(format!("/v2/ answered {status}: {body}")),
                 }
             })
             .await?;
-        Ok(Registry { process, port })
+        Ok(Registry {
+            process,
+            port,
+            authenticated,
+        })
     })
     .await
 }

@@ -217,7 +217,11 @@ async fn dropping_an_environment_stops_its_servers_and_removes_its_files() {
     let env = TestEnv::start(MINIMAL).await.unwrap();
     let pids: Vec<u32> = env.processes().into_iter().map(|(_, pid)| pid).collect();
     let root = env.root_dir().to_owned();
-    assert_eq!(pids.len(), 4, "etcd, apiserver, nats-server, registry");
+    assert_eq!(
+        pids.len(),
+        5,
+        "etcd, apiserver, nats-server, two registries"
+    );
     assert!(pids.iter().all(|pid| alive(*pid)));
     drop(env);
     assert!(
@@ -275,7 +279,7 @@ async fn servers_die_with_a_crashing_test_process() {
         .split_whitespace()
         .map(|pid| pid.parse().unwrap())
         .collect();
-    assert_eq!(pids.len(), 4);
+    assert_eq!(pids.len(), 5);
     wait_until("servers of the aborted process gone", DEADLINE, || {
         let survivors: Vec<u32> = pids.iter().copied().filter(|pid| alive(*pid)).collect();
         async move {

@@ -46,7 +46,7 @@ pub enum ImageError {
 
 /// Pulls, caches and pushes package images; cheap to share.
 pub struct ImageStore {
-    client: Client,
+    protocol: ClientProtocol,
     by_digest: DashMap<String, Arc<PackageFiles>>,
     pulls: AtomicU64,
 }
@@ -60,13 +60,20 @@ impl ImageStore {
             ClientProtocol::HttpsExcept(insecure_registries)
         };
         Self {
-            client: Client::new(ClientConfig {
-                protocol,
-                ..ClientConfig::default()
-            }),
+            protocol,
             by_digest: DashMap::new(),
             pulls: AtomicU64::new(0),
         }
+    }
+
+    /// A registry client for one operation. oci-client remembers the first credentials it sees per
+    /// registry and ignores later ones, so a shared client would keep pulling with stale (or anonymous)
+    /// credentials after a pull secret is added or rotated.
+    fn client(&self) -> Client {
+        Client::new(ClientConfig {
+            protocol: self.protocol.clone(),
+            ..ClientConfig::default()
+        })
     }
 
     /// How many images were actually downloaded (cache misses).
@@ -83,16 +90,15 @@ impl ImageStore {
         auth: &RegistryAuth,
     ) -> Result<(String, Arc<PackageFiles>), ImageError> {
         let reference = parse_reference(image)?;
-        let digest = self
-            .client
+        let client = self.client();
+        let digest = client
             .fetch_manifest_digest(&reference, auth)
             .await
             .map_err(|e| registry_error(image, e))?;
         if let Some(files) = self.by_digest.get(&digest) {
             return Ok((digest, files.clone()));
         }
-        let data = self
-            .client
+        let data = client
             .pull(
                 &reference,
                 auth,
@@ -119,7 +125,7 @@ impl ImageStore {
         auth: &RegistryAuth,
     ) -> Result<String, ImageError> {
         let reference = parse_reference(image)?;
-        self.client
+        self.client()
             .fetch_manifest_digest(&reference, auth)
             .await
             .map_err(|e| registry_error(image, e))
@@ -138,7 +144,7 @@ impl ImageStore {
         let layer = ImageLayer::new(pack(files)?, IMAGE_LAYER_GZIP_MEDIA_TYPE.to_owned(), None);
         let config = Config::new(b"{}".to_vec(), IMAGE_CONFIG_MEDIA_TYPE.to_owned(), None);
         let pushed = self
-            .client
+            .client()
             .push(&reference, &[layer], config, auth, None)
             .await
             .map_err(|e| registry_error(image, e))?;

@@ -12,5 +12,6 @@ pub mod hbs_template;
 pub mod image;
 pub mod image_lock;
 pub mod loader;
+pub mod pull_auth;
 pub mod template;
 pub mod template_funcs;

@@ -14,6 +14,7 @@ use clap::{Parser, ValueEnum};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::Client;
 use pko_actors::context::ManagerContext;
+use pko_actors::pull_secrets::PullSecretSource;
 use tracing::{error, info};
 
 use crate::health::{request_metrics, HealthState};
@@ -50,6 +51,12 @@ struct Args {
     /// Registries to pull package images from over plain HTTP (local registries), comma-separated hosts.
     #[arg(long, env = "PKO_PLAIN_HTTP_REGISTRIES", value_delimiter = ',')]
     plain_http_registry: Vec<String>,
+    /// ServiceAccount whose imagePullSecrets authenticate package image pulls (the manager's own).
+    #[arg(long, env = "POD_SERVICE_ACCOUNT", default_value = "package-operator")]
+    service_account: String,
+    /// Namespace of that ServiceAccount.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "package-operator-system")]
+    service_account_namespace: String,
     /// Log format.
     #[arg(long, value_enum, default_value = "text")]
     log_format: LogFormat,
@@ -126,7 +133,14 @@ async fn run(args: Args) -> Result<(), ManagerError> {
         crd_install::install_crds(&client).await?;
         info!("CRDs installed");
     }
-    let context = ManagerContext::new(client.clone(), args.plain_http_registry.clone());
+    let context = ManagerContext::new(
+        client.clone(),
+        args.plain_http_registry.clone(),
+        PullSecretSource {
+            namespace: args.service_account_namespace.clone(),
+            service_account: args.service_account.clone(),
+        },
+    );
     let applier = context.applier.clone();
     let health = HealthState::new(move || request_metrics(applier.counts()));
     let bound = health::serve(args.health_addr, health.clone())

@@ -335,3 +335,84 @@ async fn pausing_a_package_pauses_its_revisions_until_unpaused() {
     .await;
     wait_package(&client, &ns, "held", "Available", "True", "Available").await;
 }
+
+/// The manager's ServiceAccount (its defaults: package-operator-system/package-operator) with a pull
+/// secret for the authenticated registry.
+async fn grant_pull_secret(client: &kube::Client, host: &str) {
+    use k8s_openapi::api::core::v1::{Namespace, Secret, ServiceAccount};
+    let (user, password) = env().authenticated_registry().credentials().unwrap();
+    let ns = "package-operator-system";
+    let namespace: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap();
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &namespace)
+        .await
+        .unwrap();
+    let config = json!({"auths": {host: {"username": user, "password": password}}});
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "registry-pull"},
+        "type": "kubernetes.io/dockerconfigjson",
+        "stringData": {".dockerconfigjson": config.to_string()},
+    }))
+    .unwrap();
+    Api::<Secret>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    let account: ServiceAccount = serde_json::from_value(json!({
+        "metadata": {"name": "package-operator"},
+        "imagePullSecrets": [{"name": "registry-pull"}],
+    }))
+    .unwrap();
+    Api::<ServiceAccount>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &account)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn private_images_pull_with_the_service_accounts_pull_secrets() {
+    let (client, ns) = setup("pkg-private").await;
+    let registry = env().authenticated_registry();
+    let host = registry.host();
+    let (user, password) = registry.credentials().unwrap();
+    let image = format!("{host}/private/greeter:v1");
+    let files: PackageFiles = [("manifest.yaml", MANIFEST), ("cm.yaml.gotmpl", CONFIGMAP)]
+        .iter()
+        .map(|(p, c)| ((*p).to_owned(), c.as_bytes().to_vec()))
+        .collect();
+    let basic = RegistryAuth::Basic(user.to_owned(), password.to_owned());
+    ImageStore::new(vec![host.clone()])
+        .push(&image, &files, &basic)
+        .await
+        .unwrap();
+    // Anonymous pushes are refused: the registry really wants credentials.
+    assert!(ImageStore::new(vec![host.clone()])
+        .push(&image, &files, &RegistryAuth::Anonymous)
+        .await
+        .is_err());
+
+    let packages = Api::<Package>::namespaced(client.clone(), &ns);
+    packages
+        .create(
+            &PostParams::default(),
+            &package("private", &image, json!({"greeting": "psst"})),
+        )
+        .await
+        .unwrap();
+    let message = wait_package(
+        &client,
+        &ns,
+        "private",
+        "Unpacked",
+        "False",
+        "ImagePullBackOff",
+    )
+    .await;
+    assert!(message.contains("access denied"), "{message}");
+
+    // With the pull secret on the manager's ServiceAccount the next retry pulls it; no restart.
+    grant_pull_secret(&client, &host).await;
+    wait_package(&client, &ns, "private", "Available", "True", "Available").await;
+    let cm = get_cm(&client, &ns, "private-greeting").await.unwrap();
+    assert_eq!(cm.data.unwrap()["greeting"], "psst");
+}
