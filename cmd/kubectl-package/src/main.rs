@@ -1,9 +1,12 @@
 //! `kubectl-package`: works with Package Operator packages. `validate` loads a package directory or a pulled
 //! image (manifest, lock file, templates, every object's phase and labels) and reports the first problem
 //! with file and line; `tree` prints the phases and objects the package produces; `build --push` validates
-//! a directory and pushes it as a package image; `update` locks the digests of the manifest's images.
+//! a directory and pushes it as a package image; `update` locks the digests of the manifest's images;
+//! `pause`, `unpause` and `rollout history` act on installed packages and deployments.
 //!
 //! Exit codes: 0 valid, 1 the package is invalid, 2 the command could not run (usage, unreadable files).
+
+mod cluster;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -41,6 +44,13 @@ enum Command {
         #[arg(long, value_delimiter = ',')]
         plain_http: Vec<String>,
     },
+    /// Pause a (Cluster)Package or (Cluster)ObjectDeployment: pko stops changing its objects.
+    Pause(cluster::Target),
+    /// Unpause it: pko reconciles its objects again.
+    Unpause(cluster::Target),
+    /// Rollouts of a (Cluster)Package or (Cluster)ObjectDeployment.
+    #[command(subcommand)]
+    Rollout(Rollout),
     Build {
         #[command(flatten)]
         source: Source,
@@ -48,6 +58,12 @@ enum Command {
         #[arg(long)]
         push: String,
     },
+}
+
+#[derive(Debug, Subcommand)]
+enum Rollout {
+    /// The revisions (ObjectSets): number, name, lifecycle state and availability, oldest first.
+    History(cluster::Target),
 }
 
 #[derive(Debug, clap::Args)]
@@ -252,6 +268,14 @@ fn update(dir: &Path, plain_http: &[String]) -> Result<String, Failure> {
     Ok(out.join("\n"))
 }
 
+fn on_cluster(
+    command: impl std::future::Future<Output = Result<String, cluster::ClusterError>>,
+) -> Result<String, Failure> {
+    runtime()?
+        .block_on(command)
+        .map_err(|e| Failure::CannotRun(e.to_string()))
+}
+
 fn tree(package: &LoadedPackage) -> String {
     let mut out = format!(
         "Package {}\n",
@@ -317,6 +341,9 @@ fn main() -> ExitCode {
         Command::Tree(source) => load(source, false).map(|(_, packages)| tree(&packages[0].1)),
         Command::Build { source, push } => build(source, push),
         Command::Update { path, plain_http } => update(path, plain_http),
+        Command::Pause(target) => on_cluster(cluster::set_paused(target, true)),
+        Command::Unpause(target) => on_cluster(cluster::set_paused(target, false)),
+        Command::Rollout(Rollout::History(target)) => on_cluster(cluster::history(target)),
     };
     match result {
         Ok(out) => {

@@ -220,6 +220,57 @@ async fn handlebars_package_renders_and_hands_over_on_update() {
     assert_eq!(eu_after.metadata.uid, eu.metadata.uid);
     let settings = get_cm(&client, &ns, "hb-settings").await.unwrap();
     assert_eq!(settings.data.unwrap()["regions"], "eu");
+
+    // `rollout history` shows both revisions; `pause`/`unpause` flip spec.paused.
+    let kubeconfig = env().management().kubeconfig_path().display().to_string();
+    let cli = |args: &[&str]| {
+        let out = Command::new(kubectl_package())
+            .args(args)
+            .args(["-n", &ns, "--kubeconfig", &kubeconfig])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned() + &stderr,
+        )
+    };
+    let history = wait_until("revision 1 archived", TIMEOUT, || async {
+        match cli(&["rollout", "history", "package", "hb"]) {
+            (Some(0), out) if out.contains("Archived") => Ok(out),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await
+    .unwrap();
+    let rows: Vec<Vec<&str>> = history
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(rows[0], ["REVISION", "OBJECTSET", "LIFECYCLE", "AVAILABLE"]);
+    assert_eq!((rows[1][0], rows[1][2]), ("1", "Archived"), "{history}");
+    assert_eq!(
+        (rows[2][0], rows[2][2], rows[2][3]),
+        ("2", "Active", "True"),
+        "{history}"
+    );
+    assert_eq!(rows.len(), 3, "{history}");
+
+    assert_eq!(
+        cli(&["pause", "pkg", "hb"]),
+        (Some(0), "package/hb paused\n".to_owned())
+    );
+    let paused = package_api(&client, Some(&ns)).get("hb").await.unwrap();
+    assert_eq!(paused.data["spec"]["paused"], true);
+    assert_eq!(
+        cli(&["unpause", "pkg", "hb"]),
+        (Some(0), "package/hb unpaused\n".to_owned())
+    );
+    let unpaused = package_api(&client, Some(&ns)).get("hb").await.unwrap();
+    assert_eq!(unpaused.data["spec"]["paused"], false);
+    let (code, out) = cli(&["rollout", "history", "od", "nope"]);
+    assert_eq!(code, Some(2));
+    assert!(out.contains("objectdeployment/nope not found"), "{out}");
 }
 
 #[tokio::test]
