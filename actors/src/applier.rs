@@ -48,6 +48,20 @@ pub enum ApplyError {
 }
 
 impl ApplyError {
+    /// True when retrying the same request cannot help: the kind is not served, the namespace does not
+    /// fit its scope, or the apiserver rejected the object itself (400, 403, 404, 422).
+    pub fn is_permanent(&self) -> bool {
+        match self {
+            ApplyError::UnknownKind { .. }
+            | ApplyError::MissingNamespace { .. }
+            | ApplyError::UnexpectedNamespace { .. } => true,
+            ApplyError::Api { source, .. } => {
+                matches!(source.as_ref(), kube::Error::Api(s) if matches!(s.code, 400 | 403 | 404 | 422))
+            }
+            ApplyError::Decode { .. } => false,
+        }
+    }
+
     /// True for conflicts and failed preconditions: the object changed under us; re-read and retry.
     pub fn is_conflict(&self) -> bool {
         matches!(self, ApplyError::Api { source, .. } if matches!(source.as_ref(), kube::Error::Api(s) if s.code == 409))

@@ -16,6 +16,7 @@ pub mod object_deployment_actor;
 pub mod object_meta;
 pub mod object_set_actor;
 pub mod object_set_plan;
+pub mod object_template_actor;
 pub mod package;
 pub mod package_actor;
 pub mod package_object;
@@ -25,3 +26,4 @@ pub mod pull_secrets;
 pub mod registry;
 
 pub mod set_object;
+pub mod template_object;

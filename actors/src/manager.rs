@@ -6,6 +6,7 @@ use actix::{Actor, System};
 use pko_proto::core::object_deployment::{ClusterObjectDeployment, ObjectDeployment};
 use pko_proto::core::object_set::{ClusterObjectSet, ObjectSet};
 use pko_proto::core::object_set_phase::{ClusterObjectSetPhase, ObjectSetPhase};
+use pko_proto::core::object_template::{ClusterObjectTemplate, ObjectTemplate};
 use pko_proto::core::package::{ClusterPackage, Package};
 
 use crate::context::ManagerContext;
@@ -14,6 +15,7 @@ use crate::kind_feed::{KindFeed, Tap};
 use crate::object_deployment_actor::{ObjectDeploymentActor, RevisionChanged};
 use crate::object_meta::MetaView;
 use crate::object_set_actor::ObjectSetActor;
+use crate::object_template_actor::ObjectTemplateActor;
 use crate::package_actor::{DeploymentChanged, PackageActor};
 use crate::registry::{ObjectRef, Registry};
 use crate::set_object::{SetKind, SetObject};
@@ -23,6 +25,7 @@ pub struct Engine {
     pub sets: Arc<Registry<ObjectSetActor>>,
     pub deployments: Arc<Registry<ObjectDeploymentActor>>,
     pub packages: Arc<Registry<PackageActor>>,
+    pub templates: Arc<Registry<ObjectTemplateActor>>,
 }
 
 impl Engine {
@@ -105,10 +108,14 @@ pub fn start(context: ManagerContext) -> Engine {
     KindFeed::<ClusterObjectDeployment, _>::new(context.clone(), deployments.clone(), od_tap)
         .start();
     KindFeed::<Package, _>::new(context.clone(), packages.clone(), None).start();
-    KindFeed::<ClusterPackage, _>::new(context, packages.clone(), None).start();
+    KindFeed::<ClusterPackage, _>::new(context.clone(), packages.clone(), None).start();
+    let templates: Arc<Registry<ObjectTemplateActor>> = Arc::default();
+    KindFeed::<ObjectTemplate, _>::new(context.clone(), templates.clone(), None).start();
+    KindFeed::<ClusterObjectTemplate, _>::new(context, templates.clone(), None).start();
     Engine {
         sets,
         deployments,
         packages,
+        templates,
     }
 }

@@ -8,5 +8,6 @@ pub mod drift;
 pub mod label_selector;
 pub mod object_ref;
 pub mod object_set_status;
+pub mod object_template;
 pub mod probe;
 pub mod template_hash;
