@@ -1,9 +1,11 @@
 //! `pko-loadtest`: measurements on the real environment. `env-startup`: start-up time and memory of the
 //! environment itself. `object-set`: the object engine against a plain server-side-apply loop, write
-//! counts of an unchanged set, and status-change latency.
+//! counts of an unchanged set, and status-change latency. `package`: Package created to Available with a
+//! cold and a warm image, and package render time.
 
 mod env_startup;
 mod object_set_bench;
+mod package_bench;
 
 use std::path::PathBuf;
 
@@ -40,6 +42,19 @@ enum Measurement {
         #[arg(long)]
         manager: Option<PathBuf>,
     },
+    /// Package created -> Available with an image not yet pulled and with a pulled one; load and render
+    /// time of a package of N objects.
+    Package {
+        /// Packages per case.
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// Objects in the rendered package.
+        #[arg(long, default_value_t = 1000)]
+        render_objects: usize,
+        /// pko-manager binary (default: next to this binary).
+        #[arg(long)]
+        manager: Option<PathBuf>,
+    },
 }
 
 #[tokio::main]
@@ -54,6 +69,11 @@ async fn main() -> std::process::ExitCode {
             latency_samples,
             manager,
         } => object_set_bench::run(objects, latency_samples, manager).await,
+        Measurement::Package {
+            runs,
+            render_objects,
+            manager,
+        } => package_bench::run(runs, render_objects, manager).await,
     }
 }
 

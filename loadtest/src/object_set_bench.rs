@@ -23,7 +23,7 @@ fn configmap(i: usize) -> Value {
            "data": {"index": i.to_string(), "payload": "x".repeat(256)}})
 }
 
-fn manager_path(explicit: Option<PathBuf>) -> Result<PathBuf, String> {
+pub fn manager_path(explicit: Option<PathBuf>) -> Result<PathBuf, String> {
     if let Some(p) = explicit {
         return Ok(p);
     }
@@ -66,7 +66,7 @@ async fn wait_available(api: &Api<ObjectSet>, name: &str, want: bool) -> Result<
     .map_err(|e| e.to_string())
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
+pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
     let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[index.min(sorted.len() - 1)]
 }
