@@ -14,6 +14,7 @@ use crate::context::ManagerContext;
 use crate::engine::template_hash::value_hash;
 use crate::kind_feed::{FeedTarget, Gone, Observed};
 use crate::object_meta::MetaView;
+use crate::package::chunking::{chunk, ChunkingStrategy, CHUNKING_ANNOTATION};
 use crate::package::deployment::{
     package_conditions, package_deployment, scope_error, UnpackOutcome,
 };
@@ -29,12 +30,23 @@ const BACKOFF_MAX: Duration = Duration::from_secs(300);
 #[rtype(result = "()")]
 pub struct DeploymentChanged;
 
-/// Hash of a package spec: a new one means unpacking again.
+/// The package's chunking annotation.
+fn chunking_annotation(package: &PackageObject) -> Option<&str> {
+    package
+        .meta
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(CHUNKING_ANNOTATION))
+        .map(String::as_str)
+}
+
+/// Hash of what an unpack depends on (spec and chunking strategy): a new one means unpacking again.
 fn spec_hash(package: &PackageObject) -> String {
-    format!(
-        "{:016x}",
-        value_hash(&serde_json::to_value(&package.spec).unwrap_or_default())
-    )
+    let input = serde_json::json!({
+        "spec": package.spec,
+        "chunking": chunking_annotation(package),
+    });
+    format!("{:016x}", value_hash(&input))
 }
 
 /// Pulls, loads and applies; returns the outcome (errors become outcomes, except apiserver failures).
@@ -57,7 +69,7 @@ async fn unpack(
         package.spec.config.as_ref(),
         |_, config| package.template_context(config, &version),
     );
-    let loaded = match loaded {
+    let mut loaded = match loaded {
         Ok(loaded) => loaded,
         Err(e) => return Ok(UnpackOutcome::Invalid(e.to_string())),
     };
@@ -65,11 +77,23 @@ async fn unpack(
     if let Some(message) = scope_error(&reference, &loaded) {
         return Ok(UnpackOutcome::Invalid(message));
     }
+    let strategy = match ChunkingStrategy::from_annotation(chunking_annotation(package)) {
+        Ok(strategy) => strategy,
+        Err(message) => return Ok(UnpackOutcome::Invalid(message)),
+    };
+    let (phases, slices) = chunk(package.name(), std::mem::take(&mut loaded.phases), strategy);
+    loaded.phases = phases;
+    package
+        .apply_slices(context.client.clone(), &slices)
+        .await?;
     package
         .apply_deployment(
             context.client.clone(),
             &package_deployment(&reference, &loaded),
         )
+        .await?;
+    package
+        .prune_slices(context.client.clone(), &slices)
         .await?;
     Ok(UnpackOutcome::Unpacked)
 }
@@ -219,7 +243,9 @@ impl Handler<Observed<PackageObject>> for PackageActor {
     fn handle(&mut self, Observed(package): Observed<PackageObject>, ctx: &mut Context<Self>) {
         // Our own status writes come back through the watch; they need no reconcile.
         let unchanged = self.package.as_ref().is_some_and(|known| {
-            known.generation() == package.generation() && known.status == package.status
+            known.generation() == package.generation()
+                && known.status == package.status
+                && chunking_annotation(known) == chunking_annotation(&package)
         });
         if self
             .package

@@ -1,7 +1,9 @@
 //! One view of Package and ClusterPackage for the Package actor, with the calls it makes.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
-use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, Preconditions,
+};
 use kube::{Api, Client};
 use pko_proto::core::object_deployment::{ClusterObjectDeployment, ObjectDeployment};
 use pko_proto::core::package::{ClusterPackage, Package, PackageSpec, PackageStatus};
@@ -9,7 +11,9 @@ use serde_json::{json, Value};
 
 use crate::engine::desired_object::FIELD_MANAGER;
 use crate::object_meta::MetaView;
+use crate::package::chunking::{Slice, SLICE_OWNER_LABEL};
 use crate::package::deployment::PackageRef;
+use pko_proto::core::object_slice::{ClusterObjectSlice, ObjectSlice};
 
 /// What a Package copies from its ObjectDeployment.
 #[derive(Debug, Clone, PartialEq)]
@@ -147,6 +151,99 @@ impl PackageObject {
             generation: od.metadata.generation.unwrap_or_default(),
             revision: od.data.pointer("/status/revision").and_then(Value::as_i64),
         }))
+    }
+
+    fn slice_api(&self, client: Client) -> Api<DynamicObject> {
+        let resource = if self.cluster {
+            ApiResource::erase::<ClusterObjectSlice>(&())
+        } else {
+            ApiResource::erase::<ObjectSlice>(&())
+        };
+        self.api(client, &resource)
+    }
+
+    /// Server-side applies the slices of the package's deployment: labelled with the deployment, owned
+    /// (not controlled) by the Package; the ObjectSets using a slice add themselves as owners.
+    pub async fn apply_slices(&self, client: Client, slices: &[Slice]) -> Result<(), kube::Error> {
+        let api = self.slice_api(client);
+        for slice in slices {
+            let mut metadata = json!({
+                "name": slice.name,
+                "labels": { SLICE_OWNER_LABEL: self.name() },
+                "ownerReferences": [self.owner_reference()],
+            });
+            if !self.cluster {
+                metadata["namespace"] = json!(self.namespace());
+            }
+            let body = json!({
+                "apiVersion": format!("{}/{}", pko_proto::GROUP, pko_proto::VERSION),
+                "kind": if self.cluster { "ClusterObjectSlice" } else { "ObjectSlice" },
+                "metadata": metadata,
+                "objects": slice.objects,
+            });
+            api.patch(
+                &slice.name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&body),
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// Lets go of the deployment's slices the current template no longer names: deleted when only the
+    /// Package owns them, otherwise the Package's owner reference is dropped so the garbage collector
+    /// removes them with the last ObjectSet using them.
+    pub async fn prune_slices(&self, client: Client, current: &[Slice]) -> Result<(), kube::Error> {
+        let api = self.slice_api(client);
+        let listed = api
+            .list(&ListParams::default().labels(&format!("{SLICE_OWNER_LABEL}={}", self.name())))
+            .await?;
+        for slice in listed.items {
+            let name = slice.metadata.name.clone().unwrap_or_default();
+            if current.iter().any(|s| s.name == name) {
+                continue;
+            }
+            let owners = slice.metadata.owner_references.clone().unwrap_or_default();
+            let others: Vec<_> = owners.iter().filter(|o| o.uid != self.uid()).collect();
+            if others.len() == owners.len() {
+                continue;
+            }
+            let result = if others.is_empty() {
+                let preconditions = Preconditions {
+                    uid: slice.metadata.uid.clone(),
+                    resource_version: slice.metadata.resource_version.clone(),
+                };
+                api.delete(&name, &DeleteParams::default().preconditions(preconditions))
+                    .await
+                    .map(|_| ())
+            } else {
+                // The resourceVersion makes the patch fail if an ObjectSet changed the list meanwhile.
+                let patch = json!({"metadata": {
+                    "ownerReferences": others,
+                    "resourceVersion": slice.metadata.resource_version,
+                }});
+                api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .map(|_| ())
+            };
+            match result {
+                Ok(()) => {}
+                // Gone or changed meanwhile: the next unpack looks again.
+                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    fn owner_reference(&self) -> Value {
+        json!({
+            "apiVersion": format!("{}/{}", pko_proto::GROUP, pko_proto::VERSION),
+            "kind": self.kind(),
+            "name": self.name(),
+            "uid": self.uid(),
+        })
     }
 
     /// Writes `status` through the status subresource.

@@ -3,6 +3,7 @@
 //!
 //! Pure apart from reading a directory in `files.rs`; the Package actor and `kubectl-package` share it.
 
+pub mod chunking;
 pub mod components;
 pub mod config;
 pub mod deployment;

@@ -416,3 +416,151 @@ async fn private_images_pull_with_the_service_accounts_pull_secrets() {
     let cm = get_cm(&client, &ns, "private-greeting").await.unwrap();
     assert_eq!(cm.data.unwrap()["greeting"], "psst");
 }
+
+const THREE_CONFIGMAPS: &str = "{{- range $name := list \"a\" \"b\" \"c\" }}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: {{ $.package.metadata.name }}-{{ $name }}
+  annotations:
+    package-operator.run/phase: config
+data:
+  greeting: {{ $.config.greeting | quote }}
+  name: {{ $name }}
+{{- end }}
+";
+
+#[tokio::test]
+async fn chunked_packages_store_their_objects_in_slices() {
+    use pko_proto::core::object_slice::ObjectSlice;
+    let (client, ns) = setup("pkg-chunks").await;
+    let image = push(
+        "chunked:v1",
+        &[
+            ("manifest.yaml", MANIFEST),
+            ("cms.yaml.gotmpl", THREE_CONFIGMAPS),
+        ],
+    )
+    .await;
+    let mut chunked = package("chunked", &image, json!({"greeting": "hi"}));
+    chunked.metadata.annotations = Some(
+        [(
+            "packages.package-operator.run/chunking-strategy".to_owned(),
+            "EachObject".to_owned(),
+        )]
+        .into(),
+    );
+    let packages = Api::<Package>::namespaced(client.clone(), &ns);
+    packages
+        .create(&PostParams::default(), &chunked)
+        .await
+        .unwrap();
+    wait_package(&client, &ns, "chunked", "Available", "True", "Available").await;
+    for name in ["chunked-a", "chunked-b", "chunked-c"] {
+        assert!(get_cm(&client, &ns, name).await.is_some(), "{name}");
+    }
+    let od = Api::<ObjectDeployment>::namespaced(client.clone(), &ns)
+        .get("chunked")
+        .await
+        .unwrap();
+    let phase = &od.spec.template.spec.phases[0];
+    assert!(phase.objects.is_empty());
+    assert_eq!(phase.slices.len(), 3);
+    let slices = Api::<ObjectSlice>::namespaced(client.clone(), &ns);
+    let owned_by_package = |list: &[ObjectSlice], uid: &str| -> Vec<String> {
+        let mut names: Vec<String> = list
+            .iter()
+            .filter(|s| {
+                s.metadata
+                    .owner_references
+                    .iter()
+                    .flatten()
+                    .any(|o| o.uid == uid)
+            })
+            .map(|s| s.metadata.name.clone().unwrap())
+            .collect();
+        names.sort();
+        names
+    };
+    let uid = packages.get("chunked").await.unwrap().metadata.uid.unwrap();
+    let listed = slices
+        .list(&kube::api::ListParams::default().labels("slices.package-operator.run/owner=chunked"))
+        .await
+        .unwrap()
+        .items;
+    let mut expected = phase.slices.clone();
+    expected.sort();
+    assert_eq!(owned_by_package(&listed, &uid), expected);
+
+    // New config: three new slices; the Package lets go of the old ones (their revision keeps them).
+    packages
+        .patch(
+            "chunked",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"config": {"greeting": "hello"}}})),
+        )
+        .await
+        .unwrap();
+    wait_cm(&client, &ns, "chunked-b", |cm| {
+        cm.data.as_ref().is_some_and(|d| d["greeting"] == "hello")
+    })
+    .await;
+    let od = Api::<ObjectDeployment>::namespaced(client.clone(), &ns)
+        .get("chunked")
+        .await
+        .unwrap();
+    let mut current = od.spec.template.spec.phases[0].slices.clone();
+    current.sort();
+    assert!(current.iter().all(|s| !expected.contains(s)));
+    wait_until(
+        "the Package owns only the current slices",
+        TIMEOUT,
+        || async {
+            let listed = slices
+                .list(
+                    &kube::api::ListParams::default()
+                        .labels("slices.package-operator.run/owner=chunked"),
+                )
+                .await
+                .map_err(|e| e.to_string())?
+                .items;
+            let owned = owned_by_package(&listed, &uid);
+            if owned == current {
+                Ok(())
+            } else {
+                Err(format!("{owned:?}"))
+            }
+        },
+    )
+    .await
+    .unwrap();
+
+    // An unknown strategy is a clear Invalid.
+    packages
+        .patch(
+            "chunked",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"metadata": {"annotations": {
+                "packages.package-operator.run/chunking-strategy": "Everything"}}})),
+        )
+        .await
+        .unwrap();
+    let message = wait_until("Invalid for the annotation", TIMEOUT, || async {
+        let p = packages.get("chunked").await.map_err(|e| e.to_string())?;
+        p.status
+            .and_then(|s| {
+                s.conditions
+                    .into_iter()
+                    .find(|c| c.type_ == "Invalid" && c.status == "True")
+            })
+            .map(|c| c.message)
+            .ok_or_else(|| "not yet".to_owned())
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        message,
+        "annotation packages.package-operator.run/chunking-strategy: \"Everything\" is not NoOp, EachObject or BinpackNextFit"
+    );
+}
