@@ -16,3 +16,4 @@ pub mod loader;
 pub mod pull_auth;
 pub mod template;
 pub mod template_funcs;
+pub mod test_fixtures;

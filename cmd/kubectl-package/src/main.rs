@@ -18,6 +18,7 @@ use pko_actors::package::components::component_names;
 use pko_actors::package::files::{from_dir, PackageFiles};
 use pko_actors::package::image::ImageStore;
 use pko_actors::package::image_lock::lock_for;
+use pko_actors::package::test_fixtures::{fixture_diff, render_case, FIXTURE_DIR};
 use pko_actors::package::loader::{load_installable, load_manifest, LoadedPackage};
 use serde_json::{json, Value};
 
@@ -185,7 +186,59 @@ fn load(source: &Source, every_component: bool) -> Result<(PackageFiles, Vec<Loa
             loaded.push((Some(name), package));
         }
     }
+    if let (true, Some(dir)) = (every_component, &source.path) {
+        for (component, package) in &loaded {
+            check_fixtures(dir, &files, component.as_deref(), package)?;
+        }
+    }
     Ok((files, loaded))
+}
+
+/// Renders the package's template test cases and compares each with its fixture under
+/// `.test-fixtures/` (written when missing).
+fn check_fixtures(
+    dir: &Path,
+    files: &PackageFiles,
+    component: Option<&str>,
+    package: &LoadedPackage,
+) -> Result<(), Failure> {
+    let cases = package
+        .manifest
+        .test
+        .as_ref()
+        .map(|t| t.template.as_slice())
+        .unwrap_or_default();
+    let package_dir = match component {
+        Some(name) => dir.join("components").join(name),
+        None => dir.to_owned(),
+    };
+    for case in cases {
+        let actual = render_case(files, component, case).map_err(|e| {
+            Failure::Invalid(format!("test case {:?}: {e}", case.name))
+        })?;
+        let relative = format!("{FIXTURE_DIR}/{}.yaml", case.name);
+        let path = package_dir.join(&relative);
+        let cannot = |e: std::io::Error| Failure::CannotRun(format!("{}: {e}", path.display()));
+        match std::fs::read_to_string(&path) {
+            Ok(expected) => {
+                if let Some(diff) = fixture_diff(&expected, &actual) {
+                    return Err(Failure::Invalid(format!(
+                        "test case {:?}: output differs from {relative} (delete it to accept the new output):\n{diff}",
+                        case.name
+                    )));
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                if let Some(parent) = path.parent() {
+                    std::fs::create_dir_all(parent).map_err(cannot)?;
+                }
+                std::fs::write(&path, actual).map_err(cannot)?;
+                eprintln!("wrote fixture {}", path.display());
+            }
+            Err(e) => return Err(cannot(e)),
+        }
+    }
+    Ok(())
 }
 
 fn summary(component: Option<&str>, package: &LoadedPackage) -> String {

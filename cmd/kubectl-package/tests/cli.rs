@@ -187,15 +187,50 @@ fn locked_images_reach_templates_as_repository_at_digest() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// A private copy of an example package (tests edit it).
+/// A private copy of an example package, subdirectories included (tests edit it).
 fn tempdir_copy(example: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("pko-cli-{example}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    for entry in std::fs::read_dir(packages().join(example)).unwrap() {
-        let entry = entry.unwrap();
-        if entry.file_type().unwrap().is_file() {
-            std::fs::copy(entry.path(), dir.join(entry.file_name())).unwrap();
+    fn copy(from: &std::path::Path, to: &std::path::Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for entry in std::fs::read_dir(from).unwrap() {
+            let entry = entry.unwrap();
+            let target = to.join(entry.file_name());
+            if entry.file_type().unwrap().is_dir() {
+                copy(&entry.path(), &target);
+            } else {
+                std::fs::copy(entry.path(), target).unwrap();
+            }
         }
     }
+    let dir = std::env::temp_dir().join(format!("pko-cli-{example}-{}", std::process::id()));
+    copy(&packages().join(example), &dir);
     dir
+}
+
+#[test]
+fn template_test_cases_are_kept_as_fixtures_and_diffed() {
+    let dir = tempdir_copy("simple");
+    let path = dir.to_str().unwrap();
+    let config = packages().join("simple-config.yaml");
+    let validate = || run(&["validate", path, "--config", config.to_str().unwrap()]);
+    let out = validate();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("wrote fixture"), "the committed fixtures match");
+
+    let fixture = dir.join(".test-fixtures/namespaced.yaml");
+    let text = std::fs::read_to_string(&fixture).unwrap();
+    std::fs::write(&fixture, text.replace("replicas: 2", "replicas: 5")).unwrap();
+    let out = validate();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("invalid package: test case \"namespaced\": output differs from .test-fixtures/namespaced.yaml (delete it to accept the new output):\nline 16: -\"  replicas: 5\" +\"  replicas: 2\""),
+        "{}",
+        stderr(&out)
+    );
+
+    std::fs::remove_file(&fixture).unwrap();
+    let out = validate();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stderr(&out).contains("wrote fixture"), "{}", stderr(&out));
+    assert_eq!(std::fs::read_to_string(&fixture).unwrap(), text);
+    std::fs::remove_dir_all(&dir).unwrap();
 }
