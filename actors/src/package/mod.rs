@@ -13,6 +13,7 @@ pub mod hbs_template;
 pub mod image;
 pub mod image_lock;
 pub mod loader;
+pub mod oci_layout;
 pub mod pull_auth;
 pub mod template;
 pub mod template_funcs;

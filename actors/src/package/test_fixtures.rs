@@ -96,7 +96,10 @@ mod tests {
         assert!(text.starts_with("# Phase main\n---\n"), "{text}");
         assert!(text.contains("name: pkg"), "{text}");
         assert!(text.contains("namespace: team"), "{text}");
-        assert!(text.contains("size: '1'") || text.contains("size: \"1\""), "{text}");
+        assert!(
+            text.contains("size: '1'") || text.contains("size: \"1\""),
+            "{text}"
+        );
     }
 
     #[test]

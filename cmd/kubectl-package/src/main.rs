@@ -18,8 +18,9 @@ use pko_actors::package::components::component_names;
 use pko_actors::package::files::{from_dir, PackageFiles};
 use pko_actors::package::image::ImageStore;
 use pko_actors::package::image_lock::lock_for;
-use pko_actors::package::test_fixtures::{fixture_diff, render_case, FIXTURE_DIR};
 use pko_actors::package::loader::{load_installable, load_manifest, LoadedPackage};
+use pko_actors::package::oci_layout::{read_layout, write_layout};
+use pko_actors::package::test_fixtures::{fixture_diff, render_case, FIXTURE_DIR};
 use serde_json::{json, Value};
 
 #[derive(Debug, Parser)]
@@ -52,12 +53,19 @@ enum Command {
     /// Rollouts of a (Cluster)Package or (Cluster)ObjectDeployment.
     #[command(subcommand)]
     Rollout(Rollout),
+    #[command(group(clap::ArgGroup::new("target").required(true).multiple(true).args(["push", "output"])))]
     Build {
         #[command(flatten)]
         source: Source,
         /// Image reference to push to (registry/repository:tag).
         #[arg(long)]
-        push: String,
+        push: Option<String>,
+        /// Write the image as an OCI layout tar to this file.
+        #[arg(long)]
+        output: Option<PathBuf>,
+        /// Tag recorded in the OCI layout (with --output only).
+        #[arg(long, default_value = "latest")]
+        tag: String,
     },
 }
 
@@ -69,7 +77,7 @@ enum Rollout {
 
 #[derive(Debug, clap::Args)]
 struct Source {
-    /// Package directory (holding manifest.yaml); omit with --pull.
+    /// Package directory (holding manifest.yaml) or OCI layout tar (`build --output`); omit with --pull.
     #[arg(required_unless_present = "pull")]
     path: Option<PathBuf>,
     /// Load the package from this image instead of a directory.
@@ -137,6 +145,12 @@ fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
 
 fn files(source: &Source) -> Result<PackageFiles, Failure> {
     match (&source.path, &source.pull) {
+        (Some(path), _) if path.is_file() => {
+            let bytes = std::fs::read(path)
+                .map_err(|e| Failure::CannotRun(format!("{}: {e}", path.display())))?;
+            read_layout(&path.display().to_string(), &bytes)
+                .map_err(|e| Failure::CannotRun(e.to_string()))
+        }
         (Some(path), _) => from_dir(Path::new(path))
             .map_err(|e| Failure::CannotRun(format!("{}: {e}", path.display()))),
         (None, Some(image)) => {
@@ -213,9 +227,8 @@ fn check_fixtures(
         None => dir.to_owned(),
     };
     for case in cases {
-        let actual = render_case(files, component, case).map_err(|e| {
-            Failure::Invalid(format!("test case {:?}: {e}", case.name))
-        })?;
+        let actual = render_case(files, component, case)
+            .map_err(|e| Failure::Invalid(format!("test case {:?}: {e}", case.name)))?;
         let relative = format!("{FIXTURE_DIR}/{}.yaml", case.name);
         let path = package_dir.join(&relative);
         let cannot = |e: std::io::Error| Failure::CannotRun(format!("{}: {e}", path.display()));
@@ -250,17 +263,37 @@ fn summary(component: Option<&str>, package: &LoadedPackage) -> String {
     )
 }
 
-fn build(source: &Source, image: &str) -> Result<String, Failure> {
+fn build(
+    source: &Source,
+    push: Option<&str>,
+    output: Option<&Path>,
+    tag: &str,
+) -> Result<String, Failure> {
     let (files, packages) = load(source, true)?;
     for (component, package) in &packages {
         eprintln!("{}", summary(component.as_deref(), package));
     }
-    eprintln!("pushing {} files to {image}", files.len());
-    let store = ImageStore::new(source.plain_http.clone());
-    let url = runtime()?
-        .block_on(store.push(image, &files, &auth()))
-        .map_err(|e| Failure::CannotRun(e.to_string()))?;
-    Ok(format!("Pushed {image} ({url})"))
+    let mut done = Vec::new();
+    if let Some(output) = output {
+        let tar = write_layout(&files, tag).map_err(|e| Failure::CannotRun(e.to_string()))?;
+        std::fs::write(output, &tar)
+            .map_err(|e| Failure::CannotRun(format!("{}: {e}", output.display())))?;
+        done.push(format!(
+            "Wrote {} ({} files, {} bytes)",
+            output.display(),
+            files.len(),
+            tar.len()
+        ));
+    }
+    if let Some(image) = push {
+        eprintln!("pushing {} files to {image}", files.len());
+        let store = ImageStore::new(source.plain_http.clone());
+        let url = runtime()?
+            .block_on(store.push(image, &files, &auth()))
+            .map_err(|e| Failure::CannotRun(e.to_string()))?;
+        done.push(format!("Pushed {image} ({url})"));
+    }
+    Ok(done.join("\n"))
 }
 
 /// Locks the images of the package (or component) in `dir`; returns what it did.
@@ -392,7 +425,12 @@ fn main() -> ExitCode {
                 .join("\n")
         }),
         Command::Tree(source) => load(source, false).map(|(_, packages)| tree(&packages[0].1)),
-        Command::Build { source, push } => build(source, push),
+        Command::Build {
+            source,
+            push,
+            output,
+            tag,
+        } => build(source, push.as_deref(), output.as_deref(), tag),
         Command::Update { path, plain_http } => update(path, plain_http),
         Command::Pause(target) => on_cluster(cluster::set_paused(target, true)),
         Command::Unpause(target) => on_cluster(cluster::set_paused(target, false)),

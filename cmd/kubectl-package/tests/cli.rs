@@ -214,7 +214,10 @@ fn template_test_cases_are_kept_as_fixtures_and_diffed() {
     let validate = || run(&["validate", path, "--config", config.to_str().unwrap()]);
     let out = validate();
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    assert!(!stderr(&out).contains("wrote fixture"), "the committed fixtures match");
+    assert!(
+        !stderr(&out).contains("wrote fixture"),
+        "the committed fixtures match"
+    );
 
     let fixture = dir.join(".test-fixtures/namespaced.yaml");
     let text = std::fs::read_to_string(&fixture).unwrap();
@@ -233,4 +236,35 @@ fn template_test_cases_are_kept_as_fixtures_and_diffed() {
     assert!(stderr(&out).contains("wrote fixture"), "{}", stderr(&out));
     assert_eq!(std::fs::read_to_string(&fixture).unwrap(), text);
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn build_writes_an_oci_layout_that_validates_like_the_directory() {
+    let tar = std::env::temp_dir().join(format!("pko-cli-layout-{}.tar", std::process::id()));
+    let tar_arg = tar.to_str().unwrap();
+    let out = run(&[
+        "build",
+        "handlebars",
+        "--output",
+        tar_arg,
+        "--tag",
+        "handlebars:v1",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stdout(&out).starts_with(&format!("Wrote {tar_arg} (")),
+        "{}",
+        stdout(&out)
+    );
+    let from_tar = run(&["tree", tar_arg]);
+    assert_eq!(from_tar.status.code(), Some(0), "{}", stderr(&from_tar));
+    assert_eq!(stdout(&from_tar), stdout(&run(&["tree", "handlebars"])));
+
+    // A broken package is not written; neither target is a usage error.
+    std::fs::remove_file(&tar).unwrap();
+    let out = run(&["build", "missing-gvk", "--output", tar_arg]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(!tar.exists());
+    let out = run(&["build", "handlebars"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
 }

@@ -160,3 +160,36 @@ fn update_locks_the_digests_of_the_manifest_images() {
         .contains(&moved));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The OCI layout `build --output` writes is a standard one: skopeo copies it into the registry, and the
+/// copy pulls and renders like the directory.
+#[test]
+fn oci_layouts_copy_into_a_registry_with_skopeo() {
+    let host = pko_testenv::shared().unwrap().registry().host();
+    let tar = std::env::temp_dir().join(format!("pko-skopeo-{}.tar", std::process::id()));
+    let tar_arg = tar.to_str().unwrap();
+    let out = run(&[
+        "build",
+        "handlebars",
+        "--output",
+        tar_arg,
+        "--tag",
+        "handlebars:v1",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let image = format!("{host}/layouts/handlebars:v1");
+    let copied = Command::new("skopeo")
+        .args(["copy", "--dest-tls-verify=false"])
+        .arg(format!("oci-archive:{tar_arg}"))
+        .arg(format!("docker://{image}"))
+        .output()
+        .unwrap();
+    assert!(copied.status.success(), "{}", text(&copied.stderr));
+    let pulled = run(&["tree", "--pull", &image, "--plain-http", &host]);
+    assert_eq!(pulled.status.code(), Some(0), "{}", text(&pulled.stderr));
+    assert_eq!(
+        text(&pulled.stdout),
+        text(&run(&["tree", "handlebars"]).stdout)
+    );
+    std::fs::remove_file(&tar).unwrap();
+}
