@@ -1,9 +1,76 @@
 //! `*.gotmpl` rendering: Go text/template semantics (the gotmpl crate) with `missingkey=error`, the
 //! functions of `template_funcs.rs`, and the package's `_`-prefixed helper files, whose `define`d templates
-//! every template can call with `{{ template "name" . }}`. Errors name the file.
+//! every template can call with `{{ template "name" . }}`, or with `{{ include "name" . }}` to use the
+//! output as a value (`{{ include "labels" . | indent 4 }}`). Errors name the file.
 
-use gotmpl::{FuncMap, MissingKey, Template};
+use std::cell::Cell;
+use std::sync::Arc;
+
+use gotmpl::{FuncMap, MissingKey, Template, Value as TemplateValue};
 use serde_json::Value;
+
+/// Deepest `include` nesting; deeper means a helper includes itself.
+const MAX_INCLUDE_DEPTH: usize = 32;
+
+thread_local! {
+    static INCLUDE_DEPTH: Cell<usize> = const { Cell::new(0) };
+}
+
+fn parse_all(
+    name: &str,
+    helpers: &[(String, String)],
+    funcs: FuncMap,
+) -> Result<Template, TemplateError> {
+    let mut template = Template::new(name)
+        .missing_key(MissingKey::Error)
+        .funcs(funcs);
+    for (helper_file, helper) in helpers {
+        template = template.parse(helper).map_err(|e| TemplateError {
+            file: helper_file.clone(),
+            message: e.to_string(),
+        })?;
+    }
+    Ok(template)
+}
+
+/// `base` plus `include`, which renders a `define`d template of the helpers with the given data. The
+/// closure keeps `base`, not the finished map, and builds the map again for nested includes: no cycle.
+fn with_include(base: FuncMap, helpers: Arc<Vec<(String, String)>>) -> FuncMap {
+    let mut funcs = base.clone();
+    funcs.insert(
+        "include".into(),
+        Arc::new(move |args: &[TemplateValue]| {
+            let fail = |m: String| gotmpl::TemplateError::Exec(format!("include: {m}"));
+            let name = match args.first() {
+                Some(TemplateValue::String(s)) => s.to_string(),
+                _ => return Err(fail("the first argument names a template".to_owned())),
+            };
+            let data = args.get(1).cloned().unwrap_or(TemplateValue::Nil);
+            let depth = INCLUDE_DEPTH.with(|d| d.get());
+            if depth >= MAX_INCLUDE_DEPTH {
+                return Err(fail(format!(
+                    "{name:?} nests deeper than {MAX_INCLUDE_DEPTH} levels"
+                )));
+            }
+            let nested = with_include(base.clone(), helpers.clone());
+            let template = parse_all("include", &helpers, nested)
+                .and_then(|t| {
+                    t.parse(&format!("{{{{ template {name:?} . }}}}"))
+                        .map_err(|e| TemplateError {
+                            file: "include".to_owned(),
+                            message: e.to_string(),
+                        })
+                })
+                .map_err(|e| fail(e.to_string()))?;
+            INCLUDE_DEPTH.with(|d| d.set(depth + 1));
+            let out = template.execute_to_string(&data);
+            INCLUDE_DEPTH.with(|d| d.set(depth));
+            out.map(TemplateValue::from)
+                .map_err(|e| fail(format!("{name:?}: {e}")))
+        }),
+    );
+    funcs
+}
 
 /// A template that failed to parse or render.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -27,15 +94,11 @@ pub fn render(
         message,
     };
     let data = gotmpl::ser::to_value(context).map_err(|e| err(e.to_string()))?;
-    let mut template = Template::new(file)
-        .missing_key(MissingKey::Error)
-        .funcs(funcs.clone());
-    for (helper_file, helper) in helpers {
-        template = template.parse(helper).map_err(|e| TemplateError {
-            file: helper_file.clone(),
-            message: e.to_string(),
-        })?;
-    }
+    let template = parse_all(
+        file,
+        helpers,
+        with_include(funcs.clone(), Arc::new(helpers.to_vec())),
+    )?;
     let template = template.parse(source).map_err(|e| err(e.to_string()))?;
     template
         .execute_to_string(&data)
@@ -62,6 +125,55 @@ mod tests {
         )
         .unwrap();
         assert_eq!(out, "name: pkg-x\nreplicas: 3");
+    }
+
+    #[test]
+    fn include_returns_a_helpers_output_as_a_value() {
+        let helpers = vec![(
+            "_helpers.tpl".to_owned(),
+            concat!(
+                r#"{{ define "labels" }}app: {{ .name }}{{ "\n" }}tier: web{{ end }}"#,
+                r#"{{ define "outer" }}[{{ include "labels" . | upper }}]{{ end }}"#,
+                r#"{{ define "loop" }}{{ include "loop" . }}{{ end }}"#,
+            )
+            .to_owned(),
+        )];
+        let funcs =
+            crate::package::template_funcs::package_funcs(Default::default(), Default::default());
+        let out = render(
+            "cm.yaml.gotmpl",
+            "labels:\n{{ include \"labels\" .config | indent 2 }}\n{{ include \"outer\" .config }}",
+            &helpers,
+            &funcs,
+            &json!({"config": {"name": "shop"}}),
+        )
+        .unwrap();
+        assert_eq!(
+            out,
+            "labels:\n  app: shop\n  tier: web\n[APP: SHOP\nTIER: WEB]"
+        );
+        let err = render(
+            "x.gotmpl",
+            "{{ include \"loop\" . }}",
+            &helpers,
+            &funcs,
+            &json!({}),
+        )
+        .unwrap_err();
+        assert!(
+            err.message.contains("nests deeper than 32"),
+            "{}",
+            err.message
+        );
+        let err = render(
+            "x.gotmpl",
+            "{{ include \"nope\" . }}",
+            &helpers,
+            &funcs,
+            &json!({}),
+        )
+        .unwrap_err();
+        assert!(err.message.contains("nope"), "{}", err.message);
     }
 
     #[test]

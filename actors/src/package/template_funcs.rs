@@ -1,5 +1,5 @@
 //! The functions package templates may call beyond Go's builtins: the part of Sprig Package Operator allows
-//! that packages use in practice (strings, defaults, lists and dicts, encodings) and pko's own helpers
+//! that packages use in practice (strings, defaults and choices, lists and dicts, encodings) and pko's own helpers
 //! (`toYaml`, `fromYaml`, `toJson`, `fromJson`, `getFile`, `getFileGlob`, `cel`). Nothing here reads the
 //! clock, randomness, the environment or the network: a package renders the same everywhere.
 
@@ -292,6 +292,81 @@ pub fn package_funcs(files: Arc<PackageFiles>, context: Arc<Json>) -> FuncMap {
             from_json("fromYaml", &json)
         }),
     );
+    map.insert(
+        "hasKey".into(),
+        Arc::new(|args: &[Value]| match arg("hasKey", args, 0)? {
+            Value::Map(m) => Ok(Value::Bool(
+                m.contains_key(string_arg("hasKey", args, 1)?.as_str()),
+            )),
+            _ => Err(fail("hasKey", "the first argument must be a map")),
+        }),
+    );
+    map.insert(
+        "keys".into(),
+        Arc::new(|args: &[Value]| match arg("keys", args, 0)? {
+            // Sorted: output must not depend on map order.
+            Value::Map(m) => {
+                let mut keys: Vec<String> = m.keys().map(|k| k.to_string()).collect();
+                keys.sort();
+                Ok(Value::from(
+                    keys.into_iter().map(Value::from).collect::<Vec<_>>(),
+                ))
+            }
+            _ => Err(fail("keys", "the argument must be a map")),
+        }),
+    );
+    map.insert(
+        "ternary".into(),
+        Arc::new(|args: &[Value]| {
+            let chosen = if is_empty(arg("ternary", args, 2)?) {
+                1
+            } else {
+                0
+            };
+            Ok(arg("ternary", args, chosen)?.clone())
+        }),
+    );
+    map.insert(
+        "coalesce".into(),
+        Arc::new(|args: &[Value]| {
+            Ok(args
+                .iter()
+                .find(|v| !is_empty(v))
+                .cloned()
+                .unwrap_or(Value::Nil))
+        }),
+    );
+    map.insert(
+        "trunc".into(),
+        Arc::new(|args: &[Value]| {
+            let length = match arg("trunc", args, 0)? {
+                Value::Int(i) => *i,
+                other => display(other).parse().map_err(|e| fail("trunc", e))?,
+            };
+            let text = string_arg("trunc", args, 1)?;
+            let count = text.chars().count() as i64;
+            let out: String = if length >= 0 {
+                text.chars().take(length as usize).collect()
+            } else {
+                text.chars()
+                    .skip((count + length).max(0) as usize)
+                    .collect()
+            };
+            Ok(Value::from(out))
+        }),
+    );
+    map.insert(
+        "splitList".into(),
+        Arc::new(|args: &[Value]| {
+            let sep = string_arg("splitList", args, 0)?;
+            let text = string_arg("splitList", args, 1)?;
+            Ok(Value::from(
+                text.split(sep.as_str())
+                    .map(Value::from)
+                    .collect::<Vec<_>>(),
+            ))
+        }),
+    );
     let file_source = files.clone();
     map.insert(
         "getFile".into(),
@@ -412,6 +487,27 @@ mod tests {
             json!({"config": {"image": null}}),
         );
         assert!(err.unwrap_err().contains("config.image is required"));
+    }
+
+    #[test]
+    fn maps_choices_and_string_slicing() {
+        let ctx =
+            json!({"config": {"labels": {"b": "2", "a": "1"}, "empty": "", "name": "frontend"}});
+        assert_eq!(
+            run("{{ hasKey .config.labels \"a\" }} {{ hasKey .config.labels \"z\" }} {{ keys .config.labels | join \",\" }}", ctx.clone()).unwrap(),
+            "true false a,b"
+        );
+        assert_eq!(
+            run("{{ ternary \"yes\" \"no\" true }} {{ ternary \"yes\" \"no\" .config.empty }} {{ coalesce .config.empty \"x\" }}", ctx.clone()).unwrap(),
+            "yes no x"
+        );
+        assert_eq!(
+            run("{{ trunc 5 .config.name }} {{ trunc -3 .config.name }} {{ splitList \",\" \"a,b\" | join \"+\" }}", ctx.clone()).unwrap(),
+            "front end a+b"
+        );
+        assert!(run("{{ hasKey \"s\" \"a\" }}", ctx)
+            .unwrap_err()
+            .contains("must be a map"));
     }
 
     #[test]
