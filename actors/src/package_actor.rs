@@ -18,6 +18,7 @@ use crate::package::chunking::{chunk, ChunkingStrategy, CHUNKING_ANNOTATION};
 use crate::package::deployment::{
     package_conditions, package_deployment, scope_error, UnpackOutcome,
 };
+use crate::package::environment::{environment_value, package_environment};
 use crate::package::loader::load_installable;
 use crate::package_object::PackageObject;
 use crate::registry::ObjectRef;
@@ -63,11 +64,21 @@ async fn unpack(
         Err(e) => return Ok(UnpackOutcome::PullFailed(e.to_string())),
     };
     let version = context.client.apiserver_version().await?.git_version;
+    let hosted_clusters = if package.cluster {
+        Vec::new()
+    } else {
+        PackageObject::hosted_clusters(context.client.clone()).await?
+    };
+    let environment = environment_value(&package_environment(
+        &version,
+        (!package.cluster).then(|| package.namespace()),
+        &hosted_clusters,
+    ));
     let loaded = load_installable(
         &files,
         Some(package.spec.component.as_str()),
         package.spec.config.as_ref(),
-        |_, config| package.template_context(config, &version),
+        |_, config| package.template_context(config, environment),
     );
     let mut loaded = match loaded {
         Ok(loaded) => loaded,

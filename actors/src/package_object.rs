@@ -7,6 +7,7 @@ use kube::api::{
 use kube::{Api, Client};
 use pko_proto::core::object_deployment::{ClusterObjectDeployment, ObjectDeployment};
 use pko_proto::core::package::{ClusterPackage, Package, PackageSpec, PackageStatus};
+use pko_proto::hypershift::HostedCluster;
 use serde_json::{json, Value};
 
 use crate::engine::desired_object::FIELD_MANAGER;
@@ -81,7 +82,7 @@ impl PackageObject {
 
     /// The template context (`.package`, `.config`, `.environment`) for this package, given its admitted
     /// config.
-    pub fn template_context(&self, config: Value, kubernetes_version: &str) -> Value {
+    pub fn template_context(&self, config: Value, environment: Value) -> Value {
         json!({
             "package": {
                 "metadata": {
@@ -93,7 +94,7 @@ impl PackageObject {
                 "image": self.spec.image,
             },
             "config": config,
-            "environment": {"kubernetes": {"version": kubernetes_version}},
+            "environment": environment,
         })
     }
 
@@ -110,6 +111,19 @@ impl PackageObject {
             ApiResource::erase::<ClusterObjectDeployment>(&())
         } else {
             ApiResource::erase::<ObjectDeployment>(&())
+        }
+    }
+
+    /// The HostedClusters of the management cluster, when the HostedCluster API is served (empty
+    /// otherwise): a Package in one's HCP namespace gets the `.environment.hyperShift` section.
+    pub async fn hosted_clusters(client: Client) -> Result<Vec<HostedCluster>, kube::Error> {
+        match Api::<HostedCluster>::all(client)
+            .list(&ListParams::default())
+            .await
+        {
+            Ok(list) => Ok(list.items),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(Vec::new()),
+            Err(e) => Err(e),
         }
     }
 

@@ -7,6 +7,7 @@ pub mod chunking;
 pub mod components;
 pub mod config;
 pub mod deployment;
+pub mod environment;
 pub mod files;
 pub mod filtering;
 pub mod hbs_template;

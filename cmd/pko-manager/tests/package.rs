@@ -564,3 +564,35 @@ async fn chunked_packages_store_their_objects_in_slices() {
         "annotation packages.package-operator.run/chunking-strategy: \"Everything\" is not NoOp, EachObject or BinpackNextFit"
     );
 }
+
+#[tokio::test]
+async fn packages_in_an_hcp_namespace_see_their_hosted_cluster() {
+    let (client, _) = setup("pkg-hcp").await;
+    let clusters = env().simulate_hypershift().await.unwrap();
+    let cluster = &clusters[0];
+    let template = "apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: hc-facts
+  annotations:
+    package-operator.run/phase: config
+data:
+  cluster: {{ .environment.hyperShift.hostedCluster.metadata.name | quote }}
+  namespace: {{ .environment.hyperShift.hostedCluster.metadata.namespace | quote }}
+  hcp: {{ .environment.hyperShift.hostedCluster.hostedClusterNamespace | quote }}
+";
+    let image = push(
+        "hcp-facts:v1",
+        &[("manifest.yaml", MANIFEST), ("cm.yaml.gotmpl", template)],
+    )
+    .await;
+    Api::<Package>::namespaced(client.clone(), &cluster.hcp_namespace)
+        .create(&PostParams::default(), &package("facts", &image, json!({})))
+        .await
+        .unwrap();
+    let cm = wait_cm(&client, &cluster.hcp_namespace, "hc-facts", |_| true).await;
+    let data = cm.data.unwrap();
+    assert_eq!(data["cluster"], cluster.name);
+    assert_eq!(data["namespace"], cluster.namespace);
+    assert_eq!(data["hcp"], cluster.hcp_namespace);
+}
