@@ -29,21 +29,30 @@ pub fn fixture_text(package: &LoadedPackage) -> String {
     out
 }
 
-/// Renders one test case: the case's context, its config admitted like a Package's.
+/// Loads the package as one test case gives it: the case's context, its config admitted like a
+/// Package's.
+pub fn load_case(
+    files: &PackageFiles,
+    component: Option<&str>,
+    case: &PackageManifestTestCaseTemplate,
+) -> Result<LoadedPackage, PackageError> {
+    let mut context = serde_json::to_value(&case.context).unwrap_or(Value::Null);
+    let config = case.context.config.clone();
+    load_installable(files, component, config.as_ref(), |_, admitted| {
+        if let Some(map) = context.as_object_mut() {
+            map.insert("config".to_owned(), admitted);
+        }
+        context
+    })
+}
+
+/// Renders one test case into its fixture text.
 pub fn render_case(
     files: &PackageFiles,
     component: Option<&str>,
     case: &PackageManifestTestCaseTemplate,
 ) -> Result<String, PackageError> {
-    let mut context = serde_json::to_value(&case.context).unwrap_or(Value::Null);
-    let config = case.context.config.clone();
-    let loaded = load_installable(files, component, config.as_ref(), |_, admitted| {
-        if let Some(map) = context.as_object_mut() {
-            map.insert("config".to_owned(), admitted);
-        }
-        context
-    })?;
-    Ok(fixture_text(&loaded))
+    load_case(files, component, case).map(|loaded| fixture_text(&loaded))
 }
 
 /// Where `actual` differs from the `expected` fixture (None: identical): up to 10 changed lines.

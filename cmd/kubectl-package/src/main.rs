@@ -14,13 +14,13 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use oci_client::secrets::RegistryAuth;
-use pko_actors::package::components::component_names;
+use pko_actors::package::components::{component_names, select_component};
 use pko_actors::package::files::{from_dir, PackageFiles};
 use pko_actors::package::image::ImageStore;
 use pko_actors::package::image_lock::lock_for;
-use pko_actors::package::loader::{load_installable, load_manifest, LoadedPackage};
+use pko_actors::package::loader::{load_installable, load_manifest, LoadedPackage, PackageError};
 use pko_actors::package::oci_layout::{read_layout, write_layout};
-use pko_actors::package::test_fixtures::{fixture_diff, render_case, FIXTURE_DIR};
+use pko_actors::package::test_fixtures::{fixture_diff, load_case, render_case, FIXTURE_DIR};
 use serde_json::{json, Value};
 
 #[derive(Debug, Parser)]
@@ -90,6 +90,10 @@ struct Source {
     /// check the root package and every component, `tree` shows the root package.
     #[arg(long)]
     component: Option<String>,
+    /// Render with this test case of the manifest's test.template (its context and config) instead of
+    /// --config and --namespace.
+    #[arg(long, conflicts_with_all = ["config", "namespace"])]
+    test_case: Option<String>,
     /// Namespace the package is rendered for; "" renders it as a ClusterPackage. Default: "" when the
     /// manifest declares the Cluster scope, else `default`.
     #[arg(long)]
@@ -173,6 +177,20 @@ fn load_one(
     files: &PackageFiles,
     component: Option<&str>,
 ) -> Result<LoadedPackage, Failure> {
+    if let Some(name) = &source.test_case {
+        let invalid = |e: PackageError| Failure::Invalid(e.to_string());
+        let selected = select_component(files, component).map_err(invalid)?;
+        let (_, manifest) = load_manifest(&selected).map_err(invalid)?;
+        let cases = manifest.test.map(|t| t.template).unwrap_or_default();
+        let case = cases.iter().find(|c| &c.name == name).ok_or_else(|| {
+            let names: Vec<&str> = cases.iter().map(|c| c.name.as_str()).collect();
+            Failure::Invalid(format!(
+                "test case {name:?} not found in test.template (cases: {})",
+                names.join(", ")
+            ))
+        })?;
+        return load_case(files, component, case).map_err(invalid);
+    }
     let config = read_config(source)?;
     load_installable(files, component, config.as_ref(), |manifest, config| {
         let name = manifest.metadata.name.clone().unwrap_or_default();

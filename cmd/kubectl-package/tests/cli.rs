@@ -268,3 +268,21 @@ fn build_writes_an_oci_layout_that_validates_like_the_directory() {
     let out = run(&["build", "handlebars"]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
 }
+
+#[test]
+fn tree_renders_a_test_case() {
+    let out = run(&["tree", "simple", "--test-case", "namespaced"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out).trim_end(),
+        "Package simple\n├── Phase namespace\n└── Phase deploy\n    ├── apps/v1 Deployment team-a/test\n    └── v1 ConfigMap team-a/test-settings"
+    );
+    let out = run(&["tree", "simple", "--test-case", "nope"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out)
+            .contains("test case \"nope\" not found in test.template (cases: namespaced, cluster)"),
+        "{}",
+        stderr(&out)
+    );
+}
