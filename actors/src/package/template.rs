@@ -100,9 +100,44 @@ pub fn render(
         with_include(funcs.clone(), Arc::new(helpers.to_vec())),
     )?;
     let template = template.parse(source).map_err(|e| err(e.to_string()))?;
-    template
-        .execute_to_string(&data)
-        .map_err(|e| err(e.to_string()))
+    template.execute_to_string(&data).map_err(|e| {
+        let lines = match &e {
+            gotmpl::TemplateError::MissingKey { key } => key_lines(source, key),
+            _ => Vec::new(),
+        };
+        err(match lines.as_slice() {
+            [] => e.to_string(),
+            [line] => format!("line {line}: {e}"),
+            several => format!(
+                "lines {}: {e}",
+                several
+                    .iter()
+                    .map(usize::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        })
+    })
+}
+
+/// The lines of `source` that access `.key` (gotmpl reports no position for execution errors; the key
+/// usually pins it down).
+fn key_lines(source: &str, key: &str) -> Vec<usize> {
+    let needle = format!(".{key}");
+    let is_ident = |c: char| c.is_alphanumeric() || c == '_';
+    source
+        .lines()
+        .enumerate()
+        .filter(|(_, line)| {
+            line.match_indices(&needle).any(|(at, _)| {
+                line[at + needle.len()..]
+                    .chars()
+                    .next()
+                    .is_none_or(|c| !is_ident(c))
+            })
+        })
+        .map(|(i, _)| i + 1)
+        .collect()
 }
 
 #[cfg(test)]
@@ -187,6 +222,10 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(err.file, "deploy.yaml.gotmpl");
-        assert!(err.message.contains("nope"), "{}", err.message);
+        assert_eq!(err.message, "line 1: map has no entry for key: nope");
+        assert_eq!(
+            key_lines("a: {{ .x }}\nb: {{ .xy }}\nc: {{ .config.x }}", "x"),
+            vec![1, 3]
+        );
     }
 }

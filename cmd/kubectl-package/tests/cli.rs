@@ -71,7 +71,7 @@ fn broken_packages_name_file_line_and_problem() {
         ("missing-phase-annotation", "objects.yaml:8: ConfigMap no-phase: missing annotation package-operator.run/phase"),
         ("missing-gvk", "objects.yaml:1: object has no apiVersion"),
         ("invalid-label", "objects.yaml:1: ConfigMap labelled: label \"bad key!\": name \"bad key!\" must be"),
-        ("missing-key", "cm.yaml.gotmpl: map has no entry for key: missing"),
+        ("missing-key", "cm.yaml.gotmpl: line 8: map has no entry for key: missing"),
         ("missing-key-handlebars", "cm.yaml.hbs: line 8, column 10: missing key \"config.missing\""),
         ("broken-component", "component \"bad\": components/bad/objects.yaml:1: ConfigMap bad-unannotated: missing annotation package-operator.run/phase"),
         ("missing-lock", "manifest.yaml: spec.images needs a lock file (manifest.lock.yaml); run `kubectl-package update`"),
