@@ -418,3 +418,39 @@ async fn locked_images_are_rendered_pinned_by_digest() {
         "registry.example/team/app@sha256:6f3c1e0b7d1a4e2c9b8a7f6e5d4c3b2a19081726354453627180918273645546"
     );
 }
+
+/// Every broken example, installed as a Package, is Invalid with the message `kubectl-package validate`
+/// prints for it (`build` refuses them, so they are pushed through the library).
+#[tokio::test]
+async fn broken_example_packages_are_invalid_with_precise_messages() {
+    let (client, ns) = setup("ex-broken").await;
+    let cases = [
+        ("broken-manifest", "manifest.yaml: error: line 7 column 3"),
+        ("missing-phase-annotation", "objects.yaml:8: ConfigMap no-phase: missing annotation package-operator.run/phase"),
+        ("missing-gvk", "objects.yaml:1: object has no apiVersion"),
+        ("invalid-label", "objects.yaml:1: ConfigMap labelled: label \"bad key!\": name \"bad key!\" must be"),
+        ("missing-key", "cm.yaml.gotmpl: line 8: map has no entry for key: missing"),
+        ("missing-key-handlebars", "cm.yaml.hbs: line 8, column 10: missing key \"config.missing\""),
+        ("missing-lock", "manifest.yaml: spec.images needs a lock file (manifest.lock.yaml); run `kubectl-package update`"),
+        ("unknown-phase", "objects.yaml:1: ConfigMap lost: phase \"nowhere\" is not declared in the manifest (declared: namespace, deploy)"),
+    ];
+    let host = env().registry().host();
+    let store = pko_actors::package::image::ImageStore::new(vec![host.clone()]);
+    for (example, _) in cases {
+        let files = pko_actors::package::files::from_dir(&examples().join(example)).unwrap();
+        let image = format!("{host}/examples/{example}:v1");
+        store
+            .push(
+                &image,
+                &files,
+                &oci_client::secrets::RegistryAuth::Anonymous,
+            )
+            .await
+            .unwrap();
+        install(&client, Some(&ns), example, &image, json!({})).await;
+    }
+    for (example, expected) in cases {
+        let message = wait_condition_message(&client, &ns, example, "Invalid", "True").await;
+        assert!(message.starts_with(expected), "{example}: {message}");
+    }
+}
