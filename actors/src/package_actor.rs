@@ -63,16 +63,10 @@ async fn unpack(
         Ok((_, files)) => files,
         Err(e) => return Ok(UnpackOutcome::PullFailed(e.to_string())),
     };
-    let version = context.client.apiserver_version().await?.git_version;
-    let hosted_clusters = if package.cluster {
-        Vec::new()
-    } else {
-        PackageObject::hosted_clusters(context.client.clone()).await?
-    };
+    let facts = package.environment_facts(context.client.clone()).await?;
     let environment = environment_value(&package_environment(
-        &version,
+        &facts,
         (!package.cluster).then(|| package.namespace()),
-        &hosted_clusters,
     ));
     let loaded = load_installable(
         &files,

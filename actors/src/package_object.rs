@@ -1,6 +1,8 @@
 //! One view of Package and ClusterPackage for the Package actor, with the calls it makes.
 
+use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
+use kube::api::GroupVersionKind;
 use kube::api::{
     ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, Preconditions,
 };
@@ -14,6 +16,7 @@ use crate::engine::desired_object::FIELD_MANAGER;
 use crate::object_meta::MetaView;
 use crate::package::chunking::{Slice, SLICE_OWNER_LABEL};
 use crate::package::deployment::PackageRef;
+use crate::package::environment::EnvironmentFacts;
 use pko_proto::core::object_slice::{ClusterObjectSlice, ObjectSlice};
 
 /// What a Package copies from its ObjectDeployment.
@@ -58,6 +61,14 @@ impl From<ClusterPackage> for PackageObject {
 impl MetaView for PackageObject {
     fn meta(&self) -> &ObjectMeta {
         &self.meta
+    }
+}
+
+/// A 404 means the API is not served or the object does not exist: the fact is absent.
+fn absent<T>(e: kube::Error) -> Result<Option<T>, kube::Error> {
+    match e {
+        kube::Error::Api(s) if s.code == 404 => Ok(None),
+        other => Err(other),
     }
 }
 
@@ -114,17 +125,56 @@ impl PackageObject {
         }
     }
 
-    /// The HostedClusters of the management cluster, when the HostedCluster API is served (empty
-    /// otherwise): a Package in one's HCP namespace gets the `.environment.hyperShift` section.
-    pub async fn hosted_clusters(client: Client) -> Result<Vec<HostedCluster>, kube::Error> {
-        match Api::<HostedCluster>::all(client)
-            .list(&ListParams::default())
+    /// What the cluster says about itself for `.environment`: each optional API that is not served (or
+    /// object that does not exist) is simply absent. HostedClusters are listed only for namespaced
+    /// packages (only they can be in an HCP namespace); for a ClusterPackage the API is probed.
+    pub async fn environment_facts(&self, client: Client) -> Result<EnvironmentFacts, kube::Error> {
+        let openshift = |kind: &str, plural: &str| {
+            ApiResource::from_gvk_with_plural(
+                &GroupVersionKind::gvk("config.openshift.io", "v1", kind),
+                plural,
+            )
+        };
+        let cluster_version = Api::<DynamicObject>::all_with(
+            client.clone(),
+            &openshift("ClusterVersion", "clusterversions"),
+        )
+        .get("version")
+        .await
+        .map(|o| Some(o.data))
+        .or_else(absent)?;
+        let (managed_openshift, proxy) = if cluster_version.is_some() {
+            let managed = Api::<ConfigMap>::namespaced(client.clone(), "openshift-config")
+                .get("osd-cluster-metadata")
+                .await
+                .map(|cm| Some(cm.data.unwrap_or_default()))
+                .or_else(absent)?;
+            let proxy =
+                Api::<DynamicObject>::all_with(client.clone(), &openshift("Proxy", "proxies"))
+                    .get("cluster")
+                    .await
+                    .map(|o| Some(o.data))
+                    .or_else(absent)?;
+            (managed, proxy)
+        } else {
+            (None, None)
+        };
+        let params = ListParams {
+            limit: self.cluster.then_some(1),
+            ..ListParams::default()
+        };
+        let hosted_clusters = Api::<HostedCluster>::all(client.clone())
+            .list(&params)
             .await
-        {
-            Ok(list) => Ok(list.items),
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(Vec::new()),
-            Err(e) => Err(e),
-        }
+            .map(|list| Some(list.items))
+            .or_else(absent)?;
+        Ok(EnvironmentFacts {
+            kubernetes_version: client.apiserver_version().await?.git_version,
+            cluster_version,
+            managed_openshift,
+            proxy,
+            hosted_clusters,
+        })
     }
 
     /// Server-side applies the package's ObjectDeployment.

@@ -294,9 +294,10 @@ pub struct PackageEnvironmentProxy {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PackageEnvironmentHyperShift {
-    /// The HostedCluster whose HCP namespace the package is in.
-    #[serde(default)]
-    pub hosted_cluster: PackageEnvironmentHyperShiftHostedCluster,
+    /// The HostedCluster whose HCP namespace the package is in; absent elsewhere (the section itself
+    /// is present whenever the HostedCluster API is served).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hosted_cluster: Option<PackageEnvironmentHyperShiftHostedCluster>,
 }
 
 /// The HostedCluster as templates see it.
