@@ -16,6 +16,7 @@ pub mod image_lock;
 pub mod loader;
 pub mod oci_layout;
 pub mod pull_auth;
+pub mod sprig_funcs;
 pub mod template;
 pub mod template_funcs;
 pub mod test_fixtures;

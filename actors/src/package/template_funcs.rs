@@ -16,7 +16,7 @@ use crate::engine::probe::evaluate_cel_with;
 
 type Result<T> = std::result::Result<T, TemplateError>;
 
-fn fail(name: &str, message: impl std::fmt::Display) -> TemplateError {
+pub(super) fn fail(name: &str, message: impl std::fmt::Display) -> TemplateError {
     TemplateError::Exec(format!("{name}: {message}"))
 }
 
@@ -39,16 +39,16 @@ pub fn to_json(value: &Value) -> Json {
     }
 }
 
-fn from_json(name: &str, json: &Json) -> Result<Value> {
+pub(super) fn from_json(name: &str, json: &Json) -> Result<Value> {
     gotmpl::ser::to_value(json).map_err(|e| fail(name, e))
 }
 
-fn arg<'a>(name: &str, args: &'a [Value], i: usize) -> Result<&'a Value> {
+pub(super) fn arg<'a>(name: &str, args: &'a [Value], i: usize) -> Result<&'a Value> {
     args.get(i)
         .ok_or_else(|| fail(name, format!("missing argument {}", i + 1)))
 }
 
-fn string_arg(name: &str, args: &[Value], i: usize) -> Result<String> {
+pub(super) fn string_arg(name: &str, args: &[Value], i: usize) -> Result<String> {
     match arg(name, args, i)? {
         Value::String(s) => Ok(s.to_string()),
         other => Ok(display(other)),
@@ -56,7 +56,7 @@ fn string_arg(name: &str, args: &[Value], i: usize) -> Result<String> {
 }
 
 /// How a value prints in a template (strings bare, the rest as JSON).
-fn display(value: &Value) -> String {
+pub(super) fn display(value: &Value) -> String {
     match value {
         Value::Nil => String::new(),
         Value::String(s) => s.to_string(),
@@ -64,7 +64,7 @@ fn display(value: &Value) -> String {
     }
 }
 
-fn is_empty(value: &Value) -> bool {
+pub(super) fn is_empty(value: &Value) -> bool {
     match value {
         Value::Nil => true,
         Value::Bool(b) => !b,
@@ -101,6 +101,7 @@ fn string_fn(
 /// `cel`).
 pub fn package_funcs(files: Arc<PackageFiles>, context: Arc<Json>) -> FuncMap {
     let mut map = FuncMap::new();
+    super::sprig_funcs::register(&mut map);
     string_fn(&mut map, "upper", str::to_uppercase);
     string_fn(&mut map, "lower", str::to_lowercase);
     string_fn(&mut map, "trim", |s| s.trim().to_owned());
