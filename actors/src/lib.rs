@@ -23,6 +23,7 @@ pub mod package_object;
 pub mod phase_actor;
 pub mod phase_runner;
 pub mod pull_secrets;
+pub mod reconcile_gate;
 pub mod registry;
 
 pub mod set_object;

@@ -22,6 +22,7 @@ use crate::engine::deployment_plan::{
 use crate::engine::template_hash::template_hash;
 use crate::kind_feed::{FeedTarget, Gone, Observed};
 use crate::object_meta::MetaView;
+use crate::reconcile_gate::ReconcileGate;
 use crate::registry::ObjectRef;
 use crate::set_object::SetObject;
 
@@ -189,10 +190,7 @@ async fn reconcile_deployment(
 pub struct ObjectDeploymentActor {
     context: ManagerContext,
     deployment: Option<DeploymentObject>,
-    running: bool,
-    dirty: bool,
-    backoff: Duration,
-    retry: Option<SpawnHandle>,
+    gate: ReconcileGate,
 }
 
 impl ObjectDeploymentActor {
@@ -200,10 +198,7 @@ impl ObjectDeploymentActor {
         Self {
             context,
             deployment: None,
-            running: false,
-            dirty: false,
-            backoff: BACKOFF_MIN,
-            retry: None,
+            gate: ReconcileGate::new(BACKOFF_MIN, BACKOFF_MAX),
         }
     }
 
@@ -211,14 +206,9 @@ impl ObjectDeploymentActor {
         let Some(od) = self.deployment.clone() else {
             return;
         };
-        if self.running {
-            self.dirty = true;
+        if !self.gate.try_start(ctx) {
             return;
         }
-        if let Some(handle) = self.retry.take() {
-            ctx.cancel_future(handle);
-        }
-        self.running = true;
         let context = self.context.clone();
         let span = info_span!(
             "reconcile_object_deployment",
@@ -237,22 +227,19 @@ impl ObjectDeploymentActor {
         }
         .instrument(span);
         ctx.spawn(work.into_actor(self).map(|result, act, ctx| {
-            act.running = false;
-            match result {
+            let failed = match result {
                 Ok(status) => {
-                    act.backoff = BACKOFF_MIN;
                     if let Some(od) = act.deployment.as_mut() {
                         od.status = status;
                     }
+                    false
                 }
                 Err(e) => {
                     warn!(error = %e, "ObjectDeployment reconcile failed; retrying");
-                    let delay = act.backoff;
-                    act.backoff = (act.backoff * 2).min(BACKOFF_MAX);
-                    act.retry = Some(ctx.run_later(delay, |act, ctx| act.reconcile(ctx)));
+                    true
                 }
-            }
-            if std::mem::take(&mut act.dirty) {
+            };
+            if act.gate.finish(ctx, failed, Self::reconcile) {
                 act.reconcile(ctx);
             }
         }));

@@ -20,6 +20,7 @@ use crate::engine::object_template::{
 };
 use crate::kind_feed::{FeedTarget, Gone, Observed};
 use crate::object_meta::MetaView;
+use crate::reconcile_gate::ReconcileGate;
 use crate::registry::ObjectRef;
 use crate::template_object::TemplateObject;
 
@@ -121,10 +122,7 @@ async fn apply_template(
 pub struct ObjectTemplateActor {
     context: ManagerContext,
     template: Option<TemplateObject>,
-    running: bool,
-    dirty: bool,
-    backoff: Duration,
-    retry: Option<SpawnHandle>,
+    gate: ReconcileGate,
 }
 
 impl ObjectTemplateActor {
@@ -132,10 +130,7 @@ impl ObjectTemplateActor {
         Self {
             context,
             template: None,
-            running: false,
-            dirty: false,
-            backoff: BACKOFF_MIN,
-            retry: None,
+            gate: ReconcileGate::new(BACKOFF_MIN, BACKOFF_MAX),
         }
     }
 
@@ -143,14 +138,9 @@ impl ObjectTemplateActor {
         let Some(template) = self.template.clone() else {
             return;
         };
-        if self.running {
-            self.dirty = true;
+        if !self.gate.try_start(ctx) {
             return;
         }
-        if let Some(handle) = self.retry.take() {
-            ctx.cancel_future(handle);
-        }
-        self.running = true;
         let context = self.context.clone();
         let span = info_span!(
             "reconcile_object_template",
@@ -190,22 +180,19 @@ impl ObjectTemplateActor {
         }
         .instrument(span);
         ctx.spawn(work.into_actor(self).map(|result, act, ctx| {
-            act.running = false;
-            match result {
+            let failed = match result {
                 Ok(status) => {
-                    act.backoff = BACKOFF_MIN;
                     if let Some(t) = act.template.as_mut() {
                         t.status = status;
                     }
+                    false
                 }
                 Err(e) => {
                     warn!(error = %e, "ObjectTemplate reconcile failed; retrying");
-                    let delay = act.backoff;
-                    act.backoff = (act.backoff * 2).min(BACKOFF_MAX);
-                    act.retry = Some(ctx.run_later(delay, |act, ctx| act.reconcile(ctx)));
+                    true
                 }
-            }
-            if std::mem::take(&mut act.dirty) {
+            };
+            if act.gate.finish(ctx, failed, Self::reconcile) {
                 act.reconcile(ctx);
             }
         }));

@@ -21,6 +21,7 @@ use crate::package::deployment::{
 use crate::package::environment::{environment_value, package_environment};
 use crate::package::loader::load_installable;
 use crate::package_object::PackageObject;
+use crate::reconcile_gate::ReconcileGate;
 use crate::registry::ObjectRef;
 
 const BACKOFF_MIN: Duration = Duration::from_secs(10);
@@ -108,10 +109,7 @@ pub struct PackageActor {
     package: Option<PackageObject>,
     /// The spec hash and outcome of the last unpack.
     unpacked: Option<(String, UnpackOutcome)>,
-    running: bool,
-    dirty: bool,
-    backoff: Duration,
-    retry: Option<SpawnHandle>,
+    gate: ReconcileGate,
 }
 
 impl PackageActor {
@@ -120,10 +118,7 @@ impl PackageActor {
             context,
             package: None,
             unpacked: None,
-            running: false,
-            dirty: false,
-            backoff: BACKOFF_MIN,
-            retry: None,
+            gate: ReconcileGate::new(BACKOFF_MIN, BACKOFF_MAX),
         }
     }
 
@@ -131,14 +126,9 @@ impl PackageActor {
         let Some(package) = self.package.clone() else {
             return;
         };
-        if self.running {
-            self.dirty = true;
+        if !self.gate.try_start(ctx) {
             return;
         }
-        if let Some(handle) = self.retry.take() {
-            ctx.cancel_future(handle);
-        }
-        self.running = true;
         let hash = spec_hash(&package);
         let previous = self
             .unpacked
@@ -194,29 +184,22 @@ impl PackageActor {
         }
         .instrument(span);
         ctx.spawn(work.into_actor(self).map(|result, act, ctx| {
-            act.running = false;
-            let retry_after = match result {
+            // A failed pull is retried like a failed reconcile.
+            let failed = match result {
                 Ok((hash, outcome, status)) => {
-                    let failed = matches!(outcome, UnpackOutcome::PullFailed(_));
+                    let pull_failed = matches!(outcome, UnpackOutcome::PullFailed(_));
                     act.unpacked = Some((hash, outcome));
                     if let Some(p) = act.package.as_mut() {
                         p.status = status;
                     }
-                    failed.then_some(act.backoff)
+                    pull_failed
                 }
                 Err(e) => {
                     warn!(error = %e, "Package reconcile failed; retrying");
-                    Some(act.backoff)
+                    true
                 }
             };
-            match retry_after {
-                Some(delay) => {
-                    act.backoff = (act.backoff * 2).min(BACKOFF_MAX);
-                    act.retry = Some(ctx.run_later(delay, |act, ctx| act.reconcile(ctx)));
-                }
-                None => act.backoff = BACKOFF_MIN,
-            }
-            if std::mem::take(&mut act.dirty) {
+            if act.gate.finish(ctx, failed, Self::reconcile) {
                 act.reconcile(ctx);
             }
         }));
@@ -257,7 +240,7 @@ impl Handler<Observed<PackageObject>> for PackageActor {
             .as_ref()
             .is_some_and(|k| k.generation() != package.generation())
         {
-            self.backoff = BACKOFF_MIN;
+            self.gate.reset_backoff();
         }
         self.package = Some(package);
         if !unchanged {
