@@ -238,22 +238,26 @@ pub fn unpack(image: &str, layers: &[(&str, &[u8])]) -> Result<PackageFiles, Ima
     Ok(files)
 }
 
+/// Appends a regular file with fixed metadata (mode 0644, mtime 0): the same content gives the same bytes.
+pub(super) fn append_file<W: std::io::Write>(
+    archive: &mut tar::Builder<W>,
+    path: &str,
+    content: &[u8],
+) -> std::io::Result<()> {
+    let mut header = tar::Header::new_gnu();
+    header.set_size(content.len() as u64);
+    header.set_mode(0o644);
+    header.set_mtime(0);
+    header.set_cksum();
+    archive.append_data(&mut header, path, content)
+}
+
 /// One gzip'd tar of `files` under `package/`, with fixed metadata so the same files give the same bytes.
 pub fn pack(files: &PackageFiles) -> Result<Vec<u8>, ImageError> {
     let gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
     let mut archive = tar::Builder::new(gz);
     for (path, content) in files {
-        let mut header = tar::Header::new_gnu();
-        header.set_size(content.len() as u64);
-        header.set_mode(0o644);
-        header.set_mtime(0);
-        header.set_cksum();
-        archive
-            .append_data(
-                &mut header,
-                format!("{PACKAGE_PREFIX}{path}"),
-                content.as_slice(),
-            )
+        append_file(&mut archive, &format!("{PACKAGE_PREFIX}{path}"), content)
             .map_err(|e| ImageError::Pack(e.to_string()))?;
     }
     let gz = archive

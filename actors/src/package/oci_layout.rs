@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
 use super::files::PackageFiles;
-use super::image::{pack, unpack, ImageError};
+use super::image::{append_file, pack, unpack, ImageError};
 
 const MANIFEST_MEDIA_TYPE: &str = "application/vnd.oci.image.manifest.v1+json";
 const CONFIG_MEDIA_TYPE: &str = "application/vnd.oci.image.config.v1+json";
@@ -62,14 +62,7 @@ pub fn write_layout(files: &PackageFiles, tag: &str) -> Result<Vec<u8>, ImageErr
     ];
     let mut archive = tar::Builder::new(Vec::new());
     for (path, content) in entries {
-        let mut header = tar::Header::new_gnu();
-        header.set_size(content.len() as u64);
-        header.set_mode(0o644);
-        header.set_mtime(0);
-        header.set_cksum();
-        archive
-            .append_data(&mut header, path, content)
-            .map_err(pack_err)?;
+        append_file(&mut archive, &path, content).map_err(pack_err)?;
     }
     archive.into_inner().map_err(pack_err)
 }
