@@ -64,21 +64,25 @@ Package simple
     assert_eq!(stdout(&out).trim_end(), expected);
 }
 
+/// (example, message) from `tests/packages/expected-errors.txt`, shared with the manager's tests.
+fn expected_errors() -> Vec<(String, String)> {
+    std::fs::read_to_string(packages().join("expected-errors.txt"))
+        .unwrap()
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|l| {
+            let (example, message) = l.split_once('\t').unwrap();
+            (example.to_owned(), message.to_owned())
+        })
+        .collect()
+}
+
 #[test]
 fn broken_packages_name_file_line_and_problem() {
-    let cases = [
-        ("broken-manifest", "manifest.yaml: error: line 7 column 3"),
-        ("missing-phase-annotation", "objects.yaml:8: ConfigMap no-phase: missing annotation package-operator.run/phase"),
-        ("missing-gvk", "objects.yaml:1: object has no apiVersion"),
-        ("invalid-label", "objects.yaml:1: ConfigMap labelled: label \"bad key!\": name \"bad key!\" must be"),
-        ("missing-key", "cm.yaml.gotmpl: line 8: map has no entry for key: missing"),
-        ("missing-key-handlebars", "cm.yaml.hbs: line 8, column 10: missing key \"config.missing\""),
-        ("broken-component", "component \"bad\": components/bad/objects.yaml:1: ConfigMap bad-unannotated: missing annotation package-operator.run/phase"),
-        ("missing-lock", "manifest.yaml: spec.images needs a lock file (manifest.lock.yaml); run `kubectl-package update`"),
-        ("unknown-phase", "objects.yaml:1: ConfigMap lost: phase \"nowhere\" is not declared in the manifest (declared: namespace, deploy)"),
-    ];
+    let cases = expected_errors();
+    assert_eq!(cases.len(), 9);
     for (package, expected) in cases {
-        let out = run(&["validate", package]);
+        let out = run(&["validate", &package]);
         let err = stderr(&out);
         assert_eq!(out.status.code(), Some(1), "{package}: {err}");
         assert!(

@@ -546,19 +546,7 @@ async fn chunked_packages_store_their_objects_in_slices() {
         )
         .await
         .unwrap();
-    let message = wait_until("Invalid for the annotation", TIMEOUT, || async {
-        let p = packages.get("chunked").await.map_err(|e| e.to_string())?;
-        p.status
-            .and_then(|s| {
-                s.conditions
-                    .into_iter()
-                    .find(|c| c.type_ == "Invalid" && c.status == "True")
-            })
-            .map(|c| c.message)
-            .ok_or_else(|| "not yet".to_owned())
-    })
-    .await
-    .unwrap();
+    let message = wait_package(&client, &ns, "chunked", "Invalid", "True", "LoadError").await;
     assert_eq!(
         message,
         "annotation packages.package-operator.run/chunking-strategy: \"Everything\" is not NoOp, EachObject or BinpackNextFit"
