@@ -3,7 +3,7 @@
 //! manager makes when an unchanged, available set is reconciled again (from its /metrics); (3) latency from
 //! a change of a probed object to the set's Available condition flipping.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -13,7 +13,7 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
 use pko_proto::core::object_set::ObjectSet;
-use pko_testenv::{wait_until, EnvConfig, TestEnv};
+use pko_testenv::{wait_until, EnvConfig, ManagerProcess, TestEnv};
 use serde_json::{json, Value};
 
 const TIMEOUT: Duration = Duration::from_secs(600);
@@ -66,6 +66,24 @@ async fn wait_available(api: &Api<ObjectSet>, name: &str, want: bool) -> Result<
     .map_err(|e| e.to_string())
 }
 
+/// A fresh environment (no hosted clusters, no controller manager) with pko-manager running on it.
+pub async fn start_with_manager(
+    manager: &Path,
+) -> Result<(TestEnv, Client, ManagerProcess), String> {
+    let env = TestEnv::start(EnvConfig {
+        hosted_clusters: 0,
+        controller_manager: false,
+    })
+    .await
+    .map_err(|e| e.to_string())?;
+    let client = env.management().client().await.map_err(|e| e.to_string())?;
+    let pko = env
+        .start_manager(manager, &[])
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok((env, client, pko))
+}
+
 pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
     let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[index.min(sorted.len() - 1)]
@@ -87,18 +105,8 @@ async fn measure(
     manager: Option<PathBuf>,
 ) -> Result<(), String> {
     let manager = manager_path(manager)?;
-    let env = TestEnv::start(EnvConfig {
-        hosted_clusters: 0,
-        controller_manager: false,
-    })
-    .await
-    .map_err(|e| e.to_string())?;
+    let (env, client, pko) = start_with_manager(&manager).await?;
     let mgmt = env.management();
-    let client: Client = mgmt.client().await.map_err(|e| e.to_string())?;
-    let pko = env
-        .start_manager(&manager, &[])
-        .await
-        .map_err(|e| e.to_string())?;
 
     // (1a) Baseline: one server-side apply after another.
     let ns = mgmt

@@ -16,10 +16,9 @@ use pko_actors::package::files::PackageFiles;
 use pko_actors::package::image::ImageStore;
 use pko_actors::package::loader::load_installable;
 use pko_proto::core::package::Package;
-use pko_testenv::{EnvConfig, TestEnv};
 use serde_json::{json, Value};
 
-use crate::object_set_bench::{manager_path, percentile};
+use crate::object_set_bench::{manager_path, percentile, start_with_manager};
 
 const TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -167,19 +166,8 @@ async fn measure(
         &mut render,
     );
 
-    let manager = manager_path(manager)?;
-    let env = TestEnv::start(EnvConfig {
-        hosted_clusters: 0,
-        controller_manager: false,
-    })
-    .await
-    .map_err(|e| e.to_string())?;
+    let (env, client, pko) = start_with_manager(&manager_path(manager)?).await?;
     let mgmt = env.management();
-    let client: Client = mgmt.client().await.map_err(|e| e.to_string())?;
-    let pko = env
-        .start_manager(&manager, &[])
-        .await
-        .map_err(|e| e.to_string())?;
     pko.wait_ready(TIMEOUT).await.map_err(|e| e.to_string())?;
     let host = env.registry().host();
     let store = ImageStore::new(vec![host.clone()]);
