@@ -15,7 +15,6 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use kube::Api;
 use pko_proto::core::object_set::{ClusterObjectSet, ObjectSet};
-use pko_proto::core::package::{ClusterPackage, Package};
 use pko_testenv::wait_until;
 use serde_json::{json, Value};
 
@@ -56,13 +55,6 @@ fn build_and_push(example: &str, tag: &str, extra: &[&str]) -> String {
     image
 }
 
-fn package_api(client: &kube::Client, ns: Option<&str>) -> Api<DynamicObject> {
-    match ns {
-        Some(ns) => Api::namespaced_with(client.clone(), ns, &ApiResource::erase::<Package>(&())),
-        None => Api::all_with(client.clone(), &ApiResource::erase::<ClusterPackage>(&())),
-    }
-}
-
 async fn install(client: &kube::Client, ns: Option<&str>, name: &str, image: &str, config: Value) {
     install_spec(client, ns, name, json!({"image": image, "config": config})).await;
 }
@@ -89,21 +81,10 @@ async fn wait_available(client: &kube::Client, ns: Option<&str>, name: &str) {
     let api = package_api(client, ns);
     wait_until(&format!("package {name} Available"), TIMEOUT, || async {
         let p = api.get(name).await.map_err(|e| e.to_string())?;
-        let generation = p.metadata.generation.map(Value::from).unwrap_or_default();
-        let conditions = p.data.pointer("/status/conditions").cloned();
-        let available = conditions
-            .as_ref()
-            .and_then(Value::as_array)
-            .and_then(|cs| {
-                cs.iter().find(|c| {
-                    c["type"] == "Available"
-                        && c["status"] == "True"
-                        && c["observedGeneration"] == generation
-                })
-            });
-        if available.is_some() {
+        if current_condition(&p, "Available", "True").is_some() {
             return Ok(());
         }
+        let conditions = p.data.pointer("/status/conditions").cloned();
         // Say why: the package's conditions and its ObjectSets' conditions.
         let sets = match ns {
             Some(ns) => Api::<DynamicObject>::namespaced_with(
@@ -303,30 +284,9 @@ async fn wait_condition_message(
     type_: &str,
     status: &str,
 ) -> String {
-    let api = package_api(client, Some(ns));
-    wait_until(
-        &format!("package {name} {type_}={status}"),
-        TIMEOUT,
-        || async {
-            let p = api.get(name).await.map_err(|e| e.to_string())?;
-            let generation = p.metadata.generation.map(Value::from).unwrap_or_default();
-            let conditions = p.data.pointer("/status/conditions").cloned();
-            conditions
-                .as_ref()
-                .and_then(Value::as_array)
-                .and_then(|cs| {
-                    cs.iter().find(|c| {
-                        c["type"] == type_
-                            && c["status"] == status
-                            && c["observedGeneration"] == generation
-                    })
-                })
-                .map(|c| c["message"].as_str().unwrap_or_default().to_owned())
-                .ok_or_else(|| format!("{conditions:?}"))
-        },
-    )
-    .await
-    .unwrap()
+    wait_object_condition(&package_api(client, Some(ns)), name, type_, status, None)
+        .await
+        .1
 }
 
 #[tokio::test]

@@ -54,7 +54,6 @@ async fn create_template(client: &kube::Client, ns: Option<&str>, name: &str, sp
     .await;
 }
 
-/// Waits for the template's condition `type_` with `status` for its generation; returns (reason, message).
 async fn wait_template(
     client: &kube::Client,
     ns: Option<&str>,
@@ -62,38 +61,7 @@ async fn wait_template(
     type_: &str,
     status: &str,
 ) -> (String, String) {
-    let api = template_api(client, ns);
-    wait_until(
-        &format!("template {name} {type_}={status}"),
-        TIMEOUT,
-        || async {
-            let t = api.get(name).await.map_err(|e| e.to_string())?;
-            let generation = t.metadata.generation.map(Value::from).unwrap_or_default();
-            let conditions = t
-                .data
-                .pointer("/status/conditions")
-                .cloned()
-                .unwrap_or_default();
-            conditions
-                .as_array()
-                .and_then(|cs| {
-                    cs.iter().find(|c| {
-                        c["type"] == type_
-                            && c["status"] == status
-                            && c["observedGeneration"] == generation
-                    })
-                })
-                .map(|c| {
-                    (
-                        c["reason"].as_str().unwrap_or_default().to_owned(),
-                        c["message"].as_str().unwrap_or_default().to_owned(),
-                    )
-                })
-                .ok_or_else(|| format!("{conditions}"))
-        },
-    )
-    .await
-    .unwrap()
+    wait_object_condition(&template_api(client, ns), name, type_, status, None).await
 }
 
 const APP_CONFIG: &str = "apiVersion: v1

@@ -74,31 +74,15 @@ async fn wait_package(
     status: &str,
     reason: &str,
 ) -> String {
-    let api = Api::<Package>::namespaced(client.clone(), ns);
-    wait_until(
-        &format!("Package {ns}/{name} {type_}={status} ({reason})"),
-        TIMEOUT,
-        || async {
-            let p = api.get(name).await.map_err(|e| e.to_string())?;
-            let generation = p.metadata.generation;
-            let found = p
-                .status
-                .as_ref()
-                .and_then(|s| s.conditions.iter().find(|c| c.type_ == type_).cloned());
-            match found {
-                Some(c)
-                    if c.status == status
-                        && c.reason == reason
-                        && c.observed_generation == generation =>
-                {
-                    Ok(c.message)
-                }
-                other => Err(format!("{other:?}")),
-            }
-        },
+    wait_object_condition(
+        &package_api(client, Some(ns)),
+        name,
+        type_,
+        status,
+        Some(reason),
     )
     .await
-    .unwrap()
+    .1
 }
 
 #[tokio::test]

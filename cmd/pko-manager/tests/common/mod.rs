@@ -7,7 +7,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use pko_proto::core::object_set::ObjectSet;
 use pko_testenv::{wait_until, ManagerProcess, TestEnv};
@@ -176,4 +176,65 @@ pub fn controller_uid(cm: &ConfigMap) -> Option<String> {
         .iter()
         .find(|r| r.controller == Some(true))
         .map(|r| r.uid.clone())
+}
+
+/// Packages as dynamic objects: a Package in `ns`, or a ClusterPackage with `None`.
+pub fn package_api(client: &Client, ns: Option<&str>) -> Api<DynamicObject> {
+    use pko_proto::core::package::{ClusterPackage, Package};
+    match ns {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &ApiResource::erase::<Package>(&())),
+        None => Api::all_with(client.clone(), &ApiResource::erase::<ClusterPackage>(&())),
+    }
+}
+
+/// (reason, message) of the object's `type_` condition when it has `status` and was written for the
+/// object's current generation.
+pub fn current_condition(
+    object: &DynamicObject,
+    type_: &str,
+    status: &str,
+) -> Option<(String, String)> {
+    let generation = object
+        .metadata
+        .generation
+        .map(Value::from)
+        .unwrap_or_default();
+    object
+        .data
+        .pointer("/status/conditions")?
+        .as_array()?
+        .iter()
+        .find(|c| {
+            c["type"] == type_ && c["status"] == status && c["observedGeneration"] == generation
+        })
+        .map(|c| {
+            (
+                c["reason"].as_str().unwrap_or_default().to_owned(),
+                c["message"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+}
+
+/// Waits until the named object has condition `type_`=`status` (with `reason`, if given) for its current
+/// generation; returns (reason, message).
+pub async fn wait_object_condition(
+    api: &Api<DynamicObject>,
+    name: &str,
+    type_: &str,
+    status: &str,
+    reason: Option<&str>,
+) -> (String, String) {
+    wait_until(
+        &format!("{name} {type_}={status} ({reason:?})"),
+        TIMEOUT,
+        || async {
+            let object = api.get(name).await.map_err(|e| e.to_string())?;
+            match current_condition(&object, type_, status) {
+                Some((r, m)) if reason.is_none_or(|want| want == r) => Ok((r, m)),
+                _ => Err(format!("{:?}", object.data.pointer("/status/conditions"))),
+            }
+        },
+    )
+    .await
+    .unwrap()
 }
