@@ -234,19 +234,14 @@ async fn image_and_package_errors_are_conditions() {
     }))
     .unwrap();
     cluster.create(&PostParams::default(), &cp).await.unwrap();
-    let message = wait_until("ClusterPackage invalid", TIMEOUT, || async {
-        let p = cluster.get(&name).await.map_err(|e| e.to_string())?;
-        p.status
-            .and_then(|s| {
-                s.conditions
-                    .into_iter()
-                    .find(|c| c.type_ == "Invalid" && c.status == "True")
-            })
-            .map(|c| c.message)
-            .ok_or_else(|| "not yet".to_owned())
-    })
-    .await
-    .unwrap();
+    let (_, message) = wait_object_condition(
+        &package_api(&client, None),
+        &name,
+        "Invalid",
+        "True",
+        Some("LoadError"),
+    )
+    .await;
     assert!(
         message.contains("does not support scope Cluster"),
         "{message}"
