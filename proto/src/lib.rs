@@ -1,12 +1,14 @@
 //! pko's contract with the outside world: the `package-operator.run/v1alpha1` kinds, the
 //! `manifests.package-operator.run/v1alpha1` package file formats, the HyperShift `HostedCluster`
-//! subset pko reads, and the CRDs generated from those types.
+//! subset pko reads, the CRDs generated from those types, and the NATS protocol between the manager and
+//! the hosted-cluster connectors.
 //!
 //! Types here are plain data with serde. They mirror Package Operator's JSON field for field, so existing
 //! Package Operator YAML deserializes unchanged. Where the CRD declares a default, the serde default is the
 //! same value, so a typed object and the apiserver's stored copy agree. This crate holds no behaviour beyond
 //! (de)serialization, schema generation and small accessors: rules live in `actors/`.
 
+pub mod connector_wire;
 pub mod core;
 pub mod crds;
 pub mod hypershift;

@@ -1,0 +1,471 @@
+//! The wire contract between pko-manager and the hosted-cluster connectors (version 1): NATS subjects and
+//! JSON messages. Everything for the hosted cluster whose control plane runs in HCP namespace `<ns>` travels
+//! under `pko.v1.hc.<ns>.`, so a connector's NATS credentials can be limited to its own subjects:
+//!
+//! | subject | direction | message | reply |
+//! | --- | --- | --- | --- |
+//! | `pko.v1.hc.<ns>.phase.apply` | manager → connector, request | [`ApplyPhase`] | [`PhaseReport`] or [`ErrorReply`] |
+//! | `pko.v1.hc.<ns>.phase.teardown` | manager → connector, request | [`TeardownPhase`] | [`PhaseReport`] or [`ErrorReply`] |
+//! | `pko.v1.hc.<ns>.phase.status` | connector → manager | [`PhaseReport`] (a hosted object changed) | — |
+//! | `pko.v1.hc.<ns>.hello` | connector → manager | [`Hello`] (on every (re)connect: re-send desired phases) | — |
+//!
+//! Every message carries `version`. A receiver accepts its own version and older ones (fields added later
+//! are optional and default), ignores fields it does not know, and rejects a newer version, a message over
+//! [`MAX_MESSAGE_BYTES`] or malformed JSON with a [`WireError`] (the receiver answers requests with an
+//! [`ErrorReply`] and never crashes). W3C trace context travels in the NATS headers [`TRACEPARENT_HEADER`]
+//! and [`TRACESTATE_HEADER`].
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::core::common::{ControlledObjectReference, ObjectSetObject, ObjectSetProbe};
+
+/// The version this build speaks (and the newest it accepts).
+pub const WIRE_VERSION: u32 = 1;
+/// Largest accepted message: NATS' default `max_payload`.
+pub const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
+/// Header carrying the W3C `traceparent` of the sender's span.
+pub const TRACEPARENT_HEADER: &str = "traceparent";
+/// Header carrying the W3C `tracestate`.
+pub const TRACESTATE_HEADER: &str = "tracestate";
+/// Subjects of every hosted cluster start here.
+pub const SUBJECT_PREFIX: &str = "pko.v1.hc";
+
+/// A message that cannot be sent or accepted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WireError {
+    #[error("message of {size} bytes exceeds the limit of {MAX_MESSAGE_BYTES}")]
+    TooLarge { size: usize },
+    #[error("malformed message: {0}")]
+    Malformed(String),
+    #[error("message version {got} is newer than this side's {WIRE_VERSION}")]
+    UnsupportedVersion { got: u64 },
+    #[error("{namespace:?} is not a valid HCP namespace for NATS subjects: {problem}")]
+    InvalidNamespace { namespace: String, problem: String },
+}
+
+impl WireError {
+    /// The code an [`ErrorReply`] carries for this error.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            WireError::TooLarge { .. } => ErrorCode::TooLarge,
+            WireError::Malformed(_) => ErrorCode::Malformed,
+            WireError::UnsupportedVersion { .. } => ErrorCode::UnsupportedVersion,
+            WireError::InvalidNamespace { .. } => ErrorCode::WrongNamespace,
+        }
+    }
+}
+
+/// The subjects of one hosted cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostedClusterSubjects {
+    namespace: String,
+}
+
+/// What a connector's NATS user may do (its `permissions` block).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConnectorPermissions {
+    /// Subjects it may publish to.
+    pub publish: Vec<String>,
+    /// Subjects it may subscribe to.
+    pub subscribe: Vec<String>,
+    /// It may answer requests (publish to their reply subjects) without a wider publish grant.
+    pub allow_responses: bool,
+}
+
+impl HostedClusterSubjects {
+    /// The subjects of HCP namespace `namespace`, which must be a DNS-1123 label (so it is one NATS token).
+    pub fn new(namespace: &str) -> Result<Self, WireError> {
+        let invalid = |problem: &str| WireError::InvalidNamespace {
+            namespace: namespace.to_owned(),
+            problem: problem.to_owned(),
+        };
+        if namespace.is_empty() || namespace.len() > 63 {
+            return Err(invalid("must be 1 to 63 characters"));
+        }
+        if !namespace
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        {
+            return Err(invalid(
+                "only lowercase letters, digits and '-' are allowed",
+            ));
+        }
+        if namespace.starts_with('-') || namespace.ends_with('-') {
+            return Err(invalid("must start and end with a letter or digit"));
+        }
+        Ok(Self {
+            namespace: namespace.to_owned(),
+        })
+    }
+
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    fn subject(&self, suffix: &str) -> String {
+        format!("{SUBJECT_PREFIX}.{}.{suffix}", self.namespace)
+    }
+
+    /// Requests to apply a phase.
+    pub fn apply(&self) -> String {
+        self.subject("phase.apply")
+    }
+
+    /// Requests to tear a phase down.
+    pub fn teardown(&self) -> String {
+        self.subject("phase.teardown")
+    }
+
+    /// Phase reports the connector pushes.
+    pub fn status(&self) -> String {
+        self.subject("phase.status")
+    }
+
+    /// The connector's hello.
+    pub fn hello(&self) -> String {
+        self.subject("hello")
+    }
+
+    /// Every subject of this hosted cluster (`pko.v1.hc.<ns>.>`).
+    pub fn all(&self) -> String {
+        self.subject(">")
+    }
+
+    /// The least a connector needs: receive requests, push reports and hellos, answer requests.
+    pub fn connector_permissions(&self) -> ConnectorPermissions {
+        ConnectorPermissions {
+            publish: vec![self.status(), self.hello()],
+            subscribe: vec![self.apply(), self.teardown()],
+            allow_responses: true,
+        }
+    }
+
+    /// The HCP namespace of a subject under [`SUBJECT_PREFIX`], if it is one.
+    pub fn namespace_of(subject: &str) -> Option<&str> {
+        let rest = subject.strip_prefix(SUBJECT_PREFIX)?.strip_prefix('.')?;
+        rest.split('.').next().filter(|ns| !ns.is_empty())
+    }
+}
+
+/// Which ObjectSetPhase (in the management cluster) a message is about. `generation` orders requests: a
+/// connector ignores a request older than one it already applied.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PhaseRef {
+    /// Namespace of the ObjectSetPhase (the HCP namespace).
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub generation: i64,
+}
+
+/// Apply a phase in the hosted cluster and report on it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ApplyPhase {
+    pub version: u32,
+    pub phase: PhaseRef,
+    /// Revision of the owning ObjectSet (the objects' revision annotation).
+    pub revision: i64,
+    /// The phase's objects, slices inlined.
+    #[serde(default)]
+    pub objects: Vec<ObjectSetObject>,
+    /// The owning set's availability probes.
+    #[serde(default)]
+    pub availability_probes: Vec<ObjectSetProbe>,
+    /// Names of previous revisions (adoption under collision protection `Prevent`).
+    #[serde(default)]
+    pub previous: Vec<String>,
+    /// Paused: report, but change nothing.
+    #[serde(default)]
+    pub paused: bool,
+}
+
+/// Tear a phase down in the hosted cluster (delete what it owns, in reverse order).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TeardownPhase {
+    pub version: u32,
+    pub phase: PhaseRef,
+}
+
+/// Where a phase stands in the hosted cluster.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PhaseOutcome {
+    /// Applied and every probe passes.
+    Available,
+    /// Applied; some probe does not pass yet (the message says which).
+    #[default]
+    ProbeFailure,
+    /// An object is owned by someone the collision protection does not allow adopting from.
+    CollisionDetected,
+    /// The phase was refused before any write (unknown kind, bad namespace, ...).
+    PreflightError,
+    /// Teardown is deleting objects.
+    TeardownInProgress,
+    /// Teardown finished: nothing of the phase is left.
+    TornDown,
+}
+
+/// A connector's report on one phase: the reply to a request, or pushed when hosted objects change.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PhaseReport {
+    pub version: u32,
+    pub phase: PhaseRef,
+    pub outcome: PhaseOutcome,
+    /// Human-readable detail in pko's condition message style.
+    #[serde(default)]
+    pub message: String,
+    /// The hosted objects the phase controls.
+    #[serde(default)]
+    pub controller_of: Vec<ControlledObjectReference>,
+}
+
+/// Sent by a connector on every (re)connect; the manager answers by re-sending the desired phases.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Hello {
+    pub version: u32,
+    /// The HCP namespace the connector serves.
+    pub namespace: String,
+    /// Identifies this connector process (pod name and start), to tell restarts apart.
+    pub connector: String,
+}
+
+/// Why a request was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ErrorCode {
+    Malformed,
+    TooLarge,
+    UnsupportedVersion,
+    /// The request names a namespace other than the connector's.
+    WrongNamespace,
+    /// The connector could not carry out the request (hosted apiserver unreachable, ...); retry.
+    Unavailable,
+}
+
+/// The reply to a request that could not be served.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ErrorReply {
+    pub version: u32,
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+impl ErrorReply {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self {
+            version: WIRE_VERSION,
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+/// Serializes a message, refusing one over [`MAX_MESSAGE_BYTES`].
+pub fn encode<T: Serialize>(message: &T) -> Result<Vec<u8>, WireError> {
+    let bytes = serde_json::to_vec(message).map_err(|e| WireError::Malformed(e.to_string()))?;
+    if bytes.len() > MAX_MESSAGE_BYTES {
+        return Err(WireError::TooLarge { size: bytes.len() });
+    }
+    Ok(bytes)
+}
+
+/// Parses a message: size, JSON, then `version` (present, at least 1, not newer than ours).
+pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, WireError> {
+    if bytes.len() > MAX_MESSAGE_BYTES {
+        return Err(WireError::TooLarge { size: bytes.len() });
+    }
+    let value: Value =
+        serde_json::from_slice(bytes).map_err(|e| WireError::Malformed(e.to_string()))?;
+    match value.get("version").and_then(Value::as_u64) {
+        None | Some(0) => {
+            return Err(WireError::Malformed(
+                "missing or invalid \"version\"".to_owned(),
+            ))
+        }
+        Some(v) if v > u64::from(WIRE_VERSION) => {
+            return Err(WireError::UnsupportedVersion { got: v })
+        }
+        Some(_) => {}
+    }
+    serde_json::from_value(value).map_err(|e| WireError::Malformed(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use serde_json::json;
+
+    fn phase() -> PhaseRef {
+        PhaseRef {
+            namespace: "clusters-hosted-0".to_owned(),
+            name: "pkg-abc-remote".to_owned(),
+            uid: "u-1".to_owned(),
+            generation: 3,
+        }
+    }
+
+    #[test]
+    fn subjects_are_per_namespace_and_permissions_minimal() {
+        let s = HostedClusterSubjects::new("clusters-hosted-0").unwrap();
+        assert_eq!(s.apply(), "pko.v1.hc.clusters-hosted-0.phase.apply");
+        assert_eq!(s.teardown(), "pko.v1.hc.clusters-hosted-0.phase.teardown");
+        assert_eq!(s.status(), "pko.v1.hc.clusters-hosted-0.phase.status");
+        assert_eq!(s.hello(), "pko.v1.hc.clusters-hosted-0.hello");
+        assert_eq!(s.all(), "pko.v1.hc.clusters-hosted-0.>");
+        let p = s.connector_permissions();
+        assert_eq!(p.subscribe, vec![s.apply(), s.teardown()]);
+        assert_eq!(p.publish, vec![s.status(), s.hello()]);
+        assert!(p.allow_responses);
+        assert_eq!(
+            HostedClusterSubjects::namespace_of(&s.status()),
+            Some("clusters-hosted-0")
+        );
+        assert_eq!(HostedClusterSubjects::namespace_of("other.subject"), None);
+    }
+
+    #[test]
+    fn namespaces_that_would_break_subjects_are_refused() {
+        for bad in [
+            "",
+            "a.b",
+            "a*",
+            "a>",
+            "A",
+            "-a",
+            "a-",
+            "a b",
+            &"x".repeat(64),
+        ] {
+            assert!(HostedClusterSubjects::new(bad).is_err(), "{bad:?}");
+        }
+        let err = HostedClusterSubjects::new("a.b").unwrap_err();
+        assert_eq!(err.code(), ErrorCode::WrongNamespace);
+    }
+
+    #[test]
+    fn messages_round_trip() {
+        let apply = ApplyPhase {
+            version: WIRE_VERSION,
+            phase: phase(),
+            revision: 2,
+            objects: vec![ObjectSetObject {
+                object: json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "app"}}),
+                ..Default::default()
+            }],
+            availability_probes: Vec::new(),
+            previous: vec!["pkg-old".to_owned()],
+            paused: false,
+        };
+        assert_eq!(
+            decode::<ApplyPhase>(&encode(&apply).unwrap()).unwrap(),
+            apply
+        );
+        let report = PhaseReport {
+            version: WIRE_VERSION,
+            phase: phase(),
+            outcome: PhaseOutcome::CollisionDetected,
+            message: "core Namespace app: controlled by someone else".to_owned(),
+            controller_of: Vec::new(),
+        };
+        assert_eq!(
+            decode::<PhaseReport>(&encode(&report).unwrap()).unwrap(),
+            report
+        );
+        let teardown = TeardownPhase {
+            version: 1,
+            phase: phase(),
+        };
+        assert_eq!(
+            decode::<TeardownPhase>(&encode(&teardown).unwrap()).unwrap(),
+            teardown
+        );
+        let hello = Hello {
+            version: 1,
+            namespace: "clusters-hosted-0".to_owned(),
+            connector: "c-1".to_owned(),
+        };
+        assert_eq!(decode::<Hello>(&encode(&hello).unwrap()).unwrap(), hello);
+        let error = ErrorReply::new(ErrorCode::Unavailable, "hosted apiserver unreachable");
+        assert_eq!(
+            decode::<ErrorReply>(&encode(&error).unwrap()).unwrap(),
+            error
+        );
+    }
+
+    /// Version-1 messages as first written: optional fields absent, and fields a later version adds are
+    /// ignored by this one.
+    #[test]
+    fn minimal_and_future_field_messages_decode() {
+        let minimal = br#"{"version":1,"phase":{"namespace":"ns","name":"p","uid":"u","generation":1},"revision":1}"#;
+        let apply: ApplyPhase = decode(minimal).unwrap();
+        assert!(apply.objects.is_empty() && !apply.paused);
+        let extra = br#"{"version":1,"phase":{"namespace":"ns","name":"p","uid":"u","generation":1},"outcome":"Available","addedLater":{"x":1}}"#;
+        let report: PhaseReport = decode(extra).unwrap();
+        assert_eq!(report.outcome, PhaseOutcome::Available);
+    }
+
+    proptest::proptest! {
+        /// Any bytes give a message or an error, never a panic; any report survives a round trip.
+        #[test]
+        fn decoding_is_total_and_round_trips(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..256),
+            message in ".{0,64}",
+            generation in proptest::prelude::any::<i64>(),
+        ) {
+            let _ = decode::<ApplyPhase>(&bytes);
+            let report = PhaseReport {
+                version: WIRE_VERSION,
+                phase: PhaseRef { generation, ..phase() },
+                outcome: PhaseOutcome::ProbeFailure,
+                message,
+                controller_of: Vec::new(),
+            };
+            proptest::prop_assert_eq!(decode::<PhaseReport>(&encode(&report).unwrap()).unwrap(), report);
+        }
+    }
+
+    #[test]
+    fn malformed_oversized_and_newer_messages_are_rejected() {
+        assert!(matches!(
+            decode::<Hello>(b"{not json"),
+            Err(WireError::Malformed(_))
+        ));
+        assert!(matches!(
+            decode::<Hello>(br#"{"namespace":"x"}"#),
+            Err(WireError::Malformed(_))
+        ));
+        assert!(matches!(
+            decode::<Hello>(br#"{"version":0}"#),
+            Err(WireError::Malformed(_))
+        ));
+        assert_eq!(
+            decode::<Hello>(br#"{"version":2,"namespace":"x","connector":"c"}"#).unwrap_err(),
+            WireError::UnsupportedVersion { got: 2 }
+        );
+        assert!(matches!(
+            decode::<PhaseReport>(br#"{"version":1,"phase":{},"outcome":"Exploded"}"#),
+            Err(WireError::Malformed(_))
+        ));
+        let huge = vec![b' '; MAX_MESSAGE_BYTES + 1];
+        assert_eq!(
+            decode::<Hello>(&huge).unwrap_err().code(),
+            ErrorCode::TooLarge
+        );
+        let big = ApplyPhase {
+            version: 1,
+            objects: vec![ObjectSetObject {
+                object: json!({"data": "x".repeat(MAX_MESSAGE_BYTES)}),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        assert!(matches!(encode(&big), Err(WireError::TooLarge { .. })));
+    }
+}
