@@ -63,8 +63,12 @@ impl std::fmt::Display for LaunchError {
 async fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
+            // The builder logs every refused connection while the apiservers start (readiness polling);
+            // the launcher reports the errors that matter itself.
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-                tracing_subscriber::EnvFilter::new("warn,kube_client::client::tls=error")
+                tracing_subscriber::EnvFilter::new(
+                    "warn,kube_client::client::tls=error,kube_client::client::builder=off",
+                )
             }),
         )
         .init();
