@@ -38,13 +38,7 @@ impl Engine {
 /// Wakes the deployment that controls a set whenever the set changes.
 fn deployment_tap(deployments: Arc<Registry<ObjectDeploymentActor>>) -> Tap<SetObject> {
     Arc::new(move |set: &SetObject| {
-        let Some(owner) = set
-            .meta
-            .owner_references
-            .iter()
-            .flatten()
-            .find(|r| r.controller == Some(true))
-        else {
+        let Some(owner) = set.controller() else {
             return;
         };
         let kind = match (set.kind, owner.kind.as_str()) {
@@ -66,13 +60,7 @@ fn deployment_tap(deployments: Arc<Registry<ObjectDeploymentActor>>) -> Tap<SetO
 /// Wakes the package that controls a deployment whenever the deployment changes.
 fn package_tap(packages: Arc<Registry<PackageActor>>) -> Tap<DeploymentObject> {
     Arc::new(move |od: &DeploymentObject| {
-        let Some(owner) = od
-            .meta
-            .owner_references
-            .iter()
-            .flatten()
-            .find(|r| r.controller == Some(true))
-        else {
+        let Some(owner) = od.controller() else {
             return;
         };
         let kind = match (od.sets.is_namespaced(), owner.kind.as_str()) {

@@ -218,12 +218,7 @@ impl SetObject {
 
     /// Name of the object's controller (the ObjectSet of an ObjectSetPhase).
     pub fn controller_name(&self) -> Option<&str> {
-        self.meta
-            .owner_references
-            .iter()
-            .flatten()
-            .find(|r| r.controller == Some(true))
-            .map(|r| r.name.as_str())
+        self.controller().map(|r| r.name.as_str())
     }
 
     /// Writes `status` through the status subresource (the ObjectSetPhase form for phases).
