@@ -58,6 +58,29 @@ async fn push(tag: &str, files: &[(&str, &str)]) -> String {
     image
 }
 
+/// The greeter package (MANIFEST + CONFIGMAP), pushed as `greeter:v1`.
+async fn push_greeter() -> String {
+    push(
+        "greeter:v1",
+        &[("manifest.yaml", MANIFEST), ("cm.yaml.gotmpl", CONFIGMAP)],
+    )
+    .await
+}
+
+/// Creates Package `name` in `ns` from `image` with `config`.
+async fn create_package(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    image: &str,
+    config: serde_json::Value,
+) {
+    Api::<Package>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &package(name, image, config))
+        .await
+        .unwrap();
+}
+
 fn package(name: &str, image: &str, config: serde_json::Value) -> Package {
     serde_json::from_value(json!({
         "apiVersion": "package-operator.run/v1alpha1", "kind": "Package",
@@ -88,19 +111,9 @@ async fn wait_package(
 #[tokio::test]
 async fn package_rolls_out_and_updates_with_its_config() {
     let (client, ns) = setup("pkg-greeter").await;
-    let image = push(
-        "greeter:v1",
-        &[("manifest.yaml", MANIFEST), ("cm.yaml.gotmpl", CONFIGMAP)],
-    )
-    .await;
+    let image = push_greeter().await;
     let packages = Api::<Package>::namespaced(client.clone(), &ns);
-    packages
-        .create(
-            &PostParams::default(),
-            &package("hello", &image, json!({"greeting": "hi"})),
-        )
-        .await
-        .unwrap();
+    create_package(&client, &ns, "hello", &image, json!({"greeting": "hi"})).await;
 
     wait_package(&client, &ns, "hello", "Available", "True", "Available").await;
     wait_package(&client, &ns, "hello", "Unpacked", "True", "UnpackSuccess").await;
@@ -162,15 +175,15 @@ async fn package_rolls_out_and_updates_with_its_config() {
 #[tokio::test]
 async fn image_and_package_errors_are_conditions() {
     let (client, ns) = setup("pkg-errors").await;
-    let packages = Api::<Package>::namespaced(client.clone(), &ns);
     let host = env().registry().host();
-    packages
-        .create(
-            &PostParams::default(),
-            &package("ghost", &format!("{host}/packages/ghost:v1"), json!({})),
-        )
-        .await
-        .unwrap();
+    create_package(
+        &client,
+        &ns,
+        "ghost",
+        &format!("{host}/packages/ghost:v1"),
+        json!({}),
+    )
+    .await;
     let message = wait_package(
         &client,
         &ns,
@@ -193,13 +206,7 @@ async fn image_and_package_errors_are_conditions() {
         ],
     )
     .await;
-    packages
-        .create(
-            &PostParams::default(),
-            &package("broken", &broken, json!({})),
-        )
-        .await
-        .unwrap();
+    create_package(&client, &ns, "broken", &broken, json!({})).await;
     let message = wait_package(&client, &ns, "broken", "Invalid", "True", "LoadError").await;
     assert_eq!(
         message,
@@ -207,18 +214,8 @@ async fn image_and_package_errors_are_conditions() {
     );
 
     // Config is admitted against the manifest's schema.
-    let good = push(
-        "greeter:v1",
-        &[("manifest.yaml", MANIFEST), ("cm.yaml.gotmpl", CONFIGMAP)],
-    )
-    .await;
-    packages
-        .create(
-            &PostParams::default(),
-            &package("typo", &good, json!({"greeting": 5})),
-        )
-        .await
-        .unwrap();
+    let good = push_greeter().await;
+    create_package(&client, &ns, "typo", &good, json!({"greeting": 5})).await;
     let message = wait_package(&client, &ns, "typo", "Invalid", "True", "LoadError").await;
     assert_eq!(
         message,
@@ -251,19 +248,9 @@ async fn image_and_package_errors_are_conditions() {
 #[tokio::test]
 async fn pausing_a_package_pauses_its_revisions_until_unpaused() {
     let (client, ns) = setup("pkg-pause").await;
-    let image = push(
-        "greeter:v1",
-        &[("manifest.yaml", MANIFEST), ("cm.yaml.gotmpl", CONFIGMAP)],
-    )
-    .await;
+    let image = push_greeter().await;
     let packages = Api::<Package>::namespaced(client.clone(), &ns);
-    packages
-        .create(
-            &PostParams::default(),
-            &package("held", &image, json!({"greeting": "hi"})),
-        )
-        .await
-        .unwrap();
+    create_package(&client, &ns, "held", &image, json!({"greeting": "hi"})).await;
     wait_package(&client, &ns, "held", "Available", "True", "Available").await;
 
     packages
@@ -370,14 +357,7 @@ async fn private_images_pull_with_the_service_accounts_pull_secrets() {
         .await
         .is_err());
 
-    let packages = Api::<Package>::namespaced(client.clone(), &ns);
-    packages
-        .create(
-            &PostParams::default(),
-            &package("private", &image, json!({"greeting": "psst"})),
-        )
-        .await
-        .unwrap();
+    create_package(&client, &ns, "private", &image, json!({"greeting": "psst"})).await;
     let message = wait_package(
         &client,
         &ns,
@@ -553,10 +533,7 @@ data:
         &[("manifest.yaml", MANIFEST), ("cm.yaml.gotmpl", template)],
     )
     .await;
-    Api::<Package>::namespaced(client.clone(), &cluster.hcp_namespace)
-        .create(&PostParams::default(), &package("facts", &image, json!({})))
-        .await
-        .unwrap();
+    create_package(&client, &cluster.hcp_namespace, "facts", &image, json!({})).await;
     let cm = wait_cm(&client, &cluster.hcp_namespace, "hc-facts", |_| true).await;
     let data = cm.data.unwrap();
     assert_eq!(data["cluster"], cluster.name);
@@ -635,10 +612,7 @@ data:
         &[("manifest.yaml", MANIFEST), ("cm.yaml.gotmpl", template)],
     )
     .await;
-    Api::<Package>::namespaced(client.clone(), &ns)
-        .create(&PostParams::default(), &package("facts", &image, json!({})))
-        .await
-        .unwrap();
+    create_package(&client, &ns, "facts", &image, json!({})).await;
     let cm = wait_cm(&client, &ns, "os-facts", |_| true).await;
     let data = cm.data.unwrap();
     assert_eq!(data["version"], "4.15.9");
