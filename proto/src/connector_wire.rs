@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::core::common::{ControlledObjectReference, ObjectSetObject, ObjectSetProbe};
+use crate::nats_credentials::NatsPermissions;
 
 /// The version this build speaks (and the newest it accepts).
 pub const WIRE_VERSION: u32 = 1;
@@ -61,17 +62,6 @@ impl WireError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostedClusterSubjects {
     namespace: String,
-}
-
-/// What a connector's NATS user may do (its `permissions` block).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ConnectorPermissions {
-    /// Subjects it may publish to.
-    pub publish: Vec<String>,
-    /// Subjects it may subscribe to.
-    pub subscribe: Vec<String>,
-    /// It may answer requests (publish to their reply subjects) without a wider publish grant.
-    pub allow_responses: bool,
 }
 
 impl HostedClusterSubjects {
@@ -134,8 +124,8 @@ impl HostedClusterSubjects {
     }
 
     /// The least a connector needs: receive requests, push reports and hellos, answer requests.
-    pub fn connector_permissions(&self) -> ConnectorPermissions {
-        ConnectorPermissions {
+    pub fn connector_permissions(&self) -> NatsPermissions {
+        NatsPermissions {
             publish: vec![self.status(), self.hello()],
             subscribe: vec![self.apply(), self.teardown()],
             allow_responses: true,

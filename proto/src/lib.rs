@@ -1,18 +1,19 @@
 //! pko's contract with the outside world: the `package-operator.run/v1alpha1` kinds, the
 //! `manifests.package-operator.run/v1alpha1` package file formats, the HyperShift `HostedCluster`
 //! subset pko reads, the CRDs generated from those types, and the NATS protocol between the manager and
-//! the hosted-cluster connectors.
+//! the hosted-cluster connectors with the credentials that confine a connector to its own subjects.
 //!
 //! Types here are plain data with serde. They mirror Package Operator's JSON field for field, so existing
 //! Package Operator YAML deserializes unchanged. Where the CRD declares a default, the serde default is the
 //! same value, so a typed object and the apiserver's stored copy agree. This crate holds no behaviour beyond
-//! (de)serialization, schema generation and small accessors: rules live in `actors/`.
+//! (de)serialization, schema generation, credential signing and small accessors: rules live in `actors/`.
 
 pub mod connector_wire;
 pub mod core;
 pub mod crds;
 pub mod hypershift;
 pub mod manifests;
+pub mod nats_credentials;
 mod schema;
 mod string_enum;
 

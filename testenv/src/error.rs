@@ -71,6 +71,9 @@ pub enum TestEnvError {
         /// The client error.
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// NATS credentials could not be made.
+    #[error("NATS credentials: {0}")]
+    Credentials(#[from] pko_proto::nats_credentials::CredentialsError),
     /// The shared environment failed to start earlier in this test binary.
     #[error("shared test environment failed to start: {0}")]
     SharedStartFailed(String),

@@ -1,4 +1,5 @@
-//! nats-server with JetStream.
+//! nats-server with JetStream in operator (decentralized JWT) mode: one application account whose signing
+//! seed the manager gets, so it can mint restricted users for connectors while the server runs.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -8,6 +9,7 @@ use crate::binaries::Binaries;
 use crate::error::{io_error, TestEnvError};
 use crate::net::free_port;
 use crate::process::{start_with_retries, ManagedProcess};
+use pko_proto::nats_credentials::{AccountSigner, NatsPermissions, OperatorSetup, UserCredentials};
 
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -17,6 +19,7 @@ pub struct Nats {
     pub(crate) process: ManagedProcess,
     port: u16,
     config: PathBuf,
+    operator: OperatorSetup,
 }
 
 impl Nats {
@@ -30,17 +33,64 @@ impl Nats {
         &self.config
     }
 
-    /// A new client connection.
-    pub async fn client(&self) -> Result<async_nats::Client, TestEnvError> {
-        async_nats::connect(self.url())
-            .await
-            .map_err(|error| TestEnvError::NotReady {
-                what: "nats connection".to_owned(),
-                after: Duration::ZERO,
-                last_error: error.to_string(),
-                log_tail: Some(self.process.log_tail()),
-            })
+    /// The application account's seed: what the manager signs connector users with.
+    pub fn account_seed(&self) -> &str {
+        self.operator.account_seed()
     }
+
+    /// Credentials of a new user of the application account; `None` allows everything.
+    pub fn credentials(
+        &self,
+        name: &str,
+        permissions: Option<&NatsPermissions>,
+    ) -> Result<UserCredentials, TestEnvError> {
+        issue(&self.operator, name, permissions)
+    }
+
+    /// A new client connection with every permission.
+    pub async fn client(&self) -> Result<async_nats::Client, TestEnvError> {
+        let credentials = self.credentials("pko-testenv", None)?;
+        self.connect(&credentials, async_nats::ConnectOptions::new())
+            .await
+    }
+
+    /// A new client connection as the user `credentials` names, with `options` (event callbacks, ...).
+    pub async fn connect(
+        &self,
+        credentials: &UserCredentials,
+        options: async_nats::ConnectOptions,
+    ) -> Result<async_nats::Client, TestEnvError> {
+        let not_ready = |error: String| TestEnvError::NotReady {
+            what: "nats connection".to_owned(),
+            after: Duration::ZERO,
+            last_error: error,
+            log_tail: Some(self.process.log_tail()),
+        };
+        connect_as(&self.url(), credentials, options)
+            .await
+            .map_err(not_ready)
+    }
+}
+
+fn issue(
+    operator: &OperatorSetup,
+    name: &str,
+    permissions: Option<&NatsPermissions>,
+) -> Result<UserCredentials, TestEnvError> {
+    Ok(AccountSigner::from_seed(operator.account_seed(), None)?.issue_user(name, permissions)?)
+}
+
+async fn connect_as(
+    url: &str,
+    credentials: &UserCredentials,
+    options: async_nats::ConnectOptions,
+) -> Result<async_nats::Client, String> {
+    options
+        .credentials(&credentials.creds_file())
+        .map_err(|error| error.to_string())?
+        .connect(url)
+        .await
+        .map_err(|error| error.to_string())
 }
 
 pub(crate) async fn start(binaries: &Binaries, dir: &Path) -> Result<Nats, TestEnvError> {
@@ -48,20 +98,27 @@ pub(crate) async fn start(binaries: &Binaries, dir: &Path) -> Result<Nats, TestE
         let port = free_port().map_err(io_error("allocate port", dir))?;
         let store = dir.join(format!("jetstream-{attempt}"));
         let config = dir.join("nats.conf");
+        let operator = OperatorSetup::generate("PKO")?;
+        let operator_jwt = dir.join("operator.jwt");
+        std::fs::write(&operator_jwt, &operator.operator_jwt).map_err(io_error("write", &operator_jwt))?;
         let text = format!(
-            "listen: 127.0.0.1:{port}\nmax_payload: 8MB\njetstream {{\n  store_dir: \"{}\"\n  max_memory_store: 256MB\n  max_file_store: 2GB\n}}\n",
-            store.display()
+            "listen: 127.0.0.1:{port}\nmax_payload: 8MB\njetstream {{\n  store_dir: \"{}\"\n  max_memory_store: 256MB\n  max_file_store: 2GB\n}}\n{}",
+            store.display(),
+            operator.server_config(&operator_jwt.display().to_string()),
         );
         std::fs::write(&config, text).map_err(io_error("write", &config))?;
         let mut command = Command::new(&binaries.nats_server);
         command.arg("-c").arg(&config);
         let process = ManagedProcess::spawn("nats-server", command, &dir.join("nats-server.log"))?;
         let url = format!("nats://127.0.0.1:{port}");
+        let probe_user = issue(&operator, "pko-testenv-ready", None)?;
         process
             .wait_ready(READY_TIMEOUT, || {
                 let url = url.clone();
+                let probe_user = probe_user.clone();
                 async move {
-                    let client = async_nats::connect(&url).await.map_err(|error| error.to_string())?;
+                    let client =
+                        connect_as(&url, &probe_user, async_nats::ConnectOptions::new()).await?;
                     // A raw request: async-nats' typed account info needs fields nats-server 2.9 lacks.
                     let reply = client
                         .request("$JS.API.INFO", Vec::new().into())
@@ -76,7 +133,12 @@ pub(crate) async fn start(binaries: &Binaries, dir: &Path) -> Result<Nats, TestE
                 }
             })
             .await?;
-        Ok(Nats { process, port, config })
+        Ok(Nats {
+            process,
+            port,
+            config,
+            operator,
+        })
     })
     .await
 }

@@ -1,0 +1,345 @@
+//! NATS decentralized-auth credentials: the JWTs nats-server (operator mode) verifies, and the `.creds`
+//! file clients connect with.
+//!
+//! The manager holds an account's signing key and mints a user per hosted-cluster connector whose
+//! permissions cover only that cluster's subjects; nats-server checks the user JWT's signature against the
+//! account, so new connectors need no server restart or reload. For environments that run their own
+//! nats-server (the dev launcher, the tests), [`OperatorSetup`] creates the operator and accounts and the
+//! server configuration that trusts them. Production NATS is set up by its operators (e.g. with `nsc`);
+//! pko only needs the account's signing seed.
+//!
+//! This module signs and formats; it must not talk to NATS.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine as _;
+use nkeys::KeyPair;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+/// What a NATS user may do (the `pub`/`sub`/`resp` permissions of its JWT).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NatsPermissions {
+    /// Subjects it may publish to.
+    pub publish: Vec<String>,
+    /// Subjects it may subscribe to.
+    pub subscribe: Vec<String>,
+    /// It may answer requests (publish once to their reply subjects) without a wider publish grant.
+    pub allow_responses: bool,
+}
+
+/// Credentials could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum CredentialsError {
+    #[error("NATS signing key: {0}")]
+    Key(String),
+    #[error("NATS signing key: the seed is a {got} key, an account key is required")]
+    NotAnAccountKey { got: String },
+    #[error("encoding NATS JWT claims: {0}")]
+    Encode(#[from] serde_json::Error),
+}
+
+fn key_error(error: nkeys::error::Error) -> CredentialsError {
+    CredentialsError::Key(error.to_string())
+}
+
+/// A user's JWT and nkey seed: what a client needs to connect.
+#[derive(Clone, PartialEq, Eq)]
+pub struct UserCredentials {
+    pub jwt: String,
+    seed: String,
+}
+
+impl std::fmt::Debug for UserCredentials {
+    // The seed is a secret: keep it out of logs.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UserCredentials")
+            .field("jwt", &self.jwt)
+            .finish_non_exhaustive()
+    }
+}
+
+impl UserCredentials {
+    /// The standard `.creds` file text (`ConnectOptions::with_credentials`, `nats --creds`).
+    pub fn creds_file(&self) -> String {
+        format!(
+            "-----BEGIN NATS USER JWT-----\n{}\n------END NATS USER JWT------\n\n\
+             ************************* IMPORTANT *************************\n\
+             NKEY Seed printed below can be used to sign and prove identity.\n\
+             NKEYs are sensitive and should be treated as secrets.\n\n\
+             -----BEGIN USER NKEY SEED-----\n{}\n------END USER NKEY SEED------\n",
+            self.jwt, self.seed
+        )
+    }
+}
+
+/// Mints users of one account.
+pub struct AccountSigner {
+    key: KeyPair,
+    account: String,
+}
+
+impl std::fmt::Debug for AccountSigner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AccountSigner")
+            .field("account", &self.account)
+            .field("signing_key", &self.key.public_key())
+            .finish()
+    }
+}
+
+impl AccountSigner {
+    /// A signer from an account seed (`SA...`). `account` is the account's public key when the seed is one
+    /// of its signing keys rather than its identity key; users then name the account they belong to.
+    pub fn from_seed(seed: &str, account: Option<&str>) -> Result<Self, CredentialsError> {
+        let key = KeyPair::from_seed(seed.trim()).map_err(key_error)?;
+        let public = key.public_key();
+        if !public.starts_with('A') {
+            return Err(CredentialsError::NotAnAccountKey {
+                got: format!("{:?}", key.key_pair_type()),
+            });
+        }
+        let account = account.map(str::to_owned).unwrap_or(public);
+        Ok(Self { key, account })
+    }
+
+    /// The account's public key.
+    pub fn account(&self) -> &str {
+        &self.account
+    }
+
+    /// A new user named `name` with `permissions`, or allowed everything with `None`.
+    pub fn issue_user(
+        &self,
+        name: &str,
+        permissions: Option<&NatsPermissions>,
+    ) -> Result<UserCredentials, CredentialsError> {
+        let user = KeyPair::new_user();
+        let mut nats = json!({
+            "subs": -1, "data": -1, "payload": -1,
+            "type": "user", "version": 2,
+        });
+        if let Some(p) = permissions {
+            nats["pub"] = json!({ "allow": p.publish });
+            nats["sub"] = json!({ "allow": p.subscribe });
+            if p.allow_responses {
+                nats["resp"] = json!({ "max": 1, "ttl": 0 });
+            }
+        }
+        if self.key.public_key() != self.account {
+            nats["issuer_account"] = json!(self.account);
+        }
+        let jwt = sign_claims(&self.key, name, &user.public_key(), nats)?;
+        Ok(UserCredentials {
+            jwt,
+            seed: user.seed().map_err(key_error)?,
+        })
+    }
+}
+
+/// An operator with a system account and one application account, for a nats-server pko runs itself.
+pub struct OperatorSetup {
+    pub operator_jwt: String,
+    pub system_account: String,
+    system_account_jwt: String,
+    /// The application account's public key.
+    pub account: String,
+    account_jwt: String,
+    account_seed: String,
+}
+
+impl std::fmt::Debug for OperatorSetup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OperatorSetup")
+            .field("system_account", &self.system_account)
+            .field("account", &self.account)
+            .finish_non_exhaustive()
+    }
+}
+
+impl OperatorSetup {
+    /// Fresh keys: an operator, its system account, and account `account_name` with unlimited JetStream.
+    pub fn generate(account_name: &str) -> Result<Self, CredentialsError> {
+        let operator = KeyPair::new_operator();
+        let system = KeyPair::new_account();
+        let account = KeyPair::new_account();
+        let operator_jwt = sign_claims(
+            &operator,
+            "pko-operator",
+            &operator.public_key(),
+            json!({ "type": "operator", "version": 2, "system_account": system.public_key() }),
+        )?;
+        let system_account_jwt =
+            sign_claims(&operator, "SYS", &system.public_key(), account_nats(false))?;
+        let account_jwt = sign_claims(
+            &operator,
+            account_name,
+            &account.public_key(),
+            account_nats(true),
+        )?;
+        Ok(Self {
+            operator_jwt,
+            system_account: system.public_key(),
+            system_account_jwt,
+            account: account.public_key(),
+            account_jwt,
+            account_seed: account.seed().map_err(key_error)?,
+        })
+    }
+
+    /// The application account's seed, which [`AccountSigner::from_seed`] takes.
+    pub fn account_seed(&self) -> &str {
+        &self.account_seed
+    }
+
+    /// The nats-server configuration lines that trust this operator (the operator JWT is read from
+    /// `operator_jwt_path`, where the caller writes [`OperatorSetup::operator_jwt`]).
+    pub fn server_config(&self, operator_jwt_path: &str) -> String {
+        format!(
+            "operator: \"{operator_jwt_path}\"\nsystem_account: {sys}\nresolver: MEMORY\n\
+             resolver_preload: {{\n  {sys}: \"{sys_jwt}\"\n  {acc}: \"{acc_jwt}\"\n}}\n",
+            sys = self.system_account,
+            sys_jwt = self.system_account_jwt,
+            acc = self.account,
+            acc_jwt = self.account_jwt,
+        )
+    }
+}
+
+/// Account limits: everything unlimited (-1; 0 would forbid), JetStream only where asked.
+fn account_nats(jetstream: bool) -> Value {
+    let storage = if jetstream { -1 } else { 0 };
+    json!({
+        "limits": {
+            "subs": -1, "data": -1, "payload": -1, "imports": -1, "exports": -1,
+            "wildcards": true, "conn": -1, "leaf": -1,
+            "mem_storage": storage, "disk_storage": storage,
+            "streams": if jetstream { -1 } else { 0 }, "consumer": if jetstream { -1 } else { 0 },
+        },
+        "default_permissions": { "pub": {}, "sub": {} },
+        "type": "account",
+        "version": 2,
+    })
+}
+
+/// Signs a v2 JWT: `base64url(header).base64url(claims).base64url(ed25519 signature)`. `jti` is the
+/// base32 SHA-256 of the claims without it, as NATS' own tooling computes it.
+fn sign_claims(
+    issuer: &KeyPair,
+    name: &str,
+    subject: &str,
+    nats: Value,
+) -> Result<String, CredentialsError> {
+    let issued_at = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default();
+    let mut claims = json!({
+        "iat": issued_at,
+        "iss": issuer.public_key(),
+        "name": name,
+        "sub": subject,
+        "nats": nats,
+    });
+    let digest = Sha256::digest(serde_json::to_vec(&claims)?);
+    claims["jti"] = json!(data_encoding::BASE32_NOPAD.encode(&digest));
+    let header = URL_SAFE_NO_PAD.encode(br#"{"typ":"JWT","alg":"ed25519-nkey"}"#);
+    let body = URL_SAFE_NO_PAD.encode(serde_json::to_vec(&claims)?);
+    let signing_input = format!("{header}.{body}");
+    let signature = issuer.sign(signing_input.as_bytes()).map_err(key_error)?;
+    Ok(format!(
+        "{signing_input}.{}",
+        URL_SAFE_NO_PAD.encode(signature)
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decode(jwt: &str) -> (Value, Vec<u8>, String) {
+        let parts: Vec<&str> = jwt.split('.').collect();
+        assert_eq!(parts.len(), 3, "{jwt}");
+        let claims = serde_json::from_slice(&URL_SAFE_NO_PAD.decode(parts[1]).unwrap()).unwrap();
+        let signature = URL_SAFE_NO_PAD.decode(parts[2]).unwrap();
+        (claims, signature, format!("{}.{}", parts[0], parts[1]))
+    }
+
+    #[test]
+    fn users_are_signed_by_the_account_and_carry_their_permissions() {
+        let setup = OperatorSetup::generate("PKO").unwrap();
+        let signer = AccountSigner::from_seed(setup.account_seed(), None).unwrap();
+        assert_eq!(signer.account(), setup.account);
+        let permissions = NatsPermissions {
+            publish: vec!["a.status".into()],
+            subscribe: vec!["a.apply".into()],
+            allow_responses: true,
+        };
+        let user = signer
+            .issue_user("connector-a", Some(&permissions))
+            .unwrap();
+        let (claims, signature, input) = decode(&user.jwt);
+        assert_eq!(claims["iss"], setup.account);
+        assert_eq!(claims["nats"]["pub"]["allow"], json!(["a.status"]));
+        assert_eq!(claims["nats"]["sub"]["allow"], json!(["a.apply"]));
+        assert_eq!(claims["nats"]["resp"]["max"], 1);
+        assert!(claims["nats"].get("issuer_account").is_none());
+        let account = KeyPair::from_public_key(&setup.account).unwrap();
+        account.verify(input.as_bytes(), &signature).unwrap();
+        // The creds file holds the JWT and a user seed whose public key is the JWT's subject.
+        let creds = user.creds_file();
+        assert!(creds.contains(&user.jwt));
+        let seed = creds
+            .lines()
+            .find(|l| l.starts_with("SU"))
+            .expect("user seed line");
+        assert_eq!(
+            KeyPair::from_seed(seed).unwrap().public_key(),
+            claims["sub"].as_str().unwrap()
+        );
+        assert!(
+            !format!("{user:?}").contains(seed),
+            "seed must not be logged"
+        );
+    }
+
+    #[test]
+    fn unrestricted_users_and_signing_keys() {
+        let setup = OperatorSetup::generate("PKO").unwrap();
+        let signing = KeyPair::new_account();
+        let signer =
+            AccountSigner::from_seed(&signing.seed().unwrap(), Some(&setup.account)).unwrap();
+        let (claims, _, _) = decode(&signer.issue_user("manager", None).unwrap().jwt);
+        assert!(claims["nats"].get("pub").is_none());
+        assert!(claims["nats"].get("sub").is_none());
+        assert_eq!(claims["nats"]["issuer_account"], setup.account);
+        assert_eq!(claims["iss"], signing.public_key());
+    }
+
+    #[test]
+    fn operator_setup_trusts_both_accounts() {
+        let setup = OperatorSetup::generate("PKO").unwrap();
+        let (operator, _, _) = decode(&setup.operator_jwt);
+        assert_eq!(operator["nats"]["system_account"], setup.system_account);
+        let config = setup.server_config("/tmp/op.jwt");
+        assert!(config.contains("resolver: MEMORY"), "{config}");
+        assert!(config.contains(&setup.account) && config.contains(&setup.system_account));
+        let (account, _, _) = decode(&setup.account_jwt);
+        assert_eq!(account["iss"], operator["sub"]);
+        assert_eq!(account["nats"]["limits"]["disk_storage"], -1);
+    }
+
+    #[test]
+    fn non_account_seeds_are_refused() {
+        let user = KeyPair::new_user().seed().unwrap();
+        let error = AccountSigner::from_seed(&user, None).unwrap_err();
+        assert!(
+            error.to_string().contains("account key is required"),
+            "{error}"
+        );
+        let error = AccountSigner::from_seed("not a seed", None).unwrap_err();
+        assert!(error.to_string().starts_with("NATS signing key"), "{error}");
+    }
+}
