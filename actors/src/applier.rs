@@ -242,6 +242,13 @@ impl Applier {
             .and_then(Value::as_array)
             .cloned()
             .unwrap_or_default();
+        // A controller recorded in the owners annotation is replaced by the apply itself.
+        if !refs
+            .iter()
+            .any(|r| r.get("uid").and_then(Value::as_str) == Some(controller_uid))
+        {
+            return Ok(observed.clone());
+        }
         let demoted: Vec<Value> = refs
             .into_iter()
             .map(|mut r| {

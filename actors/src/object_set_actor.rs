@@ -246,7 +246,14 @@ impl ObjectSetActor {
                 let name = update.plan.name.clone();
                 let delegated = update.plan.delegated;
                 let owner = ctx.address().recipient();
-                let actor = PhaseActor::new(index, self.context.clone(), update, owner).start();
+                let actor = PhaseActor::new(
+                    index,
+                    self.context.applier.clone(),
+                    self.context.cache.clone(),
+                    update,
+                    owner,
+                )
+                .start();
                 self.phases.push(Phase {
                     name,
                     delegated,

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use actix::prelude::*;
 
-use crate::context::ManagerContext;
+use crate::applier::Applier;
+use crate::object_cache::ObjectCache;
 use crate::phase_runner::{
     reconcile_phase, teardown_phase, AppliedHashes, PhasePlan, PhaseReport, TeardownReport,
 };
@@ -49,7 +50,9 @@ pub enum PhaseOutcome {
 
 pub struct PhaseActor {
     index: usize,
-    context: ManagerContext,
+    /// The cluster the phase applies to: the manager's own, or a hosted cluster for a connector.
+    applier: Applier,
+    cache: ObjectCache,
     plan: Arc<PhasePlan>,
     paused: bool,
     version: u64,
@@ -64,13 +67,15 @@ pub struct PhaseActor {
 impl PhaseActor {
     pub fn new(
         index: usize,
-        context: ManagerContext,
+        applier: Applier,
+        cache: ObjectCache,
         update: UpdatePlan,
         owner: Recipient<PhaseFinished>,
     ) -> Self {
         Self {
             index,
-            context,
+            applier,
+            cache,
             plan: update.plan,
             paused: update.paused,
             version: update.version,
@@ -92,7 +97,8 @@ impl PhaseActor {
             ctx.cancel_future(handle);
         }
         self.running = true;
-        let context = self.context.clone();
+        let applier = self.applier.clone();
+        let cache = self.cache.clone();
         let plan = self.plan.clone();
         let paused = self.paused;
         let version = self.version;
@@ -100,18 +106,11 @@ impl PhaseActor {
         let work = async move {
             let outcome = match command {
                 PhaseCommand::Reconcile => PhaseOutcome::Reconciled(
-                    reconcile_phase(
-                        &context.applier,
-                        &context.cache,
-                        &plan,
-                        &mut applied,
-                        paused,
-                    )
-                    .await,
+                    reconcile_phase(&applier, &cache, &plan, &mut applied, paused).await,
                 ),
-                PhaseCommand::Teardown => PhaseOutcome::TornDown(
-                    teardown_phase(&context.applier, &context.cache, &plan).await,
-                ),
+                PhaseCommand::Teardown => {
+                    PhaseOutcome::TornDown(teardown_phase(&applier, &cache, &plan).await)
+                }
             };
             (outcome, applied)
         };

@@ -204,6 +204,7 @@ impl SetObject {
                 .kind
                 .is_namespaced()
                 .then(|| self.namespace().to_owned()),
+            remote: false,
         }
     }
 

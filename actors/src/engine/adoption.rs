@@ -6,7 +6,7 @@
 use pko_proto::core::common::CollisionProtection;
 use serde_json::Value;
 
-use super::desired_object::REVISION_ANNOTATION;
+use super::desired_object::{OWNERS_ANNOTATION, REVISION_ANNOTATION};
 
 /// Who is asking to adopt: the owning ObjectSet (or ObjectSetPhase acting for it).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,17 +29,32 @@ pub enum AdoptionDecision {
     Refuse(String),
 }
 
-/// The current controller reference of an object: (uid, kind, name).
+/// The current controller of an object: (uid, kind, name), from its controller reference or, for objects
+/// whose owner lives in another cluster, from the owners annotation.
 pub fn controller_of(object: &Value) -> Option<(String, String, String)> {
-    object
-        .pointer("/metadata/ownerReferences")?
-        .as_array()?
-        .iter()
-        .find(|r| r.get("controller").and_then(Value::as_bool) == Some(true))
-        .map(|r| {
-            let field = |f: &str| r.get(f).and_then(Value::as_str).unwrap_or("").to_owned();
-            (field("uid"), field("kind"), field("name"))
-        })
+    let controller = |refs: &[Value]| {
+        refs.iter()
+            .find(|r| r.get("controller").and_then(Value::as_bool) == Some(true))
+            .map(|r| {
+                let field = |f: &str| r.get(f).and_then(Value::as_str).unwrap_or("").to_owned();
+                (field("uid"), field("kind"), field("name"))
+            })
+    };
+    let metadata = object.get("metadata")?;
+    if let Some(found) = metadata
+        .get("ownerReferences")
+        .and_then(Value::as_array)
+        .and_then(|refs| controller(refs))
+    {
+        return Some(found);
+    }
+    // An unparsable annotation names no controller: the object is then treated as unowned.
+    let annotated: Vec<Value> = metadata
+        .get("annotations")?
+        .get(OWNERS_ANNOTATION)?
+        .as_str()
+        .and_then(|text| serde_json::from_str(text).ok())?;
+    controller(&annotated)
 }
 
 /// Revision recorded on an object by the revision that last applied it.
@@ -120,6 +135,35 @@ mod tests {
             revision: 2,
             previous_uids: previous,
         }
+    }
+
+    #[test]
+    fn controllers_recorded_in_the_owners_annotation_count() {
+        let owners = json!([
+            {"uid": "old", "kind": "ObjectSetPhase", "name": "a", "controller": false},
+            {"uid": "remote", "kind": "ObjectSetPhase", "name": "b", "controller": true},
+        ]);
+        let annotated =
+            json!({"metadata": {"annotations": {OWNERS_ANNOTATION: owners.to_string()}}});
+        assert_eq!(
+            controller_of(&annotated),
+            Some(("remote".into(), "ObjectSetPhase".into(), "b".into()))
+        );
+        let garbage = json!({"metadata": {"annotations": {OWNERS_ANNOTATION: "{not json"}}});
+        assert_eq!(controller_of(&garbage), None);
+        // Adoption rules apply unchanged: a phase of a previous revision hands over under Prevent.
+        let previous = vec!["remote".to_owned()];
+        let decision = decide_adoption(
+            &adopter(&previous),
+            &CollisionProtection::Prevent,
+            &annotated,
+        );
+        assert_eq!(
+            decision,
+            AdoptionDecision::Adopt {
+                demote: Some("remote".into())
+            }
+        );
     }
 
     #[test]

@@ -17,6 +17,9 @@ pub const FIELD_MANAGER: &str = "package-operator";
 pub const REVISION_ANNOTATION: &str = "package-operator.run/revision";
 /// Label selecting the objects pko manages; the per-kind watches filter on it.
 pub const CACHE_LABEL: &str = "package-operator.run/cache";
+/// Annotation recording owners that live in another cluster (hosted-cluster phases), where ownerReferences
+/// cannot point: a JSON list of `{apiVersion, kind, name, namespace, uid, controller}`.
+pub const OWNERS_ANNOTATION: &str = "package-operator.run/owners";
 
 /// The object that owns a phase's objects (an ObjectSet, ClusterObjectSet or ObjectSetPhase).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,6 +30,9 @@ pub struct OwnerRef {
     pub uid: String,
     /// `None` for cluster-scoped owners, which may own objects in any namespace.
     pub namespace: Option<String>,
+    /// The owner lives in another cluster (an ObjectSetPhase applied by a hosted-cluster connector): it is
+    /// recorded in [`OWNERS_ANNOTATION`], and its `namespace` neither defaults nor confines the objects'.
+    pub remote: bool,
 }
 
 /// One object ready to apply.
@@ -136,7 +142,17 @@ fn prepare_object(
             "must be empty: pko sets the owner itself",
         ));
     }
-    if let Some(owner_ns) = &owner.namespace {
+    if metadata
+        .get("annotations")
+        .and_then(|a| a.get(OWNERS_ANNOTATION))
+        .is_some()
+    {
+        return Err(invalid(
+            &format!("{field}.object.metadata.annotations[{OWNERS_ANNOTATION}]"),
+            "must not be set: pko sets the owner itself",
+        ));
+    }
+    if let Some(owner_ns) = owner.namespace.as_ref().filter(|_| !owner.remote) {
         match metadata.get("namespace").and_then(Value::as_str) {
             None | Some("") => {
                 metadata.insert("namespace".to_owned(), json!(owner_ns));
@@ -158,17 +174,34 @@ fn prepare_object(
             REVISION_ANNOTATION,
             &revision.to_string(),
         );
-        metadata.insert(
-            "ownerReferences".to_owned(),
-            json!([{
+        if owner.remote {
+            let owners = json!([{
                 "apiVersion": owner.api_version,
                 "kind": owner.kind,
                 "name": owner.name,
+                "namespace": owner.namespace,
                 "uid": owner.uid,
                 "controller": true,
-                "blockOwnerDeletion": true,
-            }]),
-        );
+            }]);
+            insert_string(
+                metadata,
+                "annotations",
+                OWNERS_ANNOTATION,
+                &owners.to_string(),
+            );
+        } else {
+            metadata.insert(
+                "ownerReferences".to_owned(),
+                json!([{
+                    "apiVersion": owner.api_version,
+                    "kind": owner.kind,
+                    "name": owner.name,
+                    "uid": owner.uid,
+                    "controller": true,
+                    "blockOwnerDeletion": true,
+                }]),
+            );
+        }
     }
     let key = ObjectKey::of(&object)
         .ok_or_else(|| invalid(&format!("{field}.object.apiVersion"), "is malformed"))?;
@@ -221,6 +254,7 @@ mod tests {
             name: "set".to_owned(),
             uid: "uid-1".to_owned(),
             namespace: namespace.map(str::to_owned),
+            remote: false,
         }
     }
 
@@ -255,6 +289,42 @@ mod tests {
         assert_eq!(o["metadata"]["ownerReferences"][0]["uid"], "uid-1");
         assert_eq!(o["metadata"]["ownerReferences"][0]["controller"], true);
         assert_eq!(got[0].key.namespace, "ns");
+    }
+
+    #[test]
+    fn remote_owners_are_recorded_in_the_annotation_and_do_not_confine_namespaces() {
+        let remote = OwnerRef {
+            kind: "ObjectSetPhase".to_owned(),
+            remote: true,
+            ..owner(Some("clusters-a"))
+        };
+        let elsewhere = cm(json!({"metadata": {"name": "cm", "namespace": "hosted-ns"}}));
+        let got = prepare_phase(&remote, 2, "p", &[elsewhere, cm(json!({}))], &[]).unwrap();
+        let o = &got[0].object;
+        assert_eq!(got[0].key.namespace, "hosted-ns");
+        assert!(o["metadata"].get("ownerReferences").is_none());
+        let owners: Value = serde_json::from_str(
+            o["metadata"]["annotations"][OWNERS_ANNOTATION]
+                .as_str()
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            owners,
+            json!([{"apiVersion": "package-operator.run/v1alpha1", "kind": "ObjectSetPhase",
+                    "name": "set", "namespace": "clusters-a", "uid": "uid-1", "controller": true}])
+        );
+        assert_eq!(o["metadata"]["annotations"][REVISION_ANNOTATION], "2");
+        // No namespace is made up for the hosted cluster: the applier's preflight names a missing one.
+        assert_eq!(got[1].key.namespace, "");
+
+        let forged =
+            cm(json!({"metadata": {"name": "cm", "annotations": {OWNERS_ANNOTATION: "[]"}}}));
+        let err = prepare_phase(&remote, 1, "p", &[forged], &[]).unwrap_err();
+        assert_eq!(
+            err.field,
+            format!("p.objects[0].object.metadata.annotations[{OWNERS_ANNOTATION}]")
+        );
     }
 
     #[test]
