@@ -9,6 +9,7 @@ pub mod applier;
 pub mod context;
 pub mod deployment_object;
 pub mod engine;
+pub mod hosted_phase;
 pub mod kind_feed;
 pub mod manager;
 pub mod object_cache;

@@ -10,11 +10,13 @@ use pko_proto::core::common::{
 };
 use serde_json::json;
 
-use crate::engine::desired_object::{find_duplicate, prepare_phase, DesiredObject, InvalidObject};
+use crate::engine::desired_object::{
+    find_duplicate, prepare_phase, DesiredObject, InvalidObject, OwnerRef,
+};
 use crate::engine::probe::{ProbeSet, ProbeSpecError};
 use crate::object_meta::MetaView;
 use crate::phase_runner::PhasePlan;
-use crate::set_object::{SetObject, PHASE_CLASS_LABEL};
+use crate::set_object::{SetObject, HOSTED_CLUSTER_CLASS, PHASE_CLASS_LABEL};
 
 /// Why a set cannot be planned; shown as `PreflightError` on the set.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -123,8 +125,13 @@ pub fn plan_object_set(set: &SetObject, inputs: &PlanInputs) -> Result<Vec<Phase
         let field = format!("spec.phases[{index}]");
         let objects = phase_objects(phase, &inputs.slices);
         // Validated here even when delegated: a broken object fails the set, not some other controller.
+        // Hosted-cluster objects are checked as the connector will prepare them (any namespace).
+        let validation_owner = OwnerRef {
+            remote: phase.class == HOSTED_CLUSTER_CLASS,
+            ..owner.clone()
+        };
         let prepared = prepare_phase(
-            &owner,
+            &validation_owner,
             inputs.revision,
             &field,
             &objects,
@@ -224,6 +231,21 @@ mod tests {
             .map(|o| o["object"]["metadata"]["name"].as_str().unwrap())
             .collect();
         assert_eq!(names, ["y", "z"], "slice objects are inlined");
+    }
+
+    #[test]
+    fn hosted_cluster_objects_may_name_any_namespace() {
+        let hosted = json!({"object": {"apiVersion": "v1", "kind": "ConfigMap",
+                                       "metadata": {"name": "c", "namespace": "openshift-config"}}});
+        let s = set(json!([{"name": "a", "class": "hosted-cluster", "objects": [hosted.clone()]}]));
+        let plans = plan_object_set(&s, &PlanInputs::default()).unwrap();
+        assert!(plans[0].delegated);
+        let local = set(json!([{"name": "a", "objects": [hosted]}]));
+        let err = plan_object_set(&local, &PlanInputs::default()).unwrap_err();
+        assert!(
+            err.to_string().contains("outside the owner's namespace"),
+            "{err}"
+        );
     }
 
     #[test]

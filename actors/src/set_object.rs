@@ -22,6 +22,8 @@ use crate::object_meta::MetaView;
 pub const PHASE_CLASS_LABEL: &str = "package-operator.run/phase-class";
 /// The phase class this manager reconciles itself.
 pub const DEFAULT_CLASS: &str = "default";
+/// The phase class applied to a hosted cluster by the connector in the phase's HCP namespace.
+pub const HOSTED_CLUSTER_CLASS: &str = "hosted-cluster";
 
 /// Which kind an object driven by the set actor is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -162,23 +162,30 @@ pub struct ApplyPhase {
     /// The phase's objects, slices inlined.
     #[serde(default)]
     pub objects: Vec<ObjectSetObject>,
+    /// Objects the phase observes and probes but never writes.
+    #[serde(default)]
+    pub external_objects: Vec<ObjectSetObject>,
     /// The owning set's availability probes.
     #[serde(default)]
     pub availability_probes: Vec<ObjectSetProbe>,
-    /// Names of previous revisions (adoption under collision protection `Prevent`).
+    /// UIDs of the previous revisions' ObjectSetPhases for this phase: hosted objects they control may be
+    /// adopted under collision protection `Prevent`.
     #[serde(default)]
-    pub previous: Vec<String>,
+    pub previous_uids: Vec<String>,
     /// Paused: report, but change nothing.
     #[serde(default)]
     pub paused: bool,
 }
 
-/// Tear a phase down in the hosted cluster (delete what it owns, in reverse order).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// Tear a phase down in the hosted cluster: delete the objects it still controls. The objects travel
+/// with the request, so a connector that restarted (and kept no state) can still do it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TeardownPhase {
     pub version: u32,
     pub phase: PhaseRef,
+    #[serde(default)]
+    pub objects: Vec<ObjectSetObject>,
 }
 
 /// Where a phase stands in the hosted cluster.
@@ -349,8 +356,9 @@ mod tests {
                 object: json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "app"}}),
                 ..Default::default()
             }],
+            external_objects: Vec::new(),
             availability_probes: Vec::new(),
-            previous: vec!["pkg-old".to_owned()],
+            previous_uids: vec!["uid-of-pkg-old-remote".to_owned()],
             paused: false,
         };
         assert_eq!(
@@ -371,6 +379,7 @@ mod tests {
         let teardown = TeardownPhase {
             version: 1,
             phase: phase(),
+            objects: apply.objects.clone(),
         };
         assert_eq!(
             decode::<TeardownPhase>(&encode(&teardown).unwrap()).unwrap(),
