@@ -6,6 +6,8 @@
 //! call the two.
 
 pub mod applier;
+pub mod cluster_client;
+pub mod connector_actor;
 pub mod context;
 pub mod deployment_object;
 pub mod engine;

@@ -74,6 +74,9 @@ pub enum TestEnvError {
     /// NATS credentials could not be made.
     #[error("NATS credentials: {0}")]
     Credentials(#[from] pko_proto::nats_credentials::CredentialsError),
+    /// A name is not usable for NATS subjects.
+    #[error(transparent)]
+    Subjects(#[from] pko_proto::connector_wire::WireError),
     /// The shared environment failed to start earlier in this test binary.
     #[error("shared test environment failed to start: {0}")]
     SharedStartFailed(String),

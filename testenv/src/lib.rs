@@ -17,6 +17,7 @@
 
 mod apiserver;
 mod binaries;
+mod connector;
 mod controller_manager;
 mod crds;
 mod env;
@@ -33,6 +34,7 @@ mod wait;
 
 pub use apiserver::ApiServer;
 pub use binaries::Binaries;
+pub use connector::{ConnectorLaunch, ConnectorProcess};
 pub use crds::install_crds;
 pub use env::{shared, EnvConfig, StartupTimings, TestEnv};
 pub use error::TestEnvError;

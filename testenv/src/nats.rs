@@ -47,6 +47,16 @@ impl Nats {
         issue(&self.operator, name, permissions)
     }
 
+    /// Credentials as the manager mints them for the connector of HCP namespace `namespace`: only that
+    /// namespace's subjects.
+    pub fn connector_credentials(&self, namespace: &str) -> Result<UserCredentials, TestEnvError> {
+        let subjects = pko_proto::connector_wire::HostedClusterSubjects::new(namespace)?;
+        self.credentials(
+            &format!("pko-connector-{namespace}"),
+            Some(&subjects.connector_permissions()),
+        )
+    }
+
     /// A new client connection with every permission.
     pub async fn client(&self) -> Result<async_nats::Client, TestEnvError> {
         let credentials = self.credentials("pko-testenv", None)?;

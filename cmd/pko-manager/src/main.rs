@@ -11,8 +11,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::Client;
+use pko_actors::cluster_client::{cluster_client, ClientError};
 use pko_actors::context::ManagerContext;
 use pko_actors::pull_secrets::PullSecretSource;
 use tracing::{error, info};
@@ -65,10 +64,8 @@ struct Args {
 /// Why the manager could not start or keep running.
 #[derive(Debug, thiserror::Error)]
 pub enum ManagerError {
-    #[error("kubeconfig {path}: {message}")]
-    Kubeconfig { path: PathBuf, message: String },
-    #[error("connecting to the apiserver: {0}")]
-    Client(#[source] kube::Error),
+    #[error(transparent)]
+    Client(#[from] ClientError),
     #[error("installing CRDs: {0}")]
     Crds(String),
     #[error("health endpoint {addr}: {source}")]
@@ -95,28 +92,6 @@ fn init_logging(format: LogFormat) {
     }
 }
 
-async fn client(kubeconfig: Option<&PathBuf>) -> Result<Client, ManagerError> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let err = |message: String| ManagerError::Kubeconfig {
-                path: path.clone(),
-                message,
-            };
-            let file = Kubeconfig::read_from(path).map_err(|e| err(e.to_string()))?;
-            kube::Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
-                .await
-                .map_err(|e| err(e.to_string()))?
-        }
-        None => kube::Config::infer()
-            .await
-            .map_err(|e| ManagerError::Kubeconfig {
-                path: PathBuf::from("(inferred)"),
-                message: e.to_string(),
-            })?,
-    };
-    Client::try_from(config).map_err(ManagerError::Client)
-}
-
 async fn shutdown_signal() -> Result<&'static str, ManagerError> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).map_err(ManagerError::Signal)?;
@@ -128,7 +103,7 @@ async fn shutdown_signal() -> Result<&'static str, ManagerError> {
 }
 
 async fn run(args: Args) -> Result<(), ManagerError> {
-    let client = client(args.kubeconfig.as_ref()).await?;
+    let client = cluster_client(args.kubeconfig.as_deref()).await?;
     if args.install_crds {
         crd_install::install_crds(&client).await?;
         info!("CRDs installed");

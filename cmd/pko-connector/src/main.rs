@@ -1,0 +1,184 @@
+//! `pko-connector`: runs next to a hosted control plane, in its HCP namespace. Connects to NATS with the
+//! credentials the manager minted for this namespace and to the hosted cluster's apiserver with the
+//! `service-network-admin-kubeconfig`, then serves the manager's phase requests until SIGTERM or SIGINT.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use actix::prelude::*;
+use async_nats::{ConnectOptions, Event};
+use clap::{Parser, ValueEnum};
+use futures::StreamExt;
+use pko_actors::applier::Applier;
+use pko_actors::cluster_client::{cluster_client, ClientError};
+use pko_actors::connector_actor::{ConnectorActor, ConnectorInput};
+use pko_actors::object_cache::ObjectCache;
+use pko_proto::connector_wire::{HostedClusterSubjects, WireError};
+use tokio::sync::mpsc;
+use tracing::{error, info};
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Applies the hosted-cluster phases of one HCP namespace, as the manager asks over NATS.
+#[derive(Debug, Parser)]
+#[command(version)]
+struct Args {
+    /// The HCP namespace served (the connector's own namespace).
+    #[arg(long, env = "POD_NAMESPACE")]
+    namespace: String,
+    /// NATS server URL(s), comma-separated.
+    #[arg(long, env = "PKO_NATS_URL")]
+    nats_url: String,
+    /// NATS credentials file (user JWT and seed) minted for this namespace.
+    #[arg(long, env = "PKO_NATS_CREDS")]
+    nats_creds: PathBuf,
+    /// Kubeconfig of the hosted cluster (the mounted `service-network-admin-kubeconfig`).
+    #[arg(long, env = "PKO_HOSTED_KUBECONFIG")]
+    hosted_kubeconfig: PathBuf,
+    /// Names this process in hellos and logs; defaults to the pod name.
+    #[arg(long, env = "POD_NAME")]
+    connector_id: Option<String>,
+    /// Log format.
+    #[arg(long, value_enum, default_value = "text")]
+    log_format: LogFormat,
+}
+
+/// Why the connector could not start.
+#[derive(Debug, thiserror::Error)]
+enum ConnectorError {
+    #[error("--namespace: {0}")]
+    Namespace(#[from] WireError),
+    #[error("hosted cluster: {0}")]
+    Hosted(#[from] ClientError),
+    #[error("NATS credentials {path}: {source}")]
+    Credentials {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("NATS {url}: {message}")]
+    Nats { url: String, message: String },
+    #[error("cannot build the async runtime: {0}")]
+    Runtime(#[source] std::io::Error),
+    #[error("waiting for a shutdown signal: {0}")]
+    Signal(#[source] std::io::Error),
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+async fn shutdown_signal() -> Result<&'static str, ConnectorError> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).map_err(ConnectorError::Signal)?;
+    let mut int = signal(SignalKind::interrupt()).map_err(ConnectorError::Signal)?;
+    Ok(tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    })
+}
+
+async fn run(args: Args) -> Result<(), ConnectorError> {
+    let subjects = HostedClusterSubjects::new(&args.namespace)?;
+    let connector_id = args.connector_id.clone().unwrap_or_else(|| {
+        format!(
+            "{}-{}",
+            std::env::var("HOSTNAME").unwrap_or_else(|_| "pko-connector".to_owned()),
+            std::process::id()
+        )
+    });
+    let hosted = cluster_client(Some(&args.hosted_kubeconfig)).await?;
+
+    let creds = tokio::fs::read_to_string(&args.nats_creds)
+        .await
+        .map_err(|source| ConnectorError::Credentials {
+            path: args.nats_creds.clone(),
+            source,
+        })?;
+    let nats_error = |message: String| ConnectorError::Nats {
+        url: args.nats_url.clone(),
+        message,
+    };
+    let (events, connected) = mpsc::unbounded_channel();
+    let options = ConnectOptions::with_credentials(&creds)
+        .map_err(|source| ConnectorError::Credentials {
+            path: args.nats_creds.clone(),
+            source,
+        })?
+        .name(format!("pko-connector {}", subjects.namespace()))
+        // NATS may be down when the connector starts: keep trying, and say hello once it is up.
+        .retry_on_initial_connect()
+        .max_reconnects(None)
+        .event_callback(move |event| {
+            let events = events.clone();
+            async move {
+                match event {
+                    Event::Connected => {
+                        let _ = events.send(ConnectorInput::Connected);
+                    }
+                    other => info!(event = %other, "NATS"),
+                }
+            }
+        });
+    let nats = options
+        .connect(&args.nats_url)
+        .await
+        .map_err(|e| nats_error(e.to_string()))?;
+    let apply = nats
+        .subscribe(subjects.apply())
+        .await
+        .map_err(|e| nats_error(e.to_string()))?;
+    let teardown = nats
+        .subscribe(subjects.teardown())
+        .await
+        .map_err(|e| nats_error(e.to_string()))?;
+
+    let applier = Applier::new(hosted.clone());
+    let cache = ObjectCache::new(hosted);
+    let namespace = subjects.namespace().to_owned();
+    let connector = ConnectorActor::create(move |ctx| {
+        ctx.add_stream(apply.map(ConnectorInput::Apply));
+        ctx.add_stream(teardown.map(ConnectorInput::Teardown));
+        ctx.add_stream(futures::stream::unfold(connected, |mut rx| async move {
+            rx.recv().await.map(|input| (input, rx))
+        }));
+        ConnectorActor::new(subjects, connector_id, applier, cache, nats.clone())
+    });
+    info!(%namespace, "connector running");
+    let signal = shutdown_signal().await?;
+    info!(signal, "shutting down");
+    drop(connector);
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    init_logging(args.log_format);
+    let system = actix::System::with_tokio_rt(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| {
+                eprintln!("{}", ConnectorError::Runtime(e));
+                std::process::exit(1)
+            })
+    });
+    match system.block_on(run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            error!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}
