@@ -1,10 +1,12 @@
-//! What every actor of the manager shares: the apiserver client, the applier and the managed-object cache.
+//! What every actor of the manager shares: the apiserver client, the applier, the managed-object cache, the
+//! package image store and, with NATS, the link to the hosted-cluster connectors.
 
 use std::sync::Arc;
 
 use kube::Client;
 
 use crate::applier::Applier;
+use crate::connector_link::ConnectorLink;
 use crate::object_cache::ObjectCache;
 use crate::package::image::ImageStore;
 use crate::pull_secrets::PullSecretSource;
@@ -19,6 +21,9 @@ pub struct ManagerContext {
     pub images: Arc<ImageStore>,
     /// Whose pull secrets authenticate package pulls.
     pub pull_secrets: PullSecretSource,
+    /// NATS and the connector credentials; `None` when the manager runs without NATS (hosted-cluster
+    /// phases then report that they cannot be delivered).
+    pub connectors: Option<ConnectorLink>,
 }
 
 impl ManagerContext {
@@ -34,6 +39,15 @@ impl ManagerContext {
             images: Arc::new(ImageStore::new(plain_http_registries)),
             pull_secrets,
             client,
+            connectors: None,
+        }
+    }
+
+    /// This context, delivering hosted-cluster phases through `link`.
+    pub fn with_connectors(self, link: ConnectorLink) -> Self {
+        Self {
+            connectors: Some(link),
+            ..self
         }
     }
 }

@@ -9,14 +9,15 @@
 use std::sync::Arc;
 
 use pko_proto::connector_wire::{
-    ApplyPhase, PhaseOutcome as WireOutcome, PhaseRef, PhaseReport, TeardownPhase, WIRE_VERSION,
+    ApplyPhase, MappedCondition as WireCondition, PhaseOutcome as WireOutcome, PhaseRef,
+    PhaseReport, TeardownPhase, WIRE_VERSION,
 };
 use pko_proto::core::common::ControlledObjectReference;
 use pko_proto::core::object_set_phase::ObjectSetPhase;
 use pko_proto::{GROUP, VERSION};
 
 use crate::engine::desired_object::{prepare_phase, OwnerRef};
-use crate::engine::object_set_status::{BlockReason, PhaseProgress};
+use crate::engine::object_set_status::{BlockReason, MappedCondition, PhaseProgress};
 use crate::engine::probe::ProbeSet;
 use crate::object_set_plan::PlanError;
 use crate::phase_actor::PhaseOutcome;
@@ -75,11 +76,13 @@ pub fn refused(phase: &PhaseRef, error: &PlanError) -> PhaseReport {
         outcome: WireOutcome::PreflightError,
         message: error.to_string(),
         controller_of: Vec::new(),
+        mapped_conditions: Vec::new(),
     }
 }
 
 /// What a connector reports after running a phase.
 pub fn report_of_run(phase: &PhaseRef, outcome: &PhaseOutcome) -> PhaseReport {
+    let mut mapped_conditions = Vec::new();
     let (outcome, message, controlled) = match outcome {
         PhaseOutcome::Reconciled(report) => {
             let (outcome, message) = match &report.progress {
@@ -95,6 +98,16 @@ pub fn report_of_run(phase: &PhaseRef, outcome: &PhaseOutcome) -> PhaseReport {
                     (outcome, message.clone())
                 }
             };
+            mapped_conditions = report
+                .mapped
+                .iter()
+                .map(|m| WireCondition {
+                    type_: m.type_.clone(),
+                    status: m.status,
+                    reason: m.reason.clone(),
+                    message: m.message.clone(),
+                })
+                .collect();
             let controlled = report
                 .controlled
                 .iter()
@@ -127,7 +140,22 @@ pub fn report_of_run(phase: &PhaseRef, outcome: &PhaseOutcome) -> PhaseReport {
         outcome,
         message,
         controller_of: controlled,
+        mapped_conditions,
     }
+}
+
+/// The conditions a report carries from hosted objects, as the manager records them.
+pub fn mapped_of_report(report: &PhaseReport) -> Vec<MappedCondition> {
+    report
+        .mapped_conditions
+        .iter()
+        .map(|m| MappedCondition {
+            type_: m.type_.clone(),
+            status: m.status,
+            reason: m.reason.clone(),
+            message: m.message.clone(),
+        })
+        .collect()
 }
 
 /// Where the manager records a phase stands, from the connector's report.
@@ -152,6 +180,7 @@ mod tests {
     use super::*;
     use crate::engine::desired_object::OWNERS_ANNOTATION;
     use crate::engine::object_ref::ObjectKey;
+    use crate::phase_actor::PhaseOutcome as RunOutcome;
     use crate::phase_runner::{PhaseReport as RunReport, TeardownReport};
     use pko_proto::core::common::ObjectSetObject;
     use serde_json::json;
@@ -214,18 +243,27 @@ mod tests {
         let key = ObjectKey::of(&json!({"apiVersion": "v1", "kind": "ConfigMap",
                                          "metadata": {"name": "c", "namespace": "app"}}))
         .unwrap();
-        let blocked = PhaseOutcome::Reconciled(RunReport {
+        let blocked = RunOutcome::Reconciled(RunReport {
             progress: PhaseProgress::Blocked {
                 reason: BlockReason::ProbeFailure,
                 message: "ConfigMap app/c: not ready".into(),
             },
             controlled: vec![(key.clone(), "obj-uid".into())],
-            mapped: Vec::new(),
+            mapped: vec![MappedCondition {
+                type_: "hosted/Ready".into(),
+                status: false,
+                reason: "Starting".into(),
+                message: "2 of 3 up".into(),
+            }],
             transient_error: false,
         });
         let report = report_of_run(&phase(), &blocked);
         assert_eq!(report.outcome, WireOutcome::ProbeFailure);
         assert_eq!(report.controller_of[0].name, "c");
+        let RunOutcome::Reconciled(run) = &blocked else {
+            unreachable!()
+        };
+        assert_eq!(mapped_of_report(&report), run.mapped);
         assert_eq!(
             progress_of_report(&report),
             PhaseProgress::Blocked {

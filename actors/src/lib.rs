@@ -8,6 +8,8 @@
 pub mod applier;
 pub mod cluster_client;
 pub mod connector_actor;
+pub mod connector_hub;
+pub mod connector_link;
 pub mod context;
 pub mod deployment_object;
 pub mod engine;
@@ -28,6 +30,7 @@ pub mod phase_runner;
 pub mod pull_secrets;
 pub mod reconcile_gate;
 pub mod registry;
+pub mod remote_phase_actor;
 
 pub mod set_object;
 pub mod template_object;

@@ -9,6 +9,7 @@ use pko_proto::core::object_set_phase::{ClusterObjectSetPhase, ObjectSetPhase};
 use pko_proto::core::object_template::{ClusterObjectTemplate, ObjectTemplate};
 use pko_proto::core::package::{ClusterPackage, Package};
 
+use crate::connector_hub::ConnectorHub;
 use crate::context::ManagerContext;
 use crate::deployment_object::DeploymentObject;
 use crate::kind_feed::{KindFeed, Tap};
@@ -18,6 +19,7 @@ use crate::object_set_actor::ObjectSetActor;
 use crate::object_template_actor::ObjectTemplateActor;
 use crate::package_actor::{DeploymentChanged, PackageActor};
 use crate::registry::{ObjectRef, Registry};
+use crate::remote_phase_actor::RemotePhaseActor;
 use crate::set_object::{SetKind, SetObject};
 
 /// The running engine.
@@ -26,6 +28,7 @@ pub struct Engine {
     pub deployments: Arc<Registry<ObjectDeploymentActor>>,
     pub packages: Arc<Registry<PackageActor>>,
     pub templates: Arc<Registry<ObjectTemplateActor>>,
+    pub remote_phases: Arc<Registry<RemotePhaseActor>>,
 }
 
 impl Engine {
@@ -89,6 +92,12 @@ pub fn start(context: ManagerContext) -> Engine {
     // ObjectSetPhases of class `default` are sets of one phase; other classes are filtered out.
     KindFeed::<ObjectSetPhase, _>::new(context.clone(), sets.clone(), None).start();
     KindFeed::<ClusterObjectSetPhase, _>::new(context.clone(), sets.clone(), None).start();
+    // ObjectSetPhases of class `hosted-cluster` go to their connector.
+    let remote_phases: Arc<Registry<RemotePhaseActor>> = Arc::default();
+    KindFeed::<ObjectSetPhase, _>::new(context.clone(), remote_phases.clone(), None).start();
+    if let Some(link) = &context.connectors {
+        ConnectorHub::new(link.nats.clone(), remote_phases.clone()).start();
+    }
     let packages: Arc<Registry<PackageActor>> = Arc::default();
     let od_tap = Some(package_tap(packages.clone()));
     KindFeed::<ObjectDeployment, _>::new(context.clone(), deployments.clone(), od_tap.clone())
@@ -105,5 +114,6 @@ pub fn start(context: ManagerContext) -> Engine {
         deployments,
         packages,
         templates,
+        remote_phases,
     }
 }

@@ -103,11 +103,7 @@ impl ObjectSetActor {
                 .api(client.clone(), set.namespace());
             let phase_api = set.kind.phase_kind().api(client.clone(), set.namespace());
             // An ObjectSetPhase named <set>-<phase> adopts from <previous>-<phase>, which controls the objects.
-            let phase_suffix = set
-                .controller_name()
-                .and_then(|owner| set.name().strip_prefix(&format!("{owner}-")))
-                .filter(|_| set.kind.is_phase())
-                .map(str::to_owned);
+            let phase_suffix = set.delegated_phase_name();
             let mut inputs = PlanInputs::default();
             let mut highest_previous = 0;
             for previous in &set.spec.previous {

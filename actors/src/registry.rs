@@ -56,3 +56,14 @@ impl<A: Actor, K: Eq + Hash + Clone> Registry<A, K> {
         self.actors.is_empty()
     }
 }
+
+impl<A: Actor> Registry<A, ObjectRef> {
+    /// The actors of the objects in `namespace`.
+    pub fn in_namespace(&self, namespace: &str) -> Vec<Addr<A>> {
+        self.actors
+            .iter()
+            .filter(|entry| entry.key().namespace == namespace)
+            .map(|entry| entry.value().clone())
+            .collect()
+    }
+}

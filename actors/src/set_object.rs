@@ -224,6 +224,16 @@ impl SetObject {
         self.controller().map(|r| r.name.as_str())
     }
 
+    /// For an ObjectSetPhase named `<set>-<phase>`, the `<phase>` part: its predecessor in revision
+    /// `<previous>` is `<previous>-<phase>`.
+    pub fn delegated_phase_name(&self) -> Option<String> {
+        let owner = self.controller_name()?;
+        self.name()
+            .strip_prefix(&format!("{owner}-"))
+            .filter(|_| self.kind.is_phase())
+            .map(str::to_owned)
+    }
+
     /// Writes `status` through the status subresource (the ObjectSetPhase form for phases).
     pub async fn write_status(
         &self,

@@ -219,6 +219,21 @@ pub struct PhaseReport {
     /// The hosted objects the phase controls.
     #[serde(default)]
     pub controller_of: Vec<ControlledObjectReference>,
+    /// Conditions copied from hosted objects through their conditionMappings (`domain/Type`).
+    #[serde(default)]
+    pub mapped_conditions: Vec<MappedCondition>,
+}
+
+/// A condition copied from a hosted object, for the ObjectSetPhase and the objects above it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MappedCondition {
+    #[serde(rename = "type")]
+    pub type_: String,
+    pub status: bool,
+    pub reason: String,
+    #[serde(default)]
+    pub message: String,
 }
 
 /// Sent by a connector on every (re)connect; the manager answers by re-sending the desired phases.
@@ -251,6 +266,15 @@ pub struct ErrorReply {
     pub version: u32,
     pub code: ErrorCode,
     pub message: String,
+}
+
+/// The answer to a request: the message asked for, or the reason it was refused.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum Reply<T> {
+    /// Tried first: a refusal has `code`, which no answer has.
+    Refused(ErrorReply),
+    Answer(T),
 }
 
 impl ErrorReply {
@@ -347,6 +371,27 @@ mod tests {
     }
 
     #[test]
+    fn replies_tell_answers_from_refusals() {
+        let refusal = ErrorReply::new(ErrorCode::WrongNamespace, "not mine");
+        let report = PhaseReport {
+            version: WIRE_VERSION,
+            phase: phase(),
+            outcome: PhaseOutcome::Available,
+            message: String::new(),
+            controller_of: Vec::new(),
+            mapped_conditions: Vec::new(),
+        };
+        assert_eq!(
+            decode::<Reply<PhaseReport>>(&encode(&refusal).unwrap()).unwrap(),
+            Reply::Refused(refusal)
+        );
+        assert_eq!(
+            decode::<Reply<PhaseReport>>(&encode(&report).unwrap()).unwrap(),
+            Reply::Answer(report)
+        );
+    }
+
+    #[test]
     fn messages_round_trip() {
         let apply = ApplyPhase {
             version: WIRE_VERSION,
@@ -371,6 +416,7 @@ mod tests {
             outcome: PhaseOutcome::CollisionDetected,
             message: "core Namespace app: controlled by someone else".to_owned(),
             controller_of: Vec::new(),
+            mapped_conditions: Vec::new(),
         };
         assert_eq!(
             decode::<PhaseReport>(&encode(&report).unwrap()).unwrap(),
@@ -425,6 +471,7 @@ mod tests {
                 outcome: PhaseOutcome::ProbeFailure,
                 message,
                 controller_of: Vec::new(),
+                mapped_conditions: Vec::new(),
             };
             proptest::prop_assert_eq!(decode::<PhaseReport>(&encode(&report).unwrap()).unwrap(), report);
         }

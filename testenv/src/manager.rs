@@ -74,8 +74,8 @@ impl ManagerProcess {
 }
 
 impl TestEnv {
-    /// Starts `binary` (a pko-manager build) against the management apiserver with `--install-crds`
-    /// plus `extra_args`, and waits until it reports ready.
+    /// Starts `binary` (a pko-manager build) against the management apiserver and the environment's NATS
+    /// with `--install-crds` plus `extra_args`, and waits until it reports ready.
     pub async fn start_manager(
         &self,
         binary: &Path,
@@ -110,6 +110,11 @@ impl TestEnv {
                 self.registry().host(),
                 self.authenticated_registry().host()
             ))
+            // Hosted-cluster phases travel over the environment's NATS.
+            .arg("--nats-url")
+            .arg(self.nats().url())
+            .arg("--nats-account-seed-file")
+            .arg(self.nats().account_seed_file())
             .args(extra_args)
             .env(
                 "RUST_LOG",

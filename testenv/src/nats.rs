@@ -20,6 +20,7 @@ pub struct Nats {
     port: u16,
     config: PathBuf,
     operator: OperatorSetup,
+    account_seed_file: PathBuf,
 }
 
 impl Nats {
@@ -36,6 +37,11 @@ impl Nats {
     /// The application account's seed: what the manager signs connector users with.
     pub fn account_seed(&self) -> &str {
         self.operator.account_seed()
+    }
+
+    /// A file holding [`Nats::account_seed`] (the manager's `--nats-account-seed-file`).
+    pub fn account_seed_file(&self) -> &Path {
+        &self.account_seed_file
     }
 
     /// Credentials of a new user of the application account; `None` allows everything.
@@ -110,6 +116,9 @@ pub(crate) async fn start(binaries: &Binaries, dir: &Path) -> Result<Nats, TestE
         let config = dir.join("nats.conf");
         let operator = OperatorSetup::generate("PKO")?;
         let operator_jwt = dir.join("operator.jwt");
+        let account_seed_file = dir.join("account.seed");
+        std::fs::write(&account_seed_file, operator.account_seed())
+            .map_err(io_error("write", &account_seed_file))?;
         std::fs::write(&operator_jwt, &operator.operator_jwt).map_err(io_error("write", &operator_jwt))?;
         let text = format!(
             "listen: 127.0.0.1:{port}\nmax_payload: 8MB\njetstream {{\n  store_dir: \"{}\"\n  max_memory_store: 256MB\n  max_file_store: 2GB\n}}\n{}",
@@ -148,6 +157,7 @@ pub(crate) async fn start(binaries: &Binaries, dir: &Path) -> Result<Nats, TestE
             port,
             config,
             operator,
+            account_seed_file,
         })
     })
     .await

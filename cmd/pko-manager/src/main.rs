@@ -12,8 +12,10 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 use pko_actors::cluster_client::{cluster_client, ClientError};
+use pko_actors::connector_link::{ConnectorLink, LinkSetupError};
 use pko_actors::context::ManagerContext;
 use pko_actors::pull_secrets::PullSecretSource;
+use pko_proto::nats_credentials::AccountSigner;
 use tracing::{error, info};
 
 use crate::health::{request_metrics, HealthState};
@@ -56,6 +58,18 @@ struct Args {
     /// Namespace of that ServiceAccount.
     #[arg(long, env = "POD_NAMESPACE", default_value = "package-operator-system")]
     service_account_namespace: String,
+    /// NATS server URL(s), comma-separated: hosted-cluster phases travel to their connectors over it.
+    #[arg(long, env = "PKO_NATS_URL")]
+    nats_url: Option<String>,
+    /// File holding the NATS account seed (`SA...`) that signs the manager's and the connectors' users.
+    #[arg(long, env = "PKO_NATS_ACCOUNT_SEED_FILE", requires = "nats_url")]
+    nats_account_seed_file: Option<PathBuf>,
+    /// Public key of the NATS account, when the seed is one of its signing keys rather than its own key.
+    #[arg(long, env = "PKO_NATS_ACCOUNT")]
+    nats_account: Option<String>,
+    /// NATS URL handed to connectors, when they reach NATS by another address than the manager.
+    #[arg(long, env = "PKO_CONNECTOR_NATS_URL")]
+    connector_nats_url: Option<String>,
     /// Log format.
     #[arg(long, value_enum, default_value = "text")]
     log_format: LogFormat,
@@ -74,6 +88,12 @@ pub enum ManagerError {
         #[source]
         source: std::io::Error,
     },
+    #[error("--nats-account-seed-file {path}: {message}")]
+    NatsSeed { path: PathBuf, message: String },
+    #[error("--nats-url is set but --nats-account-seed-file is not: connectors need credentials")]
+    NatsSeedMissing,
+    #[error(transparent)]
+    Nats(#[from] LinkSetupError),
     #[error("cannot build the async runtime: {0}")]
     Runtime(#[source] std::io::Error),
     #[error("waiting for a shutdown signal: {0}")]
@@ -92,6 +112,28 @@ fn init_logging(format: LogFormat) {
     }
 }
 
+async fn connector_link(args: &Args) -> Result<Option<ConnectorLink>, ManagerError> {
+    let Some(url) = &args.nats_url else {
+        return Ok(None);
+    };
+    let path = args
+        .nats_account_seed_file
+        .as_ref()
+        .ok_or(ManagerError::NatsSeedMissing)?;
+    let seed_error = |message: String| ManagerError::NatsSeed {
+        path: path.clone(),
+        message,
+    };
+    let seed = tokio::fs::read_to_string(path)
+        .await
+        .map_err(|e| seed_error(e.to_string()))?;
+    let signer = AccountSigner::from_seed(&seed, args.nats_account.as_deref())
+        .map_err(|e| seed_error(e.to_string()))?;
+    Ok(Some(
+        ConnectorLink::connect(url, signer, args.connector_nats_url.clone()).await?,
+    ))
+}
+
 async fn shutdown_signal() -> Result<&'static str, ManagerError> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).map_err(ManagerError::Signal)?;
@@ -108,7 +150,7 @@ async fn run(args: Args) -> Result<(), ManagerError> {
         crd_install::install_crds(&client).await?;
         info!("CRDs installed");
     }
-    let context = ManagerContext::new(
+    let mut context = ManagerContext::new(
         client.clone(),
         args.plain_http_registry.clone(),
         PullSecretSource {
@@ -116,6 +158,10 @@ async fn run(args: Args) -> Result<(), ManagerError> {
             service_account: args.service_account.clone(),
         },
     );
+    if let Some(link) = connector_link(&args).await? {
+        info!(url = ?args.nats_url, account = link.signer.account(), "delivering hosted-cluster phases over NATS");
+        context = context.with_connectors(link);
+    }
     let applier = context.applier.clone();
     let health = HealthState::new(move || request_metrics(applier.counts()));
     let bound = health::serve(args.health_addr, health.clone())

@@ -238,3 +238,31 @@ pub async fn wait_object_condition(
     .await
     .unwrap()
 }
+
+/// The `pko-connector` binary next to the manager's; `cargo test --workspace` builds both.
+pub fn connector_binary() -> std::path::PathBuf {
+    let bin =
+        std::path::PathBuf::from(env!("CARGO_BIN_EXE_pko-manager")).with_file_name("pko-connector");
+    assert!(
+        bin.exists(),
+        "{} is missing: build it with `cargo build -p pko-connector` (cargo test --workspace does)",
+        bin.display()
+    );
+    bin
+}
+
+/// A connector serving HCP namespace `namespace` with hosted cluster `hosted`, as its Deployment would run.
+pub fn start_connector(namespace: &str, hosted: usize) -> pko_testenv::ConnectorProcess {
+    let env = env();
+    let launch = pko_testenv::ConnectorLaunch {
+        namespace: namespace.to_owned(),
+        hosted_kubeconfig: env.hosted_clusters()[hosted].kubeconfig_path().to_owned(),
+        nats_creds: env
+            .nats()
+            .connector_credentials(namespace)
+            .unwrap()
+            .creds_file(),
+        connector_id: format!("{namespace}-connector"),
+    };
+    env.spawn_connector(&connector_binary(), &launch).unwrap()
+}

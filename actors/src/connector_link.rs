@@ -1,0 +1,153 @@
+//! The manager's side of the hosted-cluster connectors: its NATS connection (as an account user it mints
+//! for itself), the account key that mints each connector's restricted credentials, and request/reply
+//! with W3C trace context in the headers.
+//!
+//! It must not interpret reports; the remote phase actors do.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_nats::client::RequestErrorKind;
+use async_nats::{ConnectOptions, HeaderMap, Request};
+use pko_proto::connector_wire::{decode, encode, Reply, WireError, TRACEPARENT_HEADER};
+use pko_proto::nats_credentials::{AccountSigner, CredentialsError};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+use tracing::{info, instrument, warn, Span};
+
+/// How long a request waits for a connector's reply.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why a request got no answer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LinkError {
+    #[error("no connector is serving {subject} (no responders)")]
+    NoConnector { subject: String },
+    #[error("the connector did not answer on {subject} within {REQUEST_TIMEOUT:?}")]
+    TimedOut { subject: String },
+    #[error("NATS request on {subject}: {message}")]
+    Nats { subject: String, message: String },
+    #[error("message on {subject}: {source}")]
+    Wire { subject: String, source: WireError },
+}
+
+/// Why the link could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum LinkSetupError {
+    #[error(transparent)]
+    Credentials(#[from] CredentialsError),
+    #[error("connecting to NATS at {url}: {message}")]
+    Connect { url: String, message: String },
+}
+
+/// Shared by every actor that talks to connectors; cheap to clone.
+#[derive(Clone)]
+pub struct ConnectorLink {
+    pub nats: async_nats::Client,
+    pub signer: Arc<AccountSigner>,
+    /// The NATS URL connectors are given (the in-cluster address may differ from the manager's).
+    pub connector_nats_url: String,
+}
+
+impl ConnectorLink {
+    /// Connects to `url` as a user of `signer`'s account. NATS may be down at start: the client keeps
+    /// retrying in the background, and requests fail (and are retried by their callers) until it is up.
+    pub async fn connect(
+        url: &str,
+        signer: AccountSigner,
+        connector_nats_url: Option<String>,
+    ) -> Result<Self, LinkSetupError> {
+        let credentials = signer.issue_user("pko-manager", None)?;
+        let connect_error = |message: String| LinkSetupError::Connect {
+            url: url.to_owned(),
+            message,
+        };
+        let nats = ConnectOptions::with_credentials(&credentials.creds_file())
+            .map_err(|e| connect_error(e.to_string()))?
+            .name("pko-manager")
+            .retry_on_initial_connect()
+            .max_reconnects(None)
+            .event_callback(|event| async move { info!(%event, "NATS") })
+            .connect(url)
+            .await
+            .map_err(|e| connect_error(e.to_string()))?;
+        Ok(Self {
+            nats,
+            signer: Arc::new(signer),
+            connector_nats_url: connector_nats_url.unwrap_or_else(|| url.to_owned()),
+        })
+    }
+
+    /// Sends `message` on `subject` and decodes the answer; the connector's refusal is `Ok(Refused)`.
+    #[instrument(skip(self, message), fields(traceparent))]
+    pub async fn request<T: Serialize, R: DeserializeOwned>(
+        &self,
+        subject: String,
+        message: &T,
+    ) -> Result<Reply<R>, LinkError> {
+        let wire = |source| LinkError::Wire {
+            subject: subject.clone(),
+            source,
+        };
+        let payload = encode(message).map_err(wire)?;
+        let traceparent = new_traceparent(&subject);
+        Span::current().record("traceparent", traceparent.as_str());
+        let mut headers = HeaderMap::new();
+        headers.insert(TRACEPARENT_HEADER, traceparent.as_str());
+        let request = Request::new()
+            .payload(payload.into())
+            .headers(headers)
+            .timeout(Some(REQUEST_TIMEOUT));
+        let reply = self
+            .nats
+            .send_request(subject.clone(), request)
+            .await
+            .map_err(|error| match error.kind() {
+                RequestErrorKind::NoResponders => LinkError::NoConnector {
+                    subject: subject.clone(),
+                },
+                RequestErrorKind::TimedOut => LinkError::TimedOut {
+                    subject: subject.clone(),
+                },
+                _ => LinkError::Nats {
+                    subject: subject.clone(),
+                    message: error.to_string(),
+                },
+            })?;
+        decode(&reply.payload).map_err(|source| {
+            warn!(%subject, %source, "undecodable reply");
+            wire(source)
+        })
+    }
+}
+
+/// A W3C traceparent for one request: a fresh trace and span id (there is no OTel context to continue
+/// yet); the connector records it on its span so both logs can be joined.
+fn new_traceparent(subject: &str) -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    let digest = Sha256::digest(format!("{subject}/{nanos}/{}", std::process::id()));
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    format!("00-{}-{}-01", &hex[..32], &hex[32..48])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn traceparents_are_w3c_shaped_and_fresh() {
+        let a = new_traceparent("pko.v1.hc.ns.phase.apply");
+        let b = new_traceparent("pko.v1.hc.ns.phase.apply");
+        let parts: Vec<&str> = a.split('-').collect();
+        assert_eq!(parts.len(), 4, "{a}");
+        assert_eq!(
+            (parts[0], parts[1].len(), parts[2].len(), parts[3]),
+            ("00", 32, 16, "01")
+        );
+        assert_ne!(a, b);
+    }
+}

@@ -1,0 +1,375 @@
+//! The remote phase actor: one per ObjectSetPhase of class `hosted-cluster`. It sends the phase to the
+//! connector of its HCP namespace over NATS and records the connector's answer as the ObjectSetPhase's
+//! status, where the owning ObjectSet's phase gate reads it. When the connector cannot be reached the
+//! status says so (never Available). A finalizer keeps the ObjectSetPhase until the connector has torn
+//! its hosted objects down.
+//!
+//! Requests are idempotent (the connector skips unchanged objects), so every trigger simply re-sends the
+//! desired phase: a change of the ObjectSetPhase, a report the connector pushed, the connector's hello
+//! after a (re)connect, and a retry after a failure. Replies are the only reports recorded, which keeps
+//! them in order.
+
+use std::time::Duration;
+
+use actix::prelude::*;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Patch, PatchParams};
+use pko_proto::connector_wire::{
+    ApplyPhase, HostedClusterSubjects, PhaseOutcome, PhaseRef, PhaseReport, Reply, TeardownPhase,
+    WIRE_VERSION,
+};
+use pko_proto::core::common::LifecycleState;
+use pko_proto::core::object_set::ObjectSetStatus;
+use serde_json::json;
+use tracing::{info_span, warn, Instrument};
+
+use crate::context::ManagerContext;
+use crate::engine::object_set_status::{
+    object_set_conditions, BlockReason, PhaseProgress, SetObservation,
+};
+use crate::hosted_phase::{mapped_of_report, progress_of_report};
+use crate::kind_feed::{FeedTarget, Gone, Observed};
+use crate::object_meta::MetaView;
+use crate::object_set_plan::phase_object_name;
+use crate::reconcile_gate::ReconcileGate;
+use crate::registry::ObjectRef;
+use crate::set_object::{SetObject, HOSTED_CLUSTER_CLASS};
+
+const BACKOFF_MIN: Duration = Duration::from_secs(1);
+const BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// Held on hosted-cluster ObjectSetPhases until their hosted objects are torn down.
+pub const TEARDOWN_FINALIZER: &str = "package-operator.run/hosted-cluster-teardown";
+
+/// Re-send the phase: the connector pushed a report or said hello.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct Resend;
+
+/// What one exchange with the connector gave.
+enum Exchange {
+    Reported(PhaseReport),
+    /// The phase could not be delivered or was refused; the message says why.
+    Undelivered(String),
+    /// The hosted objects are gone and the finalizer released.
+    Released,
+    /// The ObjectSetPhase changed while it was being written (a newer version is on its way); nothing to
+    /// report.
+    Stale,
+}
+
+pub struct RemotePhaseActor {
+    context: ManagerContext,
+    phase: Option<SetObject>,
+    last: Option<Exchange>,
+    gate: ReconcileGate,
+}
+
+impl RemotePhaseActor {
+    pub fn new(context: ManagerContext) -> Self {
+        Self {
+            context,
+            phase: None,
+            last: None,
+            gate: ReconcileGate::new(BACKOFF_MIN, BACKOFF_MAX),
+        }
+    }
+
+    fn reconcile(&mut self, ctx: &mut Context<Self>) {
+        let Some(phase) = self.phase.clone() else {
+            return;
+        };
+        if !self.gate.try_start(ctx) {
+            return;
+        }
+        let context = self.context.clone();
+        let span = info_span!(
+            "remote_phase",
+            namespace = phase.namespace(),
+            name = phase.name()
+        );
+        let work = async move { exchange(&context, &phase).await }.instrument(span);
+        ctx.spawn(work.into_actor(self).map(|exchange, act, ctx| {
+            let failed = match &exchange {
+                Exchange::Reported(report) => matches!(
+                    report.outcome,
+                    PhaseOutcome::TeardownInProgress | PhaseOutcome::PreflightError
+                ),
+                Exchange::Undelivered(_) | Exchange::Stale => true,
+                Exchange::Released => false,
+            };
+            act.last = Some(exchange);
+            act.publish_status(ctx);
+            if act.gate.finish(ctx, failed, Self::reconcile) {
+                act.reconcile(ctx);
+            }
+        }));
+    }
+
+    fn publish_status(&mut self, ctx: &mut Context<Self>) {
+        let Some(phase) = self.phase.clone() else {
+            return;
+        };
+        if phase.meta.deletion_timestamp.is_some() {
+            return;
+        }
+        let (progress, mapped, controller_of) = match &self.last {
+            Some(Exchange::Reported(report)) => (
+                progress_of_report(report),
+                mapped_of_report(report),
+                report.controller_of.clone(),
+            ),
+            Some(Exchange::Undelivered(message)) => (
+                PhaseProgress::Blocked {
+                    reason: BlockReason::PhaseNotReported,
+                    message: message.clone(),
+                },
+                Vec::new(),
+                phase.status.controller_of.clone(),
+            ),
+            Some(Exchange::Released) | Some(Exchange::Stale) | None => return,
+        };
+        let observation = SetObservation {
+            lifecycle: phase.spec.lifecycle_state.clone(),
+            generation: phase.generation(),
+            phases: vec![(phase.name().to_owned(), progress)],
+            total_phases: 1,
+            success_delay_seconds: 0,
+            teardown_complete: false,
+            plan_error: None,
+            mapped,
+        };
+        let decision =
+            object_set_conditions(&phase.status.conditions, &observation, Timestamp::now());
+        let status = phase.kind.status_view(ObjectSetStatus {
+            conditions: decision.conditions,
+            controller_of,
+            ..ObjectSetStatus::default()
+        });
+        if status == phase.status {
+            return;
+        }
+        if let Some(p) = self.phase.as_mut() {
+            p.status = status.clone();
+        }
+        let client = self.context.client.clone();
+        let span = info_span!(
+            "write_status",
+            kind = phase.kind.kind(),
+            namespace = phase.namespace(),
+            name = phase.name()
+        );
+        ctx.spawn(
+            async move {
+                if let Err(e) = phase.write_status(client, &status).await {
+                    warn!(error = %e, "status write failed");
+                }
+            }
+            .instrument(span)
+            .into_actor(self),
+        );
+    }
+}
+
+fn phase_ref(phase: &SetObject) -> PhaseRef {
+    PhaseRef {
+        namespace: phase.namespace().to_owned(),
+        name: phase.name().to_owned(),
+        uid: phase.uid().to_owned(),
+        generation: phase.generation(),
+    }
+}
+
+/// One request to the connector: teardown while the ObjectSetPhase is being deleted, apply otherwise.
+async fn exchange(context: &ManagerContext, phase: &SetObject) -> Exchange {
+    let Some(link) = &context.connectors else {
+        return Exchange::Undelivered(
+            "hosted-cluster phases travel over NATS, and this manager runs without --nats-url"
+                .to_owned(),
+        );
+    };
+    let subjects = match HostedClusterSubjects::new(phase.namespace()) {
+        Ok(s) => s,
+        Err(e) => return Exchange::Undelivered(e.to_string()),
+    };
+    let objects = phase
+        .spec
+        .template
+        .phases
+        .first()
+        .map(|p| (p.objects.clone(), p.external_objects.clone()))
+        .unwrap_or_default();
+    let deleting = phase.meta.deletion_timestamp.is_some();
+    let reply: Result<Reply<PhaseReport>, _> = if deleting {
+        if !has_finalizer(phase) {
+            return Exchange::Released;
+        }
+        let teardown = TeardownPhase {
+            version: WIRE_VERSION,
+            phase: phase_ref(phase),
+            objects: objects.0,
+        };
+        link.request(subjects.teardown(), &teardown).await
+    } else {
+        match ensure_finalizer(context, phase).await {
+            Ok(()) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => return Exchange::Stale,
+            Err(e) => return Exchange::Undelivered(format!("adding the teardown finalizer: {e}")),
+        }
+        let previous_uids = match previous_phase_uids(context, phase).await {
+            Ok(uids) => uids,
+            Err(e) => return Exchange::Undelivered(e),
+        };
+        let apply = ApplyPhase {
+            version: WIRE_VERSION,
+            phase: phase_ref(phase),
+            revision: phase.given_revision.unwrap_or_default(),
+            objects: objects.0,
+            external_objects: objects.1,
+            availability_probes: phase.spec.template.availability_probes.clone(),
+            previous_uids,
+            paused: phase.spec.lifecycle_state == LifecycleState::Paused,
+        };
+        link.request(subjects.apply(), &apply).await
+    };
+    match reply {
+        Ok(Reply::Answer(report)) => {
+            if deleting && report.outcome == PhaseOutcome::TornDown {
+                return match release_finalizer(context, phase).await {
+                    Ok(()) => Exchange::Released,
+                    Err(kube::Error::Api(s)) if s.code == 409 => Exchange::Stale,
+                    Err(e) => Exchange::Undelivered(format!("removing the finalizer: {e}")),
+                };
+            }
+            Exchange::Reported(report)
+        }
+        Ok(Reply::Refused(refusal)) => Exchange::Undelivered(format!(
+            "the connector refused the phase ({:?}): {}",
+            refusal.code, refusal.message
+        )),
+        Err(e) => Exchange::Undelivered(e.to_string()),
+    }
+}
+
+fn has_finalizer(phase: &SetObject) -> bool {
+    phase
+        .meta
+        .finalizers
+        .as_ref()
+        .is_some_and(|f| f.iter().any(|x| x == TEARDOWN_FINALIZER))
+}
+
+/// Writes the finalizer list `with` (plus or minus ours), guarded by the observed resourceVersion.
+async fn patch_finalizers(
+    context: &ManagerContext,
+    phase: &SetObject,
+    finalizers: Vec<String>,
+) -> Result<(), kube::Error> {
+    let api = phase.kind.api(context.client.clone(), phase.namespace());
+    let patch = json!({"metadata": {
+        "finalizers": finalizers,
+        "resourceVersion": phase.meta.resource_version,
+    }});
+    api.patch(phase.name(), &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map(|_| ())
+}
+
+async fn ensure_finalizer(context: &ManagerContext, phase: &SetObject) -> Result<(), kube::Error> {
+    if has_finalizer(phase) {
+        return Ok(());
+    }
+    let mut finalizers = phase.meta.finalizers.clone().unwrap_or_default();
+    finalizers.push(TEARDOWN_FINALIZER.to_owned());
+    patch_finalizers(context, phase, finalizers).await
+}
+
+async fn release_finalizer(context: &ManagerContext, phase: &SetObject) -> Result<(), kube::Error> {
+    let finalizers = phase
+        .meta
+        .finalizers
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|f| f != TEARDOWN_FINALIZER)
+        .collect();
+    patch_finalizers(context, phase, finalizers).await
+}
+
+/// UIDs of `<previous>-<phase>` for each previous revision: the hosted objects they control may be adopted.
+async fn previous_phase_uids(
+    context: &ManagerContext,
+    phase: &SetObject,
+) -> Result<Vec<String>, String> {
+    let Some(suffix) = phase.delegated_phase_name() else {
+        return Ok(Vec::new());
+    };
+    let api = phase.kind.api(context.client.clone(), phase.namespace());
+    let mut uids = Vec::new();
+    for previous in &phase.spec.previous {
+        let name = phase_object_name(&previous.name, &suffix);
+        match api.get_opt(&name).await {
+            Ok(Some(p)) => uids.extend(p.metadata.uid),
+            Ok(None) => {}
+            Err(e) => return Err(format!("reading previous phase {name:?}: {e}")),
+        }
+    }
+    Ok(uids)
+}
+
+impl Actor for RemotePhaseActor {
+    type Context = Context<Self>;
+}
+
+impl FeedTarget for RemotePhaseActor {
+    type Object = SetObject;
+
+    fn start_for(context: &ManagerContext) -> Addr<Self> {
+        RemotePhaseActor::new(context.clone()).start()
+    }
+
+    /// Namespaced ObjectSetPhases of class `hosted-cluster`: their namespace names the hosted cluster.
+    fn wants(set: &SetObject) -> bool {
+        set.kind.is_phase()
+            && set.kind.is_namespaced()
+            && set.phase_class() == Some(HOSTED_CLUSTER_CLASS)
+    }
+
+    fn key(set: &SetObject) -> ObjectRef {
+        ObjectRef {
+            kind: set.kind.kind(),
+            namespace: set.namespace().to_owned(),
+            name: set.name().to_owned(),
+        }
+    }
+}
+
+impl Handler<Observed<SetObject>> for RemotePhaseActor {
+    type Result = ();
+    fn handle(&mut self, Observed(phase): Observed<SetObject>, ctx: &mut Context<Self>) {
+        let changed = self.phase.as_ref().is_none_or(|p| {
+            p.generation() != phase.generation()
+                || p.meta.deletion_timestamp != phase.meta.deletion_timestamp
+                || p.meta.finalizers != phase.meta.finalizers
+        });
+        self.phase = Some(phase);
+        if changed {
+            self.gate.reset_backoff();
+            self.reconcile(ctx);
+        }
+    }
+}
+
+impl Handler<Resend> for RemotePhaseActor {
+    type Result = ();
+    fn handle(&mut self, _: Resend, ctx: &mut Context<Self>) {
+        self.gate.reset_backoff();
+        self.reconcile(ctx);
+    }
+}
+
+impl Handler<Gone> for RemotePhaseActor {
+    type Result = ();
+    fn handle(&mut self, _: Gone, ctx: &mut Context<Self>) {
+        ctx.stop();
+    }
+}

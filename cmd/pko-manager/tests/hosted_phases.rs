@@ -1,0 +1,173 @@
+//! Phases of class `hosted-cluster` on the real environment: the manager sends them over NATS to the
+//! real pko-connector of the HCP namespace, which applies them to its hosted-cluster apiserver; local and
+//! hosted phases gate each other in order (seed 001's three-phase example).
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use k8s_openapi::api::rbac::v1::ClusterRole;
+use kube::api::ListParams;
+use kube::Api;
+use pko_proto::core::object_set::ObjectSet;
+use pko_proto::core::object_set_phase::ObjectSetPhase;
+use pko_testenv::wait_until;
+use serde_json::{json, Value};
+
+use common::*;
+
+fn phase(name: &str, class: &str, objects: Vec<Value>) -> Value {
+    let objects: Vec<Value> = objects.into_iter().map(|o| json!({"object": o})).collect();
+    json!({"name": name, "class": class, "objects": objects})
+}
+
+/// ConfigMaps pass once `data.ready` is "yes": the local one waits for the test, hosted ones carry it.
+fn ready_probe() -> Value {
+    json!([{
+        "selector": {"kind": {"group": "", "kind": "ConfigMap"}},
+        "probes": [{"cel": {"rule": "has(self.data.ready) && self.data.ready == 'yes'",
+                             "message": "not ready"}}],
+    }])
+}
+
+fn three_phase_set(ns: &str, hosted_ns: &str) -> ObjectSet {
+    let hosted_cm = json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "operator-config", "namespace": hosted_ns},
+        "data": {"ready": "yes", "mode": "hosted"}});
+    typed(
+        "ObjectSet",
+        "addon",
+        json!({"phases": [
+            phase("rbac-and-stuff", "hosted-cluster", vec![
+                json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": hosted_ns}}),
+                json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                       "metadata": {"name": format!("{ns}-addon")},
+                       "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]}]}),
+            ]),
+            phase("deploy", "", vec![configmap("operator", json!({"mode": "local"}))]),
+            phase("configure", "hosted-cluster", vec![hosted_cm]),
+        ]}),
+        json!({"availabilityProbes": ready_probe()}),
+    )
+}
+
+#[tokio::test]
+async fn local_and_hosted_cluster_phases_roll_out_in_order_each_in_its_cluster() {
+    let (client, ns) = setup("hcp-order").await;
+    let _connector = start_connector(&ns, 0);
+    let hosted = env().hosted_clusters()[0].client().await.unwrap();
+    let hosted_ns = format!("{ns}-app");
+    create_set(&client, &ns, &three_phase_set(&ns, &hosted_ns)).await;
+
+    // Phase 1 reached the hosted cluster; phase 2 waits for its probe, so phase 3 must not exist yet.
+    let waiting = format!("Phase \"deploy\" failed: core ConfigMap {ns}/operator: not ready");
+    wait_until("the local phase waits for its probe", TIMEOUT, || async {
+        match set_condition(&client, &ns, "addon", "Available").await {
+            Some((status, _, message)) if status == "False" && message == waiting => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await
+    .unwrap();
+    Api::<Namespace>::all(hosted.clone())
+        .get(&hosted_ns)
+        .await
+        .unwrap();
+    Api::<ClusterRole>::all(hosted.clone())
+        .get(&format!("{ns}-addon"))
+        .await
+        .unwrap();
+    let hosted_cms: Api<ConfigMap> = Api::namespaced(hosted.clone(), &hosted_ns);
+    assert!(hosted_cms
+        .get_opt("operator-config")
+        .await
+        .unwrap()
+        .is_none());
+
+    patch_cm(&client, &ns, "operator", json!({"data": {"ready": "yes"}})).await;
+    wait_condition(&client, &ns, "addon", "Available", "True", None).await;
+
+    // Each object in its own cluster, owned across clusters by its ObjectSetPhase.
+    let hosted_cm = hosted_cms.get("operator-config").await.unwrap();
+    let owners: Value = serde_json::from_str(
+        &hosted_cm.metadata.annotations.as_ref().unwrap()["package-operator.run/owners"],
+    )
+    .unwrap();
+    let phases: Api<ObjectSetPhase> = Api::namespaced(client.clone(), &ns);
+    let configure = phases.get("addon-configure").await.unwrap();
+    assert_eq!(owners[0]["uid"], configure.metadata.uid.clone().unwrap());
+    assert!(get_cm(&client, &ns, "operator-config").await.is_none());
+    assert!(Api::<ConfigMap>::namespaced(hosted.clone(), &ns)
+        .get_opt("operator")
+        .await
+        .unwrap()
+        .is_none());
+
+    // `kubectl get objectsetphases` shows both hosted phases, available, with what they control.
+    let listed = phases.list(&ListParams::default()).await.unwrap();
+    let mut names: Vec<String> = listed
+        .items
+        .iter()
+        .filter_map(|p| p.metadata.name.clone())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["addon-configure", "addon-rbac-and-stuff"]);
+    let status = configure.status.unwrap();
+    let available = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Available")
+        .unwrap();
+    assert_eq!(available.status, "True");
+    assert_eq!(status.controller_of[0].name, "operator-config");
+    let set: ObjectSet = Api::namespaced(client.clone(), &ns)
+        .get("addon")
+        .await
+        .unwrap();
+    assert_eq!(set.status.unwrap().remote_phases.len(), 2);
+}
+
+#[tokio::test]
+async fn an_unreachable_connector_is_reported_and_the_phase_converges_once_it_says_hello() {
+    let (client, ns) = setup("hcp-late").await;
+    let hosted_ns = format!("{ns}-late");
+    let set = typed::<ObjectSet>(
+        "ObjectSet",
+        "late",
+        json!({"phases": [phase("config", "hosted-cluster", vec![
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": hosted_ns}}),
+        ])]}),
+        json!({}),
+    );
+    create_set(&client, &ns, &set).await;
+
+    let phases: Api<ObjectSetPhase> = Api::namespaced(client.clone(), &ns);
+    let message = wait_until(
+        "the phase reports its missing connector",
+        TIMEOUT,
+        || async {
+            let phase = phases.get("late-config").await.map_err(|e| e.to_string())?;
+            let conditions = phase.status.map(|s| s.conditions).unwrap_or_default();
+            match conditions.iter().find(|c| c.type_ == "Available") {
+                Some(c) if c.status == "False" && c.message.contains("no connector") => {
+                    Ok(c.message.clone())
+                }
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        message,
+        format!("Phase \"late-config\" failed: no connector is serving pko.v1.hc.{ns}.phase.apply (no responders)")
+    );
+    let message = wait_condition(&client, &ns, "late", "Available", "False", None).await;
+    assert!(message.contains("late-config"), "{message}");
+
+    // The connector starts: its hello makes the manager re-send at once (not after the backoff).
+    let _connector = start_connector(&ns, 1);
+    wait_condition(&client, &ns, "late", "Available", "True", None).await;
+    let hosted = env().hosted_clusters()[1].client().await.unwrap();
+    Api::<Namespace>::all(hosted).get(&hosted_ns).await.unwrap();
+}
