@@ -48,6 +48,8 @@ pub struct ConnectorLink {
     pub signer: Arc<AccountSigner>,
     /// The NATS URL connectors are given (the in-cluster address may differ from the manager's).
     pub connector_nats_url: String,
+    /// Image of the connector Deployments (the manager's own image, which holds both binaries).
+    pub connector_image: String,
 }
 
 impl ConnectorLink {
@@ -57,6 +59,7 @@ impl ConnectorLink {
         url: &str,
         signer: AccountSigner,
         connector_nats_url: Option<String>,
+        connector_image: String,
     ) -> Result<Self, LinkSetupError> {
         let credentials = signer.issue_user("pko-manager", None)?;
         let connect_error = |message: String| LinkSetupError::Connect {
@@ -76,6 +79,7 @@ impl ConnectorLink {
             nats,
             signer: Arc::new(signer),
             connector_nats_url: connector_nats_url.unwrap_or_else(|| url.to_owned()),
+            connector_image,
         })
     }
 

@@ -8,12 +8,15 @@
 pub mod applier;
 pub mod cluster_client;
 pub mod connector_actor;
+pub mod connector_deployment;
 pub mod connector_hub;
 pub mod connector_link;
 pub mod context;
 pub mod deployment_object;
 pub mod engine;
+pub mod hosted_cluster_actor;
 pub mod hosted_phase;
+pub mod hypershift_detector;
 pub mod kind_feed;
 pub mod manager;
 pub mod object_cache;

@@ -12,6 +12,8 @@ use pko_proto::core::package::{ClusterPackage, Package};
 use crate::connector_hub::ConnectorHub;
 use crate::context::ManagerContext;
 use crate::deployment_object::DeploymentObject;
+use crate::hosted_cluster_actor::HostedClusterActor;
+use crate::hypershift_detector::HyperShiftDetector;
 use crate::kind_feed::{KindFeed, Tap};
 use crate::object_deployment_actor::{ObjectDeploymentActor, RevisionChanged};
 use crate::object_meta::MetaView;
@@ -29,6 +31,7 @@ pub struct Engine {
     pub packages: Arc<Registry<PackageActor>>,
     pub templates: Arc<Registry<ObjectTemplateActor>>,
     pub remote_phases: Arc<Registry<RemotePhaseActor>>,
+    pub hosted_clusters: Arc<Registry<HostedClusterActor>>,
 }
 
 impl Engine {
@@ -95,8 +98,10 @@ pub fn start(context: ManagerContext) -> Engine {
     // ObjectSetPhases of class `hosted-cluster` go to their connector.
     let remote_phases: Arc<Registry<RemotePhaseActor>> = Arc::default();
     KindFeed::<ObjectSetPhase, _>::new(context.clone(), remote_phases.clone(), None).start();
+    let hosted_clusters: Arc<Registry<HostedClusterActor>> = Arc::default();
     if let Some(link) = &context.connectors {
         ConnectorHub::new(link.nats.clone(), remote_phases.clone()).start();
+        HyperShiftDetector::new(context.clone(), hosted_clusters.clone()).start();
     }
     let packages: Arc<Registry<PackageActor>> = Arc::default();
     let od_tap = Some(package_tap(packages.clone()));
@@ -115,5 +120,6 @@ pub fn start(context: ManagerContext) -> Engine {
         packages,
         templates,
         remote_phases,
+        hosted_clusters,
     }
 }

@@ -18,6 +18,7 @@
 mod apiserver;
 mod binaries;
 mod connector;
+mod connector_runner;
 mod controller_manager;
 mod crds;
 mod env;
@@ -35,6 +36,7 @@ mod wait;
 pub use apiserver::ApiServer;
 pub use binaries::Binaries;
 pub use connector::{ConnectorLaunch, ConnectorProcess};
+pub use connector_runner::ConnectorRunner;
 pub use crds::install_crds;
 pub use env::{shared, EnvConfig, StartupTimings, TestEnv};
 pub use error::TestEnvError;

@@ -15,7 +15,7 @@ use pko_proto::connector_wire::{
     decode, encode, ApplyPhase, ErrorCode, ErrorReply, Hello, HostedClusterSubjects, PhaseOutcome,
     PhaseReport, TeardownPhase,
 };
-use pko_testenv::{ConnectorLaunch, ConnectorProcess, TestEnv};
+use pko_testenv::{ConnectorProcess, TestEnv};
 use serde_json::{json, Value};
 
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -41,16 +41,10 @@ async fn start_connector(
     let manager = env.nats().client().await.unwrap();
     let mut hellos = manager.subscribe(subjects.hello()).await.unwrap();
     manager.flush().await.unwrap();
-    let launch = ConnectorLaunch {
-        namespace: namespace.clone(),
-        hosted_kubeconfig: hosted.kubeconfig_path().to_owned(),
-        nats_creds: env
-            .nats()
-            .connector_credentials(&namespace)
-            .unwrap()
-            .creds_file(),
-        connector_id: format!("{namespace}-a"),
-    };
+    let credentials = env.nats().connector_credentials(&namespace).unwrap();
+    let launch = env
+        .connector_launch(&namespace, hosted, &credentials)
+        .unwrap();
     let connector = env.spawn_connector(connector_binary(), &launch).unwrap();
     let hello: Hello = next_message(&mut hellos, &connector).await;
     assert_eq!(hello.namespace, namespace);

@@ -70,6 +70,9 @@ struct Args {
     /// NATS URL handed to connectors, when they reach NATS by another address than the manager.
     #[arg(long, env = "PKO_CONNECTOR_NATS_URL")]
     connector_nats_url: Option<String>,
+    /// Image of the hosted-cluster connector Deployments: the manager's own image, which holds both binaries.
+    #[arg(long, env = "PKO_CONNECTOR_IMAGE", default_value = "localhost/pko:dev")]
+    connector_image: String,
     /// Log format.
     #[arg(long, value_enum, default_value = "text")]
     log_format: LogFormat,
@@ -130,7 +133,13 @@ async fn connector_link(args: &Args) -> Result<Option<ConnectorLink>, ManagerErr
     let signer = AccountSigner::from_seed(&seed, args.nats_account.as_deref())
         .map_err(|e| seed_error(e.to_string()))?;
     Ok(Some(
-        ConnectorLink::connect(url, signer, args.connector_nats_url.clone()).await?,
+        ConnectorLink::connect(
+            url,
+            signer,
+            args.connector_nats_url.clone(),
+            args.connector_image.clone(),
+        )
+        .await?,
     ))
 }
 

@@ -254,15 +254,9 @@ pub fn connector_binary() -> std::path::PathBuf {
 /// A connector serving HCP namespace `namespace` with hosted cluster `hosted`, as its Deployment would run.
 pub fn start_connector(namespace: &str, hosted: usize) -> pko_testenv::ConnectorProcess {
     let env = env();
-    let launch = pko_testenv::ConnectorLaunch {
-        namespace: namespace.to_owned(),
-        hosted_kubeconfig: env.hosted_clusters()[hosted].kubeconfig_path().to_owned(),
-        nats_creds: env
-            .nats()
-            .connector_credentials(namespace)
-            .unwrap()
-            .creds_file(),
-        connector_id: format!("{namespace}-connector"),
-    };
+    let credentials = env.nats().connector_credentials(namespace).unwrap();
+    let launch = env
+        .connector_launch(namespace, &env.hosted_clusters()[hosted], &credentials)
+        .unwrap();
     env.spawn_connector(&connector_binary(), &launch).unwrap()
 }

@@ -1,0 +1,241 @@
+//! The objects that run a hosted cluster's connector in its HCP namespace: a ServiceAccount, a Role and
+//! RoleBinding (leader-election leases and events, nothing else), the Secret with the connector's NATS
+//! credentials, and the Deployment running `pko-connector` with that Secret and the hosted cluster's
+//! `service-network-admin-kubeconfig` mounted.
+//!
+//! Pure: built from the settings; the HostedCluster actor applies them. Every object carries
+//! [`CONNECTOR_LABEL`], which is how they are found for removal and how the local connector runner finds
+//! the Deployments it runs.
+
+use serde_json::{json, Value};
+
+use crate::engine::template_hash::value_hash;
+
+/// Name of every connector object in an HCP namespace.
+pub const CONNECTOR_NAME: &str = "pko-connector";
+/// Label on every connector object (value `True`).
+pub const CONNECTOR_LABEL: &str = "package-operator.run/connector";
+/// Secret holding the connector's NATS credentials.
+pub const CREDENTIALS_SECRET: &str = "pko-connector-nats";
+/// Key of the `.creds` file in [`CREDENTIALS_SECRET`].
+pub const CREDENTIALS_KEY: &str = "nats.creds";
+/// Annotation on [`CREDENTIALS_SECRET`]: the NATS account that signed the credentials.
+pub const ACCOUNT_ANNOTATION: &str = "package-operator.run/nats-account";
+/// Annotation on the pod template: changes when the credentials do, so the pods restart with them.
+pub const CREDENTIALS_HASH_ANNOTATION: &str = "package-operator.run/credentials-hash";
+/// Where the NATS credentials are mounted.
+pub const NATS_MOUNT: &str = "/etc/pko/nats";
+/// Where the hosted cluster's kubeconfig Secret is mounted.
+pub const KUBECONFIG_MOUNT: &str = "/etc/pko/hosted";
+/// HyperShift's Secret with the hosted cluster's admin kubeconfig, in each HCP namespace.
+pub const KUBECONFIG_SECRET: &str = "service-network-admin-kubeconfig";
+
+/// How the manager runs connectors.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectorSettings {
+    /// Image with the `pko-connector` binary (the manager's own image).
+    pub image: String,
+    /// NATS URL the connectors connect to.
+    pub nats_url: String,
+}
+
+fn metadata(namespace: &str, name: &str) -> Value {
+    json!({
+        "name": name,
+        "namespace": namespace,
+        "labels": { CONNECTOR_LABEL: "True" },
+    })
+}
+
+/// The ServiceAccount, Role, RoleBinding and Deployment of the connector in `namespace`;
+/// `credentials_hash` identifies the current credentials.
+pub fn connector_objects(
+    namespace: &str,
+    settings: &ConnectorSettings,
+    credentials_hash: &str,
+) -> Vec<Value> {
+    let labels = json!({ CONNECTOR_LABEL: "True", "app.kubernetes.io/name": CONNECTOR_NAME });
+    vec![
+        json!({
+            "apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": metadata(namespace, CONNECTOR_NAME),
+        }),
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": metadata(namespace, CONNECTOR_NAME),
+            "rules": [
+                {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                 "verbs": ["get", "create", "update"]},
+                {"apiGroups": ["", "events.k8s.io"], "resources": ["events"],
+                 "verbs": ["create", "patch"]},
+            ],
+        }),
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": metadata(namespace, CONNECTOR_NAME),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": CONNECTOR_NAME},
+            "subjects": [{"kind": "ServiceAccount", "name": CONNECTOR_NAME, "namespace": namespace}],
+        }),
+        json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": metadata(namespace, CONNECTOR_NAME),
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": labels},
+                "template": {
+                    "metadata": {
+                        "labels": labels,
+                        "annotations": { CREDENTIALS_HASH_ANNOTATION: credentials_hash },
+                    },
+                    "spec": {
+                        "serviceAccountName": CONNECTOR_NAME,
+                        "containers": [{
+                            "name": "connector",
+                            "image": settings.image,
+                            "command": ["pko-connector"],
+                            "args": [
+                                format!("--nats-url={}", settings.nats_url),
+                                format!("--nats-creds={NATS_MOUNT}/{CREDENTIALS_KEY}"),
+                                format!("--hosted-kubeconfig={KUBECONFIG_MOUNT}/kubeconfig"),
+                            ],
+                            "env": [
+                                {"name": "POD_NAMESPACE",
+                                 "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+                                {"name": "POD_NAME",
+                                 "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                            ],
+                            "volumeMounts": [
+                                {"name": "nats", "mountPath": NATS_MOUNT, "readOnly": true},
+                                {"name": "hosted-kubeconfig", "mountPath": KUBECONFIG_MOUNT,
+                                 "readOnly": true},
+                            ],
+                        }],
+                        "volumes": [
+                            {"name": "nats", "secret": {"secretName": CREDENTIALS_SECRET}},
+                            {"name": "hosted-kubeconfig", "secret": {"secretName": KUBECONFIG_SECRET}},
+                        ],
+                    },
+                },
+            },
+        }),
+    ]
+}
+
+/// The Secret with freshly minted credentials signed for `account`.
+pub fn credentials_secret(namespace: &str, account: &str, creds: &str) -> Value {
+    let mut meta = metadata(namespace, CREDENTIALS_SECRET);
+    meta["annotations"] = json!({ ACCOUNT_ANNOTATION: account });
+    json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": meta,
+        "type": "Opaque",
+        "stringData": { CREDENTIALS_KEY: creds },
+    })
+}
+
+/// Whether an existing credentials Secret (as JSON) still serves: it holds credentials signed for
+/// `account`. Re-minting only then keeps the connector pods from restarting on every reconcile.
+pub fn credentials_current(existing: &Value, account: &str) -> bool {
+    let signed_for = existing
+        .pointer("/metadata/annotations")
+        .and_then(|a| a.get(ACCOUNT_ANNOTATION))
+        .and_then(Value::as_str);
+    let has_creds = existing
+        .pointer("/data")
+        .and_then(|d| d.get(CREDENTIALS_KEY))
+        .and_then(Value::as_str)
+        .is_some_and(|c| !c.is_empty());
+    signed_for == Some(account) && has_creds
+}
+
+/// Identifies a credentials Secret's content for the pod template annotation.
+pub fn credentials_hash(secret: &Value) -> String {
+    format!(
+        "{:016x}",
+        value_hash(secret.pointer("/data").unwrap_or(&Value::Null))
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn settings() -> ConnectorSettings {
+        ConnectorSettings {
+            image: "quay.io/example/pko:v1".into(),
+            nats_url: "nats://nats.pko:4222".into(),
+        }
+    }
+
+    #[test]
+    fn the_deployment_mounts_both_secrets_and_runs_the_connector() {
+        let objects = connector_objects("clusters-a", &settings(), "abc");
+        let kinds: Vec<&str> = objects
+            .iter()
+            .map(|o| o["kind"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            kinds,
+            ["ServiceAccount", "Role", "RoleBinding", "Deployment"]
+        );
+        for o in &objects {
+            assert_eq!(o["metadata"]["namespace"], "clusters-a");
+            assert_eq!(o["metadata"]["labels"][CONNECTOR_LABEL], "True");
+        }
+        let deployment = &objects[3];
+        let pod = &deployment["spec"]["template"];
+        assert_eq!(
+            pod["metadata"]["annotations"][CREDENTIALS_HASH_ANNOTATION],
+            "abc"
+        );
+        let container = &pod["spec"]["containers"][0];
+        assert_eq!(container["image"], "quay.io/example/pko:v1");
+        let args: Vec<&str> = container["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap())
+            .collect();
+        assert_eq!(
+            args,
+            [
+                "--nats-url=nats://nats.pko:4222",
+                "--nats-creds=/etc/pko/nats/nats.creds",
+                "--hosted-kubeconfig=/etc/pko/hosted/kubeconfig",
+            ]
+        );
+        let secrets: Vec<&str> = pod["spec"]["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v["secret"]["secretName"].as_str().unwrap())
+            .collect();
+        assert_eq!(secrets, [CREDENTIALS_SECRET, KUBECONFIG_SECRET]);
+        // Least privilege: leases and events only.
+        let resources: Vec<&str> = objects[1]["rules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|r| r["resources"].as_array().unwrap())
+            .map(|r| r.as_str().unwrap())
+            .collect();
+        assert_eq!(resources, ["leases", "events"]);
+    }
+
+    #[test]
+    fn credentials_are_kept_while_signed_for_the_same_account() {
+        let minted = credentials_secret("ns", "ACCOUNT", "creds");
+        assert_eq!(minted["stringData"][CREDENTIALS_KEY], "creds");
+        // As the apiserver stores it: base64 data.
+        let mut stored = minted.clone();
+        stored["data"] = json!({ CREDENTIALS_KEY: "Y3JlZHM=" });
+        assert!(credentials_current(&stored, "ACCOUNT"));
+        assert!(!credentials_current(&stored, "OTHER"));
+        stored["data"] = json!({});
+        assert!(!credentials_current(&stored, "ACCOUNT"));
+        let a = credentials_hash(&json!({"data": {"k": "1"}}));
+        assert_ne!(a, credentials_hash(&json!({"data": {"k": "2"}})));
+        assert_eq!(a.len(), 16);
+    }
+}

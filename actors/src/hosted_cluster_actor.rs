@@ -1,0 +1,291 @@
+//! The HostedCluster actor: one per HostedCluster. Once the cluster is Available=True it keeps the
+//! connector of its HCP namespace installed and current (credentials minted once per NATS account, objects
+//! server-side applied on every change of the HostedCluster or the manager's settings), and removes it when
+//! the HostedCluster is deleted. Events on the HostedCluster tell an SRE what happened to its connector.
+//!
+//! It must not touch the phases themselves; the remote phase actors deliver those.
+
+use std::time::Duration;
+
+use actix::prelude::*;
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine as _;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::Resource;
+use pko_proto::connector_wire::HostedClusterSubjects;
+use pko_proto::hypershift::HostedCluster;
+use serde_json::{json, Value};
+use tracing::{info, info_span, warn, Instrument};
+
+use crate::connector_deployment::{
+    connector_objects, credentials_current, credentials_hash, credentials_secret,
+    ConnectorSettings, CREDENTIALS_KEY, CREDENTIALS_SECRET,
+};
+use crate::context::ManagerContext;
+use crate::engine::object_ref::ObjectKey;
+use crate::engine::template_hash::value_hash;
+use crate::kind_feed::{FeedTarget, Gone, Observed};
+use crate::reconcile_gate::ReconcileGate;
+use crate::registry::ObjectRef;
+
+const BACKOFF_MIN: Duration = Duration::from_secs(2);
+const BACKOFF_MAX: Duration = Duration::from_secs(120);
+
+/// What a reconcile did, for the event it deserves.
+enum Outcome {
+    /// Nothing to do: no NATS, not available yet, or already current.
+    Unchanged,
+    /// The connector objects were created or changed (hash of what was applied).
+    Installed(u64),
+    Failed(String),
+}
+
+pub struct HostedClusterActor {
+    context: ManagerContext,
+    cluster: Option<HostedCluster>,
+    /// Hash of the connector objects last applied, to tell a change from a repeat.
+    applied: Option<u64>,
+    gate: ReconcileGate,
+}
+
+impl HostedClusterActor {
+    pub fn new(context: ManagerContext) -> Self {
+        Self {
+            context,
+            cluster: None,
+            applied: None,
+            gate: ReconcileGate::new(BACKOFF_MIN, BACKOFF_MAX),
+        }
+    }
+
+    fn reconcile(&mut self, ctx: &mut Context<Self>) {
+        let Some(cluster) = self.cluster.clone() else {
+            return;
+        };
+        if !self.gate.try_start(ctx) {
+            return;
+        }
+        let context = self.context.clone();
+        let applied = self.applied;
+        let span = info_span!("hosted_cluster", namespace = ?cluster.metadata.namespace,
+            name = ?cluster.metadata.name);
+        let work = async move {
+            let outcome = ensure_connector(&context, &cluster, applied).await;
+            record(&context, &cluster, &outcome).await;
+            outcome
+        }
+        .instrument(span);
+        ctx.spawn(work.into_actor(self).map(|outcome, act, ctx| {
+            let failed = matches!(outcome, Outcome::Failed(_));
+            if let Outcome::Installed(hash) = outcome {
+                act.applied = Some(hash);
+            }
+            if act.gate.finish(ctx, failed, Self::reconcile) {
+                act.reconcile(ctx);
+            }
+        }));
+    }
+}
+
+fn settings(context: &ManagerContext) -> Option<ConnectorSettings> {
+    let link = context.connectors.as_ref()?;
+    Some(ConnectorSettings {
+        image: link.connector_image.clone(),
+        nats_url: link.connector_nats_url.clone(),
+    })
+}
+
+async fn apply(context: &ManagerContext, object: &Value) -> Result<Value, String> {
+    let key = ObjectKey::of(object).ok_or_else(|| format!("malformed object {object}"))?;
+    context
+        .applier
+        .apply(&key, object)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// The connector's credentials Secret: the existing one while it is signed for the current account,
+/// otherwise freshly minted credentials limited to `namespace`'s subjects.
+async fn ensure_credentials(context: &ManagerContext, namespace: &str) -> Result<Value, String> {
+    let link = context.connectors.as_ref().ok_or("no NATS configured")?;
+    let key = ObjectKey {
+        group: String::new(),
+        version: "v1".into(),
+        kind: "Secret".into(),
+        namespace: namespace.to_owned(),
+        name: CREDENTIALS_SECRET.to_owned(),
+    };
+    let existing = context.applier.get(&key).await.map_err(|e| e.to_string())?;
+    if let Some(existing) = existing.filter(|s| credentials_current(s, link.signer.account())) {
+        return Ok(existing);
+    }
+    let subjects = HostedClusterSubjects::new(namespace).map_err(|e| e.to_string())?;
+    let credentials = link
+        .signer
+        .issue_user(
+            &format!("pko-connector-{namespace}"),
+            Some(&subjects.connector_permissions()),
+        )
+        .map_err(|e| e.to_string())?;
+    let mut secret = credentials_secret(namespace, link.signer.account(), "");
+    // Applied as data: stringData is write-only, so server-side apply could not tell it is unchanged.
+    secret.as_object_mut().map(|s| s.remove("stringData"));
+    secret["data"] = json!({ CREDENTIALS_KEY: STANDARD.encode(credentials.creds_file()) });
+    info!(namespace, "minted connector NATS credentials");
+    apply(context, &secret).await
+}
+
+async fn ensure_connector(
+    context: &ManagerContext,
+    cluster: &HostedCluster,
+    applied: Option<u64>,
+) -> Outcome {
+    let Some(settings) = settings(context) else {
+        return Outcome::Unchanged;
+    };
+    if !cluster.is_available() || cluster.metadata.deletion_timestamp.is_some() {
+        return Outcome::Unchanged;
+    }
+    let Some(namespace) = cluster.hosted_control_plane_namespace() else {
+        return Outcome::Unchanged;
+    };
+    let secret = match ensure_credentials(context, &namespace).await {
+        Ok(s) => s,
+        Err(e) => return Outcome::Failed(format!("connector credentials in {namespace}: {e}")),
+    };
+    let objects = connector_objects(&namespace, &settings, &credentials_hash(&secret));
+    let hash = value_hash(&Value::Array(objects.clone()));
+    for object in &objects {
+        if let Err(e) = apply(context, object).await {
+            return Outcome::Failed(format!("connector in {namespace}: {e}"));
+        }
+    }
+    if applied == Some(hash) {
+        Outcome::Unchanged
+    } else {
+        Outcome::Installed(hash)
+    }
+}
+
+/// An event on the HostedCluster for what changed; repeats are not recorded.
+async fn record(context: &ManagerContext, cluster: &HostedCluster, outcome: &Outcome) {
+    let (type_, reason, note) = match outcome {
+        Outcome::Unchanged => return,
+        Outcome::Installed(_) => (
+            EventType::Normal,
+            "ConnectorInstalled",
+            format!(
+                "pko-connector installed in {}",
+                cluster.hosted_control_plane_namespace().unwrap_or_default()
+            ),
+        ),
+        Outcome::Failed(message) => (EventType::Warning, "ConnectorFailed", message.clone()),
+    };
+    let recorder = Recorder::new(
+        context.client.clone(),
+        Reporter {
+            controller: "pko-manager".into(),
+            instance: None,
+        },
+    );
+    let event = Event {
+        type_,
+        reason: reason.into(),
+        note: Some(note),
+        action: "InstallConnector".into(),
+        secondary: None,
+    };
+    if let Err(e) = recorder.publish(&event, &cluster.object_ref(&())).await {
+        warn!(error = %e, "cannot record an event on the HostedCluster");
+    }
+}
+
+/// Deletes the connector objects of a deleted HostedCluster's HCP namespace.
+async fn remove_connector(context: &ManagerContext, namespace: &str) -> Result<(), String> {
+    let Some(settings) = settings(context) else {
+        return Ok(());
+    };
+    let mut objects = connector_objects(namespace, &settings, "");
+    objects.push(credentials_secret(namespace, "", ""));
+    for object in objects.iter().rev() {
+        let Some(key) = ObjectKey::of(object) else {
+            continue;
+        };
+        let observed = context.applier.get(&key).await.map_err(|e| e.to_string())?;
+        let Some(observed) = observed else { continue };
+        let uid = observed
+            .pointer("/metadata/uid")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let rv = observed
+            .pointer("/metadata/resourceVersion")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        context
+            .applier
+            .delete_exact(&key, uid, rv)
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+impl Actor for HostedClusterActor {
+    type Context = Context<Self>;
+}
+
+impl FeedTarget for HostedClusterActor {
+    type Object = HostedCluster;
+
+    fn start_for(context: &ManagerContext) -> Addr<Self> {
+        HostedClusterActor::new(context.clone()).start()
+    }
+
+    fn key(cluster: &HostedCluster) -> ObjectRef {
+        ObjectRef {
+            kind: "HostedCluster",
+            namespace: cluster.metadata.namespace.clone().unwrap_or_default(),
+            name: cluster.metadata.name.clone().unwrap_or_default(),
+        }
+    }
+}
+
+impl Handler<Observed<HostedCluster>> for HostedClusterActor {
+    type Result = ();
+    fn handle(&mut self, Observed(cluster): Observed<HostedCluster>, ctx: &mut Context<Self>) {
+        self.cluster = Some(cluster);
+        self.gate.reset_backoff();
+        self.reconcile(ctx);
+    }
+}
+
+impl Handler<Gone> for HostedClusterActor {
+    type Result = ();
+    fn handle(&mut self, _: Gone, ctx: &mut Context<Self>) {
+        let Some(namespace) = self
+            .cluster
+            .as_ref()
+            .and_then(HostedCluster::hosted_control_plane_namespace)
+        else {
+            ctx.stop();
+            return;
+        };
+        let context = self.context.clone();
+        let removal = async move {
+            // A few attempts: after that the HCP namespace is usually being deleted by HyperShift anyway.
+            for attempt in 1..=5u32 {
+                match remove_connector(&context, &namespace).await {
+                    Ok(()) => {
+                        info!(%namespace, "connector removed");
+                        return;
+                    }
+                    Err(e) => {
+                        warn!(%namespace, attempt, error = %e, "removing the connector failed");
+                        tokio::time::sleep(BACKOFF_MIN * attempt).await;
+                    }
+                }
+            }
+        };
+        ctx.wait(removal.into_actor(self).map(|(), _, ctx| ctx.stop()));
+    }
+}

@@ -1,0 +1,232 @@
+//! HostedClusters on the real environment: the manager notices the HostedCluster API when it appears
+//! after start, installs a connector into each Available cluster's HCP namespace (run here by the
+//! connector runner, as a kubelet would), delivers hosted-cluster phases through it, confines each
+//! connector's NATS credentials to its own subjects, and removes the connector with its HostedCluster.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use async_nats::{ConnectOptions, Event, ServerError};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
+use k8s_openapi::api::events::v1::Event as KubeEvent;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::api::{DeleteParams, ListParams};
+use kube::Api;
+use pko_proto::connector_wire::HostedClusterSubjects;
+use pko_proto::core::object_set::ObjectSet;
+use pko_proto::hypershift::HostedCluster;
+use pko_testenv::{wait_until, HOSTED_CLUSTERS_NAMESPACE};
+use serde_json::json;
+
+use common::*;
+
+async fn wait_present<K>(api: &Api<K>, name: &str) -> K
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+{
+    wait_until(&format!("{name} exists"), TIMEOUT, || async {
+        api.get_opt(name)
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| "absent".to_owned())
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn connectors_follow_hosted_clusters_and_are_confined_to_their_namespace() {
+    manager();
+    let env = env();
+    let client = env.management().client().await.unwrap();
+    // The HostedCluster API appears while the manager already runs.
+    let clusters = env.simulate_hypershift().await.unwrap();
+    let _runner = env
+        .start_connector_runner(&connector_binary())
+        .await
+        .unwrap();
+
+    // Each Available HostedCluster gets its connector, and an event says so.
+    for cluster in &clusters {
+        let ns = &cluster.hcp_namespace;
+        let deployment = wait_present(
+            &Api::<Deployment>::namespaced(client.clone(), ns),
+            "pko-connector",
+        )
+        .await;
+        let pod = deployment.spec.unwrap().template.spec.unwrap();
+        assert_eq!(pod.service_account_name.as_deref(), Some("pko-connector"));
+        Api::<ServiceAccount>::namespaced(client.clone(), ns)
+            .get("pko-connector")
+            .await
+            .unwrap();
+        let role = Api::<Role>::namespaced(client.clone(), ns)
+            .get("pko-connector")
+            .await
+            .unwrap();
+        let resources: Vec<String> = role
+            .rules
+            .unwrap()
+            .into_iter()
+            .flat_map(|r| r.resources.unwrap())
+            .collect();
+        assert_eq!(resources, ["leases", "events"]);
+        Api::<RoleBinding>::namespaced(client.clone(), ns)
+            .get("pko-connector")
+            .await
+            .unwrap();
+        let secret = Api::<Secret>::namespaced(client.clone(), ns)
+            .get("pko-connector-nats")
+            .await
+            .unwrap();
+        assert!(secret.data.unwrap().contains_key("nats.creds"));
+    }
+    let events: Api<KubeEvent> = Api::namespaced(client.clone(), HOSTED_CLUSTERS_NAMESPACE);
+    wait_until("ConnectorInstalled events", TIMEOUT, || async {
+        let list = events
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        let installed: Vec<String> = list
+            .items
+            .iter()
+            .filter(|e| e.reason.as_deref() == Some("ConnectorInstalled"))
+            .filter_map(|e| e.regarding.as_ref()?.name.clone())
+            .collect();
+        if clusters.iter().all(|c| installed.contains(&c.name)) {
+            Ok(())
+        } else {
+            Err(format!("{installed:?}"))
+        }
+    })
+    .await
+    .unwrap();
+
+    // A hosted-cluster phase in each HCP namespace reaches its own hosted cluster through the connector.
+    for (index, cluster) in clusters.iter().enumerate() {
+        let set = typed::<ObjectSet>(
+            "ObjectSet",
+            "hosted-config",
+            json!({"phases": [{"name": "config", "class": "hosted-cluster", "objects": [{"object": {
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "from-management", "namespace": "default"},
+                "data": {"cluster": cluster.name}}}]}]}),
+            json!({}),
+        );
+        create_set(&client, &cluster.hcp_namespace, &set).await;
+        wait_condition(
+            &client,
+            &cluster.hcp_namespace,
+            "hosted-config",
+            "Available",
+            "True",
+            None,
+        )
+        .await;
+        let hosted = env.hosted_clusters()[index].client().await.unwrap();
+        let cm = Api::<ConfigMap>::namespaced(hosted, "default")
+            .get("from-management")
+            .await
+            .unwrap();
+        assert_eq!(cm.data.unwrap()["cluster"], cluster.name);
+    }
+
+    // The credentials the manager minted for hosted-0's connector cannot reach hosted-1's subjects.
+    let secret = Api::<Secret>::namespaced(client.clone(), &clusters[0].hcp_namespace)
+        .get("pko-connector-nats")
+        .await
+        .unwrap();
+    let creds = String::from_utf8(secret.data.unwrap()["nats.creds"].0.clone()).unwrap();
+    let (errors_tx, mut errors) = tokio::sync::mpsc::unbounded_channel();
+    let options = ConnectOptions::with_credentials(&creds)
+        .unwrap()
+        .event_callback(move |event| {
+            let errors_tx = errors_tx.clone();
+            async move {
+                if let Event::ServerError(ServerError::Other(message)) = event {
+                    let _ = errors_tx.send(message);
+                }
+            }
+        });
+    let stolen = options.connect(env.nats().url()).await.unwrap();
+    let other = HostedClusterSubjects::new(&clusters[1].hcp_namespace).unwrap();
+    let _eavesdrop = stolen.subscribe(other.apply()).await.unwrap();
+    stolen
+        .publish(other.status(), "forged".into())
+        .await
+        .unwrap();
+    stolen.flush().await.unwrap();
+    let mut denied = Vec::new();
+    while denied.len() < 2 {
+        let error = tokio::time::timeout(Duration::from_secs(10), errors.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        if error.contains("Permissions Violation") {
+            denied.push(error);
+        }
+    }
+    assert!(
+        denied
+            .iter()
+            .any(|e| e.contains("Subscription") && e.contains(&other.apply())),
+        "{denied:?}"
+    );
+    assert!(
+        denied
+            .iter()
+            .any(|e| e.contains("Publish") && e.contains(&other.status())),
+        "{denied:?}"
+    );
+
+    // Deleting hosted-1's HostedCluster removes its connector; hosted-0's objects are untouched.
+    let hosted0 = env.hosted_clusters()[0].client().await.unwrap();
+    let before = Api::<ConfigMap>::namespaced(hosted0.clone(), "default")
+        .get("from-management")
+        .await
+        .unwrap()
+        .metadata
+        .resource_version;
+    Api::<HostedCluster>::namespaced(client.clone(), HOSTED_CLUSTERS_NAMESPACE)
+        .delete(&clusters[1].name, &DeleteParams::default())
+        .await
+        .unwrap();
+    let gone_ns = &clusters[1].hcp_namespace;
+    wait_until("hosted-1's connector removed", TIMEOUT, || async {
+        let deployment = Api::<Deployment>::namespaced(client.clone(), gone_ns)
+            .get_opt("pko-connector")
+            .await
+            .map_err(|e| e.to_string())?;
+        let secret = Api::<Secret>::namespaced(client.clone(), gone_ns)
+            .get_opt("pko-connector-nats")
+            .await
+            .map_err(|e| e.to_string())?;
+        let account = Api::<ServiceAccount>::namespaced(client.clone(), gone_ns)
+            .get_opt("pko-connector")
+            .await
+            .map_err(|e| e.to_string())?;
+        match (deployment, secret, account) {
+            (None, None, None) => Ok(()),
+            other => Err(format!(
+                "{:?}",
+                (other.0.is_some(), other.1.is_some(), other.2.is_some())
+            )),
+        }
+    })
+    .await
+    .unwrap();
+    Api::<Deployment>::namespaced(client.clone(), &clusters[0].hcp_namespace)
+        .get("pko-connector")
+        .await
+        .unwrap();
+    let after = Api::<ConfigMap>::namespaced(hosted0, "default")
+        .get("from-management")
+        .await
+        .unwrap()
+        .metadata
+        .resource_version;
+    assert_eq!(before, after, "hosted-0's objects must not be touched");
+}

@@ -1,0 +1,230 @@
+//! The connector runner: this environment has no kubelet, so the runner plays its part for connector
+//! Deployments only. It watches the Deployments labelled `package-operator.run/connector=True` on the
+//! management apiserver and, for each, runs one pko-connector process with the container's arguments, its
+//! Secret volumes written to host directories standing in for the mount paths, and `POD_NAMESPACE` /
+//! `POD_NAME` as the Downward API would set them. Like a kubelet it restarts a process that died or whose
+//! Deployment changed, and stops it when the Deployment goes. In a real cluster nothing of this runs.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Secret;
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, Client};
+use tokio::sync::oneshot;
+
+use crate::connector::{spawn_connector_in, ConnectorLaunch, ConnectorProcess};
+use crate::env::TestEnv;
+use crate::error::TestEnvError;
+
+/// The label the manager puts on connector Deployments.
+pub const CONNECTOR_LABEL: &str = "package-operator.run/connector";
+/// How often dead processes are noticed and restarted.
+const LIVENESS_INTERVAL: Duration = Duration::from_millis(500);
+
+/// Runs connector Deployments as host processes until dropped.
+pub struct ConnectorRunner {
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for ConnectorRunner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnectorRunner").finish_non_exhaustive()
+    }
+}
+
+impl Drop for ConnectorRunner {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+struct Running {
+    /// The Deployment's pod template and Secrets as last started.
+    fingerprint: String,
+    launch: ConnectorLaunch,
+    process: ConnectorProcess,
+}
+
+struct Runner {
+    client: Client,
+    dir: PathBuf,
+    binary: PathBuf,
+    running: HashMap<(String, String), Running>,
+}
+
+impl TestEnv {
+    /// Starts the connector runner for `binary` (a pko-connector build) on its own thread.
+    pub async fn start_connector_runner(
+        &self,
+        binary: &Path,
+    ) -> Result<ConnectorRunner, TestEnvError> {
+        let client = self.management().client().await?;
+        let dir = self.root_dir().join("connector-runner");
+        std::fs::create_dir_all(&dir).map_err(crate::error::io_error("create", &dir))?;
+        let mut runner = Runner {
+            client,
+            dir,
+            binary: binary.to_owned(),
+            running: HashMap::new(),
+        };
+        let (stop, stopped) = oneshot::channel();
+        let thread = std::thread::Builder::new()
+            .name("connector-runner".into())
+            .spawn(move || {
+                let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                else {
+                    tracing::error!("connector runner: cannot build a runtime");
+                    return;
+                };
+                runtime.block_on(runner.run(stopped));
+            })
+            .map_err(|source| TestEnvError::Spawn {
+                name: "connector-runner".into(),
+                source,
+            })?;
+        Ok(ConnectorRunner {
+            stop: Some(stop),
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Runner {
+    async fn run(&mut self, mut stopped: oneshot::Receiver<()>) {
+        let api: Api<Deployment> = Api::all(self.client.clone());
+        let config = watcher::Config::default().labels(&format!("{CONNECTOR_LABEL}=True"));
+        let mut events = watcher::watcher(api, config).boxed();
+        let mut liveness = tokio::time::interval(LIVENESS_INTERVAL);
+        loop {
+            tokio::select! {
+                _ = &mut stopped => return,
+                event = events.next() => match event {
+                    Some(Ok(Event::Apply(d))) | Some(Ok(Event::InitApply(d))) => self.ensure(&d).await,
+                    Some(Ok(Event::Delete(d))) => {
+                        self.running.remove(&key(&d));
+                    }
+                    Some(Ok(_)) => {}
+                    Some(Err(e)) => tracing::warn!(error = %e, "connector runner: watch error"),
+                    None => return,
+                },
+                _ = liveness.tick() => self.restart_dead(),
+            }
+        }
+    }
+
+    fn restart_dead(&mut self) {
+        for (key, running) in &mut self.running {
+            if running.process.check_running().is_err() {
+                tracing::info!(namespace = %key.0, "connector runner: restarting a dead connector");
+                match spawn_connector_in(&self.dir, &self.binary, &running.launch) {
+                    Ok(process) => running.process = process,
+                    Err(e) => tracing::warn!(error = %e, "connector runner: restart failed"),
+                }
+            }
+        }
+    }
+
+    async fn ensure(&mut self, deployment: &Deployment) {
+        let key = key(deployment);
+        match self.launch(deployment).await {
+            Ok((fingerprint, launch)) => {
+                if self
+                    .running
+                    .get(&key)
+                    .is_some_and(|r| r.fingerprint == fingerprint)
+                {
+                    return;
+                }
+                // Like a rollout: the old process goes before the new one starts.
+                self.running.remove(&key);
+                match spawn_connector_in(&self.dir, &self.binary, &launch) {
+                    Ok(process) => {
+                        tracing::info!(namespace = %key.0, "connector runner: started a connector");
+                        self.running.insert(
+                            key,
+                            Running {
+                                fingerprint,
+                                launch,
+                                process,
+                            },
+                        );
+                    }
+                    Err(e) => tracing::warn!(error = %e, "connector runner: start failed"),
+                }
+            }
+            Err(e) => {
+                tracing::warn!(namespace = %key.0, error = %e, "connector runner: cannot run")
+            }
+        }
+    }
+
+    /// The process a Deployment describes: its first container's args with each Secret mount path
+    /// replaced by a host directory holding that Secret's keys.
+    async fn launch(&self, deployment: &Deployment) -> Result<(String, ConnectorLaunch), String> {
+        let (namespace, name) = key(deployment);
+        let pod = deployment
+            .spec
+            .as_ref()
+            .and_then(|s| s.template.spec.as_ref())
+            .ok_or("no pod template")?;
+        let container = pod.containers.first().ok_or("no container")?;
+        let mut args = container.args.clone().unwrap_or_default();
+        let mut fingerprint = serde_json::to_string(&deployment.spec.as_ref().map(|s| &s.template))
+            .map_err(|e| e.to_string())?;
+        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &namespace);
+        for mount in container.volume_mounts.iter().flatten() {
+            let Some(secret_name) = pod
+                .volumes
+                .iter()
+                .flatten()
+                .find(|v| v.name == mount.name)
+                .and_then(|v| v.secret.as_ref())
+                .and_then(|s| s.secret_name.clone())
+            else {
+                continue;
+            };
+            let secret = secrets
+                .get(&secret_name)
+                .await
+                .map_err(|e| format!("Secret {namespace}/{secret_name}: {e}"))?;
+            let dir = self.dir.join(&namespace).join(&mount.name);
+            std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            for (file, bytes) in secret.data.iter().flatten() {
+                let path = dir.join(file);
+                std::fs::write(&path, &bytes.0).map_err(|e| format!("{}: {e}", path.display()))?;
+                fingerprint.push_str(&format!("{file}={:?}", bytes.0));
+            }
+            let host = dir.display().to_string();
+            for arg in &mut args {
+                *arg = arg.replace(&mount.mount_path, &host);
+            }
+        }
+        Ok((
+            fingerprint,
+            ConnectorLaunch {
+                namespace,
+                connector_id: format!("{name}-runner"),
+                args,
+            },
+        ))
+    }
+}
+
+fn key(deployment: &Deployment) -> (String, String) {
+    (
+        deployment.metadata.namespace.clone().unwrap_or_default(),
+        deployment.metadata.name.clone().unwrap_or_default(),
+    )
+}
