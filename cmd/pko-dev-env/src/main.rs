@@ -1,7 +1,8 @@
 //! `pko-dev-env`: the local environment. Starts a management kube-apiserver (with kube-controller-manager),
 //! hosted-cluster kube-apiservers registered as HyperShift HostedClusters, nats-server with JetStream and
-//! an OCI registry; installs pko's CRDs; starts pko-manager against it and rolls out the sample
-//! ObjectDeployment (`deploy/examples/object-deployment.yaml`); prints how to reach everything and writes it
+//! an OCI registry; installs pko's CRDs; starts pko-manager against it (with the connector runner standing
+//! in for a kubelet) and rolls out the samples `deploy/examples/object-deployment.yaml` and
+//! `deploy/examples/hosted-object-deployment.yaml` (phases across a hosted cluster); prints how to reach everything and writes it
 //! to an env file; runs until interrupted, then stops every server.
 
 use std::path::{Path, PathBuf};
@@ -34,8 +35,9 @@ struct Args {
     manager: Option<PathBuf>,
 }
 
-/// The sample rolled out once the manager runs.
+/// The samples rolled out once the manager runs: local phases, then phases across a hosted cluster.
 const SAMPLE: &str = include_str!("../../../deploy/examples/object-deployment.yaml");
+const HOSTED_SAMPLE: &str = include_str!("../../../deploy/examples/hosted-object-deployment.yaml");
 const SAMPLE_TIMEOUT: Duration = Duration::from_secs(120);
 
 #[derive(Debug)]
@@ -111,7 +113,25 @@ async fn run(args: Args) -> Result<(), LaunchError> {
         manager.log_path().display(),
         manager.health_port()
     );
-    roll_out_sample(&env).await?;
+    // No kubelet here: the runner starts the connector Deployments the manager creates as processes.
+    let _runner = env
+        .start_connector_runner(&manager_bin.with_file_name("pko-connector"))
+        .await
+        .map_err(LaunchError::Env)?;
+    roll_out_sample(
+        &env,
+        SAMPLE,
+        "deploy/examples/object-deployment.yaml",
+        Some("pko-sample"),
+    )
+    .await?;
+    roll_out_sample(
+        &env,
+        HOSTED_SAMPLE,
+        "deploy/examples/hosted-object-deployment.yaml",
+        None,
+    )
+    .await?;
     println!("\nCtrl-C stops everything.");
     if args.exit_when_ready {
         return Ok(());
@@ -140,40 +160,55 @@ fn manager_path(explicit: Option<PathBuf>) -> Result<PathBuf, LaunchError> {
     let exe =
         std::env::current_exe().map_err(|e| LaunchError::Io("locate this binary".into(), e))?;
     let sibling = exe.with_file_name("pko-manager");
-    if sibling.exists() {
-        Ok(sibling)
-    } else {
-        Err(LaunchError::Manager(format!(
-            "{} not found: build it first (cargo build -p pko-manager) or pass --manager",
+    let connector = exe.with_file_name("pko-connector");
+    match (sibling.exists(), connector.exists()) {
+        (true, true) => Ok(sibling),
+        (false, _) => Err(LaunchError::Manager(format!(
+            "{} not found: build it first (cargo build -p pko-manager -p pko-connector) or pass --manager",
             sibling.display()
-        )))
+        ))),
+        (true, false) => Err(LaunchError::Manager(format!(
+            "{} not found: build it first (cargo build -p pko-manager -p pko-connector)",
+            connector.display()
+        ))),
     }
 }
 
-/// Applies the sample ObjectDeployment and waits until the manager reports it Available.
-async fn roll_out_sample(env: &TestEnv) -> Result<(), LaunchError> {
+/// Applies a sample ObjectDeployment (creating `create_namespace` first) and waits until the manager
+/// reports it Available.
+async fn roll_out_sample(
+    env: &TestEnv,
+    yaml: &str,
+    file: &str,
+    create_namespace: Option<&str>,
+) -> Result<(), LaunchError> {
     let sample = |e: String| LaunchError::Sample(e);
     let client = env.management().client().await.map_err(LaunchError::Env)?;
-    let od: ObjectDeployment = serde_saphyr::from_str(SAMPLE).map_err(|e| sample(e.to_string()))?;
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    let ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "pko-sample"}});
+    let od: ObjectDeployment = serde_saphyr::from_str(yaml).map_err(|e| sample(e.to_string()))?;
     let apply = PatchParams::apply("pko-dev-env").force();
-    namespaces
-        .patch("pko-sample", &apply, &Patch::Apply(&ns))
+    if let Some(name) = create_namespace {
+        let namespaces: Api<Namespace> = Api::all(client.clone());
+        let ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}});
+        namespaces
+            .patch(name, &apply, &Patch::Apply(&ns))
+            .await
+            .map_err(|e| sample(e.to_string()))?;
+    }
+    let namespace = od.metadata.namespace.clone().unwrap_or_default();
+    let name = od.metadata.name.clone().unwrap_or_default();
+    let api: Api<ObjectDeployment> = Api::namespaced(client, &namespace);
+    api.patch(&name, &apply, &Patch::Apply(&od))
         .await
         .map_err(|e| sample(e.to_string()))?;
-    let api: Api<ObjectDeployment> = Api::namespaced(client, "pko-sample");
-    api.patch("sample", &apply, &Patch::Apply(&od))
-        .await
-        .map_err(|e| sample(e.to_string()))?;
-    println!("\nSample rollout: ObjectDeployment pko-sample/sample (deploy/examples/object-deployment.yaml)");
+    println!("\nSample rollout: ObjectDeployment {namespace}/{name} ({file})");
     // The last printed condition line, so progress prints once per change.
     let last = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
     wait_until("sample ObjectDeployment Available", SAMPLE_TIMEOUT, || {
         let api = api.clone();
         let last = last.clone();
+        let name = name.clone();
         async move {
-            let od = api.get("sample").await.map_err(|e| e.to_string())?;
+            let od = api.get(&name).await.map_err(|e| e.to_string())?;
             let status = od.status.unwrap_or_default();
             let line = status
                 .conditions
@@ -200,7 +235,7 @@ async fn roll_out_sample(env: &TestEnv) -> Result<(), LaunchError> {
     })
     .await
     .map_err(|e| sample(e.to_string()))?;
-    println!("  see it: source the env file, then kubectl get objectdeployments,objectsets,configmaps -n pko-sample");
+    println!("  see it: source the env file, then kubectl get objectdeployments,objectsets,objectsetphases,configmaps -n {namespace}");
     Ok(())
 }
 
