@@ -21,6 +21,7 @@ pub struct Nats {
     config: PathBuf,
     operator: OperatorSetup,
     account_seed_file: PathBuf,
+    binary: PathBuf,
 }
 
 impl Nats {
@@ -32,6 +33,31 @@ impl Nats {
     /// The server's configuration file.
     pub fn config_path(&self) -> &Path {
         &self.config
+    }
+
+    /// Kills nats-server (SIGKILL): clients see the connection drop.
+    pub fn kill(&self) {
+        self.process.stop();
+    }
+
+    /// Starts nats-server again on the same port with the same configuration and JetStream store, and
+    /// waits until it answers.
+    pub async fn restart(&self) -> Result<(), TestEnvError> {
+        let mut command = Command::new(&self.binary);
+        command.arg("-c").arg(&self.config);
+        self.process.respawn(command)?;
+        let probe_user = issue(&self.operator, "pko-testenv-ready", None)?;
+        let url = self.url();
+        self.process
+            .wait_ready(READY_TIMEOUT, || {
+                let (url, probe_user) = (url.clone(), probe_user.clone());
+                async move {
+                    connect_as(&url, &probe_user, async_nats::ConnectOptions::new())
+                        .await
+                        .map(|_| ())
+                }
+            })
+            .await
     }
 
     /// The application account's seed: what the manager signs connector users with.
@@ -158,6 +184,7 @@ pub(crate) async fn start(binaries: &Binaries, dir: &Path) -> Result<Nats, TestE
             config,
             operator,
             account_seed_file,
+            binary: binaries.nats_server.clone(),
         })
     })
     .await

@@ -113,6 +113,26 @@ impl ManagedProcess {
         })
     }
 
+    /// Stops the process if it runs and starts `command` in its place, appending to the same log (a
+    /// server restarted on its old port and data).
+    pub(crate) fn respawn(&self, mut command: Command) -> Result<(), TestEnvError> {
+        self.stop();
+        let out = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&self.log)
+            .map_err(io_error("open log", &self.log))?;
+        let err = out.try_clone().map_err(io_error("open log", &self.log))?;
+        command.stdin(Stdio::null()).stdout(out).stderr(err);
+        let child = spawn_from_spawner(command).map_err(|source| TestEnvError::Spawn {
+            name: self.name.clone(),
+            source,
+        })?;
+        if let Ok(mut slot) = self.child.lock() {
+            *slot = child;
+        }
+        Ok(())
+    }
+
     /// Process id.
     pub(crate) fn pid(&self) -> Option<u32> {
         self.child.lock().ok().map(|child| child.id())

@@ -1,0 +1,161 @@
+//! Durability of hosted-cluster phases: NATS, the connector and the manager all killed mid-rollout. While
+//! the connector is unreachable the phase says so; once everything is back the rollout converges without
+//! any manual step, and objects already applied are not written again. This binary has its own
+//! environment and manager, so killing them disturbs no other test.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::path::Path;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::Api;
+use pko_proto::connector_wire::{decode, ApplyPhase};
+use pko_proto::core::object_set::ObjectSet;
+use pko_proto::core::object_set_phase::ObjectSetPhase;
+use pko_testenv::wait_until;
+use serde_json::{json, Value};
+
+use common::*;
+
+fn hosted_cm(name: &str, namespace: &str) -> Value {
+    json!({"object": {"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": name, "namespace": namespace}, "data": {"ready": "yes"}}})
+}
+
+async fn resource_version(api: &Api<ConfigMap>, name: &str) -> String {
+    api.get(name)
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap()
+}
+
+#[tokio::test]
+async fn nats_connector_and_manager_killed_mid_rollout_converge_without_repeated_writes() {
+    let env = env();
+    let binary = Path::new(env!("CARGO_BIN_EXE_pko-manager"));
+    let manager = env.start_manager(binary, &[]).await.unwrap();
+    let client = env.management().client().await.unwrap();
+    let ns = env
+        .management()
+        .create_namespace("hcp-durable")
+        .await
+        .unwrap();
+    let connector = start_connector(&ns, 0);
+    let hosted: Api<ConfigMap> =
+        Api::namespaced(env.hosted_clusters()[0].client().await.unwrap(), "default");
+    let (first, last) = (format!("{ns}-first"), format!("{ns}-last"));
+
+    let set = typed::<ObjectSet>(
+        "ObjectSet",
+        "durable",
+        json!({"phases": [
+            {"name": "first", "class": "hosted-cluster", "objects": [hosted_cm(&first, "default")]},
+            {"name": "local", "objects": [{"object": configmap("gate", json!({}))}]},
+            {"name": "last", "class": "hosted-cluster", "objects": [hosted_cm(&last, "default")]},
+        ]}),
+        json!({"availabilityProbes": [{
+            "selector": {"kind": {"group": "", "kind": "ConfigMap"}},
+            "probes": [{"cel": {"rule": "has(self.data.ready) && self.data.ready == 'yes'",
+                                 "message": "not ready"}}],
+        }]}),
+    );
+    create_set(&client, &ns, &set).await;
+    wait_until(
+        "the first hosted phase applied, the local one waiting",
+        TIMEOUT,
+        || async {
+            let applied = hosted
+                .get_opt(&first)
+                .await
+                .map_err(|e| e.to_string())?
+                .is_some();
+            let waiting = set_condition(&client, &ns, "durable", "Available").await;
+            match waiting {
+                Some((s, _, m)) if applied && s == "False" && m.contains("Phase \"local\"") => {
+                    Ok(())
+                }
+                other => Err(format!("applied={applied} {other:?}")),
+            }
+        },
+    )
+    .await
+    .unwrap();
+    let first_version = resource_version(&hosted, &first).await;
+
+    // NATS goes down; the local phase passes, so the last phase must travel, and cannot.
+    env.nats().kill();
+    patch_cm(&client, &ns, "gate", json!({"data": {"ready": "yes"}})).await;
+    let phases: Api<ObjectSetPhase> = Api::namespaced(client.clone(), &ns);
+    let stuck = wait_until("the undeliverable phase says so", TIMEOUT, || async {
+        let phase = phases
+            .get_opt("durable-last")
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or("no phase yet")?;
+        let conditions = phase.status.map(|s| s.conditions).unwrap_or_default();
+        match conditions.iter().find(|c| c.type_ == "Available") {
+            Some(c)
+                if c.status == "False"
+                    && c.message.contains(&format!("pko.v1.hc.{ns}.phase.apply")) =>
+            {
+                Ok(c.message.clone())
+            }
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await
+    .unwrap();
+    assert!(
+        stuck.contains("did not answer") || stuck.contains("no connector"),
+        "{stuck}"
+    );
+    let (status, _, _) = set_condition(&client, &ns, "durable", "Available")
+        .await
+        .unwrap();
+    assert_eq!(status, "False");
+    assert!(hosted.get_opt(&last).await.unwrap().is_none());
+
+    // Everything else dies too, then comes back: NATS, a new connector process, a new manager.
+    connector.kill();
+    manager.kill();
+    env.nats().restart().await.unwrap();
+    let _connector = start_connector(&ns, 0);
+    let _manager = env.start_manager(binary, &[]).await.unwrap();
+    wait_condition(&client, &ns, "durable", "Available", "True", None).await;
+    let cm = hosted.get(&last).await.unwrap();
+    assert_eq!(cm.data.unwrap()["ready"], "yes");
+    // The first phase was re-sent by the new manager and the new connector: nothing was written again.
+    assert_eq!(resource_version(&hosted, &first).await, first_version);
+    let last_version = resource_version(&hosted, &last).await;
+
+    // One more connector restart: its hello makes the manager re-send both phases (seen on the wire),
+    // and still nothing is written.
+    let observer = env.nats().client().await.unwrap();
+    let mut requests = observer
+        .subscribe(format!("pko.v1.hc.{ns}.phase.apply"))
+        .await
+        .unwrap();
+    observer.flush().await.unwrap();
+    drop(_connector);
+    let _connector = start_connector(&ns, 0);
+    let mut resent = std::collections::BTreeSet::new();
+    while resent.len() < 2 {
+        let request = tokio::time::timeout(TIMEOUT, requests.next())
+            .await
+            .unwrap()
+            .unwrap();
+        let apply: ApplyPhase = decode(&request.payload).unwrap();
+        resent.insert(apply.phase.name);
+    }
+    assert_eq!(
+        resent.into_iter().collect::<Vec<_>>(),
+        ["durable-first", "durable-last"]
+    );
+    wait_condition(&client, &ns, "durable", "Available", "True", None).await;
+    assert_eq!(resource_version(&hosted, &first).await, first_version);
+    assert_eq!(resource_version(&hosted, &last).await, last_version);
+}
