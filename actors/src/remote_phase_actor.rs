@@ -210,11 +210,6 @@ async fn exchange(context: &ManagerContext, phase: &SetObject) -> Exchange {
         };
         link.request(subjects.teardown(), &teardown).await
     } else {
-        match ensure_finalizer(context, phase).await {
-            Ok(()) => {}
-            Err(kube::Error::Api(s)) if s.code == 409 => return Exchange::Stale,
-            Err(e) => return Exchange::Undelivered(format!("adding the teardown finalizer: {e}")),
-        }
         let previous_uids = match previous_phase_uids(context, phase).await {
             Ok(uids) => uids,
             Err(e) => return Exchange::Undelivered(e),
@@ -229,7 +224,18 @@ async fn exchange(context: &ManagerContext, phase: &SetObject) -> Exchange {
             previous_uids,
             paused: phase.spec.lifecycle_state == LifecycleState::Paused,
         };
-        link.request(subjects.apply(), &apply).await
+        // The finalizer is written alongside the first request rather than before it (one apiserver round
+        // trip off the rollout's path); a report only counts once the finalizer is in place.
+        let (finalizer, reply) = futures::join!(
+            ensure_finalizer(context, phase),
+            link.request(subjects.apply(), &apply)
+        );
+        match finalizer {
+            Ok(()) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => return Exchange::Stale,
+            Err(e) => return Exchange::Undelivered(format!("adding the teardown finalizer: {e}")),
+        }
+        reply
     };
     match reply {
         Ok(Reply::Answer(report)) => {

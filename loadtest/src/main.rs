@@ -1,9 +1,11 @@
 //! `pko-loadtest`: measurements on the real environment. `env-startup`: start-up time and memory of the
 //! environment itself. `object-set`: the object engine against a plain server-side-apply loop, write
 //! counts of an unchanged set, and status-change latency. `package`: Package created to Available with a
-//! cold and a warm image, and package render time.
+//! cold and a warm image, and package render time. `hosted-phase`: what a hosted-cluster phase adds over a
+//! local one, and objects per second through one connector.
 
 mod env_startup;
+mod hosted_phase_bench;
 mod object_set_bench;
 mod package_bench;
 
@@ -55,6 +57,19 @@ enum Measurement {
         #[arg(long)]
         manager: Option<PathBuf>,
     },
+    /// ObjectSet -> Available for a local vs. a hosted-cluster phase; objects per second through one
+    /// connector, via the manager and directly.
+    HostedPhase {
+        /// Sets per case.
+        #[arg(long, default_value_t = 30)]
+        runs: usize,
+        /// ConfigMaps in the throughput phase.
+        #[arg(long, default_value_t = 500)]
+        objects: usize,
+        /// pko-manager binary (default: next to this binary; pko-connector must be next to it).
+        #[arg(long)]
+        manager: Option<PathBuf>,
+    },
 }
 
 #[tokio::main]
@@ -74,6 +89,11 @@ async fn main() -> std::process::ExitCode {
             render_objects,
             manager,
         } => package_bench::run(runs, render_objects, manager).await,
+        Measurement::HostedPhase {
+            runs,
+            objects,
+            manager,
+        } => hosted_phase_bench::run(runs, objects, manager).await,
     }
 }
 

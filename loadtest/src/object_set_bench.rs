@@ -66,12 +66,14 @@ async fn wait_available(api: &Api<ObjectSet>, name: &str, want: bool) -> Result<
     .map_err(|e| e.to_string())
 }
 
-/// A fresh environment (no hosted clusters, no controller manager) with pko-manager running on it.
+/// A fresh environment (`hosted_clusters` hosted apiservers, no controller manager) with pko-manager
+/// running on it.
 pub async fn start_with_manager(
     manager: &Path,
+    hosted_clusters: usize,
 ) -> Result<(TestEnv, Client, ManagerProcess), String> {
     let env = TestEnv::start(EnvConfig {
-        hosted_clusters: 0,
+        hosted_clusters,
         controller_manager: false,
     })
     .await
@@ -105,7 +107,7 @@ async fn measure(
     manager: Option<PathBuf>,
 ) -> Result<(), String> {
     let manager = manager_path(manager)?;
-    let (env, client, pko) = start_with_manager(&manager).await?;
+    let (env, client, pko) = start_with_manager(&manager, 0).await?;
     let mgmt = env.management();
 
     // (1a) Baseline: one server-side apply after another.

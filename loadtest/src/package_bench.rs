@@ -166,7 +166,7 @@ async fn measure(
         &mut render,
     );
 
-    let (env, client, pko) = start_with_manager(&manager_path(manager)?).await?;
+    let (env, client, pko) = start_with_manager(&manager_path(manager)?, 0).await?;
     let mgmt = env.management();
     pko.wait_ready(TIMEOUT).await.map_err(|e| e.to_string())?;
     let host = env.registry().host();
