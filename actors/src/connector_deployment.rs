@@ -1,5 +1,5 @@
 //! The objects that run a hosted cluster's connector in its HCP namespace: a ServiceAccount, a Role and
-//! RoleBinding (leader-election leases and events, nothing else), the Secret with the connector's NATS
+//! RoleBinding (its leader-election Lease, nothing else), the Secret with the connector's NATS
 //! credentials, and the Deployment running `pko-connector` with that Secret and the hosted cluster's
 //! `service-network-admin-kubeconfig` mounted.
 //!
@@ -63,11 +63,10 @@ pub fn connector_objects(
         json!({
             "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
             "metadata": metadata(namespace, CONNECTOR_NAME),
+            // Its leader-election Lease, nothing else: phases reach it over NATS, not through the apiserver.
             "rules": [
                 {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
                  "verbs": ["get", "create", "update"]},
-                {"apiGroups": ["", "events.k8s.io"], "resources": ["events"],
-                 "verbs": ["create", "patch"]},
             ],
         }),
         json!({
@@ -97,6 +96,7 @@ pub fn connector_objects(
                                 format!("--nats-url={}", settings.nats_url),
                                 format!("--nats-creds={NATS_MOUNT}/{CREDENTIALS_KEY}"),
                                 format!("--hosted-kubeconfig={KUBECONFIG_MOUNT}/kubeconfig"),
+                                "--leader-election".to_owned(),
                             ],
                             "env": [
                                 {"name": "POD_NAMESPACE",
@@ -203,6 +203,7 @@ mod tests {
                 "--nats-url=nats://nats.pko:4222",
                 "--nats-creds=/etc/pko/nats/nats.creds",
                 "--hosted-kubeconfig=/etc/pko/hosted/kubeconfig",
+                "--leader-election",
             ]
         );
         let secrets: Vec<&str> = pod["spec"]["volumes"]
@@ -212,7 +213,7 @@ mod tests {
             .map(|v| v["secret"]["secretName"].as_str().unwrap())
             .collect();
         assert_eq!(secrets, [CREDENTIALS_SECRET, KUBECONFIG_SECRET]);
-        // Least privilege: leases and events only.
+        // Least privilege: its lease only.
         let resources: Vec<&str> = objects[1]["rules"]
             .as_array()
             .unwrap()
@@ -220,7 +221,7 @@ mod tests {
             .flat_map(|r| r["resources"].as_array().unwrap())
             .map(|r| r.as_str().unwrap())
             .collect();
-        assert_eq!(resources, ["leases", "events"]);
+        assert_eq!(resources, ["leases"]);
     }
 
     #[test]

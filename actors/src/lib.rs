@@ -18,6 +18,7 @@ pub mod hosted_cluster_actor;
 pub mod hosted_phase;
 pub mod hypershift_detector;
 pub mod kind_feed;
+pub mod leader_lease;
 pub mod manager;
 pub mod object_cache;
 pub mod object_deployment_actor;

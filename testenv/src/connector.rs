@@ -22,6 +22,8 @@ pub struct ConnectorLaunch {
     pub connector_id: String,
     /// Command-line arguments.
     pub args: Vec<String>,
+    /// More environment variables (`KUBECONFIG` standing in for the pod's ServiceAccount credentials).
+    pub env: Vec<(String, String)>,
 }
 
 /// A running pko-connector; killed when dropped.
@@ -71,6 +73,7 @@ impl TestEnv {
                 format!("--nats-creds={}", creds.display()),
                 format!("--hosted-kubeconfig={}", hosted.kubeconfig_path().display()),
             ],
+            env: Vec::new(),
         })
     }
 
@@ -97,6 +100,7 @@ pub(crate) fn spawn_connector_in(
         .args(&launch.args)
         .env("POD_NAMESPACE", &launch.namespace)
         .env("POD_NAME", &launch.connector_id)
+        .envs(launch.env.iter().map(|(k, v)| (k, v)))
         .env(
             "RUST_LOG",
             std::env::var("PKO_CONNECTOR_LOG").unwrap_or_else(|_| "info".into()),

@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
+use kube::api::PostParams;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
 use tokio::sync::oneshot;
@@ -57,6 +59,8 @@ struct Running {
 
 struct Runner {
     client: Client,
+    /// URL of the management apiserver, for the ServiceAccount kubeconfigs.
+    server: String,
     dir: PathBuf,
     binary: PathBuf,
     running: HashMap<(String, String), Running>,
@@ -73,6 +77,7 @@ impl TestEnv {
         std::fs::create_dir_all(&dir).map_err(crate::error::io_error("create", &dir))?;
         let mut runner = Runner {
             client,
+            server: self.management().url(),
             dir,
             binary: binary.to_owned(),
             running: HashMap::new(),
@@ -211,14 +216,51 @@ impl Runner {
                 *arg = arg.replace(&mount.mount_path, &host);
             }
         }
+        let mut env = Vec::new();
+        if let Some(account) = &pod.service_account_name {
+            let kubeconfig = self.service_account_kubeconfig(&namespace, account).await?;
+            env.push(("KUBECONFIG".to_owned(), kubeconfig.display().to_string()));
+        }
         Ok((
             fingerprint,
             ConnectorLaunch {
                 namespace,
                 connector_id: format!("{name}-runner"),
                 args,
+                env,
             },
         ))
+    }
+
+    /// A kubeconfig with a token of the pod's ServiceAccount: what a pod gets in-cluster, so the connector
+    /// runs with exactly the permissions its Role grants.
+    async fn service_account_kubeconfig(
+        &self,
+        namespace: &str,
+        account: &str,
+    ) -> Result<PathBuf, String> {
+        let accounts: Api<ServiceAccount> = Api::namespaced(self.client.clone(), namespace);
+        let request = TokenRequest {
+            spec: TokenRequestSpec {
+                expiration_seconds: Some(24 * 3600),
+                ..TokenRequestSpec::default()
+            },
+            ..TokenRequest::default()
+        };
+        let token = accounts
+            .create_token_request(account, &PostParams::default(), &request)
+            .await
+            .map_err(|e| format!("token for ServiceAccount {namespace}/{account}: {e}"))?
+            .status
+            .map(|s| s.token)
+            .ok_or("TokenRequest without a token")?;
+        let path = self.dir.join(namespace).join("service-account.kubeconfig");
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
+        }
+        crate::kubeconfig::write(&path, namespace, &self.server, &token)
+            .map_err(|e| e.to_string())?;
+        Ok(path)
     }
 }
 

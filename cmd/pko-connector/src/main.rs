@@ -1,9 +1,11 @@
 //! `pko-connector`: runs next to a hosted control plane, in its HCP namespace. Connects to NATS with the
 //! credentials the manager minted for this namespace and to the hosted cluster's apiserver with the
 //! `service-network-admin-kubeconfig`, then serves the manager's phase requests until SIGTERM or SIGINT.
+//! With `--leader-election` it first waits for the Lease in its HCP namespace, so only one replica serves.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use actix::prelude::*;
 use async_nats::{ConnectOptions, Event};
@@ -12,6 +14,7 @@ use futures::StreamExt;
 use pko_actors::applier::Applier;
 use pko_actors::cluster_client::{cluster_client, ClientError};
 use pko_actors::connector_actor::{ConnectorActor, ConnectorInput};
+use pko_actors::leader_lease::{LeaderLease, LeaseConfig};
 use pko_actors::object_cache::ObjectCache;
 use pko_proto::connector_wire::{HostedClusterSubjects, WireError};
 use tokio::sync::mpsc;
@@ -42,6 +45,13 @@ struct Args {
     /// Names this process in hellos and logs; defaults to the pod name.
     #[arg(long, env = "POD_NAME")]
     connector_id: Option<String>,
+    /// Serve only while holding the `pko-connector` Lease in --namespace of the management cluster (its own
+    /// ServiceAccount's credentials), so replicas never serve at the same time.
+    #[arg(long)]
+    leader_election: bool,
+    /// Seconds a leader's Lease lasts without renewal.
+    #[arg(long, default_value_t = 15)]
+    lease_duration_seconds: u64,
     /// Log format.
     #[arg(long, value_enum, default_value = "text")]
     log_format: LogFormat,
@@ -61,6 +71,8 @@ enum ConnectorError {
     },
     #[error("NATS {url}: {message}")]
     Nats { url: String, message: String },
+    #[error("lost the connector lease; exiting so another replica takes over")]
+    LostLease,
     #[error("cannot build the async runtime: {0}")]
     Runtime(#[source] std::io::Error),
     #[error("waiting for a shutdown signal: {0}")]
@@ -99,6 +111,20 @@ async fn run(args: Args) -> Result<(), ConnectorError> {
         )
     });
     let hosted = cluster_client(Some(&args.hosted_kubeconfig)).await?;
+    let lease = if args.leader_election {
+        // In a pod: the ServiceAccount; elsewhere $KUBECONFIG.
+        let management = cluster_client(None).await?;
+        let config = LeaseConfig {
+            namespace: subjects.namespace().to_owned(),
+            name: "pko-connector".to_owned(),
+            identity: connector_id.clone(),
+            duration: Duration::from_secs(args.lease_duration_seconds),
+        };
+        info!(identity = %connector_id, "waiting for the connector lease");
+        Some(LeaderLease::acquire(management, config).await)
+    } else {
+        None
+    };
 
     let creds = tokio::fs::read_to_string(&args.nats_creds)
         .await
@@ -156,10 +182,21 @@ async fn run(args: Args) -> Result<(), ConnectorError> {
         ConnectorActor::new(subjects, connector_id, applier, cache, nats.clone())
     });
     info!(%namespace, "connector running");
-    let signal = shutdown_signal().await?;
-    info!(signal, "shutting down");
+    let lost_lease = async {
+        match &lease {
+            Some(lease) => lease.keep_renewing().await,
+            None => std::future::pending().await,
+        }
+    };
+    let outcome = tokio::select! {
+        signal = shutdown_signal() => signal.map(|s| info!(signal = s, "shutting down")),
+        () = lost_lease => Err(ConnectorError::LostLease),
+    };
     drop(connector);
-    Ok(())
+    if let Some(lease) = &lease {
+        lease.release().await;
+    }
+    outcome
 }
 
 fn main() -> ExitCode {

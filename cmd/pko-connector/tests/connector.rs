@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use async_nats::Subscriber;
 use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::rbac::v1::ClusterRole;
 use kube::api::{Api, Patch, PatchParams};
@@ -236,4 +237,77 @@ async fn bad_requests_get_error_replies_and_the_connector_keeps_serving() {
         request(&manager, subjects.apply(), &apply_request(&namespace, 1)).await;
     assert_eq!(report.outcome, PhaseOutcome::ProbeFailure, "{report:?}");
     connector.check_running().unwrap();
+}
+
+#[tokio::test]
+async fn replicas_serve_one_at_a_time_and_a_standby_takes_over() {
+    let env = pko_testenv::shared().unwrap();
+    // The Lease lives in the HCP namespace of the management cluster.
+    let namespace = env
+        .management()
+        .create_namespace("conn-leader")
+        .await
+        .unwrap();
+    let subjects = HostedClusterSubjects::new(&namespace).unwrap();
+    let manager = env.nats().client().await.unwrap();
+    let mut hellos = manager.subscribe(subjects.hello()).await.unwrap();
+    manager.flush().await.unwrap();
+    let credentials = env.nats().connector_credentials(&namespace).unwrap();
+    let replica = |id: &str| {
+        let mut launch = env
+            .connector_launch(&namespace, &env.hosted_clusters()[0], &credentials)
+            .unwrap();
+        launch.connector_id = id.to_owned();
+        launch.args.extend([
+            "--leader-election".to_owned(),
+            "--lease-duration-seconds=3".to_owned(),
+        ]);
+        launch.env.push((
+            "KUBECONFIG".to_owned(),
+            env.management().kubeconfig_path().display().to_string(),
+        ));
+        env.spawn_connector(connector_binary(), &launch).unwrap()
+    };
+    let first = replica("replica-a");
+    let hello: Hello = next_message(&mut hellos, &first).await;
+    assert_eq!(hello.connector, "replica-a");
+    let second = replica("replica-b");
+    let leases: Api<Lease> = Api::namespaced(env.management().client().await.unwrap(), &namespace);
+    pko_testenv::wait_until("replica-b is waiting for the lease", DEADLINE, || async {
+        let log = second.log_tail();
+        if log.contains("waiting for the connector lease") {
+            Ok(())
+        } else {
+            Err(log)
+        }
+    })
+    .await
+    .unwrap();
+    let holder = leases
+        .get("pko-connector")
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .holder_identity;
+    assert_eq!(holder.as_deref(), Some("replica-a"));
+    let served: PhaseReport =
+        request(&manager, subjects.apply(), &apply_request(&namespace, 1)).await;
+    assert_eq!(served.phase.name, "pkg-1-config");
+
+    // The leader dies without releasing its lease: the standby takes over once it expires.
+    first.kill();
+    let hello: Hello = next_message(&mut hellos, &second).await;
+    assert_eq!(hello.connector, "replica-b");
+    let holder = leases
+        .get("pko-connector")
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .holder_identity;
+    assert_eq!(holder.as_deref(), Some("replica-b"));
+    let served: PhaseReport =
+        request(&manager, subjects.apply(), &apply_request(&namespace, 2)).await;
+    assert_eq!(served.phase.generation, 2);
 }

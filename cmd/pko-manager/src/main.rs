@@ -3,7 +3,6 @@
 
 mod crd_install;
 mod health;
-mod leader;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -14,12 +13,12 @@ use clap::{Parser, ValueEnum};
 use pko_actors::cluster_client::{cluster_client, ClientError};
 use pko_actors::connector_link::{ConnectorLink, LinkSetupError};
 use pko_actors::context::ManagerContext;
+use pko_actors::leader_lease::{LeaderLease, LeaseConfig};
 use pko_actors::pull_secrets::PullSecretSource;
 use pko_proto::nats_credentials::AccountSigner;
 use tracing::{error, info};
 
 use crate::health::{request_metrics, HealthState};
-use crate::leader::{LeaderLease, LeaseConfig};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum LogFormat {
@@ -193,7 +192,7 @@ async fn run(args: Args) -> Result<(), ManagerError> {
             identity,
             duration: Duration::from_secs(15),
         };
-        Some(LeaderLease::acquire(client.clone(), config).await?)
+        Some(LeaderLease::acquire(client.clone(), config).await)
     } else {
         None
     };

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use async_nats::{ConnectOptions, Event, ServerError};
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
 use k8s_openapi::api::events::v1::Event as KubeEvent;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
@@ -73,7 +74,7 @@ async fn connectors_follow_hosted_clusters_and_are_confined_to_their_namespace()
             .into_iter()
             .flat_map(|r| r.resources.unwrap())
             .collect();
-        assert_eq!(resources, ["leases", "events"]);
+        assert_eq!(resources, ["leases"]);
         Api::<RoleBinding>::namespaced(client.clone(), ns)
             .get("pko-connector")
             .await
@@ -132,6 +133,15 @@ async fn connectors_follow_hosted_clusters_and_are_confined_to_their_namespace()
             .await
             .unwrap();
         assert_eq!(cm.data.unwrap()["cluster"], cluster.name);
+        // It serves as the leader, elected with its own ServiceAccount's (least) privileges.
+        let lease = Api::<Lease>::namespaced(client.clone(), &cluster.hcp_namespace)
+            .get("pko-connector")
+            .await
+            .unwrap();
+        assert_eq!(
+            lease.spec.unwrap().holder_identity.as_deref(),
+            Some("pko-connector-runner")
+        );
     }
 
     // The credentials the manager minted for hosted-0's connector cannot reach hosted-1's subjects.

@@ -1,5 +1,6 @@
-//! Leader election with a coordination.k8s.io/v1 Lease: only the holder reconciles. A replica that cannot
-//! renew within the lease duration exits rather than risk two leaders writing the same objects.
+//! Leader election with a coordination.k8s.io/v1 Lease, for the manager and for replicated connectors: only
+//! the holder works. A replica that cannot renew within the lease duration exits rather than risk two
+//! leaders writing the same objects.
 
 use std::time::Duration;
 
@@ -9,8 +10,6 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::PostParams;
 use kube::{Api, Client};
 use tracing::{info, warn};
-
-use crate::ManagerError;
 
 /// Lease parameters.
 #[derive(Debug, Clone)]
@@ -48,14 +47,14 @@ pub struct LeaderLease {
 
 impl LeaderLease {
     /// Blocks until this replica holds the lease.
-    pub async fn acquire(client: Client, config: LeaseConfig) -> Result<Self, ManagerError> {
+    pub async fn acquire(client: Client, config: LeaseConfig) -> Self {
         let api: Api<Lease> = Api::namespaced(client, &config.namespace);
         let lease = Self { api, config };
         loop {
             match lease.try_take().await {
                 Ok(true) => {
                     info!(lease = %lease.config.name, identity = %lease.config.identity, "became leader");
-                    return Ok(lease);
+                    return lease;
                 }
                 Ok(false) => {}
                 Err(e) => warn!(error = %e, "leader election attempt failed"),
