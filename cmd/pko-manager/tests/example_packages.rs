@@ -7,74 +7,17 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::process::Command;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Namespace;
-use kube::api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
 use kube::Api;
 use pko_proto::core::object_set::{ClusterObjectSet, ObjectSet};
 use pko_testenv::wait_until;
 use serde_json::{json, Value};
 
 use common::*;
-
-fn examples() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../kubectl-package/tests/packages")
-}
-
-fn kubectl_package() -> PathBuf {
-    let bin = PathBuf::from(env!("CARGO_BIN_EXE_pko-manager")).with_file_name("kubectl-package");
-    assert!(
-        bin.exists(),
-        "{} is missing: build it with `cargo build -p kubectl-package` (cargo test --workspace does)",
-        bin.display()
-    );
-    bin
-}
-
-/// `kubectl-package build <example> --push <registry>/examples/<tag>`; returns the image.
-fn build_and_push(example: &str, tag: &str, extra: &[&str]) -> String {
-    let host = env().registry().host();
-    let image = format!("{host}/examples/{tag}");
-    let out = Command::new(kubectl_package())
-        .current_dir(examples())
-        .args(["build", example, "--push", &image, "--plain-http", &host])
-        .args(extra)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(stdout.contains(&format!("Pushed {image}")), "{stdout}");
-    image
-}
-
-async fn install(client: &kube::Client, ns: Option<&str>, name: &str, image: &str, config: Value) {
-    install_spec(client, ns, name, json!({"image": image, "config": config})).await;
-}
-
-async fn install_spec(client: &kube::Client, ns: Option<&str>, name: &str, spec: Value) {
-    let kind = if ns.is_some() {
-        "Package"
-    } else {
-        "ClusterPackage"
-    };
-    let object: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "package-operator.run/v1alpha1", "kind": kind,
-        "metadata": {"name": name}, "spec": spec,
-    }))
-    .unwrap();
-    package_api(client, ns)
-        .create(&PostParams::default(), &object)
-        .await
-        .unwrap();
-}
 
 /// Waits until the (Cluster)Package's Available condition is True for its current generation.
 async fn wait_available(client: &kube::Client, ns: Option<&str>, name: &str) {

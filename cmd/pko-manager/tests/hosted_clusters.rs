@@ -1,7 +1,8 @@
 //! HostedClusters on the real environment: the manager notices the HostedCluster API when it appears
 //! after start, installs a connector into each Available cluster's HCP namespace (run here by the
-//! connector runner, as a kubelet would), delivers hosted-cluster phases through it, confines each
-//! connector's NATS credentials to its own subjects, and removes the connector with its HostedCluster.
+//! connector runner, as a kubelet would), delivers hosted-cluster phases through it (an ObjectSet per
+//! cluster, and the `hosted-addon` example package: hosted → local → hosted), confines each connector's
+//! NATS credentials to its own subjects, and removes the connector with its HostedCluster.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -11,9 +12,9 @@ use std::time::Duration;
 use async_nats::{ConnectOptions, Event, ServerError};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
 use k8s_openapi::api::events::v1::Event as KubeEvent;
-use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::api::rbac::v1::{ClusterRole, Role, RoleBinding};
 use kube::api::{DeleteParams, ListParams};
 use kube::Api;
 use pko_proto::connector_wire::HostedClusterSubjects;
@@ -144,6 +145,50 @@ async fn connectors_follow_hosted_clusters_and_are_confined_to_their_namespace()
         );
     }
 
+    // Seed 001's three phases as a real package in hosted-0's HCP namespace: each object in its cluster.
+    let image = build_and_push("hosted-addon", "hosted-addon:v1", &[]);
+    let hcp0 = &clusters[0].hcp_namespace;
+    install(&client, Some(hcp0), "addon", &image, json!({})).await;
+    wait_object_condition(
+        &package_api(&client, Some(hcp0)),
+        "addon",
+        "Available",
+        "True",
+        None,
+    )
+    .await;
+    let hosted0 = env.hosted_clusters()[0].client().await.unwrap();
+    Api::<Namespace>::all(hosted0.clone())
+        .get("addon-system")
+        .await
+        .unwrap();
+    Api::<ClusterRole>::all(hosted0.clone())
+        .get("addon-reader")
+        .await
+        .unwrap();
+    let config = Api::<ConfigMap>::namespaced(hosted0.clone(), "addon-system")
+        .get("addon-config")
+        .await
+        .unwrap();
+    let data = config.data.unwrap();
+    assert_eq!(data["hostedCluster"], clusters[0].name);
+    assert_eq!(&data["controlPlaneNamespace"], hcp0);
+    Api::<Deployment>::namespaced(client.clone(), hcp0)
+        .get("addon-operator")
+        .await
+        .unwrap();
+    let hosted1 = env.hosted_clusters()[1].client().await.unwrap();
+    assert!(Api::<Namespace>::all(hosted1)
+        .get_opt("addon-system")
+        .await
+        .unwrap()
+        .is_none());
+    assert!(Api::<Deployment>::namespaced(hosted0.clone(), hcp0)
+        .get_opt("addon-operator")
+        .await
+        .unwrap()
+        .is_none());
+
     // The credentials the manager minted for hosted-0's connector cannot reach hosted-1's subjects.
     let secret = Api::<Secret>::namespaced(client.clone(), &clusters[0].hcp_namespace)
         .get("pko-connector-nats")
@@ -193,7 +238,6 @@ async fn connectors_follow_hosted_clusters_and_are_confined_to_their_namespace()
     );
 
     // Deleting hosted-1's HostedCluster removes its connector; hosted-0's objects are untouched.
-    let hosted0 = env.hosted_clusters()[0].client().await.unwrap();
     let before = Api::<ConfigMap>::namespaced(hosted0.clone(), "default")
         .get("from-management")
         .await

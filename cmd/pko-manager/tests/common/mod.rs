@@ -2,7 +2,8 @@
 //! and helpers to create objects and wait on their conditions. Tests isolate themselves by namespace.
 #![allow(dead_code)]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -259,4 +260,67 @@ pub fn start_connector(namespace: &str, hosted: usize) -> pko_testenv::Connector
         .connector_launch(namespace, &env.hosted_clusters()[hosted], &credentials)
         .unwrap();
     env.spawn_connector(&connector_binary(), &launch).unwrap()
+}
+
+/// The example packages of kubectl-package, built and pushed with the real binary.
+pub fn examples() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../kubectl-package/tests/packages")
+}
+
+pub fn kubectl_package() -> PathBuf {
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_pko-manager")).with_file_name("kubectl-package");
+    assert!(
+        bin.exists(),
+        "{} is missing: build it with `cargo build -p kubectl-package` (cargo test --workspace does)",
+        bin.display()
+    );
+    bin
+}
+
+/// `kubectl-package build <example> --push <registry>/examples/<tag>`; returns the image.
+pub fn build_and_push(example: &str, tag: &str, extra: &[&str]) -> String {
+    let host = env().registry().host();
+    let image = format!("{host}/examples/{tag}");
+    let out = Command::new(kubectl_package())
+        .current_dir(examples())
+        .args(["build", example, "--push", &image, "--plain-http", &host])
+        .args(extra)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains(&format!("Pushed {image}")), "{stdout}");
+    image
+}
+
+pub async fn install(
+    client: &kube::Client,
+    ns: Option<&str>,
+    name: &str,
+    image: &str,
+    config: Value,
+) {
+    install_spec(client, ns, name, json!({"image": image, "config": config})).await;
+}
+
+pub async fn install_spec(client: &kube::Client, ns: Option<&str>, name: &str, spec: Value) {
+    let kind = if ns.is_some() {
+        "Package"
+    } else {
+        "ClusterPackage"
+    };
+    let object: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "package-operator.run/v1alpha1", "kind": kind,
+        "metadata": {"name": name}, "spec": spec,
+    }))
+    .unwrap();
+    package_api(client, ns)
+        .create(&PostParams::default(), &object)
+        .await
+        .unwrap();
 }
