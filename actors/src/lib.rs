@@ -31,6 +31,7 @@ pub mod package_actor;
 pub mod package_object;
 pub mod phase_actor;
 pub mod phase_runner;
+pub mod process_main;
 pub mod pull_secrets;
 pub mod reconcile_gate;
 pub mod registry;

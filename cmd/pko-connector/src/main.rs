@@ -16,9 +16,10 @@ use pko_actors::cluster_client::{cluster_client, ClientError};
 use pko_actors::connector_actor::{ConnectorActor, ConnectorInput};
 use pko_actors::leader_lease::{LeaderLease, LeaseConfig};
 use pko_actors::object_cache::ObjectCache;
+use pko_actors::process_main::{init_logging, run_system, shutdown_signal};
 use pko_proto::connector_wire::{HostedClusterSubjects, WireError};
 use tokio::sync::mpsc;
-use tracing::{error, info};
+use tracing::info;
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum LogFormat {
@@ -73,32 +74,8 @@ enum ConnectorError {
     Nats { url: String, message: String },
     #[error("lost the connector lease; exiting so another replica takes over")]
     LostLease,
-    #[error("cannot build the async runtime: {0}")]
-    Runtime(#[source] std::io::Error),
     #[error("waiting for a shutdown signal: {0}")]
     Signal(#[source] std::io::Error),
-}
-
-fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
-}
-
-async fn shutdown_signal() -> Result<&'static str, ConnectorError> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).map_err(ConnectorError::Signal)?;
-    let mut int = signal(SignalKind::interrupt()).map_err(ConnectorError::Signal)?;
-    Ok(tokio::select! {
-        _ = term.recv() => "SIGTERM",
-        _ = int.recv() => "SIGINT",
-    })
 }
 
 async fn run(args: Args) -> Result<(), ConnectorError> {
@@ -189,7 +166,9 @@ async fn run(args: Args) -> Result<(), ConnectorError> {
         }
     };
     let outcome = tokio::select! {
-        signal = shutdown_signal() => signal.map(|s| info!(signal = s, "shutting down")),
+        signal = shutdown_signal() => signal
+            .map(|s| info!(signal = s, "shutting down"))
+            .map_err(ConnectorError::Signal),
         () = lost_lease => Err(ConnectorError::LostLease),
     };
     drop(connector);
@@ -201,21 +180,6 @@ async fn run(args: Args) -> Result<(), ConnectorError> {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    init_logging(args.log_format);
-    let system = actix::System::with_tokio_rt(|| {
-        tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()
-            .unwrap_or_else(|e| {
-                eprintln!("{}", ConnectorError::Runtime(e));
-                std::process::exit(1)
-            })
-    });
-    match system.block_on(run(args)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            error!("{e}");
-            ExitCode::FAILURE
-        }
-    }
+    init_logging(matches!(args.log_format, LogFormat::Json));
+    run_system(run(args))
 }

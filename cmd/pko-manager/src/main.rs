@@ -14,6 +14,7 @@ use pko_actors::cluster_client::{cluster_client, ClientError};
 use pko_actors::connector_link::{ConnectorLink, LinkSetupError};
 use pko_actors::context::ManagerContext;
 use pko_actors::leader_lease::{LeaderLease, LeaseConfig};
+use pko_actors::process_main::{init_logging, run_system, shutdown_signal};
 use pko_actors::pull_secrets::PullSecretSource;
 use pko_proto::nats_credentials::AccountSigner;
 use tracing::{error, info};
@@ -96,22 +97,8 @@ pub enum ManagerError {
     NatsSeedMissing,
     #[error(transparent)]
     Nats(#[from] LinkSetupError),
-    #[error("cannot build the async runtime: {0}")]
-    Runtime(#[source] std::io::Error),
     #[error("waiting for a shutdown signal: {0}")]
     Signal(#[source] std::io::Error),
-}
-
-fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
 }
 
 async fn connector_link(args: &Args) -> Result<Option<ConnectorLink>, ManagerError> {
@@ -140,16 +127,6 @@ async fn connector_link(args: &Args) -> Result<Option<ConnectorLink>, ManagerErr
         )
         .await?,
     ))
-}
-
-async fn shutdown_signal() -> Result<&'static str, ManagerError> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).map_err(ManagerError::Signal)?;
-    let mut int = signal(SignalKind::interrupt()).map_err(ManagerError::Signal)?;
-    Ok(tokio::select! {
-        _ = term.recv() => "SIGTERM",
-        _ = int.recv() => "SIGINT",
-    })
 }
 
 async fn run(args: Args) -> Result<(), ManagerError> {
@@ -208,7 +185,9 @@ async fn run(args: Args) -> Result<(), ManagerError> {
         }
     };
     let outcome = tokio::select! {
-        signal = shutdown_signal() => signal.map(|s| info!(signal = s, "shutting down")),
+        signal = shutdown_signal() => signal
+            .map(|s| info!(signal = s, "shutting down"))
+            .map_err(ManagerError::Signal),
         () = lost_lease => {
             error!("lost the leader lease; exiting so another replica takes over");
             Ok(())
@@ -224,22 +203,6 @@ async fn run(args: Args) -> Result<(), ManagerError> {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    init_logging(args.log_format);
-    // actix actors on a multi-thread tokio runtime: kube futures and watches run on the worker threads.
-    let system = actix::System::with_tokio_rt(|| {
-        tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()
-            .unwrap_or_else(|e| {
-                eprintln!("{}", ManagerError::Runtime(e));
-                std::process::exit(1)
-            })
-    });
-    match system.block_on(run(args)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            error!("{e}");
-            ExitCode::FAILURE
-        }
-    }
+    init_logging(matches!(args.log_format, LogFormat::Json));
+    run_system(run(args))
 }
