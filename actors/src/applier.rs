@@ -269,6 +269,28 @@ impl Applier {
         Self::to_value(key, stored)
     }
 
+    /// Deletes `observed` only if it is still exactly that version (its UID and resourceVersion).
+    /// `Ok(false)` when it was already gone.
+    pub async fn delete_observed(
+        &self,
+        key: &ObjectKey,
+        observed: &Value,
+    ) -> Result<bool, ApplyError> {
+        let field = |pointer: &str| {
+            observed
+                .pointer(pointer)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned()
+        };
+        self.delete_exact(
+            key,
+            &field("/metadata/uid"),
+            &field("/metadata/resourceVersion"),
+        )
+        .await
+    }
+
     /// Deletes the object only if it still has this UID and resourceVersion. `Ok(false)` when it was
     /// already gone.
     #[instrument(skip(self), fields(object = %key))]

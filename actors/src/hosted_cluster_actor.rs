@@ -213,17 +213,9 @@ async fn remove_connector(context: &ManagerContext, namespace: &str) -> Result<(
         };
         let observed = context.applier.get(&key).await.map_err(|e| e.to_string())?;
         let Some(observed) = observed else { continue };
-        let uid = observed
-            .pointer("/metadata/uid")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        let rv = observed
-            .pointer("/metadata/resourceVersion")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
         context
             .applier
-            .delete_exact(&key, uid, rv)
+            .delete_observed(&key, &observed)
             .await
             .map_err(|e| e.to_string())?;
     }

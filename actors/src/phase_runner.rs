@@ -385,15 +385,7 @@ pub async fn teardown_phase(
             report.remaining.push(key.clone());
             continue;
         }
-        let uid = observed
-            .pointer("/metadata/uid")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        let rv = observed
-            .pointer("/metadata/resourceVersion")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        match applier.delete_exact(key, uid, rv).await {
+        match applier.delete_observed(key, &observed).await {
             Ok(_) => {
                 if let Ok(Some(_)) = applier.get(key).await {
                     report.remaining.push(key.clone());
