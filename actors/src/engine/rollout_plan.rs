@@ -1,0 +1,634 @@
+//! The rollout planner of a HostedClusterPackage: from the observed fleet (targets, their groups and their
+//! Packages' state) and the persisted in-flight set, which Packages to create and which to update now.
+//!
+//! Rules (seed 000, and issue 6 where the seed is silent):
+//! - Partitions are a barrier: only the first group that is not finished (every Package updated and
+//!   available) gets updates. Order is the static list or byte order of the label values; clusters without
+//!   the label, or with a value the static list does not name, form the unknown group, last.
+//! - Budget: at every moment |unavailable ∪ in-flight| <= maxUnavailable, where missing Packages count as
+//!   unavailable. Updating a Package that is already unavailable (or already in flight) costs nothing, so
+//!   those go first; an available one costs one slot. `instant` updates everything at once.
+//! - New targets get their Package at once with the current template (creation disrupts nothing).
+//! - Paused Packages are left alone: never updated, never in flight, and a group does not wait for them.
+//! - The in-flight set is what the caller persists (status.processing) before writing the updates, so a
+//!   restarted manager counts them again. An entry stays until its Package is observed available (or is
+//!   paused, or its target is gone). The caller must record each update's response in its view: the new
+//!   generation makes the Package unavailable until its status catches up, which keeps it counted.
+//!
+//! Pure: no I/O, no clock.
+
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// How groups are ordered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PartitionOrder {
+    /// The listed values, in list order.
+    Static(Vec<String>),
+    /// Every value present, in byte order.
+    AlphanumericAsc,
+}
+
+/// How far a rollout may go at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RolloutStrategy {
+    Instant,
+    RollingUpgrade { max_unavailable: usize },
+}
+
+/// The state of a target's Package.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PackageState {
+    /// Its spec equals the template's.
+    pub updated: bool,
+    /// Available=True for its current generation.
+    pub available: bool,
+    /// Updated and Progressing=False.
+    pub progressed: bool,
+    pub paused: bool,
+}
+
+/// One selected, Available HostedCluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    /// Its HCP namespace: where its Package lives, and how it is named everywhere here.
+    pub namespace: String,
+    /// Its partition label value, if any.
+    pub label: Option<String>,
+    /// `None` until its Package exists.
+    pub package: Option<PackageState>,
+}
+
+/// Everything the planner looks at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RolloutInput {
+    pub targets: Vec<Target>,
+    /// `None`: one group.
+    pub partition: Option<PartitionOrder>,
+    pub strategy: RolloutStrategy,
+    /// Namespaces persisted as in flight.
+    pub processing: BTreeSet<String>,
+}
+
+/// Counts of one group or of the whole fleet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Counts {
+    pub total: usize,
+    pub updated: usize,
+    pub available: usize,
+    pub unavailable: usize,
+    pub progressed: usize,
+    pub paused: usize,
+}
+
+/// One partition group, in rollout order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupStatus {
+    /// The label value; `None` for the unknown group (and the single group without partitioning).
+    pub name: Option<String>,
+    pub order: usize,
+    pub counts: Counts,
+    pub finished: bool,
+}
+
+/// Why the rollout cannot update anything although Packages are outdated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Blocked {
+    /// The unavailable or in-flight Packages holding the budget, by namespace.
+    pub holders: Vec<String>,
+    pub max_unavailable: usize,
+}
+
+/// What to do now.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RolloutPlan {
+    /// Targets without a Package: create it with the current template.
+    pub create: Vec<String>,
+    /// Outdated Packages to update now.
+    pub update: Vec<String>,
+    /// The in-flight set to persist before writing the updates.
+    pub processing: BTreeSet<String>,
+    pub groups: Vec<GroupStatus>,
+    /// Index into `groups` of the group being rolled out; `None` when every group is finished.
+    pub current_group: Option<usize>,
+    pub counts: Counts,
+    /// Set when outdated Packages wait only because the budget is used up.
+    pub blocked: Option<Blocked>,
+}
+
+fn group_key(label: Option<&str>, order: Option<&PartitionOrder>) -> Option<String> {
+    match (order, label) {
+        (None, _) | (_, None) => None,
+        (Some(PartitionOrder::Static(values)), Some(v)) => {
+            values.iter().any(|x| x == v).then(|| v.to_owned())
+        }
+        (Some(PartitionOrder::AlphanumericAsc), Some(v)) => Some(v.to_owned()),
+    }
+}
+
+/// Orders group names: known ones by the partition order, the unknown group (`None`) last.
+fn compare_groups(
+    a: &Option<String>,
+    b: &Option<String>,
+    order: Option<&PartitionOrder>,
+) -> Ordering {
+    match (a, b) {
+        (None, None) => Ordering::Equal,
+        (None, Some(_)) => Ordering::Greater,
+        (Some(_), None) => Ordering::Less,
+        (Some(x), Some(y)) => match order {
+            Some(PartitionOrder::Static(values)) => {
+                let index = |v: &str| values.iter().position(|s| s == v).unwrap_or(usize::MAX);
+                index(x).cmp(&index(y))
+            }
+            _ => x.as_bytes().cmp(y.as_bytes()),
+        },
+    }
+}
+
+fn is_unavailable(target: &Target) -> bool {
+    target.package.is_none_or(|p| !p.available)
+}
+
+fn is_done(target: &Target) -> bool {
+    target
+        .package
+        .is_some_and(|p| p.paused || (p.updated && p.available))
+}
+
+fn count(targets: &[&Target]) -> Counts {
+    let mut counts = Counts {
+        total: targets.len(),
+        ..Counts::default()
+    };
+    for t in targets {
+        let p = t.package.unwrap_or_default();
+        counts.updated += usize::from(p.updated && t.package.is_some());
+        counts.available += usize::from(p.available);
+        counts.unavailable += usize::from(is_unavailable(t));
+        counts.progressed += usize::from(p.progressed);
+        counts.paused += usize::from(p.paused);
+    }
+    counts
+}
+
+/// Plans one step of the rollout.
+pub fn plan_rollout(input: &RolloutInput) -> RolloutPlan {
+    let order = input.partition.as_ref();
+    let mut grouped: BTreeMap<Option<String>, Vec<&Target>> = BTreeMap::new();
+    for t in &input.targets {
+        grouped
+            .entry(group_key(t.label.as_deref(), order))
+            .or_default()
+            .push(t);
+    }
+    let mut names: Vec<Option<String>> = grouped.keys().cloned().collect();
+    names.sort_by(|a, b| compare_groups(a, b, order));
+    let groups: Vec<GroupStatus> = names
+        .iter()
+        .enumerate()
+        .map(|(order, name)| {
+            let members = &grouped[name];
+            GroupStatus {
+                name: name.clone(),
+                order,
+                counts: count(members),
+                finished: members.iter().all(|t| is_done(t)),
+            }
+        })
+        .collect();
+    let current_group = groups.iter().position(|g| !g.finished);
+
+    let targets: BTreeMap<&str, &Target> = input
+        .targets
+        .iter()
+        .map(|t| (t.namespace.as_str(), t))
+        .collect();
+    // In flight until observed available; paused Packages and gone targets leave. An entry that is
+    // available but outdated was superseded by a newer template (or never written before a crash) and
+    // holds no slot: whether it is updated again is decided below like any other.
+    let mut processing: BTreeSet<String> = input
+        .processing
+        .iter()
+        .filter(|ns| {
+            targets
+                .get(ns.as_str())
+                .is_some_and(|t| t.package.is_some_and(|p| !p.paused && !p.available))
+        })
+        .cloned()
+        .collect();
+    let create: Vec<String> = input
+        .targets
+        .iter()
+        .filter(|t| t.package.is_none())
+        .map(|t| t.namespace.clone())
+        .collect();
+
+    let outdated = |t: &Target| t.package.is_some_and(|p| !p.updated && !p.paused);
+    let mut update = Vec::new();
+    let mut blocked = None;
+    match input.strategy {
+        RolloutStrategy::Instant => {
+            update.extend(
+                input
+                    .targets
+                    .iter()
+                    .filter(|t| outdated(t))
+                    .map(|t| t.namespace.clone()),
+            );
+        }
+        RolloutStrategy::RollingUpgrade { max_unavailable } => {
+            if let Some(current) = current_group {
+                let members = &grouped[&groups[current].name];
+                let disrupted: BTreeSet<&str> = input
+                    .targets
+                    .iter()
+                    .filter(|t| is_unavailable(t))
+                    .map(|t| t.namespace.as_str())
+                    .chain(processing.iter().map(String::as_str))
+                    .collect();
+                // Free first: outdated Packages that are unavailable or in flight already.
+                let (free, costly): (Vec<&&Target>, Vec<&&Target>) = members
+                    .iter()
+                    .filter(|t| outdated(t))
+                    .partition(|t| disrupted.contains(t.namespace.as_str()));
+                update.extend(free.iter().map(|t| t.namespace.clone()));
+                let room = max_unavailable.saturating_sub(disrupted.len());
+                update.extend(costly.iter().take(room).map(|t| t.namespace.clone()));
+                if room == 0 && !costly.is_empty() {
+                    blocked = Some(Blocked {
+                        holders: disrupted.iter().map(|s| (*s).to_owned()).collect(),
+                        max_unavailable,
+                    });
+                }
+            }
+        }
+    }
+    processing.extend(update.iter().cloned());
+    let all: Vec<&Target> = input.targets.iter().collect();
+    RolloutPlan {
+        create,
+        update,
+        processing,
+        groups,
+        current_group,
+        counts: count(&all),
+        blocked,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn pkg(updated: bool, available: bool) -> Option<PackageState> {
+        Some(PackageState {
+            updated,
+            available,
+            progressed: updated && available,
+            paused: false,
+        })
+    }
+
+    fn target(ns: &str, label: Option<&str>, package: Option<PackageState>) -> Target {
+        Target {
+            namespace: ns.into(),
+            label: label.map(str::to_owned),
+            package,
+        }
+    }
+
+    fn rolling(targets: Vec<Target>, max: usize, order: Option<PartitionOrder>) -> RolloutInput {
+        RolloutInput {
+            targets,
+            partition: order,
+            strategy: RolloutStrategy::RollingUpgrade {
+                max_unavailable: max,
+            },
+            processing: BTreeSet::new(),
+        }
+    }
+
+    fn static_order() -> Option<PartitionOrder> {
+        Some(PartitionOrder::Static(vec!["early".into(), "late".into()]))
+    }
+
+    #[test]
+    fn groups_follow_the_order_with_unknown_last() {
+        let input = rolling(
+            vec![
+                target("a", Some("late"), pkg(true, true)),
+                target("b", None, pkg(true, true)),
+                target("c", Some("early"), pkg(true, true)),
+                target("d", Some("unlisted"), pkg(true, true)),
+            ],
+            1,
+            static_order(),
+        );
+        let plan = plan_rollout(&input);
+        let names: Vec<Option<&str>> = plan.groups.iter().map(|g| g.name.as_deref()).collect();
+        assert_eq!(names, [Some("early"), Some("late"), None]);
+        assert_eq!(
+            plan.groups[2].counts.total, 2,
+            "no label and unlisted values share the unknown group"
+        );
+        assert_eq!(plan.current_group, None);
+
+        let alpha = RolloutInput {
+            partition: Some(PartitionOrder::AlphanumericAsc),
+            ..input
+        };
+        let names: Vec<Option<String>> = plan_rollout(&alpha)
+            .groups
+            .into_iter()
+            .map(|g| g.name)
+            .collect();
+        assert_eq!(
+            names,
+            [
+                Some("early".into()),
+                Some("late".into()),
+                Some("unlisted".into()),
+                None
+            ]
+        );
+    }
+
+    #[test]
+    fn the_current_group_finishes_before_the_next_gets_anything() {
+        let input = rolling(
+            vec![
+                target("e1", Some("early"), pkg(true, false)),
+                target("e2", Some("early"), pkg(false, true)),
+                target("l1", Some("late"), pkg(false, true)),
+            ],
+            3,
+            static_order(),
+        );
+        let plan = plan_rollout(&input);
+        assert_eq!(plan.current_group, Some(0));
+        assert_eq!(
+            plan.update,
+            ["e2"],
+            "budget remains, but late waits for early"
+        );
+    }
+
+    #[test]
+    fn unavailable_outdated_packages_go_first_and_cost_nothing() {
+        let input = rolling(
+            vec![
+                target("a", None, pkg(false, true)),
+                target("b", None, pkg(false, false)),
+                target("c", None, pkg(false, true)),
+            ],
+            1,
+            None,
+        );
+        let plan = plan_rollout(&input);
+        assert_eq!(
+            plan.update,
+            ["b"],
+            "b is free; a and c would exceed the budget of 1"
+        );
+        assert_eq!(
+            plan.blocked,
+            Some(Blocked {
+                holders: vec!["b".into()],
+                max_unavailable: 1
+            })
+        );
+        assert_eq!(plan.processing, BTreeSet::from(["b".to_owned()]));
+    }
+
+    #[test]
+    fn new_targets_are_created_and_count_as_unavailable() {
+        let input = rolling(
+            vec![
+                target("new", None, None),
+                target("old", None, pkg(false, true)),
+            ],
+            1,
+            None,
+        );
+        let plan = plan_rollout(&input);
+        assert_eq!(plan.create, ["new"]);
+        assert!(
+            plan.update.is_empty(),
+            "the missing Package holds the only slot"
+        );
+        assert_eq!(plan.counts.unavailable, 1);
+    }
+
+    #[test]
+    fn in_flight_entries_stay_until_their_package_is_available() {
+        let mut input = rolling(
+            vec![
+                target("a", None, pkg(true, false)),
+                target("b", None, pkg(false, true)),
+                target("c", None, pkg(true, true)),
+            ],
+            1,
+            None,
+        );
+        input.processing = ["a", "b", "c", "gone"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let plan = plan_rollout(&input);
+        // a is still on its way; b was never written (or superseded) and costs a slot like any other.
+        assert_eq!(plan.processing, BTreeSet::from(["a".to_owned()]));
+        assert!(plan.update.is_empty());
+        assert_eq!(plan.blocked.map(|b| b.holders), Some(vec!["a".to_owned()]));
+        // Once a is available, b gets the freed slot.
+        input.targets[0].package = pkg(true, true);
+        input.processing = plan.processing;
+        assert_eq!(plan_rollout(&input).update, ["b"]);
+    }
+
+    #[test]
+    fn instant_updates_everything_and_paused_packages_are_left_alone() {
+        let paused = Some(PackageState {
+            paused: true,
+            ..PackageState::default()
+        });
+        let input = RolloutInput {
+            strategy: RolloutStrategy::Instant,
+            ..rolling(
+                vec![
+                    target("a", Some("late"), pkg(false, true)),
+                    target("b", Some("early"), pkg(false, true)),
+                    target("p", Some("early"), paused),
+                ],
+                1,
+                static_order(),
+            )
+        };
+        let plan = plan_rollout(&input);
+        assert_eq!(plan.update, ["a", "b"]);
+        assert_eq!(plan.counts.paused, 1);
+    }
+
+    // ---- properties over random fleets and histories ----
+
+    #[derive(Debug, Clone)]
+    struct Fleet {
+        targets: Vec<Target>,
+        order: Option<PartitionOrder>,
+        max: usize,
+    }
+
+    fn fleet() -> impl Strategy<Value = Fleet> {
+        let labels = prop::option::of(prop::sample::select(vec!["a", "b", "c", "x"]));
+        let state = (any::<bool>(), any::<bool>(), any::<bool>());
+        let member = (labels, prop::option::weighted(0.9, state));
+        let order = prop_oneof![
+            Just(None),
+            Just(Some(PartitionOrder::AlphanumericAsc)),
+            Just(Some(PartitionOrder::Static(vec!["b".into(), "a".into()]))),
+        ];
+        (prop::collection::vec(member, 1..14), order, 1usize..4).prop_map(
+            |(members, order, max)| {
+                let targets = members
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, (label, state))| Target {
+                        namespace: format!("ns-{i:02}"),
+                        label: label.map(str::to_owned),
+                        package: state.map(|(updated, available, _)| PackageState {
+                            updated,
+                            available,
+                            progressed: updated && available,
+                            paused: false,
+                        }),
+                    })
+                    .collect();
+                Fleet {
+                    targets,
+                    order,
+                    max,
+                }
+            },
+        )
+    }
+
+    fn disrupted(targets: &[Target], processing: &BTreeSet<String>) -> BTreeSet<String> {
+        targets
+            .iter()
+            .filter(|t| is_unavailable(t))
+            .map(|t| t.namespace.clone())
+            .chain(processing.iter().cloned())
+            .collect()
+    }
+
+    /// Applies a plan the way the world would, one step later: created and updated Packages become
+    /// updated; those in `recovers` (by index) become available; a relabel may move a cluster.
+    fn step(
+        targets: &mut [Target],
+        plan: &RolloutPlan,
+        recovers: &[bool],
+        relabel: Option<(usize, Option<&str>)>,
+    ) {
+        for (i, t) in targets.iter_mut().enumerate() {
+            let touched = plan.create.contains(&t.namespace) || plan.update.contains(&t.namespace);
+            if touched {
+                t.package = Some(PackageState {
+                    updated: true,
+                    available: false,
+                    progressed: false,
+                    paused: false,
+                });
+            } else if let Some(p) = t.package.as_mut() {
+                if recovers.get(i).copied().unwrap_or(true) {
+                    p.available = true;
+                    p.progressed = p.updated;
+                }
+            }
+        }
+        if let Some((i, label)) = relabel {
+            if let Some(t) = targets.get_mut(i) {
+                t.label = label.map(str::to_owned);
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// The budget, the barrier and the unknown-group-last rule hold at every step of random
+        /// histories (recoveries, relabels, template changes); and once every Package recovers, the
+        /// rollout finishes.
+        #[test]
+        fn rollouts_keep_their_invariants_and_terminate(
+            fleet in fleet(),
+            history in prop::collection::vec(
+                (prop::collection::vec(any::<bool>(), 14),
+                 prop::option::of((0usize..14, prop::option::of(prop::sample::select(vec!["a", "b", "x"])))),
+                 prop::bool::weighted(0.1)),
+                0..12),
+        ) {
+            let mut targets = fleet.targets.clone();
+            let mut processing = BTreeSet::new();
+            let strategy = RolloutStrategy::RollingUpgrade { max_unavailable: fleet.max };
+            let run = |targets: &mut Vec<Target>, processing: &mut BTreeSet<String>,
+                           recovers: &[bool], relabel: Option<(usize, Option<&str>)>| {
+                let input = RolloutInput {
+                    targets: targets.clone(),
+                    partition: fleet.order.clone(),
+                    strategy,
+                    processing: processing.clone(),
+                };
+                let plan = plan_rollout(&input);
+                let before = disrupted(&input.targets, &input.processing);
+                let after: BTreeSet<String> = disrupted(&input.targets, &plan.processing)
+                    .union(&plan.update.iter().cloned().collect())
+                    .cloned()
+                    .collect();
+                // Budget: updating never pushes disruption past the budget (or past what it already was).
+                prop_assert!(after.len() <= fleet.max.max(before.len()),
+                    "disrupted {after:?} > max {} (before {before:?})", fleet.max);
+                // Barrier: every update is in the current group, and every earlier group is finished.
+                if let Some(current) = plan.current_group {
+                    prop_assert!(plan.groups[..current].iter().all(|g| g.finished));
+                    for ns in &plan.update {
+                        let t = input.targets.iter().find(|t| &t.namespace == ns).unwrap();
+                        prop_assert_eq!(group_key(t.label.as_deref(), fleet.order.as_ref()),
+                            plan.groups[current].name.clone());
+                    }
+                } else {
+                    prop_assert!(plan.update.is_empty());
+                }
+                // The unknown group, if any, is last.
+                if let Some(i) = plan.groups.iter().position(|g| g.name.is_none()) {
+                    prop_assert_eq!(i, plan.groups.len() - 1);
+                }
+                *processing = plan.processing.clone();
+                step(targets, &plan, recovers, relabel);
+                Ok(plan)
+            };
+            for (recovers, relabel, template_change) in &history {
+                if *template_change {
+                    for t in targets.iter_mut() {
+                        if let Some(p) = t.package.as_mut() { p.updated = false; p.progressed = false; }
+                    }
+                }
+                let relabel = relabel.map(|(i, l)| (i, l));
+                run(&mut targets, &mut processing, recovers, relabel)?;
+            }
+            // From here every Package recovers: the rollout must finish.
+            let bound = 4 * targets.len() + 4;
+            let mut finished = false;
+            for _ in 0..bound {
+                let plan = run(&mut targets, &mut processing, &[], None)?;
+                if plan.current_group.is_none() && plan.create.is_empty() {
+                    finished = true;
+                    break;
+                }
+            }
+            prop_assert!(finished, "not finished after {bound} steps: {targets:?}");
+            prop_assert!(targets.iter().all(|t| t.package.is_some_and(|p| p.updated && p.available)));
+            prop_assert!(processing.is_empty());
+        }
+    }
+}

@@ -1,0 +1,170 @@
+//! The HostedClusterPackage's conditions from a rollout plan, with seed 000's reasons and messages:
+//! Available (`EnoughPackagesAvailable` / `NotEnoughPackagesAvailable`, "3/3 packages available."),
+//! Progressing (`AllPackagesProgressed` False / `NotAllPackagesProgressed` True), HasPausedPackage
+//! (`NoPackagePaused` False / `AtLeastOnePackagePaused` True). Pure.
+
+use super::conditions::ConditionUpdate;
+use super::rollout_plan::{RolloutPlan, RolloutStrategy};
+
+pub const AVAILABLE: &str = "Available";
+pub const PROGRESSING: &str = "Progressing";
+pub const HAS_PAUSED_PACKAGE: &str = "HasPausedPackage";
+
+/// Available holds while no more Packages are unavailable than the strategy allows (none for `instant`).
+pub fn rollout_conditions(plan: &RolloutPlan, strategy: RolloutStrategy) -> Vec<ConditionUpdate> {
+    let c = &plan.counts;
+    let allowed = match strategy {
+        RolloutStrategy::Instant => 0,
+        RolloutStrategy::RollingUpgrade { max_unavailable } => max_unavailable,
+    };
+    let available = c.unavailable <= allowed;
+    let mut available_message = format!("{}/{} packages available.", c.available, c.total);
+    if let Some(blocked) = &plan.blocked {
+        available_message.push_str(&format!(
+            " Rollout waits: maxUnavailable {} is used by {}.",
+            blocked.max_unavailable,
+            blocked.holders.join(", ")
+        ));
+    }
+    let progressed = c.progressed == c.total;
+    let progressing_message = format!("{}/{} packages progressed.", c.progressed, c.total);
+    let paused_message = format!("{}/{} packages paused.", c.paused, c.total);
+    vec![
+        ConditionUpdate::new(
+            AVAILABLE,
+            available,
+            if available {
+                "EnoughPackagesAvailable"
+            } else {
+                "NotEnoughPackagesAvailable"
+            },
+            available_message,
+        ),
+        ConditionUpdate::new(
+            PROGRESSING,
+            !progressed,
+            if progressed {
+                "AllPackagesProgressed"
+            } else {
+                "NotAllPackagesProgressed"
+            },
+            progressing_message,
+        ),
+        ConditionUpdate::new(
+            HAS_PAUSED_PACKAGE,
+            c.paused > 0,
+            if c.paused > 0 {
+                "AtLeastOnePackagePaused"
+            } else {
+                "NoPackagePaused"
+            },
+            paused_message,
+        ),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::rollout_plan::{plan_rollout, PackageState, RolloutInput, Target};
+
+    fn fleet(states: &[(bool, bool, bool)]) -> RolloutInput {
+        RolloutInput {
+            targets: states
+                .iter()
+                .enumerate()
+                .map(|(i, &(updated, available, paused))| Target {
+                    namespace: format!("clusters-{i}"),
+                    label: None,
+                    package: Some(PackageState {
+                        updated,
+                        available,
+                        progressed: updated && available,
+                        paused,
+                    }),
+                })
+                .collect(),
+            partition: None,
+            strategy: RolloutStrategy::RollingUpgrade { max_unavailable: 1 },
+            processing: Default::default(),
+        }
+    }
+
+    fn rendered(updates: &[ConditionUpdate]) -> Vec<(String, bool, String, String)> {
+        updates
+            .iter()
+            .map(|u| {
+                (
+                    u.type_.clone(),
+                    u.status,
+                    u.reason.clone(),
+                    u.message.clone(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn seed_000s_example_status() {
+        let input = fleet(&[(true, true, false); 3]);
+        let plan = plan_rollout(&input);
+        assert_eq!(
+            rendered(&rollout_conditions(&plan, input.strategy)),
+            [
+                (
+                    "Available".into(),
+                    true,
+                    "EnoughPackagesAvailable".into(),
+                    "3/3 packages available.".into()
+                ),
+                (
+                    "Progressing".into(),
+                    false,
+                    "AllPackagesProgressed".into(),
+                    "3/3 packages progressed.".into()
+                ),
+                (
+                    "HasPausedPackage".into(),
+                    false,
+                    "NoPackagePaused".into(),
+                    "0/3 packages paused.".into()
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_stuck_rollout_says_who_holds_the_budget() {
+        let input = fleet(&[
+            (true, false, false),
+            (false, true, false),
+            (true, true, true),
+        ]);
+        let plan = plan_rollout(&input);
+        let got = rendered(&rollout_conditions(&plan, input.strategy));
+        assert_eq!(
+            got[0],
+            (
+                "Available".into(),
+                true,
+                "EnoughPackagesAvailable".into(),
+                "2/3 packages available. Rollout waits: maxUnavailable 1 is used by clusters-0."
+                    .into()
+            )
+        );
+        assert!(
+            got[1].1,
+            "Progressing is True while a package has not progressed"
+        );
+        assert_eq!(got[1].2, "NotAllPackagesProgressed");
+        assert_eq!(
+            got[2],
+            (
+                "HasPausedPackage".into(),
+                true,
+                "AtLeastOnePackagePaused".into(),
+                "1/3 packages paused.".into()
+            )
+        );
+    }
+}
