@@ -14,6 +14,7 @@ pub mod crds;
 pub mod hypershift;
 pub mod manifests;
 pub mod nats_credentials;
+pub mod rollout_events;
 mod schema;
 mod string_enum;
 

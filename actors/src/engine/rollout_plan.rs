@@ -116,7 +116,8 @@ pub struct RolloutPlan {
     pub blocked: Option<Blocked>,
 }
 
-fn group_key(label: Option<&str>, order: Option<&PartitionOrder>) -> Option<String> {
+/// The group a cluster with partition label value `label` belongs to; `None` is the unknown group.
+pub fn group_key(label: Option<&str>, order: Option<&PartitionOrder>) -> Option<String> {
     match (order, label) {
         (None, _) | (_, None) => None,
         (Some(PartitionOrder::Static(values)), Some(v)) => {

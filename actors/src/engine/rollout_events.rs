@@ -1,0 +1,255 @@
+//! The steps of a rollout worth telling the world, from two consecutive plans of one HostedClusterPackage
+//! (see `proto::rollout_events` for the stream). Comparing plans, not remembering sends, means a restarted
+//! manager repeats at most the steps of its first plan. Pure.
+
+use std::collections::BTreeMap;
+
+use pko_proto::rollout_events::RolloutEventKind;
+
+use super::rollout_plan::{group_key, PackageState, RolloutInput, RolloutPlan};
+
+/// What was planned for one generation, as the events compare it.
+#[derive(Debug, Clone)]
+pub struct RolloutView<'a> {
+    pub generation: i64,
+    pub input: &'a RolloutInput,
+    pub plan: &'a RolloutPlan,
+}
+
+/// One event, without the HostedClusterPackage's identity (the actor adds it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RolloutStep {
+    pub kind: RolloutEventKind,
+    pub group: Option<String>,
+    pub namespace: Option<String>,
+    pub message: String,
+}
+
+fn step(kind: RolloutEventKind, group: Option<String>, namespace: Option<String>) -> RolloutStep {
+    RolloutStep {
+        kind,
+        group,
+        namespace,
+        message: String::new(),
+    }
+}
+
+fn packages<'a>(
+    view: &RolloutView<'a>,
+) -> BTreeMap<&'a str, (Option<String>, Option<PackageState>)> {
+    let order = view.input.partition.as_ref();
+    view.input
+        .targets
+        .iter()
+        .map(|t| {
+            (
+                t.namespace.as_str(),
+                (group_key(t.label.as_deref(), order), t.package),
+            )
+        })
+        .collect()
+}
+
+/// The events between `previous` (none at the first plan) and `next`, in a stable order.
+pub fn rollout_steps(
+    previous: Option<&RolloutView<'_>>,
+    next: &RolloutView<'_>,
+) -> Vec<RolloutStep> {
+    use RolloutEventKind::*;
+    let mut steps = Vec::new();
+    let new_generation = previous.is_none_or(|p| p.generation != next.generation);
+    let current = |v: &RolloutView<'_>| v.plan.current_group.map(|i| v.plan.groups[i].name.clone());
+    let next_current = current(next);
+    let previous_current = previous.and_then(current);
+    let was_running = previous.is_some_and(|p| p.plan.current_group.is_some()) && !new_generation;
+    if new_generation && next_current.is_some() {
+        steps.push(step(RolloutStarted, None, None));
+    }
+    if let Some(group) = &next_current {
+        if !was_running || previous_current.as_ref() != Some(group) {
+            steps.push(step(GroupStarted, group.clone(), None));
+        }
+    }
+    let finished_before: Vec<&Option<String>> = previous
+        .filter(|_| !new_generation)
+        .map(|p| {
+            p.plan
+                .groups
+                .iter()
+                .filter(|g| g.finished)
+                .map(|g| &g.name)
+                .collect()
+        })
+        .unwrap_or_default();
+    if previous.is_some() {
+        for g in next.plan.groups.iter().filter(|g| g.finished) {
+            if !finished_before.contains(&&g.name) {
+                steps.push(step(GroupFinished, g.name.clone(), None));
+            }
+        }
+    }
+    let before = previous.map(packages).unwrap_or_default();
+    for (ns, (group, state)) in packages(next) {
+        let old = before.get(ns).and_then(|(_, s)| *s);
+        let namespace = Some(ns.to_owned());
+        if next
+            .plan
+            .update
+            .iter()
+            .chain(&next.plan.create)
+            .any(|u| u == ns)
+        {
+            steps.push(step(PackageUpdated, group.clone(), namespace.clone()));
+        }
+        let Some(state) = state else { continue };
+        let was_good = old.is_some_and(|o| o.updated && o.available);
+        if state.updated && state.available && !was_good && previous.is_some() {
+            steps.push(step(PackageAvailable, group.clone(), namespace.clone()));
+        }
+        if was_good && !state.available {
+            steps.push(step(PackageFailed, group.clone(), namespace.clone()));
+        }
+        if state.paused && !old.is_some_and(|o| o.paused) {
+            steps.push(step(PackagePaused, group, namespace));
+        }
+    }
+    if let Some(blocked) = &next.plan.blocked {
+        if previous.is_none_or(|p| p.plan.blocked.as_ref() != Some(blocked)) {
+            steps.push(RolloutStep {
+                message: format!(
+                    "maxUnavailable {} is used by {}",
+                    blocked.max_unavailable,
+                    blocked.holders.join(", ")
+                ),
+                ..step(Blocked, next_current.clone().flatten(), None)
+            });
+        }
+    }
+    if next.plan.current_group.is_none()
+        && next.plan.create.is_empty()
+        && (was_running || new_generation && previous.is_some())
+    {
+        steps.push(step(RolloutFinished, None, None));
+    }
+    steps
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::rollout_plan::{plan_rollout, PartitionOrder, RolloutStrategy, Target};
+    use std::collections::BTreeSet;
+
+    fn input(states: &[(&str, &str, bool, bool)]) -> RolloutInput {
+        RolloutInput {
+            targets: states
+                .iter()
+                .map(|&(ns, label, updated, available)| Target {
+                    namespace: ns.into(),
+                    label: Some(label.into()),
+                    package: Some(PackageState {
+                        updated,
+                        available,
+                        progressed: updated && available,
+                        paused: false,
+                    }),
+                })
+                .collect(),
+            partition: Some(PartitionOrder::Static(vec!["early".into(), "late".into()])),
+            strategy: RolloutStrategy::RollingUpgrade { max_unavailable: 1 },
+            processing: BTreeSet::new(),
+        }
+    }
+
+    fn kinds(steps: &[RolloutStep]) -> Vec<(RolloutEventKind, Option<&str>)> {
+        steps
+            .iter()
+            .map(|s| (s.kind, s.namespace.as_deref().or(s.group.as_deref())))
+            .collect()
+    }
+
+    #[test]
+    fn a_two_group_rollout_tells_its_story() {
+        use RolloutEventKind::*;
+        // Generation 2 arrives: everything outdated.
+        let a = input(&[("e", "early", false, true), ("l", "late", false, true)]);
+        let pa = plan_rollout(&a);
+        let va = RolloutView {
+            generation: 2,
+            input: &a,
+            plan: &pa,
+        };
+        assert_eq!(
+            kinds(&rollout_steps(None, &va)),
+            [
+                (RolloutStarted, None),
+                (GroupStarted, Some("early")),
+                (PackageUpdated, Some("e"))
+            ]
+        );
+        // e is updated and available: early finishes, late starts.
+        let b = input(&[("e", "early", true, true), ("l", "late", false, true)]);
+        let pb = plan_rollout(&b);
+        let vb = RolloutView {
+            generation: 2,
+            input: &b,
+            plan: &pb,
+        };
+        assert_eq!(
+            kinds(&rollout_steps(Some(&va), &vb)),
+            [
+                (GroupStarted, Some("late")),
+                (GroupFinished, Some("early")),
+                (PackageAvailable, Some("e")),
+                (PackageUpdated, Some("l"))
+            ]
+        );
+        // l fails to come up after its update... then recovers: the rollout finishes.
+        let c = input(&[("e", "early", true, true), ("l", "late", true, true)]);
+        let pc = plan_rollout(&c);
+        let vc = RolloutView {
+            generation: 2,
+            input: &c,
+            plan: &pc,
+        };
+        assert_eq!(
+            kinds(&rollout_steps(Some(&vb), &vc)),
+            [
+                (GroupFinished, Some("late")),
+                (PackageAvailable, Some("l")),
+                (RolloutFinished, None)
+            ]
+        );
+        // e breaks later: a failure, and the early group is open again.
+        let d = input(&[("e", "early", true, false), ("l", "late", true, true)]);
+        let pd = plan_rollout(&d);
+        let vd = RolloutView {
+            generation: 2,
+            input: &d,
+            plan: &pd,
+        };
+        assert_eq!(
+            kinds(&rollout_steps(Some(&vc), &vd)),
+            [(GroupStarted, Some("early")), (PackageFailed, Some("e"))]
+        );
+    }
+
+    #[test]
+    fn a_used_up_budget_is_told_once() {
+        use RolloutEventKind::*;
+        let a = input(&[("x", "early", true, false), ("y", "early", false, true)]);
+        let pa = plan_rollout(&a);
+        let va = RolloutView {
+            generation: 3,
+            input: &a,
+            plan: &pa,
+        };
+        let first = rollout_steps(None, &va);
+        let blocked: Vec<&RolloutStep> = first.iter().filter(|s| s.kind == Blocked).collect();
+        assert_eq!(blocked.len(), 1);
+        assert_eq!(blocked[0].message, "maxUnavailable 1 is used by x");
+        assert!(rollout_steps(Some(&va), &va)
+            .iter()
+            .all(|s| s.kind != Blocked));
+    }
+}

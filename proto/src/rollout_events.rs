@@ -1,0 +1,138 @@
+//! The rollout event stream (version 1): every step of a HostedClusterPackage rollout is published to the
+//! JetStream stream [`STREAM`], so dashboards and other management clusters can follow along.
+//!
+//! Subjects: `pko.v1.rollout.<hcpkg>.<kind>`, where `<hcpkg>` is the HostedClusterPackage's name with dots
+//! replaced by `_` (Kubernetes names have no `_`, so the mapping is reversible) and `<kind>` is the event's
+//! kind in snake case. Messages are JSON with `version`; receivers accept their own version and older ones
+//! and ignore fields they do not know.
+
+use serde::{Deserialize, Serialize};
+
+/// The JetStream stream holding rollout events.
+pub const STREAM: &str = "PKO_ROLLOUTS";
+/// Subjects of every rollout event.
+pub const SUBJECT_PREFIX: &str = "pko.v1.rollout";
+/// The version this build writes.
+pub const EVENT_VERSION: u32 = 1;
+
+/// What happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum RolloutEventKind {
+    /// A new template generation started rolling out.
+    RolloutStarted,
+    /// A partition group started getting updates.
+    GroupStarted,
+    /// Every Package of a group is updated and available.
+    GroupFinished,
+    /// A Package was created or updated to the current template.
+    PackageUpdated,
+    /// An updated Package became available.
+    PackageAvailable,
+    /// A Package that was updated and available is not available any more.
+    PackageFailed,
+    /// A Package was paused.
+    PackagePaused,
+    /// Outdated Packages wait because maxUnavailable is used up.
+    Blocked,
+    /// Every Package is updated and available.
+    RolloutFinished,
+}
+
+impl RolloutEventKind {
+    /// The last token of the event's subject.
+    pub fn token(self) -> &'static str {
+        match self {
+            Self::RolloutStarted => "rollout_started",
+            Self::GroupStarted => "group_started",
+            Self::GroupFinished => "group_finished",
+            Self::PackageUpdated => "package_updated",
+            Self::PackageAvailable => "package_available",
+            Self::PackageFailed => "package_failed",
+            Self::PackagePaused => "package_paused",
+            Self::Blocked => "blocked",
+            Self::RolloutFinished => "rollout_finished",
+        }
+    }
+}
+
+/// One step of a rollout.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutEvent {
+    pub version: u32,
+    pub kind: RolloutEventKind,
+    /// The HostedClusterPackage's name and UID.
+    pub hosted_cluster_package: String,
+    pub uid: String,
+    /// Its generation: which template the event is about.
+    pub generation: i64,
+    /// The partition group, when the event is about one (absent for the unknown group).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    /// The HCP namespace, when the event is about one Package.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// Human-readable detail (for `Blocked`: who holds the budget).
+    #[serde(default)]
+    pub message: String,
+    /// Which management cluster published it.
+    #[serde(default)]
+    pub source: String,
+}
+
+impl RolloutEvent {
+    /// The subject the event is published on.
+    pub fn subject(&self) -> String {
+        format!(
+            "{SUBJECT_PREFIX}.{}.{}",
+            self.hosted_cluster_package.replace('.', "_"),
+            self.kind.token()
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn event(kind: RolloutEventKind) -> RolloutEvent {
+        RolloutEvent {
+            version: EVENT_VERSION,
+            kind,
+            hosted_cluster_package: "metrics.addon".into(),
+            uid: "u1".into(),
+            generation: 2,
+            group: Some("early".into()),
+            namespace: Some("clusters-a".into()),
+            message: String::new(),
+            source: "mc-1".into(),
+        }
+    }
+
+    #[test]
+    fn subjects_are_one_token_per_name_and_kind() {
+        let e = event(RolloutEventKind::PackageUpdated);
+        assert_eq!(e.subject(), "pko.v1.rollout.metrics_addon.package_updated");
+        assert_eq!(
+            event(RolloutEventKind::RolloutFinished).subject(),
+            "pko.v1.rollout.metrics_addon.rollout_finished"
+        );
+    }
+
+    #[test]
+    fn events_round_trip_and_tolerate_unknown_fields() {
+        let e = event(RolloutEventKind::Blocked);
+        let json = serde_json::to_value(&e).unwrap();
+        assert_eq!(json["kind"], "blocked");
+        assert_eq!(json["hostedClusterPackage"], "metrics.addon");
+        assert_eq!(serde_json::from_value::<RolloutEvent>(json).unwrap(), e);
+        let minimal: RolloutEvent = serde_json::from_str(
+            r#"{"version":1,"kind":"rolloutStarted","hostedClusterPackage":"p","uid":"u","generation":1,"later":true}"#,
+        )
+        .unwrap();
+        assert_eq!(minimal.group, None);
+        assert_eq!(minimal.kind, RolloutEventKind::RolloutStarted);
+    }
+}
