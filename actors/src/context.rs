@@ -7,9 +7,11 @@ use kube::Client;
 
 use crate::applier::Applier;
 use crate::connector_link::ConnectorLink;
+use crate::hosted_cluster_package_actor::RolloutShared;
 use crate::object_cache::ObjectCache;
 use crate::package::image::ImageStore;
 use crate::pull_secrets::PullSecretSource;
+use crate::rollout_publisher::RolloutPublisher;
 
 /// Shared handles; cheap to clone.
 #[derive(Clone)]
@@ -24,6 +26,8 @@ pub struct ManagerContext {
     /// NATS and the connector credentials; `None` when the manager runs without NATS (hosted-cluster
     /// phases then report that they cannot be delivered).
     pub connectors: Option<ConnectorLink>,
+    /// The HostedClusters and event publisher every HostedClusterPackage actor shares.
+    pub rollouts: RolloutShared,
 }
 
 impl ManagerContext {
@@ -40,13 +44,21 @@ impl ManagerContext {
             pull_secrets,
             client,
             connectors: None,
+            rollouts: RolloutShared::default(),
         }
     }
 
     /// This context, delivering hosted-cluster phases through `link`.
-    pub fn with_connectors(self, link: ConnectorLink) -> Self {
+    /// Rollout events go to JetStream on the same NATS, named as coming from `source`.
+    pub fn with_connectors(self, link: ConnectorLink, source: String) -> Self {
+        let rollouts = RolloutShared {
+            publisher: Some(Arc::new(RolloutPublisher::new(link.nats.clone()))),
+            source,
+            ..self.rollouts
+        };
         Self {
             connectors: Some(link),
+            rollouts,
             ..self
         }
     }

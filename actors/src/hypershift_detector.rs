@@ -1,12 +1,15 @@
 //! Notices the HostedCluster API: watches for the `hostedclusters.hypershift.openshift.io` CRD and, once it
-//! is established (at start or any time later, without a restart), starts the HostedCluster feed. Until
-//! then a manager on a plain cluster does nothing HyperShift-related.
+//! is established (at start or any time later, without a restart), lists the HostedClusters into the
+//! HostedClusterPackages' fleet and starts the HostedCluster feed (connectors and fleet updates). Without
+//! the API the fleet is complete and empty, and nothing HyperShift-related runs.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use actix::prelude::*;
 use futures::StreamExt;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::ListParams;
 use kube::runtime::watcher::{self, Event};
 use kube::Api;
 use pko_proto::hypershift::HostedCluster;
@@ -14,7 +17,8 @@ use tracing::{info, warn};
 
 use crate::context::ManagerContext;
 use crate::hosted_cluster_actor::HostedClusterActor;
-use crate::kind_feed::KindFeed;
+use crate::hosted_cluster_fleet::Fleet;
+use crate::kind_feed::{KindFeed, Tap};
 use crate::registry::Registry;
 
 /// Name of the HostedCluster CRD.
@@ -23,16 +27,51 @@ pub const HOSTED_CLUSTER_CRD: &str = "hostedclusters.hypershift.openshift.io";
 pub struct HyperShiftDetector {
     context: ManagerContext,
     clusters: Arc<Registry<HostedClusterActor>>,
+    /// Sees every HostedCluster event too (the HostedClusterPackages' fleet).
+    tap: Tap<HostedCluster>,
+    fleet: Arc<Fleet>,
+    starting: bool,
     feed: Option<Addr<KindFeed<HostedCluster, HostedClusterActor>>>,
 }
 
 impl HyperShiftDetector {
-    pub fn new(context: ManagerContext, clusters: Arc<Registry<HostedClusterActor>>) -> Self {
+    pub fn new(
+        context: ManagerContext,
+        clusters: Arc<Registry<HostedClusterActor>>,
+        tap: Tap<HostedCluster>,
+    ) -> Self {
         Self {
+            fleet: context.rollouts.fleet.clone(),
             context,
             clusters,
+            tap,
+            starting: false,
             feed: None,
         }
+    }
+
+    /// Lists the HostedClusters into the fleet (so it is complete before anything plans on it), then
+    /// starts the feed that keeps it current. A failed LIST is retried.
+    fn start_feed(&mut self, ctx: &mut Context<Self>) {
+        let api: Api<HostedCluster> = Api::all(self.context.client.clone());
+        let list = async move { api.list(&ListParams::default()).await };
+        ctx.spawn(list.into_actor(self).map(|listed, act, ctx| match listed {
+            Ok(list) => {
+                act.fleet.seed(list.items);
+                act.feed = Some(
+                    KindFeed::<HostedCluster, _>::new(
+                        act.context.clone(),
+                        act.clusters.clone(),
+                        Some(act.tap.clone()),
+                    )
+                    .start(),
+                );
+            }
+            Err(e) => {
+                warn!(error = %e, "listing HostedClusters; retrying");
+                ctx.run_later(Duration::from_secs(2), |act, ctx| act.start_feed(ctx));
+            }
+        }));
     }
 }
 
@@ -61,22 +100,18 @@ impl StreamHandler<Result<Event<CustomResourceDefinition>, watcher::Error>> for 
     fn handle(
         &mut self,
         event: Result<Event<CustomResourceDefinition>, watcher::Error>,
-        _: &mut Context<Self>,
+        ctx: &mut Context<Self>,
     ) {
         match event {
             Ok(Event::Apply(crd)) | Ok(Event::InitApply(crd)) => {
-                if self.feed.is_none() && established(&crd) {
-                    info!("HostedCluster API found; managing hosted-cluster connectors");
-                    self.feed = Some(
-                        KindFeed::<HostedCluster, _>::new(
-                            self.context.clone(),
-                            self.clusters.clone(),
-                            None,
-                        )
-                        .start(),
-                    );
+                if !self.starting && established(&crd) {
+                    info!("HostedCluster API found; following HostedClusters");
+                    self.starting = true;
+                    self.start_feed(ctx);
                 }
             }
+            // No HostedCluster API at start: the fleet is complete, and empty.
+            Ok(Event::InitDone) if !self.starting => self.fleet.seed(Vec::new()),
             Ok(_) => {}
             Err(e) => warn!(error = %e, "watching for the HostedCluster CRD; retrying"),
         }

@@ -57,8 +57,9 @@ impl<K> WatchedKind for K where
 {
 }
 
-/// Called for every observed object before it is routed (lets other actors follow a kind).
-pub type Tap<T> = Arc<dyn Fn(&T) + Send + Sync>;
+/// Called for every observed object before it is routed, with whether it was deleted (lets other actors
+/// follow a kind).
+pub type Tap<T> = Arc<dyn Fn(&T, bool) + Send + Sync>;
 
 /// Feeds one kind `K` into the actors of type `A`.
 pub struct KindFeed<K, A: FeedTarget> {
@@ -91,7 +92,7 @@ where
     fn route(&self, object: K, deleted: bool) {
         let object = A::Object::from(object);
         if let Some(tap) = &self.tap {
-            tap(&object);
+            tap(&object, deleted);
         }
         if !A::wants(&object) {
             return;

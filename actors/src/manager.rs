@@ -3,16 +3,21 @@
 use std::sync::Arc;
 
 use actix::{Actor, System};
+use pko_proto::core::hosted_cluster_package::HostedClusterPackage;
 use pko_proto::core::object_deployment::{ClusterObjectDeployment, ObjectDeployment};
 use pko_proto::core::object_set::{ClusterObjectSet, ObjectSet};
 use pko_proto::core::object_set_phase::{ClusterObjectSetPhase, ObjectSetPhase};
 use pko_proto::core::object_template::{ClusterObjectTemplate, ObjectTemplate};
 use pko_proto::core::package::{ClusterPackage, Package};
+use pko_proto::hypershift::HostedCluster;
 
 use crate::connector_hub::ConnectorHub;
 use crate::context::ManagerContext;
 use crate::deployment_object::DeploymentObject;
 use crate::hosted_cluster_actor::HostedClusterActor;
+use crate::hosted_cluster_fleet::Fleet;
+use crate::hosted_cluster_package_actor::{HostedClusterPackageActor, OwnedPackageChanged};
+use crate::hosted_cluster_package_object::OWNER_LABEL;
 use crate::hypershift_detector::HyperShiftDetector;
 use crate::kind_feed::{KindFeed, Tap};
 use crate::object_deployment_actor::{ObjectDeploymentActor, RevisionChanged};
@@ -20,6 +25,7 @@ use crate::object_meta::MetaView;
 use crate::object_set_actor::ObjectSetActor;
 use crate::object_template_actor::ObjectTemplateActor;
 use crate::package_actor::{DeploymentChanged, PackageActor};
+use crate::package_object::PackageObject;
 use crate::registry::{ObjectRef, Registry};
 use crate::remote_phase_actor::RemotePhaseActor;
 use crate::set_object::{SetKind, SetObject};
@@ -32,6 +38,7 @@ pub struct Engine {
     pub templates: Arc<Registry<ObjectTemplateActor>>,
     pub remote_phases: Arc<Registry<RemotePhaseActor>>,
     pub hosted_clusters: Arc<Registry<HostedClusterActor>>,
+    pub rollouts: Arc<Registry<HostedClusterPackageActor>>,
 }
 
 impl Engine {
@@ -43,7 +50,7 @@ impl Engine {
 
 /// Wakes the deployment that controls a set whenever the set changes.
 fn deployment_tap(deployments: Arc<Registry<ObjectDeploymentActor>>) -> Tap<SetObject> {
-    Arc::new(move |set: &SetObject| {
+    Arc::new(move |set: &SetObject, _deleted| {
         let Some(owner) = set.controller() else {
             return;
         };
@@ -65,7 +72,7 @@ fn deployment_tap(deployments: Arc<Registry<ObjectDeploymentActor>>) -> Tap<SetO
 
 /// Wakes the package that controls a deployment whenever the deployment changes.
 fn package_tap(packages: Arc<Registry<PackageActor>>) -> Tap<DeploymentObject> {
-    Arc::new(move |od: &DeploymentObject| {
+    Arc::new(move |od: &DeploymentObject, _deleted| {
         let Some(owner) = od.controller() else {
             return;
         };
@@ -81,6 +88,35 @@ fn package_tap(packages: Arc<Registry<PackageActor>>) -> Tap<DeploymentObject> {
         };
         if let Some(addr) = packages.get(&key) {
             addr.do_send(DeploymentChanged);
+        }
+    })
+}
+
+/// Tells the HostedClusterPackage that owns a Package (by label) about its changes.
+fn owned_package_tap(fleet: Arc<Fleet>) -> Tap<PackageObject> {
+    let registry = fleet.registry();
+    Arc::new(move |package: &PackageObject, deleted| {
+        if package.cluster {
+            return;
+        }
+        let Some(owner) = package
+            .meta
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(OWNER_LABEL))
+        else {
+            return;
+        };
+        let key = ObjectRef {
+            kind: "HostedClusterPackage",
+            namespace: String::new(),
+            name: owner.clone(),
+        };
+        if let Some(addr) = registry.get(&key) {
+            addr.do_send(OwnedPackageChanged {
+                package: package.clone(),
+                deleted,
+            });
         }
     })
 }
@@ -101,15 +137,22 @@ pub fn start(context: ManagerContext) -> Engine {
     let hosted_clusters: Arc<Registry<HostedClusterActor>> = Arc::default();
     if let Some(link) = &context.connectors {
         ConnectorHub::new(link.nats.clone(), remote_phases.clone()).start();
-        HyperShiftDetector::new(context.clone(), hosted_clusters.clone()).start();
     }
+    // HostedClusters feed both their connectors and the HostedClusterPackages' fleet.
+    let fleet = context.rollouts.fleet.clone();
+    let fleet_tap: Tap<HostedCluster> =
+        Arc::new(move |cluster: &HostedCluster, deleted| fleet.observe(cluster, deleted));
+    HyperShiftDetector::new(context.clone(), hosted_clusters.clone(), fleet_tap).start();
+    let rollouts = context.rollouts.fleet.registry();
+    KindFeed::<HostedClusterPackage, _>::new(context.clone(), rollouts.clone(), None).start();
     let packages: Arc<Registry<PackageActor>> = Arc::default();
     let od_tap = Some(package_tap(packages.clone()));
     KindFeed::<ObjectDeployment, _>::new(context.clone(), deployments.clone(), od_tap.clone())
         .start();
     KindFeed::<ClusterObjectDeployment, _>::new(context.clone(), deployments.clone(), od_tap)
         .start();
-    KindFeed::<Package, _>::new(context.clone(), packages.clone(), None).start();
+    let owned_tap = Some(owned_package_tap(context.rollouts.fleet.clone()));
+    KindFeed::<Package, _>::new(context.clone(), packages.clone(), owned_tap).start();
     KindFeed::<ClusterPackage, _>::new(context.clone(), packages.clone(), None).start();
     let templates: Arc<Registry<ObjectTemplateActor>> = Arc::default();
     KindFeed::<ObjectTemplate, _>::new(context.clone(), templates.clone(), None).start();
@@ -121,5 +164,6 @@ pub fn start(context: ManagerContext) -> Engine {
         templates,
         remote_phases,
         hosted_clusters,
+        rollouts,
     }
 }

@@ -116,6 +116,68 @@ impl TestEnv {
     }
 }
 
+impl TestEnv {
+    /// Adds a HostedCluster `namespace/name` with `labels`, reporting Available=`available`, and creates its
+    /// HCP namespace. It has no apiserver behind it: for fleets larger than the hosted apiservers (rollouts
+    /// of Packages that live in the HCP namespace). Needs the CRD ([`TestEnv::simulate_hypershift`]).
+    pub async fn add_hosted_cluster(
+        &self,
+        namespace: &str,
+        name: &str,
+        labels: std::collections::BTreeMap<String, String>,
+        available: bool,
+    ) -> Result<SimulatedHostedCluster, TestEnvError> {
+        let management = self.management();
+        let client = management.client().await?;
+        let kube_error = |error: kube::Error| TestEnvError::Kube {
+            server: management.name().to_owned(),
+            source: Box::new(error),
+        };
+        let params = PatchParams::apply("pko-testenv").force();
+        let namespaces: Api<Namespace> = Api::all(client.clone());
+        apply_namespace(&namespaces, &params, namespace)
+            .await
+            .map_err(kube_error)?;
+        let mut cluster = HostedCluster {
+            metadata: ObjectMeta {
+                name: Some(name.to_owned()),
+                namespace: Some(namespace.to_owned()),
+                labels: Some(labels),
+                ..Default::default()
+            },
+            spec: Some(json!({ "release": { "image": "simulated" } })),
+            status: None,
+        };
+        let api: Api<HostedCluster> = Api::namespaced(client.clone(), namespace);
+        api.patch(name, &params, &Patch::Apply(&cluster))
+            .await
+            .map_err(kube_error)?;
+        cluster.status = Some(HostedClusterStatus {
+            conditions: vec![HostedClusterCondition {
+                type_: pko_proto::hypershift::AVAILABLE.to_owned(),
+                status: if available { "True" } else { "False" }.to_owned(),
+                reason: Some("Simulated".to_owned()),
+                message: Some("simulated by pko-testenv".to_owned()),
+                observed_generation: None,
+                last_transition_time: None,
+            }],
+            other: Default::default(),
+        });
+        api.patch_status(name, &params, &Patch::Apply(&cluster))
+            .await
+            .map_err(kube_error)?;
+        let hcp_namespace = pko_proto::hypershift::hosted_control_plane_namespace(namespace, name);
+        apply_namespace(&namespaces, &params, &hcp_namespace)
+            .await
+            .map_err(kube_error)?;
+        Ok(SimulatedHostedCluster {
+            name: name.to_owned(),
+            namespace: namespace.to_owned(),
+            hcp_namespace,
+        })
+    }
+}
+
 async fn apply_namespace(
     api: &Api<Namespace>,
     params: &PatchParams,

@@ -73,6 +73,9 @@ struct Args {
     /// Image of the hosted-cluster connector Deployments: the manager's own image, which holds both binaries.
     #[arg(long, env = "PKO_CONNECTOR_IMAGE", default_value = "localhost/pko:dev")]
     connector_image: String,
+    /// Names this management cluster in the rollout events it publishes.
+    #[arg(long, env = "PKO_CLUSTER_NAME", default_value = "management")]
+    cluster_name: String,
     /// Log format.
     #[arg(long, value_enum, default_value = "text")]
     log_format: LogFormat,
@@ -145,7 +148,7 @@ async fn run(args: Args) -> Result<(), ManagerError> {
     );
     if let Some(link) = connector_link(&args).await? {
         info!(url = ?args.nats_url, account = link.signer.account(), "delivering hosted-cluster phases over NATS");
-        context = context.with_connectors(link);
+        context = context.with_connectors(link, args.cluster_name.clone());
     }
     let applier = context.applier.clone();
     let health = HealthState::new(move || request_metrics(applier.counts()));

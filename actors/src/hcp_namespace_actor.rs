@@ -1,0 +1,137 @@
+//! The HCP namespace actor: one per HostedClusterPackage and HCP namespace, the only writer of that
+//! namespace's Package. It applies the newest desired Package (or deletes it), retries a failure (a
+//! terminating namespace, a quota, a conflict) with backoff, and tells its supervisor each outcome, so one
+//! failing namespace never holds up the others.
+
+use std::time::Duration;
+
+use actix::prelude::*;
+use serde_json::Value;
+use tracing::{info_span, warn, Instrument};
+
+use crate::context::ManagerContext;
+use crate::engine::object_ref::ObjectKey;
+use crate::reconcile_gate::ReconcileGate;
+
+const BACKOFF_MIN: Duration = Duration::from_secs(1);
+const BACKOFF_MAX: Duration = Duration::from_secs(60);
+
+/// What the supervisor wants in the namespace.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "()")]
+pub enum PackageCommand {
+    /// Server-side apply this Package.
+    Apply(Value),
+    /// Delete the Package.
+    Delete,
+}
+
+/// The outcome of one write, for the supervisor.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct PackageWritten {
+    pub namespace: String,
+    /// The stored Package after an apply; `None` after a delete.
+    pub result: Result<Option<Value>, String>,
+}
+
+pub struct HcpNamespaceActor {
+    context: ManagerContext,
+    namespace: String,
+    name: String,
+    /// The newest wish and its sequence number; cleared once exactly that one is written.
+    desired: Option<(u64, PackageCommand)>,
+    sequence: u64,
+    gate: ReconcileGate,
+    supervisor: Recipient<PackageWritten>,
+}
+
+impl HcpNamespaceActor {
+    pub fn new(
+        context: ManagerContext,
+        namespace: String,
+        name: String,
+        supervisor: Recipient<PackageWritten>,
+    ) -> Self {
+        Self {
+            context,
+            namespace,
+            name,
+            desired: None,
+            sequence: 0,
+            gate: ReconcileGate::new(BACKOFF_MIN, BACKOFF_MAX),
+            supervisor,
+        }
+    }
+
+    fn key(&self) -> ObjectKey {
+        ObjectKey {
+            group: pko_proto::GROUP.to_owned(),
+            version: pko_proto::VERSION.to_owned(),
+            kind: "Package".to_owned(),
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+        }
+    }
+
+    fn write(&mut self, ctx: &mut Context<Self>) {
+        let Some((written, command)) = self.desired.clone() else {
+            return;
+        };
+        if !self.gate.try_start(ctx) {
+            return;
+        }
+        let applier = self.context.applier.clone();
+        let key = self.key();
+        let span = info_span!("write_package", namespace = %self.namespace, name = %self.name);
+        let work = async move {
+            match &command {
+                PackageCommand::Apply(body) => applier
+                    .apply(&key, body)
+                    .await
+                    .map(Some)
+                    .map_err(|e| e.to_string()),
+                PackageCommand::Delete => match applier.get(&key).await {
+                    Ok(Some(observed)) => applier
+                        .delete_observed(&key, &observed)
+                        .await
+                        .map(|_| None)
+                        .map_err(|e| e.to_string()),
+                    Ok(None) => Ok(None),
+                    Err(e) => Err(e.to_string()),
+                },
+            }
+        }
+        .instrument(span);
+        ctx.spawn(work.into_actor(self).map(move |result, act, ctx| {
+            let failed = result.is_err();
+            if let Err(error) = &result {
+                warn!(namespace = %act.namespace, %error, "writing the Package failed; retrying");
+            } else if act.desired.as_ref().is_some_and(|(n, _)| *n == written) {
+                act.desired = None;
+            }
+            act.supervisor.do_send(PackageWritten {
+                namespace: act.namespace.clone(),
+                result,
+            });
+            if act.gate.finish(ctx, failed, Self::write) {
+                act.write(ctx);
+            }
+        }));
+    }
+}
+
+impl Actor for HcpNamespaceActor {
+    type Context = Context<Self>;
+}
+
+impl Handler<PackageCommand> for HcpNamespaceActor {
+    type Result = ();
+    fn handle(&mut self, command: PackageCommand, ctx: &mut Context<Self>) {
+        // The newest wish replaces an older one not yet written.
+        self.sequence += 1;
+        self.desired = Some((self.sequence, command));
+        self.gate.reset_backoff();
+        self.write(ctx);
+    }
+}

@@ -1,0 +1,535 @@
+//! HostedClusterPackage rollouts on the real environment with a real package (the `handlebars` example,
+//! built and pushed with kubectl-package; its ConfigMaps are available as soon as they are applied): seed 000's status, a rollout across 12 HostedClusters in three risk
+//! groups plus unlabeled ones under maxUnavailable, watched by an independent observer of every Package
+//! change; a package that never becomes available blocking its group; new and deleted HostedClusters;
+//! and the JetStream event stream.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+
+use futures::StreamExt;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::watcher::{self, Event};
+use kube::Api;
+use pko_proto::core::hosted_cluster_package::HostedClusterPackage;
+use pko_proto::core::package::Package;
+use pko_proto::hypershift::HostedCluster;
+use pko_testenv::{wait_until, SimulatedHostedCluster};
+use serde_json::{json, Value};
+
+use common::*;
+
+const OWNER_LABEL: &str = "package-operator.run/hosted-cluster-package";
+
+/// A fleet of HostedClusters in a namespace of its own, labelled `fleet=<namespace>` plus `risk` labels.
+async fn fleet(prefix: &str, risks: &[Option<&str>]) -> (String, Vec<SimulatedHostedCluster>) {
+    manager();
+    let env = env();
+    env.simulate_hypershift().await.unwrap();
+    let ns = env.management().create_namespace(prefix).await.unwrap();
+    let mut clusters = Vec::new();
+    for (i, risk) in risks.iter().enumerate() {
+        let mut labels = BTreeMap::from([("fleet".to_owned(), ns.clone())]);
+        if let Some(r) = risk {
+            labels.insert("risk".to_owned(), (*r).to_owned());
+        }
+        clusters.push(
+            env.add_hosted_cluster(&ns, &format!("hc-{i:02}"), labels, true)
+                .await
+                .unwrap(),
+        );
+    }
+    (ns, clusters)
+}
+
+fn hcpkg(
+    name: &str,
+    fleet: &str,
+    image: &str,
+    strategy: Value,
+    partition: Option<Value>,
+) -> HostedClusterPackage {
+    let mut spec = json!({
+        "hostedClusterSelector": {"matchLabels": {"fleet": fleet}},
+        "strategy": strategy,
+        "template": {"spec": {"image": image, "config": {"greeting": "hi"}}},
+    });
+    if let Some(p) = partition {
+        spec["partition"] = p;
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "package-operator.run/v1alpha1", "kind": "HostedClusterPackage",
+        "metadata": {"name": name}, "spec": spec,
+    }))
+    .unwrap()
+}
+
+async fn wait_status<F: Fn(&HostedClusterPackage) -> bool>(
+    api: &Api<HostedClusterPackage>,
+    name: &str,
+    what: &str,
+    ok: F,
+) -> HostedClusterPackage {
+    let packages = Api::<Package>::all(api.clone().into_client());
+    let owned = kube::api::ListParams::default().labels(&format!("{OWNER_LABEL}={name}"));
+    wait_until(what, TIMEOUT * 3, || async {
+        let h = api.get(name).await.map_err(|e| e.to_string())?;
+        if ok(&h) {
+            return Ok(h);
+        }
+        // Say where each Package stands, to tell a slow Package from a stale count.
+        let list = packages.list(&owned).await.map_err(|e| e.to_string())?;
+        let states: Vec<String> = list
+            .items
+            .iter()
+            .map(|p| {
+                let conditions: Vec<String> = p
+                    .status
+                    .iter()
+                    .flat_map(|s| &s.conditions)
+                    .map(|c| format!("{}={}@{:?}", c.type_, c.status, c.observed_generation))
+                    .collect();
+                format!(
+                    "{:?} gen {:?}: {conditions:?}",
+                    p.metadata.namespace, p.metadata.generation
+                )
+            })
+            .collect();
+        // And the ObjectSets that are not available, to tell where a Package is stuck.
+        let sets = Api::<pko_proto::core::object_set::ObjectSet>::all(api.clone().into_client())
+            .list(&Default::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        let stuck: Vec<String> = sets
+            .items
+            .iter()
+            .filter(|s| {
+                !s.status
+                    .iter()
+                    .flat_map(|st| &st.conditions)
+                    .any(|c| c.type_ == "Available" && c.status == "True")
+            })
+            .map(|s| {
+                let conditions: Vec<String> = s
+                    .status
+                    .iter()
+                    .flat_map(|st| &st.conditions)
+                    .map(|c| format!("{}={} {}", c.type_, c.status, c.message))
+                    .collect();
+                format!("{:?}: {conditions:?}", s.metadata.namespace)
+            })
+            .collect();
+        Err(format!(
+            "{:?}\npackages: {states:#?}\nunavailable ObjectSets: {stuck:#?}",
+            h.status.map(|s| s.counts)
+        ))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\nmanager log:\n{}", manager().log_tail()))
+}
+
+fn condition<'a>(
+    h: &'a HostedClusterPackage,
+    type_: &str,
+) -> Option<&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    h.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+}
+
+fn all_available(h: &HostedClusterPackage, total: i32) -> bool {
+    let generation = h.metadata.generation.unwrap_or_default();
+    h.status.as_ref().is_some_and(|s| {
+        s.observed_generation == generation
+            && s.counts.total_packages == total
+            && s.counts.available_packages == total
+            && s.counts.updated_packages == total
+    })
+}
+
+#[tokio::test]
+async fn seed_000s_status_for_three_clusters_and_the_fleet_follows_hosted_clusters() {
+    let (ns, clusters) = fleet("hcpkg-seed", &[None, None, None]).await;
+    let client = env().management().client().await.unwrap();
+    let image = build_and_push("handlebars", "hcpkg-simple:v1", &[]);
+    let api: Api<HostedClusterPackage> = Api::all(client.clone());
+    let name = format!("{ns}-seed");
+    api.create(
+        &PostParams::default(),
+        &hcpkg(&name, &ns, &image, json!({"instant": {}}), None),
+    )
+    .await
+    .unwrap();
+
+    let h = wait_status(&api, &name, "3/3 available", |h| {
+        all_available(h, 3) && condition(h, "Progressing").is_some_and(|c| c.status == "False")
+    })
+    .await;
+    let status = h.status.clone().unwrap();
+    assert_eq!(status.counts.progressed_packages, 3);
+    let expect = [
+        (
+            "Available",
+            "True",
+            "EnoughPackagesAvailable",
+            "3/3 packages available.",
+        ),
+        (
+            "Progressing",
+            "False",
+            "AllPackagesProgressed",
+            "3/3 packages progressed.",
+        ),
+        (
+            "HasPausedPackage",
+            "False",
+            "NoPackagePaused",
+            "0/3 packages paused.",
+        ),
+    ];
+    for (type_, s, reason, message) in expect {
+        let c = condition(&h, type_).unwrap();
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str(), c.message.as_str()),
+            (s, reason, message),
+            "{type_}"
+        );
+        assert_eq!(c.observed_generation, h.metadata.generation);
+    }
+    for cluster in &clusters {
+        let p = Api::<Package>::namespaced(client.clone(), &cluster.hcp_namespace)
+            .get(&name)
+            .await
+            .unwrap();
+        assert_eq!(p.metadata.labels.unwrap()[OWNER_LABEL], name);
+        assert_eq!(
+            p.metadata.owner_references.unwrap()[0].kind,
+            "HostedClusterPackage"
+        );
+    }
+
+    // A new HostedCluster gets its Package; a deleted one loses it.
+    let mut labels = BTreeMap::from([("fleet".to_owned(), ns.clone())]);
+    labels.insert("extra".to_owned(), "yes".to_owned());
+    let added = env()
+        .add_hosted_cluster(&ns, "hc-new", labels, true)
+        .await
+        .unwrap();
+    wait_status(&api, &name, "4/4 available", |h| all_available(h, 4)).await;
+    Api::<HostedCluster>::namespaced(client.clone(), &ns)
+        .delete(&clusters[0].name, &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_status(&api, &name, "3 packages after a deletion", |h| {
+        all_available(h, 3)
+    })
+    .await;
+    wait_until("the deleted cluster's Package is gone", TIMEOUT, || async {
+        match Api::<Package>::namespaced(client.clone(), &clusters[0].hcp_namespace)
+            .get_opt(&name)
+            .await
+        {
+            Ok(None) => Ok(()),
+            other => Err(format!("{:?}", other.map(|p| p.is_some()))),
+        }
+    })
+    .await
+    .unwrap();
+    Api::<Package>::namespaced(client.clone(), &added.hcp_namespace)
+        .get(&name)
+        .await
+        .unwrap();
+}
+
+/// What the independent observer saw, in the apiserver's order.
+#[derive(Default)]
+struct Observed {
+    /// Per namespace: (image, available at current generation).
+    packages: BTreeMap<String, (String, bool)>,
+    /// Max disrupted (not available) Packages at any moment after the rollout began.
+    worst: usize,
+    /// Namespaces in the order they first showed the new image.
+    update_order: Vec<String>,
+    /// For each update: namespaces of earlier groups not yet updated+available at that moment.
+    barrier_violations: Vec<String>,
+}
+
+#[tokio::test]
+async fn rolling_upgrade_across_risk_groups_keeps_budget_and_order() {
+    let risks = [
+        Some("early"),
+        Some("early"),
+        Some("early"),
+        Some("normal"),
+        Some("normal"),
+        Some("normal"),
+        Some("normal"),
+        Some("late"),
+        Some("late"),
+        Some("late"),
+        None,
+        Some("unlisted"),
+    ];
+    let (ns, clusters) = fleet("hcpkg-roll", &risks).await;
+    let group_of: BTreeMap<String, usize> = clusters
+        .iter()
+        .zip(risks)
+        .map(|(c, r)| {
+            let g = match r {
+                Some("early") => 0,
+                Some("normal") => 1,
+                Some("late") => 2,
+                _ => 3,
+            };
+            (c.hcp_namespace.clone(), g)
+        })
+        .collect();
+    let client = env().management().client().await.unwrap();
+    let v1 = build_and_push("handlebars", "hcpkg-roll:v1", &[]);
+    let v2 = build_and_push("handlebars", "hcpkg-roll:v2", &[]);
+    let api: Api<HostedClusterPackage> = Api::all(client.clone());
+    let name = format!("{ns}-roll");
+    let partition = json!({"labelKey": "risk", "order": {"static": ["early", "normal", "late"]}});
+    let strategy = json!({"rollingUpgrade": {"maxUnavailable": 2}});
+    api.create(
+        &PostParams::default(),
+        &hcpkg(&name, &ns, &v1, strategy, Some(partition)),
+    )
+    .await
+    .unwrap();
+    wait_status(&api, &name, "12/12 available on v1", |h| {
+        all_available(h, 12)
+    })
+    .await;
+
+    // The observer: one watch over every Package of this HostedClusterPackage, in apiserver order.
+    let observed = Arc::new(Mutex::new(Observed::default()));
+    let packages: Api<Package> = Api::all(client.clone());
+    let config = watcher::Config::default().labels(&format!("{OWNER_LABEL}={name}"));
+    let mut stream = watcher::watcher(packages, config).boxed();
+    let record = observed.clone();
+    let (v2_for_watch, groups) = (v2.clone(), group_of.clone());
+    let watch = tokio::spawn(async move {
+        while let Some(event) = stream.next().await {
+            let Ok(Event::Apply(p) | Event::InitApply(p)) = event else {
+                continue;
+            };
+            let ns = p.metadata.namespace.clone().unwrap_or_default();
+            let generation = p.metadata.generation;
+            let available = p.status.iter().flat_map(|s| &s.conditions).any(|c| {
+                c.type_ == "Available" && c.status == "True" && c.observed_generation == generation
+            });
+            let mut o = record.lock().unwrap();
+            let first_update = p.spec.image == v2_for_watch
+                && o.packages
+                    .get(&ns)
+                    .is_none_or(|(img, _)| *img != v2_for_watch);
+            if first_update {
+                let group = groups[&ns];
+                let laggards: Vec<String> = o
+                    .packages
+                    .iter()
+                    .filter(|(other, (img, avail))| {
+                        groups[*other] < group && !(*img == v2_for_watch && *avail)
+                    })
+                    .map(|(other, _)| other.clone())
+                    .collect();
+                if !laggards.is_empty() {
+                    o.barrier_violations.push(format!(
+                        "{ns} (group {group}) updated while {laggards:?} were not done"
+                    ));
+                }
+                o.update_order.push(ns.clone());
+            }
+            o.packages.insert(ns, (p.spec.image.clone(), available));
+            let disrupted = o.packages.values().filter(|(_, a)| !a).count();
+            o.worst = o.worst.max(disrupted);
+        }
+    });
+    wait_until("the observer saw all 12 Packages", TIMEOUT, || async {
+        let n = observed.lock().unwrap().packages.len();
+        if n == 12 {
+            Ok(())
+        } else {
+            Err(format!("{n}"))
+        }
+    })
+    .await
+    .unwrap();
+
+    // Roll out v2.
+    let patch =
+        json!({"spec": {"template": {"spec": {"image": v2, "config": {"greeting": "hi"}}}}});
+    api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    let done = wait_status(&api, &name, "12/12 available on v2", |h| {
+        all_available(h, 12) && condition(h, "Progressing").is_some_and(|c| c.status == "False")
+    })
+    .await;
+    watch.abort();
+    {
+        let o = observed.lock().unwrap();
+        assert!(
+            o.worst <= 2,
+            "at some moment {} Packages were unavailable (maxUnavailable 2)",
+            o.worst
+        );
+        assert!(
+            o.barrier_violations.is_empty(),
+            "{:?}",
+            o.barrier_violations
+        );
+        assert_eq!(o.update_order.len(), 12, "{:?}", o.update_order);
+        let groups_in_order: Vec<usize> = o.update_order.iter().map(|ns| group_of[ns]).collect();
+        let mut sorted = groups_in_order.clone();
+        sorted.sort();
+        assert_eq!(
+            groups_in_order, sorted,
+            "groups updated out of order: {:?}",
+            o.update_order
+        );
+        let partitions: Vec<(String, i32)> = done
+            .status
+            .unwrap()
+            .partitions
+            .iter()
+            .map(|p| (p.name.clone(), p.counts.available_packages))
+            .collect();
+        assert_eq!(
+            partitions,
+            [
+                ("early".into(), 3),
+                ("normal".into(), 4),
+                ("late".into(), 3),
+                ("unknown".into(), 2)
+            ]
+        );
+    }
+
+    // The event stream tells the v2 rollout in order: started, each group started and finished in turn,
+    // every Package updated and available, finished.
+    let events = rollout_events(&name).await;
+    let v2_generation = done.metadata.generation.unwrap();
+    let story: Vec<(String, Option<String>)> = events
+        .iter()
+        .filter(|e| e["generation"] == v2_generation)
+        .filter(|e| {
+            matches!(
+                e["kind"].as_str(),
+                Some("rolloutStarted" | "groupStarted" | "groupFinished" | "rolloutFinished")
+            )
+        })
+        .map(|e| {
+            (
+                e["kind"].as_str().unwrap().to_owned(),
+                e["group"].as_str().map(str::to_owned),
+            )
+        })
+        .collect();
+    let g = |kind: &str, group: Option<&str>| (kind.to_owned(), group.map(str::to_owned));
+    assert_eq!(
+        story,
+        [
+            g("rolloutStarted", None),
+            g("groupStarted", Some("early")),
+            g("groupStarted", Some("normal")),
+            g("groupFinished", Some("early")),
+            g("groupStarted", Some("late")),
+            g("groupFinished", Some("normal")),
+            g("groupStarted", None),
+            g("groupFinished", Some("late")),
+            g("groupFinished", None),
+            g("rolloutFinished", None),
+        ]
+    );
+    let count = |kind: &str| {
+        events
+            .iter()
+            .filter(|e| e["generation"] == v2_generation && e["kind"] == kind)
+            .count()
+    };
+    assert_eq!(
+        (count("packageUpdated"), count("packageAvailable")),
+        (12, 12)
+    );
+    assert!(events
+        .iter()
+        .all(|e| e["source"] == "management" && e["hostedClusterPackage"] == name.as_str()));
+
+    // A template whose image does not exist: the first Package updated never becomes available, and the
+    // rollout stops there, saying who holds the budget.
+    let broken = format!("{}/missing/handlebars:nope", env().registry().host());
+    let patch = json!({"spec": {"strategy": {"rollingUpgrade": {"maxUnavailable": 1}},
+                                "template": {"spec": {"image": broken, "config": {"greeting": "hi"}}}}});
+    api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    let h = wait_status(&api, &name, "blocked on the failing Package", |h| {
+        condition(h, "Available").is_some_and(|c| {
+            c.message
+                .contains("Rollout waits: maxUnavailable 1 is used by")
+        })
+    })
+    .await;
+    let message = condition(&h, "Available").unwrap().message.clone();
+    let holder = message
+        .rsplit("used by ")
+        .next()
+        .unwrap()
+        .trim_end_matches('.')
+        .to_owned();
+    assert_eq!(
+        group_of[&holder], 0,
+        "the failing Package is in the first group: {message}"
+    );
+    let on_broken: BTreeSet<String> = clusters
+        .iter()
+        .filter(|_| true)
+        .map(|c| c.hcp_namespace.clone())
+        .collect();
+    let mut updated = Vec::new();
+    for ns in &on_broken {
+        let p = Api::<Package>::namespaced(client.clone(), ns)
+            .get(&name)
+            .await
+            .unwrap();
+        if p.spec.image == broken {
+            updated.push(ns.clone());
+        }
+    }
+    assert_eq!(updated, [holder], "nothing moves past the failing Package");
+}
+
+/// Every event of `name` in the PKO_ROLLOUTS stream, in order.
+async fn rollout_events(name: &str) -> Vec<Value> {
+    use async_nats::jetstream::{self, consumer::pull};
+    let js = jetstream::new(env().nats().client().await.unwrap());
+    let stream = js.get_stream("PKO_ROLLOUTS").await.unwrap();
+    let consumer = stream
+        .create_consumer(pull::Config {
+            filter_subject: format!("pko.v1.rollout.{}.>", name.replace('.', "_")),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let pending = consumer.clone().info().await.unwrap().num_pending;
+    let mut messages = consumer
+        .fetch()
+        .max_messages(pending as usize)
+        .messages()
+        .await
+        .unwrap();
+    let mut events = Vec::new();
+    while let Some(message) = messages.next().await {
+        let message = message.unwrap();
+        events.push(serde_json::from_slice::<Value>(&message.payload).unwrap());
+    }
+    assert_eq!(events.len() as u64, pending);
+    events
+}
