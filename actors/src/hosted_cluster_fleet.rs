@@ -57,17 +57,20 @@ impl Fleet {
         for entry in self.selectors.iter() {
             let concerned = matches(entry.value(), cluster)
                 || previous.as_ref().is_some_and(|p| matches(entry.value(), p));
-            if !concerned {
-                continue;
+            if concerned {
+                self.wake(entry.key());
             }
-            let owner = ObjectRef {
-                kind: "HostedClusterPackage",
-                namespace: String::new(),
-                name: entry.key().clone(),
-            };
-            if let Some(addr) = self.packages.get(&owner) {
-                addr.do_send(FleetChanged);
-            }
+        }
+    }
+
+    fn wake(&self, hcpkg: &str) {
+        let owner = ObjectRef {
+            kind: "HostedClusterPackage",
+            namespace: String::new(),
+            name: hcpkg.to_owned(),
+        };
+        if let Some(addr) = self.packages.get(&owner) {
+            addr.do_send(FleetChanged);
         }
     }
 
@@ -79,14 +82,7 @@ impl Fleet {
         }
         self.ready.store(true, Ordering::SeqCst);
         for entry in self.selectors.iter() {
-            let owner = ObjectRef {
-                kind: "HostedClusterPackage",
-                namespace: String::new(),
-                name: entry.key().clone(),
-            };
-            if let Some(addr) = self.packages.get(&owner) {
-                addr.do_send(FleetChanged);
-            }
+            self.wake(entry.key());
         }
     }
 
