@@ -61,6 +61,8 @@ pub struct RemotePhaseActor {
     context: ManagerContext,
     phase: Option<SetObject>,
     last: Option<Exchange>,
+    /// UIDs of the previous revisions' phases, read once per generation rather than on every re-send.
+    previous_uids: Option<(i64, Vec<String>)>,
     gate: ReconcileGate,
 }
 
@@ -70,6 +72,7 @@ impl RemotePhaseActor {
             context,
             phase: None,
             last: None,
+            previous_uids: None,
             gate: ReconcileGate::new(BACKOFF_MIN, BACKOFF_MAX),
         }
     }
@@ -87,22 +90,48 @@ impl RemotePhaseActor {
             namespace = phase.namespace(),
             name = phase.name()
         );
-        let work = async move { exchange(&context, &phase).await }.instrument(span);
-        ctx.spawn(work.into_actor(self).map(|exchange, act, ctx| {
-            let failed = match &exchange {
-                Exchange::Reported(report) => matches!(
-                    report.outcome,
-                    PhaseOutcome::TeardownInProgress | PhaseOutcome::PreflightError
-                ),
-                Exchange::Undelivered(_) | Exchange::Stale => true,
-                Exchange::Released => false,
-            };
-            act.last = Some(exchange);
-            act.publish_status(ctx);
-            if act.gate.finish(ctx, failed, Self::reconcile) {
-                act.reconcile(ctx);
+        let generation = phase.generation();
+        let known = self
+            .previous_uids
+            .as_ref()
+            .filter(|(g, _)| *g == generation)
+            .map(|(_, uids)| uids.clone());
+        let work = async move {
+            // The previous phases matter only to an apply; they are read once per generation.
+            if phase.meta.deletion_timestamp.is_some() {
+                return (exchange(&context, &phase, &[]).await, None);
             }
-        }));
+            let previous = match known {
+                Some(uids) => Ok(uids),
+                None => previous_phase_uids(&context, &phase).await,
+            };
+            match previous {
+                Ok(uids) => (exchange(&context, &phase, &uids).await, Some(uids)),
+                Err(e) => (Exchange::Undelivered(e), None),
+            }
+        }
+        .instrument(span);
+        ctx.spawn(
+            work.into_actor(self)
+                .map(move |(exchange, uids), act, ctx| {
+                    if let Some(uids) = uids {
+                        act.previous_uids = Some((generation, uids));
+                    }
+                    let failed = match &exchange {
+                        Exchange::Reported(report) => matches!(
+                            report.outcome,
+                            PhaseOutcome::TeardownInProgress | PhaseOutcome::PreflightError
+                        ),
+                        Exchange::Undelivered(_) | Exchange::Stale => true,
+                        Exchange::Released => false,
+                    };
+                    act.last = Some(exchange);
+                    act.publish_status(ctx);
+                    if act.gate.finish(ctx, failed, Self::reconcile) {
+                        act.reconcile(ctx);
+                    }
+                }),
+        );
     }
 
     fn publish_status(&mut self, ctx: &mut Context<Self>) {
@@ -179,8 +208,13 @@ fn phase_ref(phase: &SetObject) -> PhaseRef {
     }
 }
 
-/// One request to the connector: teardown while the ObjectSetPhase is being deleted, apply otherwise.
-async fn exchange(context: &ManagerContext, phase: &SetObject) -> Exchange {
+/// One request to the connector: teardown while the ObjectSetPhase is being deleted, apply otherwise
+/// (`previous_uids`: the previous revisions' phases, whose hosted objects may be adopted).
+async fn exchange(
+    context: &ManagerContext,
+    phase: &SetObject,
+    previous_uids: &[String],
+) -> Exchange {
     let Some(link) = &context.connectors else {
         return Exchange::Undelivered(
             "hosted-cluster phases travel over NATS, and this manager runs without --nats-url"
@@ -210,10 +244,6 @@ async fn exchange(context: &ManagerContext, phase: &SetObject) -> Exchange {
         };
         link.request(subjects.teardown(), &teardown).await
     } else {
-        let previous_uids = match previous_phase_uids(context, phase).await {
-            Ok(uids) => uids,
-            Err(e) => return Exchange::Undelivered(e),
-        };
         let apply = ApplyPhase {
             version: WIRE_VERSION,
             phase: phase_ref(phase),
@@ -221,7 +251,7 @@ async fn exchange(context: &ManagerContext, phase: &SetObject) -> Exchange {
             objects: objects.0,
             external_objects: objects.1,
             availability_probes: phase.spec.template.availability_probes.clone(),
-            previous_uids,
+            previous_uids: previous_uids.to_vec(),
             paused: phase.spec.lifecycle_state == LifecycleState::Paused,
         };
         // The finalizer is written alongside the first request rather than before it (one apiserver round
