@@ -51,9 +51,12 @@ impl ObjectCache {
         self.objects.get(key).map(|v| v.clone())
     }
 
-    /// Records a state pko itself just read or wrote (the watch will confirm it).
+    /// Records a state pko itself just read or wrote (the watch will confirm it). A no-op apply answers
+    /// with the object as it was when the apiserver read it, which can be older than what the watch has
+    /// delivered meanwhile (a controller's status write); the newer state stays, or the owner would probe
+    /// the stale one and, the watch having nothing more to say, never look again.
     pub fn record(&self, key: &ObjectKey, object: Value) {
-        self.objects.insert(key.clone(), Arc::new(object));
+        self.insert_if_newer(key, object);
     }
 
     /// Forgets an object pko knows is gone.
@@ -161,8 +164,8 @@ impl ObjectCache {
         let owner = controller_of(&value).map(|(uid, _, _)| uid);
         if deleted {
             self.objects.remove(&key);
-        } else if self.is_newer(&key, &value) {
-            self.objects.insert(key.clone(), Arc::new(value));
+        } else {
+            self.insert_if_newer(&key, value);
         }
         if let Some(route) = owner.and_then(|uid| self.routes.get(&uid).map(|r| r.clone())) {
             route(key.clone());
@@ -170,16 +173,18 @@ impl ObjectCache {
         Some(key)
     }
 
-    /// Our own apply results can overtake the watch; never replace a state with an older one.
-    fn is_newer(&self, key: &ObjectKey, value: &Value) -> bool {
-        let rv = |v: &Value| {
-            v.pointer("/metadata/resourceVersion")
-                .and_then(Value::as_str)
-                .and_then(|s| s.parse::<u64>().ok())
-        };
-        match (self.objects.get(key).and_then(|o| rv(&o)), rv(value)) {
-            (Some(known), Some(new)) => new >= known,
-            _ => true,
+    /// Our own apply results and the watch overtake each other; never replace a state with an older one.
+    /// Check and insert under one entry lock, so a concurrent watch event cannot slip in between.
+    fn insert_if_newer(&self, key: &ObjectKey, value: Value) {
+        match self.objects.entry(key.clone()) {
+            dashmap::Entry::Occupied(mut known) => {
+                if supersedes(&value, known.get()) {
+                    known.insert(Arc::new(value));
+                }
+            }
+            dashmap::Entry::Vacant(slot) => {
+                slot.insert(Arc::new(value));
+            }
         }
     }
 
@@ -205,5 +210,42 @@ impl ObjectCache {
                 route(key);
             }
         }
+    }
+}
+
+/// Whether `new` is at least as recent as `known`: resourceVersions of one object grow with every write
+/// (etcd revisions). One without a parseable resourceVersion is taken as newer, as there is no telling.
+fn supersedes(new: &Value, known: &Value) -> bool {
+    let rv = |v: &Value| {
+        v.pointer("/metadata/resourceVersion")
+            .and_then(Value::as_str)
+            .and_then(|s| s.parse::<u64>().ok())
+    };
+    match (rv(new), rv(known)) {
+        (Some(new), Some(known)) => new >= known,
+        _ => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn at(rv: &str, status: Value) -> Value {
+        json!({"metadata": {"name": "x", "resourceVersion": rv}, "status": status})
+    }
+
+    #[test]
+    fn an_older_state_never_replaces_a_newer_one() {
+        // A controller wrote status at 655; our no-op apply came back with the object as of 653.
+        let watched = at("655", json!({"conditions": [{"type": "Available"}]}));
+        let applied = at("653", json!({}));
+        assert!(!supersedes(&applied, &watched));
+        assert!(supersedes(&watched, &applied));
+        assert!(supersedes(&watched, &watched.clone()));
+        // Numeric, not lexical: 1000 is newer than 999.
+        assert!(supersedes(&at("1000", json!({})), &at("999", json!({}))));
+        assert!(supersedes(&json!({"metadata": {}}), &watched));
     }
 }
