@@ -248,4 +248,18 @@ mod tests {
         assert!(supersedes(&at("1000", json!({})), &at("999", json!({}))));
         assert!(supersedes(&json!({"metadata": {}}), &watched));
     }
+
+    #[tokio::test]
+    async fn recording_a_stale_apply_answer_keeps_the_watched_state() {
+        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let cache = ObjectCache::new(Client::try_from(config).unwrap());
+        let key = ObjectKey::of(&json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "x", "namespace": "ns"}}))
+        .unwrap();
+        cache.record(&key, at("655", json!({"ready": true})));
+        cache.record(&key, at("653", json!({})));
+        assert_eq!(cache.get(&key).unwrap()["status"]["ready"], true);
+        cache.record(&key, at("700", json!({"ready": false})));
+        assert_eq!(cache.get(&key).unwrap()["status"]["ready"], false);
+    }
 }
