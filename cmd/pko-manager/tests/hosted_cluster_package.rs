@@ -1,159 +1,31 @@
 //! HostedClusterPackage rollouts on the real environment with a real package (the `handlebars` example,
-//! built and pushed with kubectl-package; its ConfigMaps are available as soon as they are applied): seed 000's status, a rollout across 12 HostedClusters in three risk
-//! groups plus unlabeled ones under maxUnavailable, watched by an independent observer of every Package
-//! change; a package that never becomes available blocking its group; new and deleted HostedClusters;
-//! and the JetStream event stream.
+//! built and pushed with kubectl-package; its ConfigMaps are available as soon as they are applied):
+//! seed 000's status, a rollout across 12 HostedClusters in three risk groups plus unlabeled ones under
+//! maxUnavailable, watched by an independent observer of every Package change; a package that never
+//! becomes available blocking its group; new, deleted and deselected HostedClusters; and the JetStream
+//! event stream. The manager killed mid-rollout is in hosted_cluster_package_restart.rs.
 #![allow(clippy::unwrap_used)]
 
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
-use kube::runtime::watcher::{self, Event};
 use kube::Api;
 use pko_proto::core::hosted_cluster_package::HostedClusterPackage;
 use pko_proto::core::package::Package;
 use pko_proto::hypershift::HostedCluster;
-use pko_testenv::{wait_until, SimulatedHostedCluster};
+use pko_testenv::wait_until;
 use serde_json::{json, Value};
 
+use common::rollout::*;
 use common::*;
-
-const OWNER_LABEL: &str = "package-operator.run/hosted-cluster-package";
-
-/// A fleet of HostedClusters in a namespace of its own, labelled `fleet=<namespace>` plus `risk` labels.
-async fn fleet(prefix: &str, risks: &[Option<&str>]) -> (String, Vec<SimulatedHostedCluster>) {
-    manager();
-    let env = env();
-    env.simulate_hypershift().await.unwrap();
-    let ns = env.management().create_namespace(prefix).await.unwrap();
-    let mut clusters = Vec::new();
-    for (i, risk) in risks.iter().enumerate() {
-        let mut labels = BTreeMap::from([("fleet".to_owned(), ns.clone())]);
-        if let Some(r) = risk {
-            labels.insert("risk".to_owned(), (*r).to_owned());
-        }
-        clusters.push(
-            env.add_hosted_cluster(&ns, &format!("hc-{i:02}"), labels, true)
-                .await
-                .unwrap(),
-        );
-    }
-    (ns, clusters)
-}
-
-fn hcpkg(
-    name: &str,
-    fleet: &str,
-    image: &str,
-    strategy: Value,
-    partition: Option<Value>,
-) -> HostedClusterPackage {
-    let mut spec = json!({
-        "hostedClusterSelector": {"matchLabels": {"fleet": fleet}},
-        "strategy": strategy,
-        "template": {"spec": {"image": image, "config": {"greeting": "hi"}}},
-    });
-    if let Some(p) = partition {
-        spec["partition"] = p;
-    }
-    serde_json::from_value(json!({
-        "apiVersion": "package-operator.run/v1alpha1", "kind": "HostedClusterPackage",
-        "metadata": {"name": name}, "spec": spec,
-    }))
-    .unwrap()
-}
-
-async fn wait_status<F: Fn(&HostedClusterPackage) -> bool>(
-    api: &Api<HostedClusterPackage>,
-    name: &str,
-    what: &str,
-    ok: F,
-) -> HostedClusterPackage {
-    let packages = Api::<Package>::all(api.clone().into_client());
-    let owned = kube::api::ListParams::default().labels(&format!("{OWNER_LABEL}={name}"));
-    wait_until(what, TIMEOUT * 3, || async {
-        let h = api.get(name).await.map_err(|e| e.to_string())?;
-        if ok(&h) {
-            return Ok(h);
-        }
-        // Say where each Package stands, to tell a slow Package from a stale count.
-        let list = packages.list(&owned).await.map_err(|e| e.to_string())?;
-        let states: Vec<String> = list
-            .items
-            .iter()
-            .map(|p| {
-                let conditions: Vec<String> = p
-                    .status
-                    .iter()
-                    .flat_map(|s| &s.conditions)
-                    .map(|c| format!("{}={}@{:?}", c.type_, c.status, c.observed_generation))
-                    .collect();
-                format!(
-                    "{:?} gen {:?}: {conditions:?}",
-                    p.metadata.namespace, p.metadata.generation
-                )
-            })
-            .collect();
-        // And the ObjectSets that are not available, to tell where a Package is stuck.
-        let sets = Api::<pko_proto::core::object_set::ObjectSet>::all(api.clone().into_client())
-            .list(&Default::default())
-            .await
-            .map_err(|e| e.to_string())?;
-        let stuck: Vec<String> = sets
-            .items
-            .iter()
-            .filter(|s| {
-                !s.status
-                    .iter()
-                    .flat_map(|st| &st.conditions)
-                    .any(|c| c.type_ == "Available" && c.status == "True")
-            })
-            .map(|s| {
-                let conditions: Vec<String> = s
-                    .status
-                    .iter()
-                    .flat_map(|st| &st.conditions)
-                    .map(|c| format!("{}={} {}", c.type_, c.status, c.message))
-                    .collect();
-                format!("{:?}: {conditions:?}", s.metadata.namespace)
-            })
-            .collect();
-        Err(format!(
-            "{:?}\npackages: {states:#?}\nunavailable ObjectSets: {stuck:#?}",
-            h.status.map(|s| s.counts)
-        ))
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e}\nmanager log:\n{}", manager().log_tail()))
-}
-
-fn condition<'a>(
-    h: &'a HostedClusterPackage,
-    type_: &str,
-) -> Option<&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
-    h.status
-        .as_ref()?
-        .conditions
-        .iter()
-        .find(|c| c.type_ == type_)
-}
-
-fn all_available(h: &HostedClusterPackage, total: i32) -> bool {
-    let generation = h.metadata.generation.unwrap_or_default();
-    h.status.as_ref().is_some_and(|s| {
-        s.observed_generation == generation
-            && s.counts.total_packages == total
-            && s.counts.available_packages == total
-            && s.counts.updated_packages == total
-    })
-}
 
 #[tokio::test]
 async fn seed_000s_status_for_three_clusters_and_the_fleet_follows_hosted_clusters() {
+    let log = || manager().log_tail();
+    manager();
     let (ns, clusters) = fleet("hcpkg-seed", &[None, None, None]).await;
     let client = env().management().client().await.unwrap();
     let image = build_and_push("handlebars", "hcpkg-simple:v1", &[]);
@@ -166,7 +38,7 @@ async fn seed_000s_status_for_three_clusters_and_the_fleet_follows_hosted_cluste
     .await
     .unwrap();
 
-    let h = wait_status(&api, &name, "3/3 available", |h| {
+    let h = wait_status(&api, &name, log, "3/3 available", |h| {
         all_available(h, 3) && condition(h, "Progressing").is_some_and(|c| c.status == "False")
     })
     .await;
@@ -220,12 +92,12 @@ async fn seed_000s_status_for_three_clusters_and_the_fleet_follows_hosted_cluste
         .add_hosted_cluster(&ns, "hc-new", labels, true)
         .await
         .unwrap();
-    wait_status(&api, &name, "4/4 available", |h| all_available(h, 4)).await;
+    wait_status(&api, &name, log, "4/4 available", |h| all_available(h, 4)).await;
     Api::<HostedCluster>::namespaced(client.clone(), &ns)
         .delete(&clusters[0].name, &DeleteParams::default())
         .await
         .unwrap();
-    wait_status(&api, &name, "3 packages after a deletion", |h| {
+    wait_status(&api, &name, log, "3 packages after a deletion", |h| {
         all_available(h, 3)
     })
     .await;
@@ -244,19 +116,36 @@ async fn seed_000s_status_for_three_clusters_and_the_fleet_follows_hosted_cluste
         .get(&name)
         .await
         .unwrap();
-}
 
-/// What the independent observer saw, in the apiserver's order.
-#[derive(Default)]
-struct Observed {
-    /// Per namespace: (image, available at current generation).
-    packages: BTreeMap<String, (String, bool)>,
-    /// Max disrupted (not available) Packages at any moment after the rollout began.
-    worst: usize,
-    /// Namespaces in the order they first showed the new image.
-    update_order: Vec<String>,
-    /// For each update: namespaces of earlier groups not yet updated+available at that moment.
-    barrier_violations: Vec<String>,
+    // One relabelled out of the selector loses its Package too.
+    let relabel = json!({"metadata": {"labels": {"fleet": "elsewhere"}}});
+    Api::<HostedCluster>::namespaced(client.clone(), &ns)
+        .patch(
+            &clusters[1].name,
+            &PatchParams::default(),
+            &Patch::Merge(&relabel),
+        )
+        .await
+        .unwrap();
+    wait_status(&api, &name, log, "2 packages after a deselection", |h| {
+        all_available(h, 2)
+    })
+    .await;
+    wait_until(
+        "the deselected cluster's Package is gone",
+        TIMEOUT,
+        || async {
+            match Api::<Package>::namespaced(client.clone(), &clusters[1].hcp_namespace)
+                .get_opt(&name)
+                .await
+            {
+                Ok(None) => Ok(()),
+                other => Err(format!("{:?}", other.map(|p| p.is_some()))),
+            }
+        },
+    )
+    .await
+    .unwrap();
 }
 
 #[tokio::test]
@@ -275,6 +164,8 @@ async fn rolling_upgrade_across_risk_groups_keeps_budget_and_order() {
         None,
         Some("unlisted"),
     ];
+    let log = || manager().log_tail();
+    manager();
     let (ns, clusters) = fleet("hcpkg-roll", &risks).await;
     let group_of: BTreeMap<String, usize> = clusters
         .iter()
@@ -302,65 +193,13 @@ async fn rolling_upgrade_across_risk_groups_keeps_budget_and_order() {
     )
     .await
     .unwrap();
-    wait_status(&api, &name, "12/12 available on v1", |h| {
+    wait_status(&api, &name, log, "12/12 available on v1", |h| {
         all_available(h, 12)
     })
     .await;
 
     // The observer: one watch over every Package of this HostedClusterPackage, in apiserver order.
-    let observed = Arc::new(Mutex::new(Observed::default()));
-    let packages: Api<Package> = Api::all(client.clone());
-    let config = watcher::Config::default().labels(&format!("{OWNER_LABEL}={name}"));
-    let mut stream = watcher::watcher(packages, config).boxed();
-    let record = observed.clone();
-    let (v2_for_watch, groups) = (v2.clone(), group_of.clone());
-    let watch = tokio::spawn(async move {
-        while let Some(event) = stream.next().await {
-            let Ok(Event::Apply(p) | Event::InitApply(p)) = event else {
-                continue;
-            };
-            let ns = p.metadata.namespace.clone().unwrap_or_default();
-            let generation = p.metadata.generation;
-            let available = p.status.iter().flat_map(|s| &s.conditions).any(|c| {
-                c.type_ == "Available" && c.status == "True" && c.observed_generation == generation
-            });
-            let mut o = record.lock().unwrap();
-            let first_update = p.spec.image == v2_for_watch
-                && o.packages
-                    .get(&ns)
-                    .is_none_or(|(img, _)| *img != v2_for_watch);
-            if first_update {
-                let group = groups[&ns];
-                let laggards: Vec<String> = o
-                    .packages
-                    .iter()
-                    .filter(|(other, (img, avail))| {
-                        groups[*other] < group && !(*img == v2_for_watch && *avail)
-                    })
-                    .map(|(other, _)| other.clone())
-                    .collect();
-                if !laggards.is_empty() {
-                    o.barrier_violations.push(format!(
-                        "{ns} (group {group}) updated while {laggards:?} were not done"
-                    ));
-                }
-                o.update_order.push(ns.clone());
-            }
-            o.packages.insert(ns, (p.spec.image.clone(), available));
-            let disrupted = o.packages.values().filter(|(_, a)| !a).count();
-            o.worst = o.worst.max(disrupted);
-        }
-    });
-    wait_until("the observer saw all 12 Packages", TIMEOUT, || async {
-        let n = observed.lock().unwrap().packages.len();
-        if n == 12 {
-            Ok(())
-        } else {
-            Err(format!("{n}"))
-        }
-    })
-    .await
-    .unwrap();
+    let observer = RolloutObserver::start(&client, &name, &v2, group_of.clone()).await;
 
     // Roll out v2.
     let patch =
@@ -368,11 +207,11 @@ async fn rolling_upgrade_across_risk_groups_keeps_budget_and_order() {
     api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .unwrap();
-    let done = wait_status(&api, &name, "12/12 available on v2", |h| {
+    let done = wait_status(&api, &name, log, "12/12 available on v2", |h| {
         all_available(h, 12) && condition(h, "Progressing").is_some_and(|c| c.status == "False")
     })
     .await;
-    watch.abort();
+    let observed = observer.stop();
     {
         let o = observed.lock().unwrap();
         assert!(
@@ -470,7 +309,7 @@ async fn rolling_upgrade_across_risk_groups_keeps_budget_and_order() {
     api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .unwrap();
-    let h = wait_status(&api, &name, "blocked on the failing Package", |h| {
+    let h = wait_status(&api, &name, log, "blocked on the failing Package", |h| {
         condition(h, "Available").is_some_and(|c| {
             c.message
                 .contains("Rollout waits: maxUnavailable 1 is used by")

@@ -2,6 +2,8 @@
 //! and helpers to create objects and wait on their conditions. Tests isolate themselves by namespace.
 #![allow(dead_code)]
 
+pub mod rollout;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;

@@ -1,0 +1,251 @@
+//! HostedClusterPackage test helpers: fleets of simulated HostedClusters, HostedClusterPackage specs,
+//! waiting on their status (with where each Package stands when it times out), and the independent
+//! observer that records every Package change of a rollout in the apiserver's order.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use futures::StreamExt;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, Client};
+use pko_proto::core::hosted_cluster_package::HostedClusterPackage;
+use pko_proto::core::object_set::ObjectSet;
+use pko_proto::core::package::Package;
+use pko_testenv::{wait_until, SimulatedHostedCluster};
+use serde_json::{json, Value};
+
+use super::{env, TIMEOUT};
+
+pub const OWNER_LABEL: &str = "package-operator.run/hosted-cluster-package";
+
+/// A fleet of HostedClusters in a namespace of its own, labelled `fleet=<namespace>` plus `risk` labels.
+pub async fn fleet(prefix: &str, risks: &[Option<&str>]) -> (String, Vec<SimulatedHostedCluster>) {
+    let env = env();
+    env.simulate_hypershift().await.unwrap();
+    let ns = env.management().create_namespace(prefix).await.unwrap();
+    let mut clusters = Vec::new();
+    for (i, risk) in risks.iter().enumerate() {
+        let mut labels = BTreeMap::from([("fleet".to_owned(), ns.clone())]);
+        if let Some(r) = risk {
+            labels.insert("risk".to_owned(), (*r).to_owned());
+        }
+        clusters.push(
+            env.add_hosted_cluster(&ns, &format!("hc-{i:02}"), labels, true)
+                .await
+                .unwrap(),
+        );
+    }
+    (ns, clusters)
+}
+
+/// A HostedClusterPackage over the fleet `fleet`, templating the `handlebars` example package.
+pub fn hcpkg(
+    name: &str,
+    fleet: &str,
+    image: &str,
+    strategy: Value,
+    partition: Option<Value>,
+) -> HostedClusterPackage {
+    let mut spec = json!({
+        "hostedClusterSelector": {"matchLabels": {"fleet": fleet}},
+        "strategy": strategy,
+        "template": {"spec": {"image": image, "config": {"greeting": "hi"}}},
+    });
+    if let Some(p) = partition {
+        spec["partition"] = p;
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "package-operator.run/v1alpha1", "kind": "HostedClusterPackage",
+        "metadata": {"name": name}, "spec": spec,
+    }))
+    .unwrap()
+}
+
+/// Waits until `ok` holds for the HostedClusterPackage; on timeout, panics with its counts, every owned
+/// Package's conditions, the unavailable ObjectSets and the tail of `manager_log`.
+pub async fn wait_status<F: Fn(&HostedClusterPackage) -> bool>(
+    api: &Api<HostedClusterPackage>,
+    name: &str,
+    manager_log: impl Fn() -> String,
+    what: &str,
+    ok: F,
+) -> HostedClusterPackage {
+    let packages = Api::<Package>::all(api.clone().into_client());
+    let owned = kube::api::ListParams::default().labels(&format!("{OWNER_LABEL}={name}"));
+    wait_until(what, TIMEOUT * 3, || async {
+        let h = api.get(name).await.map_err(|e| e.to_string())?;
+        if ok(&h) {
+            return Ok(h);
+        }
+        // Say where each Package stands, to tell a slow Package from a stale count.
+        let list = packages.list(&owned).await.map_err(|e| e.to_string())?;
+        let states: Vec<String> = list
+            .items
+            .iter()
+            .map(|p| {
+                let conditions: Vec<String> = p
+                    .status
+                    .iter()
+                    .flat_map(|s| &s.conditions)
+                    .map(|c| format!("{}={}@{:?}", c.type_, c.status, c.observed_generation))
+                    .collect();
+                format!(
+                    "{:?} gen {:?}: {conditions:?}",
+                    p.metadata.namespace, p.metadata.generation
+                )
+            })
+            .collect();
+        // And the ObjectSets that are not available, to tell where a Package is stuck.
+        let sets = Api::<ObjectSet>::all(api.clone().into_client())
+            .list(&Default::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        let stuck: Vec<String> = sets
+            .items
+            .iter()
+            .filter(|s| {
+                !s.status
+                    .iter()
+                    .flat_map(|st| &st.conditions)
+                    .any(|c| c.type_ == "Available" && c.status == "True")
+            })
+            .map(|s| {
+                let conditions: Vec<String> = s
+                    .status
+                    .iter()
+                    .flat_map(|st| &st.conditions)
+                    .map(|c| format!("{}={} {}", c.type_, c.status, c.message))
+                    .collect();
+                format!("{:?}: {conditions:?}", s.metadata.namespace)
+            })
+            .collect();
+        Err(format!(
+            "{:?}\npackages: {states:#?}\nunavailable ObjectSets: {stuck:#?}",
+            h.status.map(|s| s.counts)
+        ))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\nmanager log:\n{}", manager_log()))
+}
+
+pub fn condition<'a>(h: &'a HostedClusterPackage, type_: &str) -> Option<&'a Condition> {
+    h.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+}
+
+/// Every one of `total` Packages updated and available, for the HostedClusterPackage's generation.
+pub fn all_available(h: &HostedClusterPackage, total: i32) -> bool {
+    let generation = h.metadata.generation.unwrap_or_default();
+    h.status.as_ref().is_some_and(|s| {
+        s.observed_generation == generation
+            && s.counts.total_packages == total
+            && s.counts.available_packages == total
+            && s.counts.updated_packages == total
+    })
+}
+
+/// What the independent observer saw, in the apiserver's order.
+#[derive(Default)]
+pub struct Observed {
+    /// Per namespace: (image, available at current generation).
+    pub packages: BTreeMap<String, (String, bool)>,
+    /// Per namespace: the generation of the Package when it first showed the new image.
+    pub updated_at_generation: BTreeMap<String, i64>,
+    /// Max disrupted (not available) Packages at any moment after the rollout began.
+    pub worst: usize,
+    /// Namespaces in the order they first showed the new image.
+    pub update_order: Vec<String>,
+    /// For each update: namespaces of earlier groups not yet updated+available at that moment.
+    pub barrier_violations: Vec<String>,
+}
+
+/// Watches every Package of the HostedClusterPackage `name` and records each one's image and
+/// availability, the worst disruption, and the order in which they took `new_image`. `group_of` maps an
+/// HCP namespace to its group's position, to check the barrier at each update.
+pub struct RolloutObserver {
+    pub observed: Arc<Mutex<Observed>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl RolloutObserver {
+    pub async fn start(
+        client: &Client,
+        name: &str,
+        new_image: &str,
+        group_of: BTreeMap<String, usize>,
+    ) -> Self {
+        let observed = Arc::new(Mutex::new(Observed::default()));
+        let packages: Api<Package> = Api::all(client.clone());
+        let config = watcher::Config::default().labels(&format!("{OWNER_LABEL}={name}"));
+        let mut stream = watcher::watcher(packages, config).boxed();
+        let record = observed.clone();
+        let new_image = new_image.to_owned();
+        let fleet_size = group_of.len();
+        let task = tokio::spawn(async move {
+            while let Some(event) = stream.next().await {
+                let Ok(Event::Apply(p) | Event::InitApply(p)) = event else {
+                    continue;
+                };
+                record.lock().unwrap().record(&p, &new_image, &group_of);
+            }
+        });
+        let observer = Self { observed, task };
+        wait_until("the observer saw every Package", TIMEOUT, || async {
+            let n = observer.observed.lock().unwrap().packages.len();
+            if n == fleet_size {
+                Ok(())
+            } else {
+                Err(format!("{n} of {fleet_size}"))
+            }
+        })
+        .await
+        .unwrap();
+        observer
+    }
+
+    pub fn stop(self) -> Arc<Mutex<Observed>> {
+        self.task.abort();
+        self.observed
+    }
+}
+
+impl Observed {
+    fn record(&mut self, p: &Package, new_image: &str, group_of: &BTreeMap<String, usize>) {
+        let ns = p.metadata.namespace.clone().unwrap_or_default();
+        let generation = p.metadata.generation;
+        let available = p.status.iter().flat_map(|s| &s.conditions).any(|c| {
+            c.type_ == "Available" && c.status == "True" && c.observed_generation == generation
+        });
+        let first_update = p.spec.image == new_image
+            && self
+                .packages
+                .get(&ns)
+                .is_none_or(|(image, _)| image != new_image);
+        if first_update {
+            let group = group_of[&ns];
+            let laggards: Vec<String> = self
+                .packages
+                .iter()
+                .filter(|(other, (image, avail))| {
+                    group_of[*other] < group && !(image == new_image && *avail)
+                })
+                .map(|(other, _)| other.clone())
+                .collect();
+            if !laggards.is_empty() {
+                self.barrier_violations.push(format!(
+                    "{ns} (group {group}) updated while {laggards:?} were not done"
+                ));
+            }
+            self.update_order.push(ns.clone());
+            self.updated_at_generation
+                .insert(ns.clone(), generation.unwrap_or_default());
+        }
+        self.packages.insert(ns, (p.spec.image.clone(), available));
+        let disrupted = self.packages.values().filter(|(_, a)| !a).count();
+        self.worst = self.worst.max(disrupted);
+    }
+}

@@ -1,0 +1,180 @@
+//! A HostedClusterPackage rollout with the manager killed (SIGKILL) mid-rollout: the in-flight Packages
+//! are in `status.processing` at the moment of the crash, and a new manager finishes the rollout without
+//! exceeding maxUnavailable, crossing the partition barrier, or writing any Package twice. This binary
+//! has its own manager, so killing it disturbs no other test.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::Api;
+use pko_proto::core::hosted_cluster_package::HostedClusterPackage;
+use pko_proto::core::package::Package;
+
+use common::rollout::*;
+use common::*;
+use serde_json::json;
+
+fn available(p: &Package) -> bool {
+    p.status.iter().flat_map(|s| &s.conditions).any(|c| {
+        c.type_ == "Available"
+            && c.status == "True"
+            && c.observed_generation == p.metadata.generation
+    })
+}
+
+#[tokio::test]
+async fn manager_killed_mid_rollout_resumes_within_the_budget() {
+    let env = env();
+    let binary = Path::new(env!("CARGO_BIN_EXE_pko-manager"));
+    let first = env.start_manager(binary, &[]).await.unwrap();
+    let risks = [
+        Some("early"),
+        Some("early"),
+        Some("early"),
+        Some("early"),
+        None,
+        None,
+        None,
+        None,
+    ];
+    let (ns, clusters) = fleet("hcpkg-restart", &risks).await;
+    let group_of: BTreeMap<String, usize> = clusters
+        .iter()
+        .zip(risks)
+        .map(|(c, r)| (c.hcp_namespace.clone(), usize::from(r.is_none())))
+        .collect();
+    let client = env.management().client().await.unwrap();
+    let v1 = build_and_push("handlebars", "hcpkg-restart:v1", &[]);
+    let v2 = build_and_push("handlebars", "hcpkg-restart:v2", &[]);
+    let api: Api<HostedClusterPackage> = Api::all(client.clone());
+    let name = format!("{ns}-restart");
+    let partition = json!({"labelKey": "risk", "order": {"static": ["early"]}});
+    let strategy = json!({"rollingUpgrade": {"maxUnavailable": 2}});
+    api.create(
+        &PostParams::default(),
+        &hcpkg(&name, &ns, &v1, strategy, Some(partition)),
+    )
+    .await
+    .unwrap();
+    wait_status(
+        &api,
+        &name,
+        || first.log_tail(),
+        "8/8 available on v1",
+        |h| all_available(h, 8),
+    )
+    .await;
+    let packages: Api<Package> = Api::all(client.clone());
+    let owned = ListParams::default().labels(&format!("{OWNER_LABEL}={name}"));
+    let generations_on_v1: BTreeMap<String, i64> = packages
+        .list(&owned)
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|p| {
+            (
+                p.metadata.namespace.clone().unwrap(),
+                p.metadata.generation.unwrap(),
+            )
+        })
+        .collect();
+
+    // Roll out v2 and kill the manager as soon as the first Package takes it.
+    let observer = RolloutObserver::start(&client, &name, &v2, group_of.clone()).await;
+    let patch =
+        json!({"spec": {"template": {"spec": {"image": v2, "config": {"greeting": "hi"}}}}});
+    api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    pko_testenv::wait_until("the first Package on v2", TIMEOUT, || async {
+        let updated = observer.observed.lock().unwrap().update_order.len();
+        if updated > 0 {
+            Ok(())
+        } else {
+            Err("none yet".to_owned())
+        }
+    })
+    .await
+    .unwrap();
+    first.kill();
+
+    // At the crash, every Package updated but not yet available is recorded as in flight.
+    let on_v2: Vec<Package> = packages
+        .list(&owned)
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|p| p.spec.image == v2)
+        .collect();
+    assert!(
+        on_v2.len() < clusters.len(),
+        "the rollout was over before the kill; it must be killed mid-rollout"
+    );
+    let in_flight: BTreeSet<String> = on_v2
+        .iter()
+        .filter(|p| !available(p))
+        .map(|p| p.metadata.namespace.clone().unwrap())
+        .collect();
+    let processing: BTreeSet<String> = api
+        .get(&name)
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .processing
+        .into_iter()
+        .map(|r| r.namespace)
+        .collect();
+    assert!(
+        in_flight.is_subset(&processing),
+        "updated but unavailable {in_flight:?}, status.processing {processing:?}"
+    );
+
+    // A new manager finishes the rollout.
+    let second = env.start_manager(binary, &[]).await.unwrap();
+    wait_status(
+        &api,
+        &name,
+        || second.log_tail(),
+        "8/8 available on v2",
+        |h| all_available(h, 8) && condition(h, "Progressing").is_some_and(|c| c.status == "False"),
+    )
+    .await;
+    let observed = observer.stop();
+    {
+        let o = observed.lock().unwrap();
+        assert!(
+            o.worst <= 2,
+            "at some moment {} Packages were unavailable (maxUnavailable 2)",
+            o.worst
+        );
+        assert!(
+            o.barrier_violations.is_empty(),
+            "{:?}",
+            o.barrier_violations
+        );
+        let groups_in_order: Vec<usize> = o.update_order.iter().map(|ns| group_of[ns]).collect();
+        assert_eq!(
+            groups_in_order,
+            [0, 0, 0, 0, 1, 1, 1, 1],
+            "{:?}",
+            o.update_order
+        );
+    }
+    // Each Package was written exactly once for v2: one generation more than on v1, nothing repeated.
+    for p in packages.list(&owned).await.unwrap().items {
+        let ns = p.metadata.namespace.clone().unwrap();
+        assert_eq!(
+            p.metadata.generation.unwrap(),
+            generations_on_v1[&ns] + 1,
+            "{ns}"
+        );
+        assert_eq!(p.spec.image, v2);
+    }
+}
