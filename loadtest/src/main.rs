@@ -2,12 +2,14 @@
 //! environment itself. `object-set`: the object engine against a plain server-side-apply loop, write
 //! counts of an unchanged set, and status-change latency. `package`: Package created to Available with a
 //! cold and a warm image, and package render time. `hosted-phase`: what a hosted-cluster phase adds over a
-//! local one, and objects per second through one connector.
+//! local one, and objects per second through one connector. `rollout`: HostedClusterPackage hand-off
+//! latency, and the manager's CPU time and memory for a fleet of HostedClusters.
 
 mod env_startup;
 mod hosted_phase_bench;
 mod object_set_bench;
 mod package_bench;
+mod rollout_bench;
 
 use std::path::PathBuf;
 
@@ -70,6 +72,22 @@ enum Measurement {
         #[arg(long)]
         manager: Option<PathBuf>,
     },
+    /// HostedClusterPackage rollouts: hand-off latency from one Package turning Available to the next
+    /// one's update (maxUnavailable 1); manager CPU time and memory for a fleet of HostedClusters.
+    Rollout {
+        /// HostedClusters in the hand-off fleet.
+        #[arg(long, default_value_t = 30)]
+        handoff_clusters: usize,
+        /// Rollouts across the hand-off fleet.
+        #[arg(long, default_value_t = 4)]
+        rollouts: usize,
+        /// HostedClusters in the fleet whose cost is measured.
+        #[arg(long, default_value_t = 500)]
+        fleet: usize,
+        /// pko-manager binary (default: next to this binary).
+        #[arg(long)]
+        manager: Option<PathBuf>,
+    },
 }
 
 #[tokio::main]
@@ -94,6 +112,12 @@ async fn main() -> std::process::ExitCode {
             objects,
             manager,
         } => hosted_phase_bench::run(runs, objects, manager).await,
+        Measurement::Rollout {
+            handoff_clusters,
+            rollouts,
+            fleet,
+            manager,
+        } => rollout_bench::run(handoff_clusters, rollouts, fleet, manager).await,
     }
 }
 

@@ -58,7 +58,7 @@ data:
 {{- end }}
 ";
 
-fn package_files(nonce: usize) -> PackageFiles {
+pub fn package_files(nonce: usize) -> PackageFiles {
     [
         ("manifest.yaml", MANIFEST.to_owned()),
         ("objects.yaml.gotmpl", OBJECTS.to_owned()),

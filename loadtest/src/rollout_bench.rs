@@ -1,0 +1,419 @@
+//! `rollout`: the issue-6 figures. (1) Hand-off latency of a HostedClusterPackage rollout: with
+//! maxUnavailable 1 every update waits for the previous Package, so the time from one Package turning
+//! Available (at its new generation) to the next Package taking the new template is the rollout's own
+//! overhead; both moments are seen by one watch. (2) The manager's CPU time and memory for a fleet of N
+//! HostedClusters: the fleet arriving (each gets its connector objects), a HostedClusterPackage creating
+//! N Packages, a rolling update across all of them, and the idle fleet afterwards.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use futures::{stream, StreamExt};
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, Client};
+use oci_client::secrets::RegistryAuth;
+use pko_actors::connector_deployment::CONNECTOR_LABEL;
+use pko_actors::hosted_cluster_package_object::OWNER_LABEL;
+use pko_actors::package::image::ImageStore;
+use pko_proto::core::hosted_cluster_package::HostedClusterPackage;
+use pko_proto::core::package::Package;
+use pko_testenv::{ManagerProcess, TestEnv};
+use serde_json::{json, Value};
+
+use crate::object_set_bench::{manager_path, percentile, start_with_manager};
+use crate::package_bench::package_files;
+
+const TIMEOUT: Duration = Duration::from_secs(1200);
+/// HostedClusters created at once while building the fleet.
+const CREATE_CONCURRENCY: usize = 16;
+
+pub async fn run(
+    handoff_clusters: usize,
+    rollouts: usize,
+    fleet_size: usize,
+    manager: Option<PathBuf>,
+) -> ExitCode {
+    match measure(handoff_clusters, rollouts, fleet_size, manager).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("pko-loadtest rollout: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn measure(
+    handoff_clusters: usize,
+    rollouts: usize,
+    fleet_size: usize,
+    manager: Option<PathBuf>,
+) -> Result<(), String> {
+    let (env, client, pko) = start_with_manager(&manager_path(manager)?, 0).await?;
+    env.simulate_hypershift().await.map_err(|e| e.to_string())?;
+    let images = Images::new(&env);
+    handoff(&env, &client, &images, handoff_clusters, rollouts).await?;
+    fleet_cost(&env, &client, &pko, &images, fleet_size).await
+}
+
+/// Package images of distinct digests, pushed on demand.
+struct Images {
+    store: ImageStore,
+    host: String,
+}
+
+impl Images {
+    fn new(env: &TestEnv) -> Self {
+        let host = env.registry().host();
+        Self {
+            store: ImageStore::new(vec![host.clone()]),
+            host,
+        }
+    }
+
+    async fn push(&self, tag: &str, nonce: usize) -> Result<String, String> {
+        let image = format!("{}/bench/rollout:{tag}", self.host);
+        self.store
+            .push(&image, &package_files(nonce), &RegistryAuth::Anonymous)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(image)
+    }
+}
+
+/// `count` Available HostedClusters labelled `fleet=<namespace>` in a new namespace.
+async fn fleet(env: &TestEnv, prefix: &str, count: usize) -> Result<String, String> {
+    let ns = env
+        .management()
+        .create_namespace(prefix)
+        .await
+        .map_err(|e| e.to_string())?;
+    let created: Vec<Result<(), String>> = stream::iter(0..count)
+        .map(|i| {
+            let labels = BTreeMap::from([("fleet".to_owned(), ns.clone())]);
+            let ns = ns.clone();
+            async move {
+                env.add_hosted_cluster(&ns, &format!("hc-{i:04}"), labels, true)
+                    .await
+                    .map(drop)
+                    .map_err(|e| e.to_string())
+            }
+        })
+        .buffer_unordered(CREATE_CONCURRENCY)
+        .collect()
+        .await;
+    created.into_iter().collect::<Result<Vec<()>, String>>()?;
+    Ok(ns)
+}
+
+fn hcpkg(name: &str, fleet: &str, image: &str, max_unavailable: usize) -> Value {
+    json!({
+        "apiVersion": "package-operator.run/v1alpha1", "kind": "HostedClusterPackage",
+        "metadata": {"name": name},
+        "spec": {
+            "hostedClusterSelector": {"matchLabels": {"fleet": fleet}},
+            "strategy": {"rollingUpgrade": {"maxUnavailable": max_unavailable}},
+            "template": {"spec": {"image": image, "config": {"items": ["a", "b", "c"]}}},
+        },
+    })
+}
+
+fn available(p: &Package) -> bool {
+    p.status.iter().flat_map(|s| &s.conditions).any(|c| {
+        c.type_ == "Available"
+            && c.status == "True"
+            && c.observed_generation == p.metadata.generation
+    })
+}
+
+/// When each Package of a rollout to `image` first showed it, and first was Available with it.
+#[derive(Default)]
+struct Timeline {
+    updated: HashMap<String, Instant>,
+    available: HashMap<String, Instant>,
+}
+
+/// Follows the Packages of `owner` until all `total` are Available on `image`.
+async fn follow_rollout(
+    client: &Client,
+    owner: &str,
+    image: &str,
+    total: usize,
+    start: impl std::future::Future<Output = Result<(), String>>,
+) -> Result<Timeline, String> {
+    let packages: Api<Package> = Api::all(client.clone());
+    let config = watcher::Config::default().labels(&format!("{OWNER_LABEL}={owner}"));
+    let mut events = watcher::watcher(packages, config).boxed();
+    // The watch is established (its initial list is through) before the rollout starts.
+    loop {
+        match events.next().await {
+            Some(Ok(Event::InitDone)) => break,
+            Some(Ok(_)) => {}
+            Some(Err(e)) => return Err(e.to_string()),
+            None => return Err("package watch ended".to_owned()),
+        }
+    }
+    start.await?;
+    let mut timeline = Timeline::default();
+    let follow = async {
+        while timeline.available.len() < total {
+            let Some(event) = events.next().await else {
+                return Err("package watch ended".to_owned());
+            };
+            let (Ok(Event::Apply(p)) | Ok(Event::InitApply(p))) = event else {
+                continue;
+            };
+            if p.spec.image != image {
+                continue;
+            }
+            let now = Instant::now();
+            let ns = p.metadata.namespace.clone().unwrap_or_default();
+            timeline.updated.entry(ns.clone()).or_insert(now);
+            if available(&p) {
+                timeline.available.entry(ns).or_insert(now);
+            }
+        }
+        Ok(())
+    };
+    tokio::time::timeout(TIMEOUT, follow)
+        .await
+        .map_err(|_| format!("rollout to {image} not finished after {TIMEOUT:?}"))??;
+    Ok(timeline)
+}
+
+/// (1) Hand-off latency under maxUnavailable 1, over `rollouts` rollouts of a fleet of `clusters`.
+async fn handoff(
+    env: &TestEnv,
+    client: &Client,
+    images: &Images,
+    clusters: usize,
+    rollouts: usize,
+) -> Result<(), String> {
+    let ns = fleet(env, "bench-handoff", clusters).await?;
+    let api: Api<HostedClusterPackage> = Api::all(client.clone());
+    let name = format!("{ns}-handoff");
+    let first = images.push("handoff-0", 1_000).await?;
+    let spec: HostedClusterPackage =
+        serde_json::from_value(hcpkg(&name, &ns, &first, 1)).map_err(|e| e.to_string())?;
+    let create = async {
+        api.create(&PostParams::default(), &spec)
+            .await
+            .map(drop)
+            .map_err(|e| e.to_string())
+    };
+    follow_rollout(client, &name, &first, clusters, create).await?;
+
+    let mut samples = Vec::new();
+    for rollout in 1..=rollouts {
+        let image = images
+            .push(&format!("handoff-{rollout}"), 1_000 + rollout)
+            .await?;
+        let patch = json!({"spec": {"template": {"spec": {"image": image}}}});
+        let update = async {
+            api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .map(drop)
+                .map_err(|e| e.to_string())
+        };
+        let started = Instant::now();
+        let timeline = follow_rollout(client, &name, &image, clusters, update).await?;
+        let took = started.elapsed();
+        let mut updates: Vec<(Instant, &String)> =
+            timeline.updated.iter().map(|(ns, t)| (*t, ns)).collect();
+        updates.sort();
+        for pair in updates.windows(2) {
+            let (previous, next) = (pair[0].1, pair[1].0);
+            let became_available = timeline.available[previous];
+            samples.push(next.saturating_duration_since(became_available));
+        }
+        println!(
+            "rollout {rollout}: {clusters} Packages one at a time in {:.1} s",
+            took.as_secs_f64()
+        );
+    }
+    samples.sort();
+    println!(
+        "hand-off, Package Available -> next Package updated (maxUnavailable 1): p50 {:.1} ms, p90 {:.1} ms, p99 {:.1} ms, max {:.1} ms ({} hand-offs)",
+        percentile(&samples, 0.5).as_secs_f64() * 1e3,
+        percentile(&samples, 0.9).as_secs_f64() * 1e3,
+        percentile(&samples, 0.99).as_secs_f64() * 1e3,
+        samples[samples.len() - 1].as_secs_f64() * 1e3,
+        samples.len()
+    );
+    Ok(())
+}
+
+/// CPU time (user + system, all threads) and memory of a process, from /proc.
+struct Usage {
+    cpu: Duration,
+    rss_kib: u64,
+    peak_rss_kib: u64,
+}
+
+fn usage(pid: u32) -> Result<Usage, String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).map_err(|e| e.to_string())?;
+    // Fields after the command (which may hold spaces) start at the state, field 3; utime and stime are
+    // fields 14 and 15, in clock ticks.
+    let after_command = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or("");
+    let fields: Vec<&str> = after_command.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let cpu_ticks = ticks(11) + ticks(12);
+    let status =
+        std::fs::read_to_string(format!("/proc/{pid}/status")).map_err(|e| e.to_string())?;
+    let kib = |key: &str| {
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix(key))
+            .and_then(|value| value.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    Ok(Usage {
+        cpu: Duration::from_millis(cpu_ticks * 1000 / clock_ticks_per_second()),
+        rss_kib: kib("VmRSS:"),
+        peak_rss_kib: kib("VmHWM:"),
+    })
+}
+
+fn clock_ticks_per_second() -> u64 {
+    std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .filter(|&t| t > 0)
+        .unwrap_or(100)
+}
+
+/// Prints what a step cost the manager: wall time, CPU time, memory after and at peak so far.
+fn step(label: &str, pid: u32, before: &Usage, started: Instant) -> Result<Usage, String> {
+    let after = usage(pid)?;
+    let wall = started.elapsed();
+    let cpu = after.cpu.saturating_sub(before.cpu);
+    println!(
+        "{label}: {:.1} s, manager CPU {:.1} s ({:.0}% of one core), RSS {:.0} MiB, peak RSS {:.0} MiB",
+        wall.as_secs_f64(),
+        cpu.as_secs_f64(),
+        100.0 * cpu.as_secs_f64() / wall.as_secs_f64().max(1e-3),
+        after.rss_kib as f64 / 1024.0,
+        after.peak_rss_kib as f64 / 1024.0,
+    );
+    Ok(after)
+}
+
+/// Waits until `count` connector Deployments exist in the fleet's HCP namespaces.
+async fn wait_connectors(client: &Client, fleet: &str, count: usize) -> Result<(), String> {
+    let deployments: Api<Deployment> = Api::all(client.clone());
+    let selector = ListParams::default().labels(&format!("{CONNECTOR_LABEL}=True"));
+    let prefix = format!("{fleet}-");
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let list = deployments
+            .list(&selector)
+            .await
+            .map_err(|e| e.to_string())?;
+        let installed = list
+            .items
+            .iter()
+            .filter(|d| {
+                d.metadata
+                    .namespace
+                    .as_deref()
+                    .is_some_and(|n| n.starts_with(&prefix))
+            })
+            .count();
+        if installed >= count {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!("{installed}/{count} connectors after {TIMEOUT:?}"));
+        }
+        // Polling a list here is the measurement's own pace, not synchronisation of a test.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// (2) The manager's cost for a fleet of `size` HostedClusters.
+async fn fleet_cost(
+    env: &TestEnv,
+    client: &Client,
+    pko: &ManagerProcess,
+    images: &Images,
+    size: usize,
+) -> Result<(), String> {
+    let pid = pko.pid().ok_or("the manager has no pid")?;
+    let mut before = usage(pid)?;
+    println!(
+        "fleet of {size}: manager before, CPU {:.1} s, RSS {:.0} MiB",
+        before.cpu.as_secs_f64(),
+        before.rss_kib as f64 / 1024.0
+    );
+
+    let started = Instant::now();
+    let ns = fleet(env, "bench-fleet", size).await?;
+    wait_connectors(client, &ns, size).await?;
+    before = step(
+        &format!("{size} HostedClusters arrive, each gets its connector objects"),
+        pid,
+        &before,
+        started,
+    )?;
+
+    let api: Api<HostedClusterPackage> = Api::all(client.clone());
+    let name = format!("{ns}-fleet");
+    let v1 = images.push("fleet-1", 2_001).await?;
+    let max_unavailable = (size / 10).max(1);
+    let spec: HostedClusterPackage =
+        serde_json::from_value(hcpkg(&name, &ns, &v1, max_unavailable))
+            .map_err(|e| e.to_string())?;
+    let started = Instant::now();
+    let create = async {
+        api.create(&PostParams::default(), &spec)
+            .await
+            .map(drop)
+            .map_err(|e| e.to_string())
+    };
+    follow_rollout(client, &name, &v1, size, create).await?;
+    before = step(
+        &format!("HostedClusterPackage creates {size} Packages, all Available"),
+        pid,
+        &before,
+        started,
+    )?;
+
+    let v2 = images.push("fleet-2", 2_002).await?;
+    let patch = json!({"spec": {"template": {"spec": {"image": v2}}}});
+    let started = Instant::now();
+    let update = async {
+        api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map(drop)
+            .map_err(|e| e.to_string())
+    };
+    follow_rollout(client, &name, &v2, size, update).await?;
+    before = step(
+        &format!("rolling update of {size} Packages, maxUnavailable {max_unavailable}"),
+        pid,
+        &before,
+        started,
+    )?;
+
+    // Idle: nothing changes; the manager should do next to nothing.
+    let started = Instant::now();
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    step(
+        &format!("idle with {size} HostedClusters and Packages, 30 s"),
+        pid,
+        &before,
+        started,
+    )?;
+    Ok(())
+}
