@@ -48,6 +48,8 @@ pub enum ImageError {
 pub struct ImageStore {
     protocol: ClientProtocol,
     by_digest: DashMap<String, Arc<PackageFiles>>,
+    /// One registry client per set of credentials (see [`ImageStore::client`]).
+    clients: DashMap<String, Client>,
     pulls: AtomicU64,
 }
 
@@ -62,18 +64,32 @@ impl ImageStore {
         Self {
             protocol,
             by_digest: DashMap::new(),
+            clients: DashMap::new(),
             pulls: AtomicU64::new(0),
         }
     }
 
-    /// A registry client for one operation. oci-client remembers the first credentials it sees per
-    /// registry and ignores later ones, so a shared client would keep pulling with stale (or anonymous)
-    /// credentials after a pull secret is added or rotated.
-    fn client(&self) -> Client {
-        Client::new(ClientConfig {
-            protocol: self.protocol.clone(),
-            ..ClientConfig::default()
-        })
+    /// The registry client for `auth`. oci-client remembers the first credentials it sees per registry
+    /// and ignores later ones, so one client for all would keep pulling with stale (or anonymous)
+    /// credentials after a pull secret is added or rotated; a client per operation instead costs a TLS
+    /// setup with the system's root certificates each time (at 500 Packages, most of the manager's CPU
+    /// and hundreds of MiB of memory). So clients are shared per credentials: a rotated secret gets a
+    /// new client, and the few stale ones left behind are small.
+    fn client(&self, auth: &RegistryAuth) -> Client {
+        let key = match auth {
+            RegistryAuth::Anonymous => "anonymous".to_owned(),
+            RegistryAuth::Basic(user, password) => format!("basic\0{user}\0{password}"),
+            RegistryAuth::Bearer(token) => format!("bearer\0{token}"),
+        };
+        self.clients
+            .entry(key)
+            .or_insert_with(|| {
+                Client::new(ClientConfig {
+                    protocol: self.protocol.clone(),
+                    ..ClientConfig::default()
+                })
+            })
+            .clone()
     }
 
     /// How many images were actually downloaded (cache misses).
@@ -90,7 +106,7 @@ impl ImageStore {
         auth: &RegistryAuth,
     ) -> Result<(String, Arc<PackageFiles>), ImageError> {
         let reference = parse_reference(image)?;
-        let client = self.client();
+        let client = self.client(auth);
         let digest = client
             .fetch_manifest_digest(&reference, auth)
             .await
@@ -125,7 +141,7 @@ impl ImageStore {
         auth: &RegistryAuth,
     ) -> Result<String, ImageError> {
         let reference = parse_reference(image)?;
-        self.client()
+        self.client(auth)
             .fetch_manifest_digest(&reference, auth)
             .await
             .map_err(|e| registry_error(image, e))
@@ -144,7 +160,7 @@ impl ImageStore {
         let layer = ImageLayer::new(pack(files)?, IMAGE_LAYER_GZIP_MEDIA_TYPE.to_owned(), None);
         let config = Config::new(b"{}".to_vec(), IMAGE_CONFIG_MEDIA_TYPE.to_owned(), None);
         let pushed = self
-            .client()
+            .client(auth)
             .push(&reference, &[layer], config, auth, None)
             .await
             .map_err(|e| registry_error(image, e))?;
