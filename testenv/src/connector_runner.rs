@@ -106,6 +106,25 @@ impl TestEnv {
     }
 }
 
+/// Why a connector Deployment is not run (yet).
+enum NotRun {
+    /// A Secret it mounts does not exist.
+    MissingSecret(String),
+    Failed(String),
+}
+
+impl From<String> for NotRun {
+    fn from(message: String) -> Self {
+        Self::Failed(message)
+    }
+}
+
+impl From<&str> for NotRun {
+    fn from(message: &str) -> Self {
+        Self::Failed(message.to_owned())
+    }
+}
+
 impl Runner {
     async fn run(&mut self, mut stopped: oneshot::Receiver<()>) {
         let api: Api<Deployment> = Api::all(self.client.clone());
@@ -169,7 +188,12 @@ impl Runner {
                     Err(e) => tracing::warn!(error = %e, "connector runner: start failed"),
                 }
             }
-            Err(e) => {
+            // Like a pod waiting for its volume; simulated HostedClusters have no hosted apiserver, so
+            // no kubeconfig Secret, and nothing to connect to.
+            Err(NotRun::MissingSecret(what)) => {
+                tracing::debug!(namespace = %key.0, %what, "connector runner: waiting for a Secret")
+            }
+            Err(NotRun::Failed(e)) => {
                 tracing::warn!(namespace = %key.0, error = %e, "connector runner: cannot run")
             }
         }
@@ -177,7 +201,7 @@ impl Runner {
 
     /// The process a Deployment describes: its first container's args with each Secret mount path
     /// replaced by a host directory holding that Secret's keys.
-    async fn launch(&self, deployment: &Deployment) -> Result<(String, ConnectorLaunch), String> {
+    async fn launch(&self, deployment: &Deployment) -> Result<(String, ConnectorLaunch), NotRun> {
         let (namespace, name) = key(deployment);
         let pod = deployment
             .spec
@@ -201,9 +225,10 @@ impl Runner {
                 continue;
             };
             let secret = secrets
-                .get(&secret_name)
+                .get_opt(&secret_name)
                 .await
-                .map_err(|e| format!("Secret {namespace}/{secret_name}: {e}"))?;
+                .map_err(|e| format!("Secret {namespace}/{secret_name}: {e}"))?
+                .ok_or_else(|| NotRun::MissingSecret(format!("{namespace}/{secret_name}")))?;
             let dir = self.dir.join(&namespace).join(&mount.name);
             std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
             for (file, bytes) in secret.data.iter().flatten() {
