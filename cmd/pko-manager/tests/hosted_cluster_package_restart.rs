@@ -146,27 +146,7 @@ async fn manager_killed_mid_rollout_resumes_within_the_budget() {
         |h| all_available(h, 8) && condition(h, "Progressing").is_some_and(|c| c.status == "False"),
     )
     .await;
-    let observed = observer.stop();
-    {
-        let o = observed.lock().unwrap();
-        assert!(
-            o.worst <= 2,
-            "at some moment {} Packages were unavailable (maxUnavailable 2)",
-            o.worst
-        );
-        assert!(
-            o.barrier_violations.is_empty(),
-            "{:?}",
-            o.barrier_violations
-        );
-        let groups_in_order: Vec<usize> = o.update_order.iter().map(|ns| group_of[ns]).collect();
-        assert_eq!(
-            groups_in_order,
-            [0, 0, 0, 0, 1, 1, 1, 1],
-            "{:?}",
-            o.update_order
-        );
-    }
+    observer.finish(2);
     // Each Package was written exactly once for v2: one generation more than on v1, nothing repeated.
     for p in packages.list(&owned).await.unwrap().items {
         let ns = p.metadata.namespace.clone().unwrap();

@@ -64,6 +64,23 @@ pub fn hcpkg(
 
 /// Waits until `ok` holds for the HostedClusterPackage; on timeout, panics with its counts, every owned
 /// Package's conditions, the unavailable ObjectSets and the tail of `manager_log`.
+/// Waits until the HostedClusterPackage `name`'s Package in `namespace` is gone.
+pub async fn wait_package_gone(client: &Client, namespace: &str, name: &str) {
+    let api = Api::<Package>::namespaced(client.clone(), namespace);
+    wait_until(
+        &format!("Package {namespace}/{name} gone"),
+        TIMEOUT,
+        || async {
+            match api.get_opt(name).await {
+                Ok(None) => Ok(()),
+                other => Err(format!("{:?}", other.map(|p| p.is_some()))),
+            }
+        },
+    )
+    .await
+    .unwrap();
+}
+
 pub async fn wait_status<F: Fn(&HostedClusterPackage) -> bool>(
     api: &Api<HostedClusterPackage>,
     name: &str,
@@ -168,6 +185,7 @@ pub struct Observed {
 /// HCP namespace to its group's position, to check the barrier at each update.
 pub struct RolloutObserver {
     pub observed: Arc<Mutex<Observed>>,
+    group_of: BTreeMap<String, usize>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -185,15 +203,20 @@ impl RolloutObserver {
         let record = observed.clone();
         let new_image = new_image.to_owned();
         let fleet_size = group_of.len();
+        let groups = group_of.clone();
         let task = tokio::spawn(async move {
             while let Some(event) = stream.next().await {
                 let Ok(Event::Apply(p) | Event::InitApply(p)) = event else {
                     continue;
                 };
-                record.lock().unwrap().record(&p, &new_image, &group_of);
+                record.lock().unwrap().record(&p, &new_image, &groups);
             }
         });
-        let observer = Self { observed, task };
+        let observer = Self {
+            observed,
+            group_of,
+            task,
+        };
         wait_until("the observer saw every Package", TIMEOUT, || async {
             let n = observer.observed.lock().unwrap().packages.len();
             if n == fleet_size {
@@ -207,9 +230,35 @@ impl RolloutObserver {
         observer
     }
 
-    pub fn stop(self) -> Arc<Mutex<Observed>> {
+    /// Stops observing and asserts the whole rollout: never more than `max_unavailable` Packages
+    /// disrupted, no update past an unfinished earlier group, every Package updated once, groups in
+    /// order. Returns the namespaces in update order.
+    pub fn finish(self, max_unavailable: usize) -> Vec<String> {
         self.task.abort();
-        self.observed
+        let o = self.observed.lock().unwrap();
+        assert!(
+            o.worst <= max_unavailable,
+            "at some moment {} Packages were unavailable (maxUnavailable {max_unavailable})",
+            o.worst
+        );
+        assert!(
+            o.barrier_violations.is_empty(),
+            "{:?}",
+            o.barrier_violations
+        );
+        assert_eq!(
+            o.update_order.len(),
+            self.group_of.len(),
+            "{:?}",
+            o.update_order
+        );
+        let groups: Vec<usize> = o.update_order.iter().map(|ns| self.group_of[ns]).collect();
+        assert!(
+            groups.windows(2).all(|w| w[0] <= w[1]),
+            "groups updated out of order: {:?}",
+            o.update_order
+        );
+        o.update_order.clone()
     }
 }
 
