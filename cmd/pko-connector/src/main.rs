@@ -12,7 +12,7 @@ use async_nats::{ConnectOptions, Event};
 use clap::{Parser, ValueEnum};
 use futures::StreamExt;
 use pko_actors::applier::Applier;
-use pko_actors::cluster_client::{cluster_client, ClientError};
+use pko_actors::cluster_client::{cluster_client, ClientError, DEFAULT_MAX_IN_FLIGHT};
 use pko_actors::connector_actor::{ConnectorActor, ConnectorInput};
 use pko_actors::leader_lease::{LeaderLease, LeaseConfig};
 use pko_actors::object_cache::ObjectCache;
@@ -87,10 +87,10 @@ async fn run(args: Args) -> Result<(), ConnectorError> {
             std::process::id()
         )
     });
-    let hosted = cluster_client(Some(&args.hosted_kubeconfig)).await?;
+    let hosted = cluster_client(Some(&args.hosted_kubeconfig), DEFAULT_MAX_IN_FLIGHT).await?;
     let lease = if args.leader_election {
         // In a pod: the ServiceAccount; elsewhere $KUBECONFIG.
-        let management = cluster_client(None).await?;
+        let management = cluster_client(None, DEFAULT_MAX_IN_FLIGHT).await?;
         let config = LeaseConfig {
             namespace: subjects.namespace().to_owned(),
             name: "pko-connector".to_owned(),

@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
-use pko_actors::cluster_client::{cluster_client, ClientError};
+use pko_actors::cluster_client::{cluster_client, ClientError, DEFAULT_MAX_IN_FLIGHT};
 use pko_actors::connector_link::{ConnectorLink, LinkSetupError};
 use pko_actors::context::ManagerContext;
 use pko_actors::leader_lease::{LeaderLease, LeaseConfig};
@@ -34,6 +34,11 @@ struct Args {
     /// Kubeconfig to use; without it, $KUBECONFIG, ~/.kube/config or the in-cluster service account.
     #[arg(long, env = "PKO_KUBECONFIG")]
     kubeconfig: Option<PathBuf>,
+    /// Requests to the apiserver in flight at once (awaiting their response headers); more queue. Bounds
+    /// the manager's connections and memory, and the load it puts on the apiserver when many objects
+    /// change together.
+    #[arg(long, env = "PKO_MAX_IN_FLIGHT_REQUESTS", default_value_t = DEFAULT_MAX_IN_FLIGHT)]
+    max_in_flight_requests: usize,
     /// Install or upgrade pko's CRDs before starting.
     #[arg(long)]
     install_crds: bool,
@@ -133,7 +138,7 @@ async fn connector_link(args: &Args) -> Result<Option<ConnectorLink>, ManagerErr
 }
 
 async fn run(args: Args) -> Result<(), ManagerError> {
-    let client = cluster_client(args.kubeconfig.as_deref()).await?;
+    let client = cluster_client(args.kubeconfig.as_deref(), args.max_in_flight_requests).await?;
     if args.install_crds {
         crd_install::install_crds(&client).await?;
         info!("CRDs installed");
