@@ -2,8 +2,12 @@
 //! hosted-cluster kube-apiservers registered as HyperShift HostedClusters, nats-server with JetStream and
 //! an OCI registry; installs pko's CRDs; starts pko-manager against it (with the connector runner standing
 //! in for a kubelet) and rolls out the samples `deploy/examples/object-deployment.yaml` and
-//! `deploy/examples/hosted-object-deployment.yaml` (phases across a hosted cluster); prints how to reach everything and writes it
-//! to an env file; runs until interrupted, then stops every server.
+//! `deploy/examples/hosted-object-deployment.yaml` (phases across a hosted cluster), then a
+//! HostedClusterPackage rollout across a fleet of simulated HostedClusters
+//! (`deploy/examples/hosted-cluster-package.yaml`, progress printed as it goes); prints how to reach
+//! everything and writes it to an env file; runs until interrupted, then stops every server.
+
+mod fleet_rollout;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -24,6 +28,10 @@ struct Args {
     /// Number of hosted clusters (each its own kube-apiserver).
     #[arg(long, default_value_t = 2)]
     hosted_clusters: usize,
+    /// Simulated HostedClusters (objects only, no apiservers) for the HostedClusterPackage rollout; 0
+    /// skips it.
+    #[arg(long, default_value_t = 6)]
+    fleet: usize,
     /// Where to write `env.sh` (KUBECONFIG and friends).
     #[arg(long, default_value = ".pko-dev")]
     state_dir: PathBuf,
@@ -132,6 +140,11 @@ async fn run(args: Args) -> Result<(), LaunchError> {
         None,
     )
     .await?;
+    if args.fleet > 0 {
+        fleet_rollout::roll_out(&env, args.fleet)
+            .await
+            .map_err(|e| LaunchError::Sample(format!("{}: {e}", fleet_rollout::SAMPLE_FILE)))?;
+    }
     println!("\nCtrl-C stops everything.");
     if args.exit_when_ready {
         return Ok(());
