@@ -1,10 +1,13 @@
 //! The HostedClusters that HostedClusterPackages choose from, kept from the HostedCluster feed. A change of
 //! a cluster reaches only the HostedClusterPackages whose selector matches the cluster before or after the
-//! change: the fleet is not re-evaluated for every package on every event.
+//! change: the fleet is not re-evaluated for every package on every event. Packages read their
+//! `.environment.hyperShift` from it too, instead of each listing every HostedCluster.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+
+use tokio::sync::watch;
 
 use dashmap::DashMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -30,14 +33,28 @@ fn matches(selector: &LabelSelector, cluster: &HostedCluster) -> bool {
 }
 
 /// Every HostedCluster, and which HostedClusterPackage selects by what.
-#[derive(Default)]
 pub struct Fleet {
     clusters: DashMap<ClusterKey, HostedCluster>,
     selectors: DashMap<String, LabelSelector>,
     packages: Arc<Registry<HostedClusterPackageActor>>,
-    /// Set once the fleet is complete (listed, or known to be empty): planning on a partial fleet would
-    /// delete the Packages of clusters not seen yet.
-    ready: AtomicBool,
+    /// True once the fleet is complete (listed, or known to be empty): planning on a partial fleet would
+    /// delete the Packages of clusters not seen yet, and rendering a package before its cluster is seen
+    /// would leave out `.environment.hyperShift.hostedCluster`.
+    ready: watch::Sender<bool>,
+    /// Whether the HostedCluster API is served (else packages get no `.environment.hyperShift`).
+    api_served: AtomicBool,
+}
+
+impl Default for Fleet {
+    fn default() -> Self {
+        Self {
+            clusters: DashMap::new(),
+            selectors: DashMap::new(),
+            packages: Arc::default(),
+            ready: watch::Sender::new(false),
+            api_served: AtomicBool::new(false),
+        }
+    }
 }
 
 impl Fleet {
@@ -74,13 +91,18 @@ impl Fleet {
         }
     }
 
-    /// Fills the fleet from a LIST (before the feed starts) and marks it complete; every
-    /// HostedClusterPackage waiting for it is woken.
-    pub fn seed(&self, clusters: Vec<HostedCluster>) {
-        for cluster in clusters {
+    /// Fills the fleet from a LIST (before the feed starts), or with nothing when the HostedCluster API
+    /// is not served (`None`), and marks it complete; every HostedClusterPackage and package render
+    /// waiting for it is woken.
+    pub fn seed(&self, clusters: Option<Vec<HostedCluster>>) {
+        let served = clusters.is_some();
+        for cluster in clusters.into_iter().flatten() {
             self.clusters.entry(key(&cluster)).or_insert(cluster);
         }
-        self.ready.store(true, Ordering::SeqCst);
+        if served {
+            self.api_served.store(true, Ordering::SeqCst);
+        }
+        self.ready.send_replace(true);
         for entry in self.selectors.iter() {
             self.wake(entry.key());
         }
@@ -88,7 +110,33 @@ impl Fleet {
 
     /// Whether the fleet is complete.
     pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::SeqCst)
+        *self.ready.borrow()
+    }
+
+    /// What `.environment.hyperShift` of a package in `hcp_namespace` is made from, once the fleet is
+    /// complete: `None` without the HostedCluster API; else the HostedCluster whose HCP namespace that
+    /// is, if any (none for a ClusterPackage, `hcp_namespace: None`).
+    pub async fn hosted_cluster_for(
+        &self,
+        hcp_namespace: Option<&str>,
+    ) -> Option<Vec<HostedCluster>> {
+        let mut ready = self.ready.subscribe();
+        // The sender lives as long as the fleet, which outlives every package render.
+        let _ = ready.wait_for(|complete| *complete).await;
+        if !self.api_served.load(Ordering::SeqCst) {
+            return None;
+        }
+        let Some(ns) = hcp_namespace else {
+            return Some(Vec::new());
+        };
+        Some(
+            self.clusters
+                .iter()
+                .find(|c| c.value().hosted_control_plane_namespace().as_deref() == Some(ns))
+                .map(|c| c.value().clone())
+                .into_iter()
+                .collect(),
+        )
     }
 
     /// Records what `hcpkg` selects, so changes of matching clusters reach it.

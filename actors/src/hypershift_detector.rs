@@ -57,7 +57,7 @@ impl HyperShiftDetector {
         let list = async move { api.list(&ListParams::default()).await };
         ctx.spawn(list.into_actor(self).map(|listed, act, ctx| match listed {
             Ok(list) => {
-                act.fleet.seed(list.items);
+                act.fleet.seed(Some(list.items));
                 act.feed = Some(
                     KindFeed::<HostedCluster, _>::new(
                         act.context.clone(),
@@ -111,7 +111,7 @@ impl StreamHandler<Result<Event<CustomResourceDefinition>, watcher::Error>> for 
                 }
             }
             // No HostedCluster API at start: the fleet is complete, and empty.
-            Ok(Event::InitDone) if !self.starting => self.fleet.seed(Vec::new()),
+            Ok(Event::InitDone) if !self.starting => self.fleet.seed(None),
             Ok(_) => {}
             Err(e) => warn!(error = %e, "watching for the HostedCluster CRD; retrying"),
         }

@@ -64,7 +64,14 @@ async fn unpack(
         Ok((_, files)) => files,
         Err(e) => return Ok(UnpackOutcome::PullFailed(e.to_string())),
     };
-    let facts = package.environment_facts(context.client.clone()).await?;
+    let hosted_clusters = context
+        .rollouts
+        .fleet
+        .hosted_cluster_for((!package.cluster).then(|| package.namespace()))
+        .await;
+    let facts = package
+        .environment_facts(context.client.clone(), hosted_clusters)
+        .await?;
     let environment = environment_value(&package_environment(
         &facts,
         (!package.cluster).then(|| package.namespace()),

@@ -126,9 +126,14 @@ impl PackageObject {
     }
 
     /// What the cluster says about itself for `.environment`: each optional API that is not served (or
-    /// object that does not exist) is simply absent. HostedClusters are listed only for namespaced
-    /// packages (only they can be in an HCP namespace); for a ClusterPackage the API is probed.
-    pub async fn environment_facts(&self, client: Client) -> Result<EnvironmentFacts, kube::Error> {
+    /// object that does not exist) is simply absent. `hosted_clusters` comes from the manager's fleet
+    /// (see [`crate::hosted_cluster_fleet::Fleet::hosted_cluster_for`]): listing every HostedCluster for
+    /// every package made creating N packages cost N² objects read.
+    pub async fn environment_facts(
+        &self,
+        client: Client,
+        hosted_clusters: Option<Vec<HostedCluster>>,
+    ) -> Result<EnvironmentFacts, kube::Error> {
         let openshift = |kind: &str, plural: &str| {
             ApiResource::from_gvk_with_plural(
                 &GroupVersionKind::gvk("config.openshift.io", "v1", kind),
@@ -159,15 +164,6 @@ impl PackageObject {
         } else {
             (None, None)
         };
-        let params = ListParams {
-            limit: self.cluster.then_some(1),
-            ..ListParams::default()
-        };
-        let hosted_clusters = Api::<HostedCluster>::all(client.clone())
-            .list(&params)
-            .await
-            .map(|list| Some(list.items))
-            .or_else(absent)?;
         Ok(EnvironmentFacts {
             kubernetes_version: client.apiserver_version().await?.git_version,
             cluster_version,

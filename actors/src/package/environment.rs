@@ -28,7 +28,8 @@ pub struct EnvironmentFacts {
     pub managed_openshift: Option<BTreeMap<String, String>>,
     /// Proxy `cluster`, when it exists.
     pub proxy: Option<Value>,
-    /// The HostedClusters, when the HostedCluster API is served.
+    /// When the HostedCluster API is served: the HostedClusters to find the package's own among (the
+    /// manager passes only the one whose HCP namespace the package is in, if any).
     pub hosted_clusters: Option<Vec<HostedCluster>>,
 }
 
