@@ -11,6 +11,7 @@ use futures::StreamExt;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::ListParams;
 use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
 use kube::Api;
 use pko_proto::hypershift::HostedCluster;
 use tracing::{info, warn};
@@ -92,7 +93,7 @@ impl Actor for HyperShiftDetector {
         let api: Api<CustomResourceDefinition> = Api::all(self.context.client.clone());
         let config =
             watcher::Config::default().fields(&format!("metadata.name={HOSTED_CLUSTER_CRD}"));
-        ctx.add_stream(watcher::watcher(api, config).boxed());
+        ctx.add_stream(watcher::watcher(api, config).default_backoff().boxed());
     }
 }
 

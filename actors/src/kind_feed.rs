@@ -8,6 +8,7 @@ use actix::dev::ToEnvelope;
 use actix::prelude::*;
 use futures::StreamExt;
 use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
 use kube::{Api, Resource};
 use serde::de::DeserializeOwned;
 use tracing::warn;
@@ -122,7 +123,11 @@ where
 
     fn started(&mut self, ctx: &mut Context<Self>) {
         let api: Api<K> = Api::all(self.context.client.clone());
-        ctx.add_stream(watcher::watcher(api, watcher::Config::default()).boxed());
+        ctx.add_stream(
+            watcher::watcher(api, watcher::Config::default())
+                .default_backoff()
+                .boxed(),
+        );
     }
 }
 

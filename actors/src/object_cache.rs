@@ -11,6 +11,7 @@ use dashmap::DashMap;
 use futures::StreamExt;
 use kube::api::{Api, DynamicObject};
 use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
 use kube::Client;
 use serde_json::Value;
 use tracing::{debug, warn};
@@ -84,7 +85,7 @@ impl ObjectCache {
         let cache = self.clone();
         tokio::spawn(async move {
             debug!(kind = %id.2, "starting managed-object watch");
-            let mut stream = watcher::watcher(api, config).boxed();
+            let mut stream = watcher::watcher(api, config).default_backoff().boxed();
             let mut listed: HashSet<ObjectKey> = HashSet::new();
             while let Some(event) = stream.next().await {
                 match event {
@@ -132,7 +133,7 @@ impl ObjectCache {
         let cache = self.clone();
         let key = key.clone();
         tokio::spawn(async move {
-            let mut stream = watcher::watcher(api, config).boxed();
+            let mut stream = watcher::watcher(api, config).default_backoff().boxed();
             while let Some(event) = stream.next().await {
                 match event {
                     Ok(Event::Apply(_)) | Ok(Event::Delete(_)) | Ok(Event::InitDone) => {

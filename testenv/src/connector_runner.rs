@@ -15,6 +15,7 @@ use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
 use kube::api::PostParams;
 use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
 use kube::{Api, Client};
 use tokio::sync::oneshot;
 
@@ -129,7 +130,7 @@ impl Runner {
     async fn run(&mut self, mut stopped: oneshot::Receiver<()>) {
         let api: Api<Deployment> = Api::all(self.client.clone());
         let config = watcher::Config::default().labels(&format!("{CONNECTOR_LABEL}=True"));
-        let mut events = watcher::watcher(api, config).boxed();
+        let mut events = watcher::watcher(api, config).default_backoff().boxed();
         let mut liveness = tokio::time::interval(LIVENESS_INTERVAL);
         loop {
             tokio::select! {
