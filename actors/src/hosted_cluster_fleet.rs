@@ -34,7 +34,8 @@ fn matches(selector: &LabelSelector, cluster: &HostedCluster) -> bool {
 
 /// Every HostedCluster, and which HostedClusterPackage selects by what.
 pub struct Fleet {
-    clusters: DashMap<ClusterKey, HostedCluster>,
+    /// Shared, not copied: every HostedClusterPackage reconcile takes the clusters it selects.
+    clusters: DashMap<ClusterKey, Arc<HostedCluster>>,
     selectors: DashMap<String, LabelSelector>,
     packages: Arc<Registry<HostedClusterPackageActor>>,
     /// True once the fleet is complete (listed, or known to be empty): planning on a partial fleet would
@@ -69,7 +70,7 @@ impl Fleet {
         let previous = if deleted {
             self.clusters.remove(&key).map(|(_, c)| c)
         } else {
-            self.clusters.insert(key, cluster.clone())
+            self.clusters.insert(key, Arc::new(cluster.clone()))
         };
         for entry in self.selectors.iter() {
             let concerned = matches(entry.value(), cluster)
@@ -97,7 +98,9 @@ impl Fleet {
     pub fn seed(&self, clusters: Option<Vec<HostedCluster>>) {
         let served = clusters.is_some();
         for cluster in clusters.into_iter().flatten() {
-            self.clusters.entry(key(&cluster)).or_insert(cluster);
+            self.clusters
+                .entry(key(&cluster))
+                .or_insert_with(|| Arc::new(cluster));
         }
         if served {
             self.api_served.store(true, Ordering::SeqCst);
@@ -133,7 +136,7 @@ impl Fleet {
             self.clusters
                 .iter()
                 .find(|c| c.value().hosted_control_plane_namespace().as_deref() == Some(ns))
-                .map(|c| c.value().clone())
+                .map(|c| HostedCluster::clone(c.value()))
                 .into_iter()
                 .collect(),
         )
@@ -149,7 +152,7 @@ impl Fleet {
     }
 
     /// The clusters `selector` matches.
-    pub fn selected(&self, selector: &LabelSelector) -> Vec<HostedCluster> {
+    pub fn selected(&self, selector: &LabelSelector) -> Vec<Arc<HostedCluster>> {
         self.clusters
             .iter()
             .filter(|c| matches(selector, c.value()))

@@ -74,7 +74,8 @@ pub struct HostedClusterPackageActor {
     shared: RolloutShared,
     hcpkg: Option<HostedClusterPackage>,
     /// Owned Packages by namespace; `None` until the first LIST.
-    packages: Option<BTreeMap<String, PackageObject>>,
+    /// Shared, not copied: every reconcile snapshots the whole fleet's Packages.
+    packages: Option<BTreeMap<String, Arc<PackageObject>>>,
     children: BTreeMap<String, Addr<HcpNamespaceActor>>,
     /// Writes handed to children and not answered yet: planned as updated and unavailable.
     writing: BTreeSet<String>,
@@ -87,9 +88,9 @@ pub struct HostedClusterPackageActor {
 /// The inputs one reconcile works from.
 struct Snapshot {
     hcpkg: HostedClusterPackage,
-    packages: BTreeMap<String, PackageObject>,
+    packages: BTreeMap<String, Arc<PackageObject>>,
     writing: BTreeSet<String>,
-    clusters: Vec<HostedCluster>,
+    clusters: Vec<Arc<HostedCluster>>,
 }
 
 /// What a reconcile decided.
@@ -302,7 +303,7 @@ impl HostedClusterPackageActor {
 async fn list_owned_packages(
     context: &ManagerContext,
     name: &str,
-) -> Result<BTreeMap<String, PackageObject>, String> {
+) -> Result<BTreeMap<String, Arc<PackageObject>>, String> {
     let list = Api::<Package>::all(context.client.clone())
         .list(&ListParams::default().labels(&format!("{OWNER_LABEL}={name}")))
         .await
@@ -311,7 +312,7 @@ async fn list_owned_packages(
         .items
         .into_iter()
         .map(PackageObject::from)
-        .map(|p| (p.meta.namespace.clone().unwrap_or_default(), p))
+        .map(|p| (p.meta.namespace.clone().unwrap_or_default(), Arc::new(p)))
         .collect())
 }
 
@@ -501,7 +502,7 @@ impl Handler<OwnedPackageChanged> for HostedClusterPackageActor {
             if changed.deleted {
                 packages.remove(&namespace);
             } else {
-                packages.insert(namespace, changed.package);
+                packages.insert(namespace, Arc::new(changed.package));
             }
         }
         self.reconcile(ctx);
@@ -518,7 +519,7 @@ impl Handler<PackageWritten> for HostedClusterPackageActor {
                 if let (Some(packages), Some(stored)) = (self.packages.as_mut(), stored) {
                     match serde_json::from_value::<Package>(stored) {
                         Ok(p) => {
-                            packages.insert(written.namespace, p.into());
+                            packages.insert(written.namespace, Arc::new(p.into()));
                         }
                         Err(e) => warn!(error = %e, "cannot read back a written Package"),
                     }

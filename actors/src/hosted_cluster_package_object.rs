@@ -2,6 +2,7 @@
 //! Package it wants in each HCP namespace, each Package's rollout state, and the status it reports. No I/O.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use k8s_openapi::jiff::Timestamp;
@@ -158,7 +159,7 @@ pub fn rollout_status(
     generation: i64,
     plan: &RolloutPlan,
     strategy: RolloutStrategy,
-    packages: &BTreeMap<String, PackageObject>,
+    packages: &BTreeMap<String, Arc<PackageObject>>,
     now: Timestamp,
 ) -> HostedClusterPackageStatus {
     let mut conditions = previous.to_vec();
