@@ -134,29 +134,26 @@ pub fn package_conditions(
         }
     }
     // Available, Progressing, Paused and mapped conditions come from the deployment, when fresh there.
-    conditions.retain(|c| {
-        !c.type_.contains('/')
-            && !matches!(c.type_.as_str(), "Available" | "Progressing" | "Paused")
-    });
-    if let Some((od_conditions, od_generation)) = deployment {
-        for c in od_conditions
-            .iter()
-            .filter(|c| c.observed_generation.is_none_or(|g| g == od_generation))
-        {
-            if matches!(c.type_.as_str(), "Available" | "Progressing" | "Paused")
-                || c.type_.contains('/')
-            {
-                set(
-                    &mut conditions,
-                    ConditionUpdate::new(
-                        &c.type_,
-                        c.status == "True",
-                        &c.reason,
-                        c.message.clone(),
-                    ),
-                );
-            }
-        }
+    // The ones it still reports are updated in place, so their lastTransitionTime moves only when their
+    // status does; dropping and re-adding them stamped a new time on every reconcile, and each such
+    // status write woke the Package again (at 500 Packages, a rewrite of every one each second).
+    let from_deployment =
+        |t: &str| t.contains('/') || matches!(t, "Available" | "Progressing" | "Paused");
+    let fresh: Vec<&Condition> = deployment
+        .map(|(od_conditions, od_generation)| {
+            od_conditions
+                .iter()
+                .filter(|c| c.observed_generation.is_none_or(|g| g == od_generation))
+                .filter(|c| from_deployment(&c.type_))
+                .collect()
+        })
+        .unwrap_or_default();
+    conditions.retain(|c| !from_deployment(&c.type_) || fresh.iter().any(|f| f.type_ == c.type_));
+    for c in fresh {
+        set(
+            &mut conditions,
+            ConditionUpdate::new(&c.type_, c.status == "True", &c.reason, c.message.clone()),
+        );
     }
     let is_true = |t: &str| {
         conditions
@@ -268,5 +265,33 @@ mod tests {
             !c.iter().any(|c| c.type_ == "Available"),
             "no deployment, no Available"
         );
+    }
+
+    #[test]
+    fn deployment_conditions_keep_their_transition_time_while_their_status_holds() {
+        let at = |s: i64| Timestamp::from_second(s).unwrap();
+        let od = |status: &str| {
+            vec![Condition {
+                type_: "Available".into(),
+                status: status.into(),
+                reason: "Available".into(),
+                message: "ok".into(),
+                observed_generation: Some(2),
+                last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at(0)),
+            }]
+        };
+        let available = |c: &[Condition]| {
+            c.iter()
+                .find(|c| c.type_ == "Available")
+                .map(|c| (c.status.clone(), c.last_transition_time.0))
+        };
+        let unpacked = &UnpackOutcome::Unpacked;
+        let (first, _) = package_conditions(&[], 1, false, unpacked, Some((&od("True"), 2)), at(5));
+        let (again, _) =
+            package_conditions(&first, 1, false, unpacked, Some((&od("True"), 2)), at(9));
+        assert_eq!(again, first, "nothing changed, nothing to write");
+        let (flipped, _) =
+            package_conditions(&again, 1, false, unpacked, Some((&od("False"), 2)), at(12));
+        assert_eq!(available(&flipped), Some(("False".into(), at(12))));
     }
 }
