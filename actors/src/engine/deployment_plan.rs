@@ -177,8 +177,10 @@ pub fn deployment_conditions(
             ),
         );
     }
-    // Mapped conditions come from the current revision only, and only if fresh there.
-    conditions.retain(|c| !c.type_.contains('/'));
+    // Mapped conditions come from the current revision only, and only if fresh there. Those it still
+    // reports are updated in place, so their lastTransitionTime moves only with their status.
+    let mapped = current.map(|c| c.mapped.as_slice()).unwrap_or_default();
+    conditions.retain(|c| !c.type_.contains('/') || mapped.iter().any(|m| m.type_ == c.type_));
     if let Some(current) = current {
         for m in &current.mapped {
             let update =
@@ -351,5 +353,25 @@ mod tests {
         assert!(c
             .iter()
             .any(|c| c.type_ == "Progressing" && c.status == "False" && c.reason == "Idle"));
+    }
+
+    #[test]
+    fn mapped_conditions_keep_their_transition_time_while_their_status_holds() {
+        let at = |s: i64| Timestamp::from_second(s).unwrap();
+        let mut current = rev("od-1", 1, "a", true, false);
+        current.mapped = vec![Condition {
+            type_: "my-org.io/Ready".into(),
+            status: "True".into(),
+            reason: "Ready".into(),
+            message: "ready".into(),
+            observed_generation: Some(1),
+            last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at(0)),
+        }];
+        let (first, _) = deployment_conditions(&[], 1, false, Some(&current), &[], at(5));
+        let (again, _) = deployment_conditions(&first, 1, false, Some(&current), &[], at(9));
+        assert_eq!(again, first, "nothing changed, nothing to write");
+        current.mapped.clear();
+        let (gone, _) = deployment_conditions(&again, 1, false, Some(&current), &[], at(12));
+        assert!(!gone.iter().any(|c| c.type_.contains('/')));
     }
 }
