@@ -28,6 +28,9 @@ use crate::object_set_bench::{manager_path, percentile, start_with_manager};
 use crate::package_bench::package_files;
 
 const TIMEOUT: Duration = Duration::from_secs(1200);
+/// How long the manager is watched after the rollout, in windows.
+const IDLE_WINDOW: Duration = Duration::from_secs(20);
+const IDLE_WINDOWS: u64 = 3;
 /// HostedClusters created at once while building the fleet.
 const CREATE_CONCURRENCY: usize = 16;
 
@@ -406,14 +409,21 @@ async fn fleet_cost(
         started,
     )?;
 
-    // Idle: nothing changes; the manager should do next to nothing.
-    let started = Instant::now();
-    tokio::time::sleep(Duration::from_secs(30)).await;
-    step(
-        &format!("idle with {size} HostedClusters and Packages, 30 s"),
-        pid,
-        &before,
-        started,
-    )?;
+    // Afterwards nothing changes: what the manager still does (old revisions archived and torn down)
+    // should fade to next to nothing. Three windows show the trend.
+    for window in 1..=IDLE_WINDOWS {
+        let started = Instant::now();
+        tokio::time::sleep(IDLE_WINDOW).await;
+        before = step(
+            &format!(
+                "after the rollout, {size} HostedClusters and Packages, {}-{} s",
+                (window - 1) * IDLE_WINDOW.as_secs(),
+                window * IDLE_WINDOW.as_secs()
+            ),
+            pid,
+            &before,
+            started,
+        )?;
+    }
     Ok(())
 }
