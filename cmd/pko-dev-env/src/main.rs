@@ -108,6 +108,19 @@ async fn run(args: Args) -> Result<(), LaunchError> {
         .map_err(LaunchError::Env)?;
     let hosted = env.simulate_hypershift().await.map_err(LaunchError::Env)?;
 
+    // Ctrl-C or SIGTERM from here on stops everything cleanly, also while the samples roll out.
+    let mut terminate = signal(SignalKind::terminate())
+        .map_err(|error| LaunchError::Io("SIGTERM handler".into(), error))?;
+    let mut interrupt = signal(SignalKind::interrupt())
+        .map_err(|error| LaunchError::Io("SIGINT handler".into(), error))?;
+    let stop = async {
+        tokio::select! {
+            _ = terminate.recv() => {}
+            _ = interrupt.recv() => {}
+        }
+    };
+    tokio::pin!(stop);
+
     let manager_bin = manager_path(args.manager.clone())?;
     let manager = env
         .start_manager(&manager_bin, &[])
@@ -126,37 +139,41 @@ async fn run(args: Args) -> Result<(), LaunchError> {
         .start_connector_runner(&manager_bin.with_file_name("pko-connector"))
         .await
         .map_err(LaunchError::Env)?;
-    roll_out_sample(
-        &env,
-        SAMPLE,
-        "deploy/examples/object-deployment.yaml",
-        Some("pko-sample"),
-    )
-    .await?;
-    roll_out_sample(
-        &env,
-        HOSTED_SAMPLE,
-        "deploy/examples/hosted-object-deployment.yaml",
-        None,
-    )
-    .await?;
-    if args.fleet > 0 {
-        fleet_rollout::roll_out(&env, args.fleet)
-            .await
-            .map_err(|e| LaunchError::Sample(format!("{}: {e}", fleet_rollout::SAMPLE_FILE)))?;
-    }
-    println!("\nCtrl-C stops everything.");
-    if args.exit_when_ready {
-        return Ok(());
-    }
-
-    let mut terminate = signal(SignalKind::terminate())
-        .map_err(|error| LaunchError::Io("SIGTERM handler".into(), error))?;
-    let mut interrupt = signal(SignalKind::interrupt())
-        .map_err(|error| LaunchError::Io("SIGINT handler".into(), error))?;
-    tokio::select! {
-        _ = terminate.recv() => {}
-        _ = interrupt.recv() => {}
+    let samples = async {
+        roll_out_sample(
+            &env,
+            SAMPLE,
+            "deploy/examples/object-deployment.yaml",
+            Some("pko-sample"),
+        )
+        .await?;
+        roll_out_sample(
+            &env,
+            HOSTED_SAMPLE,
+            "deploy/examples/hosted-object-deployment.yaml",
+            None,
+        )
+        .await?;
+        if args.fleet > 0 {
+            fleet_rollout::roll_out(&env, args.fleet)
+                .await
+                .map_err(|e| LaunchError::Sample(format!("{}: {e}", fleet_rollout::SAMPLE_FILE)))?;
+        }
+        Ok::<(), LaunchError>(())
+    };
+    let stopped_early = tokio::select! {
+        result = samples => {
+            result?;
+            false
+        }
+        () = &mut stop => true,
+    };
+    if !stopped_early {
+        println!("\nCtrl-C stops everything.");
+        if args.exit_when_ready {
+            return Ok(());
+        }
+        stop.await;
     }
     println!("Stopping...");
     drop(manager);
