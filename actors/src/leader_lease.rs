@@ -113,6 +113,15 @@ impl LeaderLease {
         }
     }
 
+    /// With a lease, renews it until it is lost and returns then (the caller exits); without one
+    /// (leader election off), never returns.
+    pub async fn renew_until_lost(lease: Option<&Self>) {
+        match lease {
+            Some(lease) => lease.keep_renewing().await,
+            None => std::future::pending().await,
+        }
+    }
+
     /// Renews until the lease is lost; returns then (the caller exits).
     pub async fn keep_renewing(&self) {
         let mut last_renewal = tokio::time::Instant::now();

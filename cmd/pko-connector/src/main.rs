@@ -159,12 +159,7 @@ async fn run(args: Args) -> Result<(), ConnectorError> {
         ConnectorActor::new(subjects, connector_id, applier, cache, nats.clone())
     });
     info!(%namespace, "connector running");
-    let lost_lease = async {
-        match &lease {
-            Some(lease) => lease.keep_renewing().await,
-            None => std::future::pending().await,
-        }
-    };
+    let lost_lease = LeaderLease::renew_until_lost(lease.as_ref());
     let outcome = tokio::select! {
         signal = shutdown_signal() => signal
             .map(|s| info!(signal = s, "shutting down"))

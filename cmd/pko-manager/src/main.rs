@@ -186,12 +186,7 @@ async fn run(args: Args) -> Result<(), ManagerError> {
     health.set_ready(true);
     info!("manager running");
 
-    let lost_lease = async {
-        match &lease {
-            Some(lease) => lease.keep_renewing().await,
-            None => std::future::pending().await,
-        }
-    };
+    let lost_lease = LeaderLease::renew_until_lost(lease.as_ref());
     let outcome = tokio::select! {
         signal = shutdown_signal() => signal
             .map(|s| info!(signal = s, "shutting down"))
