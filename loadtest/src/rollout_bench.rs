@@ -22,7 +22,7 @@ use pko_actors::package::image::ImageStore;
 use pko_proto::core::hosted_cluster_package::HostedClusterPackage;
 use pko_proto::core::package::Package;
 use pko_testenv::{ManagerProcess, TestEnv};
-use serde_json::{json, Value};
+use serde_json::json;
 
 use crate::object_set_bench::{manager_path, percentile, start_with_manager};
 use crate::package_bench::package_files;
@@ -112,8 +112,15 @@ async fn fleet(env: &TestEnv, prefix: &str, count: usize) -> Result<String, Stri
     Ok(ns)
 }
 
-fn hcpkg(name: &str, fleet: &str, image: &str, max_unavailable: usize) -> Value {
-    json!({
+/// Creates a HostedClusterPackage over the HostedClusters labelled `fleet=<fleet>`: starts a rollout.
+async fn create_hcpkg(
+    api: &Api<HostedClusterPackage>,
+    name: &str,
+    fleet: &str,
+    image: &str,
+    max_unavailable: usize,
+) -> Result<(), String> {
+    let spec: HostedClusterPackage = serde_json::from_value(json!({
         "apiVersion": "package-operator.run/v1alpha1", "kind": "HostedClusterPackage",
         "metadata": {"name": name},
         "spec": {
@@ -121,7 +128,21 @@ fn hcpkg(name: &str, fleet: &str, image: &str, max_unavailable: usize) -> Value 
             "strategy": {"rollingUpgrade": {"maxUnavailable": max_unavailable}},
             "template": {"spec": {"image": image, "config": {"items": ["a", "b", "c"]}}},
         },
-    })
+    }))
+    .map_err(|e| e.to_string())?;
+    api.create(&PostParams::default(), &spec)
+        .await
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
+
+/// Points the template of HostedClusterPackage `name` at `image`: starts a rollout.
+async fn set_image(api: &Api<HostedClusterPackage>, name: &str, image: &str) -> Result<(), String> {
+    let patch = json!({"spec": {"template": {"spec": {"image": image}}}});
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map(drop)
+        .map_err(|e| e.to_string())
 }
 
 fn available(p: &Package) -> bool {
@@ -199,14 +220,7 @@ async fn handoff(
     let api: Api<HostedClusterPackage> = Api::all(client.clone());
     let name = format!("{ns}-handoff");
     let first = images.push("handoff-0", 1_000).await?;
-    let spec: HostedClusterPackage =
-        serde_json::from_value(hcpkg(&name, &ns, &first, 1)).map_err(|e| e.to_string())?;
-    let create = async {
-        api.create(&PostParams::default(), &spec)
-            .await
-            .map(drop)
-            .map_err(|e| e.to_string())
-    };
+    let create = create_hcpkg(&api, &name, &ns, &first, 1);
     follow_rollout(client, &name, &first, clusters, create).await?;
 
     let mut samples = Vec::new();
@@ -214,14 +228,8 @@ async fn handoff(
         let image = images
             .push(&format!("handoff-{rollout}"), 1_000 + rollout)
             .await?;
-        let patch = json!({"spec": {"template": {"spec": {"image": image}}}});
-        let update = async {
-            api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-                .map(drop)
-                .map_err(|e| e.to_string())
-        };
         let started = Instant::now();
+        let update = set_image(&api, &name, &image);
         let timeline = follow_rollout(client, &name, &image, clusters, update).await?;
         let took = started.elapsed();
         let mut updates: Vec<(Instant, &String)> =
@@ -374,16 +382,8 @@ async fn fleet_cost(
     let name = format!("{ns}-fleet");
     let v1 = images.push("fleet-1", 2_001).await?;
     let max_unavailable = (size / 10).max(1);
-    let spec: HostedClusterPackage =
-        serde_json::from_value(hcpkg(&name, &ns, &v1, max_unavailable))
-            .map_err(|e| e.to_string())?;
     let started = Instant::now();
-    let create = async {
-        api.create(&PostParams::default(), &spec)
-            .await
-            .map(drop)
-            .map_err(|e| e.to_string())
-    };
+    let create = create_hcpkg(&api, &name, &ns, &v1, max_unavailable);
     follow_rollout(client, &name, &v1, size, create).await?;
     before = step(
         &format!("HostedClusterPackage creates {size} Packages, all Available"),
@@ -393,14 +393,8 @@ async fn fleet_cost(
     )?;
 
     let v2 = images.push("fleet-2", 2_002).await?;
-    let patch = json!({"spec": {"template": {"spec": {"image": v2}}}});
     let started = Instant::now();
-    let update = async {
-        api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .map(drop)
-            .map_err(|e| e.to_string())
-    };
+    let update = set_image(&api, &name, &v2);
     follow_rollout(client, &name, &v2, size, update).await?;
     before = step(
         &format!("rolling update of {size} Packages, maxUnavailable {max_unavailable}"),
