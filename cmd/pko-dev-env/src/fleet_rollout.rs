@@ -98,7 +98,7 @@ pub async fn roll_out(env: &TestEnv, size: usize) -> Result<(), String> {
 async fn follow(client: &Client, name: &str) -> Result<(), String> {
     let api: Api<HostedClusterPackage> = Api::all(client.clone());
     let started = Instant::now();
-    let last = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let last = std::sync::Arc::new(crate::ProgressLine::default());
     wait_until("the fleet rollout", ROLLOUT_TIMEOUT, || {
         let (api, last) = (api.clone(), last.clone());
         async move {
@@ -110,11 +110,8 @@ async fn follow(client: &Client, name: &str) -> Result<(), String> {
             } else {
                 format!("waiting for the manager to plan generation {generation}")
             };
-            if let Ok(mut last) = last.lock() {
-                if line != *last {
-                    println!("  {:>5.1}s  {line}", started.elapsed().as_secs_f64());
-                    *last = line.clone();
-                }
+            if last.changed(&line) {
+                println!("  {:>5.1}s  {line}", started.elapsed().as_secs_f64());
             }
             let c = &status.counts;
             let done = status.observed_generation == generation

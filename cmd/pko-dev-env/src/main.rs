@@ -231,8 +231,7 @@ async fn roll_out_sample(
         .await
         .map_err(|e| sample(e.to_string()))?;
     println!("\nSample rollout: ObjectDeployment {namespace}/{name} ({file})");
-    // The last printed condition line, so progress prints once per change.
-    let last = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let last = std::sync::Arc::new(ProgressLine::default());
     wait_until("sample ObjectDeployment Available", SAMPLE_TIMEOUT, || {
         let api = api.clone();
         let last = last.clone();
@@ -246,11 +245,8 @@ async fn roll_out_sample(
                 .map(|c| format!("{}={} ({})", c.type_, c.status, c.reason))
                 .collect::<Vec<_>>()
                 .join(", ");
-            if let Ok(mut last) = last.lock() {
-                if line != *last && !line.is_empty() {
-                    println!("  revision {}: {line}", status.revision.unwrap_or_default());
-                    *last = line.clone();
-                }
+            if !line.is_empty() && last.changed(&line) {
+                println!("  revision {}: {line}", status.revision.unwrap_or_default());
             }
             let available = status
                 .conditions
@@ -267,6 +263,24 @@ async fn roll_out_sample(
     .map_err(|e| sample(e.to_string()))?;
     println!("  see it: source the env file, then kubectl get objectdeployments,objectsets,objectsetphases,configmaps -n {namespace}");
     Ok(())
+}
+
+/// The last progress line printed, so progress prints once per change.
+#[derive(Default)]
+pub(crate) struct ProgressLine(std::sync::Mutex<String>);
+
+impl ProgressLine {
+    /// Whether `line` differs from the last one seen (and remember it).
+    pub(crate) fn changed(&self, line: &str) -> bool {
+        let Ok(mut last) = self.0.lock() else {
+            return true;
+        };
+        if *last == line {
+            return false;
+        }
+        line.clone_into(&mut last);
+        true
+    }
 }
 
 fn write_env_file(state_dir: &Path, env: &TestEnv) -> Result<PathBuf, LaunchError> {
