@@ -22,7 +22,7 @@ use common::*;
 /// Waits until the (Cluster)Package's Available condition is True for its current generation.
 async fn wait_available(client: &kube::Client, ns: Option<&str>, name: &str) {
     let api = package_api(client, ns);
-    wait_until(&format!("package {name} Available"), TIMEOUT, || async {
+    let waited = wait_until(&format!("package {name} Available"), TIMEOUT, || async {
         let p = api.get(name).await.map_err(|e| e.to_string())?;
         if current_condition(&p, "Available", "True").is_some() {
             return Ok(());
@@ -58,8 +58,24 @@ async fn wait_available(client: &kube::Client, ns: Option<&str>, name: &str) {
             .collect();
         Err(format!("package: {conditions:?}; sets: {sets:?}"))
     })
-    .await
-    .unwrap();
+    .await;
+    if let Err(error) = waited {
+        // A set stuck on a Deployment probe: tell "the controller never wrote its status" from "pko
+        // did not see it" with what the apiserver holds now.
+        let deployments: Vec<String> = Api::<Deployment>::all(client.clone())
+            .list(&Default::default())
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|d| d.metadata.name.as_deref() == Some(name))
+            .map(|d| format!("{:?}: {:?}", d.metadata.namespace, d.status))
+            .collect();
+        panic!(
+            "{error}\nDeployments {name} now: {deployments:?}\nmanager log:\n{}",
+            manager().log_tail()
+        );
+    }
 }
 
 async fn deployment(client: &kube::Client, ns: &str, name: &str) -> Deployment {
