@@ -8,6 +8,7 @@ use std::time::Duration;
 use actix::prelude::*;
 
 use crate::applier::Applier;
+use crate::engine::object_set_status::{BlockReason, PhaseProgress};
 use crate::object_cache::ObjectCache;
 use crate::phase_runner::{
     reconcile_phase, teardown_phase, AppliedHashes, PhasePlan, PhaseReport, TeardownReport,
@@ -119,8 +120,10 @@ impl PhaseActor {
                 .map(move |(outcome, applied), act, ctx| {
                     act.applied = applied;
                     act.running = false;
+                    // A phase waiting on its probes looks again with backoff, level-triggered, so a
+                    // status change whose event pko missed cannot wedge it.
                     let retry = match &outcome {
-                        PhaseOutcome::Reconciled(r) => r.transient_error,
+                        PhaseOutcome::Reconciled(r) => r.transient_error || waits_on_probes(r),
                         PhaseOutcome::TornDown(t) => !t.errors.is_empty(),
                     };
                     if retry {
@@ -162,4 +165,14 @@ impl Handler<UpdatePlan> for PhaseActor {
         self.paused = update.paused;
         self.version = update.version;
     }
+}
+
+fn waits_on_probes(report: &PhaseReport) -> bool {
+    matches!(
+        report.progress,
+        PhaseProgress::Blocked {
+            reason: BlockReason::ProbeFailure,
+            ..
+        }
+    )
 }

@@ -131,6 +131,8 @@ pub async fn reconcile_phase(
                 }
                 if let ProbeResult::Failed(messages) = plan.probes.evaluate(&key, &observed) {
                     probe_failures.push(format!("{key}: {}", messages.join(", ")));
+                    // The next look reads it from the apiserver, not from what pko last saw.
+                    cache.forget(&key);
                 }
                 mapped.extend(mapped_conditions(desired, &observed));
             }
