@@ -1,7 +1,7 @@
 //! The README's "run it" command works as a newcomer would use it: the launcher becomes ready, kubectl
 //! reaches the management cluster through the env file, the simulated HostedClusters are there, the
-//! manager rolls the sample ObjectDeployment and the fleet's HostedClusterPackage out, and SIGTERM (while
-//! samples may still be rolling out) stops everything and cleans up.
+//! manager rolls the sample ObjectDeployment out, and SIGTERM (while the later samples may still be
+//! rolling out) stops everything and cleans up.
 
 #![allow(clippy::unwrap_used)] // tests fail loudly on the first unexpected error
 
@@ -80,49 +80,6 @@ async fn launcher_runs_until_terminated() {
         &["get", "objectsets", "-n", "pko-sample", "--no-headers"],
     );
     assert!(sets.contains("Available"), "{sets}");
-    // And the fleet sample: a Package in each of the six simulated HostedClusters' HCP namespaces.
-    wait_until(
-        "the fleet's HostedClusterPackage applied",
-        Duration::from_secs(120),
-        || {
-            let kubeconfig = kubeconfig.clone();
-            async move {
-                let found = Command::new("kubectl")
-                    .arg(format!("--kubeconfig={kubeconfig}"))
-                    .args(["get", "hostedclusterpackage", "fleet-addon"])
-                    .output()
-                    .map_err(|e| e.to_string())?;
-                if found.status.success() {
-                    Ok(())
-                } else {
-                    Err(String::from_utf8_lossy(&found.stderr).into_owned())
-                }
-            }
-        },
-    )
-    .await
-    .unwrap();
-    kubectl(
-        &kubeconfig,
-        &[
-            "wait",
-            "--for=condition=Available",
-            "hostedclusterpackage/fleet-addon",
-            "--timeout=120s",
-        ],
-    );
-    let packages = kubectl(
-        &kubeconfig,
-        &[
-            "get",
-            "packages",
-            "-A",
-            "-l",
-            "package-operator.run/hosted-cluster-package=fleet-addon",
-            "--no-headers",
-        ],
-    );
-    assert_eq!(packages.lines().count(), 6, "{packages}");
 
     let pid = launcher.id().unwrap().to_string();
     assert!(Command::new("kill")
