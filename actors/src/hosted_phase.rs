@@ -90,6 +90,7 @@ pub fn report_of_run(phase: &PhaseRef, outcome: &PhaseOutcome) -> PhaseReport {
                 PhaseProgress::Blocked { reason, message } => {
                     let outcome = match reason {
                         BlockReason::CollisionDetected => WireOutcome::CollisionDetected,
+                        BlockReason::HandedOver => WireOutcome::HandedOver,
                         BlockReason::PreflightError => WireOutcome::PreflightError,
                         BlockReason::ProbeFailure | BlockReason::PhaseNotReported => {
                             WireOutcome::ProbeFailure
@@ -164,6 +165,7 @@ pub fn progress_of_report(report: &PhaseReport) -> PhaseProgress {
         WireOutcome::Available => return PhaseProgress::Available,
         WireOutcome::ProbeFailure => BlockReason::ProbeFailure,
         WireOutcome::CollisionDetected => BlockReason::CollisionDetected,
+        WireOutcome::HandedOver => BlockReason::HandedOver,
         WireOutcome::PreflightError => BlockReason::PreflightError,
         // A teardown report says nothing about availability: the phase is not there.
         WireOutcome::TeardownInProgress | WireOutcome::TornDown => BlockReason::PhaseNotReported,

@@ -57,7 +57,8 @@ impl ObjectCache {
     /// delivered meanwhile (a controller's status write); the newer state stays, or the owner would probe
     /// the stale one and, the watch having nothing more to say, never look again.
     pub fn record(&self, key: &ObjectKey, object: Value) {
-        self.insert_if_newer(key, object);
+        let former = self.insert_if_newer(key, object);
+        self.tell_former_controller(key, former);
     }
 
     /// Forgets an object pko knows is gone.
@@ -163,28 +164,44 @@ impl ObjectCache {
         key.group.clone_from(&id.0);
         key.version.clone_from(&id.1);
         let owner = controller_of(&value).map(|(uid, _, _)| uid);
-        if deleted {
+        let former = if deleted {
             self.objects.remove(&key);
+            None
         } else {
-            self.insert_if_newer(&key, value);
-        }
+            self.insert_if_newer(&key, value)
+        };
         if let Some(route) = owner.and_then(|uid| self.routes.get(&uid).map(|r| r.clone())) {
             route(key.clone());
         }
+        self.tell_former_controller(&key, former);
         Some(key)
+    }
+
+    /// A handover moves an object to a newer revision: the revision it left must hear of it, or it keeps
+    /// reporting on an object it no longer controls.
+    fn tell_former_controller(&self, key: &ObjectKey, former: Option<String>) {
+        if let Some(route) = former.and_then(|uid| self.routes.get(&uid).map(|r| r.clone())) {
+            route(key.clone());
+        }
     }
 
     /// Our own apply results and the watch overtake each other; never replace a state with an older one.
     /// Check and insert under one entry lock, so a concurrent watch event cannot slip in between.
-    fn insert_if_newer(&self, key: &ObjectKey, value: Value) {
+    /// Returns the controller the object had before, when this state names another one.
+    fn insert_if_newer(&self, key: &ObjectKey, value: Value) -> Option<String> {
         match self.objects.entry(key.clone()) {
             dashmap::Entry::Occupied(mut known) => {
-                if supersedes(&value, known.get()) {
-                    known.insert(Arc::new(value));
+                if !supersedes(&value, known.get()) {
+                    return None;
                 }
+                let before = controller_of(known.get()).map(|(uid, _, _)| uid);
+                let after = controller_of(&value).map(|(uid, _, _)| uid);
+                known.insert(Arc::new(value));
+                before.filter(|uid| after.as_ref() != Some(uid))
             }
             dashmap::Entry::Vacant(slot) => {
                 slot.insert(Arc::new(value));
+                None
             }
         }
     }
@@ -262,5 +279,32 @@ mod tests {
         assert_eq!(cache.get(&key).unwrap()["status"]["ready"], true);
         cache.record(&key, at("700", json!({"ready": false})));
         assert_eq!(cache.get(&key).unwrap()["status"]["ready"], false);
+    }
+
+    #[tokio::test]
+    async fn a_handover_tells_the_revision_the_object_left() {
+        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let cache = ObjectCache::new(Client::try_from(config).unwrap());
+        let told: Arc<std::sync::Mutex<Vec<&str>>> = Arc::default();
+        for uid in ["rev-1", "rev-2"] {
+            let told = told.clone();
+            cache.add_route(uid, Arc::new(move |_| told.lock().unwrap().push(uid)));
+        }
+        let key = ObjectKey::of(&json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "x", "namespace": "ns"}}))
+        .unwrap();
+        let controlled_by = |uid: &str, rv: &str| {
+            json!({"metadata": {"name": "x", "resourceVersion": rv,
+                "ownerReferences": [{"uid": uid, "kind": "ObjectSet", "name": uid, "controller": true}]}})
+        };
+        cache.record(&key, controlled_by("rev-1", "10"));
+        cache.record(&key, controlled_by("rev-1", "11"));
+        assert!(told.lock().unwrap().is_empty(), "same controller: nobody to tell");
+        // Revision 2's apply took it over: revision 1 hears of it; revision 2 wrote it and needs no call.
+        cache.record(&key, controlled_by("rev-2", "12"));
+        assert_eq!(*told.lock().unwrap(), ["rev-1"]);
+        // An older answer changes nothing and tells nobody.
+        cache.record(&key, controlled_by("rev-1", "11"));
+        assert_eq!(*told.lock().unwrap(), ["rev-1"]);
     }
 }

@@ -57,6 +57,8 @@ enum ObjectOutcome {
         applied_hash: Option<u64>,
     },
     Collision(ObjectKey, String),
+    /// A newer revision controls the object now.
+    HandedOver(ObjectKey, String),
     Failed(ObjectKey, ApplyError),
 }
 
@@ -101,6 +103,7 @@ pub async fn reconcile_phase(
         .await;
 
     let mut collisions = Vec::new();
+    let mut handed_over = Vec::new();
     let mut failures = Vec::new();
     let mut probe_failures = Vec::new();
     let mut controlled = Vec::new();
@@ -137,6 +140,7 @@ pub async fn reconcile_phase(
                 mapped.extend(mapped_conditions(desired, &observed));
             }
             ObjectOutcome::Collision(key, reason) => collisions.push(format!("{key}: {reason}")),
+            ObjectOutcome::HandedOver(key, reason) => handed_over.push(format!("{key}: {reason}")),
             ObjectOutcome::Failed(key, error) => {
                 transient_error |= is_transient(&error);
                 warn!(object = %key, %error, "phase object failed");
@@ -148,6 +152,9 @@ pub async fn reconcile_phase(
         blocked(BlockReason::PreflightError, &failures)
     } else if !collisions.is_empty() {
         blocked(BlockReason::CollisionDetected, &collisions)
+    } else if !handed_over.is_empty() {
+        // Part of what this revision rolled out belongs to a newer one: it cannot vouch for the whole.
+        blocked(BlockReason::HandedOver, &handed_over)
     } else if !probe_failures.is_empty() {
         blocked(BlockReason::ProbeFailure, &probe_failures)
     } else {
@@ -269,6 +276,9 @@ async fn reconcile_object(
         match decide_adoption(&adopter, &desired.collision_protection, existing) {
             AdoptionDecision::Refuse(reason) => {
                 return Ok(ObjectOutcome::Collision(key.clone(), reason))
+            }
+            AdoptionDecision::Superseded(reason) => {
+                return Ok(ObjectOutcome::HandedOver(key.clone(), reason))
             }
             AdoptionDecision::AlreadyOwned => {
                 if last_applied == Some(hash) && is_subset(&desired.object, existing) {

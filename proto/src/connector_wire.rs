@@ -198,6 +198,8 @@ pub enum PhaseOutcome {
     ProbeFailure,
     /// An object is owned by someone the collision protection does not allow adopting from.
     CollisionDetected,
+    /// A newer revision's phase controls some of the objects now (handover).
+    HandedOver,
     /// The phase was refused before any write (unknown kind, bad namespace, ...).
     PreflightError,
     /// Teardown is deleting objects.

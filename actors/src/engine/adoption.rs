@@ -27,6 +27,8 @@ pub enum AdoptionDecision {
     Adopt { demote: Option<String> },
     /// Leave it alone: the set reports CollisionDetected with this reason.
     Refuse(String),
+    /// A newer revision controls it: it was handed over. Leave it alone, and vouch no more for it.
+    Superseded(String),
 }
 
 /// The current controller of an object: (uid, kind, name), from its controller reference or, for objects
@@ -81,8 +83,12 @@ pub fn decide_adoption(
     }
     if let Some(theirs) = revision_of(existing) {
         if theirs > adopter.revision && controller.is_some() {
-            return AdoptionDecision::Refuse(format!(
-                "object belongs to newer revision {theirs} (this is revision {})",
+            let holder = controller
+                .as_ref()
+                .map(|(_, kind, name)| format!(" ({kind} {name})"))
+                .unwrap_or_default();
+            return AdoptionDecision::Superseded(format!(
+                "handed over to revision {theirs}{holder}; this is revision {}",
                 adopter.revision
             ));
         }
@@ -231,7 +237,7 @@ mod tests {
         ) {
             let prev = if in_previous { vec!["other".to_owned()] } else { vec![] };
             let got = decide_adoption(&adopter(&prev), &protection, &object(Some("other"), Some(theirs)));
-            prop_assert!(matches!(got, AdoptionDecision::Refuse(_)));
+            prop_assert!(matches!(got, AdoptionDecision::Superseded(_)));
         }
 
         /// Prevent adopts exactly the objects a previous revision controls.

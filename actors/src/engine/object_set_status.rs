@@ -23,6 +23,8 @@ pub const ARCHIVED: &str = "Archived";
 pub enum BlockReason {
     ProbeFailure,
     CollisionDetected,
+    /// A newer revision took over some of the phase's objects.
+    HandedOver,
     PreflightError,
     /// A delegated phase whose ObjectSetPhase reported nothing current yet.
     PhaseNotReported,
@@ -33,6 +35,7 @@ impl BlockReason {
         match self {
             BlockReason::ProbeFailure => "ProbeFailure",
             BlockReason::CollisionDetected => "CollisionDetected",
+            BlockReason::HandedOver => "HandedOver",
             BlockReason::PreflightError => "PreflightError",
             BlockReason::PhaseNotReported => "PhaseNotReported",
         }
