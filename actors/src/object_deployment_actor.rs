@@ -54,6 +54,14 @@ fn view(set: &SetObject, owner_uid: &str) -> RevisionView {
         template: set.spec.template.clone(),
         lifecycle: set.spec.lifecycle_state.clone(),
         available: is_true_for(conditions, "Available", generation),
+        unavailable: conditions
+            .iter()
+            .find(|c| {
+                c.type_ == "Available"
+                    && c.status == "False"
+                    && c.observed_generation.is_none_or(|g| g == generation)
+            })
+            .map(|c| c.message.clone()),
         succeeded: is_true_for(conditions, "Succeeded", generation),
         archived: is_true_for(conditions, "Archived", generation),
         mapped: conditions

@@ -17,6 +17,8 @@ pub struct RevisionView {
     pub template: ObjectSetTemplateSpec,
     pub lifecycle: LifecycleState,
     pub available: bool,
+    /// Why it is not available, when it says so for its current generation.
+    pub unavailable: Option<String>,
     pub succeeded: bool,
     pub archived: bool,
     /// Conditions with a `domain/Type` name, to copy upward.
@@ -50,6 +52,10 @@ pub enum DeploymentAction {
 pub fn revision_name(deployment: &str, hash: &str) -> String {
     format!("{deployment}-{hash}")
 }
+
+/// Progressing reason while the latest revision reports, for its current generation, why it is not
+/// available (failing probes, a collision, a preflight error).
+pub const LATEST_REVISION_UNAVAILABLE: &str = "LatestRevisionUnavailable";
 
 /// Decides the next action from the template, its hash-derived name and the existing sets.
 pub fn plan_deployment(
@@ -130,53 +136,67 @@ pub fn deployment_conditions(
     } else {
         conditions.retain(|c| c.type_ != "Paused");
     }
-    let any_available = current.is_some_and(|c| c.available) || others.iter().any(|r| r.available);
-    if any_available {
-        set(
-            &mut conditions,
-            ConditionUpdate::new(
-                "Available",
-                true,
-                "Available",
-                "At least one revision is available.",
-            ),
-        );
+    // Available on the strength of the latest revision, or of an older one that still says so for its
+    // current generation. An older revision that handed objects over says HandedOver, not Available, so
+    // it cannot vouch for objects that are now the latest revision's.
+    let mut previous_live: Vec<&RevisionView> = others
+        .iter()
+        .filter(|r| r.available && r.lifecycle != LifecycleState::Archived)
+        .collect();
+    previous_live.sort_by_key(|r| std::cmp::Reverse(r.revision));
+    let latest_unavailable = current
+        .and_then(|c| c.unavailable.as_deref())
+        .map(|m| format!("Latest Revision is Unavailable: {m}"));
+    let available = if current.is_some_and(|c| c.available) {
+        ConditionUpdate::new("Available", true, "Available", "Latest Revision is Available.")
+    } else if let Some(previous) = previous_live.first() {
+        ConditionUpdate::new(
+            "Available",
+            true,
+            "Available",
+            format!("Previous Revision '{}' is still Available.", previous.name),
+        )
     } else {
-        set(
-            &mut conditions,
-            ConditionUpdate::new(
-                "Available",
-                false,
-                "ObjectSetUnready",
-                "No ObjectSet is available.",
-            ),
-        );
-    }
+        let message = match &latest_unavailable {
+            Some(why) => format!("No ObjectSet is available. {why}"),
+            None => "No ObjectSet is available.".to_owned(),
+        };
+        ConditionUpdate::new("Available", false, "ObjectSetUnready", message)
+    };
+    set(&mut conditions, available);
     let settled = current.is_some_and(|c| c.succeeded)
         && others
             .iter()
             .all(|r| r.lifecycle == LifecycleState::Archived);
-    if settled {
-        set(
-            &mut conditions,
-            ConditionUpdate::new("Progressing", false, "Idle", "Update concluded."),
-        );
+    let progressing = if settled {
+        ConditionUpdate::new("Progressing", false, "Idle", "Update concluded.")
     } else if current.is_some_and(|c| c.available) {
-        set(
-            &mut conditions,
-            ConditionUpdate::new("Progressing", true, "LatestRevisionPendingSuccess", "Latest revision is available, waiting for success and archival of older revisions."),
-        );
+        ConditionUpdate::new(
+            "Progressing",
+            true,
+            "LatestRevisionPendingSuccess",
+            "Latest revision is available, waiting for success and archival of older revisions.",
+        )
+    } else if let Some(why) = latest_unavailable {
+        // The latest revision was reconciled and reports why it is not available: a failure to show,
+        // not a revision still on its way.
+        ConditionUpdate::new("Progressing", true, LATEST_REVISION_UNAVAILABLE, why)
+    } else if current.is_some() {
+        ConditionUpdate::new(
+            "Progressing",
+            true,
+            "Progressing",
+            "Latest revision is progressing.",
+        )
     } else {
-        set(
-            &mut conditions,
-            ConditionUpdate::new(
-                "Progressing",
-                true,
-                "Progressing",
-                "Latest revision is progressing.",
-            ),
-        );
-    }
+        ConditionUpdate::new(
+            "Progressing",
+            true,
+            "Progressing",
+            "Progressing to a new ObjectSet.",
+        )
+    };
+    set(&mut conditions, progressing);
     // Mapped conditions come from the current revision only, and only if fresh there. Those it still
     // reports are updated in place, so their lastTransitionTime moves only with their status.
     let mapped = current.map(|c| c.mapped.as_slice()).unwrap_or_default();
@@ -230,6 +250,7 @@ mod tests {
                 LifecycleState::Active
             },
             available,
+            unavailable: None,
             succeeded: available,
             archived,
             mapped: vec![],

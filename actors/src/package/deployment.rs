@@ -155,6 +155,24 @@ pub fn package_conditions(
             ConditionUpdate::new(&c.type_, c.status == "True", &c.reason, c.message.clone()),
         );
     }
+    // The deployment still runs what the previous spec rendered: the current spec is not rolled out, so
+    // the Package is progressing whatever the deployment says of itself.
+    let not_rolled_out = match outcome {
+        UnpackOutcome::Unpacked => None,
+        UnpackOutcome::PullFailed(message) => Some(("ImagePullBackOff", message)),
+        UnpackOutcome::Invalid(message) => Some(("LoadError", message)),
+    };
+    if let Some((reason, message)) = not_rolled_out {
+        set(
+            &mut conditions,
+            ConditionUpdate::new(
+                "Progressing",
+                true,
+                reason,
+                format!("The current spec cannot be rolled out: {message}"),
+            ),
+        );
+    }
     let is_true = |t: &str| {
         conditions
             .iter()
@@ -264,6 +282,26 @@ mod tests {
         assert!(
             !c.iter().any(|c| c.type_ == "Available"),
             "no deployment, no Available"
+        );
+        // A spec that cannot be rolled out is progressing, whatever the previous deployment says.
+        let mut settled = od.clone();
+        settled.push(Condition {
+            type_: "Progressing".into(),
+            status: "False".into(),
+            reason: "Idle".into(),
+            message: "Update concluded.".into(),
+            ..od[0].clone()
+        });
+        let bad = &UnpackOutcome::Invalid("manifest.yaml: bad".into());
+        let (c, _) = package_conditions(&c, 3, false, bad, Some((&settled, 2)), now);
+        let progressing = c.iter().find(|c| c.type_ == "Progressing").unwrap();
+        assert_eq!(
+            (progressing.status.as_str(), progressing.reason.as_str()),
+            ("True", "LoadError")
+        );
+        assert_eq!(
+            progressing.message,
+            "The current spec cannot be rolled out: manifest.yaml: bad"
         );
     }
 
