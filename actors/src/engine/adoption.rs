@@ -59,6 +59,28 @@ pub fn controller_of(object: &Value) -> Option<(String, String, String)> {
     controller(&annotated)
 }
 
+/// Whether `uid` is among the object's owners (controller or not), by reference or owners annotation.
+fn is_owner(object: &Value, uid: &str) -> bool {
+    let Some(metadata) = object.get("metadata") else {
+        return false;
+    };
+    let names = |refs: &[Value]| {
+        refs.iter()
+            .any(|r| r.get("uid").and_then(Value::as_str) == Some(uid))
+    };
+    let by_reference = metadata
+        .get("ownerReferences")
+        .and_then(Value::as_array)
+        .is_some_and(|refs| names(refs));
+    let by_annotation = metadata
+        .get("annotations")
+        .and_then(|a| a.get(OWNERS_ANNOTATION))
+        .and_then(Value::as_str)
+        .and_then(|text| serde_json::from_str::<Vec<Value>>(text).ok())
+        .is_some_and(|refs| names(&refs));
+    by_reference || by_annotation
+}
+
 /// Revision recorded on an object by the revision that last applied it.
 pub fn revision_of(object: &Value) -> Option<i64> {
     object
@@ -80,6 +102,13 @@ pub fn decide_adoption(
         if uid == adopter.uid {
             return AdoptionDecision::AlreadyOwned;
         }
+    }
+    if controller.is_none() && is_owner(existing, adopter.uid) {
+        // Only a handover demotes a controller: a newer revision is taking the object over.
+        return AdoptionDecision::Superseded(format!(
+            "being handed over to a newer revision; this is revision {}",
+            adopter.revision
+        ));
     }
     if let Some(theirs) = revision_of(existing) {
         if theirs > adopter.revision && controller.is_some() {
@@ -213,6 +242,23 @@ mod tests {
                 demote: Some("prev".to_owned())
             }
         );
+    }
+
+    #[test]
+    fn a_demoted_owner_sees_its_object_handed_over() {
+        let demoted = json!({"metadata": {
+            "annotations": {REVISION_ANNOTATION: "2"},
+            "ownerReferences": [{"uid": "ME", "kind": "ObjectSet", "name": "me", "controller": false}],
+        }});
+        let me = Adopter {
+            uid: "ME",
+            revision: 2,
+            previous_uids: &[],
+        };
+        assert!(matches!(
+            decide_adoption(&me, &CollisionProtection::Prevent, &demoted),
+            AdoptionDecision::Superseded(_)
+        ));
     }
 
     #[test]
