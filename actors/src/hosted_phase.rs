@@ -92,9 +92,9 @@ pub fn report_of_run(phase: &PhaseRef, outcome: &PhaseOutcome) -> PhaseReport {
                         BlockReason::CollisionDetected => WireOutcome::CollisionDetected,
                         BlockReason::HandedOver => WireOutcome::HandedOver,
                         BlockReason::PreflightError => WireOutcome::PreflightError,
-                        BlockReason::ProbeFailure | BlockReason::PhaseNotReported => {
-                            WireOutcome::ProbeFailure
-                        }
+                        BlockReason::ProbeFailure
+                        | BlockReason::AwaitingStatus
+                        | BlockReason::PhaseNotReported => WireOutcome::ProbeFailure,
                     };
                     (outcome, message.clone())
                 }

@@ -57,8 +57,10 @@ fn view(set: &SetObject, owner_uid: &str) -> RevisionView {
         unavailable: conditions
             .iter()
             .find(|c| {
+                // Objects whose status does not speak for the change yet are on their way, not failing.
                 c.type_ == "Available"
                     && c.status == "False"
+                    && c.reason != "AwaitingStatus"
                     && c.observed_generation.is_none_or(|g| g == generation)
             })
             .map(|c| c.message.clone()),

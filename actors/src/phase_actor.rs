@@ -171,7 +171,7 @@ fn waits_on_probes(report: &PhaseReport) -> bool {
     matches!(
         report.progress,
         PhaseProgress::Blocked {
-            reason: BlockReason::ProbeFailure,
+            reason: BlockReason::ProbeFailure | BlockReason::AwaitingStatus,
             ..
         }
     )

@@ -106,6 +106,7 @@ pub async fn reconcile_phase(
     let mut handed_over = Vec::new();
     let mut failures = Vec::new();
     let mut probe_failures = Vec::new();
+    let mut probes_pending = true;
     let mut controlled = Vec::new();
     let mut mapped = Vec::new();
     let mut transient_error = false;
@@ -132,8 +133,14 @@ pub async fn reconcile_phase(
                         .unwrap_or_default();
                     controlled.push((key.clone(), uid.to_owned()));
                 }
-                if let ProbeResult::Failed(messages) = plan.probes.evaluate(&key, &observed) {
+                let (messages, pending) = match plan.probes.evaluate(&key, &observed) {
+                    ProbeResult::Passed => (None, true),
+                    ProbeResult::Failed(m) => (Some(m), false),
+                    ProbeResult::Pending(m) => (Some(m), true),
+                };
+                if let Some(messages) = messages {
                     probe_failures.push(format!("{key}: {}", messages.join(", ")));
+                    probes_pending &= pending;
                     // The next look reads it from the apiserver, not from what pko last saw.
                     cache.forget(&key);
                 }
@@ -155,6 +162,8 @@ pub async fn reconcile_phase(
     } else if !handed_over.is_empty() {
         // Part of what this revision rolled out belongs to a newer one: it cannot vouch for the whole.
         blocked(BlockReason::HandedOver, &handed_over)
+    } else if !probe_failures.is_empty() && probes_pending {
+        blocked(BlockReason::AwaitingStatus, &probe_failures)
     } else if !probe_failures.is_empty() {
         blocked(BlockReason::ProbeFailure, &probe_failures)
     } else {

@@ -148,7 +148,12 @@ pub fn deployment_conditions(
         .and_then(|c| c.unavailable.as_deref())
         .map(|m| format!("Latest Revision is Unavailable: {m}"));
     let available = if current.is_some_and(|c| c.available) {
-        ConditionUpdate::new("Available", true, "Available", "Latest Revision is Available.")
+        ConditionUpdate::new(
+            "Available",
+            true,
+            "Available",
+            "Latest Revision is Available.",
+        )
     } else if let Some(previous) = previous_live.first() {
         ConditionUpdate::new(
             "Available",
@@ -374,6 +379,61 @@ mod tests {
         assert!(c
             .iter()
             .any(|c| c.type_ == "Progressing" && c.status == "False" && c.reason == "Idle"));
+    }
+
+    #[test]
+    fn availability_rests_on_a_revision_that_says_so_now() {
+        let now = Timestamp::from_second(10).unwrap();
+        let find = |c: &[Condition], t: &str| {
+            let c = c.iter().find(|c| c.type_ == t).unwrap();
+            (c.status.clone(), c.reason.clone(), c.message.clone())
+        };
+        let mut latest = rev("od-2", 2, "b", false, false);
+        latest.succeeded = false;
+        let previous = rev("od-1", 1, "a", true, false);
+        // The latest revision is on its way; the previous one still passes its probes.
+        let (c, _) = deployment_conditions(&[], 1, false, Some(&latest), &[previous.clone()], now);
+        assert_eq!(
+            find(&c, "Available"),
+            (
+                "True".into(),
+                "Available".into(),
+                "Previous Revision 'od-1' is still Available.".into()
+            )
+        );
+        assert_eq!(find(&c, "Progressing").1, "Progressing");
+        // The latest revision reports a failure, and the previous one handed its objects over.
+        latest.unavailable = Some("Phase \"deploy\" failed: Widget ns/w: condition".into());
+        let mut handed_over = previous;
+        handed_over.available = false;
+        handed_over.unavailable = Some("Phase \"deploy\" failed: handed over".into());
+        let (c, phase) = deployment_conditions(&c, 1, false, Some(&latest), &[handed_over], now);
+        assert_eq!(phase, "NotReady");
+        let (status, reason, message) = find(&c, "Available");
+        assert_eq!(
+            (status.as_str(), reason.as_str()),
+            ("False", "ObjectSetUnready")
+        );
+        assert!(
+            message.ends_with(
+                "Latest Revision is Unavailable: Phase \"deploy\" failed: Widget ns/w: condition"
+            ),
+            "{message}"
+        );
+        assert_eq!(
+            find(&c, "Progressing"),
+            (
+                "True".into(),
+                LATEST_REVISION_UNAVAILABLE.into(),
+                "Latest Revision is Unavailable: Phase \"deploy\" failed: Widget ns/w: condition"
+                    .into()
+            )
+        );
+        // An archived revision never counts, whatever it said before.
+        let mut archived = rev("od-1", 1, "a", true, true);
+        archived.lifecycle = LifecycleState::Archived;
+        let (c, _) = deployment_conditions(&c, 1, false, Some(&latest), &[archived], now);
+        assert_eq!(find(&c, "Available").0, "False");
     }
 
     #[test]

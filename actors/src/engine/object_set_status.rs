@@ -22,6 +22,8 @@ pub const ARCHIVED: &str = "Archived";
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BlockReason {
     ProbeFailure,
+    /// Probes fail only because objects' status does not speak for their current generation yet.
+    AwaitingStatus,
     CollisionDetected,
     /// A newer revision took over some of the phase's objects.
     HandedOver,
@@ -34,6 +36,7 @@ impl BlockReason {
     pub fn as_str(self) -> &'static str {
         match self {
             BlockReason::ProbeFailure => "ProbeFailure",
+            BlockReason::AwaitingStatus => "AwaitingStatus",
             BlockReason::CollisionDetected => "CollisionDetected",
             BlockReason::HandedOver => "HandedOver",
             BlockReason::PreflightError => "PreflightError",

@@ -44,6 +44,10 @@ pub enum ProbeResult {
     Passed,
     /// At least one probe failed; messages say which and why, in probe order.
     Failed(Vec<String>),
+    /// Every failing probe failed only because the object's status does not speak for its current
+    /// generation yet (no status, stale `observedGeneration`, a condition or field not written yet):
+    /// its controller has not reported on the change.
+    Pending(Vec<String>),
 }
 
 impl ProbeResult {
@@ -129,24 +133,32 @@ impl ProbeSet {
     pub fn evaluate(&self, key: &ObjectKey, object: &Value) -> ProbeResult {
         let labels = labels_of(object);
         let mut messages = Vec::new();
+        let mut reported = true;
+        let mut failed = false;
         for group in &self.groups {
             if !selects(&group.selector, key, &labels) {
                 continue;
             }
             if let Some(stale) = stale_status(object) {
                 messages.push(stale);
+                reported = false;
                 continue;
             }
             for check in &group.checks {
                 if let Err(message) = run_check(check, object) {
+                    if not_reported_yet(check, object) {
+                        reported = false;
+                    } else {
+                        failed = true;
+                    }
                     messages.push(message);
                 }
             }
         }
-        if messages.is_empty() {
-            ProbeResult::Passed
-        } else {
-            ProbeResult::Failed(messages)
+        match (messages.is_empty(), reported || failed) {
+            (true, _) => ProbeResult::Passed,
+            (false, true) => ProbeResult::Failed(messages),
+            (false, false) => ProbeResult::Pending(messages),
         }
     }
 }
@@ -212,6 +224,35 @@ fn stale_status(object: &Value) -> Option<String> {
     (observed != generation).then(|| {
         format!("status outdated: observedGeneration {observed} != generation {generation}")
     })
+}
+
+/// A failed check that says nothing yet: what it reads has not been written for the current generation.
+fn not_reported_yet(check: &CompiledCheck, object: &Value) -> bool {
+    let generation = object
+        .pointer("/metadata/generation")
+        .and_then(Value::as_i64);
+    match check {
+        CompiledCheck::Condition { type_, .. } => {
+            let condition = object
+                .pointer("/status/conditions")
+                .and_then(Value::as_array)
+                .and_then(|cs| {
+                    cs.iter()
+                        .find(|c| c.get("type").and_then(Value::as_str) == Some(type_))
+                });
+            match condition {
+                None => true,
+                Some(c) => {
+                    let observed = c.get("observedGeneration").and_then(Value::as_i64);
+                    observed.is_some() && generation.is_some() && observed != generation
+                }
+            }
+        }
+        CompiledCheck::FieldsEqual { field_a, field_b } => {
+            field_at(object, field_a).is_none() || field_at(object, field_b).is_none()
+        }
+        CompiledCheck::Cel { .. } => false,
+    }
 }
 
 fn run_check(check: &CompiledCheck, object: &Value) -> Result<(), String> {
@@ -473,12 +514,50 @@ mod tests {
             ProbeSet::compile(&[group("Deployment", vec![condition("Available")])], "p").unwrap();
         let k = key("apps", "Deployment");
         assert!(set.evaluate(&k, &deployment(1, 1, 2, 2)).passed());
+        // Not reported for the current generation yet: pending, not failed.
         let stale = set.evaluate(&k, &deployment(1, 1, 3, 2));
         assert!(
-            matches!(&stale, ProbeResult::Failed(m) if m[0].contains("outdated")),
+            matches!(&stale, ProbeResult::Pending(m) if m[0].contains("outdated")),
             "{stale:?}"
         );
         assert!(set.evaluate(&key("", "ConfigMap"), &json!({})).passed());
+    }
+
+    #[test]
+    fn status_not_written_yet_is_pending_and_a_contradicting_one_fails() {
+        let set = ProbeSet::compile(
+            &[group(
+                "Deployment",
+                vec![
+                    condition("Available"),
+                    serde_json::from_value(json!({"fieldsEqual": {
+                        "fieldA": ".status.updatedReplicas", "fieldB": ".status.replicas"}}))
+                    .unwrap(),
+                ],
+            )],
+            "p",
+        )
+        .unwrap();
+        let k = key("apps", "Deployment");
+        let fresh = json!({"metadata": {"generation": 2}, "spec": {}});
+        assert!(matches!(set.evaluate(&k, &fresh), ProbeResult::Pending(_)));
+        let outdated_condition = json!({"metadata": {"generation": 2}, "status": {
+            "replicas": 1, "updatedReplicas": 1,
+            "conditions": [{"type": "Available", "status": "True", "observedGeneration": 1}]}});
+        assert!(matches!(
+            set.evaluate(&k, &outdated_condition),
+            ProbeResult::Pending(_)
+        ));
+        // Written for this generation, and it says no: failed, even beside a pending check.
+        let rolling = json!({"metadata": {"generation": 2}, "status": {
+            "observedGeneration": 2, "replicas": 2, "updatedReplicas": 1,
+            "conditions": [{"type": "Available", "status": "True"}]}});
+        assert!(
+            matches!(set.evaluate(&k, &rolling), ProbeResult::Failed(m) if m[0].contains("1 != 2"))
+        );
+        let down = json!({"metadata": {"generation": 2}, "status": {
+            "conditions": [{"type": "Available", "status": "False", "observedGeneration": 2}]}});
+        assert!(matches!(set.evaluate(&k, &down), ProbeResult::Failed(_)));
     }
 
     #[test]
