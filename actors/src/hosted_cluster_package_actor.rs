@@ -10,13 +10,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ListParams, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::Api;
+use kube::Resource;
 use pko_proto::core::hosted_cluster_package::{HostedClusterPackage, HostedClusterPackageStatus};
 use pko_proto::core::package::Package;
 use pko_proto::hypershift::HostedCluster;
-use pko_proto::rollout_events::{RolloutEvent, EVENT_VERSION};
+use pko_proto::rollout_events::{RolloutEvent, RolloutEventKind, EVENT_VERSION};
 use serde_json::json;
 use tracing::{info_span, warn, Instrument};
 
@@ -30,6 +33,7 @@ use crate::hcp_namespace_actor::{HcpNamespaceActor, PackageCommand, PackageWritt
 use crate::hosted_cluster_fleet::Fleet;
 use crate::hosted_cluster_package_object::{
     desired_package, invalid_status, package_state, rollout_settings, rollout_status, OWNER_LABEL,
+    UNKNOWN_GROUP,
 };
 use crate::kind_feed::{FeedTarget, Gone, Observed};
 use crate::package_object::PackageObject;
@@ -246,12 +250,17 @@ impl HostedClusterPackageActor {
         let previous_status = hcpkg.status.clone().unwrap_or_default();
         let status_changed = status != previous_status;
         let publisher = self.shared.publisher.clone();
+        let mut reference = hcpkg.object_ref(&());
+        // Events of a cluster-scoped object live in "default"; apiservers before 1.22 also want the
+        // reference to name that namespace.
+        reference.namespace = Some("default".to_owned());
         let work = async move {
             // The in-flight set (and the rest of the status) goes first: a crash after this point
             // finds every update it was about to make already counted.
             if status_changed {
                 write_status(&client, &name, &status).await?;
             }
+            record_failures(&client, &reference, &events).await;
             if let Some(publisher) = publisher {
                 publisher.publish(&events).await;
             }
@@ -316,6 +325,58 @@ async fn list_owned_packages(
         .collect())
 }
 
+/// Longest Event note the apiserver takes (events.k8s.io/v1 `note`: 1 kB).
+const EVENT_NOTE_BYTES: usize = 1024;
+
+/// A Warning Event on the HostedClusterPackage for each Package that started failing, naming it and why.
+async fn record_failures(
+    client: &kube::Client,
+    reference: &ObjectReference,
+    events: &[RolloutEvent],
+) {
+    let failed: Vec<&RolloutEvent> = events
+        .iter()
+        .filter(|e| e.kind == RolloutEventKind::PackageFailed)
+        .collect();
+    if failed.is_empty() {
+        return;
+    }
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "pko-manager".into(),
+            instance: None,
+        },
+    );
+    for e in failed {
+        let mut note = format!(
+            "Package {}/{} (group {}) fails: {}",
+            e.namespace.as_deref().unwrap_or_default(),
+            e.hosted_cluster_package,
+            e.group.as_deref().unwrap_or(UNKNOWN_GROUP),
+            e.message
+        );
+        if note.len() > EVENT_NOTE_BYTES {
+            let mut cut = EVENT_NOTE_BYTES - '…'.len_utf8();
+            while !note.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            note.truncate(cut);
+            note.push('…');
+        }
+        let event = Event {
+            type_: EventType::Warning,
+            reason: "PackageFailed".into(),
+            note: Some(note),
+            action: "RolloutPackage".into(),
+            secondary: None,
+        };
+        if let Err(error) = recorder.publish(&event, reference).await {
+            warn!(%error, "cannot record an event on the HostedClusterPackage");
+        }
+    }
+}
+
 async fn write_status(
     client: &kube::Client,
     name: &str,
@@ -371,15 +432,13 @@ fn decide(snapshot: &Snapshot, failures: &BTreeMap<String, String>) -> Decision 
             continue;
         }
         wanted.insert(namespace.clone());
-        let state = if snapshot.writing.contains(&namespace) {
-            Some(PackageState {
-                updated: true,
-                available: false,
-                progressed: false,
-                paused: false,
-            })
+        let (state, failure) = if snapshot.writing.contains(&namespace) {
+            (Some(PackageState::just_updated()), None)
         } else {
-            package.map(|p| package_state(&hcpkg.spec.template, p))
+            match package.map(|p| package_state(&hcpkg.spec.template, p)) {
+                Some((state, failure)) => (Some(state), failure),
+                None => (None, None),
+            }
         };
         let label = label_key.and_then(|k| {
             cluster
@@ -392,6 +451,7 @@ fn decide(snapshot: &Snapshot, failures: &BTreeMap<String, String>) -> Decision 
             namespace,
             label,
             package: state,
+            failure,
         });
     }
     let input = RolloutInput {
@@ -408,6 +468,7 @@ fn decide(snapshot: &Snapshot, failures: &BTreeMap<String, String>) -> Decision 
     let mut status = rollout_status(
         &previous.conditions,
         generation,
+        &input,
         &plan,
         settings.strategy,
         &snapshot.packages,

@@ -15,9 +15,10 @@ use pko_proto::core::package::PackageTemplateSpec;
 use serde_json::{json, Value};
 
 use crate::engine::conditions::{is_true_for, set_condition, ConditionUpdate};
+use crate::engine::deployment_plan::LATEST_REVISION_UNAVAILABLE;
 use crate::engine::label_selector::selector_matches;
 use crate::engine::rollout_plan::{
-    Counts, PackageState, PartitionOrder, RolloutPlan, RolloutStrategy,
+    Counts, PackageState, PartitionOrder, RolloutInput, RolloutPlan, RolloutStrategy,
 };
 use crate::engine::rollout_status::rollout_conditions;
 use crate::package_object::PackageObject;
@@ -123,22 +124,51 @@ pub fn desired_package(hcpkg: &HostedClusterPackage, namespace: &str) -> Value {
     })
 }
 
-/// Where one Package stands against the template.
-pub fn package_state(template: &PackageTemplateSpec, package: &PackageObject) -> PackageState {
+/// Where one Package stands against the template, and why it fails when it does.
+///
+/// Live: Progressing=False and Available=True, both for its current generation (the ObjectDeployment
+/// sets Progressing=False only once its latest revision succeeded and the older ones are archived).
+/// Failed: for its current generation it is Invalid, cannot be unpacked, its latest revision reports
+/// why it is unavailable (Progressing reason `LatestRevisionUnavailable`), or it settled and is not
+/// Available.
+pub fn package_state(
+    template: &PackageTemplateSpec,
+    package: &PackageObject,
+) -> (PackageState, Option<String>) {
     let generation = package.meta.generation.unwrap_or_default();
     let conditions = &package.status.conditions;
+    let fresh = |type_: &str| {
+        conditions
+            .iter()
+            .find(|c| c.type_ == type_ && c.observed_generation.is_none_or(|g| g == generation))
+    };
     let updated = package.spec == template.spec;
-    let not_progressing = conditions.iter().any(|c| {
-        c.type_ == "Progressing"
-            && c.status == "False"
-            && c.observed_generation.is_none_or(|g| g == generation)
-    });
-    PackageState {
+    let progressing = fresh("Progressing");
+    let available = fresh("Available");
+    let not_progressing = progressing.is_some_and(|c| c.status == "False");
+    let is_available = available.is_some_and(|c| c.status == "True");
+    let failure = if let Some(c) = fresh("Invalid").filter(|c| c.status == "True") {
+        Some(format!("invalid: {}", c.message))
+    } else if let Some(c) = fresh("Unpacked").filter(|c| c.status == "False") {
+        Some(format!("cannot unpack: {}", c.message))
+    } else if let Some(c) =
+        progressing.filter(|c| c.status == "True" && c.reason == LATEST_REVISION_UNAVAILABLE)
+    {
+        Some(c.message.clone())
+    } else if not_progressing && !is_available {
+        available.map(|c| c.message.clone())
+    } else {
+        None
+    };
+    let state = PackageState {
         updated,
-        available: is_true_for(conditions, "Available", generation),
+        available: is_available,
+        live: not_progressing && is_available && failure.is_none(),
+        failed: failure.is_some(),
         progressed: updated && not_progressing,
         paused: is_true_for(conditions, "Paused", generation),
-    }
+    };
+    (state, failure)
 }
 
 fn counts(c: &Counts) -> HostedClusterPackageCounts {
@@ -149,6 +179,8 @@ fn counts(c: &Counts) -> HostedClusterPackageCounts {
         available_packages: n(c.available),
         unavailable_packages: n(c.unavailable),
         progressed_packages: n(c.progressed),
+        in_flight_packages: n(c.in_flight),
+        failed_packages: n(c.failed),
     }
 }
 
@@ -157,13 +189,14 @@ fn counts(c: &Counts) -> HostedClusterPackageCounts {
 pub fn rollout_status(
     previous: &[Condition],
     generation: i64,
+    input: &RolloutInput,
     plan: &RolloutPlan,
     strategy: RolloutStrategy,
     packages: &BTreeMap<String, Arc<PackageObject>>,
     now: Timestamp,
 ) -> HostedClusterPackageStatus {
     let mut conditions = previous.to_vec();
-    for update in rollout_conditions(plan, strategy) {
+    for update in rollout_conditions(input, plan, strategy) {
         set_condition(&mut conditions, update, generation, now);
     }
     HostedClusterPackageStatus {
@@ -323,43 +356,139 @@ mod tests {
     #[test]
     fn package_state_reads_spec_and_current_conditions() {
         let h = hcpkg(json!({"template": template()}));
-        let package = |image: &str, generation: i64, observed: i64| -> PackageObject {
+        let package = |image: &str, generation: i64, conditions: Value| -> PackageObject {
+            let conditions: Vec<Value> = conditions
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| {
+                    let mut c = c.clone();
+                    c["lastTransitionTime"] = json!("2026-01-01T00:00:00Z");
+                    c
+                })
+                .collect();
             let p: pko_proto::core::package::Package = serde_json::from_value(json!({
                 "apiVersion": "package-operator.run/v1alpha1", "kind": "Package",
                 "metadata": {"name": "addon", "namespace": "clusters-a", "generation": generation},
                 "spec": {"image": image},
-                "status": {"conditions": [
-                    {"type": "Available", "status": "True", "reason": "Available", "message": "",
-                     "observedGeneration": observed, "lastTransitionTime": "2026-01-01T00:00:00Z"},
-                    {"type": "Progressing", "status": "False", "reason": "Idle", "message": "",
-                     "observedGeneration": observed, "lastTransitionTime": "2026-01-01T00:00:00Z"},
-                ]},
+                "status": {"conditions": conditions},
             }))
             .unwrap();
             p.into()
         };
-        let current = package_state(&h.spec.template, &package("registry/addon:v2", 3, 3));
+        let c = |type_: &str, status: &str, reason: &str, message: &str, observed: i64| {
+            json!({"type": type_, "status": status, "reason": reason, "message": message,
+                   "observedGeneration": observed})
+        };
+        let live = json!([
+            c("Available", "True", "Available", "", 3),
+            c("Progressing", "False", "Idle", "", 3)
+        ]);
+        let state = |image: &str, generation: i64, conditions: &Value| {
+            package_state(
+                &h.spec.template,
+                &package(image, generation, conditions.clone()),
+            )
+        };
         assert_eq!(
-            current,
-            PackageState {
-                updated: true,
-                available: true,
-                progressed: true,
-                paused: false
-            }
+            state("registry/addon:v2", 3, &live),
+            (
+                PackageState {
+                    updated: true,
+                    available: true,
+                    live: true,
+                    failed: false,
+                    progressed: true,
+                    paused: false
+                },
+                None
+            )
         );
         // Just updated: the conditions are for the previous generation.
-        let updating = package_state(&h.spec.template, &package("registry/addon:v2", 4, 3));
         assert_eq!(
-            updating,
-            PackageState {
-                updated: true,
-                available: false,
-                progressed: false,
-                paused: false
-            }
+            state("registry/addon:v2", 4, &live),
+            (PackageState::just_updated(), None)
         );
-        let outdated = package_state(&h.spec.template, &package("registry/addon:v1", 3, 3));
+        let (outdated, _) = state("registry/addon:v1", 3, &live);
         assert!(!outdated.updated && outdated.available && !outdated.progressed);
+
+        // Available on the previous revision while the latest one is on its way: in flight.
+        let on_previous = json!([
+            c(
+                "Available",
+                "True",
+                "Available",
+                "Previous Revision 'a-1' is still Available.",
+                4
+            ),
+            c(
+                "Progressing",
+                "True",
+                "Progressing",
+                "Latest revision is progressing.",
+                4
+            )
+        ]);
+        let (s, why) = state("registry/addon:v2", 4, &on_previous);
+        assert!(
+            s.available && !s.live && !s.failed && why.is_none(),
+            "{s:?}"
+        );
+        // The latest revision says why it is unavailable: failed, with its message.
+        let failing = json!([
+            c(
+                "Available",
+                "False",
+                "ObjectSetUnready",
+                "No ObjectSet is available.",
+                4
+            ),
+            c(
+                "Progressing",
+                "True",
+                "LatestRevisionUnavailable",
+                "Latest Revision is Unavailable: Phase \"deploy\" failed: probe",
+                4
+            )
+        ]);
+        let (s, why) = state("registry/addon:v2", 4, &failing);
+        assert!(s.failed && !s.live);
+        assert_eq!(
+            why.as_deref(),
+            Some("Latest Revision is Unavailable: Phase \"deploy\" failed: probe")
+        );
+        // Settled, then broke: failed with the Available message.
+        let broke = json!([
+            c(
+                "Available",
+                "False",
+                "ObjectSetUnready",
+                "No ObjectSet is available.",
+                4
+            ),
+            c("Progressing", "False", "Idle", "Update concluded.", 4)
+        ]);
+        let (s, why) = state("registry/addon:v2", 4, &broke);
+        assert!(s.failed && !s.live);
+        assert_eq!(why.as_deref(), Some("No ObjectSet is available."));
+        // Invalid or not unpacking: failed, whatever the deployment says.
+        let invalid = json!([
+            c("Invalid", "True", "LoadError", "manifest.yaml: bad", 4),
+            c("Available", "True", "Available", "", 4),
+            c(
+                "Progressing",
+                "True",
+                "LoadError",
+                "The current spec cannot be rolled out",
+                4
+            )
+        ]);
+        let (s, why) = state("registry/addon:v2", 4, &invalid);
+        assert!(s.failed && !s.live);
+        assert_eq!(why.as_deref(), Some("invalid: manifest.yaml: bad"));
+        let pull = json!([c("Unpacked", "False", "ImagePullBackOff", "not found", 4)]);
+        let (s, why) = state("registry/addon:v2", 4, &pull);
+        assert!(s.failed);
+        assert_eq!(why.as_deref(), Some("cannot unpack: not found"));
     }
 }

@@ -23,19 +23,21 @@ pub enum RolloutEventKind {
     RolloutStarted,
     /// A partition group started getting updates.
     GroupStarted,
-    /// Every Package of a group is updated and available.
+    /// Every Package of a group is updated and live (or paused).
     GroupFinished,
     /// A Package was created or updated to the current template.
     PackageUpdated,
-    /// An updated Package became available.
+    /// An updated Package's latest revision became live: Available=True and Progressing=False for the
+    /// Package's current generation.
     PackageAvailable,
-    /// A Package that was updated and available is not available any more.
+    /// An updated Package fails: it reports why its latest revision cannot become live (the message
+    /// says why), or it was live and is not available any more.
     PackageFailed,
     /// A Package was paused.
     PackagePaused,
     /// Outdated Packages wait because maxUnavailable is used up.
     Blocked,
-    /// Every Package is updated and available.
+    /// Every Package is updated and live (or paused).
     RolloutFinished,
 }
 

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use pko_proto::rollout_events::RolloutEventKind;
 
-use super::rollout_plan::{group_key, PackageState, RolloutInput, RolloutPlan};
+use super::rollout_plan::{group_key, PackageState, RolloutInput, RolloutPlan, RolloutState};
 
 /// What was planned for one generation, as the events compare it.
 #[derive(Debug, Clone)]
@@ -34,9 +34,10 @@ fn step(kind: RolloutEventKind, group: Option<String>, namespace: Option<String>
     }
 }
 
-fn packages<'a>(
-    view: &RolloutView<'a>,
-) -> BTreeMap<&'a str, (Option<String>, Option<PackageState>)> {
+/// Per namespace: its group, its Package's state and why it fails.
+type PackageViews<'a> = BTreeMap<&'a str, (Option<String>, Option<PackageState>, Option<&'a str>)>;
+
+fn packages<'a>(view: &RolloutView<'a>) -> PackageViews<'a> {
     let order = view.input.partition.as_ref();
     view.input
         .targets
@@ -44,7 +45,11 @@ fn packages<'a>(
         .map(|t| {
             (
                 t.namespace.as_str(),
-                (group_key(t.label.as_deref(), order), t.package),
+                (
+                    group_key(t.label.as_deref(), order),
+                    t.package,
+                    t.failure.as_deref(),
+                ),
             )
         })
         .collect()
@@ -89,8 +94,8 @@ pub fn rollout_steps(
         }
     }
     let before = previous.map(packages).unwrap_or_default();
-    for (ns, (group, state)) in packages(next) {
-        let old = before.get(ns).and_then(|(_, s)| *s);
+    for (ns, (group, state, failure)) in packages(next) {
+        let old = before.get(ns).and_then(|(_, s, _)| *s);
         let namespace = Some(ns.to_owned());
         if next
             .plan
@@ -102,12 +107,18 @@ pub fn rollout_steps(
             steps.push(step(PackageUpdated, group.clone(), namespace.clone()));
         }
         let Some(state) = state else { continue };
-        let was_good = old.is_some_and(|o| o.updated && o.available);
-        if state.updated && state.available && !was_good && previous.is_some() {
+        let was = old.map(|o| o.rollout_state());
+        let now = state.rollout_state();
+        let was_done = was == Some(RolloutState::Done);
+        if now == RolloutState::Done && !was_done && previous.is_some() {
             steps.push(step(PackageAvailable, group.clone(), namespace.clone()));
         }
-        if was_good && !state.available {
-            steps.push(step(PackageFailed, group.clone(), namespace.clone()));
+        let broke = was_done && !state.available;
+        if (now == RolloutState::Failed || broke) && was != Some(RolloutState::Failed) {
+            steps.push(RolloutStep {
+                message: failure.unwrap_or("not available any more").to_owned(),
+                ..step(PackageFailed, group.clone(), namespace.clone())
+            });
         }
         if state.paused && !old.is_some_and(|o| o.paused) {
             steps.push(step(PackagePaused, group, namespace));
@@ -150,9 +161,11 @@ mod tests {
                     package: Some(PackageState {
                         updated,
                         available,
+                        live: available,
                         progressed: updated && available,
-                        paused: false,
+                        ..PackageState::default()
                     }),
+                    failure: None,
                 })
                 .collect(),
             partition: Some(PartitionOrder::Static(vec!["early".into(), "late".into()])),
@@ -232,6 +245,54 @@ mod tests {
             kinds(&rollout_steps(Some(&vc), &vd)),
             [(GroupStarted, Some("early")), (PackageFailed, Some("e"))]
         );
+    }
+
+    #[test]
+    fn a_failing_package_is_told_once_with_why() {
+        use RolloutEventKind::*;
+        let mut a = input(&[("e", "early", true, false), ("l", "late", false, true)]);
+        let pa = plan_rollout(&a);
+        let va = RolloutView {
+            generation: 4,
+            input: &a,
+            plan: &pa,
+        };
+        // The latest revision reports its probe failing.
+        let mut b = a.clone();
+        b.targets[0].package = Some(PackageState {
+            updated: true,
+            failed: true,
+            ..PackageState::default()
+        });
+        b.targets[0].failure = Some("Widget e/w: condition \"Available\" is \"False\"".into());
+        let pb = plan_rollout(&b);
+        let vb = RolloutView {
+            generation: 4,
+            input: &b,
+            plan: &pb,
+        };
+        let steps = rollout_steps(Some(&va), &vb);
+        assert_eq!(kinds(&steps), [(PackageFailed, Some("e"))]);
+        assert_eq!(
+            steps[0].message,
+            "Widget e/w: condition \"Available\" is \"False\""
+        );
+        assert!(rollout_steps(Some(&vb), &vb).is_empty(), "told once");
+        // Available on an older revision is not live: no packageAvailable for it.
+        a.targets[0].package = Some(PackageState {
+            updated: true,
+            available: true,
+            ..PackageState::default()
+        });
+        let pc = plan_rollout(&a);
+        let vc = RolloutView {
+            generation: 4,
+            input: &a,
+            plan: &pc,
+        };
+        assert!(kinds(&rollout_steps(Some(&vb), &vc))
+            .iter()
+            .all(|(k, _)| *k != PackageAvailable));
     }
 
     #[test]

@@ -1,17 +1,22 @@
 //! The rollout planner of a HostedClusterPackage: from the observed fleet (targets, their groups and their
 //! Packages' state) and the persisted in-flight set, which Packages to create and which to update now.
 //!
-//! Rules (seed 000, and issue 6 where the seed is silent):
-//! - Partitions are a barrier: only the first group that is not finished (every Package updated and
-//!   available) gets updates. Order is the static list or byte order of the label values; clusters without
+//! Rules (seed 000, and issues 6 and 13 where the seed is silent):
+//! - A Package is *done* when it is updated and its latest revision is live: Progressing=False and
+//!   Available=True, both for its current generation. Updated but not done is *in flight*; updated and
+//!   reporting why its latest revision cannot become live (failing probes, invalid, not unpacking) is
+//!   *failed*. Both hold a budget slot and keep their group unfinished: a failing release stops in the
+//!   group where it fails, until it recovers or the template changes.
+//! - Partitions are a barrier: only the first group that is not finished (every Package done, or
+//!   paused) gets updates. Order is the static list or byte order of the label values; clusters without
 //!   the label, or with a value the static list does not name, form the unknown group, last.
-//! - Budget: at every moment |unavailable ∪ in-flight| <= maxUnavailable, where missing Packages count as
-//!   unavailable. Updating a Package that is already unavailable (or already in flight) costs nothing, so
+//! - Budget: at every moment |disrupted ∪ in-flight| <= maxUnavailable, where disrupted means missing,
+//!   not Available, or updated and not done. Updating a Package that is already unavailable (or already in flight) costs nothing, so
 //!   those go first; an available one costs one slot. `instant` updates everything at once.
 //! - New targets get their Package at once with the current template (creation disrupts nothing).
 //! - Paused Packages are left alone: never updated, never in flight, and a group does not wait for them.
 //! - The in-flight set is what the caller persists (status.processing) before writing the updates, so a
-//!   restarted manager counts them again. An entry stays until its Package is observed available (or is
+//!   restarted manager counts them again. An entry stays until its Package is observed done (or is
 //!   paused, or its target is gone). The caller must record each update's response in its view: the new
 //!   generation makes the Package unavailable until its status catches up, which keeps it counted.
 //!
@@ -41,11 +46,52 @@ pub enum RolloutStrategy {
 pub struct PackageState {
     /// Its spec equals the template's.
     pub updated: bool,
-    /// Available=True for its current generation.
+    /// Available=True for its current generation (possibly on the strength of an older revision).
     pub available: bool,
+    /// Its latest revision is live: Progressing=False and Available=True, both for its current generation.
+    pub live: bool,
+    /// It reports, for its current generation, why its latest revision cannot become live.
+    pub failed: bool,
     /// Updated and Progressing=False.
     pub progressed: bool,
     pub paused: bool,
+}
+
+/// Where a target stands in the rollout of the current template.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RolloutState {
+    /// No Package yet.
+    Missing,
+    /// Its spec is not the template's.
+    Outdated,
+    /// Updated, its latest revision not live yet.
+    InFlight,
+    /// Updated, and it reports why its latest revision cannot become live.
+    Failed,
+    /// Updated and live.
+    Done,
+    /// Left alone.
+    Paused,
+}
+
+impl PackageState {
+    /// A Package just written with the template: nothing observed of it yet.
+    pub fn just_updated() -> Self {
+        Self {
+            updated: true,
+            ..Self::default()
+        }
+    }
+
+    pub fn rollout_state(&self) -> RolloutState {
+        match self {
+            p if p.paused => RolloutState::Paused,
+            p if !p.updated => RolloutState::Outdated,
+            p if p.failed => RolloutState::Failed,
+            p if p.live && p.available => RolloutState::Done,
+            _ => RolloutState::InFlight,
+        }
+    }
 }
 
 /// One selected, Available HostedCluster.
@@ -57,6 +103,8 @@ pub struct Target {
     pub label: Option<String>,
     /// `None` until its Package exists.
     pub package: Option<PackageState>,
+    /// Why its Package fails, when it does (for status and events; the planner reads `failed`).
+    pub failure: Option<String>,
 }
 
 /// Everything the planner looks at.
@@ -79,6 +127,10 @@ pub struct Counts {
     pub unavailable: usize,
     pub progressed: usize,
     pub paused: usize,
+    /// Updated and not live yet, not failed.
+    pub in_flight: usize,
+    /// Updated and failing.
+    pub failed: usize,
 }
 
 /// One partition group, in rollout order.
@@ -94,7 +146,7 @@ pub struct GroupStatus {
 /// Why the rollout cannot update anything although Packages are outdated.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Blocked {
-    /// The unavailable or in-flight Packages holding the budget, by namespace.
+    /// The disrupted or in-flight Packages holding the budget, by namespace.
     pub holders: Vec<String>,
     pub max_unavailable: usize,
 }
@@ -114,6 +166,8 @@ pub struct RolloutPlan {
     pub counts: Counts,
     /// Set when outdated Packages wait only because the budget is used up.
     pub blocked: Option<Blocked>,
+    /// Updated Packages that fail, by namespace, in rollout order of their groups.
+    pub failed: Vec<String>,
 }
 
 /// The group a cluster with partition label value `label` belongs to; `None` is the unknown group.
@@ -147,14 +201,23 @@ fn compare_groups(
     }
 }
 
+fn state(target: &Target) -> RolloutState {
+    target
+        .package
+        .map_or(RolloutState::Missing, |p| p.rollout_state())
+}
+
 fn is_unavailable(target: &Target) -> bool {
     target.package.is_none_or(|p| !p.available)
 }
 
+/// Counts against the budget: missing, not available, or updated and not done.
+fn is_disrupted(target: &Target) -> bool {
+    is_unavailable(target) || matches!(state(target), RolloutState::InFlight | RolloutState::Failed)
+}
+
 fn is_done(target: &Target) -> bool {
-    target
-        .package
-        .is_some_and(|p| p.paused || (p.updated && p.available))
+    matches!(state(target), RolloutState::Done | RolloutState::Paused)
 }
 
 fn count(targets: &[&Target]) -> Counts {
@@ -169,6 +232,8 @@ fn count(targets: &[&Target]) -> Counts {
         counts.unavailable += usize::from(is_unavailable(t));
         counts.progressed += usize::from(p.progressed);
         counts.paused += usize::from(p.paused);
+        counts.in_flight += usize::from(state(t) == RolloutState::InFlight);
+        counts.failed += usize::from(state(t) == RolloutState::Failed);
     }
     counts
 }
@@ -205,16 +270,18 @@ pub fn plan_rollout(input: &RolloutInput) -> RolloutPlan {
         .iter()
         .map(|t| (t.namespace.as_str(), t))
         .collect();
-    // In flight until observed available; paused Packages and gone targets leave. An entry that is
-    // available but outdated was superseded by a newer template (or never written before a crash) and
-    // holds no slot: whether it is updated again is decided below like any other.
+    // In flight until observed done; paused Packages and gone targets leave. An entry that is available
+    // but outdated was superseded by a newer template (or never written before a crash) and holds no
+    // slot: whether it is updated again is decided below like any other.
     let mut processing: BTreeSet<String> = input
         .processing
         .iter()
         .filter(|ns| {
-            targets
-                .get(ns.as_str())
-                .is_some_and(|t| t.package.is_some_and(|p| !p.paused && !p.available))
+            targets.get(ns.as_str()).is_some_and(|t| match state(t) {
+                RolloutState::InFlight | RolloutState::Failed => true,
+                RolloutState::Outdated => is_unavailable(t),
+                RolloutState::Missing | RolloutState::Done | RolloutState::Paused => false,
+            })
         })
         .cloned()
         .collect();
@@ -244,7 +311,7 @@ pub fn plan_rollout(input: &RolloutInput) -> RolloutPlan {
                 let disrupted: BTreeSet<&str> = input
                     .targets
                     .iter()
-                    .filter(|t| is_unavailable(t))
+                    .filter(|t| is_disrupted(t))
                     .map(|t| t.namespace.as_str())
                     .chain(processing.iter().map(String::as_str))
                     .collect();
@@ -267,6 +334,12 @@ pub fn plan_rollout(input: &RolloutInput) -> RolloutPlan {
     }
     processing.extend(update.iter().cloned());
     let all: Vec<&Target> = input.targets.iter().collect();
+    let failed = names
+        .iter()
+        .flat_map(|name| &grouped[name])
+        .filter(|t| state(t) == RolloutState::Failed)
+        .map(|t| t.namespace.clone())
+        .collect();
     RolloutPlan {
         create,
         update,
@@ -275,6 +348,7 @@ pub fn plan_rollout(input: &RolloutInput) -> RolloutPlan {
         current_group,
         counts: count(&all),
         blocked,
+        failed,
     }
 }
 
@@ -283,12 +357,14 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// An updated and available Package is live here; see the tests below for the other cases.
     fn pkg(updated: bool, available: bool) -> Option<PackageState> {
         Some(PackageState {
             updated,
             available,
+            live: available,
             progressed: updated && available,
-            paused: false,
+            ..PackageState::default()
         })
     }
 
@@ -297,6 +373,7 @@ mod tests {
             namespace: ns.into(),
             label: label.map(str::to_owned),
             package,
+            failure: None,
         }
     }
 
@@ -449,6 +526,66 @@ mod tests {
     }
 
     #[test]
+    fn available_on_an_older_revision_is_not_done() {
+        // Updated, Available=True on the previous revision, latest not live: in flight, holding a slot,
+        // and its group is not finished.
+        let in_flight = Some(PackageState {
+            updated: true,
+            available: true,
+            ..PackageState::default()
+        });
+        let input = rolling(
+            vec![
+                target("e1", Some("early"), in_flight),
+                target("e2", Some("early"), pkg(false, true)),
+                target("l1", Some("late"), pkg(false, true)),
+            ],
+            1,
+            static_order(),
+        );
+        let plan = plan_rollout(&input);
+        assert_eq!(plan.current_group, Some(0));
+        assert!(plan.update.is_empty(), "e1 holds the only slot");
+        assert_eq!(plan.blocked.map(|b| b.holders), Some(vec!["e1".to_owned()]));
+        assert_eq!((plan.counts.in_flight, plan.counts.available), (1, 3));
+    }
+
+    #[test]
+    fn a_failed_package_halts_its_group_and_every_later_one() {
+        let failed = Some(PackageState {
+            updated: true,
+            failed: true,
+            ..PackageState::default()
+        });
+        let input = rolling(
+            vec![
+                target("e1", Some("early"), failed),
+                target("e2", Some("early"), pkg(true, true)),
+                target("l1", Some("late"), pkg(false, true)),
+                target("l2", Some("late"), pkg(false, true)),
+            ],
+            3,
+            static_order(),
+        );
+        let plan = plan_rollout(&input);
+        assert_eq!(plan.current_group, Some(0));
+        assert!(plan.update.is_empty(), "budget remains, but late waits");
+        assert_eq!(plan.failed, ["e1"]);
+        assert_eq!((plan.groups[0].counts.failed, plan.counts.failed), (1, 1));
+        // A new template: the failed Package is outdated and unavailable, so it goes first, for free.
+        let mut next = input.clone();
+        for t in &mut next.targets {
+            if let Some(p) = t.package.as_mut() {
+                p.updated = false;
+            }
+        }
+        next.processing = plan.processing.clone();
+        let plan = plan_rollout(&next);
+        assert_eq!(plan.update, ["e1", "e2"]);
+        assert!(plan.failed.is_empty());
+    }
+
+    #[test]
     fn instant_updates_everything_and_paused_packages_are_left_alone() {
         let paused = Some(PackageState {
             paused: true,
@@ -497,12 +634,15 @@ mod tests {
                     .map(|(i, (label, state))| Target {
                         namespace: format!("ns-{i:02}"),
                         label: label.map(str::to_owned),
-                        package: state.map(|(updated, available, _)| PackageState {
+                        package: state.map(|(updated, available, failed)| PackageState {
                             updated,
                             available,
+                            live: updated && available && !failed,
+                            failed: updated && failed && !available,
                             progressed: updated && available,
                             paused: false,
                         }),
+                        failure: None,
                     })
                     .collect();
                 Fleet {
@@ -517,33 +657,35 @@ mod tests {
     fn disrupted(targets: &[Target], processing: &BTreeSet<String>) -> BTreeSet<String> {
         targets
             .iter()
-            .filter(|t| is_unavailable(t))
+            .filter(|t| is_disrupted(t))
             .map(|t| t.namespace.clone())
             .chain(processing.iter().cloned())
             .collect()
     }
 
     /// Applies a plan the way the world would, one step later: created and updated Packages become
-    /// updated; those in `recovers` (by index) become available; a relabel may move a cluster.
+    /// updated; those in `recovers` (by index) become available and live, the others in `fails` fail
+    /// (their latest revision reports why); a relabel may move a cluster.
     fn step(
         targets: &mut [Target],
         plan: &RolloutPlan,
         recovers: &[bool],
+        fails: &[bool],
         relabel: Option<(usize, Option<&str>)>,
     ) {
         for (i, t) in targets.iter_mut().enumerate() {
             let touched = plan.create.contains(&t.namespace) || plan.update.contains(&t.namespace);
             if touched {
-                t.package = Some(PackageState {
-                    updated: true,
-                    available: false,
-                    progressed: false,
-                    paused: false,
-                });
+                t.package = Some(PackageState::just_updated());
             } else if let Some(p) = t.package.as_mut() {
                 if recovers.get(i).copied().unwrap_or(true) {
                     p.available = true;
+                    p.live = p.updated;
+                    p.failed = false;
                     p.progressed = p.updated;
+                } else if fails.get(i).copied().unwrap_or(false) && p.updated && !p.live {
+                    p.available = false;
+                    p.failed = true;
                 }
             }
         }
@@ -557,14 +699,16 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(256))]
 
-        /// The budget, the barrier and the unknown-group-last rule hold at every step of random
-        /// histories (recoveries, relabels, template changes); and once every Package recovers, the
-        /// rollout finishes.
+        /// The budget, the barrier (a group is finished only when every Package in it is live) and the
+        /// unknown-group-last rule hold at every step of random histories (recoveries, failures,
+        /// relabels, template changes); a failed Package in group k means no update in any group after
+        /// k; and once every Package recovers, the rollout finishes.
         #[test]
         fn rollouts_keep_their_invariants_and_terminate(
             fleet in fleet(),
             history in prop::collection::vec(
                 (prop::collection::vec(any::<bool>(), 14),
+                 prop::collection::vec(prop::bool::weighted(0.3), 14),
                  prop::option::of((0usize..14, prop::option::of(prop::sample::select(vec!["a", "b", "x"])))),
                  prop::bool::weighted(0.1)),
                 0..12),
@@ -573,7 +717,7 @@ mod tests {
             let mut processing = BTreeSet::new();
             let strategy = RolloutStrategy::RollingUpgrade { max_unavailable: fleet.max };
             let run = |targets: &mut Vec<Target>, processing: &mut BTreeSet<String>,
-                           recovers: &[bool], relabel: Option<(usize, Option<&str>)>| {
+                           recovers: &[bool], fails: &[bool], relabel: Option<(usize, Option<&str>)>| {
                 let input = RolloutInput {
                     targets: targets.clone(),
                     partition: fleet.order.clone(),
@@ -589,9 +733,25 @@ mod tests {
                 // Budget: updating never pushes disruption past the budget (or past what it already was).
                 prop_assert!(after.len() <= fleet.max.max(before.len()),
                     "disrupted {after:?} > max {} (before {before:?})", fleet.max);
-                // Barrier: every update is in the current group, and every earlier group is finished.
+                let group_index = |t: &Target| {
+                    let key = group_key(t.label.as_deref(), fleet.order.as_ref());
+                    plan.groups.iter().position(|g| g.name == key).unwrap()
+                };
+                // A failed Package in group k: no update anywhere after k.
+                for failed in input.targets.iter().filter(|t| state(t) == RolloutState::Failed) {
+                    for ns in &plan.update {
+                        let t = input.targets.iter().find(|t| &t.namespace == ns).unwrap();
+                        prop_assert!(group_index(t) <= group_index(failed),
+                            "{ns} updated past the failed {}", failed.namespace);
+                    }
+                }
+                // Barrier: every update is in the current group, and every earlier group is finished:
+                // each of its Packages live on the template, or paused.
                 if let Some(current) = plan.current_group {
                     prop_assert!(plan.groups[..current].iter().all(|g| g.finished));
+                    for t in input.targets.iter().filter(|t| group_index(t) < current) {
+                        prop_assert!(t.package.is_some_and(|p| p.paused || (p.updated && p.live && p.available)));
+                    }
                     for ns in &plan.update {
                         let t = input.targets.iter().find(|t| &t.namespace == ns).unwrap();
                         prop_assert_eq!(group_key(t.label.as_deref(), fleet.order.as_ref()),
@@ -605,30 +765,35 @@ mod tests {
                     prop_assert_eq!(i, plan.groups.len() - 1);
                 }
                 *processing = plan.processing.clone();
-                step(targets, &plan, recovers, relabel);
+                step(targets, &plan, recovers, fails, relabel);
                 Ok(plan)
             };
-            for (recovers, relabel, template_change) in &history {
+            for (recovers, fails, relabel, template_change) in &history {
                 if *template_change {
                     for t in targets.iter_mut() {
-                        if let Some(p) = t.package.as_mut() { p.updated = false; p.progressed = false; }
+                        if let Some(p) = t.package.as_mut() {
+                            p.updated = false;
+                            p.progressed = false;
+                            p.live = false;
+                            p.failed = false;
+                        }
                     }
                 }
                 let relabel = relabel.map(|(i, l)| (i, l));
-                run(&mut targets, &mut processing, recovers, relabel)?;
+                run(&mut targets, &mut processing, recovers, fails, relabel)?;
             }
             // From here every Package recovers: the rollout must finish.
             let bound = 4 * targets.len() + 4;
             let mut finished = false;
             for _ in 0..bound {
-                let plan = run(&mut targets, &mut processing, &[], None)?;
+                let plan = run(&mut targets, &mut processing, &[], &[], None)?;
                 if plan.current_group.is_none() && plan.create.is_empty() {
                     finished = true;
                     break;
                 }
             }
             prop_assert!(finished, "not finished after {bound} steps: {targets:?}");
-            prop_assert!(targets.iter().all(|t| t.package.is_some_and(|p| p.updated && p.available)));
+            prop_assert!(targets.iter().all(|t| t.package.is_some_and(|p| p.updated && p.live && p.available)));
             prop_assert!(processing.is_empty());
         }
     }

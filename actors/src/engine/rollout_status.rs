@@ -1,17 +1,53 @@
 //! The HostedClusterPackage's conditions from a rollout plan, with seed 000's reasons and messages:
 //! Available (`EnoughPackagesAvailable` / `NotEnoughPackagesAvailable`, "3/3 packages available."),
 //! Progressing (`AllPackagesProgressed` False / `NotAllPackagesProgressed` True), HasPausedPackage
-//! (`NoPackagePaused` False / `AtLeastOnePackagePaused` True). Pure.
+//! (`NoPackagePaused` False / `AtLeastOnePackagePaused` True). While updated Packages fail, Progressing
+//! names them and why, and says which group the rollout is halted in. Pure.
 
 use super::conditions::ConditionUpdate;
-use super::rollout_plan::{RolloutPlan, RolloutStrategy};
+use super::rollout_plan::{RolloutInput, RolloutPlan, RolloutStrategy};
+
+/// At most this many failing Packages are named in a condition message; the rest are counted.
+const NAMED_FAILURES: usize = 5;
+/// A failure message longer than this is cut, so one Package cannot flood the condition.
+const FAILURE_MESSAGE_CHARS: usize = 300;
+
+/// "ns: why; ns: why; and 3 more", in rollout order.
+pub fn failing_packages(input: &RolloutInput, plan: &RolloutPlan) -> String {
+    let mut named: Vec<String> = plan
+        .failed
+        .iter()
+        .take(NAMED_FAILURES)
+        .map(|ns| {
+            let full = input
+                .targets
+                .iter()
+                .find(|t| &t.namespace == ns)
+                .and_then(|t| t.failure.as_deref())
+                .unwrap_or("failing");
+            let mut why: String = full.chars().take(FAILURE_MESSAGE_CHARS).collect();
+            if why.len() < full.len() {
+                why.push('…');
+            }
+            format!("{ns}: {why}")
+        })
+        .collect();
+    if plan.failed.len() > NAMED_FAILURES {
+        named.push(format!("and {} more", plan.failed.len() - NAMED_FAILURES));
+    }
+    named.join("; ")
+}
 
 pub const AVAILABLE: &str = "Available";
 pub const PROGRESSING: &str = "Progressing";
 pub const HAS_PAUSED_PACKAGE: &str = "HasPausedPackage";
 
 /// Available holds while no more Packages are unavailable than the strategy allows (none for `instant`).
-pub fn rollout_conditions(plan: &RolloutPlan, strategy: RolloutStrategy) -> Vec<ConditionUpdate> {
+pub fn rollout_conditions(
+    input: &RolloutInput,
+    plan: &RolloutPlan,
+    strategy: RolloutStrategy,
+) -> Vec<ConditionUpdate> {
     let c = &plan.counts;
     let allowed = match strategy {
         RolloutStrategy::Instant => 0,
@@ -27,7 +63,19 @@ pub fn rollout_conditions(plan: &RolloutPlan, strategy: RolloutStrategy) -> Vec<
         ));
     }
     let progressed = c.progressed == c.total;
-    let progressing_message = format!("{}/{} packages progressed.", c.progressed, c.total);
+    let mut progressing_message = format!("{}/{} packages progressed.", c.progressed, c.total);
+    if !plan.failed.is_empty() {
+        let group = plan
+            .current_group
+            .and_then(|i| plan.groups.get(i))
+            .map(|g| g.name.as_deref().unwrap_or("unknown"))
+            .unwrap_or("unknown");
+        progressing_message.push_str(&format!(
+            " Rollout halted in group {group}: {} failing: {}.",
+            plan.failed.len(),
+            failing_packages(input, plan)
+        ));
+    }
     let paused_message = format!("{}/{} packages paused.", c.paused, c.total);
     vec![
         ConditionUpdate::new(
@@ -79,9 +127,12 @@ mod tests {
                     package: Some(PackageState {
                         updated,
                         available,
+                        live: available,
                         progressed: updated && available,
                         paused,
+                        failed: false,
                     }),
+                    failure: None,
                 })
                 .collect(),
             partition: None,
@@ -109,7 +160,7 @@ mod tests {
         let input = fleet(&[(true, true, false); 3]);
         let plan = plan_rollout(&input);
         assert_eq!(
-            rendered(&rollout_conditions(&plan, input.strategy)),
+            rendered(&rollout_conditions(&input, &plan, input.strategy)),
             [
                 (
                     "Available".into(),
@@ -134,6 +185,39 @@ mod tests {
     }
 
     #[test]
+    fn failing_packages_are_named_with_why_and_capped() {
+        let mut input = fleet(&[(true, false, false); 8]);
+        for (i, t) in input.targets.iter_mut().enumerate() {
+            t.package = Some(PackageState {
+                updated: true,
+                failed: true,
+                ..PackageState::default()
+            });
+            t.failure = Some(if i == 0 {
+                "x".repeat(400)
+            } else {
+                format!("probe {i}")
+            });
+        }
+        let plan = plan_rollout(&input);
+        let got = rendered(&rollout_conditions(&input, &plan, input.strategy));
+        let message = &got[1].3;
+        assert!(
+            message.starts_with("0/8 packages progressed. Rollout halted in group unknown: 8 failing: clusters-0: xxx"),
+            "{message}"
+        );
+        assert!(
+            message.contains(&format!("{}…; clusters-1: probe 1", "x".repeat(10))),
+            "{message}"
+        );
+        assert!(
+            message.ends_with("clusters-4: probe 4; and 3 more."),
+            "{message}"
+        );
+        assert!(!message.contains(&"x".repeat(301)), "long messages are cut");
+    }
+
+    #[test]
     fn a_stuck_rollout_says_who_holds_the_budget() {
         let input = fleet(&[
             (true, false, false),
@@ -141,7 +225,7 @@ mod tests {
             (true, true, true),
         ]);
         let plan = plan_rollout(&input);
-        let got = rendered(&rollout_conditions(&plan, input.strategy));
+        let got = rendered(&rollout_conditions(&input, &plan, input.strategy));
         assert_eq!(
             got[0],
             (

@@ -130,6 +130,14 @@ pub struct HostedClusterPackageCounts {
     /// Packages updated and Progressing=False.
     #[serde(default)]
     pub progressed_packages: i32,
+    /// pko: Packages updated whose latest revision is not live yet (and not failing). They hold a
+    /// maxUnavailable slot.
+    #[serde(default)]
+    pub in_flight_packages: i32,
+    /// pko: Packages updated that report why their latest revision cannot become live (failing probes,
+    /// invalid, not unpacking). They hold a maxUnavailable slot and halt the rollout in their group.
+    #[serde(default)]
+    pub failed_packages: i32,
 }
 
 /// Observed state of a HostedClusterPackage.
