@@ -299,7 +299,10 @@ mod tests {
         };
         cache.record(&key, controlled_by("rev-1", "10"));
         cache.record(&key, controlled_by("rev-1", "11"));
-        assert!(told.lock().unwrap().is_empty(), "same controller: nobody to tell");
+        assert!(
+            told.lock().unwrap().is_empty(),
+            "same controller: nobody to tell"
+        );
         // Revision 2's apply took it over: revision 1 hears of it; revision 2 wrote it and needs no call.
         cache.record(&key, controlled_by("rev-2", "12"));
         assert_eq!(*told.lock().unwrap(), ["rev-1"]);

@@ -1,6 +1,7 @@
 //! `rollout`: the issue-6 figures. (1) Hand-off latency of a HostedClusterPackage rollout: with
 //! maxUnavailable 1 every update waits for the previous Package, so the time from one Package turning
-//! Available (at its new generation) to the next Package taking the new template is the rollout's own
+//! live (Available=True and Progressing=False at its new generation) to the next Package taking the new
+//! template is the rollout's own
 //! overhead; both moments are seen by one watch. (2) The manager's CPU time and memory for a fleet of N
 //! HostedClusters: the fleet arriving (each gets its connector objects), a HostedClusterPackage creating
 //! N Packages, a rolling update across all of them, and the idle fleet afterwards.
@@ -145,22 +146,25 @@ async fn set_image(api: &Api<HostedClusterPackage>, name: &str, image: &str) -> 
         .map_err(|e| e.to_string())
 }
 
-fn available(p: &Package) -> bool {
-    p.status.iter().flat_map(|s| &s.conditions).any(|c| {
-        c.type_ == "Available"
-            && c.status == "True"
-            && c.observed_generation == p.metadata.generation
-    })
+/// The strict definition the rollout gates on: Available=True and Progressing=False, both for the
+/// Package's current generation (its latest revision is live).
+fn live(p: &Package) -> bool {
+    let fresh = |type_: &str, status: &str| {
+        p.status.iter().flat_map(|s| &s.conditions).any(|c| {
+            c.type_ == type_ && c.status == status && c.observed_generation == p.metadata.generation
+        })
+    };
+    fresh("Available", "True") && fresh("Progressing", "False")
 }
 
-/// When each Package of a rollout to `image` first showed it, and first was Available with it.
+/// When each Package of a rollout to `image` first showed it, and first was live with it.
 #[derive(Default)]
 struct Timeline {
     updated: HashMap<String, Instant>,
     available: HashMap<String, Instant>,
 }
 
-/// Follows the Packages of `owner` until all `total` are Available on `image`.
+/// Follows the Packages of `owner` until all `total` are live on `image`.
 async fn follow_rollout(
     client: &Client,
     owner: &str,
@@ -196,7 +200,7 @@ async fn follow_rollout(
             let now = Instant::now();
             let ns = p.metadata.namespace.clone().unwrap_or_default();
             timeline.updated.entry(ns.clone()).or_insert(now);
-            if available(&p) {
+            if live(&p) {
                 timeline.available.entry(ns).or_insert(now);
             }
         }
@@ -247,7 +251,7 @@ async fn handoff(
     }
     samples.sort();
     println!(
-        "hand-off, Package Available -> next Package updated (maxUnavailable 1): p50 {:.1} ms, p90 {:.1} ms, p99 {:.1} ms, max {:.1} ms ({} hand-offs)",
+        "hand-off, Package live (Available=True, Progressing=False) -> next Package updated (maxUnavailable 1): p50 {:.1} ms, p90 {:.1} ms, p99 {:.1} ms, max {:.1} ms ({} hand-offs)",
         percentile(&samples, 0.5).as_secs_f64() * 1e3,
         percentile(&samples, 0.9).as_secs_f64() * 1e3,
         percentile(&samples, 0.99).as_secs_f64() * 1e3,

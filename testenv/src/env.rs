@@ -364,6 +364,12 @@ fn new_root_dir() -> Result<PathBuf, TestEnvError> {
 /// caller. Blocks while it starts; later callers get it at once. Its servers stop when the test binary
 /// exits. Tests take their own clients from it and work in their own namespaces.
 pub fn shared() -> Result<&'static TestEnv, TestEnvError> {
+    shared_with(EnvConfig::default())
+}
+
+/// [`shared()`] with another configuration, for a test binary whose every test calls this first (the
+/// first caller's configuration wins).
+pub fn shared_with(config: EnvConfig) -> Result<&'static TestEnv, TestEnvError> {
     static SHARED: OnceLock<Result<TestEnv, String>> = OnceLock::new();
     SHARED
         .get_or_init(|| {
@@ -375,7 +381,7 @@ pub fn shared() -> Result<&'static TestEnv, TestEnvError> {
                     .build()
                     .map_err(|error| format!("cannot build a tokio runtime: {error}"))?;
                 runtime
-                    .block_on(TestEnv::start(EnvConfig::default()))
+                    .block_on(TestEnv::start(config))
                     .map_err(|error| error.to_string())
             })
             .join()

@@ -38,7 +38,7 @@ pub use binaries::Binaries;
 pub use connector::{ConnectorLaunch, ConnectorProcess};
 pub use connector_runner::ConnectorRunner;
 pub use crds::install_crds;
-pub use env::{shared, EnvConfig, StartupTimings, TestEnv};
+pub use env::{shared, shared_with, EnvConfig, StartupTimings, TestEnv};
 pub use error::TestEnvError;
 pub use hypershift::{SimulatedHostedCluster, HOSTED_CLUSTERS_NAMESPACE, KUBECONFIG_SECRET};
 pub use manager::ManagerProcess;

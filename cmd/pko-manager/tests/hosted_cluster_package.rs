@@ -10,13 +10,12 @@ mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use futures::StreamExt;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::Api;
 use pko_proto::core::hosted_cluster_package::HostedClusterPackage;
 use pko_proto::core::package::Package;
 use pko_proto::hypershift::HostedCluster;
-use serde_json::{json, Value};
+use serde_json::json;
 
 use common::rollout::*;
 use common::*;
@@ -174,7 +173,8 @@ async fn rolling_upgrade_across_risk_groups_keeps_budget_and_order() {
     .await;
 
     // The observer: one watch over every Package of this HostedClusterPackage, in apiserver order.
-    let observer = RolloutObserver::start(&client, &name, &v2, group_of.clone()).await;
+    let v2_spec = json!({"image": v2, "config": {"greeting": "hi"}});
+    let observer = RolloutObserver::start(&client, &name, &v2_spec, group_of.clone()).await;
 
     // Roll out v2.
     let patch =
@@ -296,32 +296,4 @@ async fn rolling_upgrade_across_risk_groups_keeps_budget_and_order() {
         }
     }
     assert_eq!(updated, [holder], "nothing moves past the failing Package");
-}
-
-/// Every event of `name` in the PKO_ROLLOUTS stream, in order.
-async fn rollout_events(name: &str) -> Vec<Value> {
-    use async_nats::jetstream::{self, consumer::pull};
-    let js = jetstream::new(env().nats().client().await.unwrap());
-    let stream = js.get_stream("PKO_ROLLOUTS").await.unwrap();
-    let consumer = stream
-        .create_consumer(pull::Config {
-            filter_subject: format!("pko.v1.rollout.{}.>", name.replace('.', "_")),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    let pending = consumer.clone().info().await.unwrap().num_pending;
-    let mut messages = consumer
-        .fetch()
-        .max_messages(pending as usize)
-        .messages()
-        .await
-        .unwrap();
-    let mut events = Vec::new();
-    while let Some(message) = messages.next().await {
-        let message = message.unwrap();
-        events.push(serde_json::from_slice::<Value>(&message.payload).unwrap());
-    }
-    assert_eq!(events.len() as u64, pending);
-    events
 }

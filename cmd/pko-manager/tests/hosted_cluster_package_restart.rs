@@ -85,7 +85,8 @@ async fn manager_killed_mid_rollout_resumes_within_the_budget() {
         .collect();
 
     // Roll out v2 and kill the manager as soon as the first Package takes it.
-    let observer = RolloutObserver::start(&client, &name, &v2, group_of.clone()).await;
+    let v2_spec = json!({"image": v2, "config": {"greeting": "hi"}});
+    let observer = RolloutObserver::start(&client, &name, &v2_spec, group_of.clone()).await;
     let patch =
         json!({"spec": {"template": {"spec": {"image": v2, "config": {"greeting": "hi"}}}}});
     api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))

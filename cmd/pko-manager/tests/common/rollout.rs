@@ -168,21 +168,35 @@ pub fn all_available(h: &HostedClusterPackage, total: i32) -> bool {
 /// What the independent observer saw, in the apiserver's order.
 #[derive(Default)]
 pub struct Observed {
-    /// Per namespace: (image, available at current generation).
-    pub packages: BTreeMap<String, (String, bool)>,
-    /// Per namespace: the generation of the Package when it first showed the new image.
+    /// Per namespace: (on the new template, done).
+    pub packages: BTreeMap<String, (bool, bool)>,
+    /// Per namespace: the generation of the Package when it first showed the new template.
     pub updated_at_generation: BTreeMap<String, i64>,
-    /// Max disrupted (not available) Packages at any moment after the rollout began.
+    /// Max disrupted (not done) Packages at any moment after the rollout began.
     pub worst: usize,
-    /// Namespaces in the order they first showed the new image.
+    /// Namespaces in the order they first showed the new template.
     pub update_order: Vec<String>,
-    /// For each update: namespaces of earlier groups not yet updated+available at that moment.
+    /// For each update: namespaces of earlier groups not yet done on the new template at that moment.
     pub barrier_violations: Vec<String>,
 }
 
-/// Watches every Package of the HostedClusterPackage `name` and records each one's image and
-/// availability, the worst disruption, and the order in which they took `new_image`. `group_of` maps an
-/// HCP namespace to its group's position, to check the barrier at each update.
+/// The strict definition of a Package that is done, independent of pko's: Available=True and
+/// Progressing=False, both written for the Package's current generation.
+pub fn is_done(p: &Package) -> bool {
+    let generation = p.metadata.generation;
+    let fresh = |type_: &str, status: &str| {
+        p.status
+            .iter()
+            .flat_map(|s| &s.conditions)
+            .any(|c| c.type_ == type_ && c.status == status && c.observed_generation == generation)
+    };
+    fresh("Available", "True") && fresh("Progressing", "False")
+}
+
+/// Watches every Package of the HostedClusterPackage `name` and records whether each one is on the new
+/// template (its spec equals `new_spec`) and done (strictly, see [`is_done`]), the worst disruption, and
+/// the order in which they took the new template. `group_of` maps an HCP namespace to its group's
+/// position, to check the barrier at each update.
 pub struct RolloutObserver {
     pub observed: Arc<Mutex<Observed>>,
     group_of: BTreeMap<String, usize>,
@@ -193,7 +207,7 @@ impl RolloutObserver {
     pub async fn start(
         client: &Client,
         name: &str,
-        new_image: &str,
+        new_spec: &Value,
         group_of: BTreeMap<String, usize>,
     ) -> Self {
         let observed = Arc::new(Mutex::new(Observed::default()));
@@ -201,7 +215,7 @@ impl RolloutObserver {
         let config = watcher::Config::default().labels(&format!("{OWNER_LABEL}={name}"));
         let mut stream = watcher::watcher(packages, config).boxed();
         let record = observed.clone();
-        let new_image = new_image.to_owned();
+        let new_spec = new_spec.clone();
         let fleet_size = group_of.len();
         let groups = group_of.clone();
         let task = tokio::spawn(async move {
@@ -209,7 +223,7 @@ impl RolloutObserver {
                 let Ok(Event::Apply(p) | Event::InitApply(p)) = event else {
                     continue;
                 };
-                record.lock().unwrap().record(&p, &new_image, &groups);
+                record.lock().unwrap().record(&p, &new_spec, &groups);
             }
         });
         let observer = Self {
@@ -263,25 +277,18 @@ impl RolloutObserver {
 }
 
 impl Observed {
-    fn record(&mut self, p: &Package, new_image: &str, group_of: &BTreeMap<String, usize>) {
+    fn record(&mut self, p: &Package, new_spec: &Value, group_of: &BTreeMap<String, usize>) {
         let ns = p.metadata.namespace.clone().unwrap_or_default();
         let generation = p.metadata.generation;
-        let available = p.status.iter().flat_map(|s| &s.conditions).any(|c| {
-            c.type_ == "Available" && c.status == "True" && c.observed_generation == generation
-        });
-        let first_update = p.spec.image == new_image
-            && self
-                .packages
-                .get(&ns)
-                .is_none_or(|(image, _)| image != new_image);
+        let done = is_done(p);
+        let on_new = serde_json::to_value(&p.spec).unwrap() == *new_spec;
+        let first_update = on_new && self.packages.get(&ns).is_none_or(|(was_new, _)| !was_new);
         if first_update {
             let group = group_of[&ns];
             let laggards: Vec<String> = self
                 .packages
                 .iter()
-                .filter(|(other, (image, avail))| {
-                    group_of[*other] < group && !(image == new_image && *avail)
-                })
+                .filter(|(other, (on_new, done))| group_of[*other] < group && !(*on_new && *done))
                 .map(|(other, _)| other.clone())
                 .collect();
             if !laggards.is_empty() {
@@ -293,8 +300,36 @@ impl Observed {
             self.updated_at_generation
                 .insert(ns.clone(), generation.unwrap_or_default());
         }
-        self.packages.insert(ns, (p.spec.image.clone(), available));
-        let disrupted = self.packages.values().filter(|(_, a)| !a).count();
+        self.packages.insert(ns, (on_new, done));
+        let disrupted = self.packages.values().filter(|(_, done)| !done).count();
         self.worst = self.worst.max(disrupted);
     }
+}
+
+/// Every event of the HostedClusterPackage `name` in the PKO_ROLLOUTS stream, in order.
+pub async fn rollout_events(name: &str) -> Vec<Value> {
+    use async_nats::jetstream::{self, consumer::pull};
+    let js = jetstream::new(env().nats().client().await.unwrap());
+    let stream = js.get_stream("PKO_ROLLOUTS").await.unwrap();
+    let consumer = stream
+        .create_consumer(pull::Config {
+            filter_subject: format!("pko.v1.rollout.{}.>", name.replace('.', "_")),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let pending = consumer.clone().info().await.unwrap().num_pending;
+    let mut messages = consumer
+        .fetch()
+        .max_messages(pending as usize)
+        .messages()
+        .await
+        .unwrap();
+    let mut events = Vec::new();
+    while let Some(message) = messages.next().await {
+        let message = message.unwrap();
+        events.push(serde_json::from_slice::<Value>(&message.payload).unwrap());
+    }
+    assert_eq!(events.len() as u64, pending);
+    events
 }
