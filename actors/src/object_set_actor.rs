@@ -50,6 +50,9 @@ pub struct ObjectSetActor {
     object_phase: HashMap<ObjectKey, usize>,
     success_timer: Option<SpawnHandle>,
     replan_backoff: Duration,
+    /// The status last computed for the planned generation. Status writes run concurrently and can land
+    /// out of order; a watched status that differs from it is written again.
+    published: Option<ObjectSetStatus>,
 }
 
 const REPLAN_BACKOFF_MIN: Duration = Duration::from_secs(1);
@@ -76,6 +79,7 @@ impl ObjectSetActor {
             object_phase: HashMap::new(),
             success_timer: None,
             replan_backoff: REPLAN_BACKOFF_MIN,
+            published: None,
         }
     }
 
@@ -379,12 +383,17 @@ impl ObjectSetActor {
             remote_phases,
             controller_of,
         });
+        self.published = Some(status.clone());
         if status == set.status {
             return;
         }
-        if let Some(s) = self.set.as_mut() {
-            s.status = status.clone();
-        }
+        self.write_status(status, ctx);
+    }
+
+    fn write_status(&mut self, status: ObjectSetStatus, ctx: &mut Context<Self>) {
+        let Some(set) = self.set.as_mut() else { return };
+        set.status = status.clone();
+        let set = set.clone();
         let client = self.context.client.clone();
         let span = info_span!(
             "write_status",
@@ -440,9 +449,19 @@ impl Handler<Observed<SetObject>> for ObjectSetActor {
     type Result = ();
     fn handle(&mut self, Observed(set): Observed<SetObject>, ctx: &mut Context<Self>) {
         let generation = set.generation();
+        let overtaken = self
+            .published
+            .as_ref()
+            .filter(|p| **p != set.status)
+            .cloned();
         self.set = Some(set);
         if self.planned_generation != Some(generation) {
+            self.published = None;
             self.replan(ctx);
+        } else if let Some(status) = overtaken {
+            // An older write of ours landed after a newer one (or someone else wrote status): what the
+            // phases last reported stands.
+            self.write_status(status, ctx);
         }
     }
 }

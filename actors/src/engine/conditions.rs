@@ -43,7 +43,8 @@ pub fn set_condition(
     let existing = conditions.iter_mut().find(|c| c.type_ == update.type_);
     let transition = match &existing {
         Some(c) if c.status == status => c.last_transition_time.clone(),
-        _ => Time(now),
+        // The API keeps whole seconds; a finer time would differ from its own echo.
+        _ => Time(Timestamp::from_second(now.as_second()).unwrap_or(now)),
     };
     let condition = Condition {
         type_: update.type_,

@@ -392,7 +392,14 @@ mod tests {
         latest.succeeded = false;
         let previous = rev("od-1", 1, "a", true, false);
         // The latest revision is on its way; the previous one still passes its probes.
-        let (c, _) = deployment_conditions(&[], 1, false, Some(&latest), &[previous.clone()], now);
+        let (c, _) = deployment_conditions(
+            &[],
+            1,
+            false,
+            Some(&latest),
+            std::slice::from_ref(&previous),
+            now,
+        );
         assert_eq!(
             find(&c, "Available"),
             (
