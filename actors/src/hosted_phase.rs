@@ -92,9 +92,10 @@ pub fn report_of_run(phase: &PhaseRef, outcome: &PhaseOutcome) -> PhaseReport {
                         BlockReason::CollisionDetected => WireOutcome::CollisionDetected,
                         BlockReason::HandedOver => WireOutcome::HandedOver,
                         BlockReason::PreflightError => WireOutcome::PreflightError,
-                        BlockReason::ProbeFailure
-                        | BlockReason::AwaitingStatus
-                        | BlockReason::PhaseNotReported => WireOutcome::ProbeFailure,
+                        BlockReason::AwaitingStatus => WireOutcome::AwaitingStatus,
+                        BlockReason::ProbeFailure | BlockReason::PhaseNotReported => {
+                            WireOutcome::ProbeFailure
+                        }
                     };
                     (outcome, message.clone())
                 }
@@ -164,6 +165,7 @@ pub fn progress_of_report(report: &PhaseReport) -> PhaseProgress {
     let reason = match report.outcome {
         WireOutcome::Available => return PhaseProgress::Available,
         WireOutcome::ProbeFailure => BlockReason::ProbeFailure,
+        WireOutcome::AwaitingStatus => BlockReason::AwaitingStatus,
         WireOutcome::CollisionDetected => BlockReason::CollisionDetected,
         WireOutcome::HandedOver => BlockReason::HandedOver,
         WireOutcome::PreflightError => BlockReason::PreflightError,

@@ -121,7 +121,9 @@ pub async fn reconcile_phase(
                     applied.insert(key.clone(), h);
                 }
                 let Some(observed) = observed else {
+                    // Someone else's object that is missing: nothing of ours is on its way.
                     probe_failures.push(format!("{key}: object not found"));
+                    probes_pending = false;
                     continue;
                 };
                 if desired.managed
@@ -135,7 +137,7 @@ pub async fn reconcile_phase(
                 }
                 let (messages, pending) = match plan.probes.evaluate(&key, &observed) {
                     ProbeResult::Passed => (None, true),
-                    ProbeResult::Failed(m) => (Some(m), false),
+                    ProbeResult::Failed(m) => (Some(m), plan.delegated && phase_waits(&observed)),
                     ProbeResult::Pending(m) => (Some(m), true),
                 };
                 if let Some(messages) = messages {
@@ -175,6 +177,28 @@ pub async fn reconcile_phase(
         mapped,
         transient_error,
     }
+}
+
+/// A delegated phase's ObjectSetPhase that says, for its generation, it is still waiting (on its
+/// objects' status, or on its connector's first report), not failing.
+fn phase_waits(phase: &Value) -> bool {
+    let generation = phase
+        .pointer("/metadata/generation")
+        .and_then(Value::as_i64);
+    phase
+        .pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .any(|c| {
+            c.get("type").and_then(Value::as_str) == Some("Available")
+                && c.get("observedGeneration").and_then(Value::as_i64) == generation
+                && matches!(
+                    c.get("reason").and_then(Value::as_str),
+                    Some(r) if r == BlockReason::AwaitingStatus.as_str()
+                        || r == BlockReason::PhaseNotReported.as_str()
+                )
+        })
 }
 
 fn blocked(reason: BlockReason, messages: &[String]) -> PhaseProgress {
@@ -419,4 +443,25 @@ pub async fn teardown_phase(
         }
     }
     report
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_delegated_phase_waiting_on_status_is_not_failing() {
+        let phase = |reason: &str, observed: i64| {
+            json!({"metadata": {"generation": 2}, "status": {"conditions": [
+                {"type": "Available", "status": "False", "reason": reason, "observedGeneration": observed}]}})
+        };
+        assert!(phase_waits(&phase("AwaitingStatus", 2)));
+        assert!(phase_waits(&phase("PhaseNotReported", 2)));
+        assert!(!phase_waits(&phase("ProbeFailure", 2)));
+        assert!(
+            !phase_waits(&phase("AwaitingStatus", 1)),
+            "said for an older generation"
+        );
+    }
 }

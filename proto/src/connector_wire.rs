@@ -196,6 +196,8 @@ pub enum PhaseOutcome {
     /// Applied; some probe does not pass yet (the message says which).
     #[default]
     ProbeFailure,
+    /// Applied; probes fail only because the objects' status is not yet written for their generation.
+    AwaitingStatus,
     /// An object is owned by someone the collision protection does not allow adopting from.
     CollisionDetected,
     /// A newer revision's phase controls some of the objects now (handover).

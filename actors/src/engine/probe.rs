@@ -248,9 +248,10 @@ fn not_reported_yet(check: &CompiledCheck, object: &Value) -> bool {
                 }
             }
         }
-        CompiledCheck::FieldsEqual { field_a, field_b } => {
-            field_at(object, field_a).is_none() || field_at(object, field_b).is_none()
-        }
+        // A missing status field is the controller's to write; any other missing field is a failure.
+        CompiledCheck::FieldsEqual { field_a, field_b } => [field_a, field_b].iter().any(|f| {
+            f.trim_start_matches('.').starts_with("status.") && field_at(object, f).is_none()
+        }),
         CompiledCheck::Cel { .. } => false,
     }
 }
@@ -554,6 +555,22 @@ mod tests {
             "conditions": [{"type": "Available", "status": "True"}]}});
         assert!(
             matches!(set.evaluate(&k, &rolling), ProbeResult::Failed(m) if m[0].contains("1 != 2"))
+        );
+        let data = ProbeSet::compile(
+            &[group(
+                "Deployment",
+                vec![serde_json::from_value(
+                    json!({"fieldsEqual": {"fieldA": ".data.ready", "fieldB": ".data.want"}}),
+                )
+                .unwrap()],
+            )],
+            "p",
+        )
+        .unwrap();
+        let no_data = json!({"metadata": {"generation": 2}, "data": {"want": "yes"}});
+        assert!(
+            matches!(data.evaluate(&k, &no_data), ProbeResult::Failed(_)),
+            "only status is a controller's to write"
         );
         let down = json!({"metadata": {"generation": 2}, "status": {
             "conditions": [{"type": "Available", "status": "False", "observedGeneration": 2}]}});
