@@ -124,42 +124,16 @@ async fn seed_000s_status_for_three_clusters_and_the_fleet_follows_hosted_cluste
 
 #[tokio::test]
 async fn rolling_upgrade_across_risk_groups_keeps_budget_and_order() {
-    let risks = [
-        Some("early"),
-        Some("early"),
-        Some("early"),
-        Some("normal"),
-        Some("normal"),
-        Some("normal"),
-        Some("normal"),
-        Some("late"),
-        Some("late"),
-        Some("late"),
-        None,
-        Some("unlisted"),
-    ];
     let log = || manager().log_tail();
     manager();
-    let (ns, clusters) = fleet("hcpkg-roll", &risks).await;
-    let group_of: BTreeMap<String, usize> = clusters
-        .iter()
-        .zip(risks)
-        .map(|(c, r)| {
-            let g = match r {
-                Some("early") => 0,
-                Some("normal") => 1,
-                Some("late") => 2,
-                _ => 3,
-            };
-            (c.hcp_namespace.clone(), g)
-        })
-        .collect();
+    let (ns, clusters) = fleet("hcpkg-roll", &RISKS).await;
+    let group_of = group_of(&clusters, &RISKS);
     let client = env().management().client().await.unwrap();
     let v1 = build_and_push("handlebars", "hcpkg-roll:v1", &[]);
     let v2 = build_and_push("handlebars", "hcpkg-roll:v2", &[]);
     let api: Api<HostedClusterPackage> = Api::all(client.clone());
     let name = format!("{ns}-roll");
-    let partition = json!({"labelKey": "risk", "order": {"static": ["early", "normal", "late"]}});
+    let partition = risk_partition();
     let strategy = json!({"rollingUpgrade": {"maxUnavailable": 2}});
     api.create(
         &PostParams::default(),

@@ -19,45 +19,14 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use pko_proto::core::hosted_cluster_package::HostedClusterPackage;
 use pko_proto::core::package::Package;
-use pko_testenv::{shared_with, wait_until, EnvConfig, SimulatedHostedCluster};
+use pko_testenv::{shared_with, wait_until, EnvConfig};
 use serde_json::{json, Value};
 
 use common::rollout::*;
 use common::workload::*;
 use common::*;
 
-/// early 3, normal 4, late 3, and the unknown group (no label, an unlisted value) 2.
-const RISKS: [Option<&str>; 12] = [
-    Some("early"),
-    Some("early"),
-    Some("early"),
-    Some("normal"),
-    Some("normal"),
-    Some("normal"),
-    Some("normal"),
-    Some("late"),
-    Some("late"),
-    Some("late"),
-    None,
-    Some("unlisted"),
-];
 const MAX_UNAVAILABLE: usize = 2;
-
-fn group_of(clusters: &[SimulatedHostedCluster]) -> BTreeMap<String, usize> {
-    clusters
-        .iter()
-        .zip(RISKS)
-        .map(|(c, r)| {
-            let g = match r {
-                Some("early") => 0,
-                Some("normal") => 1,
-                Some("late") => 2,
-                _ => 3,
-            };
-            (c.hcp_namespace.clone(), g)
-        })
-        .collect()
-}
 
 /// Waves a rolling update needs: per group, its size over maxUnavailable, rounded up.
 fn waves(group_of: &BTreeMap<String, usize>) -> u32 {
@@ -282,12 +251,29 @@ async fn healthy_release(rollout: &Rollout, release: &str) -> std::time::Duratio
     took
 }
 
-/// A fleet of [`RISKS`] with a HostedClusterPackage rolling out `example`'s release v1 to it, done, and
-/// the HCP namespaces.
-async fn start_rollout(prefix: &str, example: &str) -> (Rollout, BTreeSet<String>) {
+/// The shared environment without kube-controller-manager (its deployment controller would overwrite
+/// the Deployment status the simulator writes), the Widget kind, and the manager; then a fleet of
+/// [`RISKS`] with a HostedClusterPackage that has rolled `example`'s release v1 out to it, with
+/// `simulate` standing in for the workload's controller.
+async fn start_rollout(
+    prefix: &str,
+    example: &str,
+    simulate: fn(&Client, BTreeSet<String>) -> WorkloadSimulator,
+) -> (Rollout, WorkloadSimulator) {
+    shared_with(EnvConfig {
+        controller_manager: false,
+        ..EnvConfig::default()
+    })
+    .unwrap();
     let client = env().management().client().await.unwrap();
+    // Installed before the shared manager starts, whichever test starts it.
+    install_widget_crd(&client, WIDGET_GROUP).await;
+    manager();
     let (fleet_ns, clusters) = fleet(prefix, &RISKS).await;
-    let namespaces = clusters.iter().map(|c| c.hcp_namespace.clone()).collect();
+    let simulator = simulate(
+        &client,
+        clusters.iter().map(|c| c.hcp_namespace.clone()).collect(),
+    );
     let image = build_and_push(example, &format!("{prefix}:1"), &[]);
     let name = format!("{fleet_ns}-rollout");
     let api: Api<HostedClusterPackage> = Api::all(client.clone());
@@ -296,41 +282,25 @@ async fn start_rollout(prefix: &str, example: &str) -> (Rollout, BTreeSet<String
         &fleet_ns,
         &image,
         json!({"rollingUpgrade": {"maxUnavailable": MAX_UNAVAILABLE}}),
-        Some(json!({"labelKey": "risk", "order": {"static": ["early", "normal", "late"]}})),
+        Some(risk_partition()),
     );
     h.spec.template.spec = serde_json::from_value(release_spec(&image, "v1")).unwrap();
     api.create(&PostParams::default(), &h).await.unwrap();
+    wait_all_done(&api, &client, &name, RISKS.len() as i32).await;
     let rollout = Rollout {
         api,
         client,
         name,
-        group_of: group_of(&clusters),
+        group_of: group_of(&clusters, &RISKS),
         image,
     };
-    (rollout, namespaces)
-}
-
-/// The shared environment without kube-controller-manager, whose deployment controller would overwrite
-/// the Deployment status the simulator writes. Every test calls this first.
-fn environment() {
-    shared_with(EnvConfig {
-        controller_manager: false,
-        ..EnvConfig::default()
-    })
-    .unwrap();
+    (rollout, simulator)
 }
 
 #[tokio::test]
 async fn releases_gate_on_live_revisions_of_a_custom_resource() {
-    environment();
-    let client = env().management().client().await.unwrap();
-    install_widget_crd(&client).await;
-    manager();
-    let (rollout, namespaces) = start_rollout("hcpkg-widget", "fleet-widget").await;
-    // Widgets applied before it started are in its first list.
-    let simulator = WorkloadSimulator::widgets(&client, namespaces);
-    let total = rollout.group_of.len() as i32;
-    wait_all_done(&rollout.api, &client, &rollout.name, total).await;
+    let (rollout, simulator) =
+        start_rollout("hcpkg-widget", "fleet-widget", WorkloadSimulator::widgets).await;
 
     // (a) A healthy release: budget and barrier hold under the strict definition, and each wave waits
     // for its workloads to get ready.
@@ -346,15 +316,12 @@ async fn releases_gate_on_live_revisions_of_a_custom_resource() {
 
 #[tokio::test]
 async fn releases_gate_on_live_revisions_of_a_deployment() {
-    environment();
-    let client = env().management().client().await.unwrap();
-    // The other test's kind, so the shared manager finds it whichever test starts it.
-    install_widget_crd(&client).await;
-    manager();
-    let (rollout, namespaces) = start_rollout("hcpkg-deploy", "fleet-deployment").await;
-    let simulator = WorkloadSimulator::deployments(&client, namespaces);
-    let total = rollout.group_of.len() as i32;
-    wait_all_done(&rollout.api, &client, &rollout.name, total).await;
+    let (rollout, simulator) = start_rollout(
+        "hcpkg-deploy",
+        "fleet-deployment",
+        WorkloadSimulator::deployments,
+    )
+    .await;
 
     // (c) The new Pod of one early cluster never gets ready: its Deployment keeps the old Pod and
     // reports 1 of 2 replicas updated, which the probe names; nothing leaves the early group.

@@ -4,7 +4,6 @@
 
 mod common;
 
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{
     ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
 };
@@ -181,49 +180,7 @@ async fn hash_collision_increments_collision_count() {
 #[tokio::test]
 async fn condition_mappings_reach_the_deployment() {
     let (client, ns) = setup("od-mapping").await;
-    let crds = Api::<CustomResourceDefinition>::all(client.clone());
-    let crd: CustomResourceDefinition = serde_json::from_value(json!({
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": "widgets.test.pko.example"},
-        "spec": {
-            "group": "test.pko.example",
-            "names": {"kind": "Widget", "plural": "widgets", "singular": "widget", "listKind": "WidgetList"},
-            "scope": "Namespaced",
-            "versions": [{
-                "name": "v1", "served": true, "storage": true,
-                "subresources": {"status": {}},
-                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
-            }],
-        },
-    }))
-    .unwrap();
-    crds.patch(
-        "widgets.test.pko.example",
-        &PatchParams::apply("test").force(),
-        &Patch::Apply(&crd),
-    )
-    .await
-    .unwrap();
-    wait_until("Widget CRD served", TIMEOUT, || async {
-        let c = crds
-            .get("widgets.test.pko.example")
-            .await
-            .map_err(|e| e.to_string())?;
-        let ok = c
-            .status
-            .and_then(|s| s.conditions)
-            .unwrap_or_default()
-            .iter()
-            .any(|c| c.type_ == "Established" && c.status == "True");
-        if ok {
-            Ok(())
-        } else {
-            Err("not established".to_owned())
-        }
-    })
-    .await
-    .unwrap();
+    common::workload::install_widget_crd(&client, "test.pko.example").await;
 
     let widget = json!({"apiVersion": "test.pko.example/v1", "kind": "Widget", "metadata": {"name": "w"}, "spec": {"size": 1}});
     let mut od = deployment("mapped", vec![widget], json!({}));

@@ -19,6 +19,48 @@ use super::{env, TIMEOUT};
 
 pub const OWNER_LABEL: &str = "package-operator.run/hosted-cluster-package";
 
+/// The risk labels of the rollout tests' fleet: early 3, normal 4, late 3, and the unknown group (no
+/// label, and a value the static order does not list) 2.
+pub const RISKS: [Option<&str>; 12] = [
+    Some("early"),
+    Some("early"),
+    Some("early"),
+    Some("normal"),
+    Some("normal"),
+    Some("normal"),
+    Some("normal"),
+    Some("late"),
+    Some("late"),
+    Some("late"),
+    None,
+    Some("unlisted"),
+];
+
+/// The static partition order over [`RISKS`].
+pub fn risk_partition() -> Value {
+    json!({"labelKey": "risk", "order": {"static": ["early", "normal", "late"]}})
+}
+
+/// Each cluster's HCP namespace → its group's position under [`risk_partition`].
+pub fn group_of(
+    clusters: &[SimulatedHostedCluster],
+    risks: &[Option<&str>],
+) -> BTreeMap<String, usize> {
+    clusters
+        .iter()
+        .zip(risks)
+        .map(|(c, r)| {
+            let g = match r {
+                Some("early") => 0,
+                Some("normal") => 1,
+                Some("late") => 2,
+                _ => 3,
+            };
+            (c.hcp_namespace.clone(), g)
+        })
+        .collect()
+}
+
 /// A fleet of HostedClusters in a namespace of its own, labelled `fleet=<namespace>` plus `risk` labels.
 pub async fn fleet(prefix: &str, risks: &[Option<&str>]) -> (String, Vec<SimulatedHostedCluster>) {
     let env = env();

@@ -21,21 +21,25 @@ use serde_json::{json, Value};
 /// How long a workload takes to become ready after it changed.
 pub const READINESS_LAG: Duration = Duration::from_secs(1);
 
+/// The API group of the `fleet-widget` package's Widget.
+pub const WIDGET_GROUP: &str = "sim.pko.test";
+
 /// The Widget kind of the `fleet-widget` package.
 pub fn widget_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("sim.pko.test", "v1", "Widget"),
+        &GroupVersionKind::gvk(WIDGET_GROUP, "v1", "Widget"),
         "widgets",
     )
 }
 
-/// Installs the Widget CRD (with a status subresource, so status writes leave the generation alone).
-pub async fn install_widget_crd(client: &Client) {
+/// Installs a namespaced Widget CRD in `group` (with a status subresource, so status writes leave the
+/// generation alone) and waits until it is served.
+pub async fn install_widget_crd(client: &Client, group: &str) {
     let crd: CustomResourceDefinition = serde_json::from_value(json!({
         "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-        "metadata": {"name": "widgets.sim.pko.test"},
+        "metadata": {"name": format!("widgets.{group}")},
         "spec": {
-            "group": "sim.pko.test",
+            "group": group,
             "names": {"kind": "Widget", "plural": "widgets", "singular": "widget", "listKind": "WidgetList"},
             "scope": "Namespaced",
             "versions": [{
