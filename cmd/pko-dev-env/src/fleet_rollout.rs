@@ -117,7 +117,10 @@ async fn follow(client: &Client, name: &str) -> Result<(), String> {
             let done = status.observed_generation == generation
                 && c.total_packages > 0
                 && c.updated_packages == c.total_packages
-                && c.available_packages == c.total_packages;
+                && c.available_packages == c.total_packages
+                && c.progressed_packages == c.total_packages
+                && c.in_flight_packages == 0
+                && c.failed_packages == 0;
             if done {
                 Ok(())
             } else {
@@ -130,7 +133,8 @@ async fn follow(client: &Client, name: &str) -> Result<(), String> {
     .map_err(|e| e.to_string())
 }
 
-/// `updated 2/6  available 5/6 | early 1/1  normal 1/2  late 0/2  unknown 0/1 | in flight: fleet-hc-02`
+/// `updated 2/6  available 5/6 | early 1/1  normal 1/2  late 0/2  unknown 0/1 | in flight: fleet-hc-02`,
+/// with `| failed 1` when updated Packages fail (the HostedClusterPackage's Progressing says why).
 fn progress_line(
     status: &pko_proto::core::hosted_cluster_package::HostedClusterPackageStatus,
 ) -> String {
@@ -160,6 +164,9 @@ fn progress_line(
             .map(|r| r.namespace.as_str())
             .collect();
         line.push_str(&format!(" | in flight: {}", in_flight.join(", ")));
+    }
+    if c.failed_packages > 0 {
+        line.push_str(&format!(" | failed {}", c.failed_packages));
     }
     line
 }
