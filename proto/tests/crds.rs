@@ -117,6 +117,7 @@ fn every_kind_has_a_crd_with_status_and_columns_where_expected() {
             "Updated",
             "Total",
             "Unavailable",
+            "Failed",
             "Age"
         ]
     );

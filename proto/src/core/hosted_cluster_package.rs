@@ -204,6 +204,7 @@ const HOSTED_CLUSTER_PACKAGE_COLUMNS: &[Column] = &[
     integer_column("Updated", ".status.updatedPackages"),
     integer_column("Total", ".status.totalPackages"),
     integer_column("Unavailable", ".status.unavailablePackages"),
+    integer_column("Failed", ".status.failedPackages"),
     AGE_COLUMN,
     wide_column("Image", ".spec.template.spec.image"),
     wide_column(
