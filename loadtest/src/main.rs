@@ -72,8 +72,9 @@ enum Measurement {
         #[arg(long)]
         manager: Option<PathBuf>,
     },
-    /// HostedClusterPackage rollouts: hand-off latency from one Package turning Available to the next
-    /// one's update (maxUnavailable 1); manager CPU time and memory for a fleet of HostedClusters.
+    /// HostedClusterPackage rollouts: hand-off latency from one Package turning live (Available=True and
+    /// Progressing=False) to the next one's update (maxUnavailable 1); manager CPU time and memory for a
+    /// fleet of HostedClusters.
     Rollout {
         /// HostedClusters in the hand-off fleet.
         #[arg(long, default_value_t = 30)]

@@ -390,7 +390,7 @@ async fn fleet_cost(
     let create = create_hcpkg(&api, &name, &ns, &v1, max_unavailable);
     follow_rollout(client, &name, &v1, size, create).await?;
     before = step(
-        &format!("HostedClusterPackage creates {size} Packages, all Available"),
+        &format!("HostedClusterPackage creates {size} Packages, all live"),
         pid,
         &before,
         started,
