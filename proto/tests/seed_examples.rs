@@ -214,6 +214,7 @@ async fn kubectl_shows_rollout_columns_for_hostedclusterpackages() {
             "totalPackages": 7,
             "updatedPackages": 3,
             "unavailablePackages": 1,
+            "failedPackages": 1,
             "conditions": [
                 condition("Available", "True", "EnoughPackagesAvailable", "6/7 packages available."),
                 condition("Progressing", "True", "NotAllPackagesProgressed", "3/7 packages progressed."),
@@ -236,6 +237,7 @@ async fn kubectl_shows_rollout_columns_for_hostedclusterpackages() {
             "UPDATED",
             "TOTAL",
             "UNAVAILABLE",
+            "FAILED",
             "AGE",
             "IMAGE",
             "MESSAGE"
@@ -243,9 +245,9 @@ async fn kubectl_shows_rollout_columns_for_hostedclusterpackages() {
     );
     let row: Vec<_> = lines.next().unwrap().split_whitespace().collect();
     assert_eq!(row[..4], ["columns", "True", "True", "False"]);
-    assert_eq!(row[4..7], ["3", "7", "1"]);
+    assert_eq!(row[4..8], ["3", "7", "1", "1"]);
     assert_eq!(
-        row[8..],
+        row[9..],
         ["registry/pkg:v2", "3/7", "packages", "progressed."]
     );
 }
