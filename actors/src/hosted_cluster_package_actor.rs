@@ -25,7 +25,7 @@ use tracing::{info_span, warn, Instrument};
 
 use crate::context::ManagerContext;
 use crate::engine::desired_object::FIELD_MANAGER;
-use crate::engine::rollout_events::{rollout_steps, RolloutView};
+use crate::engine::rollout_events::{failure_note, rollout_steps, RolloutView};
 use crate::engine::rollout_plan::{
     plan_rollout, PackageState, PartitionOrder, RolloutInput, RolloutPlan, Target,
 };
@@ -325,9 +325,6 @@ async fn list_owned_packages(
         .collect())
 }
 
-/// Longest Event note the apiserver takes (events.k8s.io/v1 `note`: 1 kB).
-const EVENT_NOTE_BYTES: usize = 1024;
-
 /// A Warning Event on the HostedClusterPackage for each Package that started failing, naming it and why.
 async fn record_failures(
     client: &kube::Client,
@@ -349,21 +346,12 @@ async fn record_failures(
         },
     );
     for e in failed {
-        let mut note = format!(
-            "Package {}/{} (group {}) fails: {}",
+        let note = failure_note(
             e.namespace.as_deref().unwrap_or_default(),
-            e.hosted_cluster_package,
+            &e.hosted_cluster_package,
             e.group.as_deref().unwrap_or(UNKNOWN_GROUP),
-            e.message
+            &e.message,
         );
-        if note.len() > EVENT_NOTE_BYTES {
-            let mut cut = EVENT_NOTE_BYTES - '…'.len_utf8();
-            while !note.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            note.truncate(cut);
-            note.push('…');
-        }
         let event = Event {
             type_: EventType::Warning,
             reason: "PackageFailed".into(),
