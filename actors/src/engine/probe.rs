@@ -133,7 +133,7 @@ impl ProbeSet {
     pub fn evaluate(&self, key: &ObjectKey, object: &Value) -> ProbeResult {
         let labels = labels_of(object);
         let mut messages = Vec::new();
-        let mut reported = true;
+        // Set by a check that fails on a status written for the current generation.
         let mut failed = false;
         for group in &self.groups {
             if !selects(&group.selector, key, &labels) {
@@ -141,21 +141,16 @@ impl ProbeSet {
             }
             if let Some(stale) = stale_status(object) {
                 messages.push(stale);
-                reported = false;
                 continue;
             }
             for check in &group.checks {
                 if let Err(message) = run_check(check, object) {
-                    if not_reported_yet(check, object) {
-                        reported = false;
-                    } else {
-                        failed = true;
-                    }
+                    failed |= !not_reported_yet(check, object);
                     messages.push(message);
                 }
             }
         }
-        match (messages.is_empty(), reported || failed) {
+        match (messages.is_empty(), failed) {
             (true, _) => ProbeResult::Passed,
             (false, true) => ProbeResult::Failed(messages),
             (false, false) => ProbeResult::Pending(messages),

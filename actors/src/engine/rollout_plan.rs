@@ -11,8 +11,9 @@
 //!   paused) gets updates. Order is the static list or byte order of the label values; clusters without
 //!   the label, or with a value the static list does not name, form the unknown group, last.
 //! - Budget: at every moment |disrupted ∪ in-flight| <= maxUnavailable, where disrupted means missing,
-//!   not Available, or updated and not done. Updating a Package that is already unavailable (or already in flight) costs nothing, so
-//!   those go first; an available one costs one slot. `instant` updates everything at once.
+//!   not Available, or updated and not done. Updating a Package that is already disrupted (or already
+//!   in flight) costs nothing, so those go first; an available one costs one slot. `instant` updates
+//!   everything at once.
 //! - New targets get their Package at once with the current template (creation disrupts nothing).
 //! - Paused Packages are left alone: never updated, never in flight, and a group does not wait for them.
 //! - The in-flight set is what the caller persists (status.processing) before writing the updates, so a
