@@ -150,6 +150,15 @@ fn text(file: &str, bytes: &[u8]) -> Result<String, PackageError> {
     })
 }
 
+/// Parses one YAML document of a package file as Package Operator does (sigs.k8s.io/yaml): a mapping key
+/// given twice keeps its last value.
+fn parse_yaml<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, serde_saphyr::Error> {
+    let options = serde_saphyr::options! {
+        duplicate_keys: serde_saphyr::DuplicateKeyPolicy::LastWins,
+    };
+    serde_saphyr::from_str_with_options(text, options)
+}
+
 /// Reads and checks the manifest.
 pub fn load_manifest(files: &PackageFiles) -> Result<(String, PackageManifest), PackageError> {
     let (file, bytes) = single_file(files, &MANIFEST_FILES)
@@ -160,7 +169,7 @@ pub fn load_manifest(files: &PackageFiles) -> Result<(String, PackageManifest), 
         message,
     };
     let manifest: PackageManifest =
-        serde_saphyr::from_str(&text(file, bytes)?).map_err(|e| manifest_err(e.to_string()))?;
+        parse_yaml(&text(file, bytes)?).map_err(|e| manifest_err(e.to_string()))?;
     let want = format!("{}/{}", pko_proto::MANIFESTS_GROUP, pko_proto::VERSION);
     if manifest.kind != "PackageManifest" || manifest.api_version != want {
         return Err(manifest_err(format!(
@@ -231,7 +240,7 @@ pub fn load_package(files: &PackageFiles, context: &Value) -> Result<LoadedPacka
         Ok(None) => None,
         Ok(Some((file, bytes))) => Some((
             file,
-            serde_saphyr::from_str::<PackageManifestLock>(&text(file, bytes)?).map_err(|e| {
+            parse_yaml::<PackageManifestLock>(&text(file, bytes)?).map_err(|e| {
                 PackageError::Lock {
                     file: file.to_owned(),
                     message: e.to_string(),
@@ -302,7 +311,7 @@ pub fn load_package(files: &PackageFiles, context: &Value) -> Result<LoadedPacka
             continue;
         }
         for (line, doc) in split_documents(&content) {
-            let object: Value = serde_saphyr::from_str(doc).map_err(|e| PackageError::Yaml {
+            let object: Value = parse_yaml(doc).map_err(|e| PackageError::Yaml {
                 file: path.clone(),
                 line,
                 message: e.to_string(),
@@ -562,6 +571,19 @@ mod tests {
         let docs = split_documents("a: 1\n---\nb: 2\n--- # comment\n\n---\nc: 3\n");
         assert_eq!(docs, vec![(1, "a: 1\n"), (3, "b: 2\n"), (7, "c: 3\n")]);
         assert_eq!(split_documents("---\nx: 1\n"), vec![(2, "x: 1\n")]);
+    }
+
+    #[test]
+    fn a_key_given_twice_keeps_its_last_value_as_upstream_does() {
+        let object: Value =
+            parse_yaml("kind: ConfigMap\ndata:\n  greeting: hi\n  greeting: hello\n").unwrap();
+        assert_eq!(object["data"], json!({"greeting": "hello"}));
+        let manifest: PackageManifest = parse_yaml(
+            "apiVersion: manifests.package-operator.run/v1alpha1\nkind: PackageManifest\n\
+             metadata: {name: first}\nmetadata: {name: second}\nspec: {scopes: [Namespaced], phases: []}\n",
+        )
+        .unwrap();
+        assert_eq!(manifest.metadata.name.as_deref(), Some("second"));
     }
 
     #[test]

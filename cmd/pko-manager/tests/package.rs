@@ -1,5 +1,6 @@
 //! Packages end to end: an image pushed to the real registry, installed as a Package, rolled out through
-//! its ObjectDeployment; image and package errors as conditions.
+//! its ObjectDeployment; image and package errors as conditions; upstream's YAML leniency (a key given
+//! twice keeps its last value).
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -170,6 +171,22 @@ async fn package_rolls_out_and_updates_with_its_config() {
     })
     .await
     .unwrap();
+}
+
+#[tokio::test]
+async fn a_template_that_renders_a_key_twice_keeps_the_last_value() {
+    let (client, ns) = setup("pkg-dupkey").await;
+    // Upstream's YAML library takes the last of duplicate keys; packages written for it rely on that.
+    let twice = format!("{CONFIGMAP}  greeting: \"last\"\n");
+    let image = push(
+        "dupkey:v1",
+        &[("manifest.yaml", MANIFEST), ("cm.yaml.gotmpl", &twice)],
+    )
+    .await;
+    create_package(&client, &ns, "twice", &image, json!({"greeting": "hi"})).await;
+    wait_package(&client, &ns, "twice", "Available", "True", "Available").await;
+    let cm = wait_cm(&client, &ns, "twice-greeting", |_| true).await;
+    assert_eq!(cm.data.unwrap()["greeting"], "last");
 }
 
 #[tokio::test]
