@@ -150,6 +150,11 @@ fn text(file: &str, bytes: &[u8]) -> Result<String, PackageError> {
     })
 }
 
+/// The document upstream reads of a manifest or lock file: the first; later ones are ignored.
+fn first_document(text: &str) -> &str {
+    split_documents(text).first().map_or("", |(_, doc)| doc)
+}
+
 /// Parses one YAML document of a package file as Package Operator does (sigs.k8s.io/yaml): a mapping key
 /// given twice keeps its last value.
 fn parse_yaml<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, serde_saphyr::Error> {
@@ -169,7 +174,7 @@ pub fn load_manifest(files: &PackageFiles) -> Result<(String, PackageManifest), 
         message,
     };
     let manifest: PackageManifest =
-        parse_yaml(&text(file, bytes)?).map_err(|e| manifest_err(e.to_string()))?;
+        parse_yaml(first_document(&text(file, bytes)?)).map_err(|e| manifest_err(e.to_string()))?;
     let want = format!("{}/{}", pko_proto::MANIFESTS_GROUP, pko_proto::VERSION);
     if manifest.kind != "PackageManifest" || manifest.api_version != want {
         return Err(manifest_err(format!(
@@ -240,12 +245,12 @@ pub fn load_package(files: &PackageFiles, context: &Value) -> Result<LoadedPacka
         Ok(None) => None,
         Ok(Some((file, bytes))) => Some((
             file,
-            parse_yaml::<PackageManifestLock>(&text(file, bytes)?).map_err(|e| {
-                PackageError::Lock {
+            parse_yaml::<PackageManifestLock>(first_document(&text(file, bytes)?)).map_err(
+                |e| PackageError::Lock {
                     file: file.to_owned(),
                     message: e.to_string(),
-                }
-            })?,
+                },
+            )?,
         )),
     };
     let images = resolve_images(
@@ -584,6 +589,15 @@ mod tests {
         )
         .unwrap();
         assert_eq!(manifest.metadata.name.as_deref(), Some("second"));
+    }
+
+    #[test]
+    fn a_manifest_file_is_its_first_document() {
+        let text = "---\napiVersion: manifests.package-operator.run/v1alpha1\nkind: PackageManifest\n\
+                    metadata: {name: first}\nspec: {scopes: [Namespaced], phases: []}\n---\nignored: [\n";
+        let manifest: PackageManifest = parse_yaml(first_document(text)).unwrap();
+        assert_eq!(manifest.metadata.name.as_deref(), Some("first"));
+        assert_eq!(first_document(""), "");
     }
 
     #[test]
