@@ -57,8 +57,9 @@ impl ObjectCache {
     /// delivered meanwhile (a controller's status write); the newer state stays, or the owner would probe
     /// the stale one and, the watch having nothing more to say, never look again.
     pub fn record(&self, key: &ObjectKey, object: Value) {
+        // Our own apply may take an object over: the revision it left must hear of it.
         let former = self.insert_if_newer(key, object);
-        self.tell_former_controller(key, former);
+        self.tell(key, former);
     }
 
     /// Forgets an object pko knows is gone.
@@ -144,9 +145,7 @@ impl ObjectCache {
                             .map(|o| o.clone())
                             .unwrap_or_default();
                         for owner in owners {
-                            if let Some(route) = cache.routes.get(&owner).map(|r| r.clone()) {
-                                route(key.clone());
-                            }
+                            cache.tell(&key, Some(owner));
                         }
                     }
                     Ok(_) => {}
@@ -170,17 +169,16 @@ impl ObjectCache {
         } else {
             self.insert_if_newer(&key, value)
         };
-        if let Some(route) = owner.and_then(|uid| self.routes.get(&uid).map(|r| r.clone())) {
-            route(key.clone());
-        }
-        self.tell_former_controller(&key, former);
+        self.tell(&key, owner);
+        // A handover moves an object to a newer revision: the revision it left must hear of it, or it
+        // keeps reporting on an object it no longer controls.
+        self.tell(&key, former);
         Some(key)
     }
 
-    /// A handover moves an object to a newer revision: the revision it left must hear of it, or it keeps
-    /// reporting on an object it no longer controls.
-    fn tell_former_controller(&self, key: &ObjectKey, former: Option<String>) {
-        if let Some(route) = former.and_then(|uid| self.routes.get(&uid).map(|r| r.clone())) {
+    /// Tells the owner `uid` (if any, and if it has a route) that `key` changed.
+    fn tell(&self, key: &ObjectKey, uid: Option<String>) {
+        if let Some(route) = uid.and_then(|uid| self.routes.get(&uid).map(|r| r.clone())) {
             route(key.clone());
         }
     }
@@ -224,9 +222,7 @@ impl ObjectCache {
             .collect();
         for (key, owner) in gone {
             self.objects.remove(&key);
-            if let Some(route) = owner.and_then(|uid| self.routes.get(&uid).map(|r| r.clone())) {
-                route(key);
-            }
+            self.tell(&key, owner);
         }
     }
 }
