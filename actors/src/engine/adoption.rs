@@ -50,13 +50,17 @@ pub fn controller_of(object: &Value) -> Option<(String, String, String)> {
     {
         return Some(found);
     }
-    // An unparsable annotation names no controller: the object is then treated as unowned.
-    let annotated: Vec<Value> = metadata
+    controller(&annotated_owners(metadata)?)
+}
+
+/// The owners annotation of objects whose owner lives in another cluster. An unparsable annotation names
+/// no owner: the object is then treated as unowned.
+fn annotated_owners(metadata: &Value) -> Option<Vec<Value>> {
+    metadata
         .get("annotations")?
         .get(OWNERS_ANNOTATION)?
         .as_str()
-        .and_then(|text| serde_json::from_str(text).ok())?;
-    controller(&annotated)
+        .and_then(|text| serde_json::from_str(text).ok())
 }
 
 /// Whether `uid` is among the object's owners (controller or not), by reference or owners annotation.
@@ -72,12 +76,7 @@ fn is_owner(object: &Value, uid: &str) -> bool {
         .get("ownerReferences")
         .and_then(Value::as_array)
         .is_some_and(|refs| names(refs));
-    let by_annotation = metadata
-        .get("annotations")
-        .and_then(|a| a.get(OWNERS_ANNOTATION))
-        .and_then(Value::as_str)
-        .and_then(|text| serde_json::from_str::<Vec<Value>>(text).ok())
-        .is_some_and(|refs| names(&refs));
+    let by_annotation = annotated_owners(metadata).is_some_and(|refs| names(&refs));
     by_reference || by_annotation
 }
 
