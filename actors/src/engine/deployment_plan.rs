@@ -139,11 +139,10 @@ pub fn deployment_conditions(
     // Available on the strength of the latest revision, or of an older one that still says so for its
     // current generation. An older revision that handed objects over says HandedOver, not Available, so
     // it cannot vouch for objects that are now the latest revision's.
-    let mut previous_live: Vec<&RevisionView> = others
+    let previous_live = others
         .iter()
         .filter(|r| r.available && r.lifecycle != LifecycleState::Archived)
-        .collect();
-    previous_live.sort_by_key(|r| std::cmp::Reverse(r.revision));
+        .max_by_key(|r| r.revision);
     let latest_unavailable = current
         .and_then(|c| c.unavailable.as_deref())
         .map(|m| format!("Latest Revision is Unavailable: {m}"));
@@ -154,7 +153,7 @@ pub fn deployment_conditions(
             "Available",
             "Latest Revision is Available.",
         )
-    } else if let Some(previous) = previous_live.first() {
+    } else if let Some(previous) = previous_live {
         ConditionUpdate::new(
             "Available",
             true,
