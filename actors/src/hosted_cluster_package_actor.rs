@@ -27,13 +27,12 @@ use crate::context::ManagerContext;
 use crate::engine::desired_object::FIELD_MANAGER;
 use crate::engine::rollout_events::{failure_note, rollout_steps, RolloutView};
 use crate::engine::rollout_plan::{
-    plan_rollout, PackageState, PartitionOrder, RolloutInput, RolloutPlan, Target,
+    plan_rollout, PackageState, PartitionOrder, RolloutInput, RolloutPlan, Target, UNKNOWN_GROUP,
 };
 use crate::hcp_namespace_actor::{HcpNamespaceActor, PackageCommand, PackageWritten};
 use crate::hosted_cluster_fleet::Fleet;
 use crate::hosted_cluster_package_object::{
     desired_package, invalid_status, package_state, rollout_settings, rollout_status, OWNER_LABEL,
-    UNKNOWN_GROUP,
 };
 use crate::kind_feed::{FeedTarget, Gone, Observed};
 use crate::package_object::PackageObject;

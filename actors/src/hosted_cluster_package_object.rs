@@ -18,15 +18,13 @@ use crate::engine::conditions::{is_true_for, set_condition, ConditionUpdate};
 use crate::engine::deployment_plan::LATEST_REVISION_UNAVAILABLE;
 use crate::engine::label_selector::selector_matches;
 use crate::engine::rollout_plan::{
-    Counts, PackageState, PartitionOrder, RolloutInput, RolloutPlan, RolloutStrategy,
+    Counts, PackageState, PartitionOrder, RolloutInput, RolloutPlan, RolloutStrategy, UNKNOWN_GROUP,
 };
 use crate::engine::rollout_status::rollout_conditions;
 use crate::package_object::PackageObject;
 
 /// Label on every Package a HostedClusterPackage owns: its name.
 pub const OWNER_LABEL: &str = "package-operator.run/hosted-cluster-package";
-/// Name of the partition group status entry for clusters in no known group.
-pub const UNKNOWN_GROUP: &str = "unknown";
 
 /// How a HostedClusterPackage rolls out, from a valid spec.
 #[derive(Debug, Clone, PartialEq)]

@@ -171,6 +171,9 @@ pub struct RolloutPlan {
     pub failed: Vec<String>,
 }
 
+/// How status, conditions and events name the unknown group (`None` in a plan).
+pub const UNKNOWN_GROUP: &str = "unknown";
+
 /// The group a cluster with partition label value `label` belongs to; `None` is the unknown group.
 pub fn group_key(label: Option<&str>, order: Option<&PartitionOrder>) -> Option<String> {
     match (order, label) {

@@ -5,7 +5,7 @@
 //! names them and why, and says which group the rollout is halted in. Pure.
 
 use super::conditions::ConditionUpdate;
-use super::rollout_plan::{RolloutInput, RolloutPlan, RolloutStrategy};
+use super::rollout_plan::{RolloutInput, RolloutPlan, RolloutStrategy, UNKNOWN_GROUP};
 
 /// At most this many failing Packages are named in a condition message; the rest are counted.
 const NAMED_FAILURES: usize = 5;
@@ -68,8 +68,8 @@ pub fn rollout_conditions(
         let group = plan
             .current_group
             .and_then(|i| plan.groups.get(i))
-            .map(|g| g.name.as_deref().unwrap_or("unknown"))
-            .unwrap_or("unknown");
+            .map(|g| g.name.as_deref().unwrap_or(UNKNOWN_GROUP))
+            .unwrap_or(UNKNOWN_GROUP);
         progressing_message.push_str(&format!(
             " Rollout halted in group {group}: {} failing: {}.",
             plan.failed.len(),
