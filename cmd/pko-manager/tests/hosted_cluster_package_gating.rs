@@ -108,7 +108,7 @@ async fn broken_release_stays_in_its_group(
         group_of,
         image,
     } = rollout;
-    let (name, client) = (name.as_str(), client);
+    let name = name.as_str();
     let log = || manager().log_tail();
     let victim = group_of
         .iter()
