@@ -7,20 +7,66 @@
 use regex::Regex;
 use serde_json::{Map, Value};
 
-/// Admits `config` (`None`: none given) under `schema` (`None`: the manifest declares none). Errors name
-/// each offending path (`config.replicas: ...`).
-pub fn admit_config(schema: Option<&Value>, config: Option<&Value>) -> Result<Value, Vec<String>> {
+/// Where a Package's config sits; admission errors name fields below it (`spec.config.replicas: ...`).
+pub const PACKAGE_CONFIG_PATH: &str = "spec.config";
+
+/// Admits `config` (`None`: none given) under `schema` (`None`: the manifest declares none): pruned,
+/// defaulted, validated. Errors are Kubernetes field errors below `root` (`spec.config.replicas: Required
+/// value`), in the wording the apiserver uses for CRD validation.
+pub fn admit_config(
+    schema: Option<&Value>,
+    config: Option<&Value>,
+    root: &str,
+) -> Result<Value, Vec<String>> {
+    let value = default_config(schema, config);
+    match schema {
+        Some(schema) => check_config(schema, &value, root).map(|()| value),
+        None => Ok(value),
+    }
+}
+
+/// `config` pruned and defaulted under `schema`, not validated (`{}` without a schema).
+pub fn default_config(schema: Option<&Value>, config: Option<&Value>) -> Value {
     let Some(schema) = schema else {
-        return Ok(Value::Object(Map::new()));
+        return Value::Object(Map::new());
     };
     let mut value = config.cloned().unwrap_or_else(|| Value::Object(Map::new()));
     prune_and_default(schema, &mut value);
+    value
+}
+
+/// Validates `config` under `schema` as given: no pruning, no defaults (upstream checks a manifest's
+/// test-template configs this way).
+pub fn check_config(schema: &Value, config: &Value, root: &str) -> Result<(), Vec<String>> {
     let mut errors = Vec::new();
-    validate(schema, &value, "config", &mut errors);
+    validate(schema, config, root, &mut errors);
     if errors.is_empty() {
-        Ok(value)
+        Ok(())
     } else {
         Err(errors)
+    }
+}
+
+/// Kubernetes' rendering of a list of field errors: one is printed bare, several as `[e1, e2]` with
+/// duplicates removed.
+pub fn field_error_aggregate(errors: &[String]) -> String {
+    let mut unique: Vec<&str> = Vec::new();
+    for e in errors {
+        if !unique.contains(&e.as_str()) {
+            unique.push(e);
+        }
+    }
+    match unique.as_slice() {
+        [one] => (*one).to_owned(),
+        many => format!("[{}]", many.join(", ")),
+    }
+}
+
+/// `"value"` as Go's `%q` would print a scalar in a field error.
+fn quoted(value: &Value) -> String {
+    match value {
+        Value::String(s) => format!("{s:?}"),
+        other => other.to_string(),
     }
 }
 
@@ -87,7 +133,13 @@ fn validate(schema: &Value, value: &Value, path: &str, errors: &mut Vec<String>)
     let nullable = schema.get("nullable").and_then(Value::as_bool) == Some(true);
     if value.is_null() {
         if !nullable && schema.get("type").is_some() {
-            errors.push(format!("{path}: must not be null"));
+            let want = schema
+                .get("type")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            errors.push(format!(
+                "{path}: Invalid value: \"null\": {path} in body must be of type {want}: \"null\""
+            ));
         }
         return;
     }
@@ -100,57 +152,67 @@ fn validate(schema: &Value, value: &Value, path: &str, errors: &mut Vec<String>)
         let ok = got == want || (want == "number" && got == "integer");
         let int_or_string_ok = int_or_string && matches!(got, "integer" | "string");
         if !(ok || int_or_string_ok) {
-            errors.push(format!("{path}: must be {want}, got {got}"));
+            errors.push(format!(
+                "{path}: Invalid value: \"{got}\": {path} in body must be of type {want}: \"{got}\""
+            ));
             return;
         }
     } else if int_or_string && !matches!(type_name(value), "integer" | "string") {
+        let got = type_name(value);
         errors.push(format!(
-            "{path}: must be an integer or a string, got {}",
-            type_name(value)
+            "{path}: Invalid value: \"{got}\": {path} in body must be of type integer,string: \"{got}\""
         ));
         return;
     }
     if let Some(allowed) = schema.get("enum").and_then(Value::as_array) {
         if !allowed.contains(value) {
+            let supported: Vec<String> = allowed.iter().map(quoted).collect();
             errors.push(format!(
-                "{path}: {value} is not one of {}",
-                Value::Array(allowed.clone())
+                "{path}: Unsupported value: {}: supported values: {}",
+                quoted(value),
+                supported.join(", ")
             ));
         }
     }
     if let Some(n) = value.as_f64() {
         if let Some(min) = schema.get("minimum").and_then(Value::as_f64) {
             if n < min {
-                errors.push(format!("{path}: {value} is less than the minimum {min}"));
+                errors.push(format!(
+                    "{path}: Invalid value: {value}: {path} in body should be greater than or equal to {min}"
+                ));
             }
         }
         if let Some(max) = schema.get("maximum").and_then(Value::as_f64) {
             if n > max {
-                errors.push(format!("{path}: {value} is greater than the maximum {max}"));
+                errors.push(format!(
+                    "{path}: Invalid value: {value}: {path} in body should be less than or equal to {max}"
+                ));
             }
         }
     }
     if let Some(s) = value.as_str() {
         let len = s.chars().count() as u64;
-        if schema
+        if let Some(m) = schema
             .get("minLength")
             .and_then(Value::as_u64)
-            .is_some_and(|m| len < m)
+            .filter(|m| len < *m)
         {
-            errors.push(format!("{path}: shorter than minLength"));
+            errors.push(format!(
+                "{path}: Invalid value: {s:?}: {path} in body should be at least {m} chars long"
+            ));
         }
-        if schema
+        if let Some(m) = schema
             .get("maxLength")
             .and_then(Value::as_u64)
-            .is_some_and(|m| len > m)
+            .filter(|m| len > *m)
         {
-            errors.push(format!("{path}: longer than maxLength"));
+            errors.push(format!("{path}: Too long: may not be more than {m} bytes"));
         }
         if let Some(pattern) = schema.get("pattern").and_then(Value::as_str) {
             match Regex::new(pattern) {
-                Ok(re) if !re.is_match(s) => {
-                    errors.push(format!("{path}: {s:?} does not match {pattern:?}"))
-                }
+                Ok(re) if !re.is_match(s) => errors.push(format!(
+                    "{path}: Invalid value: {s:?}: {path} in body should match '{pattern}'"
+                )),
                 Ok(_) => {}
                 Err(e) => errors.push(format!(
                     "{path}: the schema's pattern {pattern:?} is invalid: {e}"
@@ -168,7 +230,7 @@ fn validate(schema: &Value, value: &Value, path: &str, errors: &mut Vec<String>)
             {
                 if let Some(key) = required.as_str() {
                     if !map.contains_key(key) {
-                        errors.push(format!("{path}.{key}: required"));
+                        errors.push(format!("{path}.{key}: Required value"));
                     }
                 }
             }
@@ -232,6 +294,7 @@ mod tests {
         let admitted = admit_config(
             Some(&schema()),
             Some(&json!({"replicas": 2, "unknown": 1, "port": "http", "image": null, "extra": {"any": [1]}, "labels": {"a": "b"}})),
+            PACKAGE_CONFIG_PATH,
         )
         .unwrap();
         assert_eq!(
@@ -245,31 +308,49 @@ mod tests {
         let errors = admit_config(
             Some(&schema()),
             Some(&json!({"replicas": "two", "mode": "yolo", "port": [1], "image": "UPPER", "labels": {"a": 1}})),
+            PACKAGE_CONFIG_PATH,
         )
         .unwrap_err();
         assert_eq!(
             errors,
             vec![
-                "config.image: \"UPPER\" does not match \"^[a-z./:0-9-]+$\"".to_owned(),
-                "config.labels.a: must be string, got integer".to_owned(),
-                "config.mode: \"yolo\" is not one of [\"fast\",\"safe\"]".to_owned(),
-                "config.port: must be an integer or a string, got array".to_owned(),
-                "config.replicas: must be integer, got string".to_owned(),
+                "spec.config.image: Invalid value: \"UPPER\": spec.config.image in body should match '^[a-z./:0-9-]+$'",
+                "spec.config.labels.a: Invalid value: \"integer\": spec.config.labels.a in body must be of type string: \"integer\"",
+                "spec.config.mode: Unsupported value: \"yolo\": supported values: \"fast\", \"safe\"",
+                "spec.config.port: Invalid value: \"array\": spec.config.port in body must be of type integer,string: \"array\"",
+                "spec.config.replicas: Invalid value: \"string\": spec.config.replicas in body must be of type integer: \"string\"",
             ]
         );
-        let missing = admit_config(Some(&schema()), None).unwrap_err();
-        assert_eq!(missing, vec!["config.replicas: required".to_owned()]);
-        assert!(
-            admit_config(Some(&schema()), Some(&json!({"replicas": 0}))).unwrap_err()[0]
-                .contains("minimum")
+        let missing = admit_config(Some(&schema()), None, PACKAGE_CONFIG_PATH).unwrap_err();
+        assert_eq!(
+            missing,
+            vec!["spec.config.replicas: Required value".to_owned()]
+        );
+        assert_eq!(
+            admit_config(Some(&schema()), Some(&json!({"replicas": 0})), "test.template[0].context.config")
+                .unwrap_err(),
+            vec!["test.template[0].context.config.replicas: Invalid value: 0: test.template[0].context.config.replicas in body should be greater than or equal to 1"]
         );
     }
 
     #[test]
     fn without_a_schema_config_is_dropped() {
         assert_eq!(
-            admit_config(None, Some(&json!({"a": 1}))).unwrap(),
+            admit_config(None, Some(&json!({"a": 1})), PACKAGE_CONFIG_PATH).unwrap(),
             json!({})
+        );
+    }
+
+    #[test]
+    fn one_field_error_prints_bare_several_in_brackets() {
+        let e = |s: &str| s.to_owned();
+        assert_eq!(
+            field_error_aggregate(&[e("a: Required value")]),
+            "a: Required value"
+        );
+        assert_eq!(
+            field_error_aggregate(&[e("a: x"), e("b: y"), e("a: x")]),
+            "[a: x, b: y]"
         );
     }
 }

@@ -7,6 +7,7 @@ use pko_proto::manifests::PackageManifestScope;
 use serde_json::{json, Value};
 
 use super::loader::LoadedPackage;
+use super::violation::{reason, Violation};
 use crate::engine::conditions::{remove_condition, set_condition, ConditionUpdate};
 
 /// Label with the manifest name on everything a package creates.
@@ -43,13 +44,23 @@ pub fn scope_error(package: &PackageRef, loaded: &LoadedPackage) -> Option<Strin
         Some(_) => PackageManifestScope::Namespaced,
         None => PackageManifestScope::Cluster,
     };
+    // Upstream's wording, then which scope was asked for and what the manifest declares.
     (!loaded.manifest.spec.scopes.contains(&wanted)).then(|| {
-        format!(
-            "{}: the package does not support scope {} (declared: {}); install it as the other kind",
-            loaded.manifest_file,
-            wanted.as_str(),
-            loaded.manifest.spec.scopes.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", "),
-        )
+        Violation::new(reason::UNSUPPORTED_SCOPE)
+            .in_file(loaded.manifest_file.clone())
+            .details(format!(
+                "installed as {}, the manifest declares {}",
+                package.kind(),
+                loaded
+                    .manifest
+                    .spec
+                    .scopes
+                    .iter()
+                    .map(|s| s.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+            .to_string()
     })
 }
 
@@ -235,7 +246,10 @@ mod tests {
     fn scopes_are_enforced() {
         assert!(scope_error(&package(Some("ns")), &loaded("Namespaced")).is_none());
         let err = scope_error(&package(None), &loaded("Namespaced")).unwrap();
-        assert!(err.contains("does not support scope Cluster"), "{err}");
+        assert_eq!(
+            err,
+            "Package unsupported scope in manifest.yaml: installed as ClusterPackage, the manifest declares Namespaced"
+        );
     }
 
     #[test]

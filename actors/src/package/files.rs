@@ -1,5 +1,6 @@
 //! The files of a package, by path relative to the package root (`/`-separated). Paths with a component
-//! starting with `.` are not part of a package (editor files, `.git`, ...).
+//! starting with `.` are not part of a package (editor files, `.git`, `.test-fixtures`), and neither are
+//! symlinks: a directory is imported as upstream imports it.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -12,7 +13,7 @@ pub fn is_hidden(path: &str) -> bool {
     path.split('/').any(|c| c.starts_with('.'))
 }
 
-/// Reads every file under `root`.
+/// Reads every file under `root` (a directory; symlinks are skipped, not followed).
 pub fn from_dir(root: &Path) -> std::io::Result<PackageFiles> {
     let mut files = PackageFiles::new();
     let mut pending = vec![root.to_path_buf()];
@@ -31,7 +32,10 @@ pub fn from_dir(root: &Path) -> std::io::Result<PackageFiles> {
             if is_hidden(&relative) {
                 continue;
             }
-            if entry.file_type()?.is_dir() {
+            let file_type = entry.file_type()?;
+            if file_type.is_symlink() {
+                continue;
+            } else if file_type.is_dir() {
                 pending.push(path);
             } else {
                 files.insert(relative, std::fs::read(&path)?);

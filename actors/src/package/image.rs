@@ -2,6 +2,7 @@
 //! (anonymous or with credentials), unpack (later layers override earlier ones, dot-paths ignored), cache
 //! by manifest digest so an image is downloaded once, and build/push from a package directory.
 
+use std::collections::BTreeMap;
 use std::io::Read;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -156,9 +157,26 @@ impl ImageStore {
         files: &PackageFiles,
         auth: &RegistryAuth,
     ) -> Result<String, ImageError> {
+        self.push_labelled(image, files, &BTreeMap::new(), auth)
+            .await
+    }
+
+    /// [`ImageStore::push`] with `labels` in the image config (`kubectl-package build --label`).
+    #[instrument(skip(self, files, labels, auth))]
+    pub async fn push_labelled(
+        &self,
+        image: &str,
+        files: &PackageFiles,
+        labels: &BTreeMap<String, String>,
+        auth: &RegistryAuth,
+    ) -> Result<String, ImageError> {
         let reference = parse_reference(image)?;
         let layer = ImageLayer::new(pack(files)?, IMAGE_LAYER_GZIP_MEDIA_TYPE.to_owned(), None);
-        let config = Config::new(b"{}".to_vec(), IMAGE_CONFIG_MEDIA_TYPE.to_owned(), None);
+        let config = Config::new(
+            image_config(labels),
+            IMAGE_CONFIG_MEDIA_TYPE.to_owned(),
+            None,
+        );
         let pushed = self
             .client(auth)
             .push(&reference, &[layer], config, auth, None)
@@ -266,6 +284,15 @@ pub(super) fn append_file<W: std::io::Write>(
     header.set_mtime(0);
     header.set_cksum();
     archive.append_data(&mut header, path, content)
+}
+
+/// The image config of a package image: linux/amd64 as upstream writes it, and `labels` when given.
+pub fn image_config(labels: &BTreeMap<String, String>) -> Vec<u8> {
+    let mut config = serde_json::json!({"architecture": "amd64", "os": "linux"});
+    if !labels.is_empty() {
+        config["config"] = serde_json::json!({ "Labels": labels });
+    }
+    serde_json::to_vec(&config).unwrap_or_default()
 }
 
 /// One gzip'd tar of `files` under `package/`, with fixed metadata so the same files give the same bytes.

@@ -12,6 +12,7 @@ use pko_proto::manifests::{
 };
 
 use super::loader::PackageError;
+use super::violation::{reason, Violation};
 
 /// `REPOSITORY[:TAG][@DIGEST]` without tag and digest (a registry port is not a tag).
 pub fn repository(image: &str) -> &str {
@@ -34,46 +35,43 @@ fn valid_digest(digest: &str) -> bool {
 }
 
 /// The `.images` template map: name → `repository@digest`. `lock` is (file, lock) when the package has
-/// one. Fails when an image is not locked, locked to another reference, or has a malformed digest.
+/// one. Fails, in upstream's words, when an image is not locked, locked to another reference, or has a
+/// malformed digest.
 pub fn resolve_images(
-    manifest_file: &str,
     manifest: &PackageManifest,
     lock: Option<(&str, &PackageManifestLock)>,
 ) -> Result<BTreeMap<String, String>, PackageError> {
-    if manifest.spec.images.is_empty() {
+    if manifest.spec.images.is_empty() && lock.is_none() {
         return Ok(BTreeMap::new());
     }
     let Some((lock_file, lock)) = lock else {
-        return Err(PackageError::Manifest {
-            file: manifest_file.to_owned(),
-            message:
-                "spec.images needs a lock file (manifest.lock.yaml); run `kubectl-package update`"
-                    .to_owned(),
-        });
-    };
-    let outdated = |message: String| PackageError::Lock {
-        file: lock_file.to_owned(),
-        message: format!("{message}; run `kubectl-package update`"),
+        return Err(Violation::new(reason::LOCK_MISSING_IMAGE)
+            .in_file("manifest.lock.yaml")
+            .into());
     };
     let mut resolved = BTreeMap::new();
     for image in &manifest.spec.images {
-        let entry = lock
-            .spec
-            .images
-            .iter()
-            .find(|l| l.name == image.name)
-            .ok_or_else(|| outdated(format!("image {:?} is not locked", image.name)))?;
+        let Some(entry) = lock.spec.images.iter().find(|l| l.name == image.name) else {
+            return Err(Violation::new(reason::LOCK_MISSING_IMAGE)
+                .details(image.name.clone())
+                .into());
+        };
         if entry.image != image.image {
-            return Err(outdated(format!(
-                "image {:?} is locked as {:?}, the manifest says {:?}",
-                image.name, entry.image, image.image
-            )));
+            return Err(Violation::new(reason::LOCK_IMAGE_MISMATCH)
+                .details(format!(
+                    "{:?}: {:?} vs {:?}",
+                    image.name, image.image, entry.image
+                ))
+                .into());
         }
         if !valid_digest(&entry.digest) {
-            return Err(outdated(format!(
-                "image {:?}: digest {:?} is not <algorithm>:<hex>",
-                image.name, entry.digest
-            )));
+            return Err(Violation::new(reason::LOCK_INVALID)
+                .in_file(lock_file)
+                .details(format!(
+                    "spec.images: image {:?}: digest {:?} is not <algorithm>:<hex>",
+                    image.name, entry.digest
+                ))
+                .into());
         }
         resolved.insert(
             image.name.clone(),
@@ -86,10 +84,9 @@ pub fn resolve_images(
         .iter()
         .find(|l| !manifest.spec.images.iter().any(|i| i.name == l.name))
     {
-        return Err(outdated(format!(
-            "image {:?} is locked but not in the manifest's spec.images",
-            extra.name
-        )));
+        return Err(Violation::new(reason::LOCK_IMAGE_MISMATCH)
+            .details(extra.name.clone())
+            .into());
     }
     Ok(resolved)
 }
@@ -150,34 +147,31 @@ mod tests {
         let m = manifest(&[("app", "127.0.0.1:5000/app:v1")]);
         let digests = BTreeMap::from([("app".to_owned(), DIGEST.to_owned())]);
         let lock = lock_for(&m, &digests);
-        let images =
-            resolve_images("manifest.yaml", &m, Some(("manifest.lock.yaml", &lock))).unwrap();
+        let images = resolve_images(&m, Some(("manifest.lock.yaml", &lock))).unwrap();
         assert_eq!(images["app"], format!("127.0.0.1:5000/app@{DIGEST}"));
-        assert!(resolve_images("manifest.yaml", &manifest(&[]), None)
-            .unwrap()
-            .is_empty());
+        assert!(resolve_images(&manifest(&[]), None).unwrap().is_empty());
     }
 
     #[test]
     fn missing_stale_or_malformed_locks_are_errors() {
         let m = manifest(&[("app", "app:v2")]);
         assert_eq!(
-            resolve_images("manifest.yaml", &m, None).unwrap_err().to_string(),
-            "manifest.yaml: spec.images needs a lock file (manifest.lock.yaml); run `kubectl-package update`"
+            resolve_images(&m, None).unwrap_err().to_string(),
+            "Missing image in manifest.lock.yaml, but using PackageManifest.spec.images. Try running: kubectl package update in manifest.lock.yaml"
         );
         let stale = lock_for(
             &manifest(&[("app", "app:v1")]),
             &BTreeMap::from([("app".to_owned(), DIGEST.to_owned())]),
         );
         assert_eq!(
-            resolve_images("manifest.yaml", &m, Some(("manifest.lock.yaml", &stale))).unwrap_err().to_string(),
-            "manifest.lock.yaml: image \"app\" is locked as \"app:v1\", the manifest says \"app:v2\"; run `kubectl-package update`"
+            resolve_images(&m, Some(("manifest.lock.yaml", &stale))).unwrap_err().to_string(),
+            "Image specified in manifest does not match with lockfile. Try running: kubectl package update: \"app\": \"app:v2\" vs \"app:v1\""
         );
         let bad = lock_for(
             &m,
             &BTreeMap::from([("app".to_owned(), "latest".to_owned())]),
         );
-        assert!(resolve_images("manifest.yaml", &m, Some(("manifest.lock.yaml", &bad))).is_err());
+        assert!(resolve_images(&m, Some(("manifest.lock.yaml", &bad))).is_err());
         let extra = lock_for(
             &manifest(&[("app", "app:v2"), ("db", "db:1")]),
             &BTreeMap::from([
@@ -185,11 +179,11 @@ mod tests {
                 ("db".to_owned(), DIGEST.to_owned()),
             ]),
         );
-        assert!(
-            resolve_images("manifest.yaml", &m, Some(("manifest.lock.yaml", &extra)))
+        assert_eq!(
+            resolve_images(&m, Some(("manifest.lock.yaml", &extra)))
                 .unwrap_err()
-                .to_string()
-                .contains("\"db\" is locked but not in the manifest")
+                .to_string(),
+            "Image specified in manifest does not match with lockfile. Try running: kubectl package update: db"
         );
     }
 }

@@ -1,7 +1,8 @@
 //! From package files to a manifest and the objects of each phase: finds and checks the manifest (and
-//! lock file), renders `*.gotmpl` and `*.hbs` files, splits YAML streams, and checks every object (apiVersion/kind,
-//! phase annotation naming a declared phase, labels, pko's object annotations). Every error names the
-//! file and the line where the offending document starts.
+//! lock file), renders `*.gotmpl` and `*.hbs` files, splits object files as Package Operator does, and
+//! checks every object (apiVersion/kind, labels, phase annotation naming a declared phase, pko's object
+//! annotations). Problems are reported in upstream's words, naming the file and document index, all of
+//! them at once. Manager and `kubectl-package` share this loader; it must not do I/O.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -14,13 +15,15 @@ use pko_proto::manifests::{PackageManifest, PackageManifestLock};
 use serde_json::Value;
 
 use super::components::{in_component, select_component};
-use super::config::admit_config;
+use super::config::{admit_config, check_config, field_error_aggregate, PACKAGE_CONFIG_PATH};
+use super::deployment::{INSTANCE_LABEL, PACKAGE_LABEL};
 use super::files::PackageFiles;
 use super::filtering::{Filter, CONDITION_ANNOTATION};
 use super::hbs_template::render_hbs;
 use super::image_lock::resolve_images;
 use super::template::{render, TemplateError};
 use super::template_funcs::package_funcs;
+use super::violation::{reason, Violation};
 
 /// Annotation naming the phase of an object (required).
 pub const PHASE_ANNOTATION: &str = "package-operator.run/phase";
@@ -32,75 +35,50 @@ pub const CONDITION_MAP_ANNOTATION: &str = "package-operator.run/condition-map";
 const MANIFEST_FILES: [&str; 2] = ["manifest.yaml", "manifest.yml"];
 const LOCK_FILES: [&str; 2] = ["manifest.lock.yaml", "manifest.lock.yml"];
 
-/// Why a package cannot be loaded.
+/// Why a package cannot be loaded, in upstream's words (see `violation.rs`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PackageError {
-    #[error("manifest.yaml: not found (nor manifest.yml)")]
-    MissingManifest,
-    #[error("manifest.yaml: manifest.yml exists too; a package has one manifest")]
-    TwoManifests,
-    #[error("{file}: {message}")]
-    Manifest { file: String, message: String },
-    #[error("{file}: {message}")]
-    Lock { file: String, message: String },
-    #[error("{file}: config rejected by spec.config.openAPIV3Schema: {}", errors.join("; "))]
-    Config { file: String, errors: Vec<String> },
-    #[error("{file}: spec.component is {component:?}, but the package is not multi-component (no spec.components)")]
-    NotMultiComponent { file: String, component: String },
-    #[error("component {component:?} not found in components/ (available: {available})")]
-    UnknownComponent {
-        component: String,
-        available: String,
-    },
-    #[error("component {component:?}: components/{component}/{source}")]
+    /// Violations of the package's structure or objects, one per line.
+    #[error("{}", join_lines(.0))]
+    Violations(Vec<Violation>),
+    /// Kubernetes field errors (manifest validation, config admission): one bare, several as `[a, b]`.
+    #[error("{}", field_error_aggregate(.0))]
+    Fields(Vec<String>),
+    /// Several failed checks, one per line.
+    #[error("{}", join_lines(.0))]
+    Joined(Vec<PackageError>),
+    #[error(transparent)]
+    Template(#[from] TemplateError),
+    #[error("component \"{component}\": {source}")]
     InComponent {
         component: String,
         source: Box<PackageError>,
     },
-    #[error(transparent)]
-    Template(#[from] TemplateError),
-    #[error("{file}:{line}: {message}")]
-    Yaml {
-        file: String,
-        line: usize,
-        message: String,
-    },
-    #[error("{file}:{line}: object has no {missing}")]
-    MissingGvk {
-        file: String,
-        line: usize,
-        missing: &'static str,
-    },
-    #[error("{file}:{line}: {object}: missing annotation {PHASE_ANNOTATION}")]
-    MissingPhase {
-        file: String,
-        line: usize,
-        object: String,
-    },
-    #[error("{file}:{line}: {object}: phase {phase:?} is not declared in the manifest (declared: {declared})")]
-    UnknownPhase {
-        file: String,
-        line: usize,
-        object: String,
-        phase: String,
-        declared: String,
-    },
-    #[error("{file}:{line}: {object}: label {key:?}: {problem}")]
-    InvalidLabel {
-        file: String,
-        line: usize,
-        object: String,
-        key: String,
-        problem: String,
-    },
-    #[error("{file}:{line}: {object}: annotation {annotation}: {problem}")]
-    InvalidAnnotation {
-        file: String,
-        line: usize,
-        object: String,
-        annotation: &'static str,
-        problem: String,
-    },
+}
+
+impl From<Violation> for PackageError {
+    fn from(v: Violation) -> Self {
+        PackageError::Violations(vec![v])
+    }
+}
+
+impl PackageError {
+    /// All of `errors` as one error (None when there are none).
+    pub fn join(mut errors: Vec<PackageError>) -> Option<PackageError> {
+        match errors.len() {
+            0 => None,
+            1 => errors.pop(),
+            _ => Some(PackageError::Joined(errors)),
+        }
+    }
+}
+
+fn join_lines<T: std::fmt::Display>(items: &[T]) -> String {
+    items
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// A text file of the package: (path, content).
@@ -114,6 +92,18 @@ pub struct LoadedPackage {
     pub lock: Option<PackageManifestLock>,
     /// Phases in manifest order, each with its objects in path order.
     pub phases: Vec<ObjectSetTemplatePhase>,
+    /// Rendered YAML files that held at least one object, before CEL filtering (path after rendering,
+    /// e.g. `cm.yaml` for `cm.yaml.gotmpl`) with their rendered text: what template tests compare.
+    pub object_files: BTreeMap<String, RenderedFile>,
+}
+
+/// A rendered object file and what of it survived CEL filtering.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RenderedFile {
+    /// The rendered text, unfiltered.
+    pub text: String,
+    /// The documents (trimmed) the condition annotation kept, or None when it kept them all.
+    pub kept: Option<Vec<String>>,
 }
 
 impl LoadedPackage {
@@ -126,6 +116,26 @@ impl LoadedPackage {
         }
     }
 }
+
+/// Whether `*.gotmpl`/`*.hbs` files are rendered. Upstream's `validate` and `build` never render a
+/// package that has no test templates: only its static YAML files are checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Render {
+    Templates,
+    StaticOnly,
+}
+
+/// What templates see as `.images.<name>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Images {
+    /// `repository@digest` from the lock file (what a Package installs).
+    Locked,
+    /// Every image as upstream's CLI renders it: `registry.package-operator.run/static-image`.
+    Static,
+}
+
+/// The image templates see for every `spec.images` entry when the CLI renders a package.
+pub const STATIC_IMAGE: &str = "registry.package-operator.run/static-image";
 
 fn single_file<'a>(
     files: &'a PackageFiles,
@@ -143,10 +153,11 @@ fn single_file<'a>(
 }
 
 fn text(file: &str, bytes: &[u8]) -> Result<String, PackageError> {
-    String::from_utf8(bytes.to_vec()).map_err(|_| PackageError::Yaml {
-        file: file.to_owned(),
-        line: 1,
-        message: "not UTF-8 text".to_owned(),
+    String::from_utf8(bytes.to_vec()).map_err(|_| {
+        Violation::new(reason::INVALID_YAML)
+            .in_file(file)
+            .details("not UTF-8 text")
+            .into()
     })
 }
 
@@ -155,62 +166,201 @@ fn first_document(text: &str) -> &str {
     split_documents(text).first().map_or("", |(_, doc)| doc)
 }
 
-/// Parses one YAML document of a package file as Package Operator does (sigs.k8s.io/yaml): a mapping key
-/// given twice keeps its last value.
+/// Parses one YAML document of a package file as Package Operator does (sigs.k8s.io/yaml, YAML 1.1
+/// scalars): a mapping key given twice keeps its last value, `yes`/`no`/`on`/`off` are booleans and a
+/// leading zero makes an integer octal (`defaultMode: 0644` is 420).
 fn parse_yaml<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, serde_saphyr::Error> {
     let options = serde_saphyr::options! {
         duplicate_keys: serde_saphyr::DuplicateKeyPolicy::LastWins,
+        legacy_octal_numbers: true,
     };
     serde_saphyr::from_str_with_options(text, options)
 }
 
-/// Reads and checks the manifest.
-pub fn load_manifest(files: &PackageFiles) -> Result<(String, PackageManifest), PackageError> {
-    let (file, bytes) = single_file(files, &MANIFEST_FILES)
-        .map_err(|()| PackageError::TwoManifests)?
-        .ok_or(PackageError::MissingManifest)?;
-    let manifest_err = |message: String| PackageError::Manifest {
-        file: file.to_owned(),
-        message,
+/// Parses a manifest or lock file: first document, apiVersion and kind checked before the body.
+fn parse_manifest_file<T: serde::de::DeserializeOwned>(
+    file: &str,
+    bytes: &[u8],
+    kind: &str,
+) -> Result<T, PackageError> {
+    let text = text(file, bytes)?;
+    let document = first_document(&text);
+    let invalid = |e: &dyn std::fmt::Display| -> PackageError {
+        Violation::new(reason::INVALID_YAML)
+            .in_file(file)
+            .details(e.to_string())
+            .into()
     };
-    let manifest: PackageManifest =
-        parse_yaml(first_document(&text(file, bytes)?)).map_err(|e| manifest_err(e.to_string()))?;
-    let want = format!("{}/{}", pko_proto::MANIFESTS_GROUP, pko_proto::VERSION);
-    if manifest.kind != "PackageManifest" || manifest.api_version != want {
-        return Err(manifest_err(format!(
-            "want apiVersion {want} and kind PackageManifest, got {:?} {:?}",
-            manifest.api_version, manifest.kind
+    let raw: Value = parse_yaml(document).map_err(|e| invalid(&e))?;
+    let field = |name: &str| raw.get(name).and_then(Value::as_str).unwrap_or_default();
+    let (group, version) = match field("apiVersion").rsplit_once('/') {
+        Some((group, version)) => (group, version),
+        None => ("", field("apiVersion")),
+    };
+    let unknown_gvk = |details: String| -> PackageError {
+        Violation::new(reason::UNKNOWN_GVK)
+            .in_file(file)
+            .details(details)
+            .into()
+    };
+    if group != pko_proto::MANIFESTS_GROUP || field("kind") != kind {
+        let is = if group.is_empty() {
+            field("kind").to_owned()
+        } else {
+            format!("{}.{group}", field("kind"))
+        };
+        return Err(unknown_gvk(format!(
+            "GroupKind must be {kind}.{}, is: {is}",
+            pko_proto::MANIFESTS_GROUP
         )));
     }
-    if manifest.spec.phases.is_empty() {
-        return Err(manifest_err(
-            "spec.phases: at least one phase is required".to_owned(),
-        ));
+    if version != pko_proto::VERSION {
+        return Err(unknown_gvk(format!(
+            "unknown version {version}, supported versions: {}",
+            pko_proto::VERSION
+        )));
     }
+    serde_json::from_value(raw).map_err(|e| invalid(&e))
+}
+
+/// Reads the manifest and checks its content (upstream's manifest validation).
+pub fn load_manifest(files: &PackageFiles) -> Result<(String, PackageManifest), PackageError> {
+    let (file, manifest) = parse_manifest(files)?;
+    let errors = manifest_errors(&manifest);
+    if !errors.is_empty() {
+        return Err(PackageError::Fields(errors));
+    }
+    Ok((file, manifest))
+}
+
+/// Reads the manifest without checking its content (upstream's structural load).
+pub fn parse_manifest(files: &PackageFiles) -> Result<(String, PackageManifest), PackageError> {
+    let (file, bytes) = single_file(files, &MANIFEST_FILES)
+        .map_err(|()| PackageError::from(Violation::new(reason::MANIFEST_DUPLICATED)))?
+        .ok_or_else(|| {
+            Violation::new(reason::MANIFEST_NOT_FOUND)
+                .details("searched at manifest.yaml and manifest.yml")
+        })?;
+    let manifest = parse_manifest_file(file, bytes, "PackageManifest")?;
     Ok((file.to_owned(), manifest))
 }
 
-/// Admits a package config against the manifest's schema (pruned, defaulted, validated).
-pub fn admit_package_config(
-    manifest_file: &str,
-    manifest: &PackageManifest,
-    config: Option<&Value>,
-) -> Result<Value, PackageError> {
-    let schema = manifest
+/// Upstream's PackageManifest validation, as field errors.
+pub fn manifest_errors(manifest: &PackageManifest) -> Vec<String> {
+    let mut errors = Vec::new();
+    if manifest.metadata.name.as_deref().is_none_or(str::is_empty) {
+        errors.push("metadata.name: Required value".to_owned());
+    }
+    if manifest.spec.scopes.is_empty() {
+        errors.push("spec.scopes: Required value".to_owned());
+    }
+    if manifest.spec.phases.is_empty() {
+        errors.push("spec.phases: Required value".to_owned());
+    }
+    let mut seen = Vec::new();
+    for (i, phase) in manifest.spec.phases.iter().enumerate() {
+        if seen.contains(&phase.name.as_str()) {
+            errors.push(format!(
+                "spec.phases[{i}].name: Invalid value: {:?}: must be unique",
+                phase.name
+            ));
+        }
+        seen.push(&phase.name);
+    }
+    for (i, probe) in manifest.spec.availability_probes.iter().enumerate() {
+        if probe.probes.is_empty() {
+            errors.push(format!(
+                "spec.availabilityProbes[{i}].probes: Required value"
+            ));
+        }
+    }
+    let mut names = Vec::new();
+    for (i, image) in manifest.spec.images.iter().enumerate() {
+        if image.name.is_empty() {
+            errors.push(format!(
+                "spec.images[{i}].name: Invalid value: \"\": must be non empty"
+            ));
+        } else if names.contains(&image.name.as_str()) {
+            errors.push(format!(
+                "spec.images[{i}].name: Invalid value: {:?}: must be unique",
+                image.name
+            ));
+        } else {
+            names.push(&image.name);
+        }
+        if image.image.is_empty() {
+            errors.push(format!(
+                "spec.images[{i}].image: Invalid value: \"\": must be non empty"
+            ));
+        }
+    }
+    let schema = config_schema(manifest);
+    if let Some(test) = &manifest.test {
+        for (i, case) in test.template.iter().enumerate() {
+            if let Some(problem) = config_map_key_problem(&case.name) {
+                errors.push(format!(
+                    "test.template[{i}].name: Invalid value: {:?}: {problem}",
+                    case.name
+                ));
+            }
+            if let Some(schema) = &schema {
+                let config = case
+                    .context
+                    .config
+                    .clone()
+                    .unwrap_or_else(|| Value::Object(Default::default()));
+                let root = format!("test.template[{i}].context.config");
+                if let Err(e) = check_config(schema, &config, &root) {
+                    errors.extend(e);
+                }
+            }
+        }
+        if test
+            .kubeconform
+            .as_ref()
+            .is_some_and(|k| k.kubernetes_version.is_empty())
+        {
+            errors.push("test.kubeconform.kubernetesVersion: Required value".to_owned());
+        }
+    }
+    errors
+}
+
+/// Kubernetes' ConfigMap key rule (what a test-template name must satisfy).
+fn config_map_key_problem(key: &str) -> Option<&'static str> {
+    let valid_chars = key
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if key.is_empty() || key.len() > 253 || !valid_chars {
+        Some("a valid config key must consist of alphanumeric characters, '-', '_' or '.' (e.g. 'key.name',  or 'KEY_NAME',  or 'key-name', regex used for validation is '[-._a-zA-Z0-9]+')")
+    } else if key == "." || key == ".." || key.starts_with("..") {
+        Some("must not be '.' or '..' and must not start with '..'")
+    } else {
+        None
+    }
+}
+
+fn config_schema(manifest: &PackageManifest) -> Option<Value> {
+    manifest
         .spec
         .config
         .as_ref()
         .and_then(|c| c.open_api_v3_schema.as_ref())
-        .map(serde_json::to_value)
-        .transpose()
-        .map_err(|e| PackageError::Manifest {
-            file: manifest_file.to_owned(),
-            message: e.to_string(),
-        })?;
-    admit_config(schema.as_ref(), config).map_err(|errors| PackageError::Config {
-        file: manifest_file.to_owned(),
-        errors,
-    })
+        .and_then(|s| serde_json::to_value(s).ok())
+}
+
+/// Admits a package config against the manifest's schema (pruned, defaulted, validated); errors name
+/// fields under `spec.config`.
+pub fn admit_package_config(
+    manifest: &PackageManifest,
+    config: Option<&Value>,
+) -> Result<Value, PackageError> {
+    admit_config(
+        config_schema(manifest).as_ref(),
+        config,
+        PACKAGE_CONFIG_PATH,
+    )
+    .map_err(PackageError::Fields)
 }
 
 /// Loads what a (Cluster)Package installs: picks the component (`spec.component`), admits `config`
@@ -224,40 +374,49 @@ pub fn load_installable(
 ) -> Result<LoadedPackage, PackageError> {
     let files = select_component(files, component)?;
     let load = || {
-        let (manifest_file, manifest) = load_manifest(&files)?;
-        let admitted = admit_package_config(&manifest_file, &manifest, config)?;
+        let (_, manifest) = load_manifest(&files)?;
+        let admitted = admit_package_config(&manifest, config)?;
         load_package(&files, &context(&manifest, admitted))
     };
     load().map_err(|e| in_component(component, e))
 }
 
-/// Loads a package: manifest, lock file, rendered templates and the objects of each phase. `context` is
-/// the template context (`.package`, `.config`, `.environment`, ...).
-pub fn load_package(files: &PackageFiles, context: &Value) -> Result<LoadedPackage, PackageError> {
-    let (manifest_file, manifest) = load_manifest(files)?;
-    let lock = match single_file(files, &LOCK_FILES) {
-        Err(()) => {
-            return Err(PackageError::Lock {
-                file: LOCK_FILES.join(" and "),
-                message: "only one lock file may exist".to_owned(),
-            })
-        }
-        Ok(None) => None,
-        Ok(Some((file, bytes))) => Some((
+/// Reads the lock file, if the package has one.
+pub fn load_lock(
+    files: &PackageFiles,
+) -> Result<Option<(&'static str, PackageManifestLock)>, PackageError> {
+    match single_file(files, &LOCK_FILES) {
+        Err(()) => Err(Violation::new(reason::LOCK_DUPLICATED).into()),
+        Ok(None) => Ok(None),
+        Ok(Some((file, bytes))) => Ok(Some((
             file,
-            parse_yaml::<PackageManifestLock>(first_document(&text(file, bytes)?)).map_err(
-                |e| PackageError::Lock {
-                    file: file.to_owned(),
-                    message: e.to_string(),
-                },
-            )?,
-        )),
-    };
-    let images = resolve_images(
-        &manifest_file,
-        &manifest,
-        lock.as_ref().map(|(file, lock)| (*file, lock)),
-    )?;
+            parse_manifest_file(file, bytes, "PackageManifestLock")?,
+        ))),
+    }
+}
+
+/// Loads a package with its templates rendered: manifest, lock file and the objects of each phase.
+/// `context` is the template context (`.package`, `.config`, `.environment`, ...).
+pub fn load_package(files: &PackageFiles, context: &Value) -> Result<LoadedPackage, PackageError> {
+    load_package_with(files, context, Render::Templates, Images::Locked)
+}
+
+/// Loads a package; `render_mode` says whether templates are rendered or skipped, `image_mode` what
+/// they see as `.images`.
+pub fn load_package_with(
+    files: &PackageFiles,
+    context: &Value,
+    render_mode: Render,
+    image_mode: Images,
+) -> Result<LoadedPackage, PackageError> {
+    let (manifest_file, manifest) = load_manifest(files)?;
+    let lock = load_lock(files)?;
+    let mut images = resolve_images(&manifest, lock.as_ref().map(|(file, lock)| (*file, lock)))?;
+    if image_mode == Images::Static {
+        images
+            .values_mut()
+            .for_each(|i| *i = STATIC_IMAGE.to_owned());
+    }
     let mut context = context.clone();
     if let Some(map) = context.as_object_mut() {
         map.insert(
@@ -272,11 +431,149 @@ pub fn load_package(files: &PackageFiles, context: &Value) -> Result<LoadedPacka
     let (partials, helpers): (Vec<SourceFile>, Vec<SourceFile>) = files
         .iter()
         .filter(|(path, _)| basename(path).starts_with('_'))
+        .filter(|(path, _)| path.ends_with(".gotmpl") || path.ends_with(".hbs"))
         .map(|(path, bytes)| Ok((path.clone(), text(path, bytes)?)))
         .collect::<Result<Vec<_>, PackageError>>()?
         .into_iter()
         .partition(|(path, _)| path.ends_with(".hbs"));
     let funcs = package_funcs(Arc::new(files.clone()), Arc::new(context.clone()));
+    // Without rendering nothing is filtered: every static object is checked.
+    let filter = match render_mode {
+        Render::StaticOnly => None,
+        Render::Templates => Some(
+            Filter::new(manifest.spec.conditional_filtering.as_ref(), context).map_err(
+                |message| {
+                    PackageError::from(
+                        Violation::new(reason::MANIFEST_INVALID)
+                            .in_file(manifest_file.clone())
+                            .details(message),
+                    )
+                },
+            )?,
+        ),
+    };
+
+    // Rendered files first: a template's output replaces a static file of the same name.
+    let mut rendered: BTreeMap<String, String> = BTreeMap::new();
+    for (path, bytes) in files {
+        if MANIFEST_FILES.contains(&path.as_str()) || LOCK_FILES.contains(&path.as_str()) {
+            continue;
+        }
+        let template = if let Some(name) = path.strip_suffix(".gotmpl") {
+            Some((name, false))
+        } else {
+            path.strip_suffix(".hbs").map(|name| (name, true))
+        };
+        match template {
+            Some((name, hbs)) => {
+                if render_mode == Render::StaticOnly || basename(path).starts_with('_') {
+                    continue;
+                }
+                let source = text(path, bytes)?;
+                let content = if hbs {
+                    render_hbs(path, &source, &partials, &funcs, context)?
+                } else {
+                    render(path, &source, &helpers, &funcs, context)?
+                };
+                rendered.insert(name.to_owned(), content);
+            }
+            None => {
+                if !rendered.contains_key(path) && is_object_file(path) {
+                    rendered.insert(path.clone(), text(path, bytes)?);
+                }
+            }
+        }
+    }
+
+    let mut violations = Vec::new();
+    let mut objects: Vec<(String, usize, Value)> = Vec::new();
+    let mut object_files = BTreeMap::new();
+    let instance = context
+        .pointer("/package/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let manifest_name = manifest.metadata.name.clone().unwrap_or_default();
+    // Objects in upstream's order: by path, `/` before every other character, then document order.
+    let mut rendered: Vec<(String, String)> = rendered.into_iter().collect();
+    rendered.sort_by_cached_key(|(name, _)| name.replace('/', "\0"));
+    for (name, content) in rendered {
+        if !is_object_file(&name) || filter.as_ref().is_some_and(|f| !f.keeps_path(&name)) {
+            continue;
+        }
+        let mut index = 0;
+        let mut kept = Vec::new();
+        let mut filtered_any = false;
+        for (part, doc) in split_object_file(&content).into_iter().enumerate() {
+            let object: Value = match parse_yaml::<Value>(first_document(doc)) {
+                Ok(Value::Null) => continue,
+                Ok(Value::Object(map)) if !map.contains_key("kind") => {
+                    let json = serde_json::to_string(&map).unwrap_or_default();
+                    violations.push(
+                        Violation::new(reason::INVALID_YAML)
+                            .at(name.clone(), part)
+                            .details(format!("error unmarshaling JSON: while decoding JSON: Object 'Kind' is missing in '{json}'"))
+                            .subject(doc),
+                    );
+                    continue;
+                }
+                Ok(object @ Value::Object(_)) => object,
+                Ok(other) => {
+                    violations.push(
+                        Violation::new(reason::INVALID_YAML)
+                            .at(name.clone(), part)
+                            .details(format!(
+                                "error unmarshaling JSON: while decoding JSON: json: cannot unmarshal {} into Go value of type map[string]interface {{}}",
+                                json_type(&other)
+                            ))
+                            .subject(doc),
+                    );
+                    continue;
+                }
+                Err(e) => {
+                    violations.push(
+                        Violation::new(reason::INVALID_YAML)
+                            .at(name.clone(), part)
+                            .details(e.to_string())
+                            .subject(doc),
+                    );
+                    continue;
+                }
+            };
+            let at = index;
+            index += 1;
+            let keep = match filter
+                .as_ref()
+                .map_or(Ok(true), |f| f.keeps_object(&object))
+            {
+                Ok(keep) => keep,
+                Err(message) => {
+                    violations.push(
+                        Violation::new(reason::ANNOTATION_INVALID)
+                            .at(name.clone(), at)
+                            .details(format!("{CONDITION_ANNOTATION}: {message}")),
+                    );
+                    continue;
+                }
+            };
+            if !keep {
+                filtered_any = true;
+                continue;
+            }
+            kept.push(doc.trim().to_owned());
+            let mut object = object;
+            add_package_labels(&mut object, &manifest_name, instance);
+            objects.push((name.clone(), at, object));
+        }
+        if index > 0 || filtered_any {
+            object_files.insert(
+                name,
+                RenderedFile {
+                    text: content,
+                    kept: filtered_any.then_some(kept),
+                },
+            );
+        }
+    }
 
     let declared: Vec<&str> = manifest
         .spec
@@ -284,59 +581,18 @@ pub fn load_package(files: &PackageFiles, context: &Value) -> Result<LoadedPacka
         .iter()
         .map(|p| p.name.as_str())
         .collect();
+    violations.extend(duplicate_objects(&objects));
     let mut by_phase: BTreeMap<String, Vec<ObjectSetObject>> = BTreeMap::new();
-    let filter =
-        Filter::new(manifest.spec.conditional_filtering.as_ref(), context).map_err(|message| {
-            PackageError::Manifest {
-                file: manifest_file.clone(),
-                message,
-            }
-        })?;
-    for (path, bytes) in files {
-        if MANIFEST_FILES.contains(&path.as_str()) || LOCK_FILES.contains(&path.as_str()) {
-            continue;
+    for (path, index, object) in objects {
+        match check_object(&path, index, object, &declared) {
+            Ok((phase, spec)) => by_phase.entry(phase).or_default().push(spec),
+            Err(mut found) => violations.append(&mut found),
         }
-        if basename(path).starts_with('_') || !filter.keeps_path(path) {
-            continue;
-        }
-        let (name, content) = if let Some(rendered_name) = path.strip_suffix(".gotmpl") {
-            (
-                rendered_name,
-                render(path, &text(path, bytes)?, &helpers, &funcs, context)?,
-            )
-        } else if let Some(rendered_name) = path.strip_suffix(".hbs") {
-            (
-                rendered_name,
-                render_hbs(path, &text(path, bytes)?, &partials, &funcs, context)?,
-            )
-        } else {
-            (path.as_str(), text(path, bytes)?)
-        };
-        if !(name.ends_with(".yaml") || name.ends_with(".yml")) {
-            continue;
-        }
-        for (line, doc) in split_documents(&content) {
-            let object: Value = parse_yaml(doc).map_err(|e| PackageError::Yaml {
-                file: path.clone(),
-                line,
-                message: e.to_string(),
-            })?;
-            if object.is_null() {
-                continue;
-            }
-            let keep = filter
-                .keeps_object(&object)
-                .map_err(|message| PackageError::Yaml {
-                    file: path.clone(),
-                    line,
-                    message: format!("annotation {CONDITION_ANNOTATION}: {message}"),
-                })?;
-            if !keep {
-                continue;
-            }
-            let (phase, spec) = check_object(path, line, object, &declared)?;
-            by_phase.entry(phase).or_default().push(spec);
-        }
+    }
+    if !violations.is_empty() {
+        // Upstream runs its validators one after the other: GVK, then labels, then phases.
+        violations.sort_by_key(|v| validator_rank(v.reason));
+        return Err(PackageError::Violations(violations));
     }
     let phases = manifest
         .spec
@@ -355,11 +611,106 @@ pub fn load_package(files: &PackageFiles, context: &Value) -> Result<LoadedPacka
         manifest,
         lock,
         phases,
+        object_files,
     })
+}
+
+/// The order upstream's validators run in (parse errors first, pko's own checks last).
+fn validator_rank(reason: &str) -> usize {
+    [
+        reason::INVALID_YAML,
+        reason::DUPLICATE_OBJECT,
+        reason::MISSING_GVK,
+        reason::LABELS_INVALID,
+        reason::MISSING_PHASE_ANNOTATION,
+    ]
+    .iter()
+    .position(|r| *r == reason)
+    .unwrap_or(usize::MAX)
+}
+
+fn json_type(value: &Value) -> &'static str {
+    match value {
+        Value::Bool(_) => "bool",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Null | Value::Object(_) => "object",
+    }
+}
+
+/// A rendered file that holds objects: `.yaml`/`.yml`, not a `_` helper.
+fn is_object_file(path: &str) -> bool {
+    (path.ends_with(".yaml") || path.ends_with(".yml")) && !basename(path).starts_with('_')
+}
+
+/// Every object carries the manifest's and the package instance's name, as upstream labels them.
+fn add_package_labels(object: &mut Value, manifest_name: &str, instance: &str) {
+    let Some(metadata) = object.as_object_mut().map(|o| {
+        o.entry("metadata")
+            .or_insert_with(|| Value::Object(Default::default()))
+    }) else {
+        return;
+    };
+    let Some(metadata) = metadata.as_object_mut() else {
+        return;
+    };
+    let labels = metadata
+        .entry("labels")
+        .or_insert_with(|| Value::Object(Default::default()));
+    if let Some(labels) = labels.as_object_mut() {
+        labels.insert(PACKAGE_LABEL.to_owned(), Value::from(manifest_name));
+        labels.insert(INSTANCE_LABEL.to_owned(), Value::from(instance));
+    }
+}
+
+/// Objects with the same group, kind, namespace and name (the version does not count).
+fn duplicate_objects(objects: &[(String, usize, Value)]) -> Vec<Violation> {
+    let mut seen = std::collections::HashSet::new();
+    let mut found = Vec::new();
+    for (path, index, object) in objects {
+        let field = |p: &str| {
+            object
+                .pointer(p)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+        };
+        let api_version = field("/apiVersion");
+        let group = api_version.rsplit_once('/').map_or("", |(g, _)| g);
+        let key = (
+            group.to_owned(),
+            field("/kind").to_owned(),
+            field("/metadata/namespace").to_owned(),
+            field("/metadata/name").to_owned(),
+        );
+        if !seen.insert(key) {
+            found.push(Violation::new(reason::DUPLICATE_OBJECT).at(path.clone(), *index));
+        }
+    }
+    found
 }
 
 fn basename(path: &str) -> &str {
     path.rsplit('/').next().unwrap_or(path)
+}
+
+/// Splits an object file as upstream does: leading and trailing `-` and newline characters go, the rest
+/// is split at lines that are exactly `---`, and each part is trimmed. Empty parts stay (they keep the
+/// document indices upstream reports).
+pub fn split_object_file(content: &str) -> Vec<&str> {
+    let content = content.trim_matches(|c| c == '-' || c == '\n');
+    let mut parts = Vec::new();
+    let mut start = 0;
+    let mut offset = 0;
+    for line in content.split_inclusive('\n') {
+        if line.strip_suffix('\n').unwrap_or(line) == "---" {
+            parts.push(content[start..offset].trim());
+            start = offset + line.len();
+        }
+        offset += line.len();
+    }
+    parts.push(content[start..].trim());
+    parts
 }
 
 /// Splits a YAML stream at `---` lines; yields (1-based line where the document starts, document).
@@ -383,105 +734,88 @@ pub fn split_documents(content: &str) -> Vec<(usize, &str)> {
         .collect()
 }
 
+/// Upstream's object validators (GVK set, labels valid, phase annotation) plus pko's (the phase is
+/// declared, pko's annotations parse); returns the object's phase and spec, or every violation found.
 fn check_object(
     file: &str,
-    line: usize,
+    index: usize,
     object: Value,
     declared: &[&str],
-) -> Result<(String, ObjectSetObject), PackageError> {
-    let at = || (file.to_owned(), line);
-    for (field, missing) in [("apiVersion", "apiVersion"), ("kind", "kind")] {
-        if object
-            .get(field)
+) -> Result<(String, ObjectSetObject), Vec<Violation>> {
+    let at = |r: &'static str| Violation::new(r).at(file.to_owned(), index);
+    let mut violations = Vec::new();
+    let field = |p: &str| {
+        object
+            .pointer(p)
             .and_then(Value::as_str)
-            .is_none_or(str::is_empty)
-        {
-            return Err(PackageError::MissingGvk {
-                file: at().0,
-                line,
-                missing,
-            });
+            .unwrap_or_default()
+    };
+    let version = field("/apiVersion").rsplit('/').next().unwrap_or_default();
+    if version.is_empty() || field("/kind").is_empty() {
+        violations.push(at(reason::MISSING_GVK));
+    }
+    if let Some(labels) = object
+        .pointer("/metadata/labels")
+        .and_then(Value::as_object)
+    {
+        let errors: Vec<String> = labels
+            .iter()
+            .flat_map(|(key, value)| {
+                let key_errors = check_label_key(key).err().map(|p| (key.as_str(), p));
+                let value_errors = check_label_value(value.as_str().unwrap_or("\u{0}"))
+                    .err()
+                    .map(|p| (value.as_str().unwrap_or_default(), p));
+                key_errors.into_iter().chain(value_errors)
+            })
+            .map(|(v, problem)| format!("metadata.labels: Invalid value: {v:?}: {problem}"))
+            .collect();
+        if !errors.is_empty() {
+            violations.push(at(reason::LABELS_INVALID).details(field_error_aggregate(&errors)));
         }
     }
-    let kind = object
-        .get("kind")
-        .and_then(Value::as_str)
-        .unwrap_or_default();
-    let name = object
-        .pointer("/metadata/name")
-        .and_then(Value::as_str)
-        .unwrap_or("<unnamed>");
-    let label = format!("{kind} {name}");
     let annotations = |key: &str| {
         object
             .pointer("/metadata/annotations")
             .and_then(|a| a.get(key))
             .and_then(Value::as_str)
     };
-    let phase = annotations(PHASE_ANNOTATION)
-        .ok_or_else(|| PackageError::MissingPhase {
-            file: at().0,
-            line,
-            object: label.clone(),
-        })?
-        .to_owned();
-    if !declared.contains(&phase.as_str()) {
-        return Err(PackageError::UnknownPhase {
-            file: at().0,
-            line,
-            object: label,
-            phase,
-            declared: declared.join(", "),
-        });
+    let phase = annotations(PHASE_ANNOTATION).unwrap_or_default().to_owned();
+    if phase.is_empty() {
+        violations.push(at(reason::MISSING_PHASE_ANNOTATION));
+    } else if !declared.contains(&phase.as_str()) {
+        violations.push(at(reason::UNKNOWN_PHASE).details(format!(
+            "phase {phase:?} is not in spec.phases ({})",
+            declared.join(", ")
+        )));
     }
-    if let Some(labels) = object
-        .pointer("/metadata/labels")
-        .and_then(Value::as_object)
-    {
-        for (key, value) in labels {
-            let problem = check_label_key(key)
-                .err()
-                .or_else(|| check_label_value(value.as_str().unwrap_or("\u{0}")).err());
-            if let Some(problem) = problem {
-                return Err(PackageError::InvalidLabel {
-                    file: at().0,
-                    line,
-                    object: label,
-                    key: key.clone(),
-                    problem,
-                });
-            }
-        }
-    }
-    let invalid_annotation =
-        |annotation: &'static str, problem: String| PackageError::InvalidAnnotation {
-            file: file.to_owned(),
-            line,
-            object: label.clone(),
-            annotation,
-            problem,
-        };
+    let invalid_annotation = |annotation: &str, problem: String| {
+        at(reason::ANNOTATION_INVALID).details(format!("{annotation}: {problem}"))
+    };
     let collision_protection = match annotations(COLLISION_ANNOTATION) {
         None => CollisionProtection::default(),
-        Some(v) => {
-            let parsed: CollisionProtection =
-                serde_json::from_value(Value::String(v.to_owned()))
-                    .map_err(|e| invalid_annotation(COLLISION_ANNOTATION, e.to_string()))?;
-            if !parsed.is_known() {
-                return Err(invalid_annotation(
+        Some(v) => match serde_json::from_value::<CollisionProtection>(Value::String(v.to_owned()))
+        {
+            Ok(parsed) if parsed.is_known() => parsed,
+            _ => {
+                violations.push(invalid_annotation(
                     COLLISION_ANNOTATION,
                     format!("{v:?} is not Prevent, IfNoController or None"),
                 ));
+                CollisionProtection::default()
             }
-            parsed
-        }
+        },
     };
-    let condition_mappings = match annotations(CONDITION_MAP_ANNOTATION) {
+    let condition_mappings = match annotations(CONDITION_MAP_ANNOTATION).map(parse_condition_map) {
         None => Vec::new(),
-        Some(v) => {
-            parse_condition_map(v).map_err(|p| invalid_annotation(CONDITION_MAP_ANNOTATION, p))?
+        Some(Ok(mappings)) => mappings,
+        Some(Err(problem)) => {
+            violations.push(invalid_annotation(CONDITION_MAP_ANNOTATION, problem));
+            Vec::new()
         }
     };
+    if !violations.is_empty() {
+        return Err(violations);
+    }
     Ok((
         phase,
         ObjectSetObject {
@@ -539,29 +873,48 @@ fn is_dns_subdomain(s: &str) -> bool {
         })
 }
 
-/// Kubernetes label key rules: optional DNS-subdomain prefix and `/`, then a name of at most 63 characters.
+const QUALIFIED_NAME_RULE: &str = "must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character";
+
+/// Kubernetes label key rules (`IsQualifiedName`): optional DNS-subdomain prefix and `/`, then a name of at
+/// most 63 characters. The error is Kubernetes' wording.
 pub fn check_label_key(key: &str) -> Result<(), String> {
-    let (prefix, name) = match key.split_once('/') {
-        Some((p, n)) => (Some(p), n),
-        None => (None, key),
+    let parts: Vec<&str> = key.split('/').collect();
+    let (prefix, name) = match parts.as_slice() {
+        [name] => (None, *name),
+        [prefix, name] => (Some(*prefix), *name),
+        _ => {
+            return Err(format!("a qualified name {QUALIFIED_NAME_RULE} with an optional DNS subdomain prefix and '/' (e.g. 'example.com/MyName')"));
+        }
     };
     if let Some(prefix) = prefix {
+        if prefix.is_empty() {
+            return Err("prefix part must be non-empty".to_owned());
+        }
         if !is_dns_subdomain(prefix) {
-            return Err(format!("prefix {prefix:?} is not a DNS subdomain"));
+            return Err("prefix part a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')".to_owned());
         }
     }
+    if name.is_empty() {
+        return Err("name part must be non-empty".to_owned());
+    }
+    if name.len() > 63 {
+        return Err("name part must be no more than 63 characters".to_owned());
+    }
     if !is_label_name(name) {
-        return Err(format!("name {name:?} must be 1-63 characters of [A-Za-z0-9-_.], starting and ending alphanumeric"));
+        return Err(format!("name part {QUALIFIED_NAME_RULE} (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')"));
     }
     Ok(())
 }
 
-/// Kubernetes label value rules: empty, or a name of at most 63 characters.
+/// Kubernetes label value rules: empty, or a name of at most 63 characters. The error is Kubernetes'
+/// wording.
 pub fn check_label_value(value: &str) -> Result<(), String> {
-    if value.is_empty() || is_label_name(value) {
+    if value.len() > 63 {
+        Err("must be no more than 63 characters".to_owned())
+    } else if value.is_empty() || is_label_name(value) {
         Ok(())
     } else {
-        Err(format!("value {value:?} must be empty or 1-63 characters of [A-Za-z0-9-_.], starting and ending alphanumeric"))
+        Err("a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  or '12345', regex used for validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')".to_owned())
     }
 }
 
@@ -589,6 +942,16 @@ mod tests {
         )
         .unwrap();
         assert_eq!(manifest.metadata.name.as_deref(), Some("second"));
+    }
+
+    #[test]
+    fn scalars_resolve_as_yaml_1_1() {
+        let object: Value =
+            parse_yaml("mode: 0644\nenabled: yes\nquiet: off\nport: 8080\n").unwrap();
+        assert_eq!(
+            object,
+            json!({"mode": 420, "enabled": true, "quiet": false, "port": 8080})
+        );
     }
 
     #[test]
@@ -631,7 +994,7 @@ mod tests {
 
     #[test]
     fn objects_land_in_their_phase_in_path_order() {
-        let manifest = "apiVersion: manifests.package-operator.run/v1alpha1\nkind: PackageManifest\nmetadata: {name: p}\nspec:\n  phases: [{name: a}, {name: b}]\n";
+        let manifest = "apiVersion: manifests.package-operator.run/v1alpha1\nkind: PackageManifest\nmetadata: {name: p}\nspec:\n  scopes: [Namespaced]\n  phases: [{name: a}, {name: b}]\n";
         let cm = |name: &str, phase: &str| {
             format!("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {name}\n  annotations: {{package-operator.run/phase: {phase}}}\n")
         };
@@ -656,6 +1019,100 @@ mod tests {
             .collect();
         assert_eq!(names, vec![vec!["z"], vec!["b1", "b2"]]);
         assert_eq!(loaded.template_spec().phases.len(), 2);
+    }
+
+    fn package(files: &[(&str, &str)]) -> PackageFiles {
+        let manifest = "apiVersion: manifests.package-operator.run/v1alpha1\nkind: PackageManifest\nmetadata: {name: p}\nspec:\n  scopes: [Namespaced]\n  phases: [{name: a}]\n";
+        std::iter::once(("manifest.yaml", manifest))
+            .chain(files.iter().copied())
+            .map(|(p, c)| (p.to_owned(), c.as_bytes().to_vec()))
+            .collect()
+    }
+
+    fn error(files: &[(&str, &str)]) -> String {
+        load_package(
+            &package(files),
+            &json!({"package": {"metadata": {"name": "inst"}}}),
+        )
+        .unwrap_err()
+        .to_string()
+    }
+
+    #[test]
+    fn object_violations_are_all_reported_in_upstream_words() {
+        let phased = "  annotations: {package-operator.run/phase: a}\n";
+        let files = [
+            ("a.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: x\n---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: x\n  annotations: {package-operator.run/phase: a}\n"),
+            ("b.yaml", &*format!("kind: Secret\nmetadata:\n  name: s\n{phased}")),
+            ("c.yaml", &*format!("apiVersion: v1\nkind: Secret\nmetadata:\n  name: l\n  labels: {{\"bad key!\": v}}\n{phased}")),
+        ];
+        assert_eq!(
+            error(&files),
+            "Duplicate Object in a.yaml idx 1\n\
+             GroupVersionKind not set in b.yaml idx 0\n\
+             Labels invalid in c.yaml idx 0: metadata.labels: Invalid value: \"bad key!\": name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')\n\
+             Missing package-operator.run/phase Annotation in a.yaml idx 0"
+        );
+        assert_eq!(
+            error(&[("d.yaml", "{}\n")]),
+            "Invalid YAML in d.yaml idx 0: error unmarshaling JSON: while decoding JSON: Object 'Kind' is missing in '{}'\n{}"
+        );
+    }
+
+    #[test]
+    fn manifests_are_checked_for_kind_version_and_content() {
+        let with = |m: &str| {
+            let files: PackageFiles = [("manifest.yaml".to_owned(), m.as_bytes().to_vec())].into();
+            load_manifest(&files).unwrap_err().to_string()
+        };
+        assert_eq!(
+            with("apiVersion: banana/v3\nkind: Bread\n"),
+            "unknown GVK in manifest.yaml: GroupKind must be PackageManifest.manifests.package-operator.run, is: Bread.banana"
+        );
+        assert_eq!(
+            with("apiVersion: manifests.package-operator.run/v500\nkind: PackageManifest\n"),
+            "unknown GVK in manifest.yaml: unknown version v500, supported versions: v1alpha1"
+        );
+        assert_eq!(
+            with("apiVersion: manifests.package-operator.run/v1alpha1\nkind: PackageManifest\nmetadata: {name: p}\nspec:\n  phases: [{name: a}]\n"),
+            "spec.scopes: Required value"
+        );
+        assert_eq!(
+            with("apiVersion: manifests.package-operator.run/v1alpha1\nkind: PackageManifest\nspec: {}\n"),
+            "[metadata.name: Required value, spec.scopes: Required value, spec.phases: Required value]"
+        );
+        assert_eq!(
+            load_manifest(&PackageFiles::new()).unwrap_err().to_string(),
+            "PackageManifest not found: searched at manifest.yaml and manifest.yml"
+        );
+    }
+
+    #[test]
+    fn object_files_split_like_upstream_and_objects_carry_package_labels() {
+        assert_eq!(
+            split_object_file("---\na: 1\n---\n\n---\nb: 2\n--- # c\nc: 3\n---\n"),
+            vec!["a: 1", "", "b: 2\n--- # c\nc: 3"]
+        );
+        let cm = |name: &str| {
+            format!("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {name}\n  annotations: {{package-operator.run/phase: a}}\n")
+        };
+        let text = format!(
+            "{}---\n\n---\n{}--- # second document of a part is dropped\n{}",
+            cm("one"),
+            cm("two"),
+            cm("dropped")
+        );
+        let loaded = load_package(
+            &package(&[("cms.yaml", &text)]),
+            &json!({"package": {"metadata": {"name": "inst"}}}),
+        )
+        .unwrap();
+        let objects = &loaded.phases[0].objects;
+        assert_eq!(objects.len(), 2);
+        assert_eq!(
+            objects[1].object["metadata"]["labels"],
+            json!({"package-operator.run/package": "p", "package-operator.run/instance": "inst"})
+        );
     }
 
     proptest! {

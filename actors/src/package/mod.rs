@@ -1,5 +1,5 @@
 //! Package loading: from the files of a package (a directory today, an OCI image's `package/` tree next) to
-//! its manifest and the objects of each phase, with every problem named by file and line.
+//! its manifest and the objects of each phase, with every problem named in Package Operator's words.
 //!
 //! Pure apart from reading a directory in `files.rs`; the Package actor and `kubectl-package` share it.
 
@@ -20,3 +20,4 @@ pub mod sprig_funcs;
 pub mod template;
 pub mod template_funcs;
 pub mod test_fixtures;
+pub mod violation;

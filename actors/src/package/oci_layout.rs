@@ -1,6 +1,8 @@
-//! Package images as OCI image-layout tar files (`oci-layout`, `index.json`, `blobs/sha256/...`), the
-//! offline form of a package image: `kubectl-package build --output` writes one, `validate`/`tree` read
-//! one, and tools such as `skopeo copy oci-archive:...` push it to a registry.
+//! Package images as tar files, the offline form of a package image: `kubectl-package build --output`
+//! writes one, `validate`/`tree` read one. The tar is an OCI image layout (`oci-layout`, `index.json`,
+//! `blobs/sha256/...`, for `skopeo copy oci-archive:...`) and carries a docker-save `manifest.json` naming
+//! the same blobs with the tags as RepoTags, so `docker load`/`podman load`/`kind load image-archive`
+//! take it as they take upstream's output.
 //!
 //! Pure bytes in and out; the layer format is `image.rs`'s.
 
@@ -11,7 +13,7 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
 use super::files::PackageFiles;
-use super::image::{append_file, pack, unpack, ImageError};
+use super::image::{append_file, image_config, pack, unpack, ImageError};
 
 const MANIFEST_MEDIA_TYPE: &str = "application/vnd.oci.image.manifest.v1+json";
 const CONFIG_MEDIA_TYPE: &str = "application/vnd.oci.image.config.v1+json";
@@ -32,11 +34,16 @@ fn blob_path(digest: &str) -> String {
     format!("blobs/{}", digest.replacen(':', "/", 1))
 }
 
-/// An OCI layout tar holding `files` as a one-layer package image tagged `tag`.
-pub fn write_layout(files: &PackageFiles, tag: &str) -> Result<Vec<u8>, ImageError> {
+/// A tar holding `files` as a one-layer package image tagged with every one of `tags`, its config
+/// carrying `labels`.
+pub fn write_layout(
+    files: &PackageFiles,
+    tags: &[String],
+    labels: &BTreeMap<String, String>,
+) -> Result<Vec<u8>, ImageError> {
     let pack_err = |e: std::io::Error| ImageError::Pack(e.to_string());
     let layer = pack(files)?;
-    let config = b"{}".to_vec();
+    let config = image_config(labels);
     let manifest = serde_json::to_vec(&json!({
         "schemaVersion": 2,
         "mediaType": MANIFEST_MEDIA_TYPE,
@@ -44,11 +51,22 @@ pub fn write_layout(files: &PackageFiles, tag: &str) -> Result<Vec<u8>, ImageErr
         "layers": [descriptor(LAYER_MEDIA_TYPE, &layer)],
     }))
     .map_err(|e| ImageError::Pack(e.to_string()))?;
-    let mut manifest_descriptor = descriptor(MANIFEST_MEDIA_TYPE, &manifest);
-    manifest_descriptor["annotations"] = json!({ REF_NAME_ANNOTATION: tag });
-    let index =
-        serde_json::to_vec(&json!({"schemaVersion": 2, "manifests": [manifest_descriptor]}))
-            .map_err(|e| ImageError::Pack(e.to_string()))?;
+    let manifests: Vec<Value> = tags
+        .iter()
+        .map(|tag| {
+            let mut d = descriptor(MANIFEST_MEDIA_TYPE, &manifest);
+            d["annotations"] = json!({ REF_NAME_ANNOTATION: tag });
+            d
+        })
+        .collect();
+    let index = serde_json::to_vec(&json!({"schemaVersion": 2, "manifests": manifests}))
+        .map_err(|e| ImageError::Pack(e.to_string()))?;
+    let docker_manifest = serde_json::to_vec(&json!([{
+        "Config": blob_path(&digest(&config)),
+        "RepoTags": tags,
+        "Layers": [blob_path(&digest(&layer))],
+    }]))
+    .map_err(|e| ImageError::Pack(e.to_string()))?;
 
     let entries: Vec<(String, &[u8])> = vec![
         (
@@ -56,6 +74,7 @@ pub fn write_layout(files: &PackageFiles, tag: &str) -> Result<Vec<u8>, ImageErr
             br#"{"imageLayoutVersion":"1.0.0"}"#.as_slice(),
         ),
         ("index.json".to_owned(), &index),
+        ("manifest.json".to_owned(), &docker_manifest),
         (blob_path(&digest(&manifest)), &manifest),
         (blob_path(&digest(&config)), &config),
         (blob_path(&digest(&layer)), &layer),
@@ -139,9 +158,25 @@ mod tests {
 
     #[test]
     fn layouts_round_trip_and_are_reproducible() {
-        let tar = write_layout(&files(), "pkg:v1").unwrap();
+        let tags = ["pkg:v1".to_owned(), "pkg:latest".to_owned()];
+        let labels = BTreeMap::from([("team".to_owned(), "a".to_owned())]);
+        let tar = write_layout(&files(), &tags, &labels).unwrap();
         assert_eq!(read_layout("pkg.tar", &tar).unwrap(), files());
-        assert_eq!(write_layout(&files(), "pkg:v1").unwrap(), tar);
+        assert_eq!(write_layout(&files(), &tags, &labels).unwrap(), tar);
+        // docker load's view of the same tar: tags and the blobs they name.
+        let mut archive = tar::Archive::new(tar.as_slice());
+        let docker: Value = archive
+            .entries()
+            .unwrap()
+            .map(|e| e.unwrap())
+            .find(|e| e.path().unwrap().to_str() == Some("manifest.json"))
+            .map(|e| serde_json::from_reader(e).unwrap())
+            .unwrap();
+        assert_eq!(docker[0]["RepoTags"], json!(tags));
+        assert!(docker[0]["Config"]
+            .as_str()
+            .unwrap()
+            .starts_with("blobs/sha256/"));
     }
 
     #[test]

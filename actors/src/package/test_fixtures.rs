@@ -1,122 +1,113 @@
-//! Template test cases (`test.template` in the manifest): each case renders the package with its own
-//! template context, and the result is kept as a fixture, `.test-fixtures/<case>.yaml` next to the
-//! manifest (a dot-path, so never part of the package). The first run writes the fixture; later runs
-//! compare and report the lines that changed, so a template change that alters output is caught.
+//! Template test cases (`test.template` in the manifest), as upstream's `kubectl package validate` and
+//! `build` run them: each case renders the package with its own context, and the rendered object files
+//! are kept as fixtures in `.test-fixtures/<case>/` next to the manifest (a dot-path, so never part of
+//! the package). A missing case directory is generated; an existing one is compared file by file.
 //!
-//! Pure: rendering to text and comparing; reading and writing fixture files is the CLI's.
+//! Pure: what a case renders to and which files it owns. Reading, writing and diffing files is the CLI's.
+
+use std::collections::BTreeMap;
 
 use pko_proto::manifests::PackageManifestTestCaseTemplate;
 use serde_json::Value;
 
+use super::config::default_config;
 use super::files::PackageFiles;
-use super::loader::{load_installable, LoadedPackage, PackageError};
+use super::loader::{
+    load_manifest, load_package_with, Images, LoadedPackage, PackageError, Render,
+};
 
 /// Directory of the fixtures, relative to the manifest.
 pub const FIXTURE_DIR: &str = ".test-fixtures";
 
-/// The fixture text of a loaded package: every object as YAML, grouped by phase in order.
-pub fn fixture_text(package: &LoadedPackage) -> String {
-    let mut out = String::new();
-    for phase in &package.phases {
-        out.push_str(&format!("# Phase {}\n", phase.name));
-        for object in &phase.objects {
-            out.push_str("---\n");
-            let yaml = serde_saphyr::to_string(&object.object).unwrap_or_default();
-            out.push_str(yaml.trim_end());
-            out.push('\n');
-        }
-    }
-    out
-}
-
-/// Loads the package as one test case gives it: the case's context, its config admitted like a
-/// Package's.
+/// Loads the package (the files of one unit: the root or a component) as one test case renders it: the
+/// case's package metadata and environment, its config pruned and defaulted (admission errors are not
+/// the test's concern), every image the static image.
 pub fn load_case(
     files: &PackageFiles,
-    component: Option<&str>,
     case: &PackageManifestTestCaseTemplate,
 ) -> Result<LoadedPackage, PackageError> {
+    let (_, manifest) = load_manifest(files)?;
+    let schema = manifest
+        .spec
+        .config
+        .as_ref()
+        .and_then(|c| c.open_api_v3_schema.as_ref())
+        .and_then(|s| serde_json::to_value(s).ok());
     let mut context = serde_json::to_value(&case.context).unwrap_or(Value::Null);
-    let config = case.context.config.clone();
-    load_installable(files, component, config.as_ref(), |_, admitted| {
-        if let Some(map) = context.as_object_mut() {
-            map.insert("config".to_owned(), admitted);
-        }
-        context
-    })
+    if let Some(map) = context.as_object_mut() {
+        map.insert(
+            "config".to_owned(),
+            default_config(schema.as_ref(), case.context.config.as_ref()),
+        );
+    }
+    load_package_with(files, &context, Render::Templates, Images::Static)
 }
 
-/// Renders one test case into its fixture text.
-pub fn render_case(
-    files: &PackageFiles,
-    component: Option<&str>,
-    case: &PackageManifestTestCaseTemplate,
-) -> Result<String, PackageError> {
-    load_case(files, component, case).map(|loaded| fixture_text(&loaded))
-}
-
-/// Where `actual` differs from the `expected` fixture (None: identical): up to 10 changed lines.
-pub fn fixture_diff(expected: &str, actual: &str) -> Option<String> {
-    if expected == actual {
-        return None;
-    }
-    let (old, new): (Vec<&str>, Vec<&str>) = (expected.lines().collect(), actual.lines().collect());
-    let mut changes = Vec::new();
-    for i in 0..old.len().max(new.len()) {
-        let (a, b) = (old.get(i), new.get(i));
-        if a != b {
-            changes.push(format!(
-                "line {}: -{} +{}",
-                i + 1,
-                a.map_or("(none)".to_owned(), |l| format!("{l:?}")),
-                b.map_or("(none)".to_owned(), |l| format!("{l:?}"))
-            ));
-        }
-        if changes.len() == 10 {
-            changes.push("...".to_owned());
-            break;
-        }
-    }
-    Some(changes.join("\n"))
+/// The fixture files of a rendered case: path → content. A file whose objects the condition annotation
+/// partly removed keeps the rest (trimmed, joined by `---`); a file with none left gets no fixture.
+pub fn fixture_files(package: &LoadedPackage) -> BTreeMap<String, String> {
+    package
+        .object_files
+        .iter()
+        .filter_map(|(path, file)| {
+            let content = match &file.kept {
+                None => file.text.clone(),
+                Some(kept) if kept.is_empty() => return None,
+                Some(kept) => format!("{}\n", kept.join("\n---\n")),
+            };
+            (!content.trim().is_empty()).then(|| (path.clone(), content))
+        })
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    const MANIFEST: &str = "apiVersion: manifests.package-operator.run/v1alpha1\nkind: PackageManifest\nmetadata: {name: t}\nspec:\n  scopes: [Namespaced]\n  phases: [{name: main}]\n  config:\n    openAPIV3Schema:\n      type: object\n      properties:\n        size: {type: integer, default: 1}\n";
+    const MANIFEST: &str = "apiVersion: manifests.package-operator.run/v1alpha1\nkind: PackageManifest\nmetadata: {name: t}\nspec:\n  scopes: [Namespaced]\n  phases: [{name: main}]\n  config:\n    openAPIV3Schema:\n      type: object\n      properties:\n        size: {type: integer, default: 1}\n        ha: {type: boolean, default: false}\n";
     const CM: &str = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ .package.metadata.name }}\n  namespace: {{ .package.metadata.namespace }}\n  annotations: {package-operator.run/phase: main}\ndata:\n  size: \"{{ .config.size }}\"\n";
+    const FILTERED: &str = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: always\n  annotations: {package-operator.run/phase: main}\n---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: ha-only\n  annotations: {package-operator.run/phase: main, package-operator.run/condition: .config.ha}\n";
 
     fn files() -> PackageFiles {
-        [("manifest.yaml", MANIFEST), ("cm.yaml.gotmpl", CM)]
-            .iter()
-            .map(|(p, c)| ((*p).to_owned(), c.as_bytes().to_vec()))
-            .collect()
+        [
+            ("manifest.yaml", MANIFEST),
+            ("cm.yaml.gotmpl", CM),
+            ("filtered.yaml", FILTERED),
+            ("notes.md", "not an object file"),
+        ]
+        .iter()
+        .map(|(p, c)| ((*p).to_owned(), c.as_bytes().to_vec()))
+        .collect()
     }
 
-    #[test]
-    fn cases_render_with_their_context_and_admitted_config() {
-        let case: PackageManifestTestCaseTemplate = serde_json::from_value(serde_json::json!({
+    fn case(config: Value) -> PackageManifestTestCaseTemplate {
+        serde_json::from_value(serde_json::json!({
             "name": "defaults",
-            "context": {"package": {"metadata": {"name": "pkg", "namespace": "team"}}},
+            "context": {"package": {"metadata": {"name": "pkg", "namespace": "team"}}, "config": config},
         }))
-        .unwrap();
-        let text = render_case(&files(), None, &case).unwrap();
-        assert!(text.starts_with("# Phase main\n---\n"), "{text}");
-        assert!(text.contains("name: pkg"), "{text}");
-        assert!(text.contains("namespace: team"), "{text}");
-        assert!(
-            text.contains("size: '1'") || text.contains("size: \"1\""),
-            "{text}"
-        );
+        .unwrap()
     }
 
     #[test]
-    fn diffs_name_the_changed_lines() {
-        assert_eq!(fixture_diff("a\nb\n", "a\nb\n"), None);
+    fn cases_render_with_their_context_and_defaulted_config() {
+        let fixtures = fixture_files(&load_case(&files(), &case(serde_json::json!({}))).unwrap());
         assert_eq!(
-            fixture_diff("a\nb\n", "a\nc\nd\n").unwrap(),
-            "line 2: -\"b\" +\"c\"\nline 3: -(none) +\"d\""
+            fixtures.keys().collect::<Vec<_>>(),
+            vec!["cm.yaml", "filtered.yaml"]
         );
+        assert_eq!(
+            fixtures["cm.yaml"],
+            CM.replace("{{ .package.metadata.name }}", "pkg")
+                .replace("{{ .package.metadata.namespace }}", "team")
+                .replace("{{ .config.size }}", "1")
+        );
+        // Filtered: the rest, trimmed and joined; unfiltered files stay byte for byte.
+        assert_eq!(
+            fixtures["filtered.yaml"],
+            format!("{}\n", FILTERED.split("---\n").next().unwrap().trim())
+        );
+        let ha =
+            fixture_files(&load_case(&files(), &case(serde_json::json!({"ha": true}))).unwrap());
+        assert_eq!(ha["filtered.yaml"], FILTERED);
     }
 }

@@ -1,224 +1,327 @@
-//! The commands that talk to a cluster: `pause`/`unpause` set `spec.paused` on a (Cluster)Package or
-//! (Cluster)ObjectDeployment; `rollout history` lists the revisions (ObjectSets) behind one.
+//! The commands that talk to a cluster, as upstream's behave: `rollout history` lists the revisions
+//! (ObjectSets) of a (Cluster)Package or (Cluster)ObjectDeployment, `clustertree` prints the phases and
+//! objects of an installed package's available revision, `pause`/`unpause` set `spec.paused` on a
+//! (Cluster)Package and wait for it to take effect.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
-use clap::ValueEnum;
-use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams};
+use kube::api::{ApiResource, DynamicObject, ListParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client};
-use pko_actors::deployment_object::DEPLOYMENT_LABEL;
+use pko_actors::package::deployment::INSTANCE_LABEL;
 use pko_proto::core::object_deployment::{ClusterObjectDeployment, ObjectDeployment};
 use pko_proto::core::object_set::{ClusterObjectSet, ObjectSet};
 use pko_proto::core::package::{ClusterPackage, Package};
-use serde_json::{json, Value};
+use serde_json::Value;
 
-/// The kinds `pause`, `unpause` and `rollout history` work on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Kind {
-    #[value(alias = "pkg")]
-    Package,
-    #[value(alias = "cpkg")]
-    Clusterpackage,
-    #[value(alias = "od")]
-    Objectdeployment,
-    #[value(alias = "cod")]
-    Clusterobjectdeployment,
-}
+use crate::args::{ClusterTreeArgs, HistoryArgs, PauseArgs};
 
-impl Kind {
-    fn cluster_scoped(self) -> bool {
-        matches!(self, Kind::Clusterpackage | Kind::Clusterobjectdeployment)
-    }
+/// Annotation `pause` leaves the reason in.
+const PAUSE_MESSAGE_ANNOTATION: &str = "package-operator.run/pause-message";
 
-    fn resource(self) -> ApiResource {
-        match self {
-            Kind::Package => ApiResource::erase::<Package>(&()),
-            Kind::Clusterpackage => ApiResource::erase::<ClusterPackage>(&()),
-            Kind::Objectdeployment => ApiResource::erase::<ObjectDeployment>(&()),
-            Kind::Clusterobjectdeployment => ApiResource::erase::<ClusterObjectDeployment>(&()),
-        }
-    }
-
-    fn set_resource(self) -> ApiResource {
-        if self.cluster_scoped() {
-            ApiResource::erase::<ClusterObjectSet>(&())
-        } else {
-            ApiResource::erase::<ObjectSet>(&())
-        }
-    }
-
-    fn label(self) -> &'static str {
-        match self {
-            Kind::Package => "package",
-            Kind::Clusterpackage => "clusterpackage",
-            Kind::Objectdeployment => "objectdeployment",
-            Kind::Clusterobjectdeployment => "clusterobjectdeployment",
-        }
-    }
-}
-
-/// Which object, on which cluster.
-#[derive(Debug, clap::Args)]
-pub struct Target {
-    /// package, clusterpackage, objectdeployment or clusterobjectdeployment (pkg, cpkg, od, cod).
-    pub kind: Kind,
-    /// Object name.
-    pub name: String,
-    /// Namespace of a Package or ObjectDeployment.
-    #[arg(short, long, default_value = "default")]
-    pub namespace: String,
-    /// Kubeconfig; without it $KUBECONFIG or ~/.kube/config.
-    #[arg(long)]
-    pub kubeconfig: Option<PathBuf>,
-}
-
-/// Why a cluster command failed (always "could not run": exit code 2).
-#[derive(Debug, thiserror::Error)]
-pub enum ClusterError {
-    #[error("kubeconfig: {0}")]
-    Kubeconfig(String),
-    #[error("{kind}/{name}: {source}")]
-    Api {
-        kind: &'static str,
-        name: String,
-        #[source]
-        source: kube::Error,
-    },
-    #[error("{kind}/{name} not found")]
-    NotFound { kind: &'static str, name: String },
-}
-
-async fn client(kubeconfig: Option<&PathBuf>) -> Result<Client, ClusterError> {
-    let err = |e: &dyn std::fmt::Display| ClusterError::Kubeconfig(e.to_string());
+/// Cluster access: `--kubeconfig`, `$KUBECONFIG`, the in-cluster account, `~/.kube/config`.
+async fn client(kubeconfig: Option<&PathBuf>) -> Result<Client, String> {
     let config = match kubeconfig {
         Some(path) => {
-            let file = Kubeconfig::read_from(path)
-                .map_err(|e| ClusterError::Kubeconfig(format!("{}: {e}", path.display())))?;
+            let file = Kubeconfig::read_from(path).map_err(|e| e.to_string())?;
             kube::Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
                 .await
-                .map_err(|e| err(&e))?
+                .map_err(|e| e.to_string())?
         }
-        None => kube::Config::infer().await.map_err(|e| err(&e))?,
+        None => kube::Config::infer().await.map_err(|e| e.to_string())?,
     };
-    Client::try_from(config).map_err(|e| err(&e))
+    Client::try_from(config).map_err(|e| e.to_string())
 }
 
-fn api(
-    client: Client,
-    target: &Target,
-    resource: &ApiResource,
-    cluster: bool,
-) -> Api<DynamicObject> {
-    if cluster {
+fn api(client: Client, resource: &ApiResource, namespace: &str) -> Api<DynamicObject> {
+    if namespace.is_empty() {
         Api::all_with(client, resource)
     } else {
-        Api::namespaced_with(client, &target.namespace, resource)
+        Api::namespaced_with(client, namespace, resource)
     }
 }
 
-impl Target {
-    fn api_error(&self, source: kube::Error) -> ClusterError {
-        match source {
-            kube::Error::Api(ref status) if status.code == 404 => ClusterError::NotFound {
-                kind: self.kind.label(),
-                name: self.name.clone(),
-            },
-            source => ClusterError::Api {
-                kind: self.kind.label(),
-                name: self.name.clone(),
-                source,
-            },
-        }
+/// `RES NAME` or `RES/NAME`.
+fn resource_and_name(args: &[String]) -> Result<(String, String), String> {
+    match args {
+        [res, name] => Ok((res.to_lowercase(), name.clone())),
+        [both] => match both.split_once('/') {
+            Some((res, name)) if !res.is_empty() && !name.is_empty() && !name.contains('/') => {
+                Ok((res.to_lowercase(), name.to_owned()))
+            }
+            _ => Err("arguments invalid: arguments in resource/name form must have a single resource and name".to_owned()),
+        },
+        _ => Err("arguments invalid: arguments in resource/name form must have a single resource and name".to_owned()),
     }
 }
 
-/// Sets `spec.paused`; returns kubectl-style output (`package/x paused`).
-pub async fn set_paused(target: &Target, paused: bool) -> Result<String, ClusterError> {
-    let client = client(target.kubeconfig.as_ref()).await?;
-    let resource = target.kind.resource();
-    api(client, target, &resource, target.kind.cluster_scoped())
-        .patch(
-            &target.name,
-            &PatchParams::default(),
-            &Patch::Merge(&json!({"spec": {"paused": paused}})),
-        )
+/// `rollout history`: the table, YAML or JSON.
+pub async fn history(args: &HistoryArgs, kubeconfig: Option<&PathBuf>) -> Result<String, String> {
+    let (res, name) = resource_and_name(&args.positionals.args)?;
+    let output = args.output.to_lowercase();
+    if !matches!(output.as_str(), "" | "json" | "yaml") {
+        return Err(format!("invalid output format: {:?}", args.output));
+    }
+    // Upstream's quirk, kept: without a namespace the cluster-scoped kind is read.
+    let cluster = res.starts_with("cluster") || args.namespace.is_empty();
+    let (kind, set_kind) = match (res.trim_start_matches("cluster"), cluster) {
+        ("package", false) => (
+            ApiResource::erase::<Package>(&()),
+            ApiResource::erase::<ObjectSet>(&()),
+        ),
+        ("package", true) => (
+            ApiResource::erase::<ClusterPackage>(&()),
+            ApiResource::erase::<ClusterObjectSet>(&()),
+        ),
+        ("objectdeployment", false) => (
+            ApiResource::erase::<ObjectDeployment>(&()),
+            ApiResource::erase::<ObjectSet>(&()),
+        ),
+        ("objectdeployment", true) => (
+            ApiResource::erase::<ClusterObjectDeployment>(&()),
+            ApiResource::erase::<ClusterObjectSet>(&()),
+        ),
+        _ => return Err("invalid resource type".to_owned()),
+    };
+    let namespace = if cluster { "" } else { args.namespace.as_str() };
+    let client = client(kubeconfig).await?;
+    let owner = api(client.clone(), &kind, namespace)
+        .get(&name)
         .await
-        .map_err(|e| target.api_error(e))?;
-    let verb = if paused { "paused" } else { "unpaused" };
-    Ok(format!("{}/{} {verb}", target.kind.label(), target.name))
-}
-
-/// One revision of a rollout, as `rollout history` prints it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Revision {
-    pub revision: i64,
-    pub name: String,
-    pub lifecycle: String,
-    pub available: String,
-}
-
-fn revision_of(set: &DynamicObject) -> Revision {
-    let field = |pointer: &str| set.data.pointer(pointer).cloned().unwrap_or(Value::Null);
-    let available = field("/status/conditions")
-        .as_array()
-        .and_then(|cs| cs.iter().find(|c| c["type"] == "Available"))
-        .and_then(|c| c["status"].as_str().map(str::to_owned))
-        .unwrap_or_else(|| "Unknown".to_owned());
-    Revision {
-        revision: field("/status/revision").as_i64().unwrap_or_default(),
-        name: set.metadata.name.clone().unwrap_or_default(),
-        lifecycle: field("/spec/lifecycleState")
-            .as_str()
-            .unwrap_or("Active")
-            .to_owned(),
-        available,
+        .map_err(|e| format!("getting resource {res}/{name}: getting package object: {e}"))?;
+    let selector = if res.contains("package") {
+        format!("{INSTANCE_LABEL}={name}")
+    } else {
+        owner
+            .metadata
+            .labels
+            .unwrap_or_default()
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let mut sets = api(client, &set_kind, namespace)
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .map_err(|e| format!("listing revisions of {res}/{name}: {e}"))?
+        .items;
+    sets.sort_by_key(revision_of);
+    let render_one = |set: &DynamicObject| -> Result<String, String> {
+        if output == "json" {
+            serde_json::to_value(set)
+                .map_err(|e| e.to_string())
+                .map(|v| format!("{}\n", json_indent4(&v)))
+        } else {
+            serde_saphyr::to_string(set).map_err(|e| e.to_string())
+        }
+    };
+    if args.revision > 0 {
+        let set = sets
+            .iter()
+            .find(|s| revision_of(s) == args.revision)
+            .ok_or("revision not found")?;
+        return render_one(set);
+    }
+    match output.as_str() {
+        "json" => {
+            let list = serde_json::to_value(&sets).map_err(|e| e.to_string())?;
+            Ok(format!("{}\n", json_indent4(&list)))
+        }
+        "yaml" => serde_saphyr::to_string(&sets).map_err(|e| e.to_string()),
+        _ => Ok(history_table(&sets)),
     }
 }
 
-/// The table `rollout history` prints, oldest revision first.
-pub fn history_table(mut revisions: Vec<Revision>) -> String {
-    revisions.sort_by_key(|r| r.revision);
-    let width = revisions
+fn revision_of(set: &DynamicObject) -> i64 {
+    set.data
+        .pointer("/spec/revision")
+        .or_else(|| set.data.pointer("/status/revision"))
+        .and_then(Value::as_i64)
+        .unwrap_or_default()
+}
+
+fn condition_status<'a>(object: &'a Value, kind: &str) -> Option<&'a str> {
+    object
+        .pointer("/status/conditions")?
+        .as_array()?
         .iter()
-        .map(|r| r.name.len())
-        .chain(["OBJECTSET".len()])
-        .max()
-        .unwrap_or_default();
-    let mut out = format!(
-        "{:<10}{:<w$}  {:<11}AVAILABLE\n",
-        "REVISION",
-        "OBJECTSET",
-        "LIFECYCLE",
-        w = width
-    );
-    for r in revisions {
-        out.push_str(&format!(
-            "{:<10}{:<w$}  {:<11}{}\n",
-            r.revision,
-            r.name,
-            r.lifecycle,
-            r.available,
-            w = width
-        ));
+        .find(|c| c["type"] == kind)?
+        .get("status")?
+        .as_str()
+}
+
+/// REVISION, SUCCESSFUL, CHANGE-CAUSE: left-aligned, padded to the column width (the last too), two
+/// spaces between columns, one empty line after.
+pub fn history_table(sets: &[DynamicObject]) -> String {
+    let mut rows = vec![[
+        "REVISION".to_owned(),
+        "SUCCESSFUL".to_owned(),
+        "CHANGE-CAUSE".to_owned(),
+    ]];
+    for set in sets {
+        let cause = set
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("kubernetes.io/change-cause"))
+            .cloned()
+            .unwrap_or_default();
+        let successful = condition_status(&set.data, "Succeeded") == Some("True");
+        rows.push([revision_of(set).to_string(), successful.to_string(), cause]);
     }
+    let widths: Vec<usize> = (0..3)
+        .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
+        .collect();
+    let mut out = String::new();
+    for row in &rows {
+        let cells: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .map(|(cell, w)| format!("{cell:<w$}"))
+            .collect();
+        out.push_str(&cells.join("  "));
+        out.push('\n');
+    }
+    out.push('\n');
     out
 }
 
-/// The revisions of the deployment behind `target` (a Package's deployment has the Package's name).
-pub async fn history(target: &Target) -> Result<String, ClusterError> {
-    let client = client(target.kubeconfig.as_ref()).await?;
-    let cluster = target.kind.cluster_scoped();
-    // The object must exist: an empty history of a typo would mislead.
-    api(client.clone(), target, &target.kind.resource(), cluster)
-        .get(&target.name)
+/// JSON indented with four spaces, as Go's `json.MarshalIndent(v, "", "    ")`.
+fn json_indent4(value: &Value) -> String {
+    let mut buf = Vec::new();
+    let formatter = serde_json::ser::PrettyFormatter::with_indent(b"    ");
+    let mut ser = serde_json::Serializer::with_formatter(&mut buf, formatter);
+    if serde::Serialize::serialize(value, &mut ser).is_err() {
+        return value.to_string();
+    }
+    String::from_utf8(buf).unwrap_or_default()
+}
+
+/// `clustertree`: the phases and objects of the package's available ObjectSet.
+pub async fn cluster_tree(
+    args: &ClusterTreeArgs,
+    kubeconfig: Option<&PathBuf>,
+) -> Result<String, String> {
+    let (res, name) = resource_and_name(&args.positionals.args)?;
+    let (header, set_kind, namespace, missing) = match res.as_str() {
+        "clusterpackage" => (
+            format!("ClusterPackage /{name}\n"),
+            ApiResource::erase::<ClusterObjectSet>(&()),
+            String::new(),
+            "ClusterObjectSet could not be found",
+        ),
+        "package" => {
+            if args.namespace.is_empty() {
+                return Err("--namespace is required as its a namespaced Resource type".to_owned());
+            }
+            (
+                format!("Package /{name}\nnamespace/{}\n", args.namespace),
+                ApiResource::erase::<ObjectSet>(&()),
+                args.namespace.clone(),
+                "ObjectSet could not be found",
+            )
+        }
+        _ => return Err("invalid resource type".to_owned()),
+    };
+    let client = client(kubeconfig).await?;
+    let sets = api(client, &set_kind, &namespace)
+        .list(&ListParams::default())
         .await
-        .map_err(|e| target.api_error(e))?;
-    let sets = api(client, target, &target.kind.set_resource(), cluster)
-        .list(&ListParams::default().labels(&format!("{DEPLOYMENT_LABEL}={}", target.name)))
+        .map_err(|e| e.to_string())?
+        .items;
+    let set = sets
+        .iter()
+        .find(|s| {
+            s.metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| n.contains(&name))
+                && condition_status(&s.data, "Available") == Some("True")
+        })
+        .ok_or(missing)?;
+    let phases = set
+        .data
+        .pointer("/spec/phases")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let mut out = header;
+    for (i, phase) in phases.iter().enumerate() {
+        let last = i + 1 == phases.len();
+        out.push_str(&format!(
+            "└── Phase {}\n",
+            phase["name"].as_str().unwrap_or_default()
+        ));
+        let connector = if last {
+            "    └── "
+        } else {
+            "│   ├── "
+        };
+        for object in phase["objects"].as_array().into_iter().flatten() {
+            out.push_str(connector);
+            out.push_str(&crate::tree::object_line(&object["object"]));
+            out.push('\n');
+        }
+    }
+    Ok(out)
+}
+
+/// `pause`/`unpause`: sets `spec.paused` (and the pause message) with a full update, then waits up to a
+/// minute for Paused=True (pause) or Available=True (unpause). Prints nothing on success.
+pub async fn set_paused(
+    args: &PauseArgs,
+    paused: bool,
+    kubeconfig: Option<&PathBuf>,
+) -> Result<String, String> {
+    let (res, name) = match args.positionals.args.as_slice() {
+        [res, name] => (res.to_lowercase(), name.clone()),
+        [both] => both
+            .split_once('/')
+            .map(|(r, n)| (r.to_lowercase(), n.to_owned()))
+            .unwrap_or_else(|| (both.to_lowercase(), String::new())),
+        _ => (String::new(), String::new()),
+    };
+    let (resource, namespace) = match res.as_str() {
+        "package" => (ApiResource::erase::<Package>(&()), args.namespace.as_str()),
+        "clusterpackage" => (ApiResource::erase::<ClusterPackage>(&()), ""),
+        other => {
+            return Err(format!(
+                "invalid resource name: expected `clusterpackage`/`package`, got `{other}`"
+            ))
+        }
+    };
+    let verb = if paused { "pausing" } else { "unpausing" };
+    let failed = |e: &dyn std::fmt::Display| format!("{verb} package: {e}");
+    let client = client(kubeconfig).await.map_err(|e| failed(&e))?;
+    let packages = api(client, &resource, namespace);
+    let mut package = packages.get(&name).await.map_err(|e| failed(&e))?;
+    package.data["spec"]["paused"] = Value::Bool(paused);
+    let annotations = package
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default);
+    if paused {
+        annotations.insert(PAUSE_MESSAGE_ANNOTATION.to_owned(), args.message.clone());
+    } else {
+        annotations.remove(PAUSE_MESSAGE_ANNOTATION);
+    }
+    packages
+        .replace(&name, &PostParams::default(), &package)
         .await
-        .map_err(|e| target.api_error(e))?;
-    Ok(history_table(sets.items.iter().map(revision_of).collect()))
+        .map_err(|e| failed(&e))?;
+    let wanted = if paused { "Paused" } else { "Available" };
+    for _ in 0..60 {
+        let current = packages.get(&name).await.map_err(|e| failed(&e))?;
+        if condition_status(&current.data, wanted) == Some("True") {
+            return Ok(String::new());
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    Err(failed(&format!(
+        "timed out waiting for {wanted}=True on {res}/{name}"
+    )))
 }
 
 #[cfg(test)]
@@ -226,20 +329,40 @@ mod tests {
     use super::*;
 
     #[test]
-    fn history_is_sorted_and_aligned() {
-        let r = |revision, name: &str, lifecycle: &str, available: &str| Revision {
-            revision,
-            name: name.to_owned(),
-            lifecycle: lifecycle.to_owned(),
-            available: available.to_owned(),
+    fn history_table_is_padded_like_upstream() {
+        let set = |revision: i64, succeeded: &str, cause: Option<&str>| {
+            let mut o: DynamicObject = serde_json::from_value(serde_json::json!({
+                "apiVersion": "package-operator.run/v1alpha1", "kind": "ObjectSet",
+                "metadata": {"name": format!("s{revision}")},
+                "status": {"revision": revision, "conditions": [{"type": "Succeeded", "status": succeeded}]},
+            }))
+            .unwrap();
+            if let Some(c) = cause {
+                o.metadata.annotations =
+                    Some([("kubernetes.io/change-cause".to_owned(), c.to_owned())].into());
+            }
+            o
         };
-        let table = history_table(vec![
-            r(2, "app-7d9f8c6b5", "Active", "True"),
-            r(1, "app-5f6d", "Archived", "Unknown"),
-        ]);
         assert_eq!(
-            table,
-            "REVISION  OBJECTSET      LIFECYCLE  AVAILABLE\n1         app-5f6d       Archived   Unknown\n2         app-7d9f8c6b5  Active     True\n"
+            history_table(&[set(1, "True", Some("first")), set(2, "False", None)]),
+            "REVISION  SUCCESSFUL  CHANGE-CAUSE\n1         true        first       \n2         false                   \n\n"
+        );
+    }
+
+    #[test]
+    fn resources_come_as_two_args_or_res_slash_name() {
+        let v = |s: &[&str]| s.iter().map(|x| (*x).to_owned()).collect::<Vec<_>>();
+        assert_eq!(
+            resource_and_name(&v(&["Package", "x"])).unwrap(),
+            ("package".to_owned(), "x".to_owned())
+        );
+        assert_eq!(
+            resource_and_name(&v(&["package/x"])).unwrap(),
+            ("package".to_owned(), "x".to_owned())
+        );
+        assert_eq!(
+            resource_and_name(&v(&["package"])).unwrap_err(),
+            "arguments invalid: arguments in resource/name form must have a single resource and name"
         );
     }
 }

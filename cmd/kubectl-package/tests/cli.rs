@@ -1,199 +1,421 @@
-//! `kubectl-package validate` and `tree` on the example packages: exit codes and messages for a valid
-//! package and for each kind of broken one.
+//! `kubectl-package` against upstream's command-line contract, table-driven over the example packages in
+//! `tests/packages/`: every command and flag, exit codes, byte-exact stdout (trees, success lines) and
+//! stderr (`Error: <message>\n`), and the template-test fixtures (compare, report, generate).
 #![allow(clippy::unwrap_used)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn packages() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/packages")
 }
 
-fn run(args: &[&str]) -> Output {
+fn run_in(dir: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_kubectl-package"))
         .args(args)
-        .current_dir(packages())
+        .current_dir(dir)
         .output()
         .unwrap()
 }
 
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
+fn run(args: &[&str]) -> Output {
+    run_in(&packages(), args)
 }
 
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// What a case expects on one stream.
+enum Expect {
+    Exactly(&'static str),
+    Empty,
+    Contains(&'static str),
+}
+
+impl Expect {
+    fn check(&self, what: &str, actual: &str, case: &[&str]) {
+        match self {
+            Expect::Exactly(want) => assert_eq!(actual, *want, "{what} of {case:?}"),
+            Expect::Empty => assert_eq!(actual, "", "{what} of {case:?}"),
+            Expect::Contains(want) => {
+                assert!(actual.contains(want), "{what} of {case:?}: {actual}")
+            }
+        }
+    }
+}
+
+/// (args, exit code, stdout, stderr)
+type Case = (&'static [&'static str], i32, Expect, Expect);
+
+fn check_all(cases: &[Case]) {
+    for (args, code, stdout, stderr) in cases {
+        let out = run(args);
+        stdout.check("stdout", &text(&out.stdout), args);
+        stderr.check("stderr", &text(&out.stderr), args);
+        assert_eq!(out.status.code(), Some(*code), "exit code of {args:?}");
+    }
+}
+
+const SIMPLE_NAMESPACED: &str = "\
+simple
+Package team-a/test
+└── Phase deploy
+    └── apps/v1, Kind=Deployment team-a/test
+    └── /v1, Kind=ConfigMap team-a/test-settings
+";
+
+const SIMPLE_CLUSTER: &str = "\
+simple
+ClusterPackage /test-cluster
+└── Phase namespace
+│   ├── /v1, Kind=Namespace /test-cluster-ns
+└── Phase deploy
+    └── apps/v1, Kind=Deployment test-cluster-ns/test-cluster
+    └── /v1, Kind=ConfigMap test-cluster-ns/test-cluster-settings
+";
+
+#[test]
+fn tree_prints_upstream_trees_byte_for_byte() {
+    use Expect::*;
+    check_all(&[
+        // The first test template's metadata and config.
+        (&["tree", "simple"], 0, Exactly(SIMPLE_NAMESPACED), Empty),
+        (&["tree", "simple", "--config-testcase", "cluster"], 0, Exactly(SIMPLE_CLUSTER), Empty),
+        (&["tree", "--config-testcase=cluster", "simple"], 0, Exactly(SIMPLE_CLUSTER), Empty),
+        // --cluster keeps the first case's name, forces namespace "".
+        (
+            &["tree", "--cluster", "simple"],
+            0,
+            Exactly("simple\nClusterPackage /test\n└── Phase namespace\n│   ├── /v1, Kind=Namespace /test-ns\n└── Phase deploy\n    └── apps/v1, Kind=Deployment test-ns/test\n    └── /v1, Kind=ConfigMap test-ns/test-settings\n"),
+            Empty,
+        ),
+        // Without test templates: name `name`, namespace `namespace`; objects sorted by path.
+        (
+            &["tree", "handlebars"],
+            0,
+            Exactly("handlebars\nPackage namespace/name\n└── Phase config\n│   ├── /v1, Kind=ConfigMap /name-settings\n└── Phase app\n    └── /v1, Kind=ConfigMap /name-region-eu\n    └── /v1, Kind=ConfigMap /name-region-us\n"),
+            Empty,
+        ),
+        // Multi-component: the root only; --component is accepted and ignored.
+        (
+            &["tree", "multi-component", "--component", "backend"],
+            0,
+            Exactly("multi-component\nPackage namespace/name\n└── Phase main\n    └── /v1, Kind=ConfigMap /multi-component-root\n"),
+            Empty,
+        ),
+        // A phase without objects is left out; no objects at all: the header only.
+        (
+            &["tree", "--cluster", "cluster-only"],
+            0,
+            Exactly("cluster-only\nClusterPackage /name\n└── Phase crds\n    └── /v1, Kind=Namespace /cluster-only\n"),
+            Empty,
+        ),
+        (&["tree", "empty-package"], 0, Exactly("empty-package\nPackage namespace/name\n"), Empty),
+        // Config from a file: pruned and defaulted; CEL filtering follows it.
+        (
+            &["tree", "required-config", "--config-path", "required-config-values.yaml"],
+            0,
+            Exactly("required-config\nPackage namespace/name\n└── Phase main\n    └── /v1, Kind=ConfigMap namespace/name\n"),
+            Empty,
+        ),
+        (
+            &["tree", "cel-filtering", "--config-path", "cel-filtering-ha.yaml"],
+            0,
+            Exactly("cel-filtering\nPackage namespace/name\n└── Phase main\n    └── /v1, Kind=ConfigMap /app\n    └── /v1, Kind=ConfigMap /ha-budget\n"),
+            Empty,
+        ),
+        // A mapping key given twice: the last wins, as upstream's YAML library does.
+        (
+            &["tree", "duplicate-key"],
+            0,
+            Exactly("duplicate-key\nPackage namespace/name\n└── Phase main\n    └── /v1, Kind=ConfigMap /name-settings\n"),
+            Empty,
+        ),
+    ]);
 }
 
 #[test]
-fn simple_package_validates_and_shows_its_tree() {
-    let out = run(&["validate", "simple", "--config", "simple-config.yaml"]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    assert_eq!(
-        stdout(&out).trim(),
-        "Package validated: 2 phases, 3 objects."
-    );
-
-    let out = run(&["tree", "simple", "--config", "simple-config.yaml"]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let expected = "\
-Package simple
-├── Phase namespace
-│   └── v1 Namespace simple-ns
-└── Phase deploy
-    ├── apps/v1 Deployment simple-ns/simple
-    └── v1 ConfigMap simple-ns/simple-settings";
-    assert_eq!(stdout(&out).trim_end(), expected);
-
-    // Rendered for a namespace: no Namespace object, everything in the package's namespace.
-    let out = run(&[
-        "tree",
-        "simple",
-        "--config",
-        "simple-config.yaml",
-        "--namespace",
-        "team-a",
+fn tree_errors_are_upstreams() {
+    use Expect::*;
+    check_all(&[
+        (
+            &["tree", "required-config"],
+            1,
+            Empty,
+            Exactly("Error: rendering package: [spec.config.size: Required value, spec.config.owner: Required value]\n"),
+        ),
+        // An unknown test case falls back to the defaults; the schema then rejects the empty config.
+        (
+            &["tree", "simple", "--config-testcase", "nope"],
+            1,
+            Empty,
+            Exactly("Error: rendering package: spec.config.replicas: Required value\n"),
+        ),
+        (
+            &["tree", "missing-scopes"],
+            1,
+            Empty,
+            Exactly("Error: rendering package: parsing package contents: spec.scopes: Required value\nPackage unsupported scope in manifest.yaml\n"),
+        ),
+        (
+            &["tree", "cluster-only"],
+            1,
+            Empty,
+            Exactly("Error: rendering package: parsing package contents: Package unsupported scope in manifest.yaml\n"),
+        ),
+        (
+            &["tree", "simple", "--config-path", "nope.yaml"],
+            1,
+            Empty,
+            Exactly("Error: getting config: read config from file: open nope.yaml: no such file or directory\n"),
+        ),
+        (
+            &["tree", "simple", "--config-path", "x", "--config-testcase", ""],
+            1,
+            Empty,
+            Exactly("Error: if any flags in the group [config-path config-testcase] are set none of the others can be; [config-path config-testcase] were all set\n"),
+        ),
+        (
+            &["tree", "no-manifest"],
+            1,
+            Empty,
+            Exactly("Error: rendering package: PackageManifest not found: searched at manifest.yaml and manifest.yml\n"),
+        ),
     ]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let expected = "\
-Package simple
-├── Phase namespace
-└── Phase deploy
-    ├── apps/v1 Deployment team-a/simple
-    └── v1 ConfigMap team-a/simple-settings";
-    assert_eq!(stdout(&out).trim_end(), expected);
 }
 
-/// (example, message) from `tests/packages/expected-errors.txt`, shared with the manager's tests.
-fn expected_errors() -> Vec<(String, String)> {
-    std::fs::read_to_string(packages().join("expected-errors.txt"))
-        .unwrap()
+#[test]
+fn validate_reports_success_and_upstreams_messages() {
+    use Expect::*;
+    const OK: Expect = Exactly("Package validated successfully!");
+    check_all(&[
+        (&["validate", "handlebars"], 0, OK, Empty),
+        (&["validate", "multi-component"], 0, OK, Empty),
+        (&["validate", "images"], 0, OK, Empty),
+        // No test templates: templates are never rendered, so neither required config nor a missing
+        // key fails validate (tree renders and fails them).
+        (&["validate", "required-config"], 0, OK, Empty),
+        (&["validate", "missing-key"], 0, OK, Empty),
+        (&["validate", "cluster-only"], 0, OK, Empty),
+        (
+            &["validate", "missing-phase-annotation"],
+            1,
+            Empty,
+            Exactly("Error: validating package: loading package from files: loading package from files: Missing package-operator.run/phase Annotation in objects.yaml idx 1\n"),
+        ),
+        (
+            &["validate", "duplicate-object"],
+            1,
+            Empty,
+            Exactly("Error: validating package: loading package from files: loading package from files: Duplicate Object in b.yaml idx 0\n"),
+        ),
+        (
+            &["validate", "invalid-label"],
+            1,
+            Empty,
+            Contains("Error: validating package: loading package from files: loading package from files: Labels invalid in objects.yaml idx 0: metadata.labels: Invalid value: \"bad key!\": name part must consist of alphanumeric characters"),
+        ),
+        (
+            &["validate", "missing-gvk"],
+            1,
+            Empty,
+            Contains("Invalid YAML in objects.yaml idx 0: error unmarshaling JSON: while decoding JSON: Object 'Kind' is missing in '{\"metadata\":{\"annotations\":{\"package-operator.run/phase\":\"deploy\"},\"name\":\"no-kind\"}}'\n# a comment line\nmetadata:"),
+        ),
+        (
+            &["validate", "missing-scopes"],
+            1,
+            Empty,
+            Exactly("Error: validating package: loading package from files: spec.scopes: Required value\n"),
+        ),
+        (
+            &["validate", "invalid-test-config"],
+            1,
+            Empty,
+            Exactly("Error: validating package: loading package from files: test.template[0].context.config.size: Required value\n"),
+        ),
+        (
+            &["validate", "missing-lock"],
+            1,
+            Empty,
+            Exactly("Error: validating package: loading package from files: Missing image in manifest.lock.yaml, but using PackageManifest.spec.images. Try running: kubectl package update in manifest.lock.yaml\n"),
+        ),
+        (
+            &["validate", "broken-component"],
+            1,
+            Empty,
+            Exactly("Error: validating package: loading package from files: component \"bad\": loading package from files: Missing package-operator.run/phase Annotation in objects.yaml idx 0\n"),
+        ),
+        (
+            &["validate", "two-manifests"],
+            1,
+            Empty,
+            Exactly("Error: validating package: PackageManifest present multiple times\n"),
+        ),
+        (
+            &["validate", "unknown-gvk"],
+            1,
+            Empty,
+            Exactly("Error: validating package: unknown GVK in manifest.yaml: GroupKind must be PackageManifest.manifests.package-operator.run, is: Bread.banana\n"),
+        ),
+        (
+            &["validate", "nested-components"],
+            1,
+            Empty,
+            Exactly("Error: validating package: Nesting multi-component packages not allowed [inner]\n"),
+        ),
+        (
+            &["validate", "file-in-components"],
+            1,
+            Empty,
+            Exactly("Error: validating package: The components directory may only contain folders and dot files in components/README.md\n"),
+        ),
+        (
+            &["validate", "does-not-exist"],
+            1,
+            Empty,
+            Exactly("Error: validating package: importing package from folder: walk source dir: access file .: stat .: no such file or directory\n"),
+        ),
+        (&["validate", ""], 1, Empty, Exactly("Error: arguments invalid: 'target' must not be empty\n")),
+    ]);
+}
+
+/// The shared messages of `expected-errors.txt` (also asserted on Packages by the manager's tests), as
+/// `tree` reports them.
+#[test]
+fn broken_examples_fail_tree_with_the_shared_messages() {
+    let listed = std::fs::read_to_string(packages().join("expected-errors.txt")).unwrap();
+    let cases: Vec<(&str, &str)> = listed
         .lines()
         .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-        .map(|l| {
-            let (example, message) = l.split_once('\t').unwrap();
-            (example.to_owned(), message.to_owned())
-        })
-        .collect()
-}
-
-#[test]
-fn broken_packages_name_file_line_and_problem() {
-    let cases = expected_errors();
-    assert_eq!(cases.len(), 9);
-    for (package, expected) in cases {
-        let out = run(&["validate", &package]);
-        let err = stderr(&out);
-        assert_eq!(out.status.code(), Some(1), "{package}: {err}");
+        .map(|l| l.split_once('\t').unwrap())
+        // tree never looks at components.
+        .filter(|(example, _)| *example != "broken-component")
+        .collect();
+    assert_eq!(cases.len(), 8);
+    for (example, message) in cases {
+        let out = run(&["tree", example]);
+        assert_eq!(out.status.code(), Some(1), "{example}");
+        let stderr = text(&out.stderr);
+        let structural = format!("Error: rendering package: {message}");
+        let parsed = format!("Error: rendering package: parsing package contents: {message}");
         assert!(
-            err.contains(&format!("kubectl-package: invalid package: {expected}")),
-            "{package}: {err}"
+            stderr.starts_with(&parsed) || stderr.starts_with(&structural),
+            "{example}: {stderr}"
         );
     }
 }
 
 #[test]
-fn config_is_admitted_against_the_manifest_schema() {
-    let out = run(&["validate", "simple"]);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        stderr(&out).contains(
-            "invalid package: manifest.yaml: config rejected by spec.config.openAPIV3Schema: config.replicas: required"
+fn usage_follows_cobra_and_pflag() {
+    use Expect::*;
+    check_all(&[
+        (&[], 0, Contains("Usage: kubectl-package"), Empty),
+        (&["rollout"], 0, Contains("Usage: kubectl-package rollout"), Empty),
+        (&["tree", "--help"], 0, Contains("--config-testcase"), Empty),
+        (&["version"], 0, Contains("pko\tv"), Empty),
+        (&["-v"], 0, Contains("kubectl-package version v"), Empty),
+        (&["version", "x"], 1, Empty, Exactly("Error: accepts 0 arg(s), received 1\n")),
+        (&["version", "--nope"], 1, Empty, Exactly("Error: unknown flag: --nope\n")),
+        (&["tree"], 1, Empty, Exactly("Error: accepts 1 arg(s), received 0\n")),
+        (&["validate", "a", "b"], 1, Empty, Exactly("Error: accepts 1 arg(s), received 2\n")),
+        (&["build", "--output /some/dir"], 1, Empty, Exactly("Error: unknown flag: --output /some/dir\n")),
+        (&["tree", "-x", "simple"], 1, Empty, Exactly("Error: unknown shorthand flag: 'x' in -x\n")),
+        (&["build", "simple", "--tag"], 1, Empty, Exactly("Error: flag needs an argument: --tag\n")),
+        (
+            &["rollout", "history", "a", "b", "c"],
+            1,
+            Empty,
+            Exactly("Error: accepts between 1 and 2 arg(s), received 3\n"),
         ),
-        "{}",
-        stderr(&out)
-    );
+        (
+            &["rollout", "history", "package/x", "--revision", "one"],
+            1,
+            Empty,
+            Exactly("Error: invalid argument \"one\" for \"--revision\" flag: strconv.ParseInt: parsing \"one\": invalid syntax\n"),
+        ),
+        (
+            &["rollout", "history", "package"],
+            1,
+            Empty,
+            Exactly("Error: arguments invalid: arguments in resource/name form must have a single resource and name\n"),
+        ),
+        (&["rollout", "history", "widget", "x", "-n", "a"], 1, Empty, Exactly("Error: invalid resource type\n")),
+        (
+            &["rollout", "history", "package/x", "-o", "table"],
+            1,
+            Empty,
+            Exactly("Error: invalid output format: \"table\"\n"),
+        ),
+        (
+            &["clustertree", "package", "x"],
+            1,
+            Empty,
+            Exactly("Error: --namespace is required as its a namespaced Resource type\n"),
+        ),
+        (
+            &["pause", "objectdeployment", "x"],
+            1,
+            Empty,
+            Exactly("Error: invalid resource name: expected `clusterpackage`/`package`, got `objectdeployment`\n"),
+        ),
+        (
+            &["nope"],
+            1,
+            Empty,
+            Exactly("Error: unknown command \"nope\" for \"kubectl-package\"\nRun 'kubectl-package --help' for usage.\n"),
+        ),
+        // Global flags are accepted by every command.
+        (&["tree", "--zap-log-level=info", "--kubeconfig", "/dev/null", "empty-package"], 0, Exactly("empty-package\nPackage namespace/name\n"), Empty),
+    ]);
 }
 
 #[test]
-fn unreadable_input_is_exit_code_2() {
-    let out = run(&["validate", "does-not-exist"]);
-    assert_eq!(out.status.code(), Some(2));
-    let out = run(&["validate", "simple", "--config", "nope.yaml"]);
-    assert_eq!(out.status.code(), Some(2));
-    assert!(stderr(&out).contains("nope.yaml"));
-}
-
-#[test]
-fn cel_filtering_drops_exactly_the_intended_objects() {
-    let single = run(&["tree", "cel-filtering"]);
-    assert_eq!(single.status.code(), Some(0), "{}", stderr(&single));
-    assert_eq!(
-        stdout(&single).trim_end(),
-        "Package cel-filtering\n└── Phase main\n    ├── v1 ConfigMap app\n    └── v1 ConfigMap single-instance-notice"
-    );
-    let ha = run(&["tree", "cel-filtering", "--config", "cel-filtering-ha.yaml"]);
-    assert_eq!(ha.status.code(), Some(0), "{}", stderr(&ha));
-    assert_eq!(
-        stdout(&ha).trim_end(),
-        "Package cel-filtering\n└── Phase main\n    ├── v1 ConfigMap app\n    └── v1 ConfigMap ha-budget"
-    );
-}
-
-#[test]
-fn handlebars_package_renders_with_partials_helpers_and_defaults() {
-    let out = run(&["tree", "handlebars"]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    assert_eq!(
-        stdout(&out).trim_end(),
-        "Package handlebars\n├── Phase config\n│   └── v1 ConfigMap handlebars-settings\n└── Phase app\n    ├── v1 ConfigMap handlebars-region-eu\n    └── v1 ConfigMap handlebars-region-us"
-    );
-}
-
-#[test]
-fn multi_component_packages_validate_every_component_and_select_one() {
-    let out = run(&["validate", "multi-component"]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    assert_eq!(
-        stdout(&out).trim_end(),
-        "Package validated: 1 phases, 1 objects.\nComponent backend validated: 2 phases, 2 objects.\nComponent frontend validated: 2 phases, 2 objects."
-    );
-    let out = run(&["tree", "multi-component", "--component", "frontend"]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    assert_eq!(
-        stdout(&out).trim_end(),
-        "Package frontend\n├── Phase config\n│   └── v1 ConfigMap frontend-frontend-config\n└── Phase app\n    └── v1 ConfigMap frontend-frontend-app"
-    );
-
-    let out = run(&["validate", "multi-component", "--component", "db"]);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        stderr(&out).contains("invalid package: component \"db\" not found in components/ (available: backend, frontend)"),
-        "{}",
-        stderr(&out)
-    );
-    let out = run(&["validate", "handlebars", "--component", "x"]);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        stderr(&out).contains("invalid package: manifest.yaml: spec.component is \"x\", but the package is not multi-component (no spec.components)"),
-        "{}",
-        stderr(&out)
-    );
-}
-
-#[test]
-fn locked_images_reach_templates_as_repository_at_digest() {
-    let out = run(&["validate", "images"]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let dir = tempdir_copy("images");
-    let lock = dir.join("manifest.lock.yaml");
-    let text = std::fs::read_to_string(&lock)
-        .unwrap()
-        .replace("team/app:v1", "team/app:v2");
-    std::fs::write(&lock, text).unwrap();
-    let out = run(&["validate", dir.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        stderr(&out).contains("invalid package: manifest.lock.yaml: image \"app\" is locked as \"registry.example/team/app:v2\", the manifest says \"registry.example/team/app:v1\"; run `kubectl-package update`"),
-        "{}",
-        stderr(&out)
-    );
-    std::fs::remove_dir_all(&dir).unwrap();
+fn build_checks_its_arguments_in_upstreams_order() {
+    use Expect::*;
+    check_all(&[
+        (&["build", ""], 1, Empty, Exactly("Error: arguments invalid: source path empty\n")),
+        (
+            &["build", "--push", "simple"],
+            1,
+            Empty,
+            Exactly("Error: arguments invalid: output or push is requested but no tags are set\n"),
+        ),
+        (
+            &["build", "-o", "x.tar", "simple"],
+            1,
+            Empty,
+            Exactly("Error: arguments invalid: output or push is requested but no tags are set\n"),
+        ),
+        (
+            &["build", "-t", "Bad:Tag!", "simple"],
+            1,
+            Empty,
+            Contains("Error: invalid tag specified as parameter Bad:Tag!: "),
+        ),
+        (&["build", "-t", "a", "-l", "k=", "simple"], 1, Empty, Exactly("Error: parsing label \"k\", value is empty\n")),
+        (
+            &["build", "-t", "a", "-l", "novalue", "simple"],
+            1,
+            Empty,
+            Exactly("Error: invalid argument \"novalue\" for \"-l, --label\" flag: novalue must be formatted as key=value\n"),
+        ),
+        (&["build", "-t", "a", "--output-format", "yaml", "simple"], 1, Empty, Exactly("Error: unknown output format: yaml\n")),
+        // Without --push and -o, build is validation (no registry needed without a lock).
+        (&["build", "handlebars"], 0, Exactly("Package built successfully!"), Empty),
+        (&["build", "-t", "test", "--output-format", "digest", "handlebars"], 0, Empty, Empty),
+        (
+            &["build", "missing-phase-annotation"],
+            1,
+            Empty,
+            Exactly("Error: building from source: loading package from files: loading package from files: Missing package-operator.run/phase Annotation in objects.yaml idx 1\n"),
+        ),
+    ]);
 }
 
 /// A private copy of an example package, subdirectories included (tests edit it).
-fn tempdir_copy(example: &str) -> PathBuf {
-    fn copy(from: &std::path::Path, to: &std::path::Path) {
+fn copy_example(example: &str, tag: &str) -> PathBuf {
+    fn copy(from: &Path, to: &Path) {
         std::fs::create_dir_all(to).unwrap();
         for entry in std::fs::read_dir(from).unwrap() {
             let entry = entry.unwrap();
@@ -205,88 +427,122 @@ fn tempdir_copy(example: &str) -> PathBuf {
             }
         }
     }
-    let dir = std::env::temp_dir().join(format!("pko-cli-{example}-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("pko-cli-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
     copy(&packages().join(example), &dir);
     dir
 }
 
 #[test]
-fn template_test_cases_are_kept_as_fixtures_and_diffed() {
-    let dir = tempdir_copy("simple");
+fn fixtures_are_compared_reported_and_generated_per_test_case() {
+    let dir = copy_example("simple", "fixtures");
     let path = dir.to_str().unwrap();
-    let config = packages().join("simple-config.yaml");
-    let validate = || run(&["validate", path, "--config", config.to_str().unwrap()]);
-    let out = validate();
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    assert!(
-        !stderr(&out).contains("wrote fixture"),
-        "the committed fixtures match"
-    );
+    let validate = || run(&["validate", path]);
+    let fixtures = dir.join(".test-fixtures");
 
-    let fixture = dir.join(".test-fixtures/namespaced.yaml");
-    let text = std::fs::read_to_string(&fixture).unwrap();
-    std::fs::write(&fixture, text.replace("replicas: 2", "replicas: 5")).unwrap();
+    // The committed fixtures match.
+    let out = validate();
+    assert_eq!(text(&out.stderr), "");
+    assert_eq!(text(&out.stdout), "Package validated successfully!");
+
+    // A changed fixture: diff -u, labelled as upstream labels it.
+    let deployment = fixtures.join("namespaced/deployment.yaml");
+    let original = std::fs::read_to_string(&deployment).unwrap();
+    std::fs::write(&deployment, original.replace("replicas: 2", "replicas: 5")).unwrap();
     let out = validate();
     assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
     assert!(
-        stderr(&out).contains("invalid package: test case \"namespaced\": output differs from .test-fixtures/namespaced.yaml (delete it to accept the new output):\nline 16: -\"  replicas: 5\" +\"  replicas: 2\""),
-        "{}",
-        stderr(&out)
+        stderr.starts_with("Error: validating package: loading package from files: File mismatch against fixture in deployment.yaml: Testcase \"namespaced\"\n--- FIXTURE/deployment.yaml\n+++ ACTUAL/deployment.yaml\n@@ "),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("\n-  replicas: 5\n+  replicas: 2\n"),
+        "{stderr}"
+    );
+    std::fs::write(&deployment, &original).unwrap();
+
+    // A fixture for a file that renders to nothing for this case.
+    std::fs::write(fixtures.join("namespaced/namespace.yaml"), "x: 1\n").unwrap();
+    let out = validate();
+    assert_eq!(
+        text(&out.stderr),
+        "Error: validating package: loading package from files: file namespace.yaml should not exist, filtered or empty after template render\n"
+    );
+    std::fs::remove_file(fixtures.join("namespaced/namespace.yaml")).unwrap();
+
+    // A file that renders but has no fixture: a hard error naming the fixture path.
+    std::fs::remove_file(fixtures.join("cluster/namespace.yaml")).unwrap();
+    let out = validate();
+    assert_eq!(
+        text(&out.stderr),
+        format!(
+            "Error: validating package: file {} not found in fixtures folder\n",
+            fixtures.join("cluster/namespace.yaml").display()
+        )
     );
 
-    std::fs::remove_file(&fixture).unwrap();
+    // A missing case directory is generated, and the case passes; nothing else is written.
+    std::fs::remove_dir_all(fixtures.join("cluster")).unwrap();
     let out = validate();
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    assert!(stderr(&out).contains("wrote fixture"), "{}", stderr(&out));
-    assert_eq!(std::fs::read_to_string(&fixture).unwrap(), text);
+    assert_eq!(
+        text(&out.stdout),
+        "Package validated successfully!",
+        "{}",
+        text(&out.stderr)
+    );
+    let committed = packages().join("simple/.test-fixtures/cluster");
+    for file in ["deployment.yaml", "namespace.yaml"] {
+        assert_eq!(
+            std::fs::read_to_string(fixtures.join("cluster").join(file)).unwrap(),
+            std::fs::read_to_string(committed.join(file)).unwrap(),
+            "{file}"
+        );
+    }
+    let mut written: Vec<String> = std::fs::read_dir(&fixtures)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    written.sort();
+    assert_eq!(written, ["cluster", "namespaced"]);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
-fn build_writes_an_oci_layout_that_validates_like_the_directory() {
-    let tar = std::env::temp_dir().join(format!("pko-cli-layout-{}.tar", std::process::id()));
+fn build_writes_a_tarball_that_docker_load_and_tree_read() {
+    let out_dir = std::env::temp_dir().join(format!("pko-cli-build-{}", std::process::id()));
+    let tar = out_dir.join("nested/dir/pkg.tar");
     let tar_arg = tar.to_str().unwrap();
     let out = run(&[
         "build",
-        "handlebars",
-        "--output",
-        tar_arg,
-        "--tag",
+        "-t",
         "handlebars:v1",
+        "-t",
+        "registry.example/handlebars:v1",
+        "-o",
+        tar_arg,
+        "-l",
+        "team=a",
+        "handlebars",
     ]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(text(&out.stderr), "");
+    assert_eq!(text(&out.stdout), "Package built successfully!");
+    // Parent directories are created; the tar carries docker-save's manifest.json with the tags.
+    let bytes = std::fs::read(&tar).unwrap();
+    let listing = String::from_utf8_lossy(&bytes);
     assert!(
-        stdout(&out).starts_with(&format!("Wrote {tar_arg} (")),
-        "{}",
-        stdout(&out)
+        listing.contains("\"RepoTags\":[\"handlebars:v1\",\"registry.example/handlebars:v1\"]"),
+        "manifest.json with both tags"
     );
+    assert!(
+        listing.contains("\"Labels\":{\"team\":\"a\"}"),
+        "config labels"
+    );
+    // pko reads its own tarballs too.
     let from_tar = run(&["tree", tar_arg]);
-    assert_eq!(from_tar.status.code(), Some(0), "{}", stderr(&from_tar));
-    assert_eq!(stdout(&from_tar), stdout(&run(&["tree", "handlebars"])));
-
-    // A broken package is not written; neither target is a usage error.
-    std::fs::remove_file(&tar).unwrap();
-    let out = run(&["build", "missing-gvk", "--output", tar_arg]);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(!tar.exists());
-    let out = run(&["build", "handlebars"]);
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-}
-
-#[test]
-fn tree_renders_a_test_case() {
-    let out = run(&["tree", "simple", "--test-case", "namespaced"]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert_eq!(
-        stdout(&out).trim_end(),
-        "Package simple\n├── Phase namespace\n└── Phase deploy\n    ├── apps/v1 Deployment team-a/test\n    └── v1 ConfigMap team-a/test-settings"
+        text(&from_tar.stdout),
+        text(&run(&["tree", "handlebars"]).stdout)
     );
-    let out = run(&["tree", "simple", "--test-case", "nope"]);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        stderr(&out)
-            .contains("test case \"nope\" not found in test.template (cases: namespaced, cluster)"),
-        "{}",
-        stderr(&out)
-    );
+    std::fs::remove_dir_all(&out_dir).unwrap();
 }

@@ -88,7 +88,7 @@ async fn deployment(client: &kube::Client, ns: &str, name: &str) -> Deployment {
 #[tokio::test]
 async fn simple_package_installs_in_both_scopes() {
     let (client, ns) = setup("ex-simple").await;
-    let image = build_and_push("simple", "simple:v1", &["--config", "simple-config.yaml"]);
+    let image = build_and_push("simple", "simple:v1");
     // No kubelet here: with 0 replicas the Deployment is Available, which the package probes.
     install(&client, Some(&ns), "simple", &image, json!({"replicas": 0})).await;
     let cluster_name = format!("{ns}-simple");
@@ -120,7 +120,7 @@ async fn simple_package_installs_in_both_scopes() {
 #[tokio::test]
 async fn handlebars_package_renders_and_hands_over_on_update() {
     let (client, ns) = setup("ex-hbs").await;
-    let image = build_and_push("handlebars", "handlebars:v1", &[]);
+    let image = build_and_push("handlebars", "handlebars:v1");
     install(&client, Some(&ns), "hb", &image, json!({"greeting": "hi"})).await;
     wait_available(&client, Some(&ns), "hb").await;
 
@@ -161,7 +161,8 @@ async fn handlebars_package_renders_and_hands_over_on_update() {
     let settings = get_cm(&client, &ns, "hb-settings").await.unwrap();
     assert_eq!(settings.data.unwrap()["regions"], "eu");
 
-    // `rollout history` shows both revisions; `pause`/`unpause` flip spec.paused.
+    // Upstream's cluster commands: `rollout history` lists both revisions, `clustertree` shows the live
+    // one, `pause`/`unpause` flip spec.paused and wait for the package to follow.
     let kubeconfig = env().management().kubeconfig_path().display().to_string();
     let cli = |args: &[&str]| {
         let out = Command::new(kubectl_package())
@@ -169,54 +170,98 @@ async fn handlebars_package_renders_and_hands_over_on_update() {
             .args(["-n", &ns, "--kubeconfig", &kubeconfig])
             .output()
             .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
         (
             out.status.code(),
-            String::from_utf8_lossy(&out.stdout).into_owned() + &stderr,
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
         )
     };
-    let history = wait_until("revision 1 archived", TIMEOUT, || async {
+    let history = wait_until("revision 2 succeeded", TIMEOUT, || async {
         match cli(&["rollout", "history", "package", "hb"]) {
-            (Some(0), out) if out.contains("Archived") => Ok(out),
+            (Some(0), out, _)
+                if out
+                    .lines()
+                    .nth(2)
+                    .is_some_and(|l| l.starts_with("2 ") && l.contains("true")) =>
+            {
+                Ok(out)
+            }
             other => Err(format!("{other:?}")),
         }
     })
     .await
     .unwrap();
-    let rows: Vec<Vec<&str>> = history
-        .lines()
-        .map(|l| l.split_whitespace().collect())
-        .collect();
-    assert_eq!(rows[0], ["REVISION", "OBJECTSET", "LIFECYCLE", "AVAILABLE"]);
-    assert_eq!((rows[1][0], rows[1][2]), ("1", "Archived"), "{history}");
-    assert_eq!(
-        (rows[2][0], rows[2][2], rows[2][3]),
-        ("2", "Active", "True"),
-        "{history}"
+    let lines: Vec<&str> = history.lines().collect();
+    assert_eq!(lines[0], "REVISION  SUCCESSFUL  CHANGE-CAUSE", "{history}");
+    assert!(lines[1].starts_with("1         "), "{history}");
+    assert_eq!(lines.len(), 4, "{history}");
+    assert!(history.ends_with("\n\n"), "{history:?}");
+    let (code, json_out, _) = cli(&["rollout", "history", "package/hb", "-o", "JSON"]);
+    assert_eq!(code, Some(0));
+    let sets: Vec<Value> = serde_json::from_str(&json_out).unwrap();
+    assert_eq!(sets.len(), 2);
+    assert!(
+        json_out.starts_with("[\n    {"),
+        "indented with four spaces: {json_out}"
     );
-    assert_eq!(rows.len(), 3, "{history}");
+    let (code, one, _) = cli(&["rollout", "history", "package", "hb", "--revision", "2"]);
+    assert_eq!(code, Some(0));
+    assert!(one.contains("kind: ObjectSet"), "{one}");
+    assert_eq!(
+        cli(&["rollout", "history", "package", "hb", "--revision", "9"]),
+        (
+            Some(1),
+            String::new(),
+            "Error: revision not found\n".to_owned()
+        )
+    );
+    let (code, tree, stderr) = cli(&["clustertree", "package", "hb"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        tree.starts_with(&format!(
+            "Package /hb\nnamespace/{ns}\n└── Phase config\n│   ├── /v1, Kind=ConfigMap "
+        )),
+        "{tree}"
+    );
+    assert!(
+        tree.contains("hb-settings\n└── Phase app\n    └── /v1, Kind=ConfigMap "),
+        "{tree}"
+    );
 
     assert_eq!(
-        cli(&["pause", "pkg", "hb"]),
-        (Some(0), "package/hb paused\n".to_owned())
+        cli(&["pause", "package", "hb", "-m", "maintenance window"]),
+        (Some(0), String::new(), String::new())
     );
     let paused = package_api(&client, Some(&ns)).get("hb").await.unwrap();
     assert_eq!(paused.data["spec"]["paused"], true);
     assert_eq!(
-        cli(&["unpause", "pkg", "hb"]),
-        (Some(0), "package/hb unpaused\n".to_owned())
+        paused.metadata.annotations.unwrap()["package-operator.run/pause-message"],
+        "maintenance window"
+    );
+    assert_eq!(
+        cli(&["unpause", "package/hb"]),
+        (Some(0), String::new(), String::new())
     );
     let unpaused = package_api(&client, Some(&ns)).get("hb").await.unwrap();
     assert_eq!(unpaused.data["spec"]["paused"], false);
-    let (code, out) = cli(&["rollout", "history", "od", "nope"]);
-    assert_eq!(code, Some(2));
-    assert!(out.contains("objectdeployment/nope not found"), "{out}");
+    assert!(!unpaused
+        .metadata
+        .annotations
+        .unwrap_or_default()
+        .contains_key("package-operator.run/pause-message"));
+    let (code, _, stderr) = cli(&["rollout", "history", "objectdeployment", "nope"]);
+    assert_eq!(code, Some(1));
+    assert!(
+        stderr
+            .starts_with("Error: getting resource objectdeployment/nope: getting package object: "),
+        "{stderr}"
+    );
 }
 
 #[tokio::test]
 async fn cel_filtering_package_drops_exactly_the_filtered_objects() {
     let (client, ns) = setup("ex-cel").await;
-    let image = build_and_push("cel-filtering", "cel-filtering:v1", &[]);
+    let image = build_and_push("cel-filtering", "cel-filtering:v1");
     install(&client, Some(&ns), "single", &image, json!({})).await;
     wait_available(&client, Some(&ns), "single").await;
     assert!(get_cm(&client, &ns, "single-instance-notice")
@@ -251,7 +296,7 @@ async fn wait_condition_message(
 #[tokio::test]
 async fn components_of_one_image_install_separately() {
     let (client, ns) = setup("ex-multi").await;
-    let image = build_and_push("multi-component", "multi-component:v1", &[]);
+    let image = build_and_push("multi-component", "multi-component:v1");
     let ns_ref = Some(ns.as_str());
     install_spec(
         &client,
@@ -287,22 +332,12 @@ async fn components_of_one_image_install_separately() {
     let message = wait_condition_message(&client, &ns, "db", "Invalid", "True").await;
     assert_eq!(
         message,
-        "component \"db\" not found in components/ (available: backend, frontend)"
+        "Component not found: \"db\" (components: backend, frontend)"
     );
 
-    // A broken component fails its own Package naming the component, file and line; its sibling works.
-    // `build` refuses a package with a broken component, so this image is pushed through the library.
-    let host = env().registry().host();
-    let broken = format!("{host}/examples/broken-component:v1");
-    let files = pko_actors::package::files::from_dir(&examples().join("broken-component")).unwrap();
-    pko_actors::package::image::ImageStore::new(vec![host])
-        .push(
-            &broken,
-            &files,
-            &oci_client::secrets::RegistryAuth::Anonymous,
-        )
-        .await
-        .unwrap();
+    // A broken component fails its own Package naming the component, file and document; its sibling
+    // works. `build` refuses a package with a broken component, so it is pushed as it is.
+    let broken = push_unchecked("broken-component", "broken-component:v1").await;
     install_spec(
         &client,
         ns_ref,
@@ -320,7 +355,7 @@ async fn components_of_one_image_install_separately() {
     let message = wait_condition_message(&client, &ns, "bad", "Invalid", "True").await;
     assert_eq!(
         message,
-        "component \"bad\": components/bad/objects.yaml:1: ConfigMap bad-unannotated: missing annotation package-operator.run/phase"
+        "component \"bad\": Missing package-operator.run/phase Annotation in objects.yaml idx 0"
     );
     wait_available(&client, ns_ref, "good").await;
 }
@@ -328,7 +363,9 @@ async fn components_of_one_image_install_separately() {
 #[tokio::test]
 async fn locked_images_are_rendered_pinned_by_digest() {
     let (client, ns) = setup("ex-images").await;
-    let image = build_and_push("images", "images:v1", &[]);
+    // Its lock names a registry the tests cannot reach, so `build` (which checks locked digests) would
+    // refuse it.
+    let image = push_unchecked("images", "images:v1").await;
     install(&client, Some(&ns), "images", &image, json!({})).await;
     wait_available(&client, Some(&ns), "images").await;
     let cm = get_cm(&client, &ns, "pinned-image").await.unwrap();
@@ -355,19 +392,8 @@ async fn broken_example_packages_are_invalid_with_precise_messages() {
             .map(|(e, m)| (e.to_owned(), m.to_owned()))
             .collect();
     assert_eq!(cases.len(), 8);
-    let host = env().registry().host();
-    let store = pko_actors::package::image::ImageStore::new(vec![host.clone()]);
     for (example, _) in &cases {
-        let files = pko_actors::package::files::from_dir(&examples().join(example)).unwrap();
-        let image = format!("{host}/examples/{example}:v1");
-        store
-            .push(
-                &image,
-                &files,
-                &oci_client::secrets::RegistryAuth::Anonymous,
-            )
-            .await
-            .unwrap();
+        let image = push_unchecked(example, &format!("{example}:v1")).await;
         install(&client, Some(&ns), example, &image, json!({})).await;
     }
     for (example, expected) in &cases {

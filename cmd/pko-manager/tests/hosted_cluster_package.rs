@@ -26,7 +26,7 @@ async fn seed_000s_status_for_three_clusters_and_the_fleet_follows_hosted_cluste
     manager();
     let (ns, clusters) = fleet("hcpkg-seed", &[None, None, None]).await;
     let client = env().management().client().await.unwrap();
-    let image = build_and_push("handlebars", "hcpkg-simple:v1", &[]);
+    let image = build_and_push("handlebars", "hcpkg-simple:v1");
     let api: Api<HostedClusterPackage> = Api::all(client.clone());
     let name = format!("{ns}-seed");
     api.create(
@@ -129,8 +129,8 @@ async fn rolling_upgrade_across_risk_groups_keeps_budget_and_order() {
     let (ns, clusters) = fleet("hcpkg-roll", &RISKS).await;
     let group_of = group_of(&clusters, &RISKS);
     let client = env().management().client().await.unwrap();
-    let v1 = build_and_push("handlebars", "hcpkg-roll:v1", &[]);
-    let v2 = build_and_push("handlebars", "hcpkg-roll:v2", &[]);
+    let v1 = build_and_push("handlebars", "hcpkg-roll:v1");
+    let v2 = build_and_push("handlebars", "hcpkg-roll:v2");
     let api: Api<HostedClusterPackage> = Api::all(client.clone());
     let name = format!("{ns}-roll");
     let partition = risk_partition();

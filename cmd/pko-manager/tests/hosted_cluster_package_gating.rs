@@ -274,7 +274,7 @@ async fn start_rollout(
         &client,
         clusters.iter().map(|c| c.hcp_namespace.clone()).collect(),
     );
-    let image = build_and_push(example, &format!("{prefix}:1"), &[]);
+    let image = build_and_push(example, &format!("{prefix}:1"));
     let name = format!("{fleet_ns}-rollout");
     let api: Api<HostedClusterPackage> = Api::all(client.clone());
     let mut h = hcpkg(

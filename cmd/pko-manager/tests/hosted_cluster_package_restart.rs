@@ -48,8 +48,8 @@ async fn manager_killed_mid_rollout_resumes_within_the_budget() {
         .map(|(c, r)| (c.hcp_namespace.clone(), usize::from(r.is_none())))
         .collect();
     let client = env.management().client().await.unwrap();
-    let v1 = build_and_push("handlebars", "hcpkg-restart:v1", &[]);
-    let v2 = build_and_push("handlebars", "hcpkg-restart:v2", &[]);
+    let v1 = build_and_push("handlebars", "hcpkg-restart:v1");
+    let v2 = build_and_push("handlebars", "hcpkg-restart:v2");
     let api: Api<HostedClusterPackage> = Api::all(client.clone());
     let name = format!("{ns}-restart");
     let partition = json!({"labelKey": "risk", "order": {"static": ["early"]}});

@@ -146,7 +146,7 @@ async fn connectors_follow_hosted_clusters_and_are_confined_to_their_namespace()
     }
 
     // Seed 001's three phases as a real package in hosted-0's HCP namespace: each object in its cluster.
-    let image = build_and_push("hosted-addon", "hosted-addon:v1", &[]);
+    let image = build_and_push("hosted-addon", "hosted-addon:v1");
     let hcp0 = &clusters[0].hcp_namespace;
     install(&client, Some(hcp0), "addon", &image, json!({})).await;
     wait_object_condition(

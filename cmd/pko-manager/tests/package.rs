@@ -227,7 +227,7 @@ async fn image_and_package_errors_are_conditions() {
     let message = wait_package(&client, &ns, "broken", "Invalid", "True", "LoadError").await;
     assert_eq!(
         message,
-        "cm.yaml:1: ConfigMap x: missing annotation package-operator.run/phase"
+        "Missing package-operator.run/phase Annotation in cm.yaml idx 0"
     );
 
     // Config is admitted against the manifest's schema.
@@ -236,7 +236,7 @@ async fn image_and_package_errors_are_conditions() {
     let message = wait_package(&client, &ns, "typo", "Invalid", "True", "LoadError").await;
     assert_eq!(
         message,
-        "manifest.yaml: config rejected by spec.config.openAPIV3Schema: config.greeting: must be string, got integer"
+        "spec.config.greeting: Invalid value: \"integer\": spec.config.greeting in body must be of type string: \"integer\""
     );
 
     // A Namespaced-only package installed cluster-wide is invalid, with the reason.
@@ -256,9 +256,9 @@ async fn image_and_package_errors_are_conditions() {
         Some("LoadError"),
     )
     .await;
-    assert!(
-        message.contains("does not support scope Cluster"),
-        "{message}"
+    assert_eq!(
+        message,
+        "Package unsupported scope in manifest.yaml: installed as ClusterPackage, the manifest declares Namespaced"
     );
 }
 

@@ -1,0 +1,204 @@
+//! `tree`: renders the root package once, as upstream does (metadata and config from a test case, a
+//! config file or defaults; an empty environment; every image the static image) and prints its phases
+//! and objects in upstream's exact tree format.
+
+use std::path::Path;
+
+use pko_actors::package::config::{admit_config, PACKAGE_CONFIG_PATH};
+use pko_actors::package::files::PackageFiles;
+use pko_actors::package::image_lock::resolve_images;
+use pko_actors::package::loader::{
+    load_lock, load_package_with, manifest_errors, parse_manifest, Images, LoadedPackage,
+    PackageError, Render,
+};
+use pko_actors::package::violation::{reason, Violation};
+use pko_proto::manifests::{PackageManifestScope, PackageManifestTestCaseTemplate};
+use serde_json::{json, Map, Value};
+
+use crate::args::TreeArgs;
+use crate::validation::import;
+
+/// The tree of the package in `dir`, or the error message (with its `rendering package: ` prefix where
+/// upstream has one).
+pub fn tree(dir: &Path, args: &TreeArgs) -> Result<String, String> {
+    let prefix = |e: String| format!("rendering package: {e}");
+    let files = import(dir).map_err(prefix)?;
+    let (_, manifest) = parse_manifest(&files).map_err(|e| prefix(e.to_string()))?;
+    // Components are never rendered by tree: only the root's files count.
+    let files: PackageFiles = if manifest.spec.components.is_some() {
+        files
+            .into_iter()
+            .filter(|(p, _)| !p.starts_with("components/"))
+            .collect()
+    } else {
+        files
+    };
+
+    let cases: &[PackageManifestTestCaseTemplate] = manifest
+        .test
+        .as_ref()
+        .map(|t| t.template.as_slice())
+        .unwrap_or_default();
+    let named = args
+        .config_testcase
+        .as_ref()
+        .and_then(|name| cases.iter().find(|c| &c.name == name));
+    // An unknown test case name falls back to the defaults, as upstream does.
+    let metadata_case = if args.config_testcase.is_some() {
+        named
+    } else {
+        cases.first()
+    };
+    let config = match &args.config_path {
+        Some(path) => Some(read_config(path)?),
+        None => metadata_case.and_then(|c| c.context.config.clone()),
+    };
+    let (name, mut namespace, labels, annotations, image) = match metadata_case {
+        Some(case) => {
+            let p = &case.context.package;
+            (
+                p.metadata.name.clone(),
+                p.metadata.namespace.clone(),
+                p.metadata.labels.clone(),
+                p.metadata.annotations.clone(),
+                p.image.clone(),
+            )
+        }
+        None => (
+            "name".to_owned(),
+            "namespace".to_owned(),
+            Default::default(),
+            Default::default(),
+            String::new(),
+        ),
+    };
+    let cluster = args.cluster || namespace.is_empty();
+    if cluster {
+        namespace.clear();
+    }
+
+    let schema = manifest
+        .spec
+        .config
+        .as_ref()
+        .and_then(|c| c.open_api_v3_schema.as_ref())
+        .and_then(|s| serde_json::to_value(s).ok());
+    let config = admit_config(schema.as_ref(), config.as_ref(), PACKAGE_CONFIG_PATH)
+        .map_err(|errors| prefix(PackageError::Fields(errors).to_string()))?;
+
+    let parse_failure = |e: String| prefix(format!("parsing package contents: {e}"));
+    let mut problems = Vec::new();
+    let errors = manifest_errors(&manifest);
+    if !errors.is_empty() {
+        problems.push(PackageError::Fields(errors).to_string());
+    }
+    match load_lock(&files) {
+        Ok(lock) => {
+            if let Err(e) = resolve_images(&manifest, lock.as_ref().map(|(f, l)| (*f, l))) {
+                problems.push(e.to_string());
+            }
+        }
+        Err(e) => problems.push(e.to_string()),
+    }
+    let scope = if cluster {
+        PackageManifestScope::Cluster
+    } else {
+        PackageManifestScope::Namespaced
+    };
+    if !manifest.spec.scopes.contains(&scope) {
+        problems.push(
+            Violation::new(reason::UNSUPPORTED_SCOPE)
+                .in_file("manifest.yaml")
+                .to_string(),
+        );
+    }
+    if !problems.is_empty() {
+        return Err(parse_failure(problems.join("\n")));
+    }
+
+    let context = json!({
+        "package": {
+            "metadata": {"name": name, "namespace": namespace, "labels": labels, "annotations": annotations},
+            "image": image,
+        },
+        "config": config,
+        "environment": {"kubernetes": {"version": ""}},
+    });
+    let loaded = load_package_with(&files, &context, Render::Templates, Images::Static)
+        .map_err(|e| parse_failure(e.to_string()))?;
+    let kind = if cluster { "ClusterPackage" } else { "Package" };
+    Ok(format_tree(&loaded, kind, &namespace, &name))
+}
+
+/// `--config-path`: YAML or JSON, first document, a mapping.
+fn read_config(path: &str) -> Result<Value, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        let why = match e.kind() {
+            std::io::ErrorKind::NotFound => "no such file or directory".to_owned(),
+            _ => e.to_string(),
+        };
+        format!("getting config: read config from file: open {path}: {why}")
+    })?;
+    let document = text.split("\n---").next().unwrap_or_default();
+    let value: Value = serde_saphyr::from_str(document)
+        .map_err(|e| format!("getting config: unmarshal config from file {path}: {e}"))?;
+    match value {
+        Value::Object(_) => Ok(value),
+        Value::Null => Ok(Value::Object(Map::new())),
+        other => Err(format!(
+            "getting config: unmarshal config from file {path}: json: cannot unmarshal {} into Go value of type map[string]interface {{}}",
+            match other {
+                Value::Array(_) => "array",
+                Value::String(_) => "string",
+                Value::Number(_) => "number",
+                _ => "bool",
+            }
+        )),
+    }
+}
+
+/// Upstream's tree text (gotree's quirks included: a line's connector follows its parent's position).
+pub fn format_tree(loaded: &LoadedPackage, kind: &str, namespace: &str, name: &str) -> String {
+    let mut out = format!(
+        "{}\n{kind} {namespace}/{name}\n",
+        loaded.manifest.metadata.name.as_deref().unwrap_or_default()
+    );
+    let phases: Vec<_> = loaded
+        .phases
+        .iter()
+        .filter(|p| !p.objects.is_empty())
+        .collect();
+    for (i, phase) in phases.iter().enumerate() {
+        let last = i + 1 == phases.len();
+        out.push_str(&format!("└── Phase {}\n", phase.name));
+        let connector = if last {
+            "    └── "
+        } else {
+            "│   ├── "
+        };
+        for object in &phase.objects {
+            out.push_str(connector);
+            out.push_str(&object_line(&object.object));
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// `<group>/<version>, Kind=<Kind> <namespace>/<name>`, as Go prints a GroupVersionKind and an object key.
+pub fn object_line(object: &Value) -> String {
+    let field = |p: &str| {
+        object
+            .pointer(p)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+    };
+    let api_version = field("/apiVersion");
+    let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+    format!(
+        "{group}/{version}, Kind={} {}/{}",
+        field("/kind"),
+        field("/metadata/namespace"),
+        field("/metadata/name")
+    )
+}
