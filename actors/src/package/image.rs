@@ -39,8 +39,8 @@ pub enum ImageError {
         index: usize,
         message: String,
     },
-    #[error("image {reference}: no files under {PACKAGE_PREFIX}")]
-    Empty { reference: String },
+    #[error("image {reference}: no files under {prefix:?}")]
+    Empty { reference: String, prefix: String },
     #[error("packing the package: {0}")]
     Pack(String),
 }
@@ -134,6 +134,33 @@ impl ImageStore {
         Ok((digest, files))
     }
 
+    /// The files under `prefix` (`""`: all) of `image`, uncached: for images that are not packages (OLM
+    /// bundles, repository indexes).
+    #[instrument(skip(self, auth))]
+    pub async fn fetch_under(
+        &self,
+        image: &str,
+        prefix: &str,
+        auth: &RegistryAuth,
+    ) -> Result<PackageFiles, ImageError> {
+        let reference = parse_reference(image)?;
+        let data = self
+            .client(auth)
+            .pull(
+                &reference,
+                auth,
+                vec![IMAGE_LAYER_GZIP_MEDIA_TYPE, IMAGE_LAYER_MEDIA_TYPE],
+            )
+            .await
+            .map_err(|e| registry_error(image, e))?;
+        let layers: Vec<(&str, &[u8])> = data
+            .layers
+            .iter()
+            .map(|l| (l.media_type.as_str(), l.data.as_ref()))
+            .collect();
+        unpack_under(image, &layers, prefix)
+    }
+
     /// The manifest digest `image` currently resolves to (what `kubectl-package update` locks).
     #[instrument(skip(self, auth))]
     pub async fn resolve_digest(
@@ -162,7 +189,6 @@ impl ImageStore {
     }
 
     /// [`ImageStore::push`] with `labels` in the image config (`kubectl-package build --label`).
-    #[instrument(skip(self, files, labels, auth))]
     pub async fn push_labelled(
         &self,
         image: &str,
@@ -170,8 +196,27 @@ impl ImageStore {
         labels: &BTreeMap<String, String>,
         auth: &RegistryAuth,
     ) -> Result<String, ImageError> {
+        self.push_under(image, files, PACKAGE_PREFIX, labels, auth)
+            .await
+    }
+
+    /// Pushes `files` under `prefix` in one layer (package images use `package/`, repository indexes
+    /// `repository/`).
+    #[instrument(skip(self, files, labels, auth))]
+    pub async fn push_under(
+        &self,
+        image: &str,
+        files: &PackageFiles,
+        prefix: &str,
+        labels: &BTreeMap<String, String>,
+        auth: &RegistryAuth,
+    ) -> Result<String, ImageError> {
         let reference = parse_reference(image)?;
-        let layer = ImageLayer::new(pack(files)?, IMAGE_LAYER_GZIP_MEDIA_TYPE.to_owned(), None);
+        let layer = ImageLayer::new(
+            pack_under(files, prefix)?,
+            IMAGE_LAYER_GZIP_MEDIA_TYPE.to_owned(),
+            None,
+        );
         let config = Config::new(
             image_config(labels),
             IMAGE_CONFIG_MEDIA_TYPE.to_owned(),
@@ -226,6 +271,15 @@ fn registry_error(image: &str, error: OciDistributionError) -> ImageError {
 
 /// Unpacks image layers (in order; a later layer's file replaces an earlier one) into package files.
 pub fn unpack(image: &str, layers: &[(&str, &[u8])]) -> Result<PackageFiles, ImageError> {
+    unpack_under(image, layers, PACKAGE_PREFIX)
+}
+
+/// Unpacks the files under `prefix` (`""`: all) of image layers, paths relative to it.
+pub fn unpack_under(
+    image: &str,
+    layers: &[(&str, &[u8])],
+    prefix: &str,
+) -> Result<PackageFiles, ImageError> {
     let mut files = PackageFiles::new();
     for (index, (media_type, data)) in layers.iter().enumerate() {
         let layer_err = |message: String| ImageError::Layer {
@@ -251,7 +305,7 @@ pub fn unpack(image: &str, layers: &[(&str, &[u8])]) -> Result<PackageFiles, Ima
                 .to_string_lossy()
                 .into_owned();
             let path = path.trim_start_matches("./");
-            let Some(relative) = path.strip_prefix(PACKAGE_PREFIX) else {
+            let Some(relative) = path.strip_prefix(prefix) else {
                 continue;
             };
             if relative.is_empty() || is_hidden(relative) {
@@ -267,6 +321,7 @@ pub fn unpack(image: &str, layers: &[(&str, &[u8])]) -> Result<PackageFiles, Ima
     if files.is_empty() {
         return Err(ImageError::Empty {
             reference: image.to_owned(),
+            prefix: prefix.to_owned(),
         });
     }
     Ok(files)
@@ -297,10 +352,15 @@ pub fn image_config(labels: &BTreeMap<String, String>) -> Vec<u8> {
 
 /// One gzip'd tar of `files` under `package/`, with fixed metadata so the same files give the same bytes.
 pub fn pack(files: &PackageFiles) -> Result<Vec<u8>, ImageError> {
+    pack_under(files, PACKAGE_PREFIX)
+}
+
+/// One gzip'd tar of `files` under `prefix`, with fixed metadata.
+pub fn pack_under(files: &PackageFiles, prefix: &str) -> Result<Vec<u8>, ImageError> {
     let gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
     let mut archive = tar::Builder::new(gz);
     for (path, content) in files {
-        append_file(&mut archive, &format!("{PACKAGE_PREFIX}{path}"), content)
+        append_file(&mut archive, &format!("{prefix}{path}"), content)
             .map_err(|e| ImageError::Pack(e.to_string()))?;
     }
     let gz = archive

@@ -54,6 +54,8 @@ pub enum Command {
     Tree(TreeArgs),
     /// Resolve the digests of the manifest's images into manifest.lock.yaml.
     Update(UpdateArgs),
+    /// Create a package folder from existing Kubernetes objects (experimental).
+    Kickstart(KickstartArgs),
     /// Print version information.
     Version(Positionals),
     /// Inspect the rollouts of a (Cluster)Package or (Cluster)ObjectDeployment.
@@ -64,6 +66,16 @@ pub enum Command {
     },
     /// Print the phases and objects of an installed (Cluster)Package.
     Clustertree(ClusterTreeArgs),
+    /// Manage a package repository index and its image.
+    #[command(
+        alias = "repo",
+        subcommand_required = false,
+        arg_required_else_help = true
+    )]
+    Repository {
+        #[command(subcommand)]
+        command: Option<RepositoryCommand>,
+    },
     /// Pause a (Cluster)Package: pko stops reconciling its objects.
     Pause(PauseArgs),
     /// Unpause a (Cluster)Package.
@@ -74,6 +86,30 @@ pub enum Command {
 pub enum RolloutCommand {
     /// List the revisions (ObjectSets) of a (Cluster)Package or (Cluster)ObjectDeployment.
     History(HistoryArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum RepositoryCommand {
+    /// Start an empty index: FILE NAME.
+    #[command(alias = "init")]
+    Initialize(RepositoryArgs),
+    /// Add a package image's versions: FILE PKGREF VERSION...
+    Add(RepositoryArgs),
+    /// Remove a package image: FILE PKGREF.
+    Remove(RepositoryArgs),
+    /// Write the index held by an image to FILE: FILE TAG.
+    Pull(RepositoryArgs),
+    /// Push FILE as an index image: FILE TAG.
+    Push(RepositoryArgs),
+}
+
+#[derive(Debug, ClapArgs)]
+pub struct RepositoryArgs {
+    #[command(flatten)]
+    pub positionals: Positionals,
+    /// pko: registries reached over plain HTTP, comma-separated hosts.
+    #[arg(long = "plain-http", value_delimiter = ',')]
+    pub plain_http: Vec<String>,
 }
 
 /// Positional arguments, counted by the command.
@@ -157,6 +193,25 @@ pub struct UpdateArgs {
 }
 
 #[derive(Debug, ClapArgs)]
+pub struct KickstartArgs {
+    #[command(flatten)]
+    pub positionals: Positionals,
+    /// Objects to import: a file, directory, glob, `-` (stdin) or http(s) URL (repeatable).
+    #[arg(short = 'f', long = "filename", value_delimiter = ',', action = clap::ArgAction::Append)]
+    pub filenames: Vec<String>,
+    /// An OLM registry+v1 bundle image to import; its package name names the manifest.
+    #[arg(short = 'b', long = "olm-bundle", default_value = "")]
+    pub olm_bundle: String,
+    /// Fields to turn into config: namespaces, replicas, tolerations, nodeselectors, resources, env,
+    /// images, all (repeatable).
+    #[arg(short = 'p', long = "parametrize", value_delimiter = ',', action = clap::ArgAction::Append)]
+    pub parametrize: Vec<String>,
+    /// pko: registries reached over plain HTTP, comma-separated hosts.
+    #[arg(long = "plain-http", value_delimiter = ',')]
+    pub plain_http: Vec<String>,
+}
+
+#[derive(Debug, ClapArgs)]
 pub struct HistoryArgs {
     #[command(flatten)]
     pub positionals: Positionals,
@@ -195,6 +250,18 @@ pub fn exact_args(args: &[String], n: usize) -> Result<(), String> {
         Ok(())
     } else {
         Err(format!("accepts {n} arg(s), received {}", args.len()))
+    }
+}
+
+/// Cobra's `MinimumNArgs` check.
+pub fn minimum_args(args: &[String], n: usize) -> Result<(), String> {
+    if args.len() >= n {
+        Ok(())
+    } else {
+        Err(format!(
+            "requires at least {n} arg(s), only received {}",
+            args.len()
+        ))
     }
 }
 

@@ -8,6 +8,9 @@ mod args;
 mod build;
 mod cluster;
 mod fixtures;
+mod kickstart;
+mod olm_bundle;
+mod repository;
 mod tree;
 mod validation;
 
@@ -16,9 +19,12 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser};
-use pko_actors::package::image::ImageStore;
+use pko_actors::package::image::{ImageError, ImageStore};
 
-use args::{exact_args, range_args, Cli, Command, ParseOutcome, RolloutCommand};
+use args::{
+    exact_args, minimum_args, range_args, Cli, Command, ParseOutcome, RepositoryCommand,
+    RolloutCommand,
+};
 
 /// What a command prints on success (exactly, no newline added).
 type Outcome = Result<String, String>;
@@ -46,11 +52,27 @@ fn validate_image(image: &str, insecure: bool, plain_http: &[String]) -> Outcome
         .parse()
         .map_err(|e| failed(format!("parsing remote reference: {e}")))?;
     let store: ImageStore = build::store(insecure, &[reference.whole()], plain_http);
-    let (_, files) = build::runtime()?
-        .block_on(store.fetch(&reference.whole(), &build::auth()))
-        .map_err(|e| failed(format!("importing package from image: {e}")))?;
+    let files = match build::runtime()?.block_on(store.fetch(&reference.whole(), &build::auth())) {
+        Ok((_, files)) => (*files).clone(),
+        // An image without package files is upstream's "empty package" violation.
+        Err(ImageError::Empty { .. }) => Default::default(),
+        Err(e) => return Err(failed(format!("importing package from image: {e}"))),
+    };
     validation::validate_files(&files).map_err(|e| format!("validating package: {e}"))?;
     Ok("Package validated successfully!".to_owned())
+}
+
+/// Pulls an OLM bundle image and converts it to plain objects.
+fn import_olm_bundle(
+    image: &str,
+    plain_http: &[String],
+) -> Result<(String, Vec<serde_json::Value>), String> {
+    let failed = |e: String| format!("kickstarting package: {e}");
+    let store = build::store(false, &[], plain_http);
+    let files = build::runtime()?
+        .block_on(store.fetch_under(image, "", &build::auth()))
+        .map_err(|e| failed(format!("pull olm bundle: {e}")))?;
+    olm_bundle::convert(&files).map_err(failed)
 }
 
 fn run(cli: Cli) -> Outcome {
@@ -93,6 +115,20 @@ fn run(cli: Cli) -> Outcome {
             exact_args(&args.positionals.args, 1)?;
             build::update(&args.positionals.args[0], args.insecure, &args.plain_http)
         }
+        Command::Kickstart(args) => {
+            exact_args(&args.positionals.args, 1)?;
+            let bundle = if args.olm_bundle.is_empty() {
+                None
+            } else {
+                Some(import_olm_bundle(&args.olm_bundle, &args.plain_http)?)
+            };
+            kickstart::kickstart(
+                &args.positionals.args[0],
+                &args.filenames,
+                bundle,
+                &args.parametrize,
+            )
+        }
         Command::Version(args) => {
             exact_args(&args.args, 0)?;
             Ok(version_text())
@@ -104,6 +140,35 @@ fn run(cli: Cli) -> Outcome {
             range_args(&args.positionals.args, 1, 2)?;
             on_cluster(cluster::history(&args, kubeconfig))
         }
+        Command::Repository { command: None } => Ok(help()),
+        Command::Repository {
+            command: Some(command),
+        } => match command {
+            RepositoryCommand::Initialize(a) => {
+                exact_args(&a.positionals.args, 2)?;
+                repository::init(&a.positionals.args[0], &a.positionals.args[1])
+            }
+            RepositoryCommand::Add(a) => {
+                minimum_args(&a.positionals.args, 3)?;
+                let p = &a.positionals.args;
+                repository::add(&p[0], &p[1], &p[2..], &a.plain_http)
+            }
+            RepositoryCommand::Remove(a) => {
+                exact_args(&a.positionals.args, 2)?;
+                let p = &a.positionals.args;
+                repository::remove(&p[0], &p[1], &a.plain_http)
+            }
+            RepositoryCommand::Pull(a) => {
+                exact_args(&a.positionals.args, 2)?;
+                let p = &a.positionals.args;
+                repository::pull(&p[0], &p[1], &a.plain_http)
+            }
+            RepositoryCommand::Push(a) => {
+                exact_args(&a.positionals.args, 2)?;
+                let p = &a.positionals.args;
+                repository::push(&p[0], &p[1], &a.plain_http)
+            }
+        },
         Command::Clustertree(args) => {
             range_args(&args.positionals.args, 1, 2)?;
             on_cluster(cluster::cluster_tree(&args, kubeconfig))

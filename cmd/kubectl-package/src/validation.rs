@@ -77,7 +77,7 @@ pub fn structure(dir: &Path, files: &PackageFiles) -> Result<Vec<Unit>, PackageE
 /// `run_tests`; returns all findings, or a hard failure (a fixture missing for a rendered file).
 pub fn validate_units(units: &[Unit], run_tests: bool) -> Result<Vec<String>, String> {
     let mut findings = Vec::new();
-    let mut manifest_ok = Vec::new();
+    let mut testable = Vec::new();
     for unit in units {
         let mut errors = manifest_errors(&unit.manifest);
         let lock = match load_lock(&unit.files) {
@@ -87,7 +87,6 @@ pub fn validate_units(units: &[Unit], run_tests: bool) -> Result<Vec<String>, St
                 None
             }
         };
-        manifest_ok.push(errors.is_empty());
         if !errors.is_empty() {
             findings.push(unit.name(PackageError::Fields(errors.clone()).to_string()));
         }
@@ -99,6 +98,7 @@ pub fn validate_units(units: &[Unit], run_tests: bool) -> Result<Vec<String>, St
                     false
                 }
             };
+        testable.push(errors.is_empty() && lock_ok);
         // The static-file check (its own prefix, as upstream nests it). Upstream runs it for the root
         // only; pko checks components too, since the manager would refuse a broken one anyway.
         if errors.is_empty() && lock_ok && cases(&unit.manifest).is_empty() {
@@ -112,8 +112,9 @@ pub fn validate_units(units: &[Unit], run_tests: bool) -> Result<Vec<String>, St
             }
         }
     }
-    for (unit, ok) in units.iter().zip(manifest_ok) {
-        // A unit whose manifest is invalid is not tested: its case names are not safe paths yet.
+    for (unit, ok) in units.iter().zip(testable) {
+        // A unit whose manifest or lock is wrong is not tested: its case names are not safe paths yet,
+        // and rendering would only repeat the lock's complaint.
         if !ok || !run_tests {
             continue;
         }

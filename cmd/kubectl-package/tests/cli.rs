@@ -546,3 +546,142 @@ fn build_writes_a_tarball_that_docker_load_and_tree_read() {
     );
     std::fs::remove_dir_all(&out_dir).unwrap();
 }
+
+const OBJECTS: &str = "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: web\n  namespace: shop\nspec:\n  replicas: 3\n  selector:\n    matchLabels: {app: web}\n  template:\n    metadata:\n      labels: {app: web}\n    spec:\n      nodeSelector: {disk: ssd}\n      containers:\n      - name: app\n        image: quay.io/shop/web:1\n        env: [{name: A, value: \"1\"}]\n---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: web\n  namespace: shop\ndata:\n  motd: \"{{ literal braces }}\"\n---\napiVersion: example.com/v1\nkind: Widget\nmetadata:\n  name: w\n";
+
+/// Serves `body` once over HTTP on a loopback port; returns the URL.
+fn serve_once(body: &'static str) -> String {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/objects.yaml", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        let (mut stream, _) = listener.accept().unwrap();
+        let mut request = [0u8; 4096];
+        let _ = stream.read(&mut request).unwrap();
+        write!(
+            stream,
+            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+    });
+    url
+}
+
+#[test]
+fn kickstart_lays_out_a_package_that_validates_and_renders_its_input() {
+    let dir = std::env::temp_dir().join(format!("pko-cli-kickstart-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("objects.yaml"), OBJECTS).unwrap();
+    let kickstarted =
+        "[WARN] Some kinds don't have availability probes defined:\n- Widget.example.com\n";
+
+    let out = run_in(&dir, &["kickstart", "plain", "-f", "objects.yaml"]);
+    assert_eq!(text(&out.stderr), "");
+    assert_eq!(
+        text(&out.stdout),
+        format!("Kickstarted the \"plain\" package with 3 objects.\n{kickstarted}")
+    );
+    let mut files = Vec::new();
+    for phase in ["namespaces", "deploy", "other"] {
+        for entry in std::fs::read_dir(dir.join("plain").join(phase)).unwrap() {
+            files.push(format!(
+                "{phase}/{}",
+                entry.unwrap().file_name().to_string_lossy()
+            ));
+        }
+    }
+    files.sort();
+    assert_eq!(
+        files,
+        [
+            "deploy/web.configmap.yaml",
+            "deploy/web.deployment.yaml",
+            "namespaces/shop.namespace.yaml",
+            "other/w.widget.yaml"
+        ]
+    );
+    let out = run_in(&dir, &["validate", "plain"]);
+    assert_eq!(
+        text(&out.stdout),
+        "Package validated successfully!",
+        "{}",
+        text(&out.stderr)
+    );
+    let plain_tree = text(&run_in(&dir, &["tree", "plain"]).stdout);
+    assert_eq!(
+        plain_tree,
+        "plain\nPackage namespace/name\n└── Phase namespaces\n│   ├── /v1, Kind=Namespace /shop\n└── Phase deploy\n│   ├── /v1, Kind=ConfigMap shop/web\n│   ├── apps/v1, Kind=Deployment shop/web\n└── Phase other\n    └── example.com/v1, Kind=Widget /w\n"
+    );
+
+    // From stdin, parametrized: the defaults test case renders exactly the input objects.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kubectl-package"))
+        .args([
+            "kickstart",
+            "templ",
+            "-f",
+            "-",
+            "-p",
+            "namespaces,replicas",
+            "-p",
+            "env,nodeselectors,resources,tolerations,nonsense",
+        ])
+        .current_dir(&dir)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(OBJECTS.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(text(&out.stdout).starts_with("Kickstarted the \"templ\" package with 3 objects."));
+    assert!(dir.join("templ/deploy/web.deployment.yaml.gotmpl").exists());
+    let out = run_in(&dir, &["validate", "templ"]);
+    assert_eq!(
+        text(&out.stdout),
+        "Package validated successfully!",
+        "{}",
+        text(&out.stderr)
+    );
+    for file in [
+        "deploy/web.deployment.yaml",
+        "deploy/web.configmap.yaml",
+        "namespaces/shop.namespace.yaml",
+    ] {
+        let parse = |p: PathBuf| -> serde_json::Value {
+            serde_saphyr::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+        };
+        assert_eq!(
+            parse(dir.join("templ/.test-fixtures/defaults").join(file)),
+            parse(dir.join("plain").join(file)),
+            "{file}"
+        );
+    }
+
+    // From a URL; an existing folder and a pattern matching nothing fail.
+    let url = serve_once(OBJECTS);
+    let out = run_in(&dir, &["kickstart", "fetched", "-f", &url]);
+    assert!(
+        text(&out.stdout).starts_with("Kickstarted the \"fetched\" package with 3 objects."),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = run_in(&dir, &["kickstart", "plain", "-f", "objects.yaml"]);
+    assert_eq!(
+        text(&out.stderr),
+        "Error: kickstarting package: package folder already exists: plain\n"
+    );
+    let out = run_in(&dir, &["kickstart", "other", "-f", "nothing-*.yaml"]);
+    assert_eq!(
+        text(&out.stderr),
+        "Error: kickstarting package: get input: expand pattern: nothing-*.yaml: file does not exist\n"
+    );
+    assert!(!dir.join("other").exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -99,6 +99,27 @@ fn broken_packages_are_not_pushed_and_missing_images_are_reported() {
         "{}",
         text(&out.stderr)
     );
+    // An image with no package files in it.
+    let empty = format!("{host}/packages/empty:v1");
+    let files: pko_actors::package::files::PackageFiles =
+        [("README.md".to_owned(), b"not a package".to_vec())].into();
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(ImageStore::new(vec![host.clone()]).push_under(
+            &empty,
+            &files,
+            "docs/",
+            &Default::default(),
+            &RegistryAuth::Anonymous,
+        ))
+        .unwrap();
+    let out = run(&["validate", "--pull", &empty, "--insecure"]);
+    assert_eq!(
+        text(&out.stderr),
+        "Error: validating package: Package image contains no files. Might be corrupted.\n"
+    );
 }
 
 /// The `images` example pointed at `image`, in a temporary directory, without a lock.
@@ -234,4 +255,180 @@ fn tarballs_copy_into_a_registry_with_skopeo() {
         text(&pulled.stderr)
     );
     std::fs::remove_file(Path::new(&tar)).unwrap();
+}
+
+fn run_in(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kubectl-package"))
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap()
+}
+
+fn scratch(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("pko-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn repository_indexes_take_package_versions_and_travel_as_images() {
+    let host = host();
+    let dir = scratch("repository");
+    let package = format!("{host}/repo/simple:v1");
+    push(&package, "simple");
+    let repo = |args: &[&str]| {
+        let mut all = vec!["repository"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["--plain-http", &host]);
+        let out = run_in(&dir, &all);
+        (out.status.code(), text(&out.stdout), text(&out.stderr))
+    };
+    let ok = (Some(0), String::new(), String::new());
+    let err = |m: &str| (Some(1), String::new(), format!("Error: {m}\n"));
+
+    assert_eq!(
+        repo(&["init", "index.yaml", ""]),
+        err("arguments invalid: name must be not empty")
+    );
+    assert_eq!(
+        repo(&["init", "", "main"]),
+        err("arguments invalid: file must be not empty")
+    );
+    assert_eq!(repo(&["init", "index.yaml", "main"]), ok);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dir.join("index.yaml"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+    assert_eq!(
+        repo(&["add", "index.yaml", &package, "1.0.0", "v1.1.0"]),
+        ok
+    );
+    let index = std::fs::read_to_string(dir.join("index.yaml")).unwrap();
+    let digest = registry_digest(&package);
+    let hex = digest.trim_start_matches("sha256:");
+    assert!(index.contains("kind: RepositoryEntry"), "{index}");
+    assert!(
+        index.contains(&format!("image: {host}/repo/simple\n")),
+        "{index}"
+    );
+    assert!(index.contains(&format!("digest: {hex}\n")), "{index}");
+    assert!(
+        index.contains("- v1.1.0\n") && index.find("v1.1.0") < index.find("v1.0.0"),
+        "{index}"
+    );
+    assert!(index.contains("name: simple\n"), "{index}");
+
+    assert_eq!(
+        repo(&["add", "index.yaml", &package, "1.0.0"]),
+        err("add new entry: package \"simple\" version \"v1.0.0\" already exists")
+    );
+    assert_eq!(
+        repo(&["add", "index.yaml", "simple:v1", "1.0.0"]),
+        err("package reference: could not parse reference: simple:v1")
+    );
+    assert!(repo(&["add", "index.yaml", &package, "one"])
+        .2
+        .starts_with("Error: version: "));
+    assert_eq!(
+        repo(&["add", "nope.yaml", &package, "2.0.0"]),
+        err("open nope.yaml: no such file or directory")
+    );
+    assert_eq!(
+        repo(&["add", "index.yaml", &package]),
+        err("requires at least 3 arg(s), only received 2")
+    );
+
+    // The index travels as an image and comes back unchanged.
+    let index_image = format!("{host}/repo/index:v1");
+    assert_eq!(repo(&["push", "index.yaml", &index_image]), ok);
+    assert_eq!(repo(&["pull", "copy.yaml", &index_image]), ok);
+    assert_eq!(
+        std::fs::read_to_string(dir.join("copy.yaml")).unwrap(),
+        index
+    );
+
+    assert_eq!(repo(&["remove", "index.yaml", &package]), ok);
+    let index = std::fs::read_to_string(dir.join("index.yaml")).unwrap();
+    assert!(!index.contains("RepositoryEntry"), "{index}");
+    assert!(repo(&["remove", "index.yaml", &package])
+        .2
+        .starts_with("Error: add new entry: "));
+    // `repo` is the alias.
+    let out = run_in(&dir, &["repo", "init", "again.yaml", "x"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn kickstart_imports_an_olm_bundle_image() {
+    let host = host();
+    let dir = scratch("olm");
+    let image = format!("{host}/bundles/op:v1");
+    let csv = "apiVersion: operators.coreos.com/v1alpha1\nkind: ClusterServiceVersion\nmetadata:\n  name: op.v1\n  annotations: {operatorframework.io/suggested-namespace: op-ns}\nspec:\n  install:\n    strategy: deployment\n    spec:\n      deployments:\n      - name: op\n        spec:\n          selector: {matchLabels: {app: op}}\n          template:\n            metadata: {labels: {app: op}}\n            spec:\n              serviceAccountName: op\n              containers: [{name: op, image: quay.io/op:1}]\n      clusterPermissions:\n      - serviceAccountName: op\n        rules: [{apiGroups: [\"\"], resources: [nodes], verbs: [list]}]\n";
+    let files: pko_actors::package::files::PackageFiles = [
+        (
+            "metadata/annotations.yaml",
+            "annotations:\n  operators.operatorframework.io.bundle.package.v1: op\n".to_owned(),
+        ),
+        ("manifests/op.clusterserviceversion.yaml", csv.to_owned()),
+    ]
+    .into_iter()
+    .map(|(p, c)| (p.to_owned(), c.into_bytes()))
+    .collect();
+    let store = ImageStore::new(vec![host.clone()]);
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(store.push_under(
+            &image,
+            &files,
+            "",
+            &Default::default(),
+            &RegistryAuth::Anonymous,
+        ))
+        .unwrap();
+
+    let out = run_in(
+        &dir,
+        &[
+            "kickstart",
+            "from-bundle",
+            "-b",
+            &image,
+            "--plain-http",
+            &host,
+        ],
+    );
+    assert_eq!(text(&out.stderr), "");
+    assert_eq!(
+        text(&out.stdout),
+        "Kickstarted the \"op\" package with 4 objects."
+    );
+    let manifest = std::fs::read_to_string(dir.join("from-bundle/manifest.yaml")).unwrap();
+    assert!(manifest.contains("\n  name: op\n"), "{manifest}");
+    for file in [
+        "deploy/op.deployment.yaml",
+        "rbac/op.serviceaccount.yaml",
+        "rbac/op-op-cluster-0.clusterrole.yaml",
+        "rbac/op-op-cluster-0.clusterrolebinding.yaml",
+        "namespaces/op-ns.namespace.yaml",
+    ] {
+        assert!(dir.join("from-bundle").join(file).exists(), "{file}");
+    }
+    let out = run_in(&dir, &["validate", "from-bundle"]);
+    assert_eq!(
+        text(&out.stdout),
+        "Package validated successfully!",
+        "{}",
+        text(&out.stderr)
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
 }
