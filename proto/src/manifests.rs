@@ -5,7 +5,8 @@
 //! These are files, not cluster objects, so they have no CRDs. Package Operator renamed the filter
 //! section after the seeds were written (`conditionalFiltering{namedConditions, conditionalPaths}` became
 //! `filter{conditions, paths}`); both spellings load. Fields added by later Package Operator versions
-//! (`constraints`, `repositories`, `dependencies`, ...) are kept in `PackageManifestSpec::other`.
+//! (`constraints`, `repositories`, `dependencies`, ...) are kept in `PackageManifestSpec::other`. As in
+//! Package Operator (Go's JSON decoding), a field left out is its zero value, never an error.
 
 use std::collections::BTreeMap;
 
@@ -22,7 +23,7 @@ pub const API_VERSION: &str = "manifests.package-operator.run/v1alpha1";
 
 /// `manifest.yaml`: what a package contains and how it installs.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct PackageManifest {
     /// `manifests.package-operator.run/v1alpha1`.
     pub api_version: String,
@@ -50,7 +51,7 @@ string_enum! {
 
 /// The package description.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct PackageManifestSpec {
     /// Cluster, Namespaced, or both.
     #[serde(default)]
@@ -80,7 +81,7 @@ pub struct PackageManifestSpec {
 
 /// A phase of the package.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct PackageManifestPhase {
     /// Unique phase name.
     pub name: String,
@@ -104,7 +105,7 @@ pub struct PackageManifestSpecConfig {
 
 /// An image the templates refer to by name.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct PackageManifestImage {
     /// Name used in templates (`.images.<name>`).
     pub name: String,
@@ -130,7 +131,7 @@ pub struct PackageManifestConditionalFiltering {
 
 /// A named CEL condition.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct PackageManifestNamedCondition {
     /// CEL identifier (`[_a-zA-Z][_a-zA-Z0-9]*`).
     pub name: String,
@@ -140,7 +141,7 @@ pub struct PackageManifestNamedCondition {
 
 /// A CEL condition on the files whose path matches a glob.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct PackageManifestConditionalPath {
     /// doublestar glob.
     pub glob: String,
@@ -162,7 +163,7 @@ pub struct PackageManifestTest {
 
 /// One template test case.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct PackageManifestTestCaseTemplate {
     /// Test case name (fixture directory).
     pub name: String,
@@ -173,7 +174,7 @@ pub struct PackageManifestTestCaseTemplate {
 
 /// kubeconform settings.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct PackageManifestTestKubeconform {
     /// Kubernetes version whose schemas to use.
     pub kubernetes_version: String,
@@ -317,7 +318,7 @@ pub struct PackageEnvironmentHyperShiftHostedCluster {
 
 /// `manifest.lock.yaml`: image digests resolved for a manifest's images.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct PackageManifestLock {
     /// `manifests.package-operator.run/v1alpha1`.
     pub api_version: String,
@@ -332,7 +333,7 @@ pub struct PackageManifestLock {
 
 /// Resolved images.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct PackageManifestLockSpec {
     /// One entry per manifest image.
     pub images: Vec<PackageManifestLockImage>,
@@ -340,7 +341,7 @@ pub struct PackageManifestLockSpec {
 
 /// An image with its resolved digest.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct PackageManifestLockImage {
     /// Name used in templates.
     pub name: String,

@@ -388,11 +388,46 @@ pub fn load_lock(
     match single_file(files, &LOCK_FILES) {
         Err(()) => Err(Violation::new(reason::LOCK_DUPLICATED).into()),
         Ok(None) => Ok(None),
-        Ok(Some((file, bytes))) => Ok(Some((
-            file,
-            parse_manifest_file(file, bytes, "PackageManifestLock")?,
-        ))),
+        Ok(Some((file, bytes))) => {
+            let lock: PackageManifestLock =
+                parse_manifest_file(file, bytes, "PackageManifestLock")?;
+            let errors = lock_errors(&lock);
+            if !errors.is_empty() {
+                return Err(Violation::new(reason::LOCK_INVALID)
+                    .in_file(file)
+                    .details(field_error_aggregate(&errors))
+                    .into());
+            }
+            Ok(Some((file, lock)))
+        }
     }
+}
+
+/// Every lock entry has a name, an image and a digest; names are unique.
+fn lock_errors(lock: &PackageManifestLock) -> Vec<String> {
+    let mut errors = Vec::new();
+    let mut names = Vec::new();
+    for (i, image) in lock.spec.images.iter().enumerate() {
+        for (field, value) in [
+            ("name", &image.name),
+            ("image", &image.image),
+            ("digest", &image.digest),
+        ] {
+            if value.is_empty() {
+                errors.push(format!("spec.images[{i}].{field}: Required value"));
+            }
+        }
+        if !image.name.is_empty() {
+            if names.contains(&image.name.as_str()) {
+                errors.push(format!(
+                    "spec.images[{i}].name: Invalid value: {:?}: must be unique",
+                    image.name
+                ));
+            }
+            names.push(&image.name);
+        }
+    }
+    errors
 }
 
 /// Loads a package with its templates rendered: manifest, lock file and the objects of each phase.
@@ -942,6 +977,17 @@ mod tests {
         )
         .unwrap();
         assert_eq!(manifest.metadata.name.as_deref(), Some("second"));
+    }
+
+    #[test]
+    fn lock_entries_need_name_image_and_digest() {
+        let lock = "apiVersion: manifests.package-operator.run/v1alpha1\nkind: PackageManifestLock\nspec:\n  images:\n  - {name: a, image: img-x}\n  - {name: a, image: img-y, digest: 'sha256:1'}\n";
+        let files: PackageFiles =
+            [("manifest.lock.yaml".to_owned(), lock.as_bytes().to_vec())].into();
+        assert_eq!(
+            load_lock(&files).unwrap_err().to_string(),
+            "PackageManifestLock invalid in manifest.lock.yaml: [spec.images[0].digest: Required value, spec.images[1].name: Invalid value: \"a\": must be unique]"
+        );
     }
 
     #[test]

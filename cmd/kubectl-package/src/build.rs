@@ -208,6 +208,20 @@ pub fn update(target: &str, insecure: bool, plain_http: &[String]) -> Result<Str
     let files = import(dir).map_err(|e| failed(format!("loading package: {e}")))?;
     let (_, manifest) =
         parse_manifest(&files).map_err(|e| failed(format!("loading package: {e}")))?;
+    // Dependencies resolve through package repositories, which pko's manager does not install yet;
+    // locking only the images would write a lock upstream would call incomplete.
+    if manifest
+        .spec
+        .other
+        .get("dependencies")
+        .and_then(Value::as_array)
+        .is_some_and(|d| !d.is_empty())
+    {
+        return Err(failed(
+            "spec.dependencies: locking package dependencies is not supported by pko yet"
+                .to_owned(),
+        ));
+    }
     let images: Vec<String> = manifest
         .spec
         .images

@@ -401,6 +401,13 @@ fn build_checks_its_arguments_in_upstreams_order() {
             Exactly("Error: invalid argument \"novalue\" for \"-l, --label\" flag: novalue must be formatted as key=value\n"),
         ),
         (&["build", "-t", "a", "--output-format", "yaml", "simple"], 1, Empty, Exactly("Error: unknown output format: yaml\n")),
+        (&["update", ""], 1, Empty, Exactly("Error: arguments invalid: target path empty\n")),
+        (
+            &["update", "with-dependencies"],
+            1,
+            Empty,
+            Exactly("Error: generating lock data: spec.dependencies: locking package dependencies is not supported by pko yet\n"),
+        ),
         // Without --push and -o, build is validation (no registry needed without a lock).
         (&["build", "handlebars"], 0, Exactly("Package built successfully!"), Empty),
         (&["build", "-t", "test", "--output-format", "digest", "handlebars"], 0, Empty, Empty),
