@@ -115,21 +115,11 @@ impl ImageStore {
         if let Some(files) = self.by_digest.get(&digest) {
             return Ok((digest, files.clone()));
         }
-        let data = client
-            .pull(
-                &reference,
-                auth,
-                vec![IMAGE_LAYER_GZIP_MEDIA_TYPE, IMAGE_LAYER_MEDIA_TYPE],
-            )
-            .await
-            .map_err(|e| registry_error(image, e))?;
+        let files = Arc::new(
+            self.pull_files(image, &reference, PACKAGE_PREFIX, auth)
+                .await?,
+        );
         self.pulls.fetch_add(1, Ordering::Relaxed);
-        let layers: Vec<(&str, &[u8])> = data
-            .layers
-            .iter()
-            .map(|l| (l.media_type.as_str(), l.data.as_ref()))
-            .collect();
-        let files = Arc::new(unpack(image, &layers)?);
         self.by_digest.insert(digest.clone(), files.clone());
         Ok((digest, files))
     }
@@ -144,10 +134,21 @@ impl ImageStore {
         auth: &RegistryAuth,
     ) -> Result<PackageFiles, ImageError> {
         let reference = parse_reference(image)?;
+        self.pull_files(image, &reference, prefix, auth).await
+    }
+
+    /// Downloads the layers of `reference` and unpacks the files under `prefix`.
+    async fn pull_files(
+        &self,
+        image: &str,
+        reference: &Reference,
+        prefix: &str,
+        auth: &RegistryAuth,
+    ) -> Result<PackageFiles, ImageError> {
         let data = self
             .client(auth)
             .pull(
-                &reference,
+                reference,
                 auth,
                 vec![IMAGE_LAYER_GZIP_MEDIA_TYPE, IMAGE_LAYER_MEDIA_TYPE],
             )
@@ -246,9 +247,10 @@ fn registry_error(image: &str, error: OciDistributionError) -> ImageError {
     match error {
         OciDistributionError::ImageManifestNotFoundError(_) => ImageError::NotFound { reference },
         OciDistributionError::AuthenticationFailure(_)
-        | OciDistributionError::UnauthorizedError { .. } => {
-            ImageError::Unauthorized { reference, message }
-        }
+        | OciDistributionError::UnauthorizedError { .. }
+        | OciDistributionError::ServerError {
+            code: 401 | 403, ..
+        } => ImageError::Unauthorized { reference, message },
         OciDistributionError::RegistryError { envelope, .. } => {
             let codes: Vec<&OciErrorCode> = envelope.errors.iter().map(|e| &e.code).collect();
             if codes

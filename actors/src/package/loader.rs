@@ -340,7 +340,8 @@ fn config_map_key_problem(key: &str) -> Option<&'static str> {
     }
 }
 
-fn config_schema(manifest: &PackageManifest) -> Option<Value> {
+/// The manifest's config schema as JSON (None: the package takes no config).
+pub fn config_schema(manifest: &PackageManifest) -> Option<Value> {
     manifest
         .spec
         .config
@@ -699,24 +700,36 @@ fn add_package_labels(object: &mut Value, manifest_name: &str, instance: &str) {
     }
 }
 
+/// An object's (group, version, kind); the core group is "".
+pub fn object_gvk(object: &Value) -> (&str, &str, &str) {
+    let field = |p: &str| {
+        object
+            .pointer(p)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+    };
+    let api_version = field("/apiVersion");
+    let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+    (group, version, field("/kind"))
+}
+
 /// Objects with the same group, kind, namespace and name (the version does not count).
 fn duplicate_objects(objects: &[(String, usize, Value)]) -> Vec<Violation> {
     let mut seen = std::collections::HashSet::new();
     let mut found = Vec::new();
     for (path, index, object) in objects {
+        let (group, _, kind) = object_gvk(object);
         let field = |p: &str| {
             object
                 .pointer(p)
                 .and_then(Value::as_str)
                 .unwrap_or_default()
         };
-        let api_version = field("/apiVersion");
-        let group = api_version.rsplit_once('/').map_or("", |(g, _)| g);
         let key = (
-            group.to_owned(),
-            field("/kind").to_owned(),
-            field("/metadata/namespace").to_owned(),
-            field("/metadata/name").to_owned(),
+            group,
+            kind,
+            field("/metadata/namespace"),
+            field("/metadata/name"),
         );
         if !seen.insert(key) {
             found.push(Violation::new(reason::DUPLICATE_OBJECT).at(path.clone(), *index));
@@ -779,14 +792,8 @@ fn check_object(
 ) -> Result<(String, ObjectSetObject), Vec<Violation>> {
     let at = |r: &'static str| Violation::new(r).at(file.to_owned(), index);
     let mut violations = Vec::new();
-    let field = |p: &str| {
-        object
-            .pointer(p)
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-    };
-    let version = field("/apiVersion").rsplit('/').next().unwrap_or_default();
-    if version.is_empty() || field("/kind").is_empty() {
+    let (_, version, kind) = object_gvk(&object);
+    if version.is_empty() || kind.is_empty() {
         violations.push(at(reason::MISSING_GVK));
     }
     if let Some(labels) = object

@@ -13,7 +13,7 @@ use serde_json::Value;
 use super::config::default_config;
 use super::files::PackageFiles;
 use super::loader::{
-    load_manifest, load_package_with, Images, LoadedPackage, PackageError, Render,
+    config_schema, load_manifest, load_package_with, Images, LoadedPackage, PackageError, Render,
 };
 
 /// Directory of the fixtures, relative to the manifest.
@@ -27,12 +27,7 @@ pub fn load_case(
     case: &PackageManifestTestCaseTemplate,
 ) -> Result<LoadedPackage, PackageError> {
     let (_, manifest) = load_manifest(files)?;
-    let schema = manifest
-        .spec
-        .config
-        .as_ref()
-        .and_then(|c| c.open_api_v3_schema.as_ref())
-        .and_then(|s| serde_json::to_value(s).ok());
+    let schema = config_schema(&manifest);
     let mut context = serde_json::to_value(&case.context).unwrap_or(Value::Null);
     if let Some(map) = context.as_object_mut() {
         map.insert(

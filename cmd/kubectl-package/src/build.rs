@@ -6,7 +6,6 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use k8s_openapi::jiff::Timestamp;
-use oci_client::secrets::RegistryAuth;
 use oci_client::Reference;
 use pko_actors::package::image::ImageStore;
 use pko_actors::package::loader::{load_lock, parse_manifest};
@@ -14,18 +13,8 @@ use pko_actors::package::oci_layout::write_layout;
 use serde_json::Value;
 
 use crate::args::BuildArgs;
+use crate::registry_auth::auth_for;
 use crate::validation::{import, structure, validate_units};
-
-/// Registry credentials from PKO_REGISTRY_USERNAME / PKO_REGISTRY_PASSWORD, anonymous without them.
-pub fn auth() -> RegistryAuth {
-    match (
-        std::env::var("PKO_REGISTRY_USERNAME"),
-        std::env::var("PKO_REGISTRY_PASSWORD"),
-    ) {
-        (Ok(user), Ok(password)) => RegistryAuth::Basic(user, password),
-        _ => RegistryAuth::Anonymous,
-    }
-}
 
 pub fn runtime() -> Result<tokio::runtime::Runtime, String> {
     tokio::runtime::Builder::new_current_thread()
@@ -148,7 +137,7 @@ pub fn build(source: &str, args: &BuildArgs) -> Result<String, String> {
     let runtime = runtime()?;
     let mut findings = Vec::new();
     for ((name, _, digest), lookup) in lock_images.iter().zip(&lookups) {
-        if let Err(e) = runtime.block_on(store.resolve_digest(lookup, &auth())) {
+        if let Err(e) = runtime.block_on(store.resolve_digest(lookup, &auth_for(lookup))) {
             findings.push(format!("{e}: image {name:?} digest error ({digest:?})"));
         }
     }
@@ -176,7 +165,7 @@ pub fn build(source: &str, args: &BuildArgs) -> Result<String, String> {
     if args.push {
         for tag in &push_refs {
             runtime
-                .block_on(store.push_labelled(tag, &files, &labels, &auth()))
+                .block_on(store.push_labelled(tag, &files, &labels, &auth_for(tag)))
                 .map_err(|e| {
                     format!("building from source: exporting package to image: push: {e}")
                 })?;
@@ -184,7 +173,7 @@ pub fn build(source: &str, args: &BuildArgs) -> Result<String, String> {
         if let Some(first) = push_refs.first() {
             digest = Some(
                 runtime
-                    .block_on(store.resolve_digest(first, &auth()))
+                    .block_on(store.resolve_digest(first, &auth_for(first)))
                     .map_err(|e| {
                         format!("building from source: exporting package to image: push: {e}")
                     })?,
@@ -233,7 +222,7 @@ pub fn update(target: &str, insecure: bool, plain_http: &[String]) -> Result<Str
     let mut locked = Vec::new();
     for (image, lookup) in manifest.spec.images.iter().zip(&images) {
         let digest = runtime
-            .block_on(store.resolve_digest(lookup, &auth()))
+            .block_on(store.resolve_digest(lookup, &auth_for(lookup)))
             .map_err(|e| {
                 failed(format!(
                     "resolving lock image for {:?}: resolving image digest: {e}",

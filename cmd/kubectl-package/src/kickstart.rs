@@ -11,6 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
 use std::path::Path;
 
+use pko_actors::package::loader::object_gvk;
 use serde_json::{json, Map, Value};
 
 /// Upstream's preset phases, in order.
@@ -223,12 +224,8 @@ impl Config {
 }
 
 fn group_kind(object: &Value) -> (String, String) {
-    let api_version = object["apiVersion"].as_str().unwrap_or_default();
-    let group = api_version.rsplit_once('/').map_or("", |(g, _)| g);
-    (
-        group.to_owned(),
-        object["kind"].as_str().unwrap_or_default().to_owned(),
-    )
+    let (group, _, kind) = object_gvk(object);
+    (group.to_owned(), kind.to_owned())
 }
 
 /// Go's `GroupKind.String()`: `Kind.group`, or `Kind` for the core group.

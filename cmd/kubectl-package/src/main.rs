@@ -10,6 +10,7 @@ mod cluster;
 mod fixtures;
 mod kickstart;
 mod olm_bundle;
+mod registry_auth;
 mod repository;
 mod tree;
 mod validation;
@@ -52,7 +53,9 @@ fn validate_image(image: &str, insecure: bool, plain_http: &[String]) -> Outcome
         .parse()
         .map_err(|e| failed(format!("parsing remote reference: {e}")))?;
     let store: ImageStore = build::store(insecure, &[reference.whole()], plain_http);
-    let files = match build::runtime()?.block_on(store.fetch(&reference.whole(), &build::auth())) {
+    let files = match build::runtime()?
+        .block_on(store.fetch(&reference.whole(), &registry_auth::auth_for(image)))
+    {
         Ok((_, files)) => (*files).clone(),
         // An image without package files is upstream's "empty package" violation.
         Err(ImageError::Empty { .. }) => Default::default(),
@@ -70,7 +73,7 @@ fn import_olm_bundle(
     let failed = |e: String| format!("kickstarting package: {e}");
     let store = build::store(false, &[], plain_http);
     let files = build::runtime()?
-        .block_on(store.fetch_under(image, "", &build::auth()))
+        .block_on(store.fetch_under(image, "", &registry_auth::auth_for(image)))
         .map_err(|e| failed(format!("pull olm bundle: {e}")))?;
     olm_bundle::convert(&files).map_err(failed)
 }

@@ -12,7 +12,8 @@ use pko_actors::package::image_lock::repository as image_repository;
 use pko_actors::package::loader::parse_manifest;
 use serde_json::{json, Value};
 
-use crate::build::{auth, runtime, store};
+use crate::build::{runtime, store};
+use crate::registry_auth::auth_for;
 
 const INDEX_PREFIX: &str = "repository/";
 const INDEX_FILE: &str = "repository.yaml";
@@ -224,7 +225,7 @@ fn pull_package(
 ) -> Result<(String, PackageFiles), String> {
     let store = store(false, &[], plain_http);
     let (digest, files) = runtime()?
-        .block_on(store.fetch(&reference.whole(), &auth()))
+        .block_on(store.fetch(&reference.whole(), &auth_for(&reference.whole())))
         .map_err(|e| e.to_string())?;
     Ok((
         digest.trim_start_matches("sha256:").to_owned(),
@@ -282,7 +283,7 @@ pub fn pull(file: &str, tag: &str, plain_http: &[String]) -> Result<String, Stri
     let reference: Reference = tag.parse().map_err(|e| failed(format!("{e}")))?;
     let store = store(false, &[], plain_http);
     let files = runtime()?
-        .block_on(store.fetch_under(&reference.whole(), INDEX_PREFIX, &auth()))
+        .block_on(store.fetch_under(&reference.whole(), INDEX_PREFIX, &auth_for(tag)))
         .map_err(|e| failed(e.to_string()))?;
     let text = files
         .get(INDEX_FILE)
@@ -305,7 +306,7 @@ pub fn push(file: &str, tag: &str, plain_http: &[String]) -> Result<String, Stri
             &files,
             INDEX_PREFIX,
             &BTreeMap::new(),
-            &auth(),
+            &auth_for(tag),
         ))
         .map_err(|e| failed(e.to_string()))?;
     Ok(String::new())

@@ -8,8 +8,8 @@ use pko_actors::package::config::{admit_config, PACKAGE_CONFIG_PATH};
 use pko_actors::package::files::PackageFiles;
 use pko_actors::package::image_lock::resolve_images;
 use pko_actors::package::loader::{
-    load_lock, load_package_with, manifest_errors, parse_manifest, Images, LoadedPackage,
-    PackageError, Render,
+    config_schema, load_lock, load_package_with, manifest_errors, object_gvk, parse_manifest,
+    Images, LoadedPackage, PackageError, Render,
 };
 use pko_actors::package::violation::{reason, Violation};
 use pko_proto::manifests::{PackageManifestScope, PackageManifestTestCaseTemplate};
@@ -77,14 +77,12 @@ pub fn tree(dir: &Path, args: &TreeArgs) -> Result<String, String> {
         namespace.clear();
     }
 
-    let schema = manifest
-        .spec
-        .config
-        .as_ref()
-        .and_then(|c| c.open_api_v3_schema.as_ref())
-        .and_then(|s| serde_json::to_value(s).ok());
-    let config = admit_config(schema.as_ref(), config.as_ref(), PACKAGE_CONFIG_PATH)
-        .map_err(|errors| prefix(PackageError::Fields(errors).to_string()))?;
+    let config = admit_config(
+        config_schema(&manifest).as_ref(),
+        config.as_ref(),
+        PACKAGE_CONFIG_PATH,
+    )
+    .map_err(|errors| prefix(PackageError::Fields(errors).to_string()))?;
 
     let parse_failure = |e: String| prefix(format!("parsing package contents: {e}"));
     let mut problems = Vec::new();
@@ -187,17 +185,15 @@ pub fn format_tree(loaded: &LoadedPackage, kind: &str, namespace: &str, name: &s
 
 /// `<group>/<version>, Kind=<Kind> <namespace>/<name>`, as Go prints a GroupVersionKind and an object key.
 pub fn object_line(object: &Value) -> String {
+    let (group, version, kind) = object_gvk(object);
     let field = |p: &str| {
         object
             .pointer(p)
             .and_then(Value::as_str)
             .unwrap_or_default()
     };
-    let api_version = field("/apiVersion");
-    let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
     format!(
-        "{group}/{version}, Kind={} {}/{}",
-        field("/kind"),
+        "{group}/{version}, Kind={kind} {}/{}",
         field("/metadata/namespace"),
         field("/metadata/name")
     )

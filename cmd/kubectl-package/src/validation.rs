@@ -160,15 +160,7 @@ fn cases(manifest: &PackageManifest) -> &[pko_proto::manifests::PackageManifestT
 pub fn validate_dir(dir: &Path) -> Result<(), String> {
     let files = import(dir)?;
     let units = structure(dir, &files).map_err(|e| e.to_string())?;
-    let findings = validate_units(&units, true)?;
-    if findings.is_empty() {
-        Ok(())
-    } else {
-        Err(format!(
-            "loading package from files: {}",
-            findings.join("\n")
-        ))
-    }
+    as_result(validate_units(&units, true)?)
 }
 
 /// `validate --pull`: the checks of an image's files (no template tests, no fixtures).
@@ -177,7 +169,11 @@ pub fn validate_files(files: &PackageFiles) -> Result<(), String> {
         return Err(Violation::new(reason::EMPTY_PACKAGE).to_string());
     }
     let units = structure(Path::new("."), files).map_err(|e| e.to_string())?;
-    let findings = validate_units(&units, false)?;
+    as_result(validate_units(&units, false)?)
+}
+
+/// The validators' findings as the error upstream reports, one per line.
+fn as_result(findings: Vec<String>) -> Result<(), String> {
     if findings.is_empty() {
         Ok(())
     } else {

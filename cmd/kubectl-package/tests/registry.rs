@@ -432,3 +432,93 @@ fn kickstart_imports_an_olm_bundle_image() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Credentials come from where `docker login` leaves them: the config's `auths`, or a credential helper.
+#[test]
+fn credentials_come_from_the_docker_config_and_its_helpers() {
+    let env = pko_testenv::shared().unwrap();
+    let registry = env.authenticated_registry();
+    let host = registry.host();
+    let (user, password) = registry.credentials().unwrap();
+    let dir = scratch("docker-config");
+    let image = format!("{host}/private/handlebars:v1");
+    let build = |envs: &[(&str, String)]| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_kubectl-package"));
+        command
+            .args(["build", "-t", &image, "--push", "--insecure", "handlebars"])
+            .current_dir(packages())
+            .env_remove("PKO_REGISTRY_USERNAME")
+            .env_remove("PKO_REGISTRY_PASSWORD")
+            .env("HOME", &dir)
+            .env_remove("REGISTRY_AUTH_FILE")
+            .env_remove("XDG_RUNTIME_DIR");
+        for (k, v) in envs {
+            command.env(k, v);
+        }
+        command.output().unwrap()
+    };
+
+    // Anonymous: refused.
+    let out = build(&[]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("access denied"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // `auths` in ~/.docker/config.json.
+    use base64::Engine as _;
+    let token = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+    std::fs::create_dir_all(dir.join(".docker")).unwrap();
+    std::fs::write(
+        dir.join(".docker/config.json"),
+        format!(r#"{{"auths": {{"{host}": {{"auth": "{token}"}}}}}}"#),
+    )
+    .unwrap();
+    let out = build(&[]);
+    assert_eq!(
+        text(&out.stdout),
+        "Package built successfully!",
+        "{}",
+        text(&out.stderr)
+    );
+
+    // A credential helper named by credHelpers, in $DOCKER_CONFIG.
+    let helper_dir = dir.join("bin");
+    std::fs::create_dir_all(&helper_dir).unwrap();
+    let helper = helper_dir.join("docker-credential-pkotest");
+    std::fs::write(
+        &helper,
+        format!("#!/bin/sh\nread host\n[ \"$host\" = \"{host}\" ] || exit 1\necho '{{\"Username\": \"{user}\", \"Secret\": \"{password}\"}}'\n"),
+    )
+    .unwrap();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&helper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let config = dir.join("helper-config");
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::write(
+        config.join("config.json"),
+        format!(r#"{{"credHelpers": {{"{host}": "pkotest"}}}}"#),
+    )
+    .unwrap();
+    let path = format!(
+        "{}:{}",
+        helper_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = build(&[
+        ("DOCKER_CONFIG", config.display().to_string()),
+        ("PATH", path),
+    ]);
+    assert_eq!(
+        text(&out.stdout),
+        "Package built successfully!",
+        "{}",
+        text(&out.stderr)
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
