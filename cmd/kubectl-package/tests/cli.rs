@@ -3,28 +3,12 @@
 //! stderr (`Error: <message>\n`), and the template-test fixtures (compare, report, generate).
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
-fn packages() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/packages")
-}
-
-fn run_in(dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kubectl-package"))
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .unwrap()
-}
-
-fn run(args: &[&str]) -> Output {
-    run_in(&packages(), args)
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
+use common::{packages, run, run_in, scratch, text};
 
 /// What a case expects on one stream.
 enum Expect {
@@ -577,9 +561,7 @@ fn serve_once(body: &'static str) -> String {
 
 #[test]
 fn kickstart_lays_out_a_package_that_validates_and_renders_its_input() {
-    let dir = std::env::temp_dir().join(format!("pko-cli-kickstart-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("kickstart");
     std::fs::write(dir.join("objects.yaml"), OBJECTS).unwrap();
     let kickstarted =
         "[WARN] Some kinds don't have availability probes defined:\n- Widget.example.com\n";

@@ -2,27 +2,14 @@
 //! upstream's flags and outputs.
 #![allow(clippy::unwrap_used)]
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::{packages, run, run_in, scratch, text};
 use oci_client::secrets::RegistryAuth;
 use pko_actors::package::image::ImageStore;
-
-fn packages() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/packages")
-}
-
-fn run(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kubectl-package"))
-        .args(args)
-        .current_dir(packages())
-        .output()
-        .unwrap()
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
 
 fn host() -> String {
     pko_testenv::shared().unwrap().registry().host()
@@ -255,21 +242,6 @@ fn tarballs_copy_into_a_registry_with_skopeo() {
         text(&pulled.stderr)
     );
     std::fs::remove_file(Path::new(&tar)).unwrap();
-}
-
-fn run_in(dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kubectl-package"))
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .unwrap()
-}
-
-fn scratch(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("pko-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
 }
 
 #[test]
