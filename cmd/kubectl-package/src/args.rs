@@ -76,6 +76,8 @@ pub enum Command {
         #[command(subcommand)]
         command: Option<RepositoryCommand>,
     },
+    /// Print a shell completion script: bash, zsh, fish or powershell.
+    Completion(Positionals),
     /// Pause a (Cluster)Package: pko stops reconciling its objects.
     Pause(PauseArgs),
     /// Unpause a (Cluster)Package.

@@ -41,6 +41,16 @@ fn help() -> String {
     Cli::command().render_help().to_string()
 }
 
+/// The completion script for `shell`.
+fn completion(shell: &str) -> Outcome {
+    let shell: clap_complete::Shell = shell
+        .parse()
+        .map_err(|_| format!("unknown command {shell:?} for \"kubectl-package completion\""))?;
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "kubectl-package", &mut script);
+    Ok(String::from_utf8_lossy(&script).into_owned())
+}
+
 fn on_cluster(command: impl std::future::Future<Output = Outcome>) -> Outcome {
     build::runtime()?.block_on(command)
 }
@@ -136,6 +146,10 @@ fn run(cli: Cli) -> Outcome {
             exact_args(&args.args, 0)?;
             Ok(version_text())
         }
+        Command::Completion(args) => {
+            exact_args(&args.args, 1)?;
+            completion(&args.args[0])
+        }
         Command::Rollout { command: None } => Ok(help()),
         Command::Rollout {
             command: Some(RolloutCommand::History(args)),
@@ -187,7 +201,25 @@ fn run(cli: Cli) -> Outcome {
     }
 }
 
+/// Ctrl-C ends the command as upstream's cancelled command context does: an error line and exit 1, not
+/// death by signal.
+fn exit_one_on_interrupt() {
+    std::thread::spawn(|| {
+        let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
+            return;
+        };
+        if runtime.block_on(tokio::signal::ctrl_c()).is_ok() {
+            eprintln!("Error: context canceled");
+            std::process::exit(1);
+        }
+    });
+}
+
 fn main() -> ExitCode {
+    exit_one_on_interrupt();
     let argv: Vec<String> = std::env::args().collect();
     let outcome = match Cli::try_parse_from(&argv) {
         Ok(cli) => run(cli),

@@ -9,7 +9,7 @@ use pko_actors::package::files::PackageFiles;
 use pko_actors::package::image_lock::resolve_images;
 use pko_actors::package::loader::{
     config_schema, load_lock, load_package_with, manifest_errors, object_gvk, parse_manifest,
-    Images, LoadedPackage, PackageError, Render,
+    split_documents, Images, LoadedPackage, PackageError, Render,
 };
 use pko_actors::package::violation::{reason, Violation};
 use pko_proto::manifests::{PackageManifestScope, PackageManifestTestCaseTemplate};
@@ -137,7 +137,9 @@ fn read_config(path: &str) -> Result<Value, String> {
         };
         format!("getting config: read config from file: open {path}: {why}")
     })?;
-    let document = text.split("\n---").next().unwrap_or_default();
+    let document = split_documents(&text)
+        .first()
+        .map_or("", |(_, document)| *document);
     let value: Value = serde_saphyr::from_str(document)
         .map_err(|e| format!("getting config: unmarshal config from file {path}: {e}"))?;
     match value {

@@ -104,6 +104,12 @@ fn tree_prints_upstream_trees_byte_for_byte() {
             Empty,
         ),
         (
+            &["tree", "required-config", "--config-path", "required-config-values.json"],
+            0,
+            Exactly("required-config\nPackage namespace/name\n└── Phase main\n    └── /v1, Kind=ConfigMap namespace/name\n"),
+            Empty,
+        ),
+        (
             &["tree", "cel-filtering", "--config-path", "cel-filtering-ha.yaml"],
             0,
             Exactly("cel-filtering\nPackage namespace/name\n└── Phase main\n    └── /v1, Kind=ConfigMap /app\n    └── /v1, Kind=ConfigMap /ha-budget\n"),
@@ -298,6 +304,16 @@ fn usage_follows_cobra_and_pflag() {
         (&["rollout"], 0, Contains("Usage: kubectl-package rollout"), Empty),
         (&["tree", "--help"], 0, Contains("--config-testcase"), Empty),
         (&["version"], 0, Contains("pko\tv"), Empty),
+        (&["completion", "bash"], 0, Contains("_kubectl__package()"), Empty),
+        (&["completion", "zsh"], 0, Contains("#compdef kubectl-package"), Empty),
+        (&["completion", "fish"], 0, Contains("complete -c kubectl-package"), Empty),
+        (&["completion", "powershell"], 0, Contains("Register-ArgumentCompleter"), Empty),
+        (
+            &["completion", "tcsh"],
+            1,
+            Empty,
+            Exactly("Error: unknown command \"tcsh\" for \"kubectl-package completion\"\n"),
+        ),
         (&["-v"], 0, Contains("kubectl-package version v"), Empty),
         (&["version", "x"], 1, Empty, Exactly("Error: accepts 0 arg(s), received 1\n")),
         (&["version", "--nope"], 1, Empty, Exactly("Error: unknown flag: --nope\n")),
@@ -672,5 +688,48 @@ fn kickstart_lays_out_a_package_that_validates_and_renders_its_input() {
         "Error: kickstarting package: get input: expand pattern: nothing-*.yaml: file does not exist\n"
     );
     assert!(!dir.join("other").exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Ctrl-C ends a command with an error line and exit 1, as upstream's cancelled context does.
+#[cfg(target_os = "linux")]
+#[test]
+fn an_interrupted_command_exits_one() {
+    let dir = scratch("interrupt");
+    // Reading objects from a stdin nobody writes to: the command waits until interrupted.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kubectl-package"))
+        .args(["kickstart", "waiting", "-f", "-"])
+        .current_dir(&dir)
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Held open until the end: EOF would let the command finish on its own.
+    let stdin = child.stdin.take();
+    let pid = child.id().to_string();
+    // The handler is in place once the process catches SIGINT (bit 2 of SigCgt).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let caught = status
+            .lines()
+            .find_map(|l| l.strip_prefix("SigCgt:"))
+            .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+            .unwrap_or(0);
+        if caught & (1 << 1) != 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no SIGINT handler: {status}"
+        );
+        std::thread::yield_now();
+    }
+    let killed = Command::new("kill").args(["-INT", &pid]).status().unwrap();
+    assert!(killed.success());
+    let out = child.wait_with_output().unwrap();
+    drop(stdin);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(text(&out.stderr), "Error: context canceled\n");
     std::fs::remove_dir_all(&dir).unwrap();
 }
