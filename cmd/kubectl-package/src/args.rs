@@ -12,8 +12,7 @@ use clap::{Args as ClapArgs, Parser, Subcommand};
 #[command(
     name = "kubectl-package",
     about = "Package Operator package CLI: build, validate and inspect packages",
-    disable_version_flag = true,
-    disable_help_subcommand = false
+    disable_version_flag = true
 )]
 pub struct Cli {
     /// kubeconfig for the cluster commands (rollout, clustertree, pause, unpause).
@@ -121,7 +120,7 @@ pub struct Positionals {
     pub args: Vec<String>,
 }
 
-/// A bool flag as pflag takes it: `--f`, `--f=true`, `--f=false`.
+/// `build`. Bool flags take pflag's forms: `--f`, `--f=true`, `--f=false`.
 #[derive(Debug, ClapArgs)]
 pub struct BuildArgs {
     #[command(flatten)]
