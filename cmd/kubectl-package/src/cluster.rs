@@ -241,30 +241,22 @@ pub async fn cluster_tree(
                 && condition_status(&s.data, "Available") == Some("True")
         })
         .ok_or(missing)?;
-    let phases = set
+    // Every phase of the revision, empty ones too, as upstream prints them.
+    let phases: Vec<(&str, Vec<&Value>)> = set
         .data
         .pointer("/spec/phases")
         .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
-    let mut out = header;
-    for (i, phase) in phases.iter().enumerate() {
-        let last = i + 1 == phases.len();
-        out.push_str(&format!(
-            "└── Phase {}\n",
-            phase["name"].as_str().unwrap_or_default()
-        ));
-        let connector = if last {
-            "    └── "
-        } else {
-            "│   ├── "
-        };
-        for object in phase["objects"].as_array().into_iter().flatten() {
-            out.push_str(connector);
-            out.push_str(&crate::tree::object_line(&object["object"]));
-            out.push('\n');
-        }
-    }
+        .into_iter()
+        .flatten()
+        .map(|phase| {
+            let objects = phase["objects"].as_array().into_iter().flatten();
+            (
+                phase["name"].as_str().unwrap_or_default(),
+                objects.map(|o| &o["object"]).collect(),
+            )
+        })
+        .collect();
+    let out = header + &crate::tree::phase_lines(&phases);
     Ok(out)
 }
 

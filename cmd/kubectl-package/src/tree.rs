@@ -157,28 +157,40 @@ fn read_config(path: &str) -> Result<Value, String> {
     }
 }
 
-/// Upstream's tree text (gotree's quirks included: a line's connector follows its parent's position).
+/// Upstream's tree text: the manifest name, the package, then its phases with objects.
 pub fn format_tree(loaded: &LoadedPackage, kind: &str, namespace: &str, name: &str) -> String {
-    let mut out = format!(
+    let header = format!(
         "{}\n{kind} {namespace}/{name}\n",
         loaded.manifest.metadata.name.as_deref().unwrap_or_default()
     );
-    let phases: Vec<_> = loaded
+    let phases: Vec<(&str, Vec<&Value>)> = loaded
         .phases
         .iter()
         .filter(|p| !p.objects.is_empty())
+        .map(|p| {
+            (
+                p.name.as_str(),
+                p.objects.iter().map(|o| &o.object).collect(),
+            )
+        })
         .collect();
-    for (i, phase) in phases.iter().enumerate() {
-        let last = i + 1 == phases.len();
-        out.push_str(&format!("└── Phase {}\n", phase.name));
-        let connector = if last {
+    header + &phase_lines(&phases)
+}
+
+/// The phase and object lines of a tree, with gotree's connectors: every phase line starts `└── `, the
+/// objects of the last phase `    └── `, all others `│   ├── `.
+pub fn phase_lines(phases: &[(&str, Vec<&Value>)]) -> String {
+    let mut out = String::new();
+    for (i, (phase, objects)) in phases.iter().enumerate() {
+        out.push_str(&format!("└── Phase {phase}\n"));
+        let connector = if i + 1 == phases.len() {
             "    └── "
         } else {
             "│   ├── "
         };
-        for object in &phase.objects {
+        for object in objects {
             out.push_str(connector);
-            out.push_str(&object_line(&object.object));
+            out.push_str(&object_line(object));
             out.push('\n');
         }
     }
