@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use async_nats::client::RequestErrorKind;
 use async_nats::{ConnectOptions, Event, ServerError};
 use futures::{FutureExt, StreamExt};
 use pko_proto::connector_wire::HostedClusterSubjects;
@@ -71,10 +72,21 @@ async fn connector_credentials_reach_only_their_own_subjects() {
         .publish(other.apply(), "not for you".into())
         .await
         .unwrap();
-    let reply = tokio::time::timeout(DEADLINE, manager.request(own.apply(), "apply".into()))
-        .await
-        .unwrap()
-        .unwrap();
+    // The server may answer "no responders" until the connector's interest has reached the manager's
+    // side of the account; ask again until someone is there to answer.
+    let reply = tokio::time::timeout(DEADLINE, async {
+        loop {
+            match manager.request(own.apply(), "apply".into()).await {
+                Err(e) if e.kind() == RequestErrorKind::NoResponders => {
+                    tokio::task::yield_now().await
+                }
+                other => return other,
+            }
+        }
+    })
+    .await
+    .unwrap()
+    .unwrap();
     assert_eq!(&reply.payload[..], b"report");
     serve.await.unwrap();
     // The server delivers one publisher's messages in order: the foreign one would have come first.
@@ -91,7 +103,7 @@ async fn connector_credentials_reach_only_their_own_subjects() {
         ))
         .await
         .unwrap();
-    manager.flush().await.unwrap();
+    nats.round_trip(&manager).await.unwrap();
     connector
         .publish(other.status(), "forged".into())
         .await

@@ -12,6 +12,8 @@ use crate::process::{start_with_retries, ManagedProcess};
 use pko_proto::nats_credentials::{AccountSigner, NatsPermissions, OperatorSetup, UserCredentials};
 
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a round trip through the server may take (it is a local server).
+const ROUND_TRIP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A running nats-server with JetStream enabled.
 #[derive(Debug)]
@@ -94,6 +96,35 @@ impl Nats {
         let credentials = self.credentials("pko-testenv", None)?;
         self.connect(&credentials, async_nats::ConnectOptions::new())
             .await
+    }
+
+    /// Returns once the server has processed everything `client` sent before: the client's own message,
+    /// published to a fresh inbox after them, has come back. `flush` only empties the client's buffer, so
+    /// after it a new subscription may still be unknown to the server when another connection publishes;
+    /// a test that subscribes and then makes someone else publish waits here. The client must be allowed
+    /// to use `_INBOX.>`.
+    pub async fn round_trip(&self, client: &async_nats::Client) -> Result<(), TestEnvError> {
+        use futures::StreamExt as _;
+        let failed = |error: String| TestEnvError::NotReady {
+            what: "nats round trip".to_owned(),
+            after: ROUND_TRIP_TIMEOUT,
+            last_error: error,
+            log_tail: Some(self.process.log_tail()),
+        };
+        let inbox = client.new_inbox();
+        let mut echo = client
+            .subscribe(inbox.clone())
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        client
+            .publish(inbox, "".into())
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        match tokio::time::timeout(ROUND_TRIP_TIMEOUT, echo.next()).await {
+            Ok(Some(_)) => Ok(()),
+            Ok(None) => Err(failed("subscription closed".to_owned())),
+            Err(_) => Err(failed("no echo".to_owned())),
+        }
     }
 
     /// A new client connection as the user `credentials` names, with `options` (event callbacks, ...).

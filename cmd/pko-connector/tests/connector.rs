@@ -41,7 +41,7 @@ async fn start_connector(
     let subjects = HostedClusterSubjects::new(&namespace).unwrap();
     let manager = env.nats().client().await.unwrap();
     let mut hellos = manager.subscribe(subjects.hello()).await.unwrap();
-    manager.flush().await.unwrap();
+    env.nats().round_trip(&manager).await.unwrap();
     let credentials = env.nats().connector_credentials(&namespace).unwrap();
     let launch = env
         .connector_launch(&namespace, hosted, &credentials)
@@ -121,7 +121,7 @@ async fn applies_probes_pushes_and_tears_down_a_hosted_phase() {
     let config_maps: Api<ConfigMap> = Api::namespaced(hosted.clone(), &namespace);
     let roles: Api<ClusterRole> = Api::all(hosted.clone());
     let mut statuses = manager.subscribe(subjects.status()).await.unwrap();
-    manager.flush().await.unwrap();
+    env.nats().round_trip(&manager).await.unwrap();
 
     // Applied, but the probe waits for a field only someone else writes.
     let apply = apply_request(&namespace, 1);
@@ -251,7 +251,7 @@ async fn replicas_serve_one_at_a_time_and_a_standby_takes_over() {
     let subjects = HostedClusterSubjects::new(&namespace).unwrap();
     let manager = env.nats().client().await.unwrap();
     let mut hellos = manager.subscribe(subjects.hello()).await.unwrap();
-    manager.flush().await.unwrap();
+    env.nats().round_trip(&manager).await.unwrap();
     let credentials = env.nats().connector_credentials(&namespace).unwrap();
     let replica = |id: &str| {
         let mut launch = env

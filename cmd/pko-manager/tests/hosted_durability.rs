@@ -139,7 +139,7 @@ async fn nats_connector_and_manager_killed_mid_rollout_converge_without_repeated
         .subscribe(format!("pko.v1.hc.{ns}.phase.apply"))
         .await
         .unwrap();
-    observer.flush().await.unwrap();
+    env.nats().round_trip(&observer).await.unwrap();
     drop(_connector);
     let _connector = start_connector(&ns, 0);
     let mut resent = std::collections::BTreeSet::new();
