@@ -179,6 +179,16 @@ struct Config {
 impl Config {
     /// Adds `default` at `config.<section>.<key>`; returns the template expression reading it.
     fn value(&mut self, section: &str, key: &str, default: Value) -> String {
+        let (read, schema_type) = self.property(section, key, default);
+        match schema_type {
+            "array" | "object" => format!("{{{{ toJson {read} }}}}"),
+            "string" => format!("{{{{ {read} | quote }}}}"),
+            _ => format!("{{{{ {read} }}}}"),
+        }
+    }
+
+    /// Adds `default` at `config.<section>.<key>`; returns the template term reading it and its type.
+    fn property(&mut self, section: &str, key: &str, default: Value) -> (String, &'static str) {
         let schema_type = match &default {
             Value::Number(n) if n.is_i64() || n.is_u64() => "integer",
             Value::Number(_) => "number",
@@ -196,12 +206,7 @@ impl Config {
             .entry(section.to_owned())
             .or_insert_with(|| json!({"type": "object", "default": {}, "properties": {}}));
         entry["properties"][key] = property;
-        let read = format!("(index .config.{section} {key:?})");
-        match schema_type {
-            "array" | "object" => format!("{{{{ toJson {read} }}}}"),
-            "string" => format!("{{{{ {read} | quote }}}}"),
-            _ => format!("{{{{ {read} }}}}"),
-        }
+        (format!("(index .config.{section} {key:?})"), schema_type)
     }
 
     /// Registers a container image; returns the template expression naming it.
@@ -384,7 +389,8 @@ fn parametrize(
     // (marker, expression)
     let mut expressions: Vec<(String, String)> = Vec::new();
     let mut mark = |slot: &mut Value, expression: String| {
-        let marker = format!("pko-kickstart-parameter-{}", expressions.len());
+        // Terminated, so that no marker is a prefix of another (`-1-end` vs `-10-end`).
+        let marker = format!("pko-kickstart-parameter-{}-end", expressions.len());
         *slot = Value::String(marker.clone());
         expressions.push((marker, expression));
     };
@@ -402,12 +408,9 @@ fn parametrize(
                 .properties
                 .entry("namespace".to_owned())
                 .or_insert_with(|| json!({"type": "string", "default": ""}));
-            let read = config.value("namespaces", &ns, json!(ns));
+            let (read, _) = config.property("namespaces", &ns, json!(ns));
             // The per-namespace default, unless `.config.namespace` moves everything.
-            let expression = read.replace(
-                &format!("(index .config.namespaces {ns:?}) | quote"),
-                &format!("default (index .config.namespaces {ns:?}) .config.namespace | quote"),
-            );
+            let expression = format!("{{{{ default {read} .config.namespace | quote }}}}");
             let field = if group.is_empty() && kind == "Namespace" {
                 "/metadata/name"
             } else {
@@ -723,6 +726,31 @@ mod tests {
         // Unknown values are ignored.
         let plain = package_plan("shop", objects(INPUT), &["bogus".to_owned()]).unwrap();
         assert!(plain.files.keys().all(|k| !k.ends_with(".gotmpl")));
+    }
+
+    #[test]
+    fn many_parameters_in_one_object_keep_their_own_expressions() {
+        let containers: Vec<String> = (0..6)
+            .map(|i| {
+                format!(
+                    "      - {{name: c{i}, image: img{i}, env: [{{name: E, value: \"{i}\"}}]}}\n"
+                )
+            })
+            .collect();
+        let deployment = format!(
+            "apiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: d, namespace: n}}\nspec:\n  replicas: 2\n  template:\n    spec:\n      containers:\n{}",
+            containers.concat()
+        );
+        let plan = package_plan("p", objects(&deployment), &["all".to_owned()]).unwrap();
+        let text = &plan.files["deploy/d.deployment.yaml.gotmpl"];
+        assert!(!text.contains("pko-kickstart-parameter"), "{text}");
+        for i in 0..6 {
+            assert!(text.contains(&format!("index .images \"c{i}\"")), "{text}");
+            assert!(
+                text.contains(&format!("index .config.env \"deployment.d.c{i}\"")),
+                "{text}"
+            );
+        }
     }
 
     #[test]
