@@ -79,35 +79,34 @@ pub fn validate_units(units: &[Unit], run_tests: bool) -> Result<Vec<String>, St
     let mut findings = Vec::new();
     let mut testable = Vec::new();
     for unit in units {
-        let mut errors = manifest_errors(&unit.manifest);
-        let lock = match load_lock(&unit.files) {
-            Ok(lock) => lock,
-            Err(e) => {
-                errors.push(e.to_string());
-                None
-            }
-        };
-        if !errors.is_empty() {
-            findings.push(unit.name(PackageError::Fields(errors.clone()).to_string()));
+        let errors = manifest_errors(&unit.manifest);
+        let manifest_ok = errors.is_empty();
+        if !manifest_ok {
+            findings.push(unit.name(PackageError::Fields(errors).to_string()));
         }
-        let lock_ok = unit.component.is_some()
-            || match resolve_images(&unit.manifest, lock.as_ref().map(|(f, l)| (*f, l))) {
+        let lock_ok = match load_lock(&unit.files) {
+            Err(e) => {
+                findings.push(unit.name(e.to_string()));
+                false
+            }
+            // Lock consistency is the root's alone.
+            Ok(_) if unit.component.is_some() => true,
+            Ok(lock) => match resolve_images(&unit.manifest, lock.as_ref().map(|(f, l)| (*f, l))) {
                 Ok(_) => true,
                 Err(e) => {
                     findings.push(e.to_string());
                     false
                 }
-            };
-        testable.push(errors.is_empty() && lock_ok);
-        // The static-file check (its own prefix, as upstream nests it). Upstream runs it for the root
-        // only; pko checks components too, since the manager would refuse a broken one anyway.
-        if errors.is_empty() && lock_ok && cases(&unit.manifest).is_empty() {
-            if let Err(e) = load_package_with(
-                &unit.files,
-                &empty_context(),
-                Render::StaticOnly,
-                Images::Static,
-            ) {
+            },
+        };
+        testable.push(manifest_ok && lock_ok);
+        // The static-file check (its own prefix, as upstream nests it): nothing is rendered, so the
+        // context is empty. Upstream runs it for the root only; pko checks components too, since the
+        // manager would refuse a broken one anyway.
+        if manifest_ok && lock_ok && cases(&unit.manifest).is_empty() {
+            if let Err(e) =
+                load_package_with(&unit.files, &json!({}), Render::StaticOnly, Images::Static)
+            {
                 findings.push(unit.name(format!("loading package from files: {e}")));
             }
         }
@@ -136,16 +135,6 @@ pub fn validate_units(units: &[Unit], run_tests: bool) -> Result<Vec<String>, St
         }
     }
     Ok(findings)
-}
-
-/// The template context of the static-file check: nothing is rendered, but CEL conditions still see
-/// every top-level key.
-fn empty_context() -> serde_json::Value {
-    json!({
-        "package": {"metadata": {"name": "", "namespace": "", "labels": {}, "annotations": {}}, "image": ""},
-        "config": {},
-        "environment": {"kubernetes": {"version": ""}},
-    })
 }
 
 fn cases(manifest: &PackageManifest) -> &[pko_proto::manifests::PackageManifestTestCaseTemplate] {
