@@ -231,6 +231,12 @@ fn validate_reports_success_and_upstreams_messages() {
             Exactly("Error: validating package: loading package from files: Missing image in manifest.lock.yaml, but using PackageManifest.spec.images. Try running: kubectl package update in manifest.lock.yaml\n"),
         ),
         (
+            &["validate", "invalid-lock"],
+            1,
+            Empty,
+            Exactly("Error: validating package: loading package from files: PackageManifestLock invalid in manifest.lock.yaml: spec.images[0].digest: Required value\n"),
+        ),
+        (
             &["validate", "broken-component"],
             1,
             Empty,
