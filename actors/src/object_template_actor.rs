@@ -1,6 +1,7 @@
 //! The ObjectTemplate actor: one per ObjectTemplate or ClusterObjectTemplate. Reads its sources (each
 //! watched, so a changed or newly created source re-renders at once; nothing polls), renders the template
-//! with their values as `.config`, server-side applies the object as its controller, and reports
+//! with their values as `.config` and the cluster's facts as `.environment` (as a Package in the same
+//! namespace sees them), server-side applies the object as its controller, and reports
 //! `Invalid` plus the object's own conditions. Apiserver failures retry with backoff (1 s .. 60 s).
 
 use std::sync::Arc;
@@ -20,6 +21,8 @@ use crate::engine::object_template::{
 };
 use crate::kind_feed::{FeedTarget, Gone, Observed};
 use crate::object_meta::MetaView;
+use crate::package::environment::{environment_value, package_environment};
+use crate::package_object::environment_facts;
 use crate::reconcile_gate::ReconcileGate;
 use crate::registry::ObjectRef;
 use crate::template_object::TemplateObject;
@@ -92,9 +95,23 @@ async fn apply_template(
         Ok(config) => config,
         Err(problem) => return Ok((Some(problem), None)),
     };
+    // The same `.environment` a Package in the template's namespace sees.
+    let hosted_clusters = context
+        .rollouts
+        .fleet
+        .hosted_cluster_for(template.own_namespace())
+        .await;
+    let facts = environment_facts(context.client.clone(), hosted_clusters)
+        .await
+        .map_err(|e| ApplyError::Api {
+            object: format!("{} {} environment", template.kind(), template.name()),
+            source: Box::new(e),
+        })?;
+    let environment = environment_value(&package_environment(&facts, template.own_namespace()));
     let object = match render_object(
         &template.spec.template,
         config,
+        environment,
         template.own_namespace(),
         &template.owner_reference(),
     ) {

@@ -20,7 +20,7 @@ use crate::package::deployment::{
 };
 use crate::package::environment::{environment_value, package_environment};
 use crate::package::loader::load_installable;
-use crate::package_object::PackageObject;
+use crate::package_object::{environment_facts, PackageObject};
 use crate::reconcile_gate::ReconcileGate;
 use crate::registry::ObjectRef;
 
@@ -69,9 +69,7 @@ async fn unpack(
         .fleet
         .hosted_cluster_for((!package.cluster).then(|| package.namespace()))
         .await;
-    let facts = package
-        .environment_facts(context.client.clone(), hosted_clusters)
-        .await?;
+    let facts = environment_facts(context.client.clone(), hosted_clusters).await?;
     let environment = environment_value(&package_environment(
         &facts,
         (!package.cluster).then(|| package.namespace()),

@@ -125,54 +125,6 @@ impl PackageObject {
         }
     }
 
-    /// What the cluster says about itself for `.environment`: each optional API that is not served (or
-    /// object that does not exist) is simply absent. `hosted_clusters` comes from the manager's fleet
-    /// (see [`crate::hosted_cluster_fleet::Fleet::hosted_cluster_for`]): listing every HostedCluster for
-    /// every package made creating N packages cost N² objects read.
-    pub async fn environment_facts(
-        &self,
-        client: Client,
-        hosted_clusters: Option<Vec<HostedCluster>>,
-    ) -> Result<EnvironmentFacts, kube::Error> {
-        let openshift = |kind: &str, plural: &str| {
-            ApiResource::from_gvk_with_plural(
-                &GroupVersionKind::gvk("config.openshift.io", "v1", kind),
-                plural,
-            )
-        };
-        let cluster_version = Api::<DynamicObject>::all_with(
-            client.clone(),
-            &openshift("ClusterVersion", "clusterversions"),
-        )
-        .get("version")
-        .await
-        .map(|o| Some(o.data))
-        .or_else(absent)?;
-        let (managed_openshift, proxy) = if cluster_version.is_some() {
-            let managed = Api::<ConfigMap>::namespaced(client.clone(), "openshift-config")
-                .get("osd-cluster-metadata")
-                .await
-                .map(|cm| Some(cm.data.unwrap_or_default()))
-                .or_else(absent)?;
-            let proxy =
-                Api::<DynamicObject>::all_with(client.clone(), &openshift("Proxy", "proxies"))
-                    .get("cluster")
-                    .await
-                    .map(|o| Some(o.data))
-                    .or_else(absent)?;
-            (managed, proxy)
-        } else {
-            (None, None)
-        };
-        Ok(EnvironmentFacts {
-            kubernetes_version: client.apiserver_version().await?.git_version,
-            cluster_version,
-            managed_openshift,
-            proxy,
-            hosted_clusters,
-        })
-    }
-
     /// Server-side applies the package's ObjectDeployment.
     pub async fn apply_deployment(
         &self,
@@ -326,4 +278,50 @@ impl PackageObject {
             .await
             .map(|_| ())
     }
+}
+
+/// What the cluster says about itself for `.environment`: each optional API that is not served (or
+/// object that does not exist) is simply absent. `hosted_clusters` comes from the manager's fleet
+/// (see [`crate::hosted_cluster_fleet::Fleet::hosted_cluster_for`]): listing every HostedCluster for
+/// every package made creating N packages cost N² objects read. ObjectTemplates read the same facts.
+pub async fn environment_facts(
+    client: Client,
+    hosted_clusters: Option<Vec<HostedCluster>>,
+) -> Result<EnvironmentFacts, kube::Error> {
+    let openshift = |kind: &str, plural: &str| {
+        ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("config.openshift.io", "v1", kind),
+            plural,
+        )
+    };
+    let cluster_version = Api::<DynamicObject>::all_with(
+        client.clone(),
+        &openshift("ClusterVersion", "clusterversions"),
+    )
+    .get("version")
+    .await
+    .map(|o| Some(o.data))
+    .or_else(absent)?;
+    let (managed_openshift, proxy) = if cluster_version.is_some() {
+        let managed = Api::<ConfigMap>::namespaced(client.clone(), "openshift-config")
+            .get("osd-cluster-metadata")
+            .await
+            .map(|cm| Some(cm.data.unwrap_or_default()))
+            .or_else(absent)?;
+        let proxy = Api::<DynamicObject>::all_with(client.clone(), &openshift("Proxy", "proxies"))
+            .get("cluster")
+            .await
+            .map(|o| Some(o.data))
+            .or_else(absent)?;
+        (managed, proxy)
+    } else {
+        (None, None)
+    };
+    Ok(EnvironmentFacts {
+        kubernetes_version: client.apiserver_version().await?.git_version,
+        cluster_version,
+        managed_openshift,
+        proxy,
+        hosted_clusters,
+    })
 }

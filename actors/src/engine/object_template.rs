@@ -80,27 +80,8 @@ fn path_segments<'a>(path: &'a str, field: &str) -> Result<Vec<&'a str>, String>
     Ok(segments)
 }
 
-/// A Secret's `data` values are base64; templates get the decoded text.
-fn decode_secret_values(value: Value) -> Value {
-    use base64::Engine as _;
-    let decode = |s: &str| {
-        base64::engine::general_purpose::STANDARD
-            .decode(s)
-            .ok()
-            .and_then(|b| String::from_utf8(b).ok())
-    };
-    match value {
-        Value::String(s) => decode(&s).map_or(Value::String(s), Value::String),
-        Value::Object(map) => Value::Object(
-            map.into_iter()
-                .map(|(k, v)| (k, decode_secret_values(v)))
-                .collect(),
-        ),
-        other => other,
-    }
-}
-
-/// Copies the items of source `index` from `object` into `config`.
+/// Copies the items of source `index` from `object` into `config`. Values are copied as the apiserver
+/// holds them: a Secret's `.data` stays base64, as in Package Operator (templates use `b64dec`).
 pub fn copy_items(
     index: usize,
     source: &ObjectTemplateSource,
@@ -113,19 +94,15 @@ pub fn copy_items(
             source.kind, source.name
         ))
     };
-    let is_secret = source.api_version == "v1" && source.kind == "Secret";
     for (i, item) in source.items.iter().enumerate() {
         let key = path_segments(&item.key, &format!("items[{i}].key")).map_err(problem)?;
         let destination = path_segments(&item.destination, &format!("items[{i}].destination"))
             .map_err(problem)?;
-        let mut value = key
+        let value = key
             .iter()
             .try_fold(object, |v, segment| v.get(segment))
             .cloned()
             .ok_or_else(|| problem(format!("key {:?} not found", item.key)))?;
-        if is_secret && key.first() == Some(&"data") {
-            value = decode_secret_values(value);
-        }
         let (last, parents) = destination
             .split_last()
             .ok_or_else(|| problem(format!("destination {:?} is empty", item.destination)))?;
@@ -146,15 +123,17 @@ pub fn copy_items(
     Ok(())
 }
 
-/// Renders the template with `.config` and makes the object ours: namespace forced to the template's
-/// (ObjectTemplate), pko's cache label, and a controller reference to `owner`.
+/// Renders the template with `.config` and `.environment` (a Package's, see `package::environment`) and
+/// makes the object ours: namespace forced to the template's (ObjectTemplate), pko's cache label, and a
+/// controller reference to `owner`.
 pub fn render_object(
     template: &str,
     config: Map<String, Value>,
+    environment: Value,
     own_namespace: Option<&str>,
     owner: &Value,
 ) -> Result<Value, TemplateProblem> {
-    let context = json!({ "config": config });
+    let context = json!({ "config": config, "environment": environment });
     let funcs = package_funcs(Default::default(), std::sync::Arc::new(context.clone()));
     let text = render("spec.template", template, &[], &funcs, &context)
         .map_err(|e| TemplateProblem::Template(e.to_string()))?;
@@ -280,7 +259,7 @@ mod tests {
     }
 
     #[test]
-    fn items_copy_nested_values_and_decode_secrets() {
+    fn items_copy_nested_values_and_keep_secrets_base64() {
         let mut config = Map::new();
         let cm = json!({"data": {"host": "db.local", "port": "5432"}});
         copy_items(
@@ -304,7 +283,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             Value::Object(config),
-            json!({"db": {"host": "db.local", "password": "s3cret"}, "raw": {"host": "db.local", "port": "5432"}})
+            json!({"db": {"host": "db.local", "password": "czNjcmV0"}, "raw": {"host": "db.local", "port": "5432"}})
         );
     }
 
@@ -341,9 +320,11 @@ mod tests {
         let owner = json!({"apiVersion": "package-operator.run/v1alpha1", "kind": "ObjectTemplate", "name": "t", "uid": "u1", "controller": true});
         let mut config = Map::new();
         config.insert("host".to_owned(), json!("db.local"));
+        let environment = json!({"kubernetes": {"version": "v1.20.2"}});
         let object = render_object(
-            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: out\ndata:\n  host: {{ .config.host | upper }}\n",
+            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: out\ndata:\n  host: {{ .config.host | upper }}\n  kube: {{ .environment.kubernetes.version }}\n",
             config.clone(),
+            environment.clone(),
             Some("team"),
             &owner,
         )
@@ -352,16 +333,25 @@ mod tests {
         assert_eq!(object["metadata"]["labels"][CACHE_LABEL], "True");
         assert_eq!(object["metadata"]["ownerReferences"][0]["uid"], "u1");
         assert_eq!(object["data"]["host"], "DB.LOCAL");
+        assert_eq!(object["data"]["kube"], "v1.20.2");
 
         let err = render_object(
             "kind: ConfigMap\nmetadata: {name: x, namespace: elsewhere}\napiVersion: v1\n",
             config.clone(),
+            environment.clone(),
             Some("team"),
             &owner,
         )
         .unwrap_err();
         assert_eq!(err.reason(), "TemplateError");
-        let err = render_object("{{ .config.missing }}", config, Some("team"), &owner).unwrap_err();
+        let err = render_object(
+            "{{ .config.missing }}",
+            config,
+            environment,
+            Some("team"),
+            &owner,
+        )
+        .unwrap_err();
         assert!(err.to_string().contains("missing"), "{err}");
     }
 

@@ -74,6 +74,17 @@ data:
   region: {{ index .config \"region\" | default \"none\" | quote }}
 ";
 
+/// Reads a Secret's value as upstream hands it over (base64) and the environment.
+const SECRET_AND_ENVIRONMENT: &str = "apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: decoded
+data:
+  password: {{ .config.password | b64dec | quote }}
+  encoded: {{ .config.password | quote }}
+  kubernetes: {{ .environment.kubernetes.version | quote }}
+";
+
 #[tokio::test]
 async fn templates_follow_their_sources() {
     let (client, ns) = setup("otpl").await;
@@ -99,16 +110,32 @@ async fn templates_follow_their_sources() {
     create_template(&client, Some(&ns), "app", spec).await;
     let cm = wait_cm(&client, &ns, "app-config", |_| true).await;
     let data = cm.data.clone().unwrap();
+    // Secret data arrives as the apiserver holds it, base64, as in Package Operator.
     assert_eq!(
         (
             data["host"].as_str(),
             data["password"].as_str(),
             data["region"].as_str()
         ),
-        ("db-1.local", "s3cret", "none")
+        ("db-1.local", "czNjcmV0", "none")
     );
     let template = template_api(&client, Some(&ns)).get("app").await.unwrap();
     assert_eq!(controller_uid(&cm), template.metadata.uid);
+
+    // Templates decode Secret values themselves and see the same `.environment` as a Package.
+    let spec = json!({
+        "template": SECRET_AND_ENVIRONMENT,
+        "sources": [{"apiVersion": "v1", "kind": "Secret", "name": "db-creds", "items": [{"key": ".data.password", "destination": ".password"}]}],
+    });
+    create_template(&client, Some(&ns), "decoding", spec).await;
+    let decoded = wait_cm(&client, &ns, "decoded", |_| true)
+        .await
+        .data
+        .unwrap();
+    assert_eq!(decoded["password"], "s3cret");
+    assert_eq!(decoded["encoded"], "czNjcmV0");
+    let version = client.apiserver_version().await.unwrap().git_version;
+    assert_eq!(decoded["kubernetes"], version);
 
     // A source change and a late optional source both reach the object through their watches.
     patch_cm(&client, &ns, "db", json!({"data": {"host": "db-2.local"}})).await;
