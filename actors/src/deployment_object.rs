@@ -141,6 +141,7 @@ impl DeploymentObject {
                 .iter()
                 .map(|n| pko_proto::core::common::PreviousRevisionReference { name: n.clone() })
                 .collect(),
+            revision: Some(revision),
             template: template.spec.clone(),
         };
         let params = PostParams::default();

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use k8s_openapi::jiff::Timestamp;
-use pko_proto::core::common::LifecycleState;
+use pko_proto::core::common::{ControlledObjectReference, LifecycleState};
 use pko_proto::core::object_deployment::ObjectDeploymentStatus;
 use serde_json::json;
 use tracing::{info_span, warn, Instrument};
@@ -182,12 +182,28 @@ async fn reconcile_deployment(
             &others,
             Timestamp::now(),
         );
+        let mut controlled: Vec<&RevisionView> = current.into_iter().chain(&others).collect();
+        controlled.sort_by_key(|v| v.revision);
+        let controller_of = controlled
+            .into_iter()
+            .map(|v| ControlledObjectReference {
+                kind: od.sets.kind().to_owned(),
+                group: pko_proto::GROUP.to_owned(),
+                name: v.name.clone(),
+                namespace: if od.sets.is_namespaced() {
+                    od.namespace().to_owned()
+                } else {
+                    String::new()
+                },
+            })
+            .collect();
         return Ok(ObjectDeploymentStatus {
             conditions,
             phase: Some(phase.to_owned()),
             collision_count: od.status.collision_count,
             template_hash: Some(hash),
             revision: current.map(|c| c.revision).or(od.status.revision),
+            controller_of,
         });
     }
     warn!(

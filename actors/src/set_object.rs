@@ -110,7 +110,8 @@ pub struct SetObject {
     pub meta: ObjectMeta,
     pub spec: ObjectSetSpec,
     pub status: ObjectSetStatus,
-    /// The revision an ObjectSetPhase was given; `None` for sets (they derive theirs).
+    /// The revision the spec gives: an ObjectSetPhase's, or an ObjectSet's `spec.revision`; `None` when a
+    /// set derives its own.
     pub given_revision: Option<i64>,
 }
 
@@ -118,10 +119,10 @@ impl From<ObjectSet> for SetObject {
     fn from(o: ObjectSet) -> Self {
         Self {
             kind: SetKind::Namespaced,
+            given_revision: o.spec.revision.filter(|r| *r > 0),
             meta: o.metadata,
             spec: o.spec,
             status: o.status.unwrap_or_default(),
-            given_revision: None,
         }
     }
 }
@@ -130,10 +131,10 @@ impl From<ClusterObjectSet> for SetObject {
     fn from(o: ClusterObjectSet) -> Self {
         Self {
             kind: SetKind::Cluster,
+            given_revision: o.spec.revision.filter(|r| *r > 0),
             meta: o.metadata,
             spec: o.spec,
             status: o.status.unwrap_or_default(),
-            given_revision: None,
         }
     }
 }
@@ -154,6 +155,8 @@ fn from_phase(
                 LifecycleState::Active
             },
             previous: spec.previous,
+            // The phase's revision travels in `given_revision`.
+            revision: None,
             template: ObjectSetTemplateSpec {
                 phases: vec![ObjectSetTemplatePhase {
                     name: meta.name.clone().unwrap_or_default(),

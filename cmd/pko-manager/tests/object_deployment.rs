@@ -143,6 +143,61 @@ async fn revisions_archive_and_respect_history_limit() {
     // The ConfigMap was handed over through every revision, never deleted.
     let cm = get_cm(&client, &ns, "conf").await.unwrap();
     assert_eq!(controller_uid(&cm), sets[1].metadata.uid);
+
+    // As later upstream versions: each set carries its revision in the spec too, and the deployment
+    // lists the sets it controls, oldest first.
+    for set in &sets {
+        assert_eq!(
+            set.spec.revision,
+            Some(set.status.as_ref().unwrap().revision)
+        );
+    }
+    let names: Vec<String> = sets
+        .iter()
+        .map(|s| s.metadata.name.clone().unwrap())
+        .collect();
+    let od = wait_deployment(&client, &ns, "web", "controllerOf lists both sets", |od| {
+        od.status.as_ref().is_some_and(|s| {
+            s.controller_of.iter().map(|c| &c.name).collect::<Vec<_>>()
+                == names.iter().collect::<Vec<_>>()
+        })
+    })
+    .await;
+    let first = &od.status.unwrap().controller_of[0];
+    assert_eq!(
+        (
+            first.kind.as_str(),
+            first.group.as_str(),
+            first.namespace.as_str()
+        ),
+        ("ObjectSet", "package-operator.run", ns.as_str())
+    );
+}
+
+/// An ObjectSet created with `spec.revision` (later upstream API) keeps it, and it is the set's revision.
+#[tokio::test]
+async fn an_object_set_takes_its_revision_from_the_spec() {
+    let (client, ns) = setup("os-spec-revision").await;
+    let set: ObjectSet = typed(
+        "ObjectSet",
+        "given",
+        json!({"revision": 7, "phases": [{"name": "main", "objects": [{"object": configmap("given", json!({"a": "b"}))}]}]}),
+        json!({}),
+    );
+    let api = Api::<ObjectSet>::namespaced(client.clone(), &ns);
+    api.create(&PostParams::default(), &set).await.unwrap();
+    let set = wait_until("revision 7 reported", TIMEOUT, || async {
+        let set = api.get("given").await.map_err(|e| e.to_string())?;
+        match set.status.as_ref().map(|s| s.revision) {
+            Some(7) => Ok(set),
+            other => Err(format!("status.revision {other:?}")),
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(set.spec.revision, Some(7));
+    let cm = get_cm(&client, &ns, "given").await.unwrap();
+    assert_eq!(controller_uid(&cm), set.metadata.uid);
 }
 
 #[tokio::test]

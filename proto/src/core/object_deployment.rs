@@ -4,7 +4,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::common::ObjectSetTemplate;
+use super::common::{ControlledObjectReference, ObjectSetTemplate};
 use super::resource::{
     api_kind, condition_column, integer_column, wide_column, Column, KindInfo, AGE_COLUMN,
     PHASE_COLUMN,
@@ -62,6 +62,9 @@ pub struct ObjectDeploymentStatus {
     /// Revision of the newest ObjectSet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revision: Option<i64>,
+    /// The (Cluster)ObjectSets this deployment controls, oldest revision first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub controller_of: Vec<ControlledObjectReference>,
 }
 
 const OBJECT_DEPLOYMENT_COLUMNS: &[Column] = &[

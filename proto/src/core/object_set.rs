@@ -24,6 +24,10 @@ pub struct ObjectSetSpec {
     /// Revisions whose objects this one may adopt.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub previous: Vec<PreviousRevisionReference>,
+    /// Revision number, as later Package Operator versions put it in the spec (the seeds keep only
+    /// `status.revision`). When set it is the set's revision, and `status.revision` equals it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<i64>,
     /// Phases, probes and success delay.
     #[serde(flatten)]
     pub template: ObjectSetTemplateSpec,
