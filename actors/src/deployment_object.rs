@@ -14,7 +14,7 @@ use pko_proto::core::object_set::{ClusterObjectSet, ObjectSet, ObjectSetSpec};
 use serde_json::json;
 
 use crate::engine::desired_object::{FIELD_MANAGER, REVISION_ANNOTATION};
-use crate::object_meta::MetaView;
+use crate::object_meta::{status_merge_patch, MetaView};
 use crate::set_object::{SetKind, SetObject};
 
 /// Label linking an ObjectSet to its deployment.
@@ -203,7 +203,7 @@ impl DeploymentObject {
         client: Client,
         status: &ObjectDeploymentStatus,
     ) -> Result<(), kube::Error> {
-        let patch = json!({ "status": status });
+        let patch = status_merge_patch(status, &["conditions", "controllerOf"]);
         self.own_api(client)
             .patch_status(
                 self.name(),

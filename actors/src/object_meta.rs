@@ -1,6 +1,21 @@
-//! Accessors shared by the engine's views of package-operator objects.
+//! Accessors shared by the engine's views of package-operator objects, and the shape of their status
+//! writes.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use serde_json::{json, Value};
+
+/// The merge patch that writes `status`. Empty lists are not serialized, and a merge patch keeps what it
+/// does not name, so each of `lists` that is absent is spelled out as `[]`: a list that became empty (a
+/// set's `controllerOf` after archival) must not keep its old items.
+pub fn status_merge_patch(status: &impl serde::Serialize, lists: &[&str]) -> Value {
+    let mut status = serde_json::to_value(status).unwrap_or_else(|_| json!({}));
+    if let Some(map) = status.as_object_mut() {
+        for list in lists {
+            map.entry(*list).or_insert_with(|| json!([]));
+        }
+    }
+    json!({ "status": status })
+}
 
 /// Name, namespace, UID, generation and controller of an object, empty or zero when unset.
 pub trait MetaView {
@@ -29,5 +44,19 @@ pub trait MetaView {
             .iter()
             .flatten()
             .find(|r| r.controller == Some(true))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn emptied_lists_are_spelled_out_in_status_patches() {
+        let status = json!({"phase": "Archived", "conditions": [{"type": "Archived"}]});
+        assert_eq!(
+            status_merge_patch(&status, &["conditions", "controllerOf"]),
+            json!({"status": {"phase": "Archived", "conditions": [{"type": "Archived"}], "controllerOf": []}})
+        );
     }
 }

@@ -16,7 +16,7 @@ use pko_proto::core::object_slice::{ClusterObjectSlice, ObjectSlice};
 use serde_json::json;
 
 use crate::engine::desired_object::{OwnerRef, FIELD_MANAGER};
-use crate::object_meta::MetaView;
+use crate::object_meta::{status_merge_patch, MetaView};
 
 /// Label naming the class of a delegated phase.
 pub const PHASE_CLASS_LABEL: &str = "package-operator.run/phase-class";
@@ -249,9 +249,9 @@ impl SetObject {
                 conditions: status.conditions.clone(),
                 controller_of: status.controller_of.clone(),
             };
-            json!({ "status": phase_status })
+            status_merge_patch(&phase_status, &["conditions", "controllerOf"])
         } else {
-            json!({ "status": status })
+            status_merge_patch(status, &["conditions", "controllerOf", "remotePhases"])
         };
         api.patch_status(
             self.name(),

@@ -15,6 +15,7 @@ use kube::Api;
 use pko_proto::core::object_set::ObjectSet;
 use pko_proto::core::object_set_phase::ObjectSetPhase;
 use pko_proto::core::object_slice::ObjectSlice;
+use pko_testenv::wait_until;
 use serde_json::json;
 
 use common::*;
@@ -449,6 +450,43 @@ async fn handover_moves_shared_objects_and_archival_removes_the_rest() {
     let revisions: BTreeMap<_, _> = cm1.metadata.annotations.unwrap().into_iter().collect();
     assert_eq!(revisions["package-operator.run/revision"], "2");
 
+    // Revision 1 no longer vouches for what it handed over (issue 15, items 2 and 5): it is in transition,
+    // not Available (HandedOver), and controls only cm2 now.
+    wait_condition(&client, &ns, "rev1", "InTransition", "True", None).await;
+    let message = wait_condition(
+        &client,
+        &ns,
+        "rev1",
+        "Available",
+        "False",
+        Some("HandedOver"),
+    )
+    .await;
+    assert!(message.contains("cm1"), "{message}");
+    let controlled = |name: &'static str| {
+        let client = client.clone();
+        let ns = ns.clone();
+        async move {
+            let set = Api::<ObjectSet>::namespaced(client, &ns)
+                .get(name)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok::<Vec<String>, String>(
+                set.status
+                    .map(|s| s.controller_of.into_iter().map(|c| c.name).collect())
+                    .unwrap_or_default(),
+            )
+        }
+    };
+    wait_until("rev1 controls only cm2", TIMEOUT, || async {
+        match controlled("rev1").await? {
+            names if names == ["cm2"] => Ok(()),
+            names => Err(format!("{names:?}")),
+        }
+    })
+    .await
+    .unwrap();
+
     patch_set(
         &client,
         &ns,
@@ -457,6 +495,7 @@ async fn handover_moves_shared_objects_and_archival_removes_the_rest() {
     )
     .await;
     wait_condition(&client, &ns, "rev1", "Archived", "True", None).await;
+    assert_eq!(controlled("rev1").await.unwrap(), Vec::<String>::new());
     assert!(
         get_cm(&client, &ns, "cm2").await.is_none(),
         "cm2 should be deleted with rev1"
