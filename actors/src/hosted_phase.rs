@@ -253,6 +253,7 @@ mod tests {
                 message: "ConfigMap app/c: not ready".into(),
             },
             controlled: vec![(key.clone(), "obj-uid".into())],
+            phase_controls: Vec::new(),
             mapped: vec![MappedCondition {
                 type_: "hosted/Ready".into(),
                 status: false,

@@ -355,14 +355,20 @@ impl ObjectSetActor {
                 .iter()
                 .filter_map(|p| p.report.as_ref().map(|r| (p.delegated, r)))
         };
+        // Inline phases' objects, and what delegated phases' ObjectSetPhases control, in phase order.
         let mut controller_of: Vec<ControlledObjectReference> = reports()
-            .filter(|(delegated, _)| !delegated)
-            .flat_map(|(_, r)| r.controlled.iter())
-            .map(|(k, _)| ControlledObjectReference {
-                kind: k.kind.clone(),
-                group: k.group.clone(),
-                name: k.name.clone(),
-                namespace: k.namespace.clone(),
+            .flat_map(|(delegated, r)| {
+                let inline = r
+                    .controlled
+                    .iter()
+                    .filter(move |_| !delegated)
+                    .map(|(k, _)| ControlledObjectReference {
+                        kind: k.kind.clone(),
+                        group: k.group.clone(),
+                        name: k.name.clone(),
+                        namespace: k.namespace.clone(),
+                    });
+                inline.chain(r.phase_controls.iter().cloned())
             })
             .collect();
         if set.spec.lifecycle_state == LifecycleState::Archived {

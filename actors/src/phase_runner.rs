@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use futures::{stream, StreamExt};
+use pko_proto::core::common::ControlledObjectReference;
 use serde_json::Value;
 use tracing::{instrument, warn};
 
@@ -41,6 +42,9 @@ pub struct PhaseReport {
     pub progress: PhaseProgress,
     /// Managed objects this owner controls after the run, with their UIDs.
     pub controlled: Vec<(ObjectKey, String)>,
+    /// A delegated phase: the objects its ObjectSetPhase reports controlling (its `status.controllerOf`),
+    /// which the set lists as its own, as upstream does.
+    pub phase_controls: Vec<ControlledObjectReference>,
     pub mapped: Vec<MappedCondition>,
     /// Set when a failure may go away by itself (apiserver unavailable, conflict): retry with backoff.
     pub transient_error: bool,
@@ -85,6 +89,7 @@ pub async fn reconcile_phase(
         return PhaseReport {
             progress: blocked(BlockReason::PreflightError, &messages),
             controlled: Vec::new(),
+            phase_controls: Vec::new(),
             mapped: Vec::new(),
             transient_error,
         };
@@ -108,6 +113,7 @@ pub async fn reconcile_phase(
     let mut probe_failures = Vec::new();
     let mut probes_pending = true;
     let mut controlled = Vec::new();
+    let mut phase_controls = Vec::new();
     let mut mapped = Vec::new();
     let mut transient_error = false;
     for (desired, outcome) in plan.objects.iter().zip(outcomes) {
@@ -134,6 +140,17 @@ pub async fn reconcile_phase(
                         .and_then(Value::as_str)
                         .unwrap_or_default();
                     controlled.push((key.clone(), uid.to_owned()));
+                    if plan.delegated {
+                        phase_controls.extend(
+                            observed
+                                .pointer("/status/controllerOf")
+                                .cloned()
+                                .and_then(|c| {
+                                    serde_json::from_value::<Vec<ControlledObjectReference>>(c).ok()
+                                })
+                                .unwrap_or_default(),
+                        );
+                    }
                 }
                 let (messages, pending) = match plan.probes.evaluate(&key, &observed) {
                     ProbeResult::Passed => (None, true),
@@ -174,6 +191,7 @@ pub async fn reconcile_phase(
     PhaseReport {
         progress,
         controlled,
+        phase_controls,
         mapped,
         transient_error,
     }

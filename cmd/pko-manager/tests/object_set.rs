@@ -554,10 +554,19 @@ async fn default_class_phase_runs_through_an_object_set_phase() {
         .get("mixed")
         .await
         .unwrap();
-    let remote = &stored.status.unwrap().remote_phases;
+    let status = stored.status.unwrap();
+    let remote = &status.remote_phases;
     assert_eq!(remote.len(), 1);
     assert_eq!(remote[0].name, "mixed-delegated");
     assert_eq!(Some(&remote[0].uid), phase.metadata.uid.as_ref());
+    // The set lists the objects its phases control, delegated ones included, in phase order (issue 15,
+    // item 1a).
+    let controlled: Vec<&str> = status
+        .controller_of
+        .iter()
+        .map(|c| c.name.as_str())
+        .collect();
+    assert_eq!(controlled, ["cm-local", "cm-delegated", "cm-after"]);
 }
 
 #[tokio::test]
