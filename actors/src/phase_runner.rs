@@ -66,7 +66,8 @@ enum ObjectOutcome {
     Failed(ObjectKey, ApplyError),
 }
 
-/// Reconciles one phase. With `paused`, nothing is written: objects are only observed and probed.
+/// Reconciles one phase. With `paused`, objects are only observed and probed, nothing is written, except a
+/// delegated phase's ObjectSetPhase, which takes the pause to where the objects are.
 #[instrument(skip_all, fields(phase = %plan.name, owner = %plan.owner_uid, objects = plan.objects.len()))]
 pub async fn reconcile_phase(
     applier: &Applier,
@@ -310,7 +311,9 @@ async fn reconcile_object(
         cache.watch_external(key, &kind, &plan.owner_uid);
     }
     let observed = observe(applier, cache, prefetched, key).await?;
-    if !desired.managed || paused {
+    // A paused set still writes its ObjectSetPhases: they carry the pause to the phase's own reconciler,
+    // which then leaves the phase's objects alone too.
+    if !desired.managed || (paused && !plan.delegated) {
         return Ok(ObjectOutcome::Ready {
             key: key.clone(),
             observed,

@@ -339,6 +339,67 @@ async fn paused_set_leaves_edits_alone_until_unpaused() {
         .is_none());
 }
 
+/// Pausing a set pauses its delegated phases too: drift of their objects is observed, not reverted, until
+/// the set is unpaused (issue 15, item 1b).
+#[tokio::test]
+async fn a_paused_set_pauses_its_delegated_phases() {
+    let (client, ns) = setup("os-pause-delegated").await;
+    let mut set = object_set(
+        "held",
+        &[("p", vec![configmap("cm", json!({"v": "orig"}))])],
+        cel_probe("self.data.v == 'orig'", "v is not orig"),
+    );
+    set.spec.template.phases[0].class = "default".into();
+    create_set(&client, &ns, &set).await;
+    wait_condition(&client, &ns, "held", "Available", "True", None).await;
+
+    patch_set(
+        &client,
+        &ns,
+        "held",
+        json!({"spec": {"lifecycleState": "Paused"}}),
+    )
+    .await;
+    let phases = Api::<ObjectSetPhase>::namespaced(client.clone(), &ns);
+    let dynamic = kube::Api::<kube::api::DynamicObject>::namespaced_with(
+        client.clone(),
+        &ns,
+        &kube::api::ApiResource::erase::<ObjectSetPhase>(&()),
+    );
+    wait_object_condition(&dynamic, "held-p", "Paused", "True", None).await;
+    assert!(phases.get("held-p").await.unwrap().spec.paused);
+
+    patch_cm(&client, &ns, "cm", json!({"data": {"v": "manual"}})).await;
+    let (_, message) = wait_object_condition(
+        &dynamic,
+        "held-p",
+        "Available",
+        "False",
+        Some("ProbeFailure"),
+    )
+    .await;
+    assert!(message.contains("v is not orig"), "{message}");
+    assert_eq!(
+        get_cm(&client, &ns, "cm").await.unwrap().data.unwrap()["v"],
+        "manual",
+        "a paused phase observes drift and leaves it"
+    );
+
+    patch_set(
+        &client,
+        &ns,
+        "held",
+        json!({"spec": {"lifecycleState": "Active"}}),
+    )
+    .await;
+    wait_cm(&client, &ns, "cm", |cm| {
+        cm.data.as_ref().is_some_and(|d| d["v"] == "orig")
+    })
+    .await;
+    wait_condition(&client, &ns, "held", "Available", "True", None).await;
+    assert!(!phases.get("held-p").await.unwrap().spec.paused);
+}
+
 #[tokio::test]
 async fn archiving_tears_down_in_reverse_phase_order() {
     let (client, ns) = setup("os-archive").await;
