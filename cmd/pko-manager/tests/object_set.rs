@@ -400,6 +400,37 @@ async fn a_paused_set_pauses_its_delegated_phases() {
     assert!(!phases.get("held-p").await.unwrap().spec.paused);
 }
 
+/// A delegated phase adopts what the previous revision's phase controls (issue 15, item 1c).
+#[tokio::test]
+async fn delegated_phases_hand_objects_over_between_revisions() {
+    let (client, ns) = setup("os-delegated-handover").await;
+    let delegated = |name: &str, v: &str, extra: serde_json::Value| {
+        let mut set = object_set(
+            name,
+            &[("p", vec![configmap("shared", json!({"rev": v}))])],
+            extra,
+        );
+        set.spec.template.phases[0].class = "default".into();
+        set
+    };
+    create_set(&client, &ns, &delegated("rev1", "1", json!({}))).await;
+    wait_condition(&client, &ns, "rev1", "Available", "True", None).await;
+    create_set(
+        &client,
+        &ns,
+        &delegated("rev2", "2", json!({"previous": [{"name": "rev1"}]})),
+    )
+    .await;
+    wait_condition(&client, &ns, "rev2", "Available", "True", None).await;
+    let phase = Api::<ObjectSetPhase>::namespaced(client.clone(), &ns)
+        .get("rev2-p")
+        .await
+        .unwrap();
+    let shared = get_cm(&client, &ns, "shared").await.unwrap();
+    assert_eq!(controller_uid(&shared), phase.metadata.uid);
+    assert_eq!(shared.data.unwrap()["rev"], "2");
+}
+
 #[tokio::test]
 async fn archiving_tears_down_in_reverse_phase_order() {
     let (client, ns) = setup("os-archive").await;
