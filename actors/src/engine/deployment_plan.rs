@@ -6,6 +6,7 @@ use k8s_openapi::jiff::Timestamp;
 use pko_proto::core::common::{LifecycleState, ObjectSetTemplateSpec};
 
 use super::conditions::{is_true_for, set_condition, ConditionUpdate};
+use super::object_ref::ObjectKey;
 
 /// One existing ObjectSet as the deployment sees it.
 #[derive(Debug, Clone, PartialEq)]
@@ -94,14 +95,19 @@ pub fn plan_deployment(
             current: current.name.clone(),
         };
     }
-    let archive = if current.available {
-        ours.iter()
-            .filter(|r| r.name != current.name && r.lifecycle != LifecycleState::Archived)
-            .map(|r| r.name.clone())
-            .collect()
-    } else {
-        Vec::new()
-    };
+    // Once the latest revision is available every older one goes. Until then an older revision that is
+    // not available either and shares no object with the latest serves nothing: it goes too, as upstream
+    // archives such intermediate revisions; the last available one keeps serving.
+    let latest_objects = object_keys(&current.template);
+    let archive = ours
+        .iter()
+        .filter(|r| r.name != current.name && r.lifecycle != LifecycleState::Archived)
+        .filter(|r| {
+            current.available
+                || (!r.available && object_keys(&r.template).is_disjoint(&latest_objects))
+        })
+        .map(|r| r.name.clone())
+        .collect();
     let mut archived: Vec<&RevisionView> = ours
         .iter()
         .copied()
@@ -115,6 +121,19 @@ pub fn plan_deployment(
         archive,
         delete,
     }
+}
+
+/// The objects a template names, by group, kind, namespace and name (the version does not matter).
+fn object_keys(
+    template: &ObjectSetTemplateSpec,
+) -> std::collections::BTreeSet<(String, String, String, String)> {
+    template
+        .phases
+        .iter()
+        .flat_map(|p| &p.objects)
+        .filter_map(|o| ObjectKey::of(&o.object))
+        .map(|k| (k.group, k.kind, k.namespace, k.name))
+        .collect()
 }
 
 /// The deployment's conditions and summary phase.
@@ -259,6 +278,62 @@ mod tests {
             archived,
             mapped: vec![],
         }
+    }
+
+    /// Upstream's table over six revisions, each with its own object: r1 available, r2 available, r3
+    /// unavailable, r4 unavailable, r5 unavailable, r6 available.
+    #[test]
+    fn unavailable_intermediate_revisions_sharing_nothing_with_the_latest_are_archived() {
+        let own = |name: &str, revision: i64, available: bool, archived: bool| {
+            let mut r = rev(name, revision, "p", available, archived);
+            r.template.phases[0]
+                .objects
+                .push(pko_proto::core::common::ObjectSetObject {
+                    object: serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+                                           "metadata": {"name": format!("cm-{revision}")}}),
+                    ..Default::default()
+                });
+            r
+        };
+        let archive_of = |revisions: &[RevisionView]| {
+            let latest = revisions.last().unwrap();
+            match plan_deployment(&latest.template, &latest.name, revisions, 10, false) {
+                DeploymentAction::Settle { archive, .. } => archive,
+                other => panic!("{other:?}"),
+            }
+        };
+        // After r2 (available): r1.
+        assert_eq!(
+            archive_of(&[own("r1", 1, true, false), own("r2", 2, true, false)]),
+            ["r1"]
+        );
+        // After r4 (unavailable): r3, not r2 which still serves.
+        let after_r4 = [
+            own("r1", 1, true, true),
+            own("r2", 2, true, false),
+            own("r3", 3, false, false),
+            own("r4", 4, false, false),
+        ];
+        assert_eq!(archive_of(&after_r4), ["r3"]);
+        // After r6 (available): everything older.
+        let after_r6 = [
+            own("r1", 1, true, true),
+            own("r2", 2, true, false),
+            own("r3", 3, false, true),
+            own("r4", 4, false, false),
+            own("r5", 5, false, false),
+            own("r6", 6, true, false),
+        ];
+        assert_eq!(archive_of(&after_r6), ["r2", "r4", "r5"]);
+        // An unavailable revision that shares an object with the latest keeps it until the latest has it.
+        let mut shares = own("r3", 3, false, false);
+        shares.template = own("r4", 4, false, false).template;
+        assert!(archive_of(&[
+            own("r2", 2, true, false),
+            shares,
+            own("r4", 4, false, false)
+        ])
+        .is_empty());
     }
 
     #[test]

@@ -328,3 +328,111 @@ async fn paused_deployment_holds_revisions_until_unpaused() {
     .await;
     assert!(condition(&api.get("held").await.unwrap(), "Paused").is_none());
 }
+
+/// A revision that never became available and shares nothing with the latest is archived even while the
+/// latest is unavailable; the last available one keeps serving (issue 15, item 4).
+#[tokio::test]
+async fn unavailable_intermediate_revisions_are_archived() {
+    let (client, ns) = setup("od-intermediate").await;
+    let api = Api::<ObjectDeployment>::namespaced(client.clone(), &ns);
+    let template = |cm: &str, ok: &str| {
+        json!({
+            "metadata": {"labels": {"app": "inter"}},
+            "spec": {
+                "phases": [{"name": "main", "objects": [{"object": configmap(cm, json!({"ok": ok}))}]}],
+                "availabilityProbes": [{
+                    "selector": {"kind": {"group": "", "kind": "ConfigMap"}},
+                    "probes": [{"cel": {"rule": "self.data.ok == 'true'", "message": "not ok"}}],
+                }],
+            },
+        })
+    };
+    let od: ObjectDeployment = typed(
+        "ObjectDeployment",
+        "inter",
+        json!({"selector": {"matchLabels": {"app": "inter"}}, "template": template("a", "true")}),
+        json!({}),
+    );
+    api.create(&PostParams::default(), &od).await.unwrap();
+    let roll = |cm: &'static str, ok: &'static str, revision: i64| {
+        let api = api.clone();
+        let client = client.clone();
+        let ns = ns.clone();
+        async move {
+            api.patch(
+                "inter",
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"spec": {"template": template(cm, ok)}})),
+            )
+            .await
+            .unwrap();
+            wait_deployment(
+                &client,
+                &ns,
+                "inter",
+                &format!("revision {revision}"),
+                |od| od.status.as_ref().and_then(|s| s.revision) == Some(revision),
+            )
+            .await;
+        }
+    };
+    wait_deployment(&client, &ns, "inter", "revision 1 available", |od| {
+        condition(od, "Available").is_some_and(|(s, _)| s == "True")
+    })
+    .await;
+    roll("b", "true", 2).await;
+    wait_deployment(&client, &ns, "inter", "revision 2 settled", |od| {
+        condition(od, "Progressing").is_some_and(|(s, r)| s == "False" && r == "Idle")
+    })
+    .await;
+    roll("c", "false", 3).await;
+    roll("d", "false", 4).await;
+    let lifecycles = wait_until("revision 3 archived", TIMEOUT, || async {
+        let sets = sets_of(&client, &ns, "inter").await;
+        let lifecycles: Vec<(i64, String)> = sets
+            .iter()
+            .map(|s| {
+                (
+                    s.status.as_ref().map(|st| st.revision).unwrap_or_default(),
+                    s.spec.lifecycle_state.as_str().to_owned(),
+                )
+            })
+            .collect();
+        let state = |r: i64| {
+            lifecycles
+                .iter()
+                .find(|(rev, _)| *rev == r)
+                .map(|(_, l)| l.as_str())
+        };
+        if state(3) == Some("Archived") {
+            Ok(lifecycles)
+        } else {
+            Err(format!("{lifecycles:?}"))
+        }
+    })
+    .await
+    .unwrap();
+    let state = |r: i64| {
+        lifecycles
+            .iter()
+            .find(|(rev, _)| *rev == r)
+            .map(|(_, l)| l.clone())
+    };
+    assert_eq!(state(1).as_deref(), Some("Archived"), "{lifecycles:?}");
+    assert_eq!(
+        state(2).as_deref(),
+        Some("Active"),
+        "the last available revision keeps serving"
+    );
+    assert_eq!(state(4).as_deref(), Some("Active"), "{lifecycles:?}");
+    // Revision 2 still serves its object; revision 3's went with it.
+    assert!(get_cm(&client, &ns, "b").await.is_some());
+    wait_until("revision 3's object removed", TIMEOUT, || async {
+        match get_cm(&client, &ns, "c").await {
+            None => Ok(()),
+            Some(_) => Err("still there".to_owned()),
+        }
+    })
+    .await
+    .unwrap();
+}
