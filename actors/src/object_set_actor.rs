@@ -283,10 +283,12 @@ impl ObjectSetActor {
     /// not yet torn down (Archived).
     fn drive(&mut self, ctx: &mut Context<Self>) {
         if self.lifecycle() == LifecycleState::Archived {
-            match self.phases.iter().rposition(|p| !p.torn_down) {
-                Some(i) => self.phases[i].actor.do_send(PhaseCommand::Teardown),
-                None => self.publish_status(ctx),
+            if let Some(i) = self.phases.iter().rposition(|p| !p.torn_down) {
+                self.phases[i].actor.do_send(PhaseCommand::Teardown);
             }
+            // Archived=False (ArchivalInProgress) while an object holds the teardown up, True once all
+            // phases are gone, and controllerOf empty from the start.
+            self.publish_status(ctx);
             return;
         }
         for phase in &self.phases {

@@ -506,6 +506,78 @@ async fn archiving_tears_down_in_reverse_phase_order() {
     assert_eq!(order, ["cm-c", "cm-b", "cm-a"]);
 }
 
+/// An object held by a finalizer keeps archival in progress: phases behind it wait, and the set reports
+/// Archived=False until the object is gone (issue 15, item 3).
+#[tokio::test]
+async fn archival_waits_for_a_blocked_object() {
+    let (client, ns) = setup("os-archive-blocked").await;
+    let mut held = configmap("cm-4", json!({}));
+    held["metadata"]["finalizers"] = json!(["pko.test/hold"]);
+    let set = object_set(
+        "blocked",
+        &[
+            ("first", vec![held]),
+            ("second", vec![configmap("cm-5", json!({}))]),
+        ],
+        json!({}),
+    );
+    create_set(&client, &ns, &set).await;
+    wait_condition(&client, &ns, "blocked", "Available", "True", None).await;
+
+    patch_set(
+        &client,
+        &ns,
+        "blocked",
+        json!({"spec": {"lifecycleState": "Archived"}}),
+    )
+    .await;
+    wait_condition(
+        &client,
+        &ns,
+        "blocked",
+        "Archived",
+        "False",
+        Some("ArchivalInProgress"),
+    )
+    .await;
+    // The second phase is torn down; the first waits on its held object.
+    wait_until("cm-5 deleted", TIMEOUT, || async {
+        match get_cm(&client, &ns, "cm-5").await {
+            None => Ok(()),
+            Some(_) => Err("still there".to_owned()),
+        }
+    })
+    .await
+    .unwrap();
+    let cm4 = get_cm(&client, &ns, "cm-4").await.unwrap();
+    assert!(cm4.metadata.deletion_timestamp.is_some());
+    assert_eq!(
+        set_condition(&client, &ns, "blocked", "Archived")
+            .await
+            .map(|(s, _, _)| s),
+        Some("False".to_owned())
+    );
+
+    // Released: the object goes and archival completes.
+    patch_cm(
+        &client,
+        &ns,
+        "cm-4",
+        json!({"metadata": {"finalizers": null}}),
+    )
+    .await;
+    wait_condition(
+        &client,
+        &ns,
+        "blocked",
+        "Archived",
+        "True",
+        Some("Archived"),
+    )
+    .await;
+    assert!(get_cm(&client, &ns, "cm-4").await.is_none());
+}
+
 #[tokio::test]
 async fn handover_moves_shared_objects_and_archival_removes_the_rest() {
     let (client, ns) = setup("os-handover").await;
