@@ -13,14 +13,12 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Patch, PatchParams};
 use pko_proto::connector_wire::{
     ApplyPhase, HostedClusterSubjects, PhaseOutcome, PhaseRef, PhaseReport, Reply, TeardownPhase,
     WIRE_VERSION,
 };
 use pko_proto::core::common::LifecycleState;
 use pko_proto::core::object_set::ObjectSetStatus;
-use serde_json::json;
 use tracing::{info_span, warn, Instrument};
 
 use crate::context::ManagerContext;
@@ -234,7 +232,7 @@ async fn exchange(
         .unwrap_or_default();
     let deleting = phase.meta.deletion_timestamp.is_some();
     let reply: Result<Reply<PhaseReport>, _> = if deleting {
-        if !has_finalizer(phase) {
+        if !phase.has_finalizer(TEARDOWN_FINALIZER) {
             return Exchange::Released;
         }
         let teardown = TeardownPhase {
@@ -257,7 +255,7 @@ async fn exchange(
         // The finalizer is written alongside the first request rather than before it (one apiserver round
         // trip off the rollout's path); a report only counts once the finalizer is in place.
         let (finalizer, reply) = futures::join!(
-            ensure_finalizer(context, phase),
+            phase.set_finalizer(context.client.clone(), TEARDOWN_FINALIZER, true),
             link.request(subjects.apply(), &apply)
         );
         match finalizer {
@@ -270,7 +268,10 @@ async fn exchange(
     match reply {
         Ok(Reply::Answer(report)) => {
             if deleting && report.outcome == PhaseOutcome::TornDown {
-                return match release_finalizer(context, phase).await {
+                return match phase
+                    .set_finalizer(context.client.clone(), TEARDOWN_FINALIZER, false)
+                    .await
+                {
                     Ok(()) => Exchange::Released,
                     Err(kube::Error::Api(s)) if s.code == 409 => Exchange::Stale,
                     Err(e) => Exchange::Undelivered(format!("removing the finalizer: {e}")),
@@ -284,51 +285,6 @@ async fn exchange(
         )),
         Err(e) => Exchange::Undelivered(e.to_string()),
     }
-}
-
-fn has_finalizer(phase: &SetObject) -> bool {
-    phase
-        .meta
-        .finalizers
-        .as_ref()
-        .is_some_and(|f| f.iter().any(|x| x == TEARDOWN_FINALIZER))
-}
-
-/// Writes the finalizer list `with` (plus or minus ours), guarded by the observed resourceVersion.
-async fn patch_finalizers(
-    context: &ManagerContext,
-    phase: &SetObject,
-    finalizers: Vec<String>,
-) -> Result<(), kube::Error> {
-    let api = phase.kind.api(context.client.clone(), phase.namespace());
-    let patch = json!({"metadata": {
-        "finalizers": finalizers,
-        "resourceVersion": phase.meta.resource_version,
-    }});
-    api.patch(phase.name(), &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .map(|_| ())
-}
-
-async fn ensure_finalizer(context: &ManagerContext, phase: &SetObject) -> Result<(), kube::Error> {
-    if has_finalizer(phase) {
-        return Ok(());
-    }
-    let mut finalizers = phase.meta.finalizers.clone().unwrap_or_default();
-    finalizers.push(TEARDOWN_FINALIZER.to_owned());
-    patch_finalizers(context, phase, finalizers).await
-}
-
-async fn release_finalizer(context: &ManagerContext, phase: &SetObject) -> Result<(), kube::Error> {
-    let finalizers = phase
-        .meta
-        .finalizers
-        .clone()
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|f| f != TEARDOWN_FINALIZER)
-        .collect();
-    patch_finalizers(context, phase, finalizers).await
 }
 
 /// UIDs of `<previous>-<phase>` for each previous revision: the hosted objects they control may be adopted.

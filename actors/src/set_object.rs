@@ -237,6 +237,46 @@ impl SetObject {
             .map(str::to_owned)
     }
 
+    pub fn has_finalizer(&self, finalizer: &str) -> bool {
+        self.meta
+            .finalizers
+            .as_ref()
+            .is_some_and(|f| f.iter().any(|x| x == finalizer))
+    }
+
+    /// Adds (`present`) or removes `finalizer`; nothing to do is no write. Guarded by the observed
+    /// resourceVersion: a concurrent change makes it fail with 409, and the next observation retries.
+    pub async fn set_finalizer(
+        &self,
+        client: Client,
+        finalizer: &str,
+        present: bool,
+    ) -> Result<(), kube::Error> {
+        if self.has_finalizer(finalizer) == present {
+            return Ok(());
+        }
+        let mut finalizers: Vec<String> = self
+            .meta
+            .finalizers
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|f| f != finalizer)
+            .collect();
+        if present {
+            finalizers.push(finalizer.to_owned());
+        }
+        let patch = json!({"metadata": {
+            "finalizers": finalizers,
+            "resourceVersion": self.meta.resource_version,
+        }});
+        self.kind
+            .api(client, self.namespace())
+            .patch(self.name(), &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map(|_| ())
+    }
+
     /// Writes `status` through the status subresource (the ObjectSetPhase form for phases).
     pub async fn write_status(
         &self,
