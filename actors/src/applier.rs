@@ -237,29 +237,51 @@ impl Applier {
         observed: &Value,
         controller_uid: &str,
     ) -> Result<Value, ApplyError> {
+        self.rewrite_owner_references(key, observed, controller_uid, |mut r| {
+            r["controller"] = json!(false);
+            Some(r)
+        })
+        .await
+    }
+
+    /// Drops the owner reference to `owner_uid`, so the garbage collector does not delete the object with
+    /// an owner that no longer controls it. Guarded by the observed resourceVersion.
+    #[instrument(skip(self, observed), fields(object = %key))]
+    pub async fn release_owner(
+        &self,
+        key: &ObjectKey,
+        observed: &Value,
+        owner_uid: &str,
+    ) -> Result<Value, ApplyError> {
+        self.rewrite_owner_references(key, observed, owner_uid, |_| None)
+            .await
+    }
+
+    /// Rewrites the owner reference to `uid` with `change` (None drops it), guarded by the observed
+    /// resourceVersion. Without such a reference (e.g. a controller recorded in the owners annotation,
+    /// which the apply itself replaces) nothing is written.
+    async fn rewrite_owner_references(
+        &self,
+        key: &ObjectKey,
+        observed: &Value,
+        uid: &str,
+        change: impl Fn(Value) -> Option<Value>,
+    ) -> Result<Value, ApplyError> {
         let refs = observed
             .pointer("/metadata/ownerReferences")
             .and_then(Value::as_array)
             .cloned()
             .unwrap_or_default();
-        // A controller recorded in the owners annotation is replaced by the apply itself.
-        if !refs
-            .iter()
-            .any(|r| r.get("uid").and_then(Value::as_str) == Some(controller_uid))
-        {
+        let names = |r: &Value| r.get("uid").and_then(Value::as_str) == Some(uid);
+        if !refs.iter().any(names) {
             return Ok(observed.clone());
         }
-        let demoted: Vec<Value> = refs
+        let rewritten: Vec<Value> = refs
             .into_iter()
-            .map(|mut r| {
-                if r.get("uid").and_then(Value::as_str) == Some(controller_uid) {
-                    r["controller"] = json!(false);
-                }
-                r
-            })
+            .filter_map(|r| if names(&r) { change(r) } else { Some(r) })
             .collect();
         let rv = observed.pointer("/metadata/resourceVersion").cloned();
-        let patch = json!({"metadata": {"ownerReferences": demoted, "resourceVersion": rv}});
+        let patch = json!({"metadata": {"ownerReferences": rewritten, "resourceVersion": rv}});
         let api = self.api(key).await?;
         self.counts.writes.fetch_add(1, Ordering::Relaxed);
         let stored = api

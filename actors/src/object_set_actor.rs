@@ -53,9 +53,16 @@ pub struct ObjectSetActor {
     /// The status last computed for the planned generation. Status writes run concurrently and can land
     /// out of order; a watched status that differs from it is written again.
     published: Option<ObjectSetStatus>,
+    /// A finalizer write is on its way; another would only conflict with it.
+    finalizer_write_pending: bool,
 }
 
+/// Keeps a set (and a default-class ObjectSetPhase) until its objects are torn down, so deleting it tears
+/// down as archival does instead of leaving its objects to the garbage collector.
+pub const TEARDOWN_FINALIZER: &str = "package-operator.run/teardown";
+
 const REPLAN_BACKOFF_MIN: Duration = Duration::from_secs(1);
+const FINALIZER_RETRY: Duration = Duration::from_millis(500);
 const REPLAN_BACKOFF_MAX: Duration = Duration::from_secs(60);
 
 /// Why a set could not be planned.
@@ -80,14 +87,48 @@ impl ObjectSetActor {
             success_timer: None,
             replan_backoff: REPLAN_BACKOFF_MIN,
             published: None,
+            finalizer_write_pending: false,
         }
     }
 
+    /// The set's lifecycle; a set being deleted is torn down like an archived one.
     fn lifecycle(&self) -> LifecycleState {
+        match &self.set {
+            Some(s) if s.meta.deletion_timestamp.is_some() => LifecycleState::Archived,
+            Some(s) => s.spec.lifecycle_state.clone(),
+            None => LifecycleState::default(),
+        }
+    }
+
+    fn deleting(&self) -> bool {
         self.set
             .as_ref()
-            .map(|s| s.spec.lifecycle_state.clone())
-            .unwrap_or_default()
+            .is_some_and(|s| s.meta.deletion_timestamp.is_some())
+    }
+
+    /// Adds (`present`) or removes the teardown finalizer, in the background; a failed write is retried.
+    fn write_finalizer(&mut self, present: bool, ctx: &mut Context<Self>) {
+        let Some(set) = self.set.clone() else { return };
+        if set.has_finalizer(TEARDOWN_FINALIZER) == present || self.finalizer_write_pending {
+            return;
+        }
+        self.finalizer_write_pending = true;
+        let client = self.context.client.clone();
+        ctx.spawn(
+            async move { set.set_finalizer(client, TEARDOWN_FINALIZER, present).await }
+                .into_actor(self)
+                .map(move |result, act, ctx| {
+                    act.finalizer_write_pending = false;
+                    if let Err(e) = result {
+                        // Mostly a conflict with our own status write; by the retry the watch has brought
+                        // the current resourceVersion.
+                        warn!(error = %e, "writing the teardown finalizer failed; retrying");
+                        ctx.run_later(FINALIZER_RETRY, move |act, ctx| {
+                            act.write_finalizer(present, ctx)
+                        });
+                    }
+                }),
+        );
     }
 
     /// Looks up previous revisions (UIDs and revision numbers) and slices, then plans the set.
@@ -283,12 +324,19 @@ impl ObjectSetActor {
     /// not yet torn down (Archived).
     fn drive(&mut self, ctx: &mut Context<Self>) {
         if self.lifecycle() == LifecycleState::Archived {
-            if let Some(i) = self.phases.iter().rposition(|p| !p.torn_down) {
+            let remaining = self.phases.iter().rposition(|p| !p.torn_down);
+            if let Some(i) = remaining {
                 self.phases[i].actor.do_send(PhaseCommand::Teardown);
             }
             // Archived=False (ArchivalInProgress) while an object holds the teardown up, True once all
             // phases are gone, and controllerOf empty from the start.
             self.publish_status(ctx);
+            // Being deleted: the finalizer goes once everything it guards is gone (or nothing can be
+            // planned, so nothing more can be torn down).
+            let planned = self.planned_generation.is_some();
+            if self.deleting() && planned && (remaining.is_none() || self.plan_error.is_some()) {
+                self.write_finalizer(false, ctx);
+            }
             return;
         }
         for phase in &self.phases {
@@ -328,7 +376,7 @@ impl ObjectSetActor {
             }
         }
         SetObservation {
-            lifecycle: set.spec.lifecycle_state.clone(),
+            lifecycle: self.lifecycle(),
             generation: set.generation(),
             phases,
             total_phases: self.phases.len(),
@@ -462,10 +510,17 @@ impl Handler<Observed<SetObject>> for ObjectSetActor {
             .as_ref()
             .filter(|p| **p != set.status)
             .cloned();
+        let deleting = set.meta.deletion_timestamp.is_some();
         self.set = Some(set);
+        if !deleting {
+            // Deleting the set then tears its objects down first, last phase first, as archival does.
+            self.write_finalizer(true, ctx);
+        }
         if self.planned_generation != Some(generation) {
             self.published = None;
             self.replan(ctx);
+        } else if deleting {
+            self.drive(ctx);
         } else if let Some(status) = overtaken {
             // An older write of ours landed after a newer one (or someone else wrote status): what the
             // phases last reported stands.

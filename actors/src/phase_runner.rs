@@ -445,6 +445,13 @@ pub async fn teardown_phase(
             continue;
         };
         if controller_of(&observed).is_none_or(|(uid, _, _)| uid != plan.owner_uid) {
+            // Not ours to delete. A plain owner reference of ours would let the garbage collector take it
+            // with this set: drop it.
+            match applier.release_owner(key, &observed, &plan.owner_uid).await {
+                Ok(_) => {}
+                Err(e) if e.is_conflict() => report.remaining.push(key.clone()),
+                Err(e) => report.errors.push(e.to_string()),
+            }
             continue;
         }
         if observed.pointer("/metadata/deletionTimestamp").is_some() {

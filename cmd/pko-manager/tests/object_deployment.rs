@@ -393,7 +393,8 @@ async fn unavailable_intermediate_revisions_are_archived() {
             .iter()
             .map(|s| {
                 (
-                    s.status.as_ref().map(|st| st.revision).unwrap_or_default(),
+                    // The spec carries it from creation; status only once the set has reported.
+                    s.spec.revision.unwrap_or_default(),
                     s.spec.lifecycle_state.as_str().to_owned(),
                 )
             })
@@ -404,7 +405,7 @@ async fn unavailable_intermediate_revisions_are_archived() {
                 .find(|(rev, _)| *rev == r)
                 .map(|(_, l)| l.as_str())
         };
-        if state(3) == Some("Archived") {
+        if state(3) == Some("Archived") && state(4).is_some() {
             Ok(lifecycles)
         } else {
             Err(format!("{lifecycles:?}"))

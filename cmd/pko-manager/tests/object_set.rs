@@ -549,8 +549,10 @@ async fn archival_waits_for_a_blocked_object() {
     })
     .await
     .unwrap();
-    let cm4 = get_cm(&client, &ns, "cm-4").await.unwrap();
-    assert!(cm4.metadata.deletion_timestamp.is_some());
+    wait_cm(&client, &ns, "cm-4", |cm| {
+        cm.metadata.deletion_timestamp.is_some()
+    })
+    .await;
     assert_eq!(
         set_condition(&client, &ns, "blocked", "Archived")
             .await
@@ -576,6 +578,176 @@ async fn archival_waits_for_a_blocked_object() {
     )
     .await;
     assert!(get_cm(&client, &ns, "cm-4").await.is_none());
+}
+
+/// Delegated phases tear down as inline ones do: the set stays Archived=False while an object of an
+/// ObjectSetPhase is held, phases go last to first, and deleting a set tears it down the same way (issue
+/// 15, item 3).
+#[tokio::test]
+async fn delegated_archival_and_deletion_wait_for_blocked_objects() {
+    let (client, ns) = setup("os-archive-delegated").await;
+    let held = |name: &str| {
+        let mut cm = configmap(name, json!({}));
+        cm["metadata"]["finalizers"] = json!(["pko.test/hold"]);
+        cm
+    };
+    // Once its deletion has begun (before that, the phase would apply the finalizer again).
+    let release = |name: &'static str| {
+        let client = client.clone();
+        let ns = ns.clone();
+        async move {
+            wait_cm(&client, &ns, name, |cm| {
+                cm.metadata.deletion_timestamp.is_some()
+            })
+            .await;
+            patch_cm(
+                &client,
+                &ns,
+                name,
+                json!({"metadata": {"finalizers": null}}),
+            )
+            .await
+        }
+    };
+    let gone = |name: &'static str| {
+        let client = client.clone();
+        let ns = ns.clone();
+        async move {
+            wait_until(&format!("{name} deleted"), TIMEOUT, || async {
+                match get_cm(&client, &ns, name).await {
+                    None => Ok(()),
+                    Some(_) => Err("still there".to_owned()),
+                }
+            })
+            .await
+            .unwrap()
+        }
+    };
+    let mut set = object_set(
+        "delegated",
+        &[
+            ("first", vec![held("cm-4")]),
+            ("second", vec![configmap("cm-5", json!({}))]),
+        ],
+        json!({}),
+    );
+    for phase in &mut set.spec.template.phases {
+        phase.class = "default".into();
+    }
+    create_set(&client, &ns, &set).await;
+    wait_condition(&client, &ns, "delegated", "Available", "True", None).await;
+
+    patch_set(
+        &client,
+        &ns,
+        "delegated",
+        json!({"spec": {"lifecycleState": "Archived"}}),
+    )
+    .await;
+    gone("cm-5").await;
+    wait_condition(
+        &client,
+        &ns,
+        "delegated",
+        "Archived",
+        "False",
+        Some("ArchivalInProgress"),
+    )
+    .await;
+    assert!(get_cm(&client, &ns, "cm-4").await.is_some());
+    release("cm-4").await;
+    wait_condition(
+        &client,
+        &ns,
+        "delegated",
+        "Archived",
+        "True",
+        Some("Archived"),
+    )
+    .await;
+    gone("cm-4").await;
+
+    // Deleting a set: its teardown finalizer keeps it until its objects are gone.
+    let doomed = object_set("doomed", &[("only", vec![held("cm-6")])], json!({}));
+    create_set(&client, &ns, &doomed).await;
+    wait_condition(&client, &ns, "doomed", "Available", "True", None).await;
+    let sets = Api::<ObjectSet>::namespaced(client.clone(), &ns);
+    sets.delete("doomed", &Default::default()).await.unwrap();
+    wait_condition(
+        &client,
+        &ns,
+        "doomed",
+        "Archived",
+        "False",
+        Some("ArchivalInProgress"),
+    )
+    .await;
+    assert!(sets.get_opt("doomed").await.unwrap().is_some());
+    release("cm-6").await;
+    wait_until("doomed deleted", TIMEOUT, || async {
+        match sets.get_opt("doomed").await.map_err(|e| e.to_string())? {
+            None => Ok(()),
+            Some(_) => Err("still there".to_owned()),
+        }
+    })
+    .await
+    .unwrap();
+    gone("cm-6").await;
+}
+
+/// An object this set owns but no longer controls survives the set's deletion: its owner reference goes
+/// first, so the garbage collector does not take it along (issue 15, item 6).
+#[tokio::test]
+async fn deleting_a_set_spares_objects_it_no_longer_controls() {
+    let (client, ns) = setup("os-orphan").await;
+    let set = object_set(
+        "owner",
+        &[("p", vec![configmap("spared", json!({}))])],
+        json!({}),
+    );
+    let set = create_set(&client, &ns, &set).await;
+    wait_condition(&client, &ns, "owner", "Available", "True", None).await;
+    // Paused, the set writes nothing; then its reference on the object stops being the controller.
+    patch_set(
+        &client,
+        &ns,
+        "owner",
+        json!({"spec": {"lifecycleState": "Paused"}}),
+    )
+    .await;
+    wait_condition(&client, &ns, "owner", "Paused", "True", None).await;
+    let cm = get_cm(&client, &ns, "spared").await.unwrap();
+    let mut refs = serde_json::to_value(cm.metadata.owner_references.unwrap()).unwrap();
+    refs[0]["controller"] = json!(false);
+    patch_cm(
+        &client,
+        &ns,
+        "spared",
+        json!({"metadata": {"ownerReferences": refs}}),
+    )
+    .await;
+
+    let sets = Api::<ObjectSet>::namespaced(client.clone(), &ns);
+    sets.delete("owner", &Default::default()).await.unwrap();
+    wait_until("owner deleted", TIMEOUT, || async {
+        match sets.get_opt("owner").await.map_err(|e| e.to_string())? {
+            None => Ok(()),
+            Some(_) => Err("still there".to_owned()),
+        }
+    })
+    .await
+    .unwrap();
+    let cm = get_cm(&client, &ns, "spared")
+        .await
+        .expect("the object survives");
+    assert!(
+        cm.metadata
+            .owner_references
+            .unwrap_or_default()
+            .iter()
+            .all(|r| Some(&r.uid) != set.metadata.uid.as_ref()),
+        "no reference to the deleted set is left"
+    );
 }
 
 #[tokio::test]
