@@ -147,14 +147,7 @@ async fn handlebars_package_renders_and_hands_over_on_update() {
         )
         .await
         .unwrap();
-    wait_until("hb-region-us removed", TIMEOUT, || async {
-        match get_cm(&client, &ns, "hb-region-us").await {
-            None => Ok(()),
-            Some(_) => Err("still there".to_owned()),
-        }
-    })
-    .await
-    .unwrap();
+    wait_cm_gone(&client, &ns, "hb-region-us").await;
     wait_available(&client, Some(&ns), "hb").await;
     let eu_after = get_cm(&client, &ns, "hb-region-eu").await.unwrap();
     assert_eq!(eu_after.metadata.uid, eu.metadata.uid);

@@ -428,12 +428,5 @@ async fn unavailable_intermediate_revisions_are_archived() {
     assert_eq!(state(4).as_deref(), Some("Active"), "{lifecycles:?}");
     // Revision 2 still serves its object; revision 3's went with it.
     assert!(get_cm(&client, &ns, "b").await.is_some());
-    wait_until("revision 3's object removed", TIMEOUT, || async {
-        match get_cm(&client, &ns, "c").await {
-            None => Ok(()),
-            Some(_) => Err("still there".to_owned()),
-        }
-    })
-    .await
-    .unwrap();
+    wait_cm_gone(&client, &ns, "c").await;
 }

@@ -541,14 +541,7 @@ async fn archival_waits_for_a_blocked_object() {
     )
     .await;
     // The second phase is torn down; the first waits on its held object.
-    wait_until("cm-5 deleted", TIMEOUT, || async {
-        match get_cm(&client, &ns, "cm-5").await {
-            None => Ok(()),
-            Some(_) => Err("still there".to_owned()),
-        }
-    })
-    .await
-    .unwrap();
+    wait_cm_gone(&client, &ns, "cm-5").await;
     wait_cm(&client, &ns, "cm-4", |cm| {
         cm.metadata.deletion_timestamp.is_some()
     })
@@ -609,20 +602,6 @@ async fn delegated_archival_and_deletion_wait_for_blocked_objects() {
             .await
         }
     };
-    let gone = |name: &'static str| {
-        let client = client.clone();
-        let ns = ns.clone();
-        async move {
-            wait_until(&format!("{name} deleted"), TIMEOUT, || async {
-                match get_cm(&client, &ns, name).await {
-                    None => Ok(()),
-                    Some(_) => Err("still there".to_owned()),
-                }
-            })
-            .await
-            .unwrap()
-        }
-    };
     let mut set = object_set(
         "delegated",
         &[
@@ -644,7 +623,7 @@ async fn delegated_archival_and_deletion_wait_for_blocked_objects() {
         json!({"spec": {"lifecycleState": "Archived"}}),
     )
     .await;
-    gone("cm-5").await;
+    wait_cm_gone(&client, &ns, "cm-5").await;
     wait_condition(
         &client,
         &ns,
@@ -665,7 +644,7 @@ async fn delegated_archival_and_deletion_wait_for_blocked_objects() {
         Some("Archived"),
     )
     .await;
-    gone("cm-4").await;
+    wait_cm_gone(&client, &ns, "cm-4").await;
 
     // Deleting a set: its teardown finalizer keeps it until its objects are gone.
     let doomed = object_set("doomed", &[("only", vec![held("cm-6")])], json!({}));
@@ -684,15 +663,8 @@ async fn delegated_archival_and_deletion_wait_for_blocked_objects() {
     .await;
     assert!(sets.get_opt("doomed").await.unwrap().is_some());
     release("cm-6").await;
-    wait_until("doomed deleted", TIMEOUT, || async {
-        match sets.get_opt("doomed").await.map_err(|e| e.to_string())? {
-            None => Ok(()),
-            Some(_) => Err("still there".to_owned()),
-        }
-    })
-    .await
-    .unwrap();
-    gone("cm-6").await;
+    wait_gone(&sets, "doomed").await;
+    wait_cm_gone(&client, &ns, "cm-6").await;
 }
 
 /// An object this set owns but no longer controls survives the set's deletion: its owner reference goes
@@ -729,14 +701,7 @@ async fn deleting_a_set_spares_objects_it_no_longer_controls() {
 
     let sets = Api::<ObjectSet>::namespaced(client.clone(), &ns);
     sets.delete("owner", &Default::default()).await.unwrap();
-    wait_until("owner deleted", TIMEOUT, || async {
-        match sets.get_opt("owner").await.map_err(|e| e.to_string())? {
-            None => Ok(()),
-            Some(_) => Err("still there".to_owned()),
-        }
-    })
-    .await
-    .unwrap();
+    wait_gone(&sets, "owner").await;
     let cm = get_cm(&client, &ns, "spared")
         .await
         .expect("the object survives");

@@ -165,6 +165,26 @@ pub async fn wait_cm(
     .unwrap()
 }
 
+/// Waits until `api` has no object `name`.
+pub async fn wait_gone<K>(api: &Api<K>, name: &str)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    wait_until(&format!("{name} deleted"), TIMEOUT, || async {
+        match api.get_opt(name).await.map_err(|e| e.to_string())? {
+            None => Ok(()),
+            Some(_) => Err("still there".to_owned()),
+        }
+    })
+    .await
+    .unwrap()
+}
+
+/// Waits until ConfigMap `ns/name` is gone.
+pub async fn wait_cm_gone(client: &Client, ns: &str, name: &str) {
+    wait_gone(&Api::<ConfigMap>::namespaced(client.clone(), ns), name).await
+}
+
 pub async fn patch_cm(client: &Client, ns: &str, name: &str, patch: Value) {
     Api::<ConfigMap>::namespaced(client.clone(), ns)
         .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
