@@ -62,8 +62,8 @@ pub struct ObjectSetActor {
 pub const TEARDOWN_FINALIZER: &str = "package-operator.run/teardown";
 
 const REPLAN_BACKOFF_MIN: Duration = Duration::from_secs(1);
-const FINALIZER_RETRY: Duration = Duration::from_millis(500);
 const REPLAN_BACKOFF_MAX: Duration = Duration::from_secs(60);
+const FINALIZER_RETRY: Duration = Duration::from_millis(500);
 
 /// Why a set could not be planned.
 enum Unplannable {
@@ -238,6 +238,10 @@ impl ObjectSetActor {
                         act.planned_generation = act.set.as_ref().map(SetObject::generation);
                         act.stop_phases();
                         act.publish_status(ctx);
+                        if act.deleting() {
+                            // Nothing can be torn down without a plan: let the deletion go on.
+                            act.drive(ctx);
+                        }
                         if retry {
                             // Slices or previous revisions may appear later, or the apiserver recover.
                             let delay = act.replan_backoff;
@@ -421,7 +425,7 @@ impl ObjectSetActor {
                 inline.chain(r.phase_controls.iter().cloned())
             })
             .collect();
-        if set.spec.lifecycle_state == LifecycleState::Archived {
+        if self.lifecycle() == LifecycleState::Archived {
             controller_of.clear();
         }
         let remote_phases = reports()
