@@ -6,17 +6,16 @@ use std::path::Path;
 
 use pko_actors::package::config::{admit_config, PACKAGE_CONFIG_PATH};
 use pko_actors::package::files::PackageFiles;
-use pko_actors::package::image_lock::resolve_images;
 use pko_actors::package::loader::{
-    config_schema, load_lock, load_package_with, manifest_errors, object_gvk, parse_manifest,
-    split_documents, Images, LoadedPackage, PackageError, Render,
+    config_schema, load_package_with, object_gvk, parse_manifest, split_documents, Images,
+    LoadedPackage, PackageError, Render,
 };
 use pko_actors::package::violation::{reason, Violation};
-use pko_proto::manifests::{PackageManifestScope, PackageManifestTestCaseTemplate};
+use pko_proto::manifests::PackageManifestScope;
 use serde_json::{json, Map, Value};
 
 use crate::args::TreeArgs;
-use crate::validation::import;
+use crate::validation::{cases, import, manifest_and_lock_findings};
 
 /// The tree of the package in `dir`, or the error message (with its `rendering package: ` prefix where
 /// upstream has one).
@@ -34,11 +33,7 @@ pub fn tree(dir: &Path, args: &TreeArgs) -> Result<String, String> {
         files
     };
 
-    let cases: &[PackageManifestTestCaseTemplate] = manifest
-        .test
-        .as_ref()
-        .map(|t| t.template.as_slice())
-        .unwrap_or_default();
+    let cases = cases(&manifest);
     let named = args
         .config_testcase
         .as_ref()
@@ -85,19 +80,7 @@ pub fn tree(dir: &Path, args: &TreeArgs) -> Result<String, String> {
     .map_err(|errors| prefix(PackageError::Fields(errors).to_string()))?;
 
     let parse_failure = |e: String| prefix(format!("parsing package contents: {e}"));
-    let mut problems = Vec::new();
-    let errors = manifest_errors(&manifest);
-    if !errors.is_empty() {
-        problems.push(PackageError::Fields(errors).to_string());
-    }
-    match load_lock(&files) {
-        Ok(lock) => {
-            if let Err(e) = resolve_images(&manifest, lock.as_ref().map(|(f, l)| (*f, l))) {
-                problems.push(e.to_string());
-            }
-        }
-        Err(e) => problems.push(e.to_string()),
-    }
+    let (mut problems, _) = manifest_and_lock_findings(&files, &manifest, true);
     let scope = if cluster {
         PackageManifestScope::Cluster
     } else {

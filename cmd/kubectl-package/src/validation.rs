@@ -79,31 +79,14 @@ pub fn validate_units(units: &[Unit], run_tests: bool) -> Result<Vec<String>, St
     let mut findings = Vec::new();
     let mut testable = Vec::new();
     for unit in units {
-        let errors = manifest_errors(&unit.manifest);
-        let manifest_ok = errors.is_empty();
-        if !manifest_ok {
-            findings.push(unit.name(PackageError::Fields(errors).to_string()));
-        }
-        let lock_ok = match load_lock(&unit.files) {
-            Err(e) => {
-                findings.push(unit.name(e.to_string()));
-                false
-            }
-            // Lock consistency is the root's alone.
-            Ok(_) if unit.component.is_some() => true,
-            Ok(lock) => match resolve_images(&unit.manifest, lock.as_ref().map(|(f, l)| (*f, l))) {
-                Ok(_) => true,
-                Err(e) => {
-                    findings.push(e.to_string());
-                    false
-                }
-            },
-        };
-        testable.push(manifest_ok && lock_ok);
+        let (found, renderable) =
+            manifest_and_lock_findings(&unit.files, &unit.manifest, unit.component.is_none());
+        findings.extend(found.into_iter().map(|f| unit.name(f)));
+        testable.push(renderable);
         // The static-file check (its own prefix, as upstream nests it): nothing is rendered, so the
         // context is empty. Upstream runs it for the root only; pko checks components too, since the
         // manager would refuse a broken one anyway.
-        if manifest_ok && lock_ok && cases(&unit.manifest).is_empty() {
+        if renderable && cases(&unit.manifest).is_empty() {
             if let Err(e) =
                 load_package_with(&unit.files, &json!({}), Render::StaticOnly, Images::Static)
             {
@@ -137,7 +120,41 @@ pub fn validate_units(units: &[Unit], run_tests: bool) -> Result<Vec<String>, St
     Ok(findings)
 }
 
-fn cases(manifest: &PackageManifest) -> &[pko_proto::manifests::PackageManifestTestCaseTemplate] {
+/// Upstream's manifest and lock validators for one unit: the manifest's content, the lock file, and, for
+/// the root (`root`), lock consistency. Returns the findings and whether the unit can be rendered.
+pub fn manifest_and_lock_findings(
+    files: &PackageFiles,
+    manifest: &PackageManifest,
+    root: bool,
+) -> (Vec<String>, bool) {
+    let mut findings = Vec::new();
+    let errors = manifest_errors(manifest);
+    let manifest_ok = errors.is_empty();
+    if !manifest_ok {
+        findings.push(PackageError::Fields(errors).to_string());
+    }
+    let lock_ok = match load_lock(files) {
+        Err(e) => {
+            findings.push(e.to_string());
+            false
+        }
+        // Lock consistency is the root's alone.
+        Ok(_) if !root => true,
+        Ok(lock) => match resolve_images(manifest, lock.as_ref().map(|(f, l)| (*f, l))) {
+            Ok(_) => true,
+            Err(e) => {
+                findings.push(e.to_string());
+                false
+            }
+        },
+    };
+    (findings, manifest_ok && lock_ok)
+}
+
+/// The manifest's test cases (`test.template`).
+pub fn cases(
+    manifest: &PackageManifest,
+) -> &[pko_proto::manifests::PackageManifestTestCaseTemplate] {
     manifest
         .test
         .as_ref()
