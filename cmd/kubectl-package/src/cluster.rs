@@ -267,14 +267,7 @@ pub async fn set_paused(
     paused: bool,
     kubeconfig: Option<&PathBuf>,
 ) -> Result<String, String> {
-    let (res, name) = match args.positionals.args.as_slice() {
-        [res, name] => (res.to_lowercase(), name.clone()),
-        [both] => both
-            .split_once('/')
-            .map(|(r, n)| (r.to_lowercase(), n.to_owned()))
-            .unwrap_or_else(|| (both.to_lowercase(), String::new())),
-        _ => (String::new(), String::new()),
-    };
+    let (res, name) = resource_and_name(&args.positionals.args)?;
     let (resource, namespace) = match res.as_str() {
         "package" => (ApiResource::erase::<Package>(&()), args.namespace.as_str()),
         "clusterpackage" => (ApiResource::erase::<ClusterPackage>(&()), ""),
