@@ -294,6 +294,22 @@ async fn bad_input_gives_a_condition_naming_the_field() {
     assert!(err.to_string().contains("collisionProtection"), "{err}");
 }
 
+/// Unpauses set `name`: its ConfigMap `cm` gets `v: orig` back and the set is Available again.
+async fn unpause_and_see_drift_undone(client: &kube::Client, ns: &str, name: &str) {
+    patch_set(
+        client,
+        ns,
+        name,
+        json!({"spec": {"lifecycleState": "Active"}}),
+    )
+    .await;
+    wait_cm(client, ns, "cm", |cm| {
+        cm.data.as_ref().is_some_and(|d| d["v"] == "orig")
+    })
+    .await;
+    wait_condition(client, ns, name, "Available", "True", None).await;
+}
+
 #[tokio::test]
 async fn paused_set_leaves_edits_alone_until_unpaused() {
     let (client, ns) = setup("os-pause").await;
@@ -330,18 +346,7 @@ async fn paused_set_leaves_edits_alone_until_unpaused() {
         "manual"
     );
 
-    patch_set(
-        &client,
-        &ns,
-        "pausable",
-        json!({"spec": {"lifecycleState": "Active"}}),
-    )
-    .await;
-    wait_cm(&client, &ns, "cm", |cm| {
-        cm.data.as_ref().is_some_and(|d| d["v"] == "orig")
-    })
-    .await;
-    wait_condition(&client, &ns, "pausable", "Available", "True", None).await;
+    unpause_and_see_drift_undone(&client, &ns, "pausable").await;
     assert!(set_condition(&client, &ns, "pausable", "Paused")
         .await
         .is_none());
@@ -393,18 +398,7 @@ async fn a_paused_set_pauses_its_delegated_phases() {
         "a paused phase observes drift and leaves it"
     );
 
-    patch_set(
-        &client,
-        &ns,
-        "held",
-        json!({"spec": {"lifecycleState": "Active"}}),
-    )
-    .await;
-    wait_cm(&client, &ns, "cm", |cm| {
-        cm.data.as_ref().is_some_and(|d| d["v"] == "orig")
-    })
-    .await;
-    wait_condition(&client, &ns, "held", "Available", "True", None).await;
+    unpause_and_see_drift_undone(&client, &ns, "held").await;
     assert!(!phases.get("held-p").await.unwrap().spec.paused);
 }
 
