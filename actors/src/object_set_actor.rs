@@ -514,8 +514,8 @@ impl Handler<Observed<SetObject>> for ObjectSetActor {
             .as_ref()
             .filter(|p| **p != set.status)
             .cloned();
-        let deleting = set.meta.deletion_timestamp.is_some();
         self.set = Some(set);
+        let deleting = self.deleting();
         if !deleting {
             // Deleting the set then tears its objects down first, last phase first, as archival does.
             self.write_finalizer(true, ctx);
