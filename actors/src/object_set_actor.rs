@@ -17,7 +17,9 @@ use tracing::{info_span, warn, Instrument};
 use crate::context::ManagerContext;
 use crate::engine::adoption::revision_of;
 use crate::engine::object_ref::ObjectKey;
-use crate::engine::object_set_status::{object_set_conditions, PhaseProgress, SetObservation};
+use crate::engine::object_set_status::{
+    object_set_conditions, phase_reach, PhaseProgress, PhaseReach, SetObservation,
+};
 use crate::kind_feed::{FeedTarget, Gone, Observed};
 use crate::object_meta::MetaView;
 use crate::object_set_plan::{phase_object_name, plan_object_set, PlanInputs};
@@ -343,29 +345,21 @@ impl ObjectSetActor {
             }
             return;
         }
-        for phase in &self.phases {
-            match &phase.report {
-                None => {
-                    phase.actor.do_send(PhaseCommand::Reconcile);
-                    return;
-                }
-                Some(r) if r.progress != PhaseProgress::Available => break,
-                Some(_) => {}
-            }
+        if let Some(next) = self.reach().next {
+            self.phases[next].actor.do_send(PhaseCommand::Reconcile);
+            return;
         }
         self.publish_status(ctx);
     }
 
-    /// Index of the first phase that is not available (phases after it must not run).
-    fn frontier(&self) -> usize {
-        self.phases
+    /// How far the phases may run (`engine::object_set_status::phase_reach`).
+    fn reach(&self) -> PhaseReach {
+        let progress: Vec<Option<&PhaseProgress>> = self
+            .phases
             .iter()
-            .position(|p| {
-                p.report
-                    .as_ref()
-                    .is_none_or(|r| r.progress != PhaseProgress::Available)
-            })
-            .unwrap_or(self.phases.len())
+            .map(|p| p.report.as_ref().map(|r| &r.progress))
+            .collect();
+        phase_reach(&progress)
     }
 
     fn observation(&self, set: &SetObject) -> SetObservation {
@@ -554,7 +548,7 @@ impl Handler<ObjectChanged> for ObjectSetActor {
             return;
         }
         // Phases beyond the first unavailable one are not applied yet; their events change nothing.
-        if index <= self.frontier() {
+        if index <= self.reach().frontier {
             self.phases[index].actor.do_send(PhaseCommand::Reconcile);
         }
     }
@@ -566,6 +560,7 @@ impl Handler<PhaseFinished> for ObjectSetActor {
         if finished.version != self.plan_version || finished.index >= self.phases.len() {
             return;
         }
+        let before = self.reach().frontier;
         let phase = &mut self.phases[finished.index];
         match finished.outcome {
             PhaseOutcome::Reconciled(report) => {
@@ -583,6 +578,14 @@ impl Handler<PhaseFinished> for ObjectSetActor {
                 }
             }
             PhaseOutcome::TornDown(report) => phase.torn_down = report.complete(),
+        }
+        // Phases that came back into reach (behind a phase just handed over) may have missed events
+        // while they were out of it: they look again.
+        let after = self.reach().frontier;
+        for later in self.phases.iter().take(after + 1).skip(before + 1) {
+            if later.report.is_some() {
+                later.actor.do_send(PhaseCommand::Reconcile);
+            }
         }
         self.drive(ctx);
     }

@@ -153,16 +153,36 @@ pub async fn reconcile_phase(
                         );
                     }
                 }
+                // What a delegated phase's ObjectSetPhase says of itself, for its current generation.
+                let delegated = plan
+                    .delegated
+                    .then(|| phase_availability(&observed))
+                    .flatten();
                 let (messages, pending) = match plan.probes.evaluate(&key, &observed) {
                     ProbeResult::Passed => (None, true),
-                    ProbeResult::Failed(m) => (Some(m), plan.delegated && phase_waits(&observed)),
+                    ProbeResult::Failed(m) => (
+                        Some(m),
+                        delegated.as_ref().is_some_and(|(reason, _)| {
+                            reason == BlockReason::AwaitingStatus.as_str()
+                                || reason == BlockReason::PhaseNotReported.as_str()
+                        }),
+                    ),
                     ProbeResult::Pending(m) => (Some(m), true),
                 };
-                if let Some(messages) = messages {
-                    probe_failures.push(format!("{key}: {}", messages.join(", ")));
-                    probes_pending &= pending;
-                    // The next look reads it from the apiserver, not from what pko last saw.
-                    cache.forget(&key);
+                match (&messages, delegated) {
+                    // Its objects went to a newer revision: the set says so, as for inline phases.
+                    (Some(_), Some((reason, message)))
+                        if reason == BlockReason::HandedOver.as_str() =>
+                    {
+                        handed_over.push(format!("{key}: {message}"));
+                    }
+                    (Some(messages), _) => {
+                        probe_failures.push(format!("{key}: {}", messages.join(", ")));
+                        probes_pending &= pending;
+                        // The next look reads it from the apiserver, not from what pko last saw.
+                        cache.forget(&key);
+                    }
+                    (None, _) => {}
                 }
                 mapped.extend(mapped_conditions(desired, &observed));
             }
@@ -200,24 +220,28 @@ pub async fn reconcile_phase(
 
 /// A delegated phase's ObjectSetPhase that says, for its generation, it is still waiting (on its
 /// objects' status, or on its connector's first report), not failing.
-fn phase_waits(phase: &Value) -> bool {
+/// (reason, message) of an ObjectSetPhase's `Available` condition, when written for its current
+/// generation.
+fn phase_availability(phase: &Value) -> Option<(String, String)> {
     let generation = phase
         .pointer("/metadata/generation")
         .and_then(Value::as_i64);
+    let text = |c: &Value, field: &str| {
+        c.get(field)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned()
+    };
     phase
         .pointer("/status/conditions")
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
-        .any(|c| {
+        .find(|c| {
             c.get("type").and_then(Value::as_str) == Some("Available")
                 && c.get("observedGeneration").and_then(Value::as_i64) == generation
-                && matches!(
-                    c.get("reason").and_then(Value::as_str),
-                    Some(r) if r == BlockReason::AwaitingStatus.as_str()
-                        || r == BlockReason::PhaseNotReported.as_str()
-                )
         })
+        .map(|c| (text(c, "reason"), text(c, "message")))
 }
 
 fn blocked(reason: BlockReason, messages: &[String]) -> PhaseProgress {
@@ -479,17 +503,24 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn a_delegated_phase_waiting_on_status_is_not_failing() {
+    fn a_delegated_phase_says_why_only_for_its_current_generation() {
         let phase = |reason: &str, observed: i64| {
             json!({"metadata": {"generation": 2}, "status": {"conditions": [
-                {"type": "Available", "status": "False", "reason": reason, "observedGeneration": observed}]}})
+                {"type": "Available", "status": "False", "reason": reason,
+                 "message": "why", "observedGeneration": observed}]}})
         };
-        assert!(phase_waits(&phase("AwaitingStatus", 2)));
-        assert!(phase_waits(&phase("PhaseNotReported", 2)));
-        assert!(!phase_waits(&phase("ProbeFailure", 2)));
-        assert!(
-            !phase_waits(&phase("AwaitingStatus", 1)),
+        assert_eq!(
+            phase_availability(&phase("HandedOver", 2)),
+            Some(("HandedOver".to_owned(), "why".to_owned()))
+        );
+        assert_eq!(
+            phase_availability(&phase("AwaitingStatus", 1)),
+            None,
             "said for an older generation"
+        );
+        assert_eq!(
+            phase_availability(&json!({"metadata": {"generation": 1}})),
+            None
         );
     }
 }

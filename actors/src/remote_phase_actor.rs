@@ -43,6 +43,9 @@ pub const TEARDOWN_FINALIZER: &str = "package-operator.run/hosted-cluster-teardo
 #[rtype(result = "()")]
 pub struct Resend;
 
+/// Wait before writing a status again whose write failed.
+const STATUS_RETRY: Duration = Duration::from_secs(1);
+
 /// What one exchange with the connector gave.
 enum Exchange {
     Reported(PhaseReport),
@@ -175,6 +178,7 @@ impl RemotePhaseActor {
         if status == phase.status {
             return;
         }
+        let before = phase.status.clone();
         if let Some(p) = self.phase.as_mut() {
             p.status = status.clone();
         }
@@ -185,14 +189,21 @@ impl RemotePhaseActor {
             namespace = phase.namespace(),
             name = phase.name()
         );
+        let written = status.clone();
         ctx.spawn(
-            async move {
-                if let Err(e) = phase.write_status(client, &status).await {
-                    warn!(error = %e, "status write failed");
-                }
-            }
-            .instrument(span)
-            .into_actor(self),
+            async move { phase.write_status(client, &written).await }
+                .instrument(span)
+                .into_actor(self)
+                .map(move |result, act, ctx| {
+                    let Err(error) = result else { return };
+                    warn!(%error, "status write failed; writing it again");
+                    // The report must not be lost: forget that it was written, and write it again
+                    // (unless a newer status took its place meanwhile).
+                    if let Some(p) = act.phase.as_mut().filter(|p| p.status == status) {
+                        p.status = before;
+                    }
+                    ctx.run_later(STATUS_RETRY, |act, ctx| act.publish_status(ctx));
+                }),
         );
     }
 }

@@ -251,9 +251,122 @@ pub fn object_set_conditions(
     }
 }
 
+/// How far a set's phases may run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PhaseReach {
+    /// Phases up to this index (inclusive) are reconciled when their objects change; later ones are not
+    /// applied yet. `len` when every phase may run.
+    pub frontier: usize,
+    /// The phase to start now: the first one not run yet for the current plan, if it may run.
+    pub next: Option<usize>,
+}
+
+/// Where a set's phases may run, from each phase's last progress (`None`: not run for the current plan).
+/// Phases run in order while each earlier one is available. A phase whose objects went to a newer
+/// revision (`HandedOver`) does not hold back the later phases the set had already reached: they keep
+/// being reconciled, so the set's status says what it still controls rather than what it last saw. A
+/// phase never reached stays unreached behind a handover, so a superseded revision never rolls out
+/// more of itself.
+pub fn phase_reach(progress: &[Option<&PhaseProgress>]) -> PhaseReach {
+    let mut behind_handover = false;
+    for (index, phase) in progress.iter().enumerate() {
+        match phase {
+            None if behind_handover => {
+                return PhaseReach {
+                    frontier: index.saturating_sub(1),
+                    next: None,
+                }
+            }
+            None => {
+                return PhaseReach {
+                    frontier: index,
+                    next: Some(index),
+                }
+            }
+            Some(PhaseProgress::Available) => {}
+            Some(PhaseProgress::Blocked {
+                reason: BlockReason::HandedOver,
+                ..
+            }) => behind_handover = true,
+            Some(PhaseProgress::Blocked { .. }) => {
+                return PhaseReach {
+                    frontier: index,
+                    next: None,
+                }
+            }
+        }
+    }
+    PhaseReach {
+        frontier: progress.len(),
+        next: None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn blocked(reason: BlockReason) -> PhaseProgress {
+        PhaseProgress::Blocked {
+            reason,
+            message: String::new(),
+        }
+    }
+
+    #[test]
+    fn phases_run_in_order_until_one_is_not_available() {
+        let available = PhaseProgress::Available;
+        let failing = blocked(BlockReason::ProbeFailure);
+        assert_eq!(
+            phase_reach(&[Some(&available), None, None]),
+            PhaseReach {
+                frontier: 1,
+                next: Some(1)
+            }
+        );
+        assert_eq!(
+            phase_reach(&[Some(&failing), Some(&available)]),
+            PhaseReach {
+                frontier: 0,
+                next: None
+            }
+        );
+        assert_eq!(
+            phase_reach(&[Some(&available), Some(&available)]),
+            PhaseReach {
+                frontier: 2,
+                next: None
+            }
+        );
+    }
+
+    #[test]
+    fn a_handed_over_phase_lets_reached_phases_run_but_starts_no_new_one() {
+        let available = PhaseProgress::Available;
+        let handed_over = blocked(BlockReason::HandedOver);
+        let failing = blocked(BlockReason::ProbeFailure);
+        assert_eq!(
+            phase_reach(&[Some(&handed_over), Some(&available), Some(&available)]),
+            PhaseReach {
+                frontier: 3,
+                next: None
+            }
+        );
+        assert_eq!(
+            phase_reach(&[Some(&handed_over), Some(&failing), Some(&available)]),
+            PhaseReach {
+                frontier: 1,
+                next: None
+            }
+        );
+        assert_eq!(
+            phase_reach(&[Some(&available), Some(&handed_over), None]),
+            PhaseReach {
+                frontier: 1,
+                next: None
+            }
+        );
+    }
     use crate::engine::conditions::is_true_for;
 
     fn obs(phases: Vec<(String, PhaseProgress)>, delay: i32) -> SetObservation {

@@ -171,3 +171,143 @@ async fn an_unreachable_connector_is_reported_and_the_phase_converges_once_it_sa
     let hosted = env().hosted_clusters()[1].client().await.unwrap();
     Api::<Namespace>::all(hosted).get(&hosted_ns).await.unwrap();
 }
+
+/// Handover and archival through hosted-cluster phases (issue 15, items 1c and 3 for this class):
+/// revision 2's phase adopts the hosted object revision 1's phase controls, revision 1 lets go of it, and
+/// archiving revision 1 removes only what it still has, holding `ArchivalInProgress` while a finalizer
+/// blocks one of its hosted objects.
+#[tokio::test]
+async fn hosted_phases_hand_over_between_revisions_and_archive_what_is_left() {
+    let (client, ns) = setup("hcp-handover").await;
+    let _connector = start_connector(&ns, 0);
+    let hosted = env().hosted_clusters()[0].client().await.unwrap();
+    let hosted_ns = format!("{ns}-app");
+    let hosted_cm = |name: &str, rev: &str| {
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+               "metadata": {"name": name, "namespace": hosted_ns}, "data": {"rev": rev}})
+    };
+    let mut held = hosted_cm("held", "1");
+    held["metadata"]["finalizers"] = json!(["pko.test/hold"]);
+    let namespace =
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": hosted_ns}});
+    let revision = |name: &str, config: Vec<Value>, extra: Value| {
+        typed::<ObjectSet>(
+            "ObjectSet",
+            name,
+            json!({"phases": [
+                phase("namespace", "hosted-cluster", vec![namespace.clone()]),
+                phase("config", "hosted-cluster", config),
+            ]}),
+            extra,
+        )
+    };
+    create_set(
+        &client,
+        &ns,
+        &revision("rev1", vec![hosted_cm("shared", "1"), held], json!({})),
+    )
+    .await;
+    wait_condition(&client, &ns, "rev1", "Available", "True", None).await;
+    create_set(
+        &client,
+        &ns,
+        &revision(
+            "rev2",
+            vec![hosted_cm("shared", "2")],
+            json!({"previous": [{"name": "rev1"}]}),
+        ),
+    )
+    .await;
+    wait_condition(&client, &ns, "rev2", "Available", "True", None).await;
+
+    let phases: Api<ObjectSetPhase> = Api::namespaced(client.clone(), &ns);
+    let rev2_config = phases.get("rev2-config").await.unwrap();
+    let shared = wait_cm(&hosted, &hosted_ns, "shared", |cm| {
+        cm.data.as_ref().is_some_and(|d| d["rev"] == "2")
+    })
+    .await;
+    let owners: Value = serde_json::from_str(
+        &shared.metadata.annotations.as_ref().unwrap()["package-operator.run/owners"],
+    )
+    .unwrap();
+    let controller = owners
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["controller"] == true)
+        .unwrap();
+    assert_eq!(controller["uid"], rev2_config.metadata.uid.clone().unwrap());
+    // Revision 1 no longer lists what revision 2 took over.
+    wait_until("rev1 lets go of the shared objects", TIMEOUT, || async {
+        let set: ObjectSet = Api::namespaced(client.clone(), &ns)
+            .get("rev1")
+            .await
+            .map_err(|e| e.to_string())?;
+        let controlled: Vec<String> = set
+            .status
+            .map(|s| s.controller_of.into_iter().map(|c| c.name).collect())
+            .unwrap_or_default();
+        if controlled == ["held"] {
+            return Ok(());
+        }
+        // Say what each of its phases reports, so a failure shows which side is behind.
+        let mut phases_said = Vec::new();
+        for name in ["rev1-namespace", "rev1-config"] {
+            let phase = phases.get(name).await.map_err(|e| e.to_string())?;
+            let status = phase.status.unwrap_or_default();
+            let available = status.conditions.iter().find(|c| c.type_ == "Available");
+            phases_said.push(format!(
+                "{name}: {:?} controls {:?}",
+                available.map(|c| (&c.reason, &c.message)),
+                status
+                    .controller_of
+                    .iter()
+                    .map(|c| &c.name)
+                    .collect::<Vec<_>>()
+            ));
+        }
+        Err(format!(
+            "rev1 controls {controlled:?}; {}",
+            phases_said.join("; ")
+        ))
+    })
+    .await
+    .unwrap();
+
+    patch_set(
+        &client,
+        &ns,
+        "rev1",
+        json!({"spec": {"lifecycleState": "Archived"}}),
+    )
+    .await;
+    wait_cm(&hosted, &hosted_ns, "held", |cm| {
+        cm.metadata.deletion_timestamp.is_some()
+    })
+    .await;
+    wait_condition(
+        &client,
+        &ns,
+        "rev1",
+        "Archived",
+        "False",
+        Some("ArchivalInProgress"),
+    )
+    .await;
+    patch_cm(
+        &hosted,
+        &hosted_ns,
+        "held",
+        json!({"metadata": {"finalizers": null}}),
+    )
+    .await;
+    wait_condition(&client, &ns, "rev1", "Archived", "True", Some("Archived")).await;
+    wait_cm_gone(&hosted, &hosted_ns, "held").await;
+    let shared = get_cm(&hosted, &hosted_ns, "shared").await.unwrap();
+    assert_eq!(shared.data.unwrap()["rev"], "2");
+    Api::<Namespace>::all(hosted.clone())
+        .get(&hosted_ns)
+        .await
+        .unwrap();
+    wait_condition(&client, &ns, "rev2", "Available", "True", None).await;
+}
