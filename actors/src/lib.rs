@@ -5,6 +5,7 @@
 //! decides on. The actors (`object_set_actor`, `phase_actor`, the feeds) hold state, timers and routing and
 //! call the two.
 
+pub mod admission;
 pub mod applier;
 pub mod cluster_client;
 pub mod connector_actor;

@@ -8,9 +8,10 @@ use crate::apiserver::{self, ApiServer};
 use crate::binaries::Binaries;
 use crate::error::{io_error, TestEnvError};
 use crate::nats::{self, Nats};
+use crate::net::free_port;
 use crate::process::ManagedProcess;
 use crate::registry::{self, Registry};
-use crate::{controller_manager, etcd};
+use crate::{controller_manager, etcd, webhook};
 
 /// What to start.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -59,6 +60,7 @@ pub struct TestEnv {
     registry: Registry,
     authenticated_registry: Registry,
     etcd: etcd::Etcd,
+    webhook_port: u16,
     timings: StartupTimings,
 }
 
@@ -74,6 +76,11 @@ impl TestEnv {
             let _ = std::fs::remove_dir_all(&root);
         }
         result
+    }
+
+    /// Loopback port the managers serve the admission webhook on; the management apiserver calls it.
+    pub fn webhook_port(&self) -> u16 {
+        self.webhook_port
     }
 
     /// The management cluster's apiserver.
@@ -240,6 +247,8 @@ async fn start_in(
         .next()
         .ok_or_else(|| TestEnvError::SharedStartFailed("no management apiserver".into()))?;
     let hosted: Vec<ApiServer> = servers.collect();
+    let webhook_port = free_port().map_err(io_error("allocate port", root))?;
+    webhook::register(&management, webhook_port).await?;
 
     let controller_manager = if config.controller_manager {
         let t = Instant::now();
@@ -261,6 +270,7 @@ async fn start_in(
         registry: registry.0,
         authenticated_registry,
         etcd: etcd.0,
+        webhook_port,
         timings,
     })
 }

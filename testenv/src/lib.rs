@@ -32,6 +32,7 @@ mod net;
 mod process;
 mod registry;
 mod wait;
+mod webhook;
 
 pub use apiserver::ApiServer;
 pub use binaries::Binaries;

@@ -115,6 +115,13 @@ impl TestEnv {
             .arg(self.nats().url())
             .arg("--nats-account-seed-file")
             .arg(self.nats().account_seed_file())
+            // Every manager serves the webhook the environment registered (one shared port).
+            .arg("--webhook-addr")
+            .arg(format!("127.0.0.1:{}", self.webhook_port()))
+            .arg("--webhook-cert-namespace")
+            .arg(crate::webhook::CERT_NAMESPACE)
+            .arg("--webhook-cert-names")
+            .arg("127.0.0.1")
             .args(extra_args)
             .env(
                 "RUST_LOG",

@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use pko_actors::admission::webhook_server::ReviewCounts;
 use pko_actors::applier::RequestCounts;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -54,6 +55,27 @@ pub fn request_metrics(counts: &RequestCounts) -> Vec<(&'static str, &'static st
             "pko_object_writes_total",
             "Writes to managed objects (apply, patch, delete).",
             counts.writes(),
+        ),
+    ]
+}
+
+/// Metric lines for the admission webhook's reviews.
+pub fn review_metrics(counts: &ReviewCounts) -> Vec<(&'static str, &'static str, u64)> {
+    vec![
+        (
+            "pko_admission_reviews_allowed_total",
+            "Admission reviews the webhook allowed.",
+            counts.allowed(),
+        ),
+        (
+            "pko_admission_reviews_denied_total",
+            "Admission reviews the webhook denied (an immutable field changed).",
+            counts.denied(),
+        ),
+        (
+            "pko_admission_reviews_malformed_total",
+            "Admission requests the webhook could not read (too large or not an AdmissionReview).",
+            counts.malformed(),
         ),
     ]
 }

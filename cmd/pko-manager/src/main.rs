@@ -7,9 +7,12 @@ mod health;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
+use pko_actors::admission::serving_cert::{ServingCert, ServingCertConfig, ServingCertError};
+use pko_actors::admission::webhook_server::{self, ReviewCounts};
 use pko_actors::cluster_client::{cluster_client, ClientError, DEFAULT_MAX_IN_FLIGHT};
 use pko_actors::connector_link::{ConnectorLink, LinkSetupError};
 use pko_actors::context::ManagerContext;
@@ -19,7 +22,7 @@ use pko_actors::pull_secrets::PullSecretSource;
 use pko_proto::nats_credentials::AccountSigner;
 use tracing::{error, info};
 
-use crate::health::{request_metrics, HealthState};
+use crate::health::{request_metrics, review_metrics, HealthState};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum LogFormat {
@@ -84,6 +87,23 @@ struct Args {
     /// Log format.
     #[arg(long, value_enum, default_value = "text")]
     log_format: LogFormat,
+    /// Serve the validating admission webhook (immutable ObjectSet/ObjectSetPhase fields) over HTTPS on
+    /// this address. Every replica serves it, leader or not.
+    #[arg(long, env = "PKO_WEBHOOK_ADDR")]
+    webhook_addr: Option<SocketAddr>,
+    /// Namespace of the Secret holding the webhook's CA and serving certificate.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "package-operator-system")]
+    webhook_cert_namespace: String,
+    /// Name of that Secret; the replicas share it.
+    #[arg(long, default_value = "pko-webhook-serving-cert")]
+    webhook_cert_secret: String,
+    /// DNS names and IPs the serving certificate is valid for, comma-separated; by default the names of
+    /// the `pko-webhook` Service in the Secret's namespace.
+    #[arg(long, value_delimiter = ',')]
+    webhook_cert_names: Vec<String>,
+    /// ValidatingWebhookConfiguration whose caBundle the manager keeps filled with its CA.
+    #[arg(long, default_value = "pko-object-immutability")]
+    webhook_configuration: String,
 }
 
 /// Why the manager could not start or keep running.
@@ -105,6 +125,14 @@ pub enum ManagerError {
     NatsSeedMissing,
     #[error(transparent)]
     Nats(#[from] LinkSetupError),
+    #[error("admission webhook: {0}")]
+    WebhookCert(#[from] ServingCertError),
+    #[error("admission webhook listener {addr}: {source}")]
+    WebhookListen {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("waiting for a shutdown signal: {0}")]
     Signal(#[source] std::io::Error),
 }
@@ -137,6 +165,41 @@ async fn connector_link(args: &Args) -> Result<Option<ConnectorLink>, ManagerErr
     ))
 }
 
+/// Obtains the serving certificate, starts the listener and keeps the certificate fresh. Runs before
+/// leader election: a standby must answer reviews too.
+async fn serve_webhook(
+    args: &Args,
+    addr: SocketAddr,
+    client: kube::Client,
+    reviews: Arc<ReviewCounts>,
+) -> Result<(), ManagerError> {
+    let names = if args.webhook_cert_names.is_empty() {
+        let ns = &args.webhook_cert_namespace;
+        vec![
+            format!("pko-webhook.{ns}.svc"),
+            format!("pko-webhook.{ns}.svc.cluster.local"),
+        ]
+    } else {
+        args.webhook_cert_names.clone()
+    };
+    let cert = ServingCert::ensure(
+        client,
+        ServingCertConfig {
+            namespace: args.webhook_cert_namespace.clone(),
+            secret: args.webhook_cert_secret.clone(),
+            names,
+            webhook_configuration: Some(args.webhook_configuration.clone()),
+        },
+    )
+    .await?;
+    let bound = webhook_server::serve(addr, cert.tls_config(), reviews)
+        .await
+        .map_err(|source| ManagerError::WebhookListen { addr, source })?;
+    info!(addr = %bound, path = webhook_server::IMMUTABLE_FIELDS_PATH, "serving the admission webhook");
+    tokio::spawn(cert.keep_fresh(Duration::from_secs(60 * 60)));
+    Ok(())
+}
+
 async fn run(args: Args) -> Result<(), ManagerError> {
     let client = cluster_client(args.kubeconfig.as_deref(), args.max_in_flight_requests).await?;
     if args.install_crds {
@@ -155,8 +218,16 @@ async fn run(args: Args) -> Result<(), ManagerError> {
         info!(url = ?args.nats_url, account = link.signer.account(), "delivering hosted-cluster phases over NATS");
         context = context.with_connectors(link, args.cluster_name.clone());
     }
+    let reviews = Arc::new(ReviewCounts::default());
+    if let Some(addr) = args.webhook_addr {
+        serve_webhook(&args, addr, client.clone(), reviews.clone()).await?;
+    }
     let applier = context.applier.clone();
-    let health = HealthState::new(move || request_metrics(applier.counts()));
+    let health = HealthState::new(move || {
+        let mut metrics = request_metrics(applier.counts());
+        metrics.extend(review_metrics(&reviews));
+        metrics
+    });
     let bound = health::serve(args.health_addr, health.clone())
         .await
         .map_err(|source| ManagerError::Health {

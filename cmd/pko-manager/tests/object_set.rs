@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::PostParams;
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
 use kube::runtime::watcher::{self, Event};
 use kube::Api;
 use pko_proto::core::object_set::ObjectSet;
@@ -985,4 +985,172 @@ async fn external_objects_are_probed_but_never_written() {
         .unwrap_or_default()
         .contains_key("package-operator.run/revision"));
     assert_eq!(theirs.data.unwrap()["ready"], "yes");
+}
+
+/// A package-operator.run kind as dynamic objects, namespaced in `ns` or cluster-scoped with `None`.
+fn pko_api(
+    client: &kube::Client,
+    kind: &str,
+    plural: &str,
+    ns: Option<&str>,
+) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk("package-operator.run", "v1alpha1", kind);
+    let resource = ApiResource::from_gvk_with_plural(&gvk, plural);
+    match ns {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
+        None => Api::all_with(client.clone(), &resource),
+    }
+}
+
+/// Merge-patches `spec` and expects the webhook's refusal naming `field`.
+async fn expect_immutable(
+    api: &Api<DynamicObject>,
+    name: &str,
+    field: &str,
+    value: serde_json::Value,
+) {
+    let patch = json!({"spec": {field: value}});
+    match api
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Err(kube::Error::Api(status)) => {
+            assert_eq!(status.code, 422, "{name}: {status:?}");
+            assert!(
+                status.message.contains(&format!(
+                    "spec.{field}: Invalid value: {field} is immutable"
+                )),
+                "{name}: {}",
+                status.message
+            );
+        }
+        other => panic!("{name}: changing {field} was not refused: {other:?}"),
+    }
+}
+
+/// The manager's admission webhook refuses changes to the immutable spec fields of all four set and
+/// phase kinds, naming the field; mutable fields and metadata still change (issue 15, item 7).
+#[tokio::test]
+async fn immutable_spec_fields_are_refused_by_the_webhook() {
+    let (client, ns) = setup("os-immutable").await;
+    let denied_before = manager()
+        .metric("pko_admission_reviews_denied_total")
+        .await
+        .unwrap();
+    let extra = cel_probe("true", "never fails");
+    let mut set = object_set(
+        "frozen",
+        &[("deploy", vec![configmap("cm-frozen", json!({}))])],
+        extra.clone(),
+    );
+    set.spec.template.success_delay_seconds = 1;
+    create_set(&client, &ns, &set).await;
+    let sets = pko_api(&client, "ObjectSet", "objectsets", Some(&ns));
+    for (field, value) in [
+        ("phases", json!([{"name": "other", "objects": []}])),
+        ("availabilityProbes", json!([])),
+        ("successDelaySeconds", json!(5)),
+        ("previous", json!([{"name": "rev-0"}])),
+        ("revision", json!(7)),
+    ] {
+        expect_immutable(&sets, "frozen", field, value).await;
+    }
+    // What may change still does: the lifecycle, labels, and an unchanged spec written back whole.
+    let paused =
+        json!({"metadata": {"labels": {"team": "a"}}, "spec": {"lifecycleState": "Paused"}});
+    sets.patch("frozen", &PatchParams::default(), &Patch::Merge(&paused))
+        .await
+        .unwrap();
+    wait_until("the unchanged set is written back", TIMEOUT, || async {
+        // The manager writes status and finalizers meanwhile: read again on a conflict.
+        let stored = sets.get("frozen").await.map_err(|e| e.to_string())?;
+        sets.replace("frozen", &PostParams::default(), &stored)
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    })
+    .await
+    .unwrap();
+
+    let phases = pko_api(&client, "ObjectSetPhase", "objectsetphases", Some(&ns));
+    let phase: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "package-operator.run/v1alpha1",
+        "kind": "ObjectSetPhase",
+        "metadata": {"name": "frozen-phase"},
+        "spec": {"revision": 1, "paused": true, "objects": [{"object": configmap("cm-phase", json!({}))}]},
+    }))
+    .unwrap();
+    phases.create(&PostParams::default(), &phase).await.unwrap();
+    for (field, value) in [
+        ("objects", json!([])),
+        ("revision", json!(2)),
+        ("previous", json!([{"name": "rev-0"}])),
+        ("availabilityProbes", extra["availabilityProbes"].clone()),
+    ] {
+        expect_immutable(&phases, "frozen-phase", field, value).await;
+    }
+    let unpause = json!({"spec": {"paused": false}});
+    phases
+        .patch(
+            "frozen-phase",
+            &PatchParams::default(),
+            &Patch::Merge(&unpause),
+        )
+        .await
+        .unwrap();
+
+    // The Cluster variants go through the same rule.
+    let cluster_sets = pko_api(&client, "ClusterObjectSet", "clusterobjectsets", None);
+    let cluster_set_name = format!("{ns}-frozen");
+    let cluster_set: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "package-operator.run/v1alpha1",
+        "kind": "ClusterObjectSet",
+        "metadata": {"name": cluster_set_name},
+        "spec": {"lifecycleState": "Paused", "phases": [{"name": "empty", "objects": []}]},
+    }))
+    .unwrap();
+    cluster_sets
+        .create(&PostParams::default(), &cluster_set)
+        .await
+        .unwrap();
+    expect_immutable(&cluster_sets, &cluster_set_name, "phases", json!([])).await;
+    let cluster_phases = pko_api(
+        &client,
+        "ClusterObjectSetPhase",
+        "clusterobjectsetphases",
+        None,
+    );
+    let cluster_phase_name = format!("{ns}-frozen-phase");
+    let cluster_phase: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "package-operator.run/v1alpha1",
+        "kind": "ClusterObjectSetPhase",
+        "metadata": {"name": cluster_phase_name},
+        "spec": {"revision": 1, "paused": true, "objects": []},
+    }))
+    .unwrap();
+    cluster_phases
+        .create(&PostParams::default(), &cluster_phase)
+        .await
+        .unwrap();
+    expect_immutable(&cluster_phases, &cluster_phase_name, "revision", json!(3)).await;
+
+    let denied_after = manager()
+        .metric("pko_admission_reviews_denied_total")
+        .await
+        .unwrap();
+    assert!(
+        denied_after >= denied_before + 11,
+        "denials counted: {denied_before} -> {denied_after}"
+    );
+    // Deleting goes through (finalizer removal is an update that leaves the spec alone).
+    cluster_sets
+        .delete(&cluster_set_name, &Default::default())
+        .await
+        .unwrap();
+    cluster_phases
+        .delete(&cluster_phase_name, &Default::default())
+        .await
+        .unwrap();
+    wait_gone(&cluster_sets, &cluster_set_name).await;
+    wait_gone(&cluster_phases, &cluster_phase_name).await;
 }

@@ -1,0 +1,9 @@
+//! The validating admission webhook the manager serves: it refuses updates that change the immutable
+//! spec fields of ObjectSets and ObjectSetPhases (and their Cluster variants), which upstream declares
+//! as CRD validation rules that kube-apiserver 1.20 cannot evaluate.
+//!
+//! Owns the TLS identity (`serving_cert`) and the listener (`webhook_server`); the rule itself is
+//! `engine::immutable_fields`.
+
+pub mod serving_cert;
+pub mod webhook_server;

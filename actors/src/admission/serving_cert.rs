@@ -1,0 +1,517 @@
+//! The admission webhook's TLS identity: a private CA and a serving certificate it signs, kept in one
+//! Secret that every replica shares, renewed well before expiry, and the CA published as the `caBundle`
+//! of the webhook configuration so the apiserver trusts whichever replica answers.
+//!
+//! Owns the Secret's contents and the configuration's `caBundle`; it does not register the webhook (the
+//! deploy manifests and the test environment do) and serves nothing itself (`webhook_server` does).
+
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::ByteString;
+use kube::api::PostParams;
+use kube::{Api, Client};
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose,
+};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+use tracing::{info, warn};
+
+const CA_CERT: &str = "ca.crt";
+const CA_KEY: &str = "ca.key";
+const TLS_CERT: &str = "tls.crt";
+const TLS_KEY: &str = "tls.key";
+/// Unix seconds after which the CA, resp. the serving certificate, is no longer valid.
+const CA_NOT_AFTER: &str = "package-operator.run/ca-not-after";
+const SERVING_NOT_AFTER: &str = "package-operator.run/serving-cert-not-after";
+/// The names the serving certificate was issued for, comma-separated.
+const SERVING_NAMES: &str = "package-operator.run/serving-cert-names";
+
+const DAY: u64 = 24 * 60 * 60;
+const CA_VALIDITY: u64 = 10 * 365 * DAY;
+const SERVING_VALIDITY: u64 = 365 * DAY;
+/// A certificate this close to its end is replaced: a third of the serving lifetime leaves months for a
+/// failing renewal to be noticed.
+const RENEW_BEFORE: u64 = 120 * DAY;
+/// Conflicting writers (replicas starting together) settle within a few rounds.
+const SECRET_WRITE_ATTEMPTS: usize = 5;
+
+/// Where the certificate lives and what it must be valid for.
+#[derive(Debug, Clone)]
+pub struct ServingCertConfig {
+    pub namespace: String,
+    pub secret: String,
+    /// DNS names and IP addresses the apiserver dials (the Service's names, or 127.0.0.1 in tests).
+    pub names: Vec<String>,
+    /// The ValidatingWebhookConfiguration whose `caBundle` this CA fills, if any.
+    pub webhook_configuration: Option<String>,
+}
+
+/// Why the serving certificate could not be obtained.
+#[derive(Debug, thiserror::Error)]
+pub enum ServingCertError {
+    #[error("{action} Secret {namespace}/{name}: {source}")]
+    Secret {
+        action: &'static str,
+        namespace: String,
+        name: String,
+        #[source]
+        source: Box<kube::Error>,
+    },
+    #[error("{action} ValidatingWebhookConfiguration {name}: {source}")]
+    WebhookConfiguration {
+        action: &'static str,
+        name: String,
+        #[source]
+        source: Box<kube::Error>,
+    },
+    #[error("issuing a certificate: {0}")]
+    Issue(#[from] rcgen::Error),
+    #[error("loading the serving certificate: {0}")]
+    Load(String),
+    #[error("Secret {namespace}/{name} kept changing under {attempts} attempts to write it")]
+    Contended {
+        namespace: String,
+        name: String,
+        attempts: usize,
+    },
+}
+
+/// The PEM material of one Secret, with its validity.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct CertMaterial {
+    ca_cert: String,
+    ca_key: String,
+    ca_not_after: u64,
+    cert: String,
+    key: String,
+    not_after: u64,
+    names: Vec<String>,
+}
+
+impl CertMaterial {
+    fn from_secret(secret: &Secret) -> Option<Self> {
+        let data = secret.data.as_ref()?;
+        let text = |key: &str| {
+            data.get(key)
+                .and_then(|b| String::from_utf8(b.0.clone()).ok())
+        };
+        let annotations = secret.metadata.annotations.as_ref()?;
+        let number = |key: &str| annotations.get(key)?.parse().ok();
+        Some(Self {
+            ca_cert: text(CA_CERT)?,
+            ca_key: text(CA_KEY)?,
+            ca_not_after: number(CA_NOT_AFTER)?,
+            cert: text(TLS_CERT)?,
+            key: text(TLS_KEY)?,
+            not_after: number(SERVING_NOT_AFTER)?,
+            names: annotations
+                .get(SERVING_NAMES)?
+                .split(',')
+                .filter(|n| !n.is_empty())
+                .map(str::to_owned)
+                .collect(),
+        })
+    }
+
+    fn to_secret(&self, meta: ObjectMeta) -> Secret {
+        let bytes = |s: &str| ByteString(s.as_bytes().to_vec());
+        let mut meta = meta;
+        let annotations = meta.annotations.get_or_insert_with(Default::default);
+        annotations.insert(CA_NOT_AFTER.to_owned(), self.ca_not_after.to_string());
+        annotations.insert(SERVING_NOT_AFTER.to_owned(), self.not_after.to_string());
+        annotations.insert(SERVING_NAMES.to_owned(), self.names.join(","));
+        Secret {
+            metadata: meta,
+            type_: Some("kubernetes.io/tls".to_owned()),
+            data: Some(
+                [
+                    (CA_CERT.to_owned(), bytes(&self.ca_cert)),
+                    (CA_KEY.to_owned(), bytes(&self.ca_key)),
+                    (TLS_CERT.to_owned(), bytes(&self.cert)),
+                    (TLS_KEY.to_owned(), bytes(&self.key)),
+                ]
+                .into(),
+            ),
+            ..Default::default()
+        }
+    }
+
+    /// What must be issued anew at `now` for `names`: nothing, the serving certificate, or everything.
+    fn renewal(&self, now: u64, names: &[String]) -> Renewal {
+        if self.ca_not_after <= now + RENEW_BEFORE || KeyPair::from_pem(&self.ca_key).is_err() {
+            Renewal::All
+        } else if self.not_after <= now + RENEW_BEFORE || self.names != names {
+            Renewal::Serving
+        } else {
+            Renewal::None
+        }
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Renewal {
+    None,
+    Serving,
+    All,
+}
+
+/// The CA's parameters; rebuilt identically to sign with a stored CA key, so its certificate need not
+/// be parsed back.
+fn ca_params(now: u64) -> Result<CertificateParams, rcgen::Error> {
+    let mut params = CertificateParams::new(Vec::<String>::new())?;
+    let mut name = DistinguishedName::new();
+    name.push(DnType::CommonName, "pko admission webhook CA");
+    params.distinguished_name = name;
+    params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    params.not_before = offset_time(now.saturating_sub(DAY));
+    params.not_after = offset_time(now + CA_VALIDITY);
+    Ok(params)
+}
+
+fn offset_time(unix: u64) -> time::OffsetDateTime {
+    let seconds = i64::try_from(unix).unwrap_or(i64::MAX);
+    time::OffsetDateTime::from_unix_timestamp(seconds).unwrap_or(time::OffsetDateTime::UNIX_EPOCH)
+}
+
+fn issue_all(now: u64, names: &[String]) -> Result<CertMaterial, rcgen::Error> {
+    let ca_key = KeyPair::generate()?;
+    let ca_cert = ca_params(now)?.self_signed(&ca_key)?.pem();
+    let ca_key = ca_key.serialize_pem();
+    issue_serving(ca_cert, ca_key, now + CA_VALIDITY, now, names)
+}
+
+fn issue_serving(
+    ca_cert: String,
+    ca_key: String,
+    ca_not_after: u64,
+    now: u64,
+    names: &[String],
+) -> Result<CertMaterial, rcgen::Error> {
+    let issuer = Issuer::new(ca_params(now)?, KeyPair::from_pem(&ca_key)?);
+    let key = KeyPair::generate()?;
+    let mut params = CertificateParams::new(names.to_vec())?;
+    let mut subject = DistinguishedName::new();
+    subject.push(
+        DnType::CommonName,
+        names.first().cloned().unwrap_or_default(),
+    );
+    params.distinguished_name = subject;
+    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    params.use_authority_key_identifier_extension = true;
+    let not_after = (now + SERVING_VALIDITY).min(ca_not_after);
+    params.not_before = offset_time(now.saturating_sub(DAY));
+    params.not_after = offset_time(not_after);
+    let cert = params.signed_by(&key, &issuer)?.pem();
+    Ok(CertMaterial {
+        ca_cert,
+        ca_key,
+        ca_not_after,
+        cert,
+        key: key.serialize_pem(),
+        not_after,
+        names: names.to_vec(),
+    })
+}
+
+fn certified_key(material: &CertMaterial) -> Result<Arc<CertifiedKey>, ServingCertError> {
+    let load = |e: String| ServingCertError::Load(e);
+    let chain = CertificateDer::pem_slice_iter(material.cert.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| load(format!("{TLS_CERT}: {e}")))?;
+    let key = PrivateKeyDer::from_pem_slice(material.key.as_bytes())
+        .map_err(|e| load(format!("{TLS_KEY}: {e}")))?;
+    let signing = rustls::crypto::aws_lc_rs::sign::any_supported_type(&key)
+        .map_err(|e| load(format!("{TLS_KEY}: {e}")))?;
+    Ok(Arc::new(CertifiedKey::new(chain, signing)))
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default()
+}
+
+/// Hands TLS handshakes the current serving certificate; swapped in place when it is renewed.
+#[derive(Debug)]
+pub struct CertSlot(RwLock<Arc<CertifiedKey>>);
+
+impl CertSlot {
+    fn current(&self) -> Arc<CertifiedKey> {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn replace(&self, key: Arc<CertifiedKey>) {
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = key;
+    }
+}
+
+impl ResolvesServerCert for CertSlot {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.current())
+    }
+}
+
+/// The serving certificate of this replica, kept in step with the shared Secret.
+#[derive(Clone)]
+pub struct ServingCert {
+    client: Client,
+    config: ServingCertConfig,
+    slot: Arc<CertSlot>,
+    loaded: Arc<RwLock<CertMaterial>>,
+}
+
+impl ServingCert {
+    /// Reads (or issues and stores) the certificate and publishes the CA. Every replica calls this;
+    /// the first to write the Secret wins and the others load what it wrote.
+    pub async fn ensure(
+        client: Client,
+        config: ServingCertConfig,
+    ) -> Result<Self, ServingCertError> {
+        let material = ensure_secret(&client, &config).await?;
+        let slot = Arc::new(CertSlot(RwLock::new(certified_key(&material)?)));
+        let cert = Self {
+            client,
+            config,
+            slot,
+            loaded: Arc::new(RwLock::new(material)),
+        };
+        cert.publish_ca().await?;
+        Ok(cert)
+    }
+
+    /// A rustls server configuration that always presents the current certificate. HTTP/1.1 only: the
+    /// apiserver's webhook client needs nothing more.
+    pub fn tls_config(&self) -> Arc<rustls::ServerConfig> {
+        let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::aws_lc_rs::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map(|b| {
+            b.with_no_client_auth()
+                .with_cert_resolver(self.slot.clone())
+        })
+        // The provider's defaults always include TLS 1.2 and 1.3; fall back to the process default.
+        .unwrap_or_else(|_| {
+            rustls::ServerConfig::builder()
+                .with_no_client_auth()
+                .with_cert_resolver(self.slot.clone())
+        });
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Arc::new(config)
+    }
+
+    /// Re-reads the Secret, renews what is due, loads a changed certificate and republishes the CA.
+    pub async fn refresh(&self) -> Result<(), ServingCertError> {
+        let material = ensure_secret(&self.client, &self.config).await?;
+        let changed = *self.loaded.read().unwrap_or_else(|e| e.into_inner()) != material;
+        if changed {
+            self.slot.replace(certified_key(&material)?);
+            info!(
+                secret = %self.config.secret,
+                not_after = material.not_after,
+                "loaded a renewed admission webhook serving certificate"
+            );
+            *self.loaded.write().unwrap_or_else(|e| e.into_inner()) = material;
+        }
+        self.publish_ca().await
+    }
+
+    /// Refreshes every `period` until the process ends; failures are logged and retried next period,
+    /// months before the certificate in use expires.
+    pub async fn keep_fresh(self, period: Duration) {
+        loop {
+            tokio::time::sleep(period).await;
+            if let Err(error) = self.refresh().await {
+                warn!(%error, "refreshing the admission webhook serving certificate failed");
+            }
+        }
+    }
+
+    /// Writes the CA into every webhook of the configuration whose `caBundle` differs.
+    async fn publish_ca(&self) -> Result<(), ServingCertError> {
+        let Some(name) = &self.config.webhook_configuration else {
+            return Ok(());
+        };
+        let ca = self
+            .loaded
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .ca_cert
+            .clone()
+            .into_bytes();
+        let api: Api<ValidatingWebhookConfiguration> = Api::all(self.client.clone());
+        let error = |action| {
+            move |e| ServingCertError::WebhookConfiguration {
+                action,
+                name: name.clone(),
+                source: Box::new(e),
+            }
+        };
+        let Some(mut configuration) = api.get_opt(name).await.map_err(error("reading"))? else {
+            warn!(configuration = %name, "the admission webhook is not registered; updates are not checked");
+            return Ok(());
+        };
+        let mut changed = false;
+        for webhook in configuration.webhooks.iter_mut().flatten() {
+            if webhook.client_config.ca_bundle.as_ref().map(|b| &b.0) != Some(&ca) {
+                webhook.client_config.ca_bundle = Some(ByteString(ca.clone()));
+                changed = true;
+            }
+        }
+        if changed {
+            // The read resourceVersion rides along: a concurrent writer makes this fail, and the next
+            // refresh reads again.
+            api.replace(name, &PostParams::default(), &configuration)
+                .await
+                .map_err(error("updating the caBundle of"))?;
+            info!(configuration = %name, "published the admission webhook CA");
+        }
+        Ok(())
+    }
+}
+
+/// The Secret's material, issued or renewed as needed, settled against concurrent writers.
+async fn ensure_secret(
+    client: &Client,
+    config: &ServingCertConfig,
+) -> Result<CertMaterial, ServingCertError> {
+    let api: Api<Secret> = Api::namespaced(client.clone(), &config.namespace);
+    let error = |action| {
+        move |e| ServingCertError::Secret {
+            action,
+            namespace: config.namespace.clone(),
+            name: config.secret.clone(),
+            source: Box::new(e),
+        }
+    };
+    let is_conflict = |e: &kube::Error| matches!(e, kube::Error::Api(s) if s.code == 409);
+    for _ in 0..SECRET_WRITE_ATTEMPTS {
+        let now = unix_now();
+        let existing = api
+            .get_opt(&config.secret)
+            .await
+            .map_err(error("reading"))?;
+        let Some(secret) = existing else {
+            let material = issue_all(now, &config.names)?;
+            let meta = ObjectMeta {
+                name: Some(config.secret.clone()),
+                namespace: Some(config.namespace.clone()),
+                ..Default::default()
+            };
+            match api
+                .create(&PostParams::default(), &material.to_secret(meta))
+                .await
+            {
+                Ok(_) => {
+                    info!(secret = %config.secret, "issued the admission webhook serving certificate");
+                    return Ok(material);
+                }
+                Err(e) if is_conflict(&e) => continue,
+                Err(e) => return Err(error("creating")(e)),
+            }
+        };
+        let stored = CertMaterial::from_secret(&secret);
+        let renewal = stored
+            .as_ref()
+            .map_or(Renewal::All, |m| m.renewal(now, &config.names));
+        let material = match (stored, renewal) {
+            (Some(material), Renewal::None) => return Ok(material),
+            (Some(m), Renewal::Serving) => {
+                issue_serving(m.ca_cert, m.ca_key, m.ca_not_after, now, &config.names)?
+            }
+            _ => issue_all(now, &config.names)?,
+        };
+        // Replacing with the read resourceVersion: of replicas renewing together, one wins.
+        let mut meta = secret.metadata.clone();
+        meta.managed_fields = None;
+        match api
+            .replace(
+                &config.secret,
+                &PostParams::default(),
+                &material.to_secret(meta),
+            )
+            .await
+        {
+            Ok(_) => {
+                info!(secret = %config.secret, not_after = material.not_after, "renewed the admission webhook serving certificate");
+                return Ok(material);
+            }
+            Err(e) if is_conflict(&e) => continue,
+            Err(e) => return Err(error("updating")(e)),
+        }
+    }
+    Err(ServingCertError::Contended {
+        namespace: config.namespace.clone(),
+        name: config.secret.clone(),
+        attempts: SECRET_WRITE_ATTEMPTS,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names() -> Vec<String> {
+        vec!["pko-webhook.pko.svc".to_owned(), "127.0.0.1".to_owned()]
+    }
+
+    #[test]
+    fn issued_material_round_trips_through_a_secret_and_loads() {
+        let material = issue_all(unix_now(), &names()).unwrap();
+        let secret = material.to_secret(ObjectMeta::default());
+        let read = CertMaterial::from_secret(&secret).unwrap();
+        assert_eq!(read, material);
+        certified_key(&read).unwrap();
+    }
+
+    #[test]
+    fn renewal_is_due_near_expiry_or_for_other_names() {
+        let now = unix_now();
+        let material = issue_all(now, &names()).unwrap();
+        assert_eq!(material.renewal(now, &names()), Renewal::None);
+        assert_eq!(
+            material.renewal(now, &["other.svc".to_owned()]),
+            Renewal::Serving
+        );
+        let late = material.not_after - RENEW_BEFORE + 1;
+        assert_eq!(material.renewal(late, &names()), Renewal::Serving);
+        let very_late = material.ca_not_after - RENEW_BEFORE + 1;
+        assert_eq!(material.renewal(very_late, &names()), Renewal::All);
+    }
+
+    #[test]
+    fn a_renewed_serving_certificate_keeps_the_ca() {
+        let now = unix_now();
+        let first = issue_all(now, &names()).unwrap();
+        let renewed = issue_serving(
+            first.ca_cert.clone(),
+            first.ca_key.clone(),
+            first.ca_not_after,
+            now + 300 * DAY,
+            &names(),
+        )
+        .unwrap();
+        assert_eq!(renewed.ca_cert, first.ca_cert);
+        assert_ne!(renewed.cert, first.cert);
+        assert!(renewed.not_after <= renewed.ca_not_after);
+    }
+
+    #[test]
+    fn a_secret_missing_a_key_is_not_material() {
+        let material = issue_all(unix_now(), &names()).unwrap();
+        let mut secret = material.to_secret(ObjectMeta::default());
+        secret.data.as_mut().unwrap().remove(TLS_KEY);
+        assert!(CertMaterial::from_secret(&secret).is_none());
+    }
+}
