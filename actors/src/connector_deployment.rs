@@ -9,7 +9,7 @@
 
 use serde_json::{json, Value};
 
-use crate::engine::template_hash::value_hash;
+use pko_package::canonical_hash::value_hash;
 
 /// Name of every connector object in an HCP namespace.
 pub const CONNECTOR_NAME: &str = "pko-connector";

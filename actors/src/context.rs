@@ -9,9 +9,9 @@ use crate::applier::Applier;
 use crate::connector_link::ConnectorLink;
 use crate::hosted_cluster_package_actor::RolloutShared;
 use crate::object_cache::ObjectCache;
-use crate::package::image::ImageStore;
 use crate::pull_secrets::PullSecretSource;
 use crate::rollout_publisher::RolloutPublisher;
+use pko_package::image::ImageStore;
 
 /// Shared handles; cheap to clone.
 #[derive(Clone)]

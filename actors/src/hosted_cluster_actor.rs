@@ -23,10 +23,10 @@ use crate::connector_deployment::{
 };
 use crate::context::ManagerContext;
 use crate::engine::object_ref::ObjectKey;
-use crate::engine::template_hash::value_hash;
 use crate::kind_feed::{FeedTarget, Gone, Observed};
 use crate::reconcile_gate::ReconcileGate;
 use crate::registry::ObjectRef;
+use pko_package::canonical_hash::value_hash;
 
 const BACKOFF_MIN: Duration = Duration::from_secs(2);
 const BACKOFF_MAX: Duration = Duration::from_secs(120);

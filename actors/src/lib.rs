@@ -31,7 +31,6 @@ pub mod object_meta;
 pub mod object_set_actor;
 pub mod object_set_plan;
 pub mod object_template_actor;
-pub mod package;
 pub mod package_actor;
 pub mod package_object;
 pub mod phase_actor;

@@ -21,11 +21,11 @@ use crate::engine::object_template::{
 };
 use crate::kind_feed::{FeedTarget, Gone, Observed};
 use crate::object_meta::MetaView;
-use crate::package::environment::{environment_value, package_environment};
 use crate::package_object::environment_facts;
 use crate::reconcile_gate::ReconcileGate;
 use crate::registry::ObjectRef;
 use crate::template_object::TemplateObject;
+use pko_package::environment::{environment_value, package_environment};
 
 const BACKOFF_MIN: Duration = Duration::from_secs(1);
 const BACKOFF_MAX: Duration = Duration::from_secs(60);

@@ -11,18 +11,18 @@ use pko_proto::core::package::PackageStatus;
 use tracing::{info_span, warn, Instrument};
 
 use crate::context::ManagerContext;
-use crate::engine::template_hash::value_hash;
-use crate::kind_feed::{FeedTarget, Gone, Observed};
-use crate::object_meta::MetaView;
-use crate::package::chunking::{chunk, ChunkingStrategy, CHUNKING_ANNOTATION};
-use crate::package::deployment::{
+use crate::engine::package_deployment::{
     package_conditions, package_deployment, scope_error, UnpackOutcome,
 };
-use crate::package::environment::{environment_value, package_environment};
-use crate::package::loader::load_installable;
+use crate::kind_feed::{FeedTarget, Gone, Observed};
+use crate::object_meta::MetaView;
 use crate::package_object::{environment_facts, PackageObject};
 use crate::reconcile_gate::ReconcileGate;
 use crate::registry::ObjectRef;
+use pko_package::canonical_hash::value_hash;
+use pko_package::chunking::{chunk, ChunkingStrategy, CHUNKING_ANNOTATION};
+use pko_package::environment::{environment_value, package_environment};
+use pko_package::loader::load_installable;
 
 const BACKOFF_MIN: Duration = Duration::from_secs(10);
 const BACKOFF_MAX: Duration = Duration::from_secs(300);

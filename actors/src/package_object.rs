@@ -13,10 +13,10 @@ use pko_proto::hypershift::HostedCluster;
 use serde_json::{json, Value};
 
 use crate::engine::desired_object::FIELD_MANAGER;
+use crate::engine::package_deployment::PackageRef;
 use crate::object_meta::MetaView;
-use crate::package::chunking::{Slice, SLICE_OWNER_LABEL};
-use crate::package::deployment::PackageRef;
-use crate::package::environment::EnvironmentFacts;
+use pko_package::chunking::{Slice, SLICE_OWNER_LABEL};
+use pko_package::environment::EnvironmentFacts;
 use pko_proto::core::object_slice::{ClusterObjectSlice, ObjectSlice};
 
 /// What a Package copies from its ObjectDeployment.

@@ -17,8 +17,8 @@ use crate::engine::drift::is_subset;
 use crate::engine::object_ref::ObjectKey;
 use crate::engine::object_set_status::{BlockReason, MappedCondition, PhaseProgress};
 use crate::engine::probe::{ProbeResult, ProbeSet};
-use crate::engine::template_hash::value_hash;
 use crate::object_cache::ObjectCache;
+use pko_package::canonical_hash::value_hash;
 
 /// Objects of one phase are applied with this much concurrency.
 const APPLY_CONCURRENCY: usize = 16;

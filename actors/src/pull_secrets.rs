@@ -8,7 +8,7 @@ use kube::{Api, Client};
 use oci_client::secrets::RegistryAuth;
 use tracing::instrument;
 
-use crate::package::pull_auth::credentials_for;
+use pko_package::pull_auth::credentials_for;
 
 /// Where the pull secrets come from: a ServiceAccount.
 #[derive(Clone, Debug)]

@@ -12,9 +12,9 @@ use kube::api::PostParams;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
 use oci_client::secrets::RegistryAuth;
-use pko_actors::package::files::PackageFiles;
-use pko_actors::package::image::ImageStore;
-use pko_actors::package::loader::load_installable;
+use pko_package::files::PackageFiles;
+use pko_package::image::ImageStore;
+use pko_package::loader::load_installable;
 use pko_proto::core::package::Package;
 use serde_json::{json, Value};
 

@@ -19,7 +19,7 @@ use kube::{Api, Client};
 use oci_client::secrets::RegistryAuth;
 use pko_actors::connector_deployment::CONNECTOR_LABEL;
 use pko_actors::hosted_cluster_package_object::OWNER_LABEL;
-use pko_actors::package::image::ImageStore;
+use pko_package::image::ImageStore;
 use pko_proto::core::hosted_cluster_package::HostedClusterPackage;
 use pko_proto::core::package::Package;
 use pko_testenv::{ManagerProcess, TestEnv};

@@ -17,6 +17,7 @@ pub mod nats_credentials;
 pub mod rollout_events;
 mod schema;
 mod string_enum;
+pub mod well_known;
 
 /// API group of the core kinds.
 pub const GROUP: &str = "package-operator.run";

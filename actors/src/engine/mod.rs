@@ -10,6 +10,7 @@ pub mod label_selector;
 pub mod object_ref;
 pub mod object_set_status;
 pub mod object_template;
+pub mod package_deployment;
 pub mod probe;
 pub mod rollout_events;
 pub mod rollout_plan;

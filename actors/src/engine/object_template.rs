@@ -12,8 +12,8 @@ use serde_json::{json, Map, Value};
 use super::conditions::{remove_condition, set_condition, ConditionUpdate};
 use super::desired_object::CACHE_LABEL;
 use super::object_ref::{split_api_version, ObjectKey};
-use crate::package::template::render;
-use crate::package::template_funcs::package_funcs;
+use pko_package::template::render;
+use pko_package::template_funcs::package_funcs;
 
 /// The condition an unusable template or source sets.
 pub const INVALID: &str = "Invalid";

@@ -1,6 +1,7 @@
 //! The ObjectDeployment template hash: names each revision's ObjectSet (`<deployment>-<hash>`) and changes
 //! with the template or the collision count, never with field order.
 
+use pko_package::canonical_hash::CanonicalHasher;
 use pko_proto::core::common::ObjectSetTemplate;
 use serde_json::Value;
 
@@ -10,67 +11,10 @@ const SAFE_ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
 /// Hash of a template and collision count, as a DNS-safe string.
 pub fn template_hash(template: &ObjectSetTemplate, collision_count: i32) -> String {
     let value = serde_json::to_value(template).unwrap_or(Value::Null);
-    let mut hasher = Fnv1a::default();
-    write_canonical(&value, &mut hasher);
+    let mut hasher = CanonicalHasher::default();
+    hasher.write_value(&value);
     hasher.write(&collision_count.to_le_bytes());
-    encode(hasher.0)
-}
-
-/// Order-independent 64-bit hash of a JSON value (remembers what was last applied without keeping it).
-pub fn value_hash(value: &Value) -> u64 {
-    let mut hasher = Fnv1a::default();
-    write_canonical(value, &mut hasher);
-    hasher.0
-}
-
-#[derive(Clone, Copy)]
-struct Fnv1a(u64);
-
-impl Default for Fnv1a {
-    fn default() -> Self {
-        Self(0xcbf2_9ce4_8422_2325)
-    }
-}
-
-impl Fnv1a {
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 ^= u64::from(*b);
-            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-}
-
-/// Feeds a JSON value with object keys sorted, so the hash ignores key order.
-fn write_canonical(value: &Value, h: &mut Fnv1a) {
-    match value {
-        Value::Null => h.write(b"n"),
-        Value::Bool(b) => h.write(if *b { b"t" } else { b"f" }),
-        Value::Number(n) => {
-            h.write(b"#");
-            h.write(n.to_string().as_bytes());
-        }
-        Value::String(s) => {
-            h.write(b"\"");
-            h.write(&(s.len() as u64).to_le_bytes());
-            h.write(s.as_bytes());
-        }
-        Value::Array(items) => {
-            h.write(b"[");
-            h.write(&(items.len() as u64).to_le_bytes());
-            items.iter().for_each(|i| write_canonical(i, h));
-        }
-        Value::Object(map) => {
-            h.write(b"{");
-            h.write(&(map.len() as u64).to_le_bytes());
-            let mut keys: Vec<&String> = map.keys().collect();
-            keys.sort();
-            for k in keys {
-                write_canonical(&Value::String(k.clone()), h);
-                write_canonical(&map[k], h);
-            }
-        }
-    }
+    encode(hasher.finish())
 }
 
 fn encode(mut n: u64) -> String {

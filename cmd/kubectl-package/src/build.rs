@@ -7,9 +7,9 @@ use std::path::Path;
 
 use k8s_openapi::jiff::Timestamp;
 use oci_client::Reference;
-use pko_actors::package::image::ImageStore;
-use pko_actors::package::loader::{load_lock, parse_manifest};
-use pko_actors::package::oci_layout::write_layout;
+use pko_package::image::ImageStore;
+use pko_package::loader::{load_lock, parse_manifest};
+use pko_package::oci_layout::write_layout;
 use serde_json::Value;
 
 use crate::args::BuildArgs;
@@ -127,7 +127,7 @@ pub fn build(source: &str, args: &BuildArgs) -> Result<String, String> {
         .iter()
         .map(|(_, image, digest)| {
             let image = with_repository_host(image);
-            let repository = pko_actors::package::image_lock::repository(&image);
+            let repository = pko_package::image_lock::repository(&image);
             format!("{repository}@{digest}")
         })
         .collect();

@@ -9,10 +9,10 @@ use std::time::Duration;
 use kube::api::{ApiResource, DynamicObject, ListParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client};
-use pko_actors::package::deployment::INSTANCE_LABEL;
 use pko_proto::core::object_deployment::{ClusterObjectDeployment, ObjectDeployment};
 use pko_proto::core::object_set::{ClusterObjectSet, ObjectSet};
 use pko_proto::core::package::{ClusterPackage, Package};
+use pko_proto::well_known::INSTANCE_LABEL;
 use serde_json::Value;
 
 use crate::args::{ClusterTreeArgs, HistoryArgs, PauseArgs};

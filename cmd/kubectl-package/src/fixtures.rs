@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use pko_actors::package::loader::LoadedPackage;
-use pko_actors::package::test_fixtures::{fixture_files, FIXTURE_DIR};
+use pko_package::loader::LoadedPackage;
+use pko_package::test_fixtures::{fixture_files, FIXTURE_DIR};
 
 /// How a test case compares with its fixtures.
 pub enum CaseCheck {

@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
 use std::path::Path;
 
-use pko_actors::package::loader::object_gvk;
+use pko_package::loader::object_gvk;
 use serde_json::{json, Map, Value};
 
 /// Upstream's preset phases, in order.
@@ -266,8 +266,7 @@ pub fn package_plan(name: &str, objects: Vec<Value>, flags: &[String]) -> Result
             ));
         }
         let phase = phase_of(&group, &kind);
-        object["metadata"]["annotations"][pko_actors::package::loader::PHASE_ANNOTATION] =
-            json!(phase);
+        object["metadata"]["annotations"][pko_package::loader::PHASE_ANNOTATION] = json!(phase);
         if group.is_empty() && kind == "Namespace" {
             namespaces_present.insert(object_name.clone());
         }
@@ -298,7 +297,7 @@ pub fn package_plan(name: &str, objects: Vec<Value>, flags: &[String]) -> Result
         phases_used.insert("namespaces");
         let mut object = json!({
             "apiVersion": "v1", "kind": "Namespace",
-            "metadata": {"name": ns, "annotations": {pko_actors::package::loader::PHASE_ANNOTATION: "namespaces"}},
+            "metadata": {"name": ns, "annotations": {pko_package::loader::PHASE_ANNOTATION: "namespaces"}},
         });
         let (text, templated) = parametrize(&mut object, "", "Namespace", &params, &mut config)?;
         let base = format!("namespaces/{}.namespace", ns.replace('/', "-"));
@@ -598,7 +597,7 @@ fn fetch_url(url: &str) -> Result<String, String> {
 /// The objects of a YAML stream (`List` objects expanded, empty documents skipped).
 fn parse_objects(text: &str) -> Result<Vec<Value>, String> {
     let mut objects = Vec::new();
-    for document in pko_actors::package::loader::split_object_file(text) {
+    for document in pko_package::loader::split_object_file(text) {
         let value: Value =
             serde_saphyr::from_str(document).map_err(|e| format!("parsing objects: {e}"))?;
         match value {

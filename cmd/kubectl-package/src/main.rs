@@ -20,7 +20,7 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser};
-use pko_actors::package::image::{ImageError, ImageStore};
+use pko_package::image::{ImageError, ImageStore};
 
 use args::{
     exact_args, minimum_args, range_args, Cli, Command, ParseOutcome, RepositoryCommand,

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
 use oci_client::secrets::RegistryAuth;
-use pko_actors::package::pull_auth::{credentials_for, registry_host};
+use pko_package::pull_auth::{credentials_for, registry_host};
 use serde_json::Value;
 
 /// The credentials for `image`'s registry.

@@ -4,13 +4,13 @@
 
 use std::path::Path;
 
-use pko_actors::package::config::{admit_config, PACKAGE_CONFIG_PATH};
-use pko_actors::package::files::PackageFiles;
-use pko_actors::package::loader::{
+use pko_package::config::{admit_config, PACKAGE_CONFIG_PATH};
+use pko_package::files::PackageFiles;
+use pko_package::loader::{
     config_schema, load_package_with, object_gvk, parse_manifest, split_documents, Images,
     LoadedPackage, PackageError, Render,
 };
-use pko_actors::package::violation::{reason, Violation};
+use pko_package::violation::{reason, Violation};
 use pko_proto::manifests::PackageManifestScope;
 use serde_json::{json, Map, Value};
 

@@ -5,15 +5,15 @@
 
 use std::path::{Path, PathBuf};
 
-use pko_actors::package::components::package_units;
-use pko_actors::package::files::{from_dir, PackageFiles};
-use pko_actors::package::image_lock::resolve_images;
-use pko_actors::package::loader::{
+use pko_package::components::package_units;
+use pko_package::files::{from_dir, PackageFiles};
+use pko_package::image_lock::resolve_images;
+use pko_package::loader::{
     load_lock, load_package_with, manifest_errors, Images, PackageError, Render,
 };
-use pko_actors::package::oci_layout::read_layout;
-use pko_actors::package::test_fixtures::load_case;
-use pko_actors::package::violation::{reason, Violation};
+use pko_package::oci_layout::read_layout;
+use pko_package::test_fixtures::load_case;
+use pko_package::violation::{reason, Violation};
 use pko_proto::manifests::PackageManifest;
 use serde_json::json;
 

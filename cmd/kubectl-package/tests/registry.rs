@@ -9,7 +9,7 @@ use std::process::Command;
 
 use common::{packages, run, run_in, scratch, text};
 use oci_client::secrets::RegistryAuth;
-use pko_actors::package::image::ImageStore;
+use pko_package::image::ImageStore;
 
 fn host() -> String {
     pko_testenv::shared().unwrap().registry().host()
@@ -88,7 +88,7 @@ fn broken_packages_are_not_pushed_and_missing_images_are_reported() {
     );
     // An image with no package files in it.
     let empty = format!("{host}/packages/empty:v1");
-    let files: pko_actors::package::files::PackageFiles =
+    let files: pko_package::files::PackageFiles =
         [("README.md".to_owned(), b"not a package".to_vec())].into();
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -344,7 +344,7 @@ fn kickstart_imports_an_olm_bundle_image() {
     let dir = scratch("olm");
     let image = format!("{host}/bundles/op:v1");
     let csv = "apiVersion: operators.coreos.com/v1alpha1\nkind: ClusterServiceVersion\nmetadata:\n  name: op.v1\n  annotations: {operatorframework.io/suggested-namespace: op-ns}\nspec:\n  install:\n    strategy: deployment\n    spec:\n      deployments:\n      - name: op\n        spec:\n          selector: {matchLabels: {app: op}}\n          template:\n            metadata: {labels: {app: op}}\n            spec:\n              serviceAccountName: op\n              containers: [{name: op, image: quay.io/op:1}]\n      clusterPermissions:\n      - serviceAccountName: op\n        rules: [{apiGroups: [\"\"], resources: [nodes], verbs: [list]}]\n";
-    let files: pko_actors::package::files::PackageFiles = [
+    let files: pko_package::files::PackageFiles = [
         (
             "metadata/annotations.yaml",
             "annotations:\n  operators.operatorframework.io.bundle.package.v1: op\n".to_owned(),

@@ -334,8 +334,8 @@ pub fn build_and_push(example: &str, tag: &str) -> String {
 pub async fn push_unchecked(example: &str, tag: &str) -> String {
     let host = env().registry().host();
     let image = format!("{host}/examples/{tag}");
-    let files = pko_actors::package::files::from_dir(&examples().join(example)).unwrap();
-    pko_actors::package::image::ImageStore::new(vec![host])
+    let files = pko_package::files::from_dir(&examples().join(example)).unwrap();
+    pko_package::image::ImageStore::new(vec![host])
         .push(
             &image,
             &files,

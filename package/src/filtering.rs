@@ -11,7 +11,7 @@ use pko_proto::manifests::PackageManifestConditionalFiltering;
 use serde_json::Value;
 
 use super::template_funcs::glob_match;
-use crate::engine::probe::evaluate_cel_with;
+use crate::cel::evaluate_cel_with;
 
 /// Annotation holding an object's own condition.
 pub const CONDITION_ANNOTATION: &str = "package-operator.run/condition";

@@ -1,12 +1,15 @@
 //! Package loading: from the files of a package (a directory today, an OCI image's `package/` tree next) to
 //! its manifest and the objects of each phase, with every problem named in Package Operator's words.
 //!
-//! Pure apart from reading a directory in `files.rs`; the Package actor and `kubectl-package` share it.
+//! Pure apart from reading a directory (`files.rs`) and the registry (`image.rs`); the manager's Package
+//! actor and `kubectl-package` share it. Depends on `pko-proto` only among pko's crates: no actors, no
+//! NATS, no apiserver client.
 
+pub mod canonical_hash;
+pub mod cel;
 pub mod chunking;
 pub mod components;
 pub mod config;
-pub mod deployment;
 pub mod environment;
 pub mod files;
 pub mod filtering;

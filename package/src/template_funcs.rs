@@ -12,7 +12,7 @@ use kube_cel::cel::Program;
 use serde_json::Value as Json;
 
 use super::files::PackageFiles;
-use crate::engine::probe::evaluate_cel_with;
+use crate::cel::evaluate_cel_with;
 
 type Result<T> = std::result::Result<T, TemplateError>;
 
@@ -440,7 +440,7 @@ pub fn glob_match(pattern: &str, path: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::package::template::render;
+    use crate::template::render;
     use serde_json::json;
 
     fn run(source: &str, context: Json) -> std::result::Result<String, String> {

@@ -125,8 +125,8 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::package::files::PackageFiles;
-    use crate::package::template_funcs::package_funcs;
+    use crate::files::PackageFiles;
+    use crate::template_funcs::package_funcs;
     use serde_json::json;
 
     fn funcs(context: &Value) -> FuncMap {

@@ -173,8 +173,7 @@ mod tests {
             )
             .to_owned(),
         )];
-        let funcs =
-            crate::package::template_funcs::package_funcs(Default::default(), Default::default());
+        let funcs = crate::template_funcs::package_funcs(Default::default(), Default::default());
         let out = render(
             "cm.yaml.gotmpl",
             "labels:\n{{ include \"labels\" .config | indent 2 }}\n{{ include \"outer\" .config }}",

@@ -13,7 +13,7 @@
 
 use pko_proto::core::common::{ObjectSetObject, ObjectSetTemplatePhase};
 
-use crate::engine::template_hash::value_hash;
+use crate::canonical_hash::value_hash;
 
 /// The Package annotation choosing the strategy.
 pub const CHUNKING_ANNOTATION: &str = "packages.package-operator.run/chunking-strategy";

@@ -3,17 +3,14 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
+use pko_package::loader::LoadedPackage;
+use pko_package::violation::{reason, Violation};
 use pko_proto::manifests::PackageManifestScope;
+use pko_proto::well_known::{INSTANCE_LABEL, PACKAGE_LABEL};
 use serde_json::{json, Value};
 
-use super::loader::LoadedPackage;
-use super::violation::{reason, Violation};
 use crate::engine::conditions::{remove_condition, set_condition, ConditionUpdate};
 
-/// Label with the manifest name on everything a package creates.
-pub const PACKAGE_LABEL: &str = "package-operator.run/package";
-/// Label with the Package's name.
-pub const INSTANCE_LABEL: &str = "package-operator.run/instance";
 /// Annotation recording the image a deployment was unpacked from.
 pub const SOURCE_IMAGE_ANNOTATION: &str = "package-operator.run/package-source-image";
 
@@ -202,8 +199,8 @@ pub fn package_conditions(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::package::files::PackageFiles;
-    use crate::package::loader::load_package;
+    use pko_package::files::PackageFiles;
+    use pko_package::loader::load_package;
 
     fn loaded(scopes: &str) -> LoadedPackage {
         let mut files = PackageFiles::new();

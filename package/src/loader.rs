@@ -16,7 +16,6 @@ use serde_json::Value;
 
 use super::components::{in_component, select_component};
 use super::config::{admit_config, check_config, field_error_aggregate, PACKAGE_CONFIG_PATH};
-use super::deployment::{INSTANCE_LABEL, PACKAGE_LABEL};
 use super::files::PackageFiles;
 use super::filtering::{Filter, CONDITION_ANNOTATION};
 use super::hbs_template::render_hbs;
@@ -24,6 +23,7 @@ use super::image_lock::resolve_images;
 use super::template::{render, TemplateError};
 use super::template_funcs::package_funcs;
 use super::violation::{reason, Violation};
+use pko_proto::well_known::{INSTANCE_LABEL, PACKAGE_LABEL};
 
 /// Annotation naming the phase of an object (required).
 pub const PHASE_ANNOTATION: &str = "package-operator.run/phase";

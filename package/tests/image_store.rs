@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use oci_client::secrets::RegistryAuth;
-use pko_actors::package::files::PackageFiles;
-use pko_actors::package::image::{ImageError, ImageStore};
+use pko_package::files::PackageFiles;
+use pko_package::image::{ImageError, ImageStore};
 
 #[tokio::test]
 async fn an_image_is_downloaded_once_per_digest() {

@@ -447,9 +447,9 @@ pub fn register(map: &mut FuncMap) {
 
 #[cfg(test)]
 mod tests {
-    use crate::package::files::PackageFiles;
-    use crate::package::template::render;
-    use crate::package::template_funcs::package_funcs;
+    use crate::files::PackageFiles;
+    use crate::template::render;
+    use crate::template_funcs::package_funcs;
     use serde_json::json;
     use std::sync::Arc;
 
