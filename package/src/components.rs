@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use super::files::PackageFiles;
 use pko_proto::manifests::PackageManifest;
 
-use super::loader::{load_manifest, parse_manifest, PackageError};
+use super::manifest::{load_manifest, parse_manifest, PackageError};
 use super::violation::{reason, Violation};
 
 const COMPONENTS_DIR: &str = "components/";

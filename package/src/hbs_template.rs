@@ -12,7 +12,7 @@ use handlebars::{
 use serde_json::Value;
 
 use super::template::TemplateError;
-use super::template_funcs::to_json;
+use super::template_values::to_json;
 
 /// Handlebars' own helpers: a package function of the same name must not shadow them.
 const HANDLEBARS_BUILTINS: [&str; 17] = [

@@ -11,7 +11,7 @@ use pko_proto::manifests::{
     PackageManifest, PackageManifestLock, PackageManifestLockImage, PackageManifestLockSpec,
 };
 
-use super::loader::PackageError;
+use super::manifest::PackageError;
 use super::violation::{reason, Violation};
 
 /// `REPOSITORY[:TAG][@DIGEST]` without tag and digest (a registry port is not a tag).

@@ -15,14 +15,18 @@ use pko_proto::manifests::{PackageManifest, PackageManifestLock};
 use serde_json::Value;
 
 use super::components::{in_component, select_component};
-use super::config::{admit_config, check_config, field_error_aggregate, PACKAGE_CONFIG_PATH};
+use super::config::{admit_config, field_error_aggregate, PACKAGE_CONFIG_PATH};
 use super::files::PackageFiles;
 use super::filtering::{Filter, CONDITION_ANNOTATION};
 use super::hbs_template::render_hbs;
 use super::image_lock::resolve_images;
-use super::template::{render, TemplateError};
+use super::manifest::{
+    config_schema, load_lock, load_manifest, text, PackageError, LOCK_FILES, MANIFEST_FILES,
+};
+use super::template::render;
 use super::template_funcs::package_funcs;
 use super::violation::{reason, Violation};
+use super::yaml::{first_document, parse_yaml, split_object_file};
 use pko_proto::well_known::{INSTANCE_LABEL, PACKAGE_LABEL};
 
 /// Annotation naming the phase of an object (required).
@@ -31,55 +35,6 @@ pub const PHASE_ANNOTATION: &str = "package-operator.run/phase";
 pub const COLLISION_ANNOTATION: &str = "package-operator.run/collision-protection";
 /// Annotation with condition mappings, one `SourceType => domain/DestinationType` per line.
 pub const CONDITION_MAP_ANNOTATION: &str = "package-operator.run/condition-map";
-
-const MANIFEST_FILES: [&str; 2] = ["manifest.yaml", "manifest.yml"];
-const LOCK_FILES: [&str; 2] = ["manifest.lock.yaml", "manifest.lock.yml"];
-
-/// Why a package cannot be loaded, in upstream's words (see `violation.rs`).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum PackageError {
-    /// Violations of the package's structure or objects, one per line.
-    #[error("{}", join_lines(.0))]
-    Violations(Vec<Violation>),
-    /// Kubernetes field errors (manifest validation, config admission): one bare, several as `[a, b]`.
-    #[error("{}", field_error_aggregate(.0))]
-    Fields(Vec<String>),
-    /// Several failed checks, one per line.
-    #[error("{}", join_lines(.0))]
-    Joined(Vec<PackageError>),
-    #[error(transparent)]
-    Template(#[from] TemplateError),
-    #[error("component \"{component}\": {source}")]
-    InComponent {
-        component: String,
-        source: Box<PackageError>,
-    },
-}
-
-impl From<Violation> for PackageError {
-    fn from(v: Violation) -> Self {
-        PackageError::Violations(vec![v])
-    }
-}
-
-impl PackageError {
-    /// All of `errors` as one error (None when there are none).
-    pub fn join(mut errors: Vec<PackageError>) -> Option<PackageError> {
-        match errors.len() {
-            0 => None,
-            1 => errors.pop(),
-            _ => Some(PackageError::Joined(errors)),
-        }
-    }
-}
-
-fn join_lines<T: std::fmt::Display>(items: &[T]) -> String {
-    items
-        .iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join("\n")
-}
 
 /// A text file of the package: (path, content).
 type SourceFile = (String, String);
@@ -137,219 +92,6 @@ pub enum Images {
 /// The image templates see for every `spec.images` entry when the CLI renders a package.
 pub const STATIC_IMAGE: &str = "registry.package-operator.run/static-image";
 
-fn single_file<'a>(
-    files: &'a PackageFiles,
-    names: &[&'static str],
-) -> Result<Option<(&'static str, &'a [u8])>, ()> {
-    let found: Vec<(&'static str, &[u8])> = names
-        .iter()
-        .filter_map(|n| files.get(*n).map(|b| (*n, b.as_slice())))
-        .collect();
-    match found.as_slice() {
-        [] => Ok(None),
-        [one] => Ok(Some(*one)),
-        _ => Err(()),
-    }
-}
-
-fn text(file: &str, bytes: &[u8]) -> Result<String, PackageError> {
-    String::from_utf8(bytes.to_vec()).map_err(|_| {
-        Violation::new(reason::INVALID_YAML)
-            .in_file(file)
-            .details("not UTF-8 text")
-            .into()
-    })
-}
-
-/// The document upstream reads of a manifest or lock file: the first; later ones are ignored.
-fn first_document(text: &str) -> &str {
-    split_documents(text).first().map_or("", |(_, doc)| doc)
-}
-
-/// Parses one YAML document of a package file as Package Operator does (sigs.k8s.io/yaml, YAML 1.1
-/// scalars): a mapping key given twice keeps its last value, `yes`/`no`/`on`/`off` are booleans and a
-/// leading zero makes an integer octal (`defaultMode: 0644` is 420).
-fn parse_yaml<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, serde_saphyr::Error> {
-    let options = serde_saphyr::options! {
-        duplicate_keys: serde_saphyr::DuplicateKeyPolicy::LastWins,
-        legacy_octal_numbers: true,
-    };
-    serde_saphyr::from_str_with_options(text, options)
-}
-
-/// Parses a manifest or lock file: first document, apiVersion and kind checked before the body.
-fn parse_manifest_file<T: serde::de::DeserializeOwned>(
-    file: &str,
-    bytes: &[u8],
-    kind: &str,
-) -> Result<T, PackageError> {
-    let text = text(file, bytes)?;
-    let document = first_document(&text);
-    let invalid = |e: &dyn std::fmt::Display| -> PackageError {
-        Violation::new(reason::INVALID_YAML)
-            .in_file(file)
-            .details(e.to_string())
-            .into()
-    };
-    let raw: Value = parse_yaml(document).map_err(|e| invalid(&e))?;
-    let field = |name: &str| raw.get(name).and_then(Value::as_str).unwrap_or_default();
-    let (group, version) = match field("apiVersion").rsplit_once('/') {
-        Some((group, version)) => (group, version),
-        None => ("", field("apiVersion")),
-    };
-    let unknown_gvk = |details: String| -> PackageError {
-        Violation::new(reason::UNKNOWN_GVK)
-            .in_file(file)
-            .details(details)
-            .into()
-    };
-    if group != pko_proto::MANIFESTS_GROUP || field("kind") != kind {
-        let is = if group.is_empty() {
-            field("kind").to_owned()
-        } else {
-            format!("{}.{group}", field("kind"))
-        };
-        return Err(unknown_gvk(format!(
-            "GroupKind must be {kind}.{}, is: {is}",
-            pko_proto::MANIFESTS_GROUP
-        )));
-    }
-    if version != pko_proto::VERSION {
-        return Err(unknown_gvk(format!(
-            "unknown version {version}, supported versions: {}",
-            pko_proto::VERSION
-        )));
-    }
-    serde_json::from_value(raw).map_err(|e| invalid(&e))
-}
-
-/// Reads the manifest and checks its content (upstream's manifest validation).
-pub fn load_manifest(files: &PackageFiles) -> Result<(String, PackageManifest), PackageError> {
-    let (file, manifest) = parse_manifest(files)?;
-    let errors = manifest_errors(&manifest);
-    if !errors.is_empty() {
-        return Err(PackageError::Fields(errors));
-    }
-    Ok((file, manifest))
-}
-
-/// Reads the manifest without checking its content (upstream's structural load).
-pub fn parse_manifest(files: &PackageFiles) -> Result<(String, PackageManifest), PackageError> {
-    let (file, bytes) = single_file(files, &MANIFEST_FILES)
-        .map_err(|()| PackageError::from(Violation::new(reason::MANIFEST_DUPLICATED)))?
-        .ok_or_else(|| {
-            Violation::new(reason::MANIFEST_NOT_FOUND)
-                .details("searched at manifest.yaml and manifest.yml")
-        })?;
-    let manifest = parse_manifest_file(file, bytes, "PackageManifest")?;
-    Ok((file.to_owned(), manifest))
-}
-
-/// Upstream's PackageManifest validation, as field errors.
-pub fn manifest_errors(manifest: &PackageManifest) -> Vec<String> {
-    let mut errors = Vec::new();
-    if manifest.metadata.name.as_deref().is_none_or(str::is_empty) {
-        errors.push("metadata.name: Required value".to_owned());
-    }
-    if manifest.spec.scopes.is_empty() {
-        errors.push("spec.scopes: Required value".to_owned());
-    }
-    if manifest.spec.phases.is_empty() {
-        errors.push("spec.phases: Required value".to_owned());
-    }
-    let mut seen = Vec::new();
-    for (i, phase) in manifest.spec.phases.iter().enumerate() {
-        if seen.contains(&phase.name.as_str()) {
-            errors.push(format!(
-                "spec.phases[{i}].name: Invalid value: {:?}: must be unique",
-                phase.name
-            ));
-        }
-        seen.push(&phase.name);
-    }
-    for (i, probe) in manifest.spec.availability_probes.iter().enumerate() {
-        if probe.probes.is_empty() {
-            errors.push(format!(
-                "spec.availabilityProbes[{i}].probes: Required value"
-            ));
-        }
-    }
-    let mut names = Vec::new();
-    for (i, image) in manifest.spec.images.iter().enumerate() {
-        if image.name.is_empty() {
-            errors.push(format!(
-                "spec.images[{i}].name: Invalid value: \"\": must be non empty"
-            ));
-        } else if names.contains(&image.name.as_str()) {
-            errors.push(format!(
-                "spec.images[{i}].name: Invalid value: {:?}: must be unique",
-                image.name
-            ));
-        } else {
-            names.push(&image.name);
-        }
-        if image.image.is_empty() {
-            errors.push(format!(
-                "spec.images[{i}].image: Invalid value: \"\": must be non empty"
-            ));
-        }
-    }
-    let schema = config_schema(manifest);
-    if let Some(test) = &manifest.test {
-        for (i, case) in test.template.iter().enumerate() {
-            if let Some(problem) = config_map_key_problem(&case.name) {
-                errors.push(format!(
-                    "test.template[{i}].name: Invalid value: {:?}: {problem}",
-                    case.name
-                ));
-            }
-            if let Some(schema) = &schema {
-                let config = case
-                    .context
-                    .config
-                    .clone()
-                    .unwrap_or_else(|| Value::Object(Default::default()));
-                let root = format!("test.template[{i}].context.config");
-                if let Err(e) = check_config(schema, &config, &root) {
-                    errors.extend(e);
-                }
-            }
-        }
-        if test
-            .kubeconform
-            .as_ref()
-            .is_some_and(|k| k.kubernetes_version.is_empty())
-        {
-            errors.push("test.kubeconform.kubernetesVersion: Required value".to_owned());
-        }
-    }
-    errors
-}
-
-/// Kubernetes' ConfigMap key rule (what a test-template name must satisfy).
-fn config_map_key_problem(key: &str) -> Option<&'static str> {
-    let valid_chars = key
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
-    if key.is_empty() || key.len() > 253 || !valid_chars {
-        Some("a valid config key must consist of alphanumeric characters, '-', '_' or '.' (e.g. 'key.name',  or 'KEY_NAME',  or 'key-name', regex used for validation is '[-._a-zA-Z0-9]+')")
-    } else if key == "." || key == ".." || key.starts_with("..") {
-        Some("must not be '.' or '..' and must not start with '..'")
-    } else {
-        None
-    }
-}
-
-/// The manifest's config schema as JSON (None: the package takes no config).
-pub fn config_schema(manifest: &PackageManifest) -> Option<Value> {
-    manifest
-        .spec
-        .config
-        .as_ref()
-        .and_then(|c| c.open_api_v3_schema.as_ref())
-        .and_then(|s| serde_json::to_value(s).ok())
-}
-
 /// Admits a package config against the manifest's schema (pruned, defaulted, validated); errors name
 /// fields under `spec.config`.
 pub fn admit_package_config(
@@ -380,55 +122,6 @@ pub fn load_installable(
         load_package(&files, &context(&manifest, admitted))
     };
     load().map_err(|e| in_component(component, e))
-}
-
-/// Reads the lock file, if the package has one.
-pub fn load_lock(
-    files: &PackageFiles,
-) -> Result<Option<(&'static str, PackageManifestLock)>, PackageError> {
-    match single_file(files, &LOCK_FILES) {
-        Err(()) => Err(Violation::new(reason::LOCK_DUPLICATED).into()),
-        Ok(None) => Ok(None),
-        Ok(Some((file, bytes))) => {
-            let lock: PackageManifestLock =
-                parse_manifest_file(file, bytes, "PackageManifestLock")?;
-            let errors = lock_errors(&lock);
-            if !errors.is_empty() {
-                return Err(Violation::new(reason::LOCK_INVALID)
-                    .in_file(file)
-                    .details(field_error_aggregate(&errors))
-                    .into());
-            }
-            Ok(Some((file, lock)))
-        }
-    }
-}
-
-/// Every lock entry has a name, an image and a digest; names are unique.
-fn lock_errors(lock: &PackageManifestLock) -> Vec<String> {
-    let mut errors = Vec::new();
-    let mut names = Vec::new();
-    for (i, image) in lock.spec.images.iter().enumerate() {
-        for (field, value) in [
-            ("name", &image.name),
-            ("image", &image.image),
-            ("digest", &image.digest),
-        ] {
-            if value.is_empty() {
-                errors.push(format!("spec.images[{i}].{field}: Required value"));
-            }
-        }
-        if !image.name.is_empty() {
-            if names.contains(&image.name.as_str()) {
-                errors.push(format!(
-                    "spec.images[{i}].name: Invalid value: {:?}: must be unique",
-                    image.name
-                ));
-            }
-            names.push(&image.name);
-        }
-    }
-    errors
 }
 
 /// Loads a package with its templates rendered: manifest, lock file and the objects of each phase.
@@ -742,46 +435,6 @@ fn basename(path: &str) -> &str {
     path.rsplit('/').next().unwrap_or(path)
 }
 
-/// Splits an object file as upstream does: leading and trailing `-` and newline characters go, the rest
-/// is split at lines that are exactly `---`, and each part is trimmed. Empty parts stay (they keep the
-/// document indices upstream reports).
-pub fn split_object_file(content: &str) -> Vec<&str> {
-    let content = content.trim_matches(|c| c == '-' || c == '\n');
-    let mut parts = Vec::new();
-    let mut start = 0;
-    let mut offset = 0;
-    for line in content.split_inclusive('\n') {
-        if line.strip_suffix('\n').unwrap_or(line) == "---" {
-            parts.push(content[start..offset].trim());
-            start = offset + line.len();
-        }
-        offset += line.len();
-    }
-    parts.push(content[start..].trim());
-    parts
-}
-
-/// Splits a YAML stream at `---` lines; yields (1-based line where the document starts, document).
-pub fn split_documents(content: &str) -> Vec<(usize, &str)> {
-    let mut docs = Vec::new();
-    let mut start_byte = 0;
-    let mut start_line = 1;
-    let mut offset = 0;
-    for (i, line) in content.split_inclusive('\n').enumerate() {
-        let trimmed = line.trim_end();
-        if trimmed == "---" || trimmed.starts_with("--- ") {
-            docs.push((start_line, &content[start_byte..offset]));
-            start_byte = offset + line.len();
-            start_line = i + 2;
-        }
-        offset += line.len();
-    }
-    docs.push((start_line, &content[start_byte..]));
-    docs.into_iter()
-        .filter(|(_, d)| !d.trim().is_empty())
-        .collect()
-}
-
 /// Upstream's object validators (GVK set, labels valid, phase annotation) plus pko's (the phase is
 /// declared, pko's annotations parse); returns the object's phase and spec, or every violation found.
 fn check_object(
@@ -965,56 +618,6 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use serde_json::json;
-
-    #[test]
-    fn documents_split_at_separator_lines_with_their_start_lines() {
-        let docs = split_documents("a: 1\n---\nb: 2\n--- # comment\n\n---\nc: 3\n");
-        assert_eq!(docs, vec![(1, "a: 1\n"), (3, "b: 2\n"), (7, "c: 3\n")]);
-        assert_eq!(split_documents("---\nx: 1\n"), vec![(2, "x: 1\n")]);
-    }
-
-    #[test]
-    fn a_key_given_twice_keeps_its_last_value_as_upstream_does() {
-        let object: Value =
-            parse_yaml("kind: ConfigMap\ndata:\n  greeting: hi\n  greeting: hello\n").unwrap();
-        assert_eq!(object["data"], json!({"greeting": "hello"}));
-        let manifest: PackageManifest = parse_yaml(
-            "apiVersion: manifests.package-operator.run/v1alpha1\nkind: PackageManifest\n\
-             metadata: {name: first}\nmetadata: {name: second}\nspec: {scopes: [Namespaced], phases: []}\n",
-        )
-        .unwrap();
-        assert_eq!(manifest.metadata.name.as_deref(), Some("second"));
-    }
-
-    #[test]
-    fn lock_entries_need_name_image_and_digest() {
-        let lock = "apiVersion: manifests.package-operator.run/v1alpha1\nkind: PackageManifestLock\nspec:\n  images:\n  - {name: a, image: img-x}\n  - {name: a, image: img-y, digest: 'sha256:1'}\n";
-        let files: PackageFiles =
-            [("manifest.lock.yaml".to_owned(), lock.as_bytes().to_vec())].into();
-        assert_eq!(
-            load_lock(&files).unwrap_err().to_string(),
-            "PackageManifestLock invalid in manifest.lock.yaml: [spec.images[0].digest: Required value, spec.images[1].name: Invalid value: \"a\": must be unique]"
-        );
-    }
-
-    #[test]
-    fn scalars_resolve_as_yaml_1_1() {
-        let object: Value =
-            parse_yaml("mode: 0644\nenabled: yes\nquiet: off\nport: 8080\n").unwrap();
-        assert_eq!(
-            object,
-            json!({"mode": 420, "enabled": true, "quiet": false, "port": 8080})
-        );
-    }
-
-    #[test]
-    fn a_manifest_file_is_its_first_document() {
-        let text = "---\napiVersion: manifests.package-operator.run/v1alpha1\nkind: PackageManifest\n\
-                    metadata: {name: first}\nspec: {scopes: [Namespaced], phases: []}\n---\nignored: [\n";
-        let manifest: PackageManifest = parse_yaml(first_document(text)).unwrap();
-        assert_eq!(manifest.metadata.name.as_deref(), Some("first"));
-        assert_eq!(first_document(""), "");
-    }
 
     #[test]
     fn condition_maps_parse_and_reject_garbage() {

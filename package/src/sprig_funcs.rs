@@ -11,7 +11,7 @@ use gotmpl::{FuncMap, Value};
 use serde_json::Value as Json;
 use sha2::{Digest, Sha256};
 
-use super::template_funcs::{arg, display, fail, from_json, is_empty, string_arg, to_json};
+use super::template_values::{arg, display, fail, from_json, is_empty, string_arg, to_json};
 
 type Result<T> = std::result::Result<T, gotmpl::TemplateError>;
 

@@ -7,76 +7,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use base64::Engine as _;
-use gotmpl::{FuncMap, TemplateError, Value};
+use gotmpl::{FuncMap, Value};
 use kube_cel::cel::Program;
 use serde_json::Value as Json;
 
 use super::files::PackageFiles;
+use super::template_values::{arg, display, fail, from_json, is_empty, string_arg, to_json};
 use crate::cel::evaluate_cel_with;
-
-type Result<T> = std::result::Result<T, TemplateError>;
-
-pub(super) fn fail(name: &str, message: impl std::fmt::Display) -> TemplateError {
-    TemplateError::Exec(format!("{name}: {message}"))
-}
-
-/// A template value as JSON (functions are not data: they become null).
-pub fn to_json(value: &Value) -> Json {
-    match value {
-        Value::Nil => Json::Null,
-        Value::Bool(b) => Json::Bool(*b),
-        Value::Int(i) => Json::from(*i),
-        Value::Uint(u) => Json::from(*u),
-        Value::Float(f) => serde_json::Number::from_f64(*f).map_or(Json::Null, Json::Number),
-        Value::String(s) => Json::String(s.to_string()),
-        Value::List(items) => Json::Array(items.iter().map(to_json).collect()),
-        Value::Map(map) => Json::Object(
-            map.iter()
-                .map(|(k, v)| (k.to_string(), to_json(v)))
-                .collect(),
-        ),
-        Value::Function(_) => Json::Null,
-    }
-}
-
-pub(super) fn from_json(name: &str, json: &Json) -> Result<Value> {
-    gotmpl::ser::to_value(json).map_err(|e| fail(name, e))
-}
-
-pub(super) fn arg<'a>(name: &str, args: &'a [Value], i: usize) -> Result<&'a Value> {
-    args.get(i)
-        .ok_or_else(|| fail(name, format!("missing argument {}", i + 1)))
-}
-
-pub(super) fn string_arg(name: &str, args: &[Value], i: usize) -> Result<String> {
-    match arg(name, args, i)? {
-        Value::String(s) => Ok(s.to_string()),
-        other => Ok(display(other)),
-    }
-}
-
-/// How a value prints in a template (strings bare, the rest as JSON).
-pub(super) fn display(value: &Value) -> String {
-    match value {
-        Value::Nil => String::new(),
-        Value::String(s) => s.to_string(),
-        other => to_json(other).to_string(),
-    }
-}
-
-pub(super) fn is_empty(value: &Value) -> bool {
-    match value {
-        Value::Nil => true,
-        Value::Bool(b) => !b,
-        Value::Int(i) => *i == 0,
-        Value::Uint(u) => *u == 0,
-        Value::Float(f) => *f == 0.0,
-        Value::String(s) => s.is_empty(),
-        Value::List(l) => l.is_empty(),
-        Value::Map(m) => m.is_empty(),
-        Value::Function(_) => false,
-    }
-}
 
 fn indent(text: &str, spaces: usize) -> String {
     let pad = " ".repeat(spaces);

@@ -12,9 +12,8 @@ use serde_json::Value;
 
 use super::config::default_config;
 use super::files::PackageFiles;
-use super::loader::{
-    config_schema, load_manifest, load_package_with, Images, LoadedPackage, PackageError, Render,
-};
+use super::loader::{load_package_with, Images, LoadedPackage, Render};
+use super::manifest::{config_schema, load_manifest, PackageError};
 
 /// Directory of the fixtures, relative to the manifest.
 pub const FIXTURE_DIR: &str = ".test-fixtures";

@@ -8,7 +8,7 @@ use std::path::Path;
 use k8s_openapi::jiff::Timestamp;
 use oci_client::Reference;
 use pko_package::image::ImageStore;
-use pko_package::loader::{load_lock, parse_manifest};
+use pko_package::manifest::{load_lock, parse_manifest};
 use pko_package::oci_layout::write_layout;
 use serde_json::Value;
 

@@ -597,7 +597,7 @@ fn fetch_url(url: &str) -> Result<String, String> {
 /// The objects of a YAML stream (`List` objects expanded, empty documents skipped).
 fn parse_objects(text: &str) -> Result<Vec<Value>, String> {
     let mut objects = Vec::new();
-    for document in pko_package::loader::split_object_file(text) {
+    for document in pko_package::yaml::split_object_file(text) {
         let value: Value =
             serde_saphyr::from_str(document).map_err(|e| format!("parsing objects: {e}"))?;
         match value {

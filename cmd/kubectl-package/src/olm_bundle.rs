@@ -53,7 +53,7 @@ pub fn convert(files: &PackageFiles) -> Result<(String, Vec<Value>), String> {
         .filter(|(p, _)| p.ends_with(".yaml") || p.ends_with(".yml") || p.ends_with(".json"))
     {
         let text = String::from_utf8_lossy(bytes);
-        for document in pko_package::loader::split_object_file(&text) {
+        for document in pko_package::yaml::split_object_file(&text) {
             let value: Value = serde_saphyr::from_str(document)
                 .map_err(|e| format!("import olm bundle: {path}: {e}"))?;
             if value.is_object() {

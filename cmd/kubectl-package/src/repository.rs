@@ -9,7 +9,7 @@ use k8s_openapi::jiff::Timestamp;
 use oci_client::Reference;
 use pko_package::files::PackageFiles;
 use pko_package::image_lock::repository as image_repository;
-use pko_package::loader::parse_manifest;
+use pko_package::manifest::parse_manifest;
 use serde_json::{json, Value};
 
 use crate::build::{runtime, store};
@@ -77,7 +77,7 @@ impl Index {
     }
 
     pub fn from_yaml(text: &str) -> Result<Self, String> {
-        let mut documents = pko_package::loader::split_object_file(text)
+        let mut documents = pko_package::yaml::split_object_file(text)
             .into_iter()
             .filter(|d| !d.is_empty())
             .map(|d| serde_saphyr::from_str::<Value>(d).map_err(|e| e.to_string()));

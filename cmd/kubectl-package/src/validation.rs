@@ -8,9 +8,8 @@ use std::path::{Path, PathBuf};
 use pko_package::components::package_units;
 use pko_package::files::{from_dir, PackageFiles};
 use pko_package::image_lock::resolve_images;
-use pko_package::loader::{
-    load_lock, load_package_with, manifest_errors, Images, PackageError, Render,
-};
+use pko_package::loader::{load_package_with, Images, Render};
+use pko_package::manifest::{load_lock, manifest_errors, PackageError};
 use pko_package::oci_layout::read_layout;
 use pko_package::test_fixtures::load_case;
 use pko_package::violation::{reason, Violation};
