@@ -1,8 +1,10 @@
-//! Kubernetes label-selector matching (`matchLabels` and `matchExpressions`) over plain label maps.
+//! Kubernetes label-selector matching (`matchLabels` and `matchExpressions`) over plain label maps:
+//! kube's `Selector` matches, this module validates with errors naming the expression.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::core::{Selector, SelectorExt};
 
 /// A selector the apiserver would also reject.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -13,48 +15,46 @@ pub enum SelectorError {
     MissingValues { index: usize, operator: String },
     #[error("matchExpressions[{index}]: operator {operator} takes no values")]
     UnexpectedValues { index: usize, operator: String },
+    #[error("{0}")]
+    Unparsable(String),
 }
 
 /// True when `labels` satisfy every requirement of `selector`; an empty selector matches everything.
+/// Matching is kube's [`Selector`]; the validation before it is ours, because kube's conversion accepts
+/// selectors the apiserver rejects (`In` with an empty list, `Exists` with values) and its errors do not
+/// say which expression is wrong.
 pub fn selector_matches(
     selector: &LabelSelector,
     labels: &BTreeMap<String, String>,
 ) -> Result<bool, SelectorError> {
-    let mut matches = selector
-        .match_labels
-        .iter()
-        .flatten()
-        .all(|(k, v)| labels.get(k) == Some(v));
     for (index, expr) in selector.match_expressions.iter().flatten().enumerate() {
-        let values = expr.values.as_deref().unwrap_or_default();
-        let value = labels.get(&expr.key);
-        let ok = match expr.operator.as_str() {
-            "In" | "NotIn" if values.is_empty() => {
+        let has_values = expr.values.as_ref().is_some_and(|v| !v.is_empty());
+        let operator = || expr.operator.clone();
+        match expr.operator.as_str() {
+            "In" | "NotIn" if !has_values => {
                 return Err(SelectorError::MissingValues {
                     index,
-                    operator: expr.operator.clone(),
+                    operator: operator(),
                 })
             }
-            "Exists" | "DoesNotExist" if !values.is_empty() => {
+            "Exists" | "DoesNotExist" if has_values => {
                 return Err(SelectorError::UnexpectedValues {
                     index,
-                    operator: expr.operator.clone(),
+                    operator: operator(),
                 })
             }
-            "In" => value.is_some_and(|v| values.contains(v)),
-            "NotIn" => value.is_none_or(|v| !values.contains(v)),
-            "Exists" => value.is_some(),
-            "DoesNotExist" => value.is_none(),
-            other => {
+            "In" | "NotIn" | "Exists" | "DoesNotExist" => {}
+            _ => {
                 return Err(SelectorError::UnknownOperator {
                     index,
-                    operator: other.to_owned(),
+                    operator: operator(),
                 })
             }
-        };
-        matches &= ok;
+        }
     }
-    Ok(matches)
+    let parsed =
+        Selector::try_from(selector.clone()).map_err(|e| SelectorError::Unparsable(e.0))?;
+    Ok(parsed.matches(labels))
 }
 
 /// Renders a selector's `matchLabels` as the `key=value,...` form list/watch calls take. Expressions are
@@ -138,5 +138,28 @@ mod tests {
             ..Default::default()
         };
         assert!(selector_matches(&sel, &labels(&[])).is_err());
+        // What kube's own conversion lets through, the apiserver refuses; so do we.
+        let empty_list = LabelSelector {
+            match_expressions: Some(vec![LabelSelectorRequirement {
+                key: "k".into(),
+                operator: "NotIn".into(),
+                values: Some(vec![]),
+            }]),
+            ..Default::default()
+        };
+        assert!(matches!(
+            selector_matches(&empty_list, &labels(&[])),
+            Err(SelectorError::MissingValues { index: 0, .. })
+        ));
+        let sel = LabelSelector {
+            match_expressions: Some(vec![expr("k", "Exists", &["x"])]),
+            ..Default::default()
+        };
+        assert_eq!(
+            selector_matches(&sel, &labels(&[]))
+                .unwrap_err()
+                .to_string(),
+            "matchExpressions[0]: operator Exists takes no values"
+        );
     }
 }
