@@ -7,22 +7,17 @@
 //! [`CONNECTOR_LABEL`], which is how they are found for removal and how the local connector runner finds
 //! the Deployments it runs.
 
+use pko_proto::well_known::{ACCOUNT_ANNOTATION, CONNECTOR_LABEL, CREDENTIALS_HASH_ANNOTATION};
 use serde_json::{json, Value};
 
 use pko_package::canonical_hash::value_hash;
 
 /// Name of every connector object in an HCP namespace.
 pub const CONNECTOR_NAME: &str = "pko-connector";
-/// Label on every connector object (value `True`).
-pub const CONNECTOR_LABEL: &str = "package-operator.run/connector";
 /// Secret holding the connector's NATS credentials.
 pub const CREDENTIALS_SECRET: &str = "pko-connector-nats";
 /// Key of the `.creds` file in [`CREDENTIALS_SECRET`].
 pub const CREDENTIALS_KEY: &str = "nats.creds";
-/// Annotation on [`CREDENTIALS_SECRET`]: the NATS account that signed the credentials.
-pub const ACCOUNT_ANNOTATION: &str = "package-operator.run/nats-account";
-/// Annotation on the pod template: changes when the credentials do, so the pods restart with them.
-pub const CREDENTIALS_HASH_ANNOTATION: &str = "package-operator.run/credentials-hash";
 /// Where the NATS credentials are mounted.
 pub const NATS_MOUNT: &str = "/etc/pko/nats";
 /// Where the hosted cluster's kubeconfig Secret is mounted.

@@ -7,7 +7,7 @@ use kube::Client;
 
 use crate::applier::Applier;
 use crate::connector_link::ConnectorLink;
-use crate::hosted_cluster_package_actor::RolloutShared;
+use crate::hosted_cluster_fleet::RolloutShared;
 use crate::object_cache::ObjectCache;
 use crate::pull_secrets::PullSecretSource;
 use crate::rollout_publisher::RolloutPublisher;

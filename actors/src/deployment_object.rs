@@ -1,6 +1,7 @@
 //! One view of ObjectDeployment and ClusterObjectDeployment, with the apiserver calls their actor makes
 //! on the ObjectSets they own.
 
+use pko_proto::well_known::{DEPLOYMENT_LABEL, HASH_ANNOTATION, REVISION_ANNOTATION};
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -13,14 +14,9 @@ use pko_proto::core::object_deployment::{
 use pko_proto::core::object_set::{ClusterObjectSet, ObjectSet, ObjectSetSpec};
 use serde_json::json;
 
-use crate::engine::desired_object::{FIELD_MANAGER, REVISION_ANNOTATION};
+use crate::engine::desired_object::FIELD_MANAGER;
 use crate::object_meta::{status_merge_patch, MetaView};
 use crate::set_object::{SetKind, SetObject};
-
-/// Label linking an ObjectSet to its deployment.
-pub const DEPLOYMENT_LABEL: &str = "package-operator.run/object-deployment";
-/// Annotation with the template hash of an ObjectSet.
-pub const HASH_ANNOTATION: &str = "package-operator.run/hash";
 
 /// An ObjectDeployment or ClusterObjectDeployment.
 #[derive(Debug, Clone, PartialEq)]

@@ -13,9 +13,30 @@ use dashmap::DashMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use pko_proto::hypershift::HostedCluster;
 
+use actix::prelude::*;
+
 use crate::engine::label_selector::selector_matches;
-use crate::hosted_cluster_package_actor::{FleetChanged, HostedClusterPackageActor};
-use crate::registry::{ObjectRef, Registry};
+use crate::rollout_publisher::RolloutPublisher;
+
+/// A selected HostedCluster changed (or the fleet became complete).
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct FleetChanged;
+
+/// What the HostedClusterPackage supervisors share: the fleet and the event publisher.
+#[derive(Clone, Default)]
+pub struct RolloutShared {
+    pub fleet: Arc<Fleet>,
+    pub publisher: Option<Arc<RolloutPublisher>>,
+    /// Names this management cluster in events.
+    pub source: String,
+}
+
+/// What one supervisor selects, and where to tell it that its selection changed.
+struct Selection {
+    selector: LabelSelector,
+    supervisor: Recipient<FleetChanged>,
+}
 
 type ClusterKey = (String, String);
 
@@ -36,8 +57,7 @@ fn matches(selector: &LabelSelector, cluster: &HostedCluster) -> bool {
 pub struct Fleet {
     /// Shared, not copied: every HostedClusterPackage reconcile takes the clusters it selects.
     clusters: DashMap<ClusterKey, Arc<HostedCluster>>,
-    selectors: DashMap<String, LabelSelector>,
-    packages: Arc<Registry<HostedClusterPackageActor>>,
+    selections: DashMap<String, Selection>,
     /// True once the fleet is complete (listed, or known to be empty): planning on a partial fleet would
     /// delete the Packages of clusters not seen yet, and rendering a package before its cluster is seen
     /// would leave out `.environment.hyperShift.hostedCluster`.
@@ -50,8 +70,7 @@ impl Default for Fleet {
     fn default() -> Self {
         Self {
             clusters: DashMap::new(),
-            selectors: DashMap::new(),
-            packages: Arc::default(),
+            selections: DashMap::new(),
             ready: watch::Sender::new(false),
             api_served: AtomicBool::new(false),
         }
@@ -59,11 +78,6 @@ impl Default for Fleet {
 }
 
 impl Fleet {
-    /// The HostedClusterPackage actors, by object: the feed of HostedClusterPackages starts them here.
-    pub fn registry(&self) -> Arc<Registry<HostedClusterPackageActor>> {
-        self.packages.clone()
-    }
-
     /// A cluster changed (or was deleted): remember it and wake the HostedClusterPackages it concerns.
     pub fn observe(&self, cluster: &HostedCluster, deleted: bool) {
         let key = key(cluster);
@@ -72,23 +86,13 @@ impl Fleet {
         } else {
             self.clusters.insert(key, Arc::new(cluster.clone()))
         };
-        for entry in self.selectors.iter() {
-            let concerned = matches(entry.value(), cluster)
-                || previous.as_ref().is_some_and(|p| matches(entry.value(), p));
+        for entry in self.selections.iter() {
+            let selector = &entry.value().selector;
+            let concerned = matches(selector, cluster)
+                || previous.as_ref().is_some_and(|p| matches(selector, p));
             if concerned {
-                self.wake(entry.key());
+                entry.value().supervisor.do_send(FleetChanged);
             }
-        }
-    }
-
-    fn wake(&self, hcpkg: &str) {
-        let owner = ObjectRef {
-            kind: "HostedClusterPackage",
-            namespace: String::new(),
-            name: hcpkg.to_owned(),
-        };
-        if let Some(addr) = self.packages.get(&owner) {
-            addr.do_send(FleetChanged);
         }
     }
 
@@ -106,8 +110,8 @@ impl Fleet {
             self.api_served.store(true, Ordering::SeqCst);
         }
         self.ready.send_replace(true);
-        for entry in self.selectors.iter() {
-            self.wake(entry.key());
+        for entry in self.selections.iter() {
+            entry.value().supervisor.do_send(FleetChanged);
         }
     }
 
@@ -142,13 +146,24 @@ impl Fleet {
         )
     }
 
-    /// Records what `hcpkg` selects, so changes of matching clusters reach it.
-    pub fn set_selector(&self, hcpkg: &str, selector: &LabelSelector) {
-        self.selectors.insert(hcpkg.to_owned(), selector.clone());
+    /// Records what `hcpkg` selects, so changes of matching clusters reach its `supervisor`.
+    pub fn set_selector(
+        &self,
+        hcpkg: &str,
+        selector: &LabelSelector,
+        supervisor: Recipient<FleetChanged>,
+    ) {
+        self.selections.insert(
+            hcpkg.to_owned(),
+            Selection {
+                selector: selector.clone(),
+                supervisor,
+            },
+        );
     }
 
     pub fn remove_selector(&self, hcpkg: &str) {
-        self.selectors.remove(hcpkg);
+        self.selections.remove(hcpkg);
     }
 
     /// The clusters `selector` matches.

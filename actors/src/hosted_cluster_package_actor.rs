@@ -5,6 +5,7 @@
 //!
 //! The rules live in `engine::rollout_plan`; this actor only gathers inputs and carries out plans.
 
+use pko_proto::well_known::HOSTED_CLUSTER_PACKAGE_LABEL;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,23 +31,17 @@ use crate::engine::rollout_plan::{
     plan_rollout, PackageState, PartitionOrder, RolloutInput, RolloutPlan, Target, UNKNOWN_GROUP,
 };
 use crate::hcp_namespace_actor::{HcpNamespaceActor, PackageCommand, PackageWritten};
-use crate::hosted_cluster_fleet::Fleet;
+use crate::hosted_cluster_fleet::{FleetChanged, RolloutShared};
 use crate::hosted_cluster_package_object::{
-    desired_package, invalid_status, package_state, rollout_settings, rollout_status, OWNER_LABEL,
+    desired_package, invalid_status, package_state, rollout_settings, rollout_status,
 };
 use crate::kind_feed::{FeedTarget, Gone, Observed};
 use crate::package_object::PackageObject;
 use crate::reconcile_gate::ReconcileGate;
 use crate::registry::ObjectRef;
-use crate::rollout_publisher::RolloutPublisher;
 
 const BACKOFF_MIN: Duration = Duration::from_secs(1);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
-
-/// A selected HostedCluster changed.
-#[derive(Debug, Message)]
-#[rtype(result = "()")]
-pub struct FleetChanged;
 
 /// A Package this HostedClusterPackage owns changed or was deleted.
 #[derive(Debug, Message)]
@@ -54,15 +49,6 @@ pub struct FleetChanged;
 pub struct OwnedPackageChanged {
     pub package: PackageObject,
     pub deleted: bool,
-}
-
-/// What the supervisors share: the fleet and the event publisher.
-#[derive(Clone, Default)]
-pub struct RolloutShared {
-    pub fleet: Arc<Fleet>,
-    pub publisher: Option<Arc<RolloutPublisher>>,
-    /// Names this management cluster in events.
-    pub source: String,
 }
 
 /// The previous plan, for the events between it and the next.
@@ -140,9 +126,11 @@ impl HostedClusterPackageActor {
             return;
         }
         let name = self.name();
-        self.shared
-            .fleet
-            .set_selector(&name, &hcpkg.spec.hosted_cluster_selector);
+        self.shared.fleet.set_selector(
+            &name,
+            &hcpkg.spec.hosted_cluster_selector,
+            ctx.address().recipient(),
+        );
         if !self.shared.fleet.is_ready() {
             // Woken by the fleet once it is complete.
             self.gate.finish(ctx, false, Self::reconcile);
@@ -313,7 +301,7 @@ async fn list_owned_packages(
     name: &str,
 ) -> Result<BTreeMap<String, Arc<PackageObject>>, String> {
     let list = Api::<Package>::all(context.client.clone())
-        .list(&ListParams::default().labels(&format!("{OWNER_LABEL}={name}")))
+        .list(&ListParams::default().labels(&format!("{HOSTED_CLUSTER_PACKAGE_LABEL}={name}")))
         .await
         .map_err(|e| format!("listing owned Packages: {e}"))?;
     Ok(list

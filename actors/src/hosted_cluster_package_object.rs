@@ -1,6 +1,7 @@
 //! The engine's view of a HostedClusterPackage: its spec checked and turned into planner settings, the
 //! Package it wants in each HCP namespace, each Package's rollout state, and the status it reports. No I/O.
 
+use pko_proto::well_known::HOSTED_CLUSTER_PACKAGE_LABEL;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -22,9 +23,6 @@ use crate::engine::rollout_plan::{
 };
 use crate::engine::rollout_status::rollout_conditions;
 use crate::package_object::PackageObject;
-
-/// Label on every Package a HostedClusterPackage owns: its name.
-pub const OWNER_LABEL: &str = "package-operator.run/hosted-cluster-package";
 
 /// How a HostedClusterPackage rolls out, from a valid spec.
 #[derive(Debug, Clone, PartialEq)]
@@ -100,7 +98,7 @@ pub fn desired_package(hcpkg: &HostedClusterPackage, namespace: &str) -> Value {
     let name = hcpkg.metadata.name.clone().unwrap_or_default();
     let template: &PackageTemplateSpec = &hcpkg.spec.template;
     let mut labels = template.metadata.labels.clone().unwrap_or_default();
-    labels.insert(OWNER_LABEL.to_owned(), name.clone());
+    labels.insert(HOSTED_CLUSTER_PACKAGE_LABEL.to_owned(), name.clone());
     json!({
         "apiVersion": "package-operator.run/v1alpha1",
         "kind": "Package",
@@ -342,7 +340,10 @@ mod tests {
         assert_eq!(p["metadata"]["name"], "addon");
         assert_eq!(p["metadata"]["namespace"], "clusters-a");
         assert_eq!(p["metadata"]["labels"]["team"], "sre");
-        assert_eq!(p["metadata"]["labels"][OWNER_LABEL], "addon");
+        assert_eq!(
+            p["metadata"]["labels"][HOSTED_CLUSTER_PACKAGE_LABEL],
+            "addon"
+        );
         assert_eq!(
             p["metadata"]["ownerReferences"][0]["kind"],
             "HostedClusterPackage"

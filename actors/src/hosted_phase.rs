@@ -182,7 +182,8 @@ pub fn progress_of_report(report: &PhaseReport) -> PhaseProgress {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::engine::desired_object::OWNERS_ANNOTATION;
+    use pko_proto::well_known::OWNERS_ANNOTATION;
+
     use crate::engine::object_ref::ObjectKey;
     use crate::phase_actor::PhaseOutcome as RunOutcome;
     use crate::phase_runner::{PhaseReport as RunReport, TeardownReport};

@@ -1,5 +1,6 @@
 //! Starts the manager's actor tree: the feeds for each kind pko reconciles and the registries behind them.
 
+use pko_proto::well_known::HOSTED_CLUSTER_PACKAGE_LABEL;
 use std::sync::Arc;
 
 use actix::{Actor, System};
@@ -15,9 +16,8 @@ use crate::connector_hub::ConnectorHub;
 use crate::context::ManagerContext;
 use crate::deployment_object::DeploymentObject;
 use crate::hosted_cluster_actor::HostedClusterActor;
-use crate::hosted_cluster_fleet::Fleet;
 use crate::hosted_cluster_package_actor::{HostedClusterPackageActor, OwnedPackageChanged};
-use crate::hosted_cluster_package_object::OWNER_LABEL;
+
 use crate::hypershift_detector::HyperShiftDetector;
 use crate::kind_feed::{KindFeed, Tap};
 use crate::object_deployment_actor::{ObjectDeploymentActor, RevisionChanged};
@@ -93,8 +93,7 @@ fn package_tap(packages: Arc<Registry<PackageActor>>) -> Tap<DeploymentObject> {
 }
 
 /// Tells the HostedClusterPackage that owns a Package (by label) about its changes.
-fn owned_package_tap(fleet: Arc<Fleet>) -> Tap<PackageObject> {
-    let registry = fleet.registry();
+fn owned_package_tap(registry: Arc<Registry<HostedClusterPackageActor>>) -> Tap<PackageObject> {
     Arc::new(move |package: &PackageObject, deleted| {
         if package.cluster {
             return;
@@ -103,7 +102,7 @@ fn owned_package_tap(fleet: Arc<Fleet>) -> Tap<PackageObject> {
             .meta
             .labels
             .as_ref()
-            .and_then(|l| l.get(OWNER_LABEL))
+            .and_then(|l| l.get(HOSTED_CLUSTER_PACKAGE_LABEL))
         else {
             return;
         };
@@ -143,7 +142,7 @@ pub fn start(context: ManagerContext) -> Engine {
     let fleet_tap: Tap<HostedCluster> =
         Arc::new(move |cluster: &HostedCluster, deleted| fleet.observe(cluster, deleted));
     HyperShiftDetector::new(context.clone(), hosted_clusters.clone(), fleet_tap).start();
-    let rollouts = context.rollouts.fleet.registry();
+    let rollouts: Arc<Registry<HostedClusterPackageActor>> = Arc::default();
     KindFeed::<HostedClusterPackage, _>::new(context.clone(), rollouts.clone(), None).start();
     let packages: Arc<Registry<PackageActor>> = Arc::default();
     let od_tap = Some(package_tap(packages.clone()));
@@ -151,7 +150,7 @@ pub fn start(context: ManagerContext) -> Engine {
         .start();
     KindFeed::<ClusterObjectDeployment, _>::new(context.clone(), deployments.clone(), od_tap)
         .start();
-    let owned_tap = Some(owned_package_tap(context.rollouts.fleet.clone()));
+    let owned_tap = Some(owned_package_tap(rollouts.clone()));
     KindFeed::<Package, _>::new(context.clone(), packages.clone(), owned_tap).start();
     KindFeed::<ClusterPackage, _>::new(context.clone(), packages.clone(), None).start();
     let templates: Arc<Registry<ObjectTemplateActor>> = Arc::default();

@@ -4,6 +4,7 @@
 //!
 //! Owners register a route when they start and remove it when they stop. The cache never writes objects.
 
+use pko_proto::well_known::CACHE_LABEL;
 use std::collections::HashSet;
 use std::sync::Arc;
 
@@ -18,7 +19,7 @@ use tracing::{debug, warn};
 
 use crate::applier::ResolvedKind;
 use crate::engine::adoption::controller_of;
-use crate::engine::desired_object::CACHE_LABEL;
+
 use crate::engine::object_ref::ObjectKey;
 
 type KindId = (String, String, String);
@@ -60,6 +61,11 @@ impl ObjectCache {
         // Our own apply may take an object over: the revision it left must hear of it.
         let former = self.insert_if_newer(key, object);
         self.tell(key, former);
+    }
+
+    /// Tells the owner `owner_uid` that `key` changed (an adopter telling the controller it replaced).
+    pub fn notify(&self, key: &ObjectKey, owner_uid: &str) {
+        self.tell(key, Some(owner_uid.to_owned()));
     }
 
     /// Forgets an object pko knows is gone.

@@ -3,6 +3,7 @@
 //! tears down in reverse order when archived, routes changes of its objects to the phase that owns them,
 //! and writes status only when it changes. Succeeded fires from a timer, not from the next event.
 
+use pko_proto::well_known::TEARDOWN_FINALIZER;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -58,10 +59,6 @@ pub struct ObjectSetActor {
     /// A finalizer write is on its way; another would only conflict with it.
     finalizer_write_pending: bool,
 }
-
-/// Keeps a set (and a default-class ObjectSetPhase) until its objects are torn down, so deleting it tears
-/// down as archival does instead of leaving its objects to the garbage collector.
-pub const TEARDOWN_FINALIZER: &str = "package-operator.run/teardown";
 
 const REPLAN_BACKOFF_MIN: Duration = Duration::from_secs(1);
 const REPLAN_BACKOFF_MAX: Duration = Duration::from_secs(60);

@@ -1,6 +1,7 @@
 //! Planning an ObjectSet: from its spec (with slice contents resolved) to one [`PhasePlan`] per phase, or
 //! the first problem in the spec, named by field. Pure; the actor fetches slices and previous revisions.
 
+use pko_proto::well_known::PHASE_CLASS_LABEL;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -16,7 +17,7 @@ use crate::engine::desired_object::{
 use crate::engine::probe::{ProbeSet, ProbeSpecError};
 use crate::object_meta::MetaView;
 use crate::phase_runner::PhasePlan;
-use crate::set_object::{SetObject, HOSTED_CLUSTER_CLASS, PHASE_CLASS_LABEL};
+use crate::set_object::{SetObject, HOSTED_CLUSTER_CLASS};
 
 /// Why a set cannot be planned; shown as `PreflightError` on the set.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -20,9 +20,10 @@ use crate::package_object::{environment_facts, PackageObject};
 use crate::reconcile_gate::ReconcileGate;
 use crate::registry::ObjectRef;
 use pko_package::canonical_hash::value_hash;
-use pko_package::chunking::{chunk, ChunkingStrategy, CHUNKING_ANNOTATION};
+use pko_package::chunking::{chunk, ChunkingStrategy};
 use pko_package::environment::{environment_value, package_environment};
 use pko_package::loader::load_installable;
+use pko_proto::well_known::CHUNKING_ANNOTATION;
 
 const BACKOFF_MIN: Duration = Duration::from_secs(10);
 const BACKOFF_MAX: Duration = Duration::from_secs(300);

@@ -15,9 +15,10 @@ use serde_json::{json, Value};
 use crate::engine::desired_object::FIELD_MANAGER;
 use crate::engine::package_deployment::PackageRef;
 use crate::object_meta::MetaView;
-use pko_package::chunking::{Slice, SLICE_OWNER_LABEL};
+use pko_package::chunking::Slice;
 use pko_package::environment::EnvironmentFacts;
 use pko_proto::core::object_slice::{ClusterObjectSlice, ObjectSlice};
+use pko_proto::well_known::SLICE_OWNER_LABEL;
 
 /// What a Package copies from its ObjectDeployment.
 #[derive(Debug, Clone, PartialEq)]

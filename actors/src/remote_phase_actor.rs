@@ -9,6 +9,7 @@
 //! after a (re)connect, and a retry after a failure. Replies are the only reports recorded, which keeps
 //! them in order.
 
+use pko_proto::well_known::HOSTED_TEARDOWN_FINALIZER;
 use std::time::Duration;
 
 use actix::prelude::*;
@@ -35,8 +36,6 @@ use crate::set_object::{SetObject, HOSTED_CLUSTER_CLASS};
 
 const BACKOFF_MIN: Duration = Duration::from_secs(1);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
-/// Held on hosted-cluster ObjectSetPhases until their hosted objects are torn down.
-pub const TEARDOWN_FINALIZER: &str = "package-operator.run/hosted-cluster-teardown";
 
 /// Re-send the phase: the connector pushed a report or said hello.
 #[derive(Debug, Message)]
@@ -243,7 +242,7 @@ async fn exchange(
         .unwrap_or_default();
     let deleting = phase.meta.deletion_timestamp.is_some();
     let reply: Result<Reply<PhaseReport>, _> = if deleting {
-        if !phase.has_finalizer(TEARDOWN_FINALIZER) {
+        if !phase.has_finalizer(HOSTED_TEARDOWN_FINALIZER) {
             return Exchange::Released;
         }
         let teardown = TeardownPhase {
@@ -266,7 +265,7 @@ async fn exchange(
         // The finalizer is written alongside the first request rather than before it (one apiserver round
         // trip off the rollout's path); a report only counts once the finalizer is in place.
         let (finalizer, reply) = futures::join!(
-            phase.set_finalizer(context.client.clone(), TEARDOWN_FINALIZER, true),
+            phase.set_finalizer(context.client.clone(), HOSTED_TEARDOWN_FINALIZER, true),
             link.request(subjects.apply(), &apply)
         );
         match finalizer {
@@ -280,7 +279,7 @@ async fn exchange(
         Ok(Reply::Answer(report)) => {
             if deleting && report.outcome == PhaseOutcome::TornDown {
                 return match phase
-                    .set_finalizer(context.client.clone(), TEARDOWN_FINALIZER, false)
+                    .set_finalizer(context.client.clone(), HOSTED_TEARDOWN_FINALIZER, false)
                     .await
                 {
                     Ok(()) => Exchange::Released,

@@ -13,13 +13,12 @@ use pko_proto::core::object_set_phase::{
     ClusterObjectSetPhase, ObjectSetPhase, ObjectSetPhaseSpec, ObjectSetPhaseStatus,
 };
 use pko_proto::core::object_slice::{ClusterObjectSlice, ObjectSlice};
+use pko_proto::well_known::PHASE_CLASS_LABEL;
 use serde_json::json;
 
 use crate::engine::desired_object::{OwnerRef, FIELD_MANAGER};
 use crate::object_meta::{status_merge_patch, MetaView};
 
-/// Label naming the class of a delegated phase.
-pub const PHASE_CLASS_LABEL: &str = "package-operator.run/phase-class";
 /// The phase class this manager reconciles itself.
 pub const DEFAULT_CLASS: &str = "default";
 /// The phase class applied to a hosted cluster by the connector in the phase's HCP namespace.

@@ -6,6 +6,7 @@
 //! HostedClusters: the fleet arriving (each gets its connector objects), a HostedClusterPackage creating
 //! N Packages, a rolling update across all of them, and the idle fleet afterwards.
 
+use pko_proto::well_known::{CONNECTOR_LABEL, HOSTED_CLUSTER_PACKAGE_LABEL};
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -17,8 +18,7 @@ use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
 use oci_client::secrets::RegistryAuth;
-use pko_actors::connector_deployment::CONNECTOR_LABEL;
-use pko_actors::hosted_cluster_package_object::OWNER_LABEL;
+
 use pko_package::image::ImageStore;
 use pko_proto::core::hosted_cluster_package::HostedClusterPackage;
 use pko_proto::core::package::Package;
@@ -173,7 +173,8 @@ async fn follow_rollout(
     start: impl std::future::Future<Output = Result<(), String>>,
 ) -> Result<Timeline, String> {
     let packages: Api<Package> = Api::all(client.clone());
-    let config = watcher::Config::default().labels(&format!("{OWNER_LABEL}={owner}"));
+    let config =
+        watcher::Config::default().labels(&format!("{HOSTED_CLUSTER_PACKAGE_LABEL}={owner}"));
     let mut events = watcher::watcher(packages, config).boxed();
     // The watch is established (its initial list is through) before the rollout starts.
     loop {

@@ -14,11 +14,8 @@
 use pko_proto::core::common::{ObjectSetObject, ObjectSetTemplatePhase};
 
 use crate::canonical_hash::value_hash;
+use pko_proto::well_known::CHUNKING_ANNOTATION;
 
-/// The Package annotation choosing the strategy.
-pub const CHUNKING_ANNOTATION: &str = "packages.package-operator.run/chunking-strategy";
-/// Label on every slice: the deployment it was cut for.
-pub const SLICE_OWNER_LABEL: &str = "slices.package-operator.run/owner";
 /// Bin size of BinpackNextFit, and the inline size above which packages without the annotation are
 /// binpacked.
 pub const MAX_SLICE_BYTES: usize = 1024 * 1024;

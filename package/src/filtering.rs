@@ -4,6 +4,7 @@
 //! that object when false. Every expression sees the context's top-level keys (`config`, `package`,
 //! `environment`, ...) and `cond`.
 
+use pko_proto::well_known::CONDITION_ANNOTATION;
 use std::collections::BTreeMap;
 
 use kube_cel::cel::Program;
@@ -12,9 +13,6 @@ use serde_json::Value;
 
 use super::template_funcs::glob_match;
 use crate::cel::evaluate_cel_with;
-
-/// Annotation holding an object's own condition.
-pub const CONDITION_ANNOTATION: &str = "package-operator.run/condition";
 
 /// Evaluates the filtering section once for a context.
 #[derive(Debug, Clone)]

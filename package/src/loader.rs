@@ -4,6 +4,10 @@
 //! annotations). Problems are reported in upstream's words, naming the file and document index, all of
 //! them at once. Manager and `kubectl-package` share this loader; it must not do I/O.
 
+use pko_proto::well_known::{
+    COLLISION_ANNOTATION, CONDITION_ANNOTATION, CONDITION_MAP_ANNOTATION, INSTANCE_LABEL,
+    PACKAGE_LABEL, PHASE_ANNOTATION,
+};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -17,7 +21,7 @@ use serde_json::Value;
 use super::components::{in_component, select_component};
 use super::config::{admit_config, field_error_aggregate, PACKAGE_CONFIG_PATH};
 use super::files::PackageFiles;
-use super::filtering::{Filter, CONDITION_ANNOTATION};
+use super::filtering::Filter;
 use super::hbs_template::render_hbs;
 use super::image_lock::resolve_images;
 use super::manifest::{
@@ -27,14 +31,6 @@ use super::template::render;
 use super::template_funcs::package_funcs;
 use super::violation::{reason, Violation};
 use super::yaml::{first_document, parse_yaml, split_object_file};
-use pko_proto::well_known::{INSTANCE_LABEL, PACKAGE_LABEL};
-
-/// Annotation naming the phase of an object (required).
-pub const PHASE_ANNOTATION: &str = "package-operator.run/phase";
-/// Annotation setting an object's collision protection.
-pub const COLLISION_ANNOTATION: &str = "package-operator.run/collision-protection";
-/// Annotation with condition mappings, one `SourceType => domain/DestinationType` per line.
-pub const CONDITION_MAP_ANNOTATION: &str = "package-operator.run/condition-map";
 
 /// A text file of the package: (path, content).
 type SourceFile = (String, String);

@@ -1,7 +1,79 @@
-//! Well-known label, annotation and finalizer names of the package-operator.run API that more than one
-//! crate spells.
+//! Well-known label, annotation and finalizer names pko puts on objects: the one place they are spelled.
 
 /// Label on a package's objects and ObjectDeployment: the name of its PackageManifest.
 pub const PACKAGE_LABEL: &str = "package-operator.run/package";
 /// Label on a package's objects and ObjectDeployment: the name of the Package instance.
 pub const INSTANCE_LABEL: &str = "package-operator.run/instance";
+
+/// Annotation carrying the revision that last applied an object.
+pub const REVISION_ANNOTATION: &str = "package-operator.run/revision";
+
+/// Label selecting the objects pko manages; the per-kind watches filter on it.
+pub const CACHE_LABEL: &str = "package-operator.run/cache";
+
+/// Annotation recording owners that live in another cluster (hosted-cluster phases), where ownerReferences
+/// cannot point: a JSON list of `{apiVersion, kind, name, namespace, uid, controller}`.
+pub const OWNERS_ANNOTATION: &str = "package-operator.run/owners";
+
+/// Annotation recording the image a deployment was unpacked from.
+pub const SOURCE_IMAGE_ANNOTATION: &str = "package-operator.run/package-source-image";
+
+/// Label naming the class of a delegated phase.
+pub const PHASE_CLASS_LABEL: &str = "package-operator.run/phase-class";
+
+/// Label linking an ObjectSet to its deployment.
+pub const DEPLOYMENT_LABEL: &str = "package-operator.run/object-deployment";
+
+/// Annotation with the template hash of an ObjectSet.
+pub const HASH_ANNOTATION: &str = "package-operator.run/hash";
+
+/// Label on every connector object (value `True`).
+pub const CONNECTOR_LABEL: &str = "package-operator.run/connector";
+
+/// Annotation on [`CREDENTIALS_SECRET`]: the NATS account that signed the credentials.
+pub const ACCOUNT_ANNOTATION: &str = "package-operator.run/nats-account";
+
+/// Annotation on the pod template: changes when the credentials do, so the pods restart with them.
+pub const CREDENTIALS_HASH_ANNOTATION: &str = "package-operator.run/credentials-hash";
+
+/// Label on every Package a HostedClusterPackage owns: its name.
+pub const HOSTED_CLUSTER_PACKAGE_LABEL: &str = "package-operator.run/hosted-cluster-package";
+
+/// Annotation naming the phase of an object (required).
+pub const PHASE_ANNOTATION: &str = "package-operator.run/phase";
+
+/// Annotation setting an object's collision protection.
+pub const COLLISION_ANNOTATION: &str = "package-operator.run/collision-protection";
+
+/// Annotation with condition mappings, one `SourceType => domain/DestinationType` per line.
+pub const CONDITION_MAP_ANNOTATION: &str = "package-operator.run/condition-map";
+
+/// Annotation holding an object's own condition.
+pub const CONDITION_ANNOTATION: &str = "package-operator.run/condition";
+
+/// Annotation `pause` leaves the reason in.
+pub const PAUSE_MESSAGE_ANNOTATION: &str = "package-operator.run/pause-message";
+
+/// Keeps a set (and a default-class ObjectSetPhase) until its objects are torn down, so deleting it tears
+/// down as archival does instead of leaving its objects to the garbage collector.
+pub const TEARDOWN_FINALIZER: &str = "package-operator.run/teardown";
+
+/// Held on hosted-cluster ObjectSetPhases until their hosted objects are torn down.
+pub const HOSTED_TEARDOWN_FINALIZER: &str = "package-operator.run/hosted-cluster-teardown";
+
+/// Annotation on a Package choosing how its objects are cut into ObjectSlices.
+pub const CHUNKING_ANNOTATION: &str = "packages.package-operator.run/chunking-strategy";
+
+/// Label on every slice: the deployment it was cut for.
+pub const SLICE_OWNER_LABEL: &str = "slices.package-operator.run/owner";
+
+/// Annotation on the admission webhook's certificate Secret: Unix seconds after which its CA is invalid.
+pub const WEBHOOK_CA_NOT_AFTER_ANNOTATION: &str = "package-operator.run/ca-not-after";
+
+/// Annotation on the admission webhook's certificate Secret: Unix seconds after which the serving
+/// certificate is invalid.
+pub const WEBHOOK_CERT_NOT_AFTER_ANNOTATION: &str = "package-operator.run/serving-cert-not-after";
+
+/// Annotation on the admission webhook's certificate Secret: the names the serving certificate was issued
+/// for, comma-separated.
+pub const WEBHOOK_CERT_NAMES_ANNOTATION: &str = "package-operator.run/serving-cert-names";

@@ -5,6 +5,7 @@
 //! `POD_NAME` as the Downward API would set them. Like a kubelet it restarts a process that died or whose
 //! Deployment changed, and stops it when the Deployment goes. In a real cluster nothing of this runs.
 
+use pko_proto::well_known::CONNECTOR_LABEL;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -23,8 +24,6 @@ use crate::connector::{spawn_connector_in, ConnectorLaunch, ConnectorProcess};
 use crate::env::TestEnv;
 use crate::error::TestEnvError;
 
-/// The label the manager puts on connector Deployments.
-pub const CONNECTOR_LABEL: &str = "package-operator.run/connector";
 /// How often dead processes are noticed and restarted.
 const LIVENESS_INTERVAL: Duration = Duration::from_millis(500);
 

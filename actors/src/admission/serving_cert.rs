@@ -14,6 +14,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::ByteString;
 use kube::api::PostParams;
 use kube::{Api, Client};
+use pko_proto::well_known::{
+    WEBHOOK_CA_NOT_AFTER_ANNOTATION, WEBHOOK_CERT_NAMES_ANNOTATION,
+    WEBHOOK_CERT_NOT_AFTER_ANNOTATION,
+};
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
     Issuer, KeyPair, KeyUsagePurpose,
@@ -28,11 +32,6 @@ const CA_CERT: &str = "ca.crt";
 const CA_KEY: &str = "ca.key";
 const TLS_CERT: &str = "tls.crt";
 const TLS_KEY: &str = "tls.key";
-/// Unix seconds after which the CA, resp. the serving certificate, is no longer valid.
-const CA_NOT_AFTER: &str = "package-operator.run/ca-not-after";
-const SERVING_NOT_AFTER: &str = "package-operator.run/serving-cert-not-after";
-/// The names the serving certificate was issued for, comma-separated.
-const SERVING_NAMES: &str = "package-operator.run/serving-cert-names";
 
 const DAY: u64 = 24 * 60 * 60;
 const CA_VALIDITY: u64 = 10 * 365 * DAY;
@@ -108,12 +107,12 @@ impl CertMaterial {
         Some(Self {
             ca_cert: text(CA_CERT)?,
             ca_key: text(CA_KEY)?,
-            ca_not_after: number(CA_NOT_AFTER)?,
+            ca_not_after: number(WEBHOOK_CA_NOT_AFTER_ANNOTATION)?,
             cert: text(TLS_CERT)?,
             key: text(TLS_KEY)?,
-            not_after: number(SERVING_NOT_AFTER)?,
+            not_after: number(WEBHOOK_CERT_NOT_AFTER_ANNOTATION)?,
             names: annotations
-                .get(SERVING_NAMES)?
+                .get(WEBHOOK_CERT_NAMES_ANNOTATION)?
                 .split(',')
                 .filter(|n| !n.is_empty())
                 .map(str::to_owned)
@@ -125,9 +124,18 @@ impl CertMaterial {
         let bytes = |s: &str| ByteString(s.as_bytes().to_vec());
         let mut meta = meta;
         let annotations = meta.annotations.get_or_insert_with(Default::default);
-        annotations.insert(CA_NOT_AFTER.to_owned(), self.ca_not_after.to_string());
-        annotations.insert(SERVING_NOT_AFTER.to_owned(), self.not_after.to_string());
-        annotations.insert(SERVING_NAMES.to_owned(), self.names.join(","));
+        annotations.insert(
+            WEBHOOK_CA_NOT_AFTER_ANNOTATION.to_owned(),
+            self.ca_not_after.to_string(),
+        );
+        annotations.insert(
+            WEBHOOK_CERT_NOT_AFTER_ANNOTATION.to_owned(),
+            self.not_after.to_string(),
+        );
+        annotations.insert(
+            WEBHOOK_CERT_NAMES_ANNOTATION.to_owned(),
+            self.names.join(","),
+        );
         Secret {
             metadata: meta,
             type_: Some("kubernetes.io/tls".to_owned()),

@@ -4,9 +4,8 @@
 //! from a newer revision). It must not look objects up or patch them; the applier acts on the decision.
 
 use pko_proto::core::common::CollisionProtection;
+use pko_proto::well_known::{OWNERS_ANNOTATION, REVISION_ANNOTATION};
 use serde_json::Value;
-
-use super::desired_object::{OWNERS_ANNOTATION, REVISION_ANNOTATION};
 
 /// Who is asking to adopt: the owning ObjectSet (or ObjectSetPhase acting for it).
 #[derive(Debug, Clone, PartialEq, Eq)]

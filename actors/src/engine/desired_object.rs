@@ -4,6 +4,7 @@
 //! Owns every rule about what a desired object may look like (no ownerReferences, no foreign namespace, no
 //! duplicates, a known collision protection). It must not talk to the apiserver.
 
+use pko_proto::well_known::{CACHE_LABEL, OWNERS_ANNOTATION, REVISION_ANNOTATION};
 use std::collections::BTreeMap;
 
 use pko_proto::core::common::{CollisionProtection, ConditionMapping, ObjectSetObject};
@@ -13,13 +14,6 @@ use super::object_ref::ObjectKey;
 
 /// Field manager of every server-side apply pko makes.
 pub const FIELD_MANAGER: &str = "package-operator";
-/// Annotation carrying the revision that last applied an object.
-pub const REVISION_ANNOTATION: &str = "package-operator.run/revision";
-/// Label selecting the objects pko manages; the per-kind watches filter on it.
-pub const CACHE_LABEL: &str = "package-operator.run/cache";
-/// Annotation recording owners that live in another cluster (hosted-cluster phases), where ownerReferences
-/// cannot point: a JSON list of `{apiVersion, kind, name, namespace, uid, controller}`.
-pub const OWNERS_ANNOTATION: &str = "package-operator.run/owners";
 
 /// The object that owns a phase's objects (an ObjectSet, ClusterObjectSet or ObjectSetPhase).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -7,10 +7,11 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 use pko_proto::core::object_template::ObjectTemplateSource;
+use pko_proto::well_known::CACHE_LABEL;
 use serde_json::{json, Map, Value};
 
 use super::conditions::{remove_condition, set_condition, ConditionUpdate};
-use super::desired_object::CACHE_LABEL;
+
 use super::object_ref::{split_api_version, ObjectKey};
 use pko_package::template::render;
 use pko_package::template_funcs::package_funcs;

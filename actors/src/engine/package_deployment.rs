@@ -6,13 +6,10 @@ use k8s_openapi::jiff::Timestamp;
 use pko_package::loader::LoadedPackage;
 use pko_package::violation::{reason, Violation};
 use pko_proto::manifests::PackageManifestScope;
-use pko_proto::well_known::{INSTANCE_LABEL, PACKAGE_LABEL};
+use pko_proto::well_known::{INSTANCE_LABEL, PACKAGE_LABEL, SOURCE_IMAGE_ANNOTATION};
 use serde_json::{json, Value};
 
 use crate::engine::conditions::{remove_condition, set_condition, ConditionUpdate};
-
-/// Annotation recording the image a deployment was unpacked from.
-pub const SOURCE_IMAGE_ANNOTATION: &str = "package-operator.run/package-source-image";
 
 /// The Package (or ClusterPackage) being reconciled, as these rules need it.
 #[derive(Debug, Clone, PartialEq)]

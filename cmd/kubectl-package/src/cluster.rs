@@ -3,6 +3,7 @@
 //! objects of an installed package's available revision, `pause`/`unpause` set `spec.paused` on a
 //! (Cluster)Package and wait for it to take effect.
 
+use pko_proto::well_known::{INSTANCE_LABEL, PAUSE_MESSAGE_ANNOTATION};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -12,13 +13,9 @@ use kube::{Api, Client};
 use pko_proto::core::object_deployment::{ClusterObjectDeployment, ObjectDeployment};
 use pko_proto::core::object_set::{ClusterObjectSet, ObjectSet};
 use pko_proto::core::package::{ClusterPackage, Package};
-use pko_proto::well_known::INSTANCE_LABEL;
 use serde_json::Value;
 
 use crate::args::{ClusterTreeArgs, HistoryArgs, PauseArgs};
-
-/// Annotation `pause` leaves the reason in.
-const PAUSE_MESSAGE_ANNOTATION: &str = "package-operator.run/pause-message";
 
 /// Cluster access: `--kubeconfig`, `$KUBECONFIG`, the in-cluster account, `~/.kube/config`.
 async fn client(kubeconfig: Option<&PathBuf>) -> Result<Client, String> {

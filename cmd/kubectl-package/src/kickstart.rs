@@ -7,6 +7,7 @@
 //!
 //! `plan` is pure (objects in, files out); reading inputs and writing the folder are at the bottom.
 
+use pko_proto::well_known::PHASE_ANNOTATION;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
 use std::path::Path;
@@ -266,7 +267,7 @@ pub fn package_plan(name: &str, objects: Vec<Value>, flags: &[String]) -> Result
             ));
         }
         let phase = phase_of(&group, &kind);
-        object["metadata"]["annotations"][pko_package::loader::PHASE_ANNOTATION] = json!(phase);
+        object["metadata"]["annotations"][PHASE_ANNOTATION] = json!(phase);
         if group.is_empty() && kind == "Namespace" {
             namespaces_present.insert(object_name.clone());
         }
@@ -297,7 +298,7 @@ pub fn package_plan(name: &str, objects: Vec<Value>, flags: &[String]) -> Result
         phases_used.insert("namespaces");
         let mut object = json!({
             "apiVersion": "v1", "kind": "Namespace",
-            "metadata": {"name": ns, "annotations": {pko_package::loader::PHASE_ANNOTATION: "namespaces"}},
+            "metadata": {"name": ns, "annotations": {PHASE_ANNOTATION: "namespaces"}},
         });
         let (text, templated) = parametrize(&mut object, "", "Namespace", &params, &mut config)?;
         let base = format!("namespaces/{}.namespace", ns.replace('/', "-"));

@@ -8,6 +8,7 @@
 
 mod common;
 
+use pko_proto::well_known::HOSTED_CLUSTER_PACKAGE_LABEL;
 use std::collections::{BTreeMap, BTreeSet};
 
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
@@ -76,7 +77,10 @@ async fn seed_000s_status_for_three_clusters_and_the_fleet_follows_hosted_cluste
             .get(&name)
             .await
             .unwrap();
-        assert_eq!(p.metadata.labels.unwrap()[OWNER_LABEL], name);
+        assert_eq!(
+            p.metadata.labels.unwrap()[HOSTED_CLUSTER_PACKAGE_LABEL],
+            name
+        );
         assert_eq!(
             p.metadata.owner_references.unwrap()[0].kind,
             "HostedClusterPackage"

@@ -11,6 +11,7 @@
 
 mod common;
 
+use pko_proto::well_known::HOSTED_CLUSTER_PACKAGE_LABEL;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
@@ -60,7 +61,8 @@ async fn wait_all_done(api: &Api<HostedClusterPackage>, client: &Client, name: &
         })
     })
     .await;
-    let owned = kube::api::ListParams::default().labels(&format!("{OWNER_LABEL}={name}"));
+    let owned =
+        kube::api::ListParams::default().labels(&format!("{HOSTED_CLUSTER_PACKAGE_LABEL}={name}"));
     let packages = Api::<Package>::all(client.clone())
         .list(&owned)
         .await

@@ -6,6 +6,7 @@
 
 mod common;
 
+use pko_proto::well_known::HOSTED_CLUSTER_PACKAGE_LABEL;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
@@ -69,7 +70,7 @@ async fn manager_killed_mid_rollout_resumes_within_the_budget() {
     )
     .await;
     let packages: Api<Package> = Api::all(client.clone());
-    let owned = ListParams::default().labels(&format!("{OWNER_LABEL}={name}"));
+    let owned = ListParams::default().labels(&format!("{HOSTED_CLUSTER_PACKAGE_LABEL}={name}"));
     let generations_on_v1: BTreeMap<String, i64> = packages
         .list(&owned)
         .await

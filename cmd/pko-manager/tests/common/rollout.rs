@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 
 use super::{env, TIMEOUT};
 
-pub const OWNER_LABEL: &str = "package-operator.run/hosted-cluster-package";
+pub const HOSTED_CLUSTER_PACKAGE_LABEL: &str = "package-operator.run/hosted-cluster-package";
 
 /// The risk labels of the rollout tests' fleet: early 3, normal 4, late 3, and the unknown group (no
 /// label, and a value the static order does not list) 2.
@@ -131,7 +131,8 @@ pub async fn wait_status<F: Fn(&HostedClusterPackage) -> bool>(
     ok: F,
 ) -> HostedClusterPackage {
     let packages = Api::<Package>::all(api.clone().into_client());
-    let owned = kube::api::ListParams::default().labels(&format!("{OWNER_LABEL}={name}"));
+    let owned =
+        kube::api::ListParams::default().labels(&format!("{HOSTED_CLUSTER_PACKAGE_LABEL}={name}"));
     wait_until(what, TIMEOUT * 3, || async {
         let h = api.get(name).await.map_err(|e| e.to_string())?;
         if ok(&h) {
@@ -254,7 +255,8 @@ impl RolloutObserver {
     ) -> Self {
         let observed = Arc::new(Mutex::new(Observed::default()));
         let packages: Api<Package> = Api::all(client.clone());
-        let config = watcher::Config::default().labels(&format!("{OWNER_LABEL}={name}"));
+        let config =
+            watcher::Config::default().labels(&format!("{HOSTED_CLUSTER_PACKAGE_LABEL}={name}"));
         let mut stream = watcher::watcher(packages, config).boxed();
         let record = observed.clone();
         let new_spec = new_spec.clone();
