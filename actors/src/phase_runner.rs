@@ -345,6 +345,7 @@ async fn reconcile_object(
         });
     }
     let hash = value_hash(&desired.object);
+    let mut demoted = None;
     if let Some(existing) = &observed {
         let adopter = Adopter {
             uid: &plan.owner_uid,
@@ -369,12 +370,18 @@ async fn reconcile_object(
             }
             AdoptionDecision::Adopt { demote: Some(uid) } => {
                 applier.demote_controller(key, existing, &uid).await?;
+                demoted = Some(uid);
             }
             AdoptionDecision::Adopt { demote: None } => {}
         }
     }
     let stored = applier.apply(key, &desired.object).await?;
     cache.record(key, stored.clone());
+    if let Some(uid) = demoted {
+        // The cache tells the former controller only when it held the object's earlier state; the
+        // adopter knows whose object it took, so it says so too.
+        cache.notify(key, &uid);
+    }
     Ok(ObjectOutcome::Ready {
         key: key.clone(),
         observed: Some(stored),
