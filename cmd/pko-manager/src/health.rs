@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use pko_actors::admission::webhook_server::ReviewCounts;
-use pko_actors::applier::RequestCounts;
+use pko_actors::objects::applier::RequestCounts;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, warn};

@@ -13,12 +13,12 @@ use std::time::Duration;
 use clap::{Parser, ValueEnum};
 use pko_actors::admission::serving_cert::{ServingCert, ServingCertConfig, ServingCertError};
 use pko_actors::admission::webhook_server::{self, ReviewCounts};
-use pko_actors::cluster_client::{cluster_client, ClientError, DEFAULT_MAX_IN_FLIGHT};
-use pko_actors::connector_link::{ConnectorLink, LinkSetupError};
-use pko_actors::context::ManagerContext;
-use pko_actors::leader_lease::{LeaderLease, LeaseConfig};
-use pko_actors::process_main::{init_logging, run_system, shutdown_signal};
-use pko_actors::pull_secrets::PullSecretSource;
+use pko_actors::hypershift::connector_link::{ConnectorLink, LinkSetupError};
+use pko_actors::packages::pull_secrets::PullSecretSource;
+use pko_actors::runtime::cluster_client::{cluster_client, ClientError, DEFAULT_MAX_IN_FLIGHT};
+use pko_actors::runtime::context::ManagerContext;
+use pko_actors::runtime::leader_lease::{LeaderLease, LeaseConfig};
+use pko_actors::runtime::process_main::{init_logging, run_system, shutdown_signal};
 use pko_proto::nats_credentials::AccountSigner;
 use tracing::{error, info};
 
@@ -253,7 +253,7 @@ async fn run(args: Args) -> Result<(), ManagerError> {
         None
     };
 
-    let engine = pko_actors::manager::start(context);
+    let engine = pko_actors::runtime::manager::start(context);
     health.set_ready(true);
     info!("manager running");
 

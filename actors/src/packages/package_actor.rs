@@ -10,15 +10,15 @@ use k8s_openapi::jiff::Timestamp;
 use pko_proto::core::package::PackageStatus;
 use tracing::{info_span, warn, Instrument};
 
-use crate::context::ManagerContext;
 use crate::engine::package_deployment::{
     package_conditions, package_deployment, scope_error, UnpackOutcome,
 };
-use crate::kind_feed::{FeedTarget, Gone, Observed};
-use crate::object_meta::MetaView;
-use crate::package_object::{environment_facts, PackageObject};
-use crate::reconcile_gate::ReconcileGate;
-use crate::registry::ObjectRef;
+use crate::objects::object_meta::MetaView;
+use crate::packages::package_object::{environment_facts, PackageObject};
+use crate::runtime::context::ManagerContext;
+use crate::runtime::kind_feed::{FeedTarget, Gone, Observed};
+use crate::runtime::reconcile_gate::ReconcileGate;
+use crate::runtime::registry::ObjectRef;
 use pko_package::canonical_hash::value_hash;
 use pko_package::chunking::{chunk, ChunkingStrategy};
 use pko_package::environment::{environment_value, package_environment};

@@ -12,19 +12,19 @@ use pko_proto::core::object_deployment::ObjectDeploymentStatus;
 use serde_json::json;
 use tracing::{info_span, warn, Instrument};
 
-use crate::context::ManagerContext;
-use crate::deployment_object::DeploymentObject;
 use crate::engine::adoption::{controller_of, revision_of};
 use crate::engine::conditions::is_true_for;
 use crate::engine::deployment_plan::{
     deployment_conditions, plan_deployment, revision_name, DeploymentAction, RevisionView,
 };
 use crate::engine::template_hash::template_hash;
-use crate::kind_feed::{FeedTarget, Gone, Observed};
-use crate::object_meta::MetaView;
-use crate::reconcile_gate::ReconcileGate;
-use crate::registry::ObjectRef;
-use crate::set_object::SetObject;
+use crate::objects::deployment_object::DeploymentObject;
+use crate::objects::object_meta::MetaView;
+use crate::objects::set_object::SetObject;
+use crate::runtime::context::ManagerContext;
+use crate::runtime::kind_feed::{FeedTarget, Gone, Observed};
+use crate::runtime::reconcile_gate::ReconcileGate;
+use crate::runtime::registry::ObjectRef;
 
 const BACKOFF_MIN: Duration = Duration::from_secs(1);
 const BACKOFF_MAX: Duration = Duration::from_secs(60);

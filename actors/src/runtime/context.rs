@@ -5,12 +5,12 @@ use std::sync::Arc;
 
 use kube::Client;
 
-use crate::applier::Applier;
-use crate::connector_link::ConnectorLink;
-use crate::hosted_cluster_fleet::RolloutShared;
-use crate::object_cache::ObjectCache;
-use crate::pull_secrets::PullSecretSource;
-use crate::rollout_publisher::RolloutPublisher;
+use crate::hypershift::connector_link::ConnectorLink;
+use crate::objects::applier::Applier;
+use crate::objects::object_cache::ObjectCache;
+use crate::packages::pull_secrets::PullSecretSource;
+use crate::rollout::hosted_cluster_fleet::RolloutShared;
+use crate::rollout::rollout_publisher::RolloutPublisher;
 use pko_package::image::ImageStore;
 
 /// Shared handles; cheap to clone.

@@ -22,17 +22,17 @@ use pko_proto::core::common::LifecycleState;
 use pko_proto::core::object_set::ObjectSetStatus;
 use tracing::{info_span, warn, Instrument};
 
-use crate::context::ManagerContext;
 use crate::engine::object_set_status::{
     object_set_conditions, BlockReason, PhaseProgress, SetObservation,
 };
-use crate::hosted_phase::{mapped_of_report, progress_of_report};
-use crate::kind_feed::{FeedTarget, Gone, Observed};
-use crate::object_meta::MetaView;
-use crate::object_set_plan::phase_object_name;
-use crate::reconcile_gate::ReconcileGate;
-use crate::registry::ObjectRef;
-use crate::set_object::{SetObject, HOSTED_CLUSTER_CLASS};
+use crate::hypershift::hosted_phase::{mapped_of_report, progress_of_report};
+use crate::objects::object_meta::MetaView;
+use crate::objects::object_set_plan::phase_object_name;
+use crate::objects::set_object::{SetObject, HOSTED_CLUSTER_CLASS};
+use crate::runtime::context::ManagerContext;
+use crate::runtime::kind_feed::{FeedTarget, Gone, Observed};
+use crate::runtime::reconcile_gate::ReconcileGate;
+use crate::runtime::registry::ObjectRef;
 
 const BACKOFF_MIN: Duration = Duration::from_secs(1);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);

@@ -12,23 +12,25 @@ use pko_proto::core::object_template::{ClusterObjectTemplate, ObjectTemplate};
 use pko_proto::core::package::{ClusterPackage, Package};
 use pko_proto::hypershift::HostedCluster;
 
-use crate::connector_hub::ConnectorHub;
-use crate::context::ManagerContext;
-use crate::deployment_object::DeploymentObject;
-use crate::hosted_cluster_actor::HostedClusterActor;
-use crate::hosted_cluster_package_actor::{HostedClusterPackageActor, OwnedPackageChanged};
+use crate::hypershift::connector_hub::ConnectorHub;
+use crate::hypershift::hosted_cluster_actor::HostedClusterActor;
+use crate::objects::deployment_object::DeploymentObject;
+use crate::rollout::hosted_cluster_package_actor::{
+    HostedClusterPackageActor, OwnedPackageChanged,
+};
+use crate::runtime::context::ManagerContext;
 
-use crate::hypershift_detector::HyperShiftDetector;
-use crate::kind_feed::{KindFeed, Tap};
-use crate::object_deployment_actor::{ObjectDeploymentActor, RevisionChanged};
-use crate::object_meta::MetaView;
-use crate::object_set_actor::ObjectSetActor;
-use crate::object_template_actor::ObjectTemplateActor;
-use crate::package_actor::{DeploymentChanged, PackageActor};
-use crate::package_object::PackageObject;
-use crate::registry::{ObjectRef, Registry};
-use crate::remote_phase_actor::RemotePhaseActor;
-use crate::set_object::{SetKind, SetObject};
+use crate::hypershift::hypershift_detector::HyperShiftDetector;
+use crate::hypershift::remote_phase_actor::RemotePhaseActor;
+use crate::objects::object_deployment_actor::{ObjectDeploymentActor, RevisionChanged};
+use crate::objects::object_meta::MetaView;
+use crate::objects::object_set_actor::ObjectSetActor;
+use crate::objects::object_template_actor::ObjectTemplateActor;
+use crate::objects::set_object::{SetKind, SetObject};
+use crate::packages::package_actor::{DeploymentChanged, PackageActor};
+use crate::packages::package_object::PackageObject;
+use crate::runtime::kind_feed::{KindFeed, Tap};
+use crate::runtime::registry::{ObjectRef, Registry};
 
 /// The running engine.
 pub struct Engine {

@@ -9,9 +9,9 @@ use actix::prelude::*;
 use serde_json::Value;
 use tracing::{info_span, warn, Instrument};
 
-use crate::context::ManagerContext;
 use crate::engine::object_ref::ObjectKey;
-use crate::reconcile_gate::ReconcileGate;
+use crate::runtime::context::ManagerContext;
+use crate::runtime::reconcile_gate::ReconcileGate;
 
 const BACKOFF_MIN: Duration = Duration::from_secs(1);
 const BACKOFF_MAX: Duration = Duration::from_secs(60);

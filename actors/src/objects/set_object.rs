@@ -17,7 +17,7 @@ use pko_proto::well_known::PHASE_CLASS_LABEL;
 use serde_json::json;
 
 use crate::engine::desired_object::{OwnerRef, FIELD_MANAGER};
-use crate::object_meta::{status_merge_patch, MetaView};
+use crate::objects::object_meta::{status_merge_patch, MetaView};
 
 /// The phase class this manager reconciles itself.
 pub const DEFAULT_CLASS: &str = "default";

@@ -15,19 +15,21 @@ use pko_proto::core::object_set::ObjectSetStatus;
 use serde_json::Value;
 use tracing::{info_span, warn, Instrument};
 
-use crate::context::ManagerContext;
 use crate::engine::adoption::revision_of;
 use crate::engine::object_ref::ObjectKey;
 use crate::engine::object_set_status::{
     object_set_conditions, phase_reach, PhaseProgress, PhaseReach, SetObservation,
 };
-use crate::kind_feed::{FeedTarget, Gone, Observed};
-use crate::object_meta::MetaView;
-use crate::object_set_plan::{phase_object_name, plan_object_set, PlanInputs};
-use crate::phase_actor::{PhaseActor, PhaseCommand, PhaseFinished, PhaseOutcome, UpdatePlan};
-use crate::phase_runner::{PhasePlan, PhaseReport};
-use crate::registry::ObjectRef;
-use crate::set_object::{SetObject, DEFAULT_CLASS};
+use crate::objects::object_meta::MetaView;
+use crate::objects::object_set_plan::{phase_object_name, plan_object_set, PlanInputs};
+use crate::objects::phase_actor::{
+    PhaseActor, PhaseCommand, PhaseFinished, PhaseOutcome, UpdatePlan,
+};
+use crate::objects::phase_runner::{PhasePlan, PhaseReport};
+use crate::objects::set_object::{SetObject, DEFAULT_CLASS};
+use crate::runtime::context::ManagerContext;
+use crate::runtime::kind_feed::{FeedTarget, Gone, Observed};
+use crate::runtime::registry::ObjectRef;
 
 /// A managed object controlled by this set changed.
 #[derive(Debug, Message)]

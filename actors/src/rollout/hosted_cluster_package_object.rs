@@ -22,7 +22,7 @@ use crate::engine::rollout_plan::{
     Counts, PackageState, PartitionOrder, RolloutInput, RolloutPlan, RolloutStrategy, UNKNOWN_GROUP,
 };
 use crate::engine::rollout_status::rollout_conditions;
-use crate::package_object::PackageObject;
+use crate::packages::package_object::PackageObject;
 
 /// How a HostedClusterPackage rolls out, from a valid spec.
 #[derive(Debug, Clone, PartialEq)]

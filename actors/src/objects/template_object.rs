@@ -9,7 +9,7 @@ use pko_proto::core::object_template::{
 use serde_json::{json, Value};
 
 use crate::engine::desired_object::FIELD_MANAGER;
-use crate::object_meta::MetaView;
+use crate::objects::object_meta::MetaView;
 
 /// An ObjectTemplate (namespaced) or ClusterObjectTemplate.
 #[derive(Debug, Clone, PartialEq)]

@@ -20,11 +20,13 @@ use serde::Serialize;
 use tokio::sync::mpsc;
 use tracing::{debug, info, info_span, warn};
 
-use crate::applier::Applier;
-use crate::hosted_phase::{plan_apply, plan_teardown, refused, report_of_run};
-use crate::object_cache::ObjectCache;
-use crate::phase_actor::{PhaseActor, PhaseCommand, PhaseFinished, PhaseOutcome, UpdatePlan};
-use crate::phase_runner::PhasePlan;
+use crate::hypershift::hosted_phase::{plan_apply, plan_teardown, refused, report_of_run};
+use crate::objects::applier::Applier;
+use crate::objects::object_cache::ObjectCache;
+use crate::objects::phase_actor::{
+    PhaseActor, PhaseCommand, PhaseFinished, PhaseOutcome, UpdatePlan,
+};
+use crate::objects::phase_runner::PhasePlan;
 
 /// What arrives from NATS.
 #[derive(Debug, Message)]

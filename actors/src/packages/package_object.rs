@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 
 use crate::engine::desired_object::FIELD_MANAGER;
 use crate::engine::package_deployment::PackageRef;
-use crate::object_meta::MetaView;
+use crate::objects::object_meta::MetaView;
 use pko_package::chunking::Slice;
 use pko_package::environment::EnvironmentFacts;
 use pko_proto::core::object_slice::{ClusterObjectSlice, ObjectSlice};
@@ -283,7 +283,7 @@ impl PackageObject {
 
 /// What the cluster says about itself for `.environment`: each optional API that is not served (or
 /// object that does not exist) is simply absent. `hosted_clusters` comes from the manager's fleet
-/// (see [`crate::hosted_cluster_fleet::Fleet::hosted_cluster_for`]): listing every HostedCluster for
+/// (see [`crate::rollout::hosted_cluster_fleet::Fleet::hosted_cluster_for`]): listing every HostedCluster for
 /// every package made creating N packages cost N² objects read. ObjectTemplates read the same facts.
 pub async fn environment_facts(
     client: Client,

@@ -16,7 +16,7 @@ use pko_proto::hypershift::HostedCluster;
 use actix::prelude::*;
 
 use crate::engine::label_selector::selector_matches;
-use crate::rollout_publisher::RolloutPublisher;
+use crate::rollout::rollout_publisher::RolloutPublisher;
 
 /// A selected HostedCluster changed (or the fleet became complete).
 #[derive(Debug, Message)]

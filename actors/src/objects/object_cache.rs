@@ -17,8 +17,8 @@ use kube::Client;
 use serde_json::Value;
 use tracing::{debug, warn};
 
-use crate::applier::ResolvedKind;
 use crate::engine::adoption::controller_of;
+use crate::objects::applier::ResolvedKind;
 
 use crate::engine::object_ref::ObjectKey;
 

@@ -15,8 +15,8 @@ use pko_proto::core::object_set::{ClusterObjectSet, ObjectSet, ObjectSetSpec};
 use serde_json::json;
 
 use crate::engine::desired_object::FIELD_MANAGER;
-use crate::object_meta::{status_merge_patch, MetaView};
-use crate::set_object::{SetKind, SetObject};
+use crate::objects::object_meta::{status_merge_patch, MetaView};
+use crate::objects::set_object::{SetKind, SetObject};
 
 /// An ObjectDeployment or ClusterObjectDeployment.
 #[derive(Debug, Clone, PartialEq)]

@@ -17,15 +17,15 @@ use pko_proto::hypershift::HostedCluster;
 use serde_json::{json, Value};
 use tracing::{info, info_span, warn, Instrument};
 
-use crate::connector_deployment::{
+use crate::engine::object_ref::ObjectKey;
+use crate::hypershift::connector_deployment::{
     connector_objects, credentials_current, credentials_hash, credentials_secret,
     ConnectorSettings, CREDENTIALS_KEY, CREDENTIALS_SECRET,
 };
-use crate::context::ManagerContext;
-use crate::engine::object_ref::ObjectKey;
-use crate::kind_feed::{FeedTarget, Gone, Observed};
-use crate::reconcile_gate::ReconcileGate;
-use crate::registry::ObjectRef;
+use crate::runtime::context::ManagerContext;
+use crate::runtime::kind_feed::{FeedTarget, Gone, Observed};
+use crate::runtime::reconcile_gate::ReconcileGate;
+use crate::runtime::registry::ObjectRef;
 use pko_package::canonical_hash::value_hash;
 
 const BACKOFF_MIN: Duration = Duration::from_secs(2);

@@ -19,9 +19,9 @@ use pko_proto::{GROUP, VERSION};
 use crate::engine::desired_object::{prepare_phase, OwnerRef};
 use crate::engine::object_set_status::{BlockReason, MappedCondition, PhaseProgress};
 use crate::engine::probe::ProbeSet;
-use crate::object_set_plan::PlanError;
-use crate::phase_actor::PhaseOutcome;
-use crate::phase_runner::PhasePlan;
+use crate::objects::object_set_plan::PlanError;
+use crate::objects::phase_actor::PhaseOutcome;
+use crate::objects::phase_runner::PhasePlan;
 
 /// The ObjectSetPhase a hosted object belongs to, as its owners annotation records it.
 fn owner_of(phase: &PhaseRef) -> OwnerRef {
@@ -185,8 +185,8 @@ mod tests {
     use pko_proto::well_known::OWNERS_ANNOTATION;
 
     use crate::engine::object_ref::ObjectKey;
-    use crate::phase_actor::PhaseOutcome as RunOutcome;
-    use crate::phase_runner::{PhaseReport as RunReport, TeardownReport};
+    use crate::objects::phase_actor::PhaseOutcome as RunOutcome;
+    use crate::objects::phase_runner::{PhaseReport as RunReport, TeardownReport};
     use pko_proto::core::common::ObjectSetObject;
     use serde_json::json;
 

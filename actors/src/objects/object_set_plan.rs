@@ -15,9 +15,9 @@ use crate::engine::desired_object::{
     find_duplicate, prepare_phase, DesiredObject, InvalidObject, OwnerRef,
 };
 use crate::engine::probe::{ProbeSet, ProbeSpecError};
-use crate::object_meta::MetaView;
-use crate::phase_runner::PhasePlan;
-use crate::set_object::{SetObject, HOSTED_CLUSTER_CLASS};
+use crate::objects::object_meta::MetaView;
+use crate::objects::phase_runner::PhasePlan;
+use crate::objects::set_object::{SetObject, HOSTED_CLUSTER_CLASS};
 
 /// Why a set cannot be planned; shown as `PreflightError` on the set.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

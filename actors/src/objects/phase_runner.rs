@@ -10,14 +10,14 @@ use pko_proto::core::common::ControlledObjectReference;
 use serde_json::Value;
 use tracing::{instrument, warn};
 
-use crate::applier::{Applier, ApplyError};
 use crate::engine::adoption::{controller_of, decide_adoption, Adopter, AdoptionDecision};
 use crate::engine::desired_object::DesiredObject;
 use crate::engine::drift::is_subset;
 use crate::engine::object_ref::ObjectKey;
 use crate::engine::object_set_status::{BlockReason, MappedCondition, PhaseProgress};
 use crate::engine::probe::{ProbeResult, ProbeSet};
-use crate::object_cache::ObjectCache;
+use crate::objects::applier::{Applier, ApplyError};
+use crate::objects::object_cache::ObjectCache;
 use pko_package::canonical_hash::value_hash;
 
 /// Objects of one phase are applied with this much concurrency.

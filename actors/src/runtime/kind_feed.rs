@@ -13,8 +13,8 @@ use kube::{Api, Resource};
 use serde::de::DeserializeOwned;
 use tracing::warn;
 
-use crate::context::ManagerContext;
-use crate::registry::{ObjectRef, Registry};
+use crate::runtime::context::ManagerContext;
+use crate::runtime::registry::{ObjectRef, Registry};
 
 /// The latest state of an object, from its watch.
 #[derive(Debug, Message)]

@@ -24,21 +24,21 @@ use pko_proto::rollout_events::{RolloutEvent, RolloutEventKind, EVENT_VERSION};
 use serde_json::json;
 use tracing::{info_span, warn, Instrument};
 
-use crate::context::ManagerContext;
 use crate::engine::desired_object::FIELD_MANAGER;
 use crate::engine::rollout_events::{failure_note, rollout_steps, RolloutView};
 use crate::engine::rollout_plan::{
     plan_rollout, PackageState, PartitionOrder, RolloutInput, RolloutPlan, Target, UNKNOWN_GROUP,
 };
-use crate::hcp_namespace_actor::{HcpNamespaceActor, PackageCommand, PackageWritten};
-use crate::hosted_cluster_fleet::{FleetChanged, RolloutShared};
-use crate::hosted_cluster_package_object::{
+use crate::packages::package_object::PackageObject;
+use crate::rollout::hcp_namespace_actor::{HcpNamespaceActor, PackageCommand, PackageWritten};
+use crate::rollout::hosted_cluster_fleet::{FleetChanged, RolloutShared};
+use crate::rollout::hosted_cluster_package_object::{
     desired_package, invalid_status, package_state, rollout_settings, rollout_status,
 };
-use crate::kind_feed::{FeedTarget, Gone, Observed};
-use crate::package_object::PackageObject;
-use crate::reconcile_gate::ReconcileGate;
-use crate::registry::ObjectRef;
+use crate::runtime::context::ManagerContext;
+use crate::runtime::kind_feed::{FeedTarget, Gone, Observed};
+use crate::runtime::reconcile_gate::ReconcileGate;
+use crate::runtime::registry::ObjectRef;
 
 const BACKOFF_MIN: Duration = Duration::from_secs(1);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);

@@ -13,8 +13,8 @@ use futures::StreamExt;
 use pko_proto::connector_wire::{decode, Hello, HostedClusterSubjects, PhaseReport};
 use tracing::{debug, info, warn};
 
-use crate::registry::{ObjectRef, Registry};
-use crate::remote_phase_actor::{RemotePhaseActor, Resend};
+use crate::hypershift::remote_phase_actor::{RemotePhaseActor, Resend};
+use crate::runtime::registry::{ObjectRef, Registry};
 
 /// Subject patterns the hub listens on.
 pub fn hub_subjects() -> [String; 2] {

@@ -16,11 +16,11 @@ use kube::Api;
 use pko_proto::hypershift::HostedCluster;
 use tracing::{info, warn};
 
-use crate::context::ManagerContext;
-use crate::hosted_cluster_actor::HostedClusterActor;
-use crate::hosted_cluster_fleet::Fleet;
-use crate::kind_feed::{KindFeed, Tap};
-use crate::registry::Registry;
+use crate::hypershift::hosted_cluster_actor::HostedClusterActor;
+use crate::rollout::hosted_cluster_fleet::Fleet;
+use crate::runtime::context::ManagerContext;
+use crate::runtime::kind_feed::{KindFeed, Tap};
+use crate::runtime::registry::Registry;
 
 /// Name of the HostedCluster CRD.
 pub const HOSTED_CLUSTER_CRD: &str = "hostedclusters.hypershift.openshift.io";

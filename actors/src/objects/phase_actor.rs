@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use actix::prelude::*;
 
-use crate::applier::Applier;
 use crate::engine::object_set_status::{BlockReason, PhaseProgress};
-use crate::object_cache::ObjectCache;
-use crate::phase_runner::{
+use crate::objects::applier::Applier;
+use crate::objects::object_cache::ObjectCache;
+use crate::objects::phase_runner::{
     reconcile_phase, teardown_phase, AppliedHashes, PhasePlan, PhaseReport, TeardownReport,
 };
 

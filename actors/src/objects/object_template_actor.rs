@@ -13,18 +13,18 @@ use pko_proto::core::object_template::ObjectTemplateStatus;
 use serde_json::{Map, Value};
 use tracing::{info_span, warn, Instrument};
 
-use crate::applier::ApplyError;
-use crate::context::ManagerContext;
 use crate::engine::object_ref::ObjectKey;
 use crate::engine::object_template::{
     copy_items, render_object, source_key, template_conditions, TemplateProblem,
 };
-use crate::kind_feed::{FeedTarget, Gone, Observed};
-use crate::object_meta::MetaView;
-use crate::package_object::environment_facts;
-use crate::reconcile_gate::ReconcileGate;
-use crate::registry::ObjectRef;
-use crate::template_object::TemplateObject;
+use crate::objects::applier::ApplyError;
+use crate::objects::object_meta::MetaView;
+use crate::objects::template_object::TemplateObject;
+use crate::packages::package_object::environment_facts;
+use crate::runtime::context::ManagerContext;
+use crate::runtime::kind_feed::{FeedTarget, Gone, Observed};
+use crate::runtime::reconcile_gate::ReconcileGate;
+use crate::runtime::registry::ObjectRef;
 use pko_package::environment::{environment_value, package_environment};
 
 const BACKOFF_MIN: Duration = Duration::from_secs(1);

@@ -1,0 +1,17 @@
+//! The object engine's actors and I/O: ObjectSets (with their phases and delegated ObjectSetPhases),
+//! ObjectDeployments, ObjectTemplates, the views of those objects they write through, the applier and
+//! the managed-object cache. The rules they follow are in `engine/`; this folder does the API calls,
+//! timers and messages.
+
+pub mod applier;
+pub mod deployment_object;
+pub mod object_cache;
+pub mod object_deployment_actor;
+pub mod object_meta;
+pub mod object_set_actor;
+pub mod object_set_plan;
+pub mod object_template_actor;
+pub mod phase_actor;
+pub mod phase_runner;
+pub mod set_object;
+pub mod template_object;

@@ -1,0 +1,13 @@
+//! The actor runtime the domains share: the manager context, watch feeds and their routing registry,
+//! the one-reconcile-at-a-time gate, the leader Lease, the rate-limited apiserver client, process
+//! start-up, and `manager.rs`, which wires every domain's feeds and actors together. It holds no
+//! reconcile rules of any kind.
+
+pub mod cluster_client;
+pub mod context;
+pub mod kind_feed;
+pub mod leader_lease;
+pub mod manager;
+pub mod process_main;
+pub mod reconcile_gate;
+pub mod registry;
