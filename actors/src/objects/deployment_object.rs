@@ -14,8 +14,7 @@ use pko_proto::core::object_deployment::{
 use pko_proto::core::object_set::{ClusterObjectSet, ObjectSet, ObjectSetSpec};
 use serde_json::json;
 
-use crate::engine::desired_object::FIELD_MANAGER;
-use crate::objects::object_meta::{status_merge_patch, MetaView};
+use crate::objects::object_meta::{write_status, MetaView};
 use crate::objects::set_object::{SetKind, SetObject};
 
 /// An ObjectDeployment or ClusterObjectDeployment.
@@ -199,14 +198,7 @@ impl DeploymentObject {
         client: Client,
         status: &ObjectDeploymentStatus,
     ) -> Result<(), kube::Error> {
-        let patch = status_merge_patch(status, &["conditions", "controllerOf"]);
-        self.own_api(client)
-            .patch_status(
-                self.name(),
-                &PatchParams::apply(FIELD_MANAGER),
-                &Patch::Merge(&patch),
-            )
-            .await
-            .map(|_| ())
+        let lists = ["conditions", "controllerOf"];
+        write_status(&self.own_api(client), self.name(), status, &lists).await
     }
 }

@@ -1,8 +1,12 @@
-//! Accessors shared by the engine's views of package-operator objects, and the shape of their status
-//! writes.
+//! Accessors shared by the engine's views of package-operator objects, and their status writes (the one
+//! function every actor writes status through).
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::api::{Api, Patch, PatchParams};
+use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
+
+use crate::engine::desired_object::FIELD_MANAGER;
 
 /// The merge patch that writes `status`. Empty lists are not serialized, and a merge patch keeps what it
 /// does not name, so each of `lists` that is absent is spelled out as `[]`: a list that became empty (a
@@ -15,6 +19,28 @@ pub fn status_merge_patch(status: &impl serde::Serialize, lists: &[&str]) -> Val
         }
     }
     json!({ "status": status })
+}
+
+/// Writes `status` through the status subresource: the one way pko writes a status. A JSON merge patch
+/// (not server-side apply): pko is the only writer of these statuses, so there is no field ownership to
+/// share, and the patch carries exactly the status pko computed. `lists` are spelled out even when empty
+/// ([`status_merge_patch`]).
+pub async fn write_status<K>(
+    api: &Api<K>,
+    name: &str,
+    status: &impl serde::Serialize,
+    lists: &[&str],
+) -> Result<(), kube::Error>
+where
+    K: Clone + DeserializeOwned + std::fmt::Debug,
+{
+    api.patch_status(
+        name,
+        &PatchParams::apply(FIELD_MANAGER),
+        &Patch::Merge(&status_merge_patch(status, lists)),
+    )
+    .await
+    .map(|_| ())
 }
 
 /// Name, namespace, UID, generation and controller of an object, empty or zero when unset.

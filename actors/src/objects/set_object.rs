@@ -16,8 +16,8 @@ use pko_proto::core::object_slice::{ClusterObjectSlice, ObjectSlice};
 use pko_proto::well_known::PHASE_CLASS_LABEL;
 use serde_json::json;
 
-use crate::engine::desired_object::{OwnerRef, FIELD_MANAGER};
-use crate::objects::object_meta::{status_merge_patch, MetaView};
+use crate::engine::desired_object::OwnerRef;
+use crate::objects::object_meta::{write_status, MetaView};
 
 /// The phase class this manager reconciles itself.
 pub const DEFAULT_CLASS: &str = "default";
@@ -283,22 +283,22 @@ impl SetObject {
         status: &ObjectSetStatus,
     ) -> Result<(), kube::Error> {
         let api = self.kind.api(client, self.namespace());
-        let patch = if self.kind.is_phase() {
+        if self.kind.is_phase() {
             let phase_status = ObjectSetPhaseStatus {
                 conditions: status.conditions.clone(),
                 controller_of: status.controller_of.clone(),
             };
-            status_merge_patch(&phase_status, &["conditions", "controllerOf"])
+            write_status(
+                &api,
+                self.name(),
+                &phase_status,
+                &["conditions", "controllerOf"],
+            )
+            .await
         } else {
-            status_merge_patch(status, &["conditions", "controllerOf", "remotePhases"])
-        };
-        api.patch_status(
-            self.name(),
-            &PatchParams::apply(FIELD_MANAGER),
-            &Patch::Merge(&patch),
-        )
-        .await
-        .map(|_| ())
+            let lists = ["conditions", "controllerOf", "remotePhases"];
+            write_status(&api, self.name(), status, &lists).await
+        }
     }
 
     /// Reads the objects of an ObjectSlice (ClusterObjectSlice for cluster sets), `None` if it is missing,

@@ -1,15 +1,14 @@
 //! One view of ObjectTemplate and ClusterObjectTemplate for the ObjectTemplate actor, with its status write.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
+use kube::api::{ApiResource, DynamicObject};
 use kube::{Api, Client};
 use pko_proto::core::object_template::{
     ClusterObjectTemplate, ObjectTemplate, ObjectTemplateSpec, ObjectTemplateStatus,
 };
 use serde_json::{json, Value};
 
-use crate::engine::desired_object::FIELD_MANAGER;
-use crate::objects::object_meta::MetaView;
+use crate::objects::object_meta::{write_status, MetaView};
 
 /// An ObjectTemplate (namespaced) or ClusterObjectTemplate.
 #[derive(Debug, Clone, PartialEq)]
@@ -89,16 +88,8 @@ impl TemplateObject {
                 &ApiResource::erase::<ObjectTemplate>(&()),
             )
         };
-        api.patch_status(
-            self.name(),
-            &PatchParams::apply(FIELD_MANAGER),
-            // Explicit fields: the serialized status skips an empty condition list, and a merge patch
-            // without it would keep the old conditions.
-            &Patch::Merge(&json!({
-                "status": {"conditions": status.conditions, "phase": status.phase}
-            })),
-        )
-        .await
-        .map(|_| ())
+        // `phase` explicitly (null clears it); the serialized status would skip it when unset.
+        let body = json!({"conditions": status.conditions, "phase": status.phase});
+        write_status(&api, self.name(), &body, &["conditions"]).await
     }
 }

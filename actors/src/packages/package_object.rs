@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 
 use crate::engine::desired_object::FIELD_MANAGER;
 use crate::engine::package_deployment::PackageRef;
-use crate::objects::object_meta::MetaView;
+use crate::objects::object_meta::{write_status, MetaView};
 use pko_package::chunking::Slice;
 use pko_package::environment::EnvironmentFacts;
 use pko_proto::core::object_slice::{ClusterObjectSlice, ObjectSlice};
@@ -270,14 +270,13 @@ impl PackageObject {
         } else {
             ApiResource::erase::<Package>(&())
         };
-        self.api(client, &resource)
-            .patch_status(
-                self.name(),
-                &PatchParams::apply(FIELD_MANAGER),
-                &Patch::Merge(&json!({ "status": status })),
-            )
-            .await
-            .map(|_| ())
+        write_status(
+            &self.api(client, &resource),
+            self.name(),
+            status,
+            &["conditions"],
+        )
+        .await
     }
 }
 

@@ -13,7 +13,7 @@ use std::time::Duration;
 use actix::prelude::*;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{ListParams, Patch, PatchParams};
+use kube::api::ListParams;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::Api;
 use kube::Resource;
@@ -21,10 +21,8 @@ use pko_proto::core::hosted_cluster_package::{HostedClusterPackage, HostedCluste
 use pko_proto::core::package::Package;
 use pko_proto::hypershift::HostedCluster;
 use pko_proto::rollout_events::{RolloutEvent, RolloutEventKind, EVENT_VERSION};
-use serde_json::json;
 use tracing::{info_span, warn, Instrument};
 
-use crate::engine::desired_object::FIELD_MANAGER;
 use crate::engine::rollout_events::{failure_note, rollout_steps, RolloutView};
 use crate::engine::rollout_plan::{
     plan_rollout, PackageState, PartitionOrder, RolloutInput, RolloutPlan, Target, UNKNOWN_GROUP,
@@ -357,22 +355,16 @@ async fn write_status(
     name: &str,
     status: &HostedClusterPackageStatus,
 ) -> Result<(), String> {
-    // Every field explicitly, so emptied lists (processing, partitions) are cleared too.
-    let mut body = serde_json::to_value(status).map_err(|e| e.to_string())?;
-    for list in ["conditions", "partitions", "processing"] {
-        if body.get(list).is_none() {
-            body[list] = json!([]);
-        }
-    }
-    Api::<HostedClusterPackage>::all(client.clone())
-        .patch_status(
-            name,
-            &PatchParams::apply(FIELD_MANAGER),
-            &Patch::Merge(&json!({ "status": body })),
-        )
-        .await
-        .map(|_| ())
-        .map_err(|e| format!("writing the status: {e}"))
+    // Emptied lists (processing, partitions) are cleared too.
+    let lists = ["conditions", "partitions", "processing"];
+    crate::objects::object_meta::write_status(
+        &Api::<HostedClusterPackage>::all(client.clone()),
+        name,
+        status,
+        &lists,
+    )
+    .await
+    .map_err(|e| format!("writing the status: {e}"))
 }
 
 /// The rollout step for this snapshot: pure apart from the clock.
