@@ -77,9 +77,44 @@ pub fn is_true_for(conditions: &[Condition], type_: &str, generation: i64) -> bo
     })
 }
 
+/// An object's condition of this type, read from its JSON, unless it was written for another generation
+/// than the object's current one (one without `observedGeneration` counts as current, as in
+/// [`is_true_for`]).
+pub fn current_condition<'a>(
+    object: &'a serde_json::Value,
+    type_: &str,
+) -> Option<&'a serde_json::Value> {
+    use serde_json::Value;
+    let generation = object
+        .pointer("/metadata/generation")
+        .and_then(Value::as_i64);
+    let condition = object
+        .pointer("/status/conditions")
+        .and_then(Value::as_array)?
+        .iter()
+        .find(|c| c.get("type").and_then(Value::as_str) == Some(type_))?;
+    let observed = condition.get("observedGeneration").and_then(Value::as_i64);
+    match (observed, generation) {
+        (Some(o), Some(g)) if o != g => None,
+        _ => Some(condition),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_condition_for_another_generation_is_not_current() {
+        let object = serde_json::json!({"metadata": {"generation": 2}, "status": {"conditions": [
+            {"type": "Available", "observedGeneration": 2},
+            {"type": "Ready", "observedGeneration": 1},
+            {"type": "Mapped"}]}});
+        assert!(current_condition(&object, "Available").is_some());
+        assert!(current_condition(&object, "Ready").is_none());
+        assert!(current_condition(&object, "Mapped").is_some());
+        assert!(current_condition(&object, "Missing").is_none());
+    }
 
     #[test]
     fn transition_time_moves_only_on_status_change() {

@@ -11,6 +11,7 @@ use serde_json::Value;
 use tracing::{instrument, warn};
 
 use crate::engine::adoption::{controller_of, decide_adoption, Adopter, AdoptionDecision};
+use crate::engine::conditions::current_condition;
 use crate::engine::desired_object::DesiredObject;
 use crate::engine::drift::is_subset;
 use crate::engine::object_ref::ObjectKey;
@@ -223,25 +224,13 @@ pub async fn reconcile_phase(
 /// (reason, message) of an ObjectSetPhase's `Available` condition, when written for its current
 /// generation.
 fn phase_availability(phase: &Value) -> Option<(String, String)> {
-    let generation = phase
-        .pointer("/metadata/generation")
-        .and_then(Value::as_i64);
     let text = |c: &Value, field: &str| {
         c.get(field)
             .and_then(Value::as_str)
             .unwrap_or_default()
             .to_owned()
     };
-    phase
-        .pointer("/status/conditions")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .find(|c| {
-            c.get("type").and_then(Value::as_str) == Some("Available")
-                && c.get("observedGeneration").and_then(Value::as_i64) == generation
-        })
-        .map(|c| (text(c, "reason"), text(c, "message")))
+    current_condition(phase, "Available").map(|c| (text(c, "reason"), text(c, "message")))
 }
 
 fn blocked(reason: BlockReason, messages: &[String]) -> PhaseProgress {
@@ -394,29 +383,12 @@ fn mapped_conditions(desired: &DesiredObject, observed: &Value) -> Vec<MappedCon
     if desired.condition_mappings.is_empty() {
         return Vec::new();
     }
-    let generation = observed
-        .pointer("/metadata/generation")
-        .and_then(Value::as_i64);
-    let conditions = observed
-        .pointer("/status/conditions")
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
     desired
         .condition_mappings
         .iter()
         .filter_map(|m| {
-            let c = conditions
-                .iter()
-                .find(|c| c.get("type").and_then(Value::as_str) == Some(m.source_type.as_str()))?;
-            let fresh = match (
-                c.get("observedGeneration").and_then(Value::as_i64),
-                generation,
-            ) {
-                (Some(o), Some(g)) => o == g,
-                _ => true,
-            };
-            fresh.then(|| MappedCondition {
+            let c = current_condition(observed, &m.source_type)?;
+            Some(MappedCondition {
                 type_: m.destination_type.clone(),
                 status: c.get("status").and_then(Value::as_str) == Some("True"),
                 reason: c
