@@ -300,23 +300,16 @@ impl ServingCert {
 
     /// A rustls server configuration that always presents the current certificate. HTTP/1.1 only: the
     /// apiserver's webhook client needs nothing more.
-    pub fn tls_config(&self) -> Arc<rustls::ServerConfig> {
+    pub fn tls_config(&self) -> Result<Arc<rustls::ServerConfig>, ServingCertError> {
         let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
             rustls::crypto::aws_lc_rs::default_provider(),
         ))
         .with_safe_default_protocol_versions()
-        .map(|b| {
-            b.with_no_client_auth()
-                .with_cert_resolver(self.slot.clone())
-        })
-        // The provider's defaults always include TLS 1.2 and 1.3; fall back to the process default.
-        .unwrap_or_else(|_| {
-            rustls::ServerConfig::builder()
-                .with_no_client_auth()
-                .with_cert_resolver(self.slot.clone())
-        });
+        .map_err(|e| ServingCertError::Load(format!("TLS protocol versions: {e}")))?
+        .with_no_client_auth()
+        .with_cert_resolver(self.slot.clone());
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
-        Arc::new(config)
+        Ok(Arc::new(config))
     }
 
     /// Re-reads the Secret, renews what is due, loads a changed certificate and republishes the CA.

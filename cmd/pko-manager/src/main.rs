@@ -192,7 +192,7 @@ async fn serve_webhook(
         },
     )
     .await?;
-    let bound = webhook_server::serve(addr, cert.tls_config(), reviews)
+    let bound = webhook_server::serve(addr, cert.tls_config()?, reviews)
         .await
         .map_err(|source| ManagerError::WebhookListen { addr, source })?;
     info!(addr = %bound, path = webhook_server::IMMUTABLE_FIELDS_PATH, "serving the admission webhook");
