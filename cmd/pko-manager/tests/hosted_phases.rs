@@ -274,13 +274,7 @@ async fn hosted_phases_hand_over_between_revisions_and_archive_what_is_left() {
     .await
     .unwrap();
 
-    patch_set(
-        &client,
-        &ns,
-        "rev1",
-        json!({"spec": {"lifecycleState": "Archived"}}),
-    )
-    .await;
+    archive_set(&client, &ns, "rev1").await;
     wait_cm(&hosted, &hosted_ns, "held", |cm| {
         cm.metadata.deletion_timestamp.is_some()
     })

@@ -471,13 +471,7 @@ async fn archiving_tears_down_in_reverse_phase_order() {
         }
     });
     ready_rx.await.unwrap();
-    patch_set(
-        &client,
-        &ns,
-        "archivable",
-        json!({"spec": {"lifecycleState": "Archived"}}),
-    )
-    .await;
+    archive_set(&client, &ns, "archivable").await;
     wait_condition(
         &client,
         &ns,
@@ -526,13 +520,7 @@ async fn archival_waits_for_a_blocked_object() {
     create_set(&client, &ns, &set).await;
     wait_condition(&client, &ns, "blocked", "Available", "True", None).await;
 
-    patch_set(
-        &client,
-        &ns,
-        "blocked",
-        json!({"spec": {"lifecycleState": "Archived"}}),
-    )
-    .await;
+    archive_set(&client, &ns, "blocked").await;
     wait_condition(
         &client,
         &ns,
@@ -618,13 +606,7 @@ async fn delegated_archival_and_deletion_wait_for_blocked_objects() {
     create_set(&client, &ns, &set).await;
     wait_condition(&client, &ns, "delegated", "Available", "True", None).await;
 
-    patch_set(
-        &client,
-        &ns,
-        "delegated",
-        json!({"spec": {"lifecycleState": "Archived"}}),
-    )
-    .await;
+    archive_set(&client, &ns, "delegated").await;
     wait_cm_gone(&client, &ns, "cm-5").await;
     wait_condition(
         &client,
@@ -790,13 +772,7 @@ async fn handover_moves_shared_objects_and_archival_removes_the_rest() {
     .await
     .unwrap();
 
-    patch_set(
-        &client,
-        &ns,
-        "rev1",
-        json!({"spec": {"lifecycleState": "Archived"}}),
-    )
-    .await;
+    archive_set(&client, &ns, "rev1").await;
     wait_condition(&client, &ns, "rev1", "Archived", "True", None).await;
     assert_eq!(controlled("rev1").await.unwrap(), Vec::<String>::new());
     assert!(

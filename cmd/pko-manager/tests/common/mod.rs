@@ -100,6 +100,17 @@ pub async fn patch_set(client: &Client, ns: &str, name: &str, patch: Value) {
         .unwrap();
 }
 
+/// Sets the named ObjectSet's lifecycleState to Archived.
+pub async fn archive_set(client: &Client, ns: &str, name: &str) {
+    patch_set(
+        client,
+        ns,
+        name,
+        json!({"spec": {"lifecycleState": "Archived"}}),
+    )
+    .await
+}
+
 /// Condition `type_` of the named ObjectSet, if reported for its current generation.
 pub async fn set_condition(
     client: &Client,
