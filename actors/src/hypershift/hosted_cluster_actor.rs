@@ -10,12 +10,13 @@ use std::time::Duration;
 use actix::prelude::*;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
+use futures::future::LocalBoxFuture;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::Resource;
 use pko_proto::connector_wire::HostedClusterSubjects;
 use pko_proto::hypershift::HostedCluster;
 use serde_json::{json, Value};
-use tracing::{info, info_span, warn, Instrument};
+use tracing::{info, warn};
 
 use crate::engine::object_ref::ObjectKey;
 use crate::hypershift::connector_deployment::{
@@ -23,68 +24,20 @@ use crate::hypershift::connector_deployment::{
     ConnectorSettings, CREDENTIALS_KEY, CREDENTIALS_SECRET,
 };
 use crate::runtime::context::ManagerContext;
-use crate::runtime::kind_feed::{FeedTarget, Gone, Observed};
-use crate::runtime::reconcile_gate::ReconcileGate;
+use crate::runtime::object_actor::{work, Change, ObjectActor, Outcome, Reconcile, Work};
+use crate::runtime::reconcile_gate::Backoff;
 use crate::runtime::registry::ObjectRef;
 use pko_package::canonical_hash::value_hash;
 
 const BACKOFF_MIN: Duration = Duration::from_secs(2);
-const BACKOFF_MAX: Duration = Duration::from_secs(120);
 
 /// What a reconcile did, for the event it deserves.
-enum Outcome {
+enum InstallOutcome {
     /// Nothing to do: no NATS, not available yet, or already current.
     Unchanged,
     /// The connector objects were created or changed (hash of what was applied).
     Installed(u64),
     Failed(String),
-}
-
-pub struct HostedClusterActor {
-    context: ManagerContext,
-    cluster: Option<HostedCluster>,
-    /// Hash of the connector objects last applied, to tell a change from a repeat.
-    applied: Option<u64>,
-    gate: ReconcileGate,
-}
-
-impl HostedClusterActor {
-    pub fn new(context: ManagerContext) -> Self {
-        Self {
-            context,
-            cluster: None,
-            applied: None,
-            gate: ReconcileGate::new(BACKOFF_MIN, BACKOFF_MAX),
-        }
-    }
-
-    fn reconcile(&mut self, ctx: &mut Context<Self>) {
-        let Some(cluster) = self.cluster.clone() else {
-            return;
-        };
-        if !self.gate.try_start(ctx) {
-            return;
-        }
-        let context = self.context.clone();
-        let applied = self.applied;
-        let span = info_span!("hosted_cluster", namespace = ?cluster.metadata.namespace,
-            name = ?cluster.metadata.name);
-        let work = async move {
-            let outcome = ensure_connector(&context, &cluster, applied).await;
-            record(&context, &cluster, &outcome).await;
-            outcome
-        }
-        .instrument(span);
-        ctx.spawn(work.into_actor(self).map(|outcome, act, ctx| {
-            let failed = matches!(outcome, Outcome::Failed(_));
-            if let Outcome::Installed(hash) = outcome {
-                act.applied = Some(hash);
-            }
-            if act.gate.finish(ctx, failed, Self::reconcile) {
-                act.reconcile(ctx);
-            }
-        }));
-    }
 }
 
 fn settings(context: &ManagerContext) -> Option<ConnectorSettings> {
@@ -139,39 +92,41 @@ async fn ensure_connector(
     context: &ManagerContext,
     cluster: &HostedCluster,
     applied: Option<u64>,
-) -> Outcome {
+) -> InstallOutcome {
     let Some(settings) = settings(context) else {
-        return Outcome::Unchanged;
+        return InstallOutcome::Unchanged;
     };
     if !cluster.is_available() || cluster.metadata.deletion_timestamp.is_some() {
-        return Outcome::Unchanged;
+        return InstallOutcome::Unchanged;
     }
     let Some(namespace) = cluster.hosted_control_plane_namespace() else {
-        return Outcome::Unchanged;
+        return InstallOutcome::Unchanged;
     };
     let secret = match ensure_credentials(context, &namespace).await {
         Ok(s) => s,
-        Err(e) => return Outcome::Failed(format!("connector credentials in {namespace}: {e}")),
+        Err(e) => {
+            return InstallOutcome::Failed(format!("connector credentials in {namespace}: {e}"))
+        }
     };
     let objects = connector_objects(&namespace, &settings, &credentials_hash(&secret));
     let hash = value_hash(&Value::Array(objects.clone()));
     for object in &objects {
         if let Err(e) = apply(context, object).await {
-            return Outcome::Failed(format!("connector in {namespace}: {e}"));
+            return InstallOutcome::Failed(format!("connector in {namespace}: {e}"));
         }
     }
     if applied == Some(hash) {
-        Outcome::Unchanged
+        InstallOutcome::Unchanged
     } else {
-        Outcome::Installed(hash)
+        InstallOutcome::Installed(hash)
     }
 }
 
 /// An event on the HostedCluster for what changed; repeats are not recorded.
-async fn record(context: &ManagerContext, cluster: &HostedCluster, outcome: &Outcome) {
+async fn record(context: &ManagerContext, cluster: &HostedCluster, outcome: &InstallOutcome) {
     let (type_, reason, note) = match outcome {
-        Outcome::Unchanged => return,
-        Outcome::Installed(_) => (
+        InstallOutcome::Unchanged => return,
+        InstallOutcome::Installed(_) => (
             EventType::Normal,
             "ConnectorInstalled",
             format!(
@@ -179,7 +134,7 @@ async fn record(context: &ManagerContext, cluster: &HostedCluster, outcome: &Out
                 cluster.hosted_control_plane_namespace().unwrap_or_default()
             ),
         ),
-        Outcome::Failed(message) => (EventType::Warning, "ConnectorFailed", message.clone()),
+        InstallOutcome::Failed(message) => (EventType::Warning, "ConnectorFailed", message.clone()),
     };
     let recorder = Recorder::new(
         context.client.clone(),
@@ -222,15 +177,21 @@ async fn remove_connector(context: &ManagerContext, namespace: &str) -> Result<(
     Ok(())
 }
 
-impl Actor for HostedClusterActor {
-    type Context = Context<Self>;
+/// The HostedCluster controller's own state.
+pub struct HostedClusterController {
+    /// Hash of the connector objects last applied, to tell a change from a repeat.
+    applied: Option<u64>,
 }
 
-impl FeedTarget for HostedClusterActor {
-    type Object = HostedCluster;
+pub type HostedClusterActor = ObjectActor<HostedClusterController>;
 
-    fn start_for(context: &ManagerContext) -> Addr<Self> {
-        HostedClusterActor::new(context.clone()).start()
+impl Reconcile for HostedClusterController {
+    type Object = HostedCluster;
+    const CONTROLLER: &'static str = "hosted_cluster";
+    const BACKOFF: Backoff = Backoff::new(BACKOFF_MIN, Duration::from_secs(120));
+
+    fn new(_: &ManagerContext) -> Self {
+        Self { applied: None }
     }
 
     fn key(cluster: &HostedCluster) -> ObjectRef {
@@ -240,30 +201,51 @@ impl FeedTarget for HostedClusterActor {
             name: cluster.metadata.name.clone().unwrap_or_default(),
         }
     }
-}
 
-impl Handler<Observed<HostedCluster>> for HostedClusterActor {
-    type Result = ();
-    fn handle(&mut self, Observed(cluster): Observed<HostedCluster>, ctx: &mut Context<Self>) {
-        self.cluster = Some(cluster);
-        self.gate.reset_backoff();
-        self.reconcile(ctx);
+    /// Every version counts: availability and the HCP namespace live in its status.
+    fn observe(
+        _: &mut HostedClusterActor,
+        _: Option<&HostedCluster>,
+        _: &mut Context<HostedClusterActor>,
+    ) -> Change {
+        Change::Respecified
     }
-}
 
-impl Handler<Gone> for HostedClusterActor {
-    type Result = ();
-    fn handle(&mut self, _: Gone, ctx: &mut Context<Self>) {
-        let Some(namespace) = self
-            .cluster
-            .as_ref()
-            .and_then(HostedCluster::hosted_control_plane_namespace)
-        else {
-            ctx.stop();
-            return;
+    fn reconcile(
+        actor: &mut HostedClusterActor,
+        cluster: HostedCluster,
+        _: &mut Context<HostedClusterActor>,
+    ) -> Work<Self> {
+        let context = actor.context.clone();
+        let applied = actor.state.applied;
+        let run = async move {
+            let outcome = ensure_connector(&context, &cluster, applied).await;
+            record(&context, &cluster, &outcome).await;
+            outcome
         };
-        let context = self.context.clone();
-        let removal = async move {
+        work(
+            run,
+            |outcome, actor: &mut HostedClusterActor, _| match outcome {
+                InstallOutcome::Installed(hash) => {
+                    actor.state.applied = Some(hash);
+                    Outcome::Done
+                }
+                InstallOutcome::Unchanged => Outcome::Done,
+                InstallOutcome::Failed(message) => Outcome::Retry(message),
+            },
+        )
+    }
+
+    fn gone(
+        actor: &mut HostedClusterActor,
+        _: &mut Context<HostedClusterActor>,
+    ) -> Option<LocalBoxFuture<'static, ()>> {
+        let namespace = actor
+            .object
+            .as_ref()
+            .and_then(HostedCluster::hosted_control_plane_namespace)?;
+        let context = actor.context.clone();
+        Some(Box::pin(async move {
             // A few attempts: after that the HCP namespace is usually being deleted by HyperShift anyway.
             for attempt in 1..=5u32 {
                 match remove_connector(&context, &namespace).await {
@@ -277,7 +259,6 @@ impl Handler<Gone> for HostedClusterActor {
                     }
                 }
             }
-        };
-        ctx.wait(removal.into_actor(self).map(|(), _, ctx| ctx.stop()));
+        }))
     }
 }

@@ -30,12 +30,9 @@ use crate::objects::object_meta::MetaView;
 use crate::objects::object_set_plan::phase_object_name;
 use crate::objects::set_object::{SetObject, HOSTED_CLUSTER_CLASS};
 use crate::runtime::context::ManagerContext;
-use crate::runtime::kind_feed::{FeedTarget, Gone, Observed};
-use crate::runtime::reconcile_gate::ReconcileGate;
+use crate::runtime::object_actor::{work, Change, ObjectActor, Outcome, Reconcile, Work};
+use crate::runtime::reconcile_gate::Backoff;
 use crate::runtime::registry::ObjectRef;
-
-const BACKOFF_MIN: Duration = Duration::from_secs(1);
-const BACKOFF_MAX: Duration = Duration::from_secs(30);
 
 /// Re-send the phase: the connector pushed a report or said hello.
 #[derive(Debug, Message)]
@@ -57,46 +54,77 @@ enum Exchange {
     Stale,
 }
 
-pub struct RemotePhaseActor {
-    context: ManagerContext,
-    phase: Option<SetObject>,
+/// The remote phase controller's own state.
+pub struct RemotePhaseController {
     last: Option<Exchange>,
     /// UIDs of the previous revisions' phases, read once per generation rather than on every re-send.
     previous_uids: Option<(i64, Vec<String>)>,
-    gate: ReconcileGate,
 }
 
-impl RemotePhaseActor {
-    pub fn new(context: ManagerContext) -> Self {
+pub type RemotePhaseActor = ObjectActor<RemotePhaseController>;
+
+impl Reconcile for RemotePhaseController {
+    type Object = SetObject;
+    const CONTROLLER: &'static str = "remote_phase";
+    const BACKOFF: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
+
+    fn new(_: &ManagerContext) -> Self {
         Self {
-            context,
-            phase: None,
             last: None,
             previous_uids: None,
-            gate: ReconcileGate::new(BACKOFF_MIN, BACKOFF_MAX),
         }
     }
 
-    fn reconcile(&mut self, ctx: &mut Context<Self>) {
-        let Some(phase) = self.phase.clone() else {
-            return;
-        };
-        if !self.gate.try_start(ctx) {
-            return;
+    /// Namespaced ObjectSetPhases of class `hosted-cluster`: their namespace names the hosted cluster.
+    fn wants(set: &SetObject) -> bool {
+        set.kind.is_phase()
+            && set.kind.is_namespaced()
+            && set.phase_class() == Some(HOSTED_CLUSTER_CLASS)
+    }
+
+    fn key(set: &SetObject) -> ObjectRef {
+        ObjectRef {
+            kind: set.kind.kind(),
+            namespace: set.namespace().to_owned(),
+            name: set.name().to_owned(),
         }
-        let context = self.context.clone();
-        let span = info_span!(
-            "remote_phase",
-            namespace = phase.namespace(),
-            name = phase.name()
-        );
+    }
+
+    /// Only what the connector is sent counts; status is ours.
+    fn observe(
+        actor: &mut RemotePhaseActor,
+        previous: Option<&SetObject>,
+        _: &mut Context<RemotePhaseActor>,
+    ) -> Change {
+        let Some(phase) = actor.object.as_ref() else {
+            return Change::Echo;
+        };
+        let changed = previous.is_none_or(|p| {
+            p.generation() != phase.generation()
+                || p.meta.deletion_timestamp != phase.meta.deletion_timestamp
+                || p.meta.finalizers != phase.meta.finalizers
+        });
+        if changed {
+            Change::Respecified
+        } else {
+            Change::Echo
+        }
+    }
+
+    fn reconcile(
+        actor: &mut RemotePhaseActor,
+        phase: SetObject,
+        _: &mut Context<RemotePhaseActor>,
+    ) -> Work<Self> {
+        let context = actor.context.clone();
         let generation = phase.generation();
-        let known = self
+        let known = actor
+            .state
             .previous_uids
             .as_ref()
             .filter(|(g, _)| *g == generation)
             .map(|(_, uids)| uids.clone());
-        let work = async move {
+        let run = async move {
             // The previous phases matter only to an apply; they are read once per generation.
             if phase.meta.deletion_timestamp.is_some() {
                 return (exchange(&context, &phase, &[]).await, None);
@@ -109,39 +137,46 @@ impl RemotePhaseActor {
                 Ok(uids) => (exchange(&context, &phase, &uids).await, Some(uids)),
                 Err(e) => (Exchange::Undelivered(e), None),
             }
-        }
-        .instrument(span);
-        ctx.spawn(
-            work.into_actor(self)
-                .map(move |(exchange, uids), act, ctx| {
-                    if let Some(uids) = uids {
-                        act.previous_uids = Some((generation, uids));
-                    }
-                    let failed = match &exchange {
-                        Exchange::Reported(report) => matches!(
-                            report.outcome,
-                            PhaseOutcome::TeardownInProgress | PhaseOutcome::PreflightError
-                        ),
-                        Exchange::Undelivered(_) | Exchange::Stale => true,
-                        Exchange::Released => false,
-                    };
-                    act.last = Some(exchange);
-                    act.publish_status(ctx);
-                    if act.gate.finish(ctx, failed, Self::reconcile) {
-                        act.reconcile(ctx);
-                    }
-                }),
-        );
+        };
+        work(
+            run,
+            move |(exchange, uids), actor: &mut RemotePhaseActor, ctx| {
+                if let Some(uids) = uids {
+                    actor.state.previous_uids = Some((generation, uids));
+                }
+                let outcome = match &exchange {
+                    Exchange::Reported(report) => match report.outcome {
+                        PhaseOutcome::TeardownInProgress => {
+                            Outcome::Requeue("hosted objects are being torn down".to_owned())
+                        }
+                        PhaseOutcome::PreflightError => {
+                            Outcome::Retry(format!("preflight error: {}", report.message))
+                        }
+                        _ => Outcome::Done,
+                    },
+                    Exchange::Undelivered(message) => Outcome::Retry(message.clone()),
+                    Exchange::Stale => Outcome::Requeue(
+                        "the ObjectSetPhase changed while it was being written".to_owned(),
+                    ),
+                    Exchange::Released => Outcome::Done,
+                };
+                actor.state.last = Some(exchange);
+                actor.publish_status(ctx);
+                outcome
+            },
+        )
     }
+}
 
+impl RemotePhaseActor {
     fn publish_status(&mut self, ctx: &mut Context<Self>) {
-        let Some(phase) = self.phase.clone() else {
+        let Some(phase) = self.object.clone() else {
             return;
         };
         if phase.meta.deletion_timestamp.is_some() {
             return;
         }
-        let (progress, mapped, controller_of) = match &self.last {
+        let (progress, mapped, controller_of) = match &self.state.last {
             Some(Exchange::Reported(report)) => (
                 progress_of_report(report),
                 mapped_of_report(report),
@@ -178,7 +213,7 @@ impl RemotePhaseActor {
             return;
         }
         let before = phase.status.clone();
-        if let Some(p) = self.phase.as_mut() {
+        if let Some(p) = self.object.as_mut() {
             p.status = status.clone();
         }
         let client = self.context.client.clone();
@@ -198,7 +233,7 @@ impl RemotePhaseActor {
                     warn!(%error, "status write failed; writing it again");
                     // The report must not be lost: forget that it was written, and write it again
                     // (unless a newer status took its place meanwhile).
-                    if let Some(p) = act.phase.as_mut().filter(|p| p.status == status) {
+                    if let Some(p) = act.object.as_mut().filter(|p| p.status == status) {
                         p.status = before;
                     }
                     ctx.run_later(STATUS_RETRY, |act, ctx| act.publish_status(ctx));
@@ -318,60 +353,10 @@ async fn previous_phase_uids(
     Ok(uids)
 }
 
-impl Actor for RemotePhaseActor {
-    type Context = Context<Self>;
-}
-
-impl FeedTarget for RemotePhaseActor {
-    type Object = SetObject;
-
-    fn start_for(context: &ManagerContext) -> Addr<Self> {
-        RemotePhaseActor::new(context.clone()).start()
-    }
-
-    /// Namespaced ObjectSetPhases of class `hosted-cluster`: their namespace names the hosted cluster.
-    fn wants(set: &SetObject) -> bool {
-        set.kind.is_phase()
-            && set.kind.is_namespaced()
-            && set.phase_class() == Some(HOSTED_CLUSTER_CLASS)
-    }
-
-    fn key(set: &SetObject) -> ObjectRef {
-        ObjectRef {
-            kind: set.kind.kind(),
-            namespace: set.namespace().to_owned(),
-            name: set.name().to_owned(),
-        }
-    }
-}
-
-impl Handler<Observed<SetObject>> for RemotePhaseActor {
-    type Result = ();
-    fn handle(&mut self, Observed(phase): Observed<SetObject>, ctx: &mut Context<Self>) {
-        let changed = self.phase.as_ref().is_none_or(|p| {
-            p.generation() != phase.generation()
-                || p.meta.deletion_timestamp != phase.meta.deletion_timestamp
-                || p.meta.finalizers != phase.meta.finalizers
-        });
-        self.phase = Some(phase);
-        if changed {
-            self.gate.reset_backoff();
-            self.reconcile(ctx);
-        }
-    }
-}
-
 impl Handler<Resend> for RemotePhaseActor {
     type Result = ();
     fn handle(&mut self, _: Resend, ctx: &mut Context<Self>) {
-        self.gate.reset_backoff();
-        self.reconcile(ctx);
-    }
-}
-
-impl Handler<Gone> for RemotePhaseActor {
-    type Result = ();
-    fn handle(&mut self, _: Gone, ctx: &mut Context<Self>) {
-        ctx.stop();
+        self.reset_backoff();
+        self.request_reconcile(ctx);
     }
 }

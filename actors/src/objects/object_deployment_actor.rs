@@ -10,7 +10,7 @@ use k8s_openapi::jiff::Timestamp;
 use pko_proto::core::common::{ControlledObjectReference, LifecycleState};
 use pko_proto::core::object_deployment::ObjectDeploymentStatus;
 use serde_json::json;
-use tracing::{info_span, warn, Instrument};
+use tracing::warn;
 
 use crate::engine::adoption::{controller_of, revision_of};
 use crate::engine::conditions::is_true_for;
@@ -22,12 +22,10 @@ use crate::objects::deployment_object::DeploymentObject;
 use crate::objects::object_meta::MetaView;
 use crate::objects::set_object::SetObject;
 use crate::runtime::context::ManagerContext;
-use crate::runtime::kind_feed::{FeedTarget, Gone, Observed};
-use crate::runtime::reconcile_gate::ReconcileGate;
+use crate::runtime::object_actor::{work, Change, ObjectActor, Outcome, Reconcile, Work};
+use crate::runtime::reconcile_gate::Backoff;
 use crate::runtime::registry::ObjectRef;
 
-const BACKOFF_MIN: Duration = Duration::from_secs(1);
-const BACKOFF_MAX: Duration = Duration::from_secs(60);
 /// Collision-count bumps within one reconcile before giving up until the next event.
 const MAX_COLLISIONS_PER_RUN: usize = 5;
 
@@ -213,74 +211,18 @@ async fn reconcile_deployment(
     Ok(od.status)
 }
 
-pub struct ObjectDeploymentActor {
-    context: ManagerContext,
-    deployment: Option<DeploymentObject>,
-    gate: ReconcileGate,
-}
+/// The ObjectDeployment controller keeps no state between reconciles: the ObjectSets are listed each time.
+pub struct ObjectDeploymentController;
 
-impl ObjectDeploymentActor {
-    pub fn new(context: ManagerContext) -> Self {
-        Self {
-            context,
-            deployment: None,
-            gate: ReconcileGate::new(BACKOFF_MIN, BACKOFF_MAX),
-        }
-    }
+pub type ObjectDeploymentActor = ObjectActor<ObjectDeploymentController>;
 
-    fn reconcile(&mut self, ctx: &mut Context<Self>) {
-        let Some(od) = self.deployment.clone() else {
-            return;
-        };
-        if !self.gate.try_start(ctx) {
-            return;
-        }
-        let context = self.context.clone();
-        let span = info_span!(
-            "reconcile_object_deployment",
-            kind = od.kind(),
-            namespace = od.namespace(),
-            name = od.name()
-        );
-        let work = async move {
-            let result = reconcile_deployment(context.clone(), od.clone()).await;
-            if let Ok(status) = &result {
-                if *status != od.status {
-                    od.write_status(context.client.clone(), status).await?;
-                }
-            }
-            result
-        }
-        .instrument(span);
-        ctx.spawn(work.into_actor(self).map(|result, act, ctx| {
-            let failed = match result {
-                Ok(status) => {
-                    if let Some(od) = act.deployment.as_mut() {
-                        od.status = status;
-                    }
-                    false
-                }
-                Err(e) => {
-                    warn!(error = %e, "ObjectDeployment reconcile failed; retrying");
-                    true
-                }
-            };
-            if act.gate.finish(ctx, failed, Self::reconcile) {
-                act.reconcile(ctx);
-            }
-        }));
-    }
-}
-
-impl Actor for ObjectDeploymentActor {
-    type Context = Context<Self>;
-}
-
-impl FeedTarget for ObjectDeploymentActor {
+impl Reconcile for ObjectDeploymentController {
     type Object = DeploymentObject;
+    const CONTROLLER: &'static str = "object_deployment";
+    const BACKOFF: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
 
-    fn start_for(context: &ManagerContext) -> Addr<Self> {
-        ObjectDeploymentActor::new(context.clone()).start()
+    fn new(_: &ManagerContext) -> Self {
+        Self
     }
 
     fn key(od: &DeploymentObject) -> ObjectRef {
@@ -290,32 +232,54 @@ impl FeedTarget for ObjectDeploymentActor {
             name: od.name().to_owned(),
         }
     }
-}
 
-impl Handler<Observed<DeploymentObject>> for ObjectDeploymentActor {
-    type Result = ();
-    fn handle(&mut self, Observed(od): Observed<DeploymentObject>, ctx: &mut Context<Self>) {
-        // Our own status writes come back through the watch; they need no reconcile.
-        let unchanged = self.deployment.as_ref().is_some_and(|known| {
-            known.generation() == od.generation() && known.status == od.status
-        });
-        self.deployment = Some(od);
-        if !unchanged {
-            self.reconcile(ctx);
+    fn observe(
+        actor: &mut ObjectDeploymentActor,
+        previous: Option<&DeploymentObject>,
+        _: &mut Context<ObjectDeploymentActor>,
+    ) -> Change {
+        match (previous, actor.object.as_ref()) {
+            // Our own status writes come back through the watch; they need no reconcile.
+            (Some(known), Some(od))
+                if known.generation() == od.generation() && known.status == od.status =>
+            {
+                Change::Echo
+            }
+            _ => Change::Changed,
         }
+    }
+
+    fn reconcile(
+        actor: &mut ObjectDeploymentActor,
+        od: DeploymentObject,
+        _: &mut Context<ObjectDeploymentActor>,
+    ) -> Work<Self> {
+        let context = actor.context.clone();
+        let run = async move {
+            let status = reconcile_deployment(context.clone(), od.clone()).await?;
+            if status != od.status {
+                od.write_status(context.client.clone(), &status).await?;
+            }
+            Ok::<_, kube::Error>(status)
+        };
+        work(
+            run,
+            |result, actor: &mut ObjectDeploymentActor, _| match result {
+                Ok(status) => {
+                    if let Some(od) = actor.object.as_mut() {
+                        od.status = status;
+                    }
+                    Outcome::Done
+                }
+                Err(e) => Outcome::Retry(e.to_string()),
+            },
+        )
     }
 }
 
 impl Handler<RevisionChanged> for ObjectDeploymentActor {
     type Result = ();
     fn handle(&mut self, _: RevisionChanged, ctx: &mut Context<Self>) {
-        self.reconcile(ctx);
-    }
-}
-
-impl Handler<Gone> for ObjectDeploymentActor {
-    type Result = ();
-    fn handle(&mut self, _: Gone, ctx: &mut Context<Self>) {
-        ctx.stop();
+        self.request_reconcile(ctx);
     }
 }

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
+use futures::future::LocalBoxFuture;
 use k8s_openapi::jiff::Timestamp;
 use pko_proto::core::common::{ControlledObjectReference, LifecycleState, RemotePhaseReference};
 use pko_proto::core::object_set::ObjectSetStatus;
@@ -28,7 +29,8 @@ use crate::objects::phase_actor::{
 use crate::objects::phase_runner::{PhasePlan, PhaseReport};
 use crate::objects::set_object::{SetObject, DEFAULT_CLASS};
 use crate::runtime::context::ManagerContext;
-use crate::runtime::kind_feed::{FeedTarget, Gone, Observed};
+use crate::runtime::object_actor::{work, Change, ObjectActor, Outcome, Reconcile, Work};
+use crate::runtime::reconcile_gate::Backoff;
 use crate::runtime::registry::ObjectRef;
 
 /// A managed object controlled by this set changed.
@@ -44,9 +46,8 @@ struct Phase {
     torn_down: bool,
 }
 
-pub struct ObjectSetActor {
-    context: ManagerContext,
-    set: Option<SetObject>,
+/// The ObjectSet controller's own state: the installed plan and its phase actors.
+pub struct ObjectSetController {
     planned_generation: Option<i64>,
     plan_version: u64,
     plan_error: Option<String>,
@@ -54,7 +55,6 @@ pub struct ObjectSetActor {
     phases: Vec<Phase>,
     object_phase: HashMap<ObjectKey, usize>,
     success_timer: Option<SpawnHandle>,
-    replan_backoff: Duration,
     /// The status last computed for the planned generation. Status writes run concurrently and can land
     /// out of order; a watched status that differs from it is written again.
     published: Option<ObjectSetStatus>,
@@ -62,8 +62,8 @@ pub struct ObjectSetActor {
     finalizer_write_pending: bool,
 }
 
-const REPLAN_BACKOFF_MIN: Duration = Duration::from_secs(1);
-const REPLAN_BACKOFF_MAX: Duration = Duration::from_secs(60);
+pub type ObjectSetActor = ObjectActor<ObjectSetController>;
+
 const FINALIZER_RETRY: Duration = Duration::from_millis(500);
 
 /// Why a set could not be planned.
@@ -74,27 +74,93 @@ enum Unplannable {
     Inputs(String),
 }
 
-impl ObjectSetActor {
-    pub fn new(context: ManagerContext) -> Self {
-        Self {
-            context,
-            set: None,
-            planned_generation: None,
-            plan_version: 0,
-            plan_error: None,
-            revision: 0,
-            phases: Vec::new(),
-            object_phase: HashMap::new(),
-            success_timer: None,
-            replan_backoff: REPLAN_BACKOFF_MIN,
-            published: None,
-            finalizer_write_pending: false,
+/// Looks up previous revisions (UIDs and revision numbers) and slices, then plans the set: the planned
+/// generation, its revision number and the phases' plans.
+async fn gather_plan(
+    client: kube::Client,
+    set: SetObject,
+) -> Result<(i64, i64, Vec<PhasePlan>), Unplannable> {
+    let api = set
+        .kind
+        .revision_kind()
+        .api(client.clone(), set.namespace());
+    let phase_api = set.kind.phase_kind().api(client.clone(), set.namespace());
+    // An ObjectSetPhase named <set>-<phase> adopts from <previous>-<phase>, which controls the objects.
+    let phase_suffix = set.delegated_phase_name();
+    let mut inputs = PlanInputs::default();
+    let mut highest_previous = 0;
+    for previous in &set.spec.previous {
+        if let Some(suffix) = &phase_suffix {
+            match phase_api
+                .get_opt(&phase_object_name(&previous.name, suffix))
+                .await
+            {
+                Ok(Some(p)) => inputs.previous_uids.extend(p.metadata.uid),
+                Ok(None) => {}
+                Err(e) => {
+                    return Err(Unplannable::Inputs(format!(
+                        "reading previous phase of {:?}: {e}",
+                        previous.name
+                    )))
+                }
+            }
+        }
+        match api.get_opt(&previous.name).await {
+            Ok(Some(p)) => {
+                if let Some(uid) = p.metadata.uid.clone() {
+                    inputs.previous_uids.push(uid);
+                }
+                let value = serde_json::to_value(&p).unwrap_or(Value::Null);
+                let rev = value
+                    .pointer("/status/revision")
+                    .and_then(Value::as_i64)
+                    .unwrap_or_default();
+                highest_previous = highest_previous.max(rev);
+            }
+            Ok(None) => {}
+            Err(e) => {
+                return Err(Unplannable::Inputs(format!(
+                    "reading previous revision {:?}: {e}",
+                    previous.name
+                )))
+            }
         }
     }
+    for (index, phase) in set.spec.template.phases.iter().enumerate() {
+        for name in &phase.slices {
+            match set.use_slice(client.clone(), name).await {
+                Ok(Some(objects)) => {
+                    inputs.slices.insert(name.clone(), objects);
+                }
+                Ok(None) => {
+                    return Err(Unplannable::Inputs(format!(
+                        "spec.phases[{index}].slices: slice {name:?} not found"
+                    )));
+                }
+                Err(e) => return Err(Unplannable::Inputs(format!("reading slice {name:?}: {e}"))),
+            }
+        }
+    }
+    let annotated = set
+        .meta
+        .annotations
+        .as_ref()
+        .and_then(|a| revision_of(&serde_json::json!({"metadata": {"annotations": a}})));
+    inputs.revision = match (set.status.revision, annotated) {
+        _ if set.given_revision.is_some() => set.given_revision.unwrap_or_default(),
+        (r, _) if r > 0 => r,
+        (_, Some(r)) if r > 0 => r,
+        _ => highest_previous + 1,
+    };
+    // A spec error stays until the spec changes; no retry for it.
+    let plans = plan_object_set(&set, &inputs).map_err(|e| Unplannable::Spec(e.to_string()))?;
+    Ok((set.generation(), inputs.revision, plans))
+}
 
+impl ObjectSetActor {
     /// The set's lifecycle; a set being deleted is torn down like an archived one.
     fn lifecycle(&self) -> LifecycleState {
-        match &self.set {
+        match &self.object {
             Some(s) if s.meta.deletion_timestamp.is_some() => LifecycleState::Archived,
             Some(s) => s.spec.lifecycle_state.clone(),
             None => LifecycleState::default(),
@@ -102,24 +168,26 @@ impl ObjectSetActor {
     }
 
     fn deleting(&self) -> bool {
-        self.set
+        self.object
             .as_ref()
             .is_some_and(|s| s.meta.deletion_timestamp.is_some())
     }
 
     /// Adds (`present`) or removes the teardown finalizer, in the background; a failed write is retried.
     fn write_finalizer(&mut self, present: bool, ctx: &mut Context<Self>) {
-        let Some(set) = self.set.clone() else { return };
-        if set.has_finalizer(TEARDOWN_FINALIZER) == present || self.finalizer_write_pending {
+        let Some(set) = self.object.clone() else {
+            return;
+        };
+        if set.has_finalizer(TEARDOWN_FINALIZER) == present || self.state.finalizer_write_pending {
             return;
         }
-        self.finalizer_write_pending = true;
+        self.state.finalizer_write_pending = true;
         let client = self.context.client.clone();
         ctx.spawn(
             async move { set.set_finalizer(client, TEARDOWN_FINALIZER, present).await }
                 .into_actor(self)
                 .map(move |result, act, ctx| {
-                    act.finalizer_write_pending = false;
+                    act.state.finalizer_write_pending = false;
                     if let Err(e) = result {
                         // Mostly a conflict with our own status write; by the retry the watch has brought
                         // the current resourceVersion.
@@ -132,128 +200,6 @@ impl ObjectSetActor {
         );
     }
 
-    /// Looks up previous revisions (UIDs and revision numbers) and slices, then plans the set.
-    fn replan(&mut self, ctx: &mut Context<Self>) {
-        let Some(set) = self.set.clone() else { return };
-        let client = self.context.client.clone();
-        let span = info_span!(
-            "plan_object_set",
-            kind = set.kind.kind(),
-            namespace = set.namespace(),
-            name = set.name()
-        );
-        let gather = async move {
-            let api = set
-                .kind
-                .revision_kind()
-                .api(client.clone(), set.namespace());
-            let phase_api = set.kind.phase_kind().api(client.clone(), set.namespace());
-            // An ObjectSetPhase named <set>-<phase> adopts from <previous>-<phase>, which controls the objects.
-            let phase_suffix = set.delegated_phase_name();
-            let mut inputs = PlanInputs::default();
-            let mut highest_previous = 0;
-            for previous in &set.spec.previous {
-                if let Some(suffix) = &phase_suffix {
-                    match phase_api
-                        .get_opt(&phase_object_name(&previous.name, suffix))
-                        .await
-                    {
-                        Ok(Some(p)) => inputs.previous_uids.extend(p.metadata.uid),
-                        Ok(None) => {}
-                        Err(e) => {
-                            return Err(Unplannable::Inputs(format!(
-                                "reading previous phase of {:?}: {e}",
-                                previous.name
-                            )))
-                        }
-                    }
-                }
-                match api.get_opt(&previous.name).await {
-                    Ok(Some(p)) => {
-                        if let Some(uid) = p.metadata.uid.clone() {
-                            inputs.previous_uids.push(uid);
-                        }
-                        let value = serde_json::to_value(&p).unwrap_or(Value::Null);
-                        let rev = value
-                            .pointer("/status/revision")
-                            .and_then(Value::as_i64)
-                            .unwrap_or_default();
-                        highest_previous = highest_previous.max(rev);
-                    }
-                    Ok(None) => {}
-                    Err(e) => {
-                        return Err(Unplannable::Inputs(format!(
-                            "reading previous revision {:?}: {e}",
-                            previous.name
-                        )))
-                    }
-                }
-            }
-            for (index, phase) in set.spec.template.phases.iter().enumerate() {
-                for name in &phase.slices {
-                    match set.use_slice(client.clone(), name).await {
-                        Ok(Some(objects)) => {
-                            inputs.slices.insert(name.clone(), objects);
-                        }
-                        Ok(None) => {
-                            return Err(Unplannable::Inputs(format!(
-                                "spec.phases[{index}].slices: slice {name:?} not found"
-                            )));
-                        }
-                        Err(e) => {
-                            return Err(Unplannable::Inputs(format!("reading slice {name:?}: {e}")))
-                        }
-                    }
-                }
-            }
-            let annotated =
-                set.meta.annotations.as_ref().and_then(|a| {
-                    revision_of(&serde_json::json!({"metadata": {"annotations": a}}))
-                });
-            inputs.revision = match (set.status.revision, annotated) {
-                _ if set.given_revision.is_some() => set.given_revision.unwrap_or_default(),
-                (r, _) if r > 0 => r,
-                (_, Some(r)) if r > 0 => r,
-                _ => highest_previous + 1,
-            };
-            // A spec error stays until the spec changes; no retry for it.
-            let plans =
-                plan_object_set(&set, &inputs).map_err(|e| Unplannable::Spec(e.to_string()))?;
-            Ok((set.generation(), inputs.revision, plans))
-        }
-        .instrument(span);
-        ctx.wait(
-            gather
-                .into_actor(self)
-                .map(|result, act, ctx| match result {
-                    Ok((generation, revision, plans)) => {
-                        act.replan_backoff = REPLAN_BACKOFF_MIN;
-                        act.install_plans(generation, revision, plans, ctx)
-                    }
-                    Err(unplannable) => {
-                        let (message, retry) = match unplannable {
-                            Unplannable::Spec(m) => (m, false),
-                            Unplannable::Inputs(m) => (m, true),
-                        };
-                        act.plan_error = Some(message);
-                        act.planned_generation = act.set.as_ref().map(SetObject::generation);
-                        act.stop_phases();
-                        act.publish_status(ctx);
-                        if act.deleting() {
-                            // Nothing can be torn down without a plan: let the deletion go on.
-                            act.drive(ctx);
-                        }
-                        if retry {
-                            // Slices or previous revisions may appear later, or the apiserver recover.
-                            let delay = act.replan_backoff;
-                            act.replan_backoff = (delay * 2).min(REPLAN_BACKOFF_MAX);
-                            ctx.run_later(delay, |act, ctx| act.replan(ctx));
-                        }
-                    }
-                }),
-        );
-    }
-
     fn install_plans(
         &mut self,
         generation: i64,
@@ -261,33 +207,33 @@ impl ObjectSetActor {
         plans: Vec<PhasePlan>,
         ctx: &mut Context<Self>,
     ) {
-        self.plan_error = None;
-        self.planned_generation = Some(generation);
-        self.revision = revision;
-        self.plan_version += 1;
+        self.state.plan_error = None;
+        self.state.planned_generation = Some(generation);
+        self.state.revision = revision;
+        self.state.plan_version += 1;
         let paused = self.lifecycle() == LifecycleState::Paused;
-        let same_shape = plans.len() == self.phases.len()
+        let same_shape = plans.len() == self.state.phases.len()
             && plans
                 .iter()
-                .zip(&self.phases)
+                .zip(&self.state.phases)
                 .all(|(p, q)| p.name == q.name && p.delegated == q.delegated);
         if !same_shape {
             self.stop_phases();
         }
-        self.object_phase.clear();
+        self.state.object_phase.clear();
         for (index, plan) in plans.into_iter().enumerate() {
             for o in &plan.objects {
-                self.object_phase.insert(o.key.clone(), index);
+                self.state.object_phase.insert(o.key.clone(), index);
             }
             let update = UpdatePlan {
                 plan: Arc::new(plan),
                 paused,
-                version: self.plan_version,
+                version: self.state.plan_version,
             };
             if same_shape {
-                self.phases[index].actor.do_send(update);
-                self.phases[index].report = None;
-                self.phases[index].torn_down = false;
+                self.state.phases[index].actor.do_send(update);
+                self.state.phases[index].report = None;
+                self.state.phases[index].torn_down = false;
             } else {
                 let name = update.plan.name.clone();
                 let delegated = update.plan.delegated;
@@ -300,7 +246,7 @@ impl ObjectSetActor {
                     owner,
                 )
                 .start();
-                self.phases.push(Phase {
+                self.state.phases.push(Phase {
                     name,
                     delegated,
                     actor,
@@ -309,7 +255,7 @@ impl ObjectSetActor {
                 });
             }
         }
-        if let Some(set) = &self.set {
+        if let Some(set) = &self.object {
             let addr = ctx.address();
             self.context.cache.add_route(
                 set.uid(),
@@ -321,31 +267,36 @@ impl ObjectSetActor {
 
     fn stop_phases(&mut self) {
         // Dropping the addresses stops the phase actors once their queues drain.
-        self.phases.clear();
-        self.object_phase.clear();
+        self.state.phases.clear();
+        self.state.object_phase.clear();
     }
 
     /// Starts the next step: the first phase without a current report (Active/Paused), or the last phase
     /// not yet torn down (Archived).
     fn drive(&mut self, ctx: &mut Context<Self>) {
         if self.lifecycle() == LifecycleState::Archived {
-            let remaining = self.phases.iter().rposition(|p| !p.torn_down);
+            let remaining = self.state.phases.iter().rposition(|p| !p.torn_down);
             if let Some(i) = remaining {
-                self.phases[i].actor.do_send(PhaseCommand::Teardown);
+                self.state.phases[i].actor.do_send(PhaseCommand::Teardown);
             }
             // Archived=False (ArchivalInProgress) while an object holds the teardown up, True once all
             // phases are gone, and controllerOf empty from the start.
             self.publish_status(ctx);
             // Being deleted: the finalizer goes once everything it guards is gone (or nothing can be
             // planned, so nothing more can be torn down).
-            let planned = self.planned_generation.is_some();
-            if self.deleting() && planned && (remaining.is_none() || self.plan_error.is_some()) {
+            let planned = self.state.planned_generation.is_some();
+            if self.deleting()
+                && planned
+                && (remaining.is_none() || self.state.plan_error.is_some())
+            {
                 self.write_finalizer(false, ctx);
             }
             return;
         }
         if let Some(next) = self.reach().next {
-            self.phases[next].actor.do_send(PhaseCommand::Reconcile);
+            self.state.phases[next]
+                .actor
+                .do_send(PhaseCommand::Reconcile);
             return;
         }
         self.publish_status(ctx);
@@ -354,6 +305,7 @@ impl ObjectSetActor {
     /// How far the phases may run (`engine::object_set_status::phase_reach`).
     fn reach(&self) -> PhaseReach {
         let progress: Vec<Option<&PhaseProgress>> = self
+            .state
             .phases
             .iter()
             .map(|p| p.report.as_ref().map(|r| &r.progress))
@@ -364,7 +316,7 @@ impl ObjectSetActor {
     fn observation(&self, set: &SetObject) -> SetObservation {
         let mut phases = Vec::new();
         let mut mapped = Vec::new();
-        for phase in &self.phases {
+        for phase in &self.state.phases {
             let Some(report) = &phase.report else { break };
             phases.push((phase.name.clone(), report.progress.clone()));
             mapped.extend(report.mapped.iter().cloned());
@@ -376,29 +328,33 @@ impl ObjectSetActor {
             lifecycle: self.lifecycle(),
             generation: set.generation(),
             phases,
-            total_phases: self.phases.len(),
+            total_phases: self.state.phases.len(),
             success_delay_seconds: set.spec.template.success_delay_seconds,
-            teardown_complete: self.phases.iter().all(|p| p.torn_down),
-            plan_error: self.plan_error.clone(),
+            teardown_complete: self.state.phases.iter().all(|p| p.torn_down),
+            plan_error: self.state.plan_error.clone(),
             mapped,
         }
     }
 
     fn publish_status(&mut self, ctx: &mut Context<Self>) {
-        let Some(set) = self.set.clone() else { return };
+        let Some(set) = self.object.clone() else {
+            return;
+        };
         let decision = object_set_conditions(
             &set.status.conditions,
             &self.observation(&set),
             Timestamp::now(),
         );
-        if let Some(handle) = self.success_timer.take() {
+        if let Some(handle) = self.state.success_timer.take() {
             ctx.cancel_future(handle);
         }
         if let Some(after) = decision.recheck_after {
-            self.success_timer = Some(ctx.run_later(after, |act, ctx| act.publish_status(ctx)));
+            self.state.success_timer =
+                Some(ctx.run_later(after, |act, ctx| act.publish_status(ctx)));
         }
         let reports = || {
-            self.phases
+            self.state
+                .phases
                 .iter()
                 .filter_map(|p| p.report.as_ref().map(|r| (p.delegated, r)))
         };
@@ -432,11 +388,11 @@ impl ObjectSetActor {
         let status = set.kind.status_view(ObjectSetStatus {
             conditions: decision.conditions,
             phase: Some(decision.phase.to_owned()),
-            revision: self.revision,
+            revision: self.state.revision,
             remote_phases,
             controller_of,
         });
-        self.published = Some(status.clone());
+        self.state.published = Some(status.clone());
         if status == set.status {
             return;
         }
@@ -444,7 +400,9 @@ impl ObjectSetActor {
     }
 
     fn write_status(&mut self, status: ObjectSetStatus, ctx: &mut Context<Self>) {
-        let Some(set) = self.set.as_mut() else { return };
+        let Some(set) = self.object.as_mut() else {
+            return;
+        };
         set.status = status.clone();
         let set = set.clone();
         let client = self.context.client.clone();
@@ -466,21 +424,26 @@ impl ObjectSetActor {
     }
 }
 
-impl Actor for ObjectSetActor {
-    type Context = Context<Self>;
-
-    fn stopped(&mut self, _: &mut Self::Context) {
-        if let Some(set) = &self.set {
-            self.context.cache.remove_route(set.uid());
-        }
-    }
-}
-
-impl FeedTarget for ObjectSetActor {
+impl Reconcile for ObjectSetController {
     type Object = SetObject;
+    const CONTROLLER: &'static str = "object_set";
+    /// Retries of a plan whose inputs could not be read.
+    const BACKOFF: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
+    /// Phase reports and object events must not reach a half-installed plan.
+    const EXCLUSIVE: bool = true;
 
-    fn start_for(context: &ManagerContext) -> Addr<Self> {
-        ObjectSetActor::new(context.clone()).start()
+    fn new(_: &ManagerContext) -> Self {
+        Self {
+            planned_generation: None,
+            plan_version: 0,
+            plan_error: None,
+            revision: 0,
+            phases: Vec::new(),
+            object_phase: HashMap::new(),
+            success_timer: None,
+            published: None,
+            finalizer_write_pending: false,
+        }
     }
 
     /// ObjectSetPhases of other classes belong to other controllers (the hosted-cluster connector, or
@@ -496,59 +459,114 @@ impl FeedTarget for ObjectSetActor {
             name: set.name().to_owned(),
         }
     }
-}
 
-impl Handler<Observed<SetObject>> for ObjectSetActor {
-    type Result = ();
-    fn handle(&mut self, Observed(set): Observed<SetObject>, ctx: &mut Context<Self>) {
+    /// A new generation is planned; anything else is answered from the installed plan.
+    fn observe(
+        actor: &mut ObjectSetActor,
+        _: Option<&SetObject>,
+        ctx: &mut Context<ObjectSetActor>,
+    ) -> Change {
+        let Some(set) = actor.object.as_ref() else {
+            return Change::Echo;
+        };
         let generation = set.generation();
-        let overtaken = self
+        let overtaken = actor
+            .state
             .published
             .as_ref()
             .filter(|p| **p != set.status)
             .cloned();
-        self.set = Some(set);
-        let deleting = self.deleting();
+        let deleting = actor.deleting();
         if !deleting {
             // Deleting the set then tears its objects down first, last phase first, as archival does.
-            self.write_finalizer(true, ctx);
+            actor.write_finalizer(true, ctx);
         }
-        if self.planned_generation != Some(generation) {
-            self.published = None;
-            self.replan(ctx);
-        } else if deleting {
-            self.drive(ctx);
+        if actor.state.planned_generation != Some(generation) {
+            actor.state.published = None;
+            return Change::Changed;
+        }
+        if deleting {
+            actor.drive(ctx);
         } else if let Some(status) = overtaken {
             // An older write of ours landed after a newer one (or someone else wrote status): what the
             // phases last reported stands.
-            self.write_status(status, ctx);
+            actor.write_status(status, ctx);
         }
+        Change::Echo
     }
-}
 
-impl Handler<Gone> for ObjectSetActor {
-    type Result = ();
-    fn handle(&mut self, _: Gone, ctx: &mut Context<Self>) {
-        self.stop_phases();
-        ctx.stop();
+    fn reconcile(
+        actor: &mut ObjectSetActor,
+        set: SetObject,
+        _: &mut Context<ObjectSetActor>,
+    ) -> Work<Self> {
+        let gather = gather_plan(actor.context.client.clone(), set);
+        work(
+            gather,
+            |result, act: &mut ObjectSetActor, ctx| match result {
+                Ok((generation, revision, plans)) => {
+                    act.install_plans(generation, revision, plans, ctx);
+                    Outcome::Done
+                }
+                Err(unplannable) => {
+                    let (message, retry) = match unplannable {
+                        Unplannable::Spec(m) => (m, false),
+                        Unplannable::Inputs(m) => (m, true),
+                    };
+                    act.state.plan_error = Some(message.clone());
+                    act.state.planned_generation = act.object.as_ref().map(SetObject::generation);
+                    act.stop_phases();
+                    act.publish_status(ctx);
+                    if act.deleting() {
+                        // Nothing can be torn down without a plan: let the deletion go on.
+                        act.drive(ctx);
+                    }
+                    if retry {
+                        // Slices or previous revisions may appear later, or the apiserver recover.
+                        Outcome::Retry(message)
+                    } else {
+                        // A spec error stays until the spec changes.
+                        Outcome::Done
+                    }
+                }
+            },
+        )
+    }
+
+    fn gone(
+        actor: &mut ObjectSetActor,
+        _: &mut Context<ObjectSetActor>,
+    ) -> Option<LocalBoxFuture<'static, ()>> {
+        actor.stop_phases();
+        None
+    }
+
+    fn stopped(actor: &mut ObjectSetActor) {
+        if let Some(set) = &actor.object {
+            actor.context.cache.remove_route(set.uid());
+        }
     }
 }
 
 impl Handler<ObjectChanged> for ObjectSetActor {
     type Result = ();
     fn handle(&mut self, ObjectChanged(key): ObjectChanged, _: &mut Context<Self>) {
-        let Some(&index) = self.object_phase.get(&key) else {
+        let Some(&index) = self.state.object_phase.get(&key) else {
             return;
         };
         if self.lifecycle() == LifecycleState::Archived {
-            if self.phases.iter().rposition(|p| !p.torn_down) == Some(index) {
-                self.phases[index].actor.do_send(PhaseCommand::Teardown);
+            if self.state.phases.iter().rposition(|p| !p.torn_down) == Some(index) {
+                self.state.phases[index]
+                    .actor
+                    .do_send(PhaseCommand::Teardown);
             }
             return;
         }
         // Phases beyond the first unavailable one are not applied yet; their events change nothing.
         if index <= self.reach().frontier {
-            self.phases[index].actor.do_send(PhaseCommand::Reconcile);
+            self.state.phases[index]
+                .actor
+                .do_send(PhaseCommand::Reconcile);
         }
     }
 }
@@ -556,11 +574,12 @@ impl Handler<ObjectChanged> for ObjectSetActor {
 impl Handler<PhaseFinished> for ObjectSetActor {
     type Result = ();
     fn handle(&mut self, finished: PhaseFinished, ctx: &mut Context<Self>) {
-        if finished.version != self.plan_version || finished.index >= self.phases.len() {
+        if finished.version != self.state.plan_version || finished.index >= self.state.phases.len()
+        {
             return;
         }
         let before = self.reach().frontier;
-        let phase = &mut self.phases[finished.index];
+        let phase = &mut self.state.phases[finished.index];
         match finished.outcome {
             PhaseOutcome::Reconciled(report) => {
                 let was_available = phase
@@ -571,7 +590,7 @@ impl Handler<PhaseFinished> for ObjectSetActor {
                 phase.report = Some(report);
                 if now_available && !was_available {
                     // Later phases must be re-checked now that this one passed.
-                    for later in &mut self.phases[finished.index + 1..] {
+                    for later in &mut self.state.phases[finished.index + 1..] {
                         later.report = None;
                     }
                 }
@@ -581,7 +600,7 @@ impl Handler<PhaseFinished> for ObjectSetActor {
         // Phases that came back into reach (behind a phase just handed over) may have missed events
         // while they were out of it: they look again.
         let after = self.reach().frontier;
-        for later in self.phases.iter().take(after + 1).skip(before + 1) {
+        for later in self.state.phases.iter().take(after + 1).skip(before + 1) {
             if later.report.is_some() {
                 later.actor.do_send(PhaseCommand::Reconcile);
             }

@@ -11,7 +11,6 @@ use actix::prelude::*;
 use k8s_openapi::jiff::Timestamp;
 use pko_proto::core::object_template::ObjectTemplateStatus;
 use serde_json::{Map, Value};
-use tracing::{info_span, warn, Instrument};
 
 use crate::engine::object_ref::ObjectKey;
 use crate::engine::object_template::{
@@ -22,13 +21,10 @@ use crate::objects::object_meta::MetaView;
 use crate::objects::template_object::TemplateObject;
 use crate::packages::package_object::environment_facts;
 use crate::runtime::context::ManagerContext;
-use crate::runtime::kind_feed::{FeedTarget, Gone, Observed};
-use crate::runtime::reconcile_gate::ReconcileGate;
+use crate::runtime::object_actor::{work, Change, ObjectActor, Outcome, Reconcile, Work};
+use crate::runtime::reconcile_gate::Backoff;
 use crate::runtime::registry::ObjectRef;
 use pko_package::environment::{environment_value, package_environment};
-
-const BACKOFF_MIN: Duration = Duration::from_secs(1);
-const BACKOFF_MAX: Duration = Duration::from_secs(60);
 
 /// A source or the templated object changed.
 #[derive(Debug, Message)]
@@ -136,36 +132,63 @@ async fn apply_template(
     }
 }
 
-pub struct ObjectTemplateActor {
-    context: ManagerContext,
-    template: Option<TemplateObject>,
-    gate: ReconcileGate,
-}
+/// The ObjectTemplate controller keeps no state between reconciles: sources are read each time.
+pub struct ObjectTemplateController;
 
-impl ObjectTemplateActor {
-    pub fn new(context: ManagerContext) -> Self {
-        Self {
-            context,
-            template: None,
-            gate: ReconcileGate::new(BACKOFF_MIN, BACKOFF_MAX),
+pub type ObjectTemplateActor = ObjectActor<ObjectTemplateController>;
+
+impl Reconcile for ObjectTemplateController {
+    type Object = TemplateObject;
+    const CONTROLLER: &'static str = "object_template";
+    const BACKOFF: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
+
+    fn new(_: &ManagerContext) -> Self {
+        Self
+    }
+
+    fn key(t: &TemplateObject) -> ObjectRef {
+        ObjectRef {
+            kind: t.kind(),
+            namespace: t.namespace().to_owned(),
+            name: t.name().to_owned(),
         }
     }
 
-    fn reconcile(&mut self, ctx: &mut Context<Self>) {
-        let Some(template) = self.template.clone() else {
-            return;
+    fn observe(
+        actor: &mut ObjectTemplateActor,
+        previous: Option<&TemplateObject>,
+        ctx: &mut Context<ObjectTemplateActor>,
+    ) -> Change {
+        let Some(template) = actor.object.as_ref() else {
+            return Change::Echo;
         };
-        if !self.gate.try_start(ctx) {
-            return;
+        match previous {
+            // Our own status writes come back through the watch; they need no reconcile.
+            Some(known)
+                if known.generation() == template.generation()
+                    && known.status == template.status =>
+            {
+                Change::Echo
+            }
+            Some(_) => Change::Changed,
+            None => {
+                let addr = ctx.address();
+                actor.context.cache.add_route(
+                    template.uid(),
+                    Arc::new(move |_| addr.do_send(WatchedObjectChanged)),
+                );
+                Change::Changed
+            }
         }
-        let context = self.context.clone();
-        let span = info_span!(
-            "reconcile_object_template",
-            kind = template.kind(),
-            namespace = template.namespace(),
-            name = template.name()
-        );
-        let work = async move {
+    }
+
+    fn reconcile(
+        actor: &mut ObjectTemplateActor,
+        template: TemplateObject,
+        _: &mut Context<ObjectTemplateActor>,
+    ) -> Work<Self> {
+        let context = actor.context.clone();
+        let run = async move {
             let (problem, object) = apply_template(&context, &template).await?;
             let status = ObjectTemplateStatus {
                 conditions: template_conditions(
@@ -194,71 +217,24 @@ impl ObjectTemplateActor {
                     })?;
             }
             Ok::<_, ApplyError>(status)
-        }
-        .instrument(span);
-        ctx.spawn(work.into_actor(self).map(|result, act, ctx| {
-            let failed = match result {
+        };
+        work(
+            run,
+            |result, actor: &mut ObjectTemplateActor, _| match result {
                 Ok(status) => {
-                    if let Some(t) = act.template.as_mut() {
+                    if let Some(t) = actor.object.as_mut() {
                         t.status = status;
                     }
-                    false
+                    Outcome::Done
                 }
-                Err(e) => {
-                    warn!(error = %e, "ObjectTemplate reconcile failed; retrying");
-                    true
-                }
-            };
-            if act.gate.finish(ctx, failed, Self::reconcile) {
-                act.reconcile(ctx);
-            }
-        }));
-    }
-}
-
-impl Actor for ObjectTemplateActor {
-    type Context = Context<Self>;
-
-    fn stopped(&mut self, _: &mut Self::Context) {
-        if let Some(t) = &self.template {
-            self.context.cache.remove_route(t.uid());
-        }
-    }
-}
-
-impl FeedTarget for ObjectTemplateActor {
-    type Object = TemplateObject;
-
-    fn start_for(context: &ManagerContext) -> Addr<Self> {
-        ObjectTemplateActor::new(context.clone()).start()
+                Err(e) => Outcome::Retry(e.to_string()),
+            },
+        )
     }
 
-    fn key(t: &TemplateObject) -> ObjectRef {
-        ObjectRef {
-            kind: t.kind(),
-            namespace: t.namespace().to_owned(),
-            name: t.name().to_owned(),
-        }
-    }
-}
-
-impl Handler<Observed<TemplateObject>> for ObjectTemplateActor {
-    type Result = ();
-    fn handle(&mut self, Observed(template): Observed<TemplateObject>, ctx: &mut Context<Self>) {
-        // Our own status writes come back through the watch; they need no reconcile.
-        let unchanged = self.template.as_ref().is_some_and(|known| {
-            known.generation() == template.generation() && known.status == template.status
-        });
-        if self.template.is_none() {
-            let addr = ctx.address();
-            self.context.cache.add_route(
-                template.uid(),
-                Arc::new(move |_| addr.do_send(WatchedObjectChanged)),
-            );
-        }
-        self.template = Some(template);
-        if !unchanged {
-            self.reconcile(ctx);
+    fn stopped(actor: &mut ObjectTemplateActor) {
+        if let Some(t) = &actor.object {
+            actor.context.cache.remove_route(t.uid());
         }
     }
 }
@@ -266,13 +242,6 @@ impl Handler<Observed<TemplateObject>> for ObjectTemplateActor {
 impl Handler<WatchedObjectChanged> for ObjectTemplateActor {
     type Result = ();
     fn handle(&mut self, _: WatchedObjectChanged, ctx: &mut Context<Self>) {
-        self.reconcile(ctx);
-    }
-}
-
-impl Handler<Gone> for ObjectTemplateActor {
-    type Result = ();
-    fn handle(&mut self, _: Gone, ctx: &mut Context<Self>) {
-        ctx.stop();
+        self.request_reconcile(ctx);
     }
 }

@@ -8,7 +8,6 @@ use std::time::Duration;
 use actix::prelude::*;
 use k8s_openapi::jiff::Timestamp;
 use pko_proto::core::package::PackageStatus;
-use tracing::{info_span, warn, Instrument};
 
 use crate::engine::package_deployment::{
     package_conditions, package_deployment, scope_error, UnpackOutcome,
@@ -16,17 +15,14 @@ use crate::engine::package_deployment::{
 use crate::objects::object_meta::MetaView;
 use crate::packages::package_object::{environment_facts, PackageObject};
 use crate::runtime::context::ManagerContext;
-use crate::runtime::kind_feed::{FeedTarget, Gone, Observed};
-use crate::runtime::reconcile_gate::ReconcileGate;
+use crate::runtime::object_actor::{work, Change, ObjectActor, Outcome, Reconcile, Work};
+use crate::runtime::reconcile_gate::Backoff;
 use crate::runtime::registry::ObjectRef;
 use pko_package::canonical_hash::value_hash;
 use pko_package::chunking::{chunk, ChunkingStrategy};
 use pko_package::environment::{environment_value, package_environment};
 use pko_package::loader::load_installable;
 use pko_proto::well_known::CHUNKING_ANNOTATION;
-
-const BACKOFF_MIN: Duration = Duration::from_secs(10);
-const BACKOFF_MAX: Duration = Duration::from_secs(300);
 
 /// The package's ObjectDeployment changed.
 #[derive(Debug, Message)]
@@ -110,44 +106,64 @@ async fn unpack(
     Ok(UnpackOutcome::Unpacked)
 }
 
-pub struct PackageActor {
-    context: ManagerContext,
-    package: Option<PackageObject>,
+/// The Package controller's own state.
+pub struct PackageController {
     /// The spec hash and outcome of the last unpack.
     unpacked: Option<(String, UnpackOutcome)>,
-    gate: ReconcileGate,
 }
 
-impl PackageActor {
-    pub fn new(context: ManagerContext) -> Self {
-        Self {
-            context,
-            package: None,
-            unpacked: None,
-            gate: ReconcileGate::new(BACKOFF_MIN, BACKOFF_MAX),
+pub type PackageActor = ObjectActor<PackageController>;
+
+impl Reconcile for PackageController {
+    type Object = PackageObject;
+    const CONTROLLER: &'static str = "package";
+    const BACKOFF: Backoff = Backoff::new(Duration::from_secs(10), Duration::from_secs(300));
+
+    fn new(_: &ManagerContext) -> Self {
+        Self { unpacked: None }
+    }
+
+    fn key(p: &PackageObject) -> ObjectRef {
+        ObjectRef {
+            kind: p.kind(),
+            namespace: p.namespace().to_owned(),
+            name: p.name().to_owned(),
         }
     }
 
-    fn reconcile(&mut self, ctx: &mut Context<Self>) {
-        let Some(package) = self.package.clone() else {
-            return;
+    fn observe(
+        actor: &mut PackageActor,
+        previous: Option<&PackageObject>,
+        _: &mut Context<PackageActor>,
+    ) -> Change {
+        let (Some(known), Some(package)) = (previous, actor.object.as_ref()) else {
+            return Change::Changed;
         };
-        if !self.gate.try_start(ctx) {
-            return;
+        if known.generation() != package.generation() {
+            Change::Respecified
+        } else if known.status == package.status
+            && chunking_annotation(known) == chunking_annotation(package)
+        {
+            // Our own status writes come back through the watch; they need no reconcile.
+            Change::Echo
+        } else {
+            Change::Changed
         }
+    }
+
+    fn reconcile(
+        actor: &mut PackageActor,
+        package: PackageObject,
+        _: &mut Context<PackageActor>,
+    ) -> Work<Self> {
         let hash = spec_hash(&package);
-        let previous = self
+        let previous = actor
+            .state
             .unpacked
             .clone()
             .filter(|(h, o)| *h == hash && !matches!(o, UnpackOutcome::PullFailed(_)));
-        let context = self.context.clone();
-        let span = info_span!(
-            "reconcile_package",
-            kind = package.kind(),
-            namespace = package.namespace(),
-            name = package.name()
-        );
-        let work = async move {
+        let context = actor.context.clone();
+        let run = async move {
             let outcome = match previous {
                 Some((_, outcome)) => outcome,
                 None => unpack(&context, &package).await?,
@@ -187,84 +203,30 @@ impl PackageActor {
                     .await?;
             }
             Ok::<_, kube::Error>((hash, outcome, status))
-        }
-        .instrument(span);
-        ctx.spawn(work.into_actor(self).map(|result, act, ctx| {
-            // A failed pull is retried like a failed reconcile.
-            let failed = match result {
-                Ok((hash, outcome, status)) => {
-                    let pull_failed = matches!(outcome, UnpackOutcome::PullFailed(_));
-                    act.unpacked = Some((hash, outcome));
-                    if let Some(p) = act.package.as_mut() {
-                        p.status = status;
+        };
+        work(run, |result, actor: &mut PackageActor, _| match result {
+            Ok((hash, outcome, status)) => {
+                // A failed pull is retried like a failed reconcile.
+                let retry = match &outcome {
+                    UnpackOutcome::PullFailed(message) => {
+                        Outcome::Retry(format!("pulling the image: {message}"))
                     }
-                    pull_failed
+                    _ => Outcome::Done,
+                };
+                actor.state.unpacked = Some((hash, outcome));
+                if let Some(p) = actor.object.as_mut() {
+                    p.status = status;
                 }
-                Err(e) => {
-                    warn!(error = %e, "Package reconcile failed; retrying");
-                    true
-                }
-            };
-            if act.gate.finish(ctx, failed, Self::reconcile) {
-                act.reconcile(ctx);
+                retry
             }
-        }));
-    }
-}
-
-impl Actor for PackageActor {
-    type Context = Context<Self>;
-}
-
-impl FeedTarget for PackageActor {
-    type Object = PackageObject;
-
-    fn start_for(context: &ManagerContext) -> Addr<Self> {
-        PackageActor::new(context.clone()).start()
-    }
-
-    fn key(p: &PackageObject) -> ObjectRef {
-        ObjectRef {
-            kind: p.kind(),
-            namespace: p.namespace().to_owned(),
-            name: p.name().to_owned(),
-        }
-    }
-}
-
-impl Handler<Observed<PackageObject>> for PackageActor {
-    type Result = ();
-    fn handle(&mut self, Observed(package): Observed<PackageObject>, ctx: &mut Context<Self>) {
-        // Our own status writes come back through the watch; they need no reconcile.
-        let unchanged = self.package.as_ref().is_some_and(|known| {
-            known.generation() == package.generation()
-                && known.status == package.status
-                && chunking_annotation(known) == chunking_annotation(&package)
-        });
-        if self
-            .package
-            .as_ref()
-            .is_some_and(|k| k.generation() != package.generation())
-        {
-            self.gate.reset_backoff();
-        }
-        self.package = Some(package);
-        if !unchanged {
-            self.reconcile(ctx);
-        }
+            Err(e) => Outcome::Retry(e.to_string()),
+        })
     }
 }
 
 impl Handler<DeploymentChanged> for PackageActor {
     type Result = ();
     fn handle(&mut self, _: DeploymentChanged, ctx: &mut Context<Self>) {
-        self.reconcile(ctx);
-    }
-}
-
-impl Handler<Gone> for PackageActor {
-    type Result = ();
-    fn handle(&mut self, _: Gone, ctx: &mut Context<Self>) {
-        ctx.stop();
+        self.request_reconcile(ctx);
     }
 }

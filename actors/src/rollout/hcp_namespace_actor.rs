@@ -11,10 +11,9 @@ use tracing::{info_span, warn, Instrument};
 
 use crate::engine::object_ref::ObjectKey;
 use crate::runtime::context::ManagerContext;
-use crate::runtime::reconcile_gate::ReconcileGate;
+use crate::runtime::reconcile_gate::{Backoff, ReconcileGate};
 
-const BACKOFF_MIN: Duration = Duration::from_secs(1);
-const BACKOFF_MAX: Duration = Duration::from_secs(60);
+const BACKOFF: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
 
 /// What the supervisor wants in the namespace.
 #[derive(Debug, Clone, Message)]
@@ -59,7 +58,7 @@ impl HcpNamespaceActor {
             name,
             desired: None,
             sequence: 0,
-            gate: ReconcileGate::new(BACKOFF_MIN, BACKOFF_MAX),
+            gate: ReconcileGate::new(BACKOFF),
             supervisor,
         }
     }

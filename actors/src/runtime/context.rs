@@ -11,6 +11,7 @@ use crate::objects::object_cache::ObjectCache;
 use crate::packages::pull_secrets::PullSecretSource;
 use crate::rollout::hosted_cluster_fleet::RolloutShared;
 use crate::rollout::rollout_publisher::RolloutPublisher;
+use crate::runtime::reconcile_metrics::ReconcileMetrics;
 use pko_package::image::ImageStore;
 
 /// Shared handles; cheap to clone.
@@ -28,6 +29,8 @@ pub struct ManagerContext {
     pub connectors: Option<ConnectorLink>,
     /// The HostedClusters and event publisher every HostedClusterPackage actor shares.
     pub rollouts: RolloutShared,
+    /// Counts and durations of every reconcile, by controller.
+    pub reconcile_metrics: ReconcileMetrics,
 }
 
 impl ManagerContext {
@@ -45,6 +48,7 @@ impl ManagerContext {
             client,
             connectors: None,
             rollouts: RolloutShared::default(),
+            reconcile_metrics: ReconcileMetrics::default(),
         }
     }
 

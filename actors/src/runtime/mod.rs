@@ -1,5 +1,6 @@
 //! The actor runtime the domains share: the manager context, watch feeds and their routing registry,
-//! the one-reconcile-at-a-time gate, the leader Lease, the rate-limited apiserver client, process
+//! the reconcile shell every object actor runs in (`object_actor`: gate, span, metrics, backoff), the
+//! leader Lease, the rate-limited apiserver client, process
 //! start-up, and `manager.rs`, which wires every domain's feeds and actors together. It holds no
 //! reconcile rules of any kind.
 
@@ -8,6 +9,8 @@ pub mod context;
 pub mod kind_feed;
 pub mod leader_lease;
 pub mod manager;
+pub mod object_actor;
 pub mod process_main;
 pub mod reconcile_gate;
+pub mod reconcile_metrics;
 pub mod registry;

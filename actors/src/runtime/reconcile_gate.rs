@@ -1,31 +1,54 @@
-//! One reconcile at a time per actor: a request arriving during a run is coalesced into one more run
-//! after it, and a failed run is retried after an exponential backoff, which a success resets. Shared by
-//! the actors that own one object each (ObjectDeployment, Package, ObjectTemplate).
+//! One run at a time per actor: a request arriving during a run is coalesced into one more run after it,
+//! and a failed run is retried after a jittered exponential backoff (`backon`), which a success resets.
+//! Used by the reconcile shell ([`crate::runtime::object_actor`]) and by the HCP namespace writer.
 
 use std::time::Duration;
 
 use actix::prelude::*;
+use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
+
+/// The bounds of a retry backoff. Each delay is drawn from `[d/2, d)` where `d` doubles from `min` up to
+/// `max`, so actors that failed together (an apiserver outage) do not retry in lockstep, and no delay
+/// exceeds `max`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    pub min: Duration,
+    pub max: Duration,
+}
+
+impl Backoff {
+    pub const fn new(min: Duration, max: Duration) -> Self {
+        Self { min, max }
+    }
+
+    fn delays(self) -> ExponentialBackoff {
+        // backon's jitter adds up to 100%: halving its bounds keeps every delay below `d`.
+        ExponentialBuilder::new()
+            .with_min_delay(self.min / 2)
+            .with_max_delay(self.max / 2)
+            .with_jitter()
+            .without_max_times()
+            .build()
+    }
+}
 
 /// The run state of one actor's reconciles.
 pub struct ReconcileGate {
     running: bool,
     dirty: bool,
     retry: Option<SpawnHandle>,
-    backoff: Duration,
-    min: Duration,
-    max: Duration,
+    backoff: Backoff,
+    delays: ExponentialBackoff,
 }
 
 impl ReconcileGate {
-    /// Backoff from `min`, doubling up to `max`.
-    pub fn new(min: Duration, max: Duration) -> Self {
+    pub fn new(backoff: Backoff) -> Self {
         Self {
             running: false,
             dirty: false,
             retry: None,
-            backoff: min,
-            min,
-            max,
+            backoff,
+            delays: backoff.delays(),
         }
     }
 
@@ -46,8 +69,8 @@ impl ReconcileGate {
         true
     }
 
-    /// Ends a run. A failed one schedules `rerun` after the backoff. Returns whether a request arrived
-    /// during the run, so the caller runs again now.
+    /// Ends a run. A failed one schedules `rerun` after the next backoff delay. Returns whether a request
+    /// arrived during the run, so the caller runs again now.
     pub fn finish<A>(
         &mut self,
         ctx: &mut Context<A>,
@@ -59,17 +82,36 @@ impl ReconcileGate {
     {
         self.running = false;
         if failed {
-            let delay = self.backoff;
-            self.backoff = (self.backoff * 2).min(self.max);
+            let delay = self.delays.next().unwrap_or(self.backoff.max);
             self.retry = Some(ctx.run_later(delay, rerun));
         } else {
-            self.backoff = self.min;
+            self.reset_backoff();
         }
         std::mem::take(&mut self.dirty)
     }
 
     /// Starts the backoff over (the object changed: old failures say nothing about it).
     pub fn reset_backoff(&mut self) {
-        self.backoff = self.min;
+        self.delays = self.backoff.delays();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn delays_double_within_jitter_and_never_exceed_the_maximum() {
+        let backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(8));
+        let delays: Vec<Duration> = backoff.delays().take(6).collect();
+        let ceilings = [1, 2, 4, 8, 8, 8];
+        for (delay, ceiling) in delays.iter().zip(ceilings) {
+            let ceiling = Duration::from_secs(ceiling);
+            assert!(
+                *delay >= ceiling / 2 && *delay < ceiling,
+                "{delay:?} not in [{:?}, {ceiling:?})",
+                ceiling / 2
+            );
+        }
     }
 }

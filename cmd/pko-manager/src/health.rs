@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use pko_actors::admission::webhook_server::ReviewCounts;
 use pko_actors::objects::applier::RequestCounts;
+use pko_actors::runtime::reconcile_metrics::ReconcileMetrics;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, warn};
@@ -16,15 +17,18 @@ use tracing::{debug, warn};
 pub struct HealthState {
     ready: Arc<AtomicBool>,
     counts: Arc<dyn Fn() -> Vec<(&'static str, &'static str, u64)> + Send + Sync>,
+    reconciles: ReconcileMetrics,
 }
 
 impl HealthState {
     pub fn new(
         metrics: impl Fn() -> Vec<(&'static str, &'static str, u64)> + Send + Sync + 'static,
+        reconciles: ReconcileMetrics,
     ) -> Self {
         Self {
             ready: Arc::default(),
             counts: Arc::new(metrics),
+            reconciles,
         }
     }
 
@@ -39,6 +43,8 @@ impl HealthState {
                 "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}\n"
             ));
         }
+        // Last: it ends with `# EOF`.
+        out.push_str(&self.reconciles.encode());
         out
     }
 }

@@ -223,11 +223,14 @@ async fn run(args: Args) -> Result<(), ManagerError> {
         serve_webhook(&args, addr, client.clone(), reviews.clone()).await?;
     }
     let applier = context.applier.clone();
-    let health = HealthState::new(move || {
-        let mut metrics = request_metrics(applier.counts());
-        metrics.extend(review_metrics(&reviews));
-        metrics
-    });
+    let health = HealthState::new(
+        move || {
+            let mut metrics = request_metrics(applier.counts());
+            metrics.extend(review_metrics(&reviews));
+            metrics
+        },
+        context.reconcile_metrics.clone(),
+    );
     let bound = health::serve(args.health_addr, health.clone())
         .await
         .map_err(|source| ManagerError::Health {

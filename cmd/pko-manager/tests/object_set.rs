@@ -851,6 +851,10 @@ async fn default_class_phase_runs_through_an_object_set_phase() {
 #[tokio::test]
 async fn slices_feed_their_phase_and_are_owned_by_the_set() {
     let (client, ns) = setup("os-slices").await;
+    // The reconcile shell counts every ObjectSet reconcile by result; a plan whose slice is missing fails
+    // and is retried.
+    const ERRORS: &str = r#"pko_reconcile_total{controller="object_set",result="error"}"#;
+    let errors_before = manager().metric(ERRORS).await.unwrap_or(0);
     let mut set = object_set(
         "sliced",
         &[("p", vec![configmap("inline", json!({}))])],
@@ -869,6 +873,20 @@ async fn slices_feed_their_phase_and_are_owned_by_the_set() {
     )
     .await;
     assert!(message.contains("slice \"extra\" not found"), "{message}");
+    wait_until(
+        "a failed ObjectSet reconcile on /metrics",
+        TIMEOUT,
+        || async {
+            match manager().metric(ERRORS).await {
+                Ok(errors) if errors > errors_before => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await
+    .unwrap();
+    let duration = r#"pko_reconcile_duration_seconds_count{controller="object_set"}"#;
+    assert!(manager().metric(duration).await.unwrap() > 0);
 
     let slices = Api::<ObjectSlice>::namespaced(client.clone(), &ns);
     let slice: ObjectSlice = serde_json::from_value(json!({

@@ -1,10 +1,12 @@
-//! The engine's view of a HostedClusterPackage: its spec checked and turned into planner settings, the
-//! Package it wants in each HCP namespace, each Package's rollout state, and the status it reports. No I/O.
+//! The rules of a HostedClusterPackage around the rollout planner: its spec checked and turned into
+//! planner settings, the Package it wants in each HCP namespace, each Package's rollout state, the
+//! decision for one snapshot of the fleet ([`decide_rollout`]), and the status it reports. No I/O.
 
 use pko_proto::well_known::HOSTED_CLUSTER_PACKAGE_LABEL;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
@@ -12,17 +14,36 @@ use pko_proto::core::hosted_cluster_package::{
     HostedClusterPackage, HostedClusterPackageCounts, HostedClusterPackagePartitionStatus,
     HostedClusterPackageRefStatus, HostedClusterPackageStatus,
 };
-use pko_proto::core::package::PackageTemplateSpec;
+use pko_proto::core::package::{Package, PackageSpec, PackageStatus, PackageTemplateSpec};
+use pko_proto::hypershift::HostedCluster;
 use serde_json::{json, Value};
 
 use crate::engine::conditions::{is_true_for, set_condition, ConditionUpdate};
 use crate::engine::deployment_plan::LATEST_REVISION_UNAVAILABLE;
 use crate::engine::label_selector::selector_matches;
 use crate::engine::rollout_plan::{
-    Counts, PackageState, PartitionOrder, RolloutInput, RolloutPlan, RolloutStrategy, UNKNOWN_GROUP,
+    plan_rollout, Counts, PackageState, PartitionOrder, RolloutInput, RolloutPlan, RolloutStrategy,
+    Target, UNKNOWN_GROUP,
 };
 use crate::engine::rollout_status::rollout_conditions;
-use crate::packages::package_object::PackageObject;
+
+/// What the rollout reads of a Package it owns.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OwnedPackage {
+    pub meta: ObjectMeta,
+    pub spec: PackageSpec,
+    pub status: PackageStatus,
+}
+
+impl From<Package> for OwnedPackage {
+    fn from(p: Package) -> Self {
+        Self {
+            meta: p.metadata,
+            spec: p.spec,
+            status: p.status.unwrap_or_default(),
+        }
+    }
+}
 
 /// How a HostedClusterPackage rolls out, from a valid spec.
 #[derive(Debug, Clone, PartialEq)]
@@ -129,7 +150,7 @@ pub fn desired_package(hcpkg: &HostedClusterPackage, namespace: &str) -> Value {
 /// Available.
 pub fn package_state(
     template: &PackageTemplateSpec,
-    package: &PackageObject,
+    package: &OwnedPackage,
 ) -> (PackageState, Option<String>) {
     let generation = package.meta.generation.unwrap_or_default();
     let conditions = &package.status.conditions;
@@ -188,7 +209,7 @@ pub fn rollout_status(
     input: &RolloutInput,
     plan: &RolloutPlan,
     strategy: RolloutStrategy,
-    packages: &BTreeMap<String, Arc<PackageObject>>,
+    packages: &BTreeMap<String, Arc<OwnedPackage>>,
     now: Timestamp,
 ) -> HostedClusterPackageStatus {
     let mut conditions = previous.to_vec();
@@ -253,6 +274,141 @@ pub fn invalid_status(
     );
     status.observed_generation = generation;
     status
+}
+
+/// What one rollout decision works from.
+#[derive(Debug, Clone)]
+pub struct RolloutSnapshot {
+    pub hcpkg: HostedClusterPackage,
+    /// The owned Packages by namespace.
+    pub packages: BTreeMap<String, Arc<OwnedPackage>>,
+    /// Namespaces whose Package write is on its way: planned as updated and unavailable.
+    pub writing: BTreeSet<String>,
+    /// The selected HostedClusters.
+    pub clusters: Vec<Arc<HostedCluster>>,
+    /// Namespaces whose last Package write failed, with why.
+    pub failures: BTreeMap<String, String>,
+}
+
+/// What a rollout decision says to do.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RolloutDecision {
+    /// The spec cannot be rolled out: write this status, nothing else.
+    Invalid(HostedClusterPackageStatus),
+    Planned(Box<RolloutStep>),
+}
+
+/// A rollout step: the plan, the status to write, and the Packages to delete.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RolloutStep {
+    pub input: RolloutInput,
+    pub plan: RolloutPlan,
+    pub status: HostedClusterPackageStatus,
+    /// Namespaces whose Package goes: their HostedCluster is gone or no longer selected.
+    pub deletes: Vec<String>,
+}
+
+/// The rollout step for `snapshot` at `now`: which Packages to create, update and delete (through
+/// `engine::rollout_plan`) and the status that says so. A HostedCluster that is not Available gets no
+/// Package until it is; one that has its Package keeps being counted.
+pub fn decide_rollout(snapshot: &RolloutSnapshot, now: Timestamp) -> RolloutDecision {
+    let failures = &snapshot.failures;
+    let hcpkg = &snapshot.hcpkg;
+    let generation = hcpkg.metadata.generation.unwrap_or_default();
+    let previous = hcpkg.status.clone().unwrap_or_default();
+    let settings = match rollout_settings(hcpkg) {
+        Ok(s) => s,
+        Err(problem) => {
+            return RolloutDecision::Invalid(invalid_status(&previous, generation, &problem, now))
+        }
+    };
+    let (label_key, order): (Option<&str>, Option<PartitionOrder>) = match &settings.partition {
+        Some((key, order)) => (Some(key.as_str()), Some(order.clone())),
+        None => (None, None),
+    };
+    let mut targets = Vec::new();
+    let mut wanted = BTreeSet::new();
+    for cluster in &snapshot.clusters {
+        let Some(namespace) = cluster.hosted_control_plane_namespace() else {
+            continue;
+        };
+        let package = snapshot.packages.get(&namespace);
+        // Not Available yet: no Package until it is; one that has its Package keeps being counted.
+        if !cluster.is_available() && package.is_none() {
+            continue;
+        }
+        wanted.insert(namespace.clone());
+        let (state, failure) = if snapshot.writing.contains(&namespace) {
+            (Some(PackageState::just_updated()), None)
+        } else {
+            match package.map(|p| package_state(&hcpkg.spec.template, p)) {
+                Some((state, failure)) => (Some(state), failure),
+                None => (None, None),
+            }
+        };
+        let label = label_key.and_then(|k| {
+            cluster
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(k).cloned())
+        });
+        targets.push(Target {
+            namespace,
+            label,
+            package: state,
+            failure,
+        });
+    }
+    let input = RolloutInput {
+        targets,
+        partition: order,
+        strategy: settings.strategy,
+        processing: previous
+            .processing
+            .iter()
+            .map(|p| p.namespace.clone())
+            .collect(),
+    };
+    let plan = plan_rollout(&input);
+    let mut status = rollout_status(
+        &previous.conditions,
+        generation,
+        &input,
+        &plan,
+        settings.strategy,
+        &snapshot.packages,
+        now,
+    );
+    if !failures.is_empty() {
+        let failing: Vec<String> = failures
+            .iter()
+            .map(|(ns, e)| format!("{ns}: {e}"))
+            .collect();
+        if let Some(c) = status
+            .conditions
+            .iter_mut()
+            .find(|c| c.type_ == "Progressing")
+        {
+            c.message = format!(
+                "{} Failing, retried with backoff: {}.",
+                c.message,
+                failing.join("; ")
+            );
+        }
+    }
+    let deletes = snapshot
+        .packages
+        .keys()
+        .filter(|ns| !wanted.contains(*ns))
+        .cloned()
+        .collect();
+    RolloutDecision::Planned(Box::new(RolloutStep {
+        input,
+        plan,
+        status,
+        deletes,
+    }))
 }
 
 #[cfg(test)]
@@ -355,7 +511,7 @@ mod tests {
     #[test]
     fn package_state_reads_spec_and_current_conditions() {
         let h = hcpkg(json!({"template": template()}));
-        let package = |image: &str, generation: i64, conditions: Value| -> PackageObject {
+        let package = |image: &str, generation: i64, conditions: Value| -> OwnedPackage {
             let conditions: Vec<Value> = conditions
                 .as_array()
                 .unwrap()
@@ -489,5 +645,139 @@ mod tests {
         let (s, why) = state("registry/addon:v2", 4, &pull);
         assert!(s.failed);
         assert_eq!(why.as_deref(), Some("cannot unpack: not found"));
+    }
+
+    fn cluster(name: &str, available: bool) -> Arc<HostedCluster> {
+        let status = if available { "True" } else { "False" };
+        Arc::new(
+            serde_json::from_value(json!({
+                "apiVersion": "hypershift.openshift.io/v1beta1", "kind": "HostedCluster",
+                "metadata": {"name": name, "namespace": "clusters"},
+                "status": {"conditions": [{"type": "Available", "status": status, "reason": "R",
+                    "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}]},
+            }))
+            .unwrap(),
+        )
+    }
+
+    fn owned(namespace: &str, image: &str) -> Arc<OwnedPackage> {
+        let p: Package = serde_json::from_value(json!({
+            "apiVersion": "package-operator.run/v1alpha1", "kind": "Package",
+            "metadata": {"name": "addon", "namespace": namespace, "uid": format!("uid-{namespace}"),
+                "generation": 1},
+            "spec": {"image": image},
+        }))
+        .unwrap();
+        Arc::new(p.into())
+    }
+
+    fn snapshot(spec: Value, clusters: Vec<Arc<HostedCluster>>) -> RolloutSnapshot {
+        let mut hcpkg = hcpkg(spec);
+        hcpkg.metadata.generation = Some(2);
+        RolloutSnapshot {
+            hcpkg,
+            packages: BTreeMap::new(),
+            writing: BTreeSet::new(),
+            clusters,
+            failures: BTreeMap::new(),
+        }
+    }
+
+    fn now() -> Timestamp {
+        "2026-02-01T00:00:00Z".parse().unwrap()
+    }
+
+    #[test]
+    fn an_invalid_spec_decides_only_its_status() {
+        let s = snapshot(
+            json!({"template": template(), "strategy": {"rollingUpgrade": {"maxUnavailable": 0}}}),
+            vec![cluster("a", true)],
+        );
+        let RolloutDecision::Invalid(status) = decide_rollout(&s, now()) else {
+            panic!("expected an invalid spec");
+        };
+        let available = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Available")
+            .unwrap();
+        assert_eq!(available.status, "False");
+        assert!(available
+            .message
+            .contains("spec.strategy.rollingUpgrade.maxUnavailable"));
+        assert_eq!(status.observed_generation, 2);
+    }
+
+    #[test]
+    fn unavailable_clusters_wait_and_packages_of_unselected_clusters_go() {
+        let mut s = snapshot(
+            json!({"template": template(), "strategy": {"instant": {}}}),
+            vec![cluster("a", true), cluster("b", false), cluster("c", false)],
+        );
+        // c is not Available but already has its Package: it keeps being counted.
+        s.packages.insert(
+            "clusters-c".into(),
+            owned("clusters-c", "registry/addon:v1"),
+        );
+        // d's HostedCluster is gone.
+        s.packages.insert(
+            "clusters-d".into(),
+            owned("clusters-d", "registry/addon:v2"),
+        );
+        let RolloutDecision::Planned(step) = decide_rollout(&s, now()) else {
+            panic!("expected a plan");
+        };
+        let targets: Vec<&str> = step
+            .input
+            .targets
+            .iter()
+            .map(|t| t.namespace.as_str())
+            .collect();
+        assert_eq!(targets, ["clusters-a", "clusters-c"]);
+        assert_eq!(step.deletes, ["clusters-d"]);
+        assert_eq!(step.plan.create, ["clusters-a"]);
+        assert_eq!(step.plan.update, ["clusters-c"]);
+        assert_eq!(step.status.observed_generation, 2);
+    }
+
+    #[test]
+    fn writes_on_their_way_count_as_just_updated_and_failures_are_named() {
+        let mut s = snapshot(
+            json!({"template": template(), "strategy": {"rollingUpgrade": {"maxUnavailable": 1}}}),
+            vec![cluster("a", true), cluster("b", true)],
+        );
+        s.packages.insert(
+            "clusters-a".into(),
+            owned("clusters-a", "registry/addon:v1"),
+        );
+        s.packages.insert(
+            "clusters-b".into(),
+            owned("clusters-b", "registry/addon:v1"),
+        );
+        s.writing.insert("clusters-a".into());
+        s.failures
+            .insert("clusters-b".into(), "quota exceeded".into());
+        let RolloutDecision::Planned(step) = decide_rollout(&s, now()) else {
+            panic!("expected a plan");
+        };
+        assert_eq!(
+            step.input.targets[0].package,
+            Some(PackageState::just_updated())
+        );
+        // The write on its way is not made again.
+        assert_eq!(step.plan.update, ["clusters-b"]);
+        let progressing = step
+            .status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Progressing")
+            .unwrap();
+        assert!(
+            progressing
+                .message
+                .ends_with("Failing, retried with backoff: clusters-b: quota exceeded."),
+            "{}",
+            progressing.message
+        );
     }
 }

@@ -1,0 +1,263 @@
+//! The reconcile shell: one generic actor, [`ObjectActor`], for every watched object the manager owns. An
+//! object actor is an implementation of [`Reconcile`] (how to tell a real change from our own status echo,
+//! and the reconcile itself) plus the messages only it has; the shell does the rest, once:
+//! - keeps the last observed object and filters echoes (`Reconcile::observe`);
+//! - runs one reconcile at a time, coalescing requests that arrive during a run ([`ReconcileGate`]);
+//! - opens the reconcile's span, measures its duration and result ([`ReconcileMetrics`]);
+//! - retries a failed reconcile after a jittered exponential backoff, reset by a success or a new spec;
+//! - stops the actor when the object is gone, after the implementation's cleanup.
+//!
+//! It must not know any kind: everything kind-specific is behind the trait.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context as TaskContext, Poll};
+use std::time::Instant;
+
+use actix::dev::ToEnvelope;
+use actix::fut::{self, ActorFuture, ActorFutureExt};
+use actix::prelude::*;
+use futures::future::LocalBoxFuture;
+use tracing::{debug, info_span, warn, Span};
+
+use crate::runtime::context::ManagerContext;
+use crate::runtime::kind_feed::{FeedTarget, Gone, Observed};
+use crate::runtime::reconcile_gate::{Backoff, ReconcileGate};
+use crate::runtime::reconcile_metrics::{ReconcileMetrics, ReconcileResult};
+use crate::runtime::registry::ObjectRef;
+
+/// What a newly observed version of the object asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    /// Nothing a reconcile would act on (our own status write coming back, a resync).
+    Echo,
+    /// Reconcile.
+    Changed,
+    /// Reconcile, and start the backoff over: earlier failures say nothing about the new spec.
+    Respecified,
+}
+
+/// How one reconcile ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Done,
+    /// Failed; run again after the backoff. The reason is logged as a warning.
+    Retry(String),
+    /// Not finished yet (waiting on something outside pko); look again after the backoff.
+    Requeue(String),
+}
+
+/// One reconcile's work: an actor future, so it can take its result back into the actor (and, between
+/// async steps, read what arrived meanwhile).
+pub type Work<R> = Pin<Box<dyn ActorFuture<ObjectActor<R>, Output = Outcome>>>;
+
+/// Work that runs `future` off the actor and hands its output to `finish` in the actor.
+pub fn work<R, T>(
+    future: impl Future<Output = T> + 'static,
+    finish: impl FnOnce(T, &mut ObjectActor<R>, &mut Context<ObjectActor<R>>) -> Outcome + 'static,
+) -> Work<R>
+where
+    R: Reconcile,
+    T: 'static,
+{
+    Box::pin(fut::wrap_future::<_, ObjectActor<R>>(future).map(finish))
+}
+
+/// Work that is already finished.
+pub fn done<R: Reconcile>() -> Work<R> {
+    Box::pin(fut::ready(Outcome::Done))
+}
+
+/// The kind-specific part of an object actor.
+pub trait Reconcile: Sized + Unpin + 'static {
+    /// The engine's view of the owned object.
+    type Object: Clone + Unpin + Send + 'static;
+    /// Names the controller in spans, metrics and logs.
+    const CONTROLLER: &'static str;
+    const BACKOFF: Backoff;
+    /// Whether a running reconcile holds the actor's other messages until it ends (`ctx.wait`), for
+    /// actors whose messages must not see a half-installed reconcile.
+    const EXCLUSIVE: bool = false;
+
+    fn new(context: &ManagerContext) -> Self;
+    fn key(object: &Self::Object) -> ObjectRef;
+    /// Whether this manager reconciles the object at all.
+    fn wants(_object: &Self::Object) -> bool {
+        true
+    }
+    /// Classifies the object just stored in `actor.object`; `previous` is the one it replaced (`None` the
+    /// first time). May act on the change itself (routes, finalizers).
+    fn observe(
+        actor: &mut ObjectActor<Self>,
+        previous: Option<&Self::Object>,
+        ctx: &mut Context<ObjectActor<Self>>,
+    ) -> Change;
+    /// Starts one reconcile of `object` (a copy of `actor.object`).
+    fn reconcile(
+        actor: &mut ObjectActor<Self>,
+        object: Self::Object,
+        ctx: &mut Context<ObjectActor<Self>>,
+    ) -> Work<Self>;
+    /// The object was deleted: cleanup that must finish before the actor stops.
+    fn gone(
+        _actor: &mut ObjectActor<Self>,
+        _ctx: &mut Context<ObjectActor<Self>>,
+    ) -> Option<LocalBoxFuture<'static, ()>> {
+        None
+    }
+    /// The actor stopped (unregister routes).
+    fn stopped(_actor: &mut ObjectActor<Self>) {}
+}
+
+/// The actor that owns one object, reconciling it through `R`.
+pub struct ObjectActor<R: Reconcile> {
+    pub context: ManagerContext,
+    /// The last observed object.
+    pub object: Option<R::Object>,
+    /// The implementation's own state.
+    pub state: R,
+    gate: ReconcileGate,
+    metrics: ReconcileMetrics,
+}
+
+impl<R: Reconcile> ObjectActor<R> {
+    pub fn new(context: ManagerContext) -> Self {
+        Self {
+            state: R::new(&context),
+            metrics: context.reconcile_metrics.clone(),
+            context,
+            object: None,
+            gate: ReconcileGate::new(R::BACKOFF),
+        }
+    }
+
+    /// Reconciles now, or right after the running reconcile.
+    pub fn request_reconcile(&mut self, ctx: &mut Context<Self>) {
+        let Some(object) = self.object.clone() else {
+            return;
+        };
+        if !self.gate.try_start(ctx) {
+            return;
+        }
+        let key = R::key(&object);
+        // Every reconcile's span: a field added here is on all of them.
+        let span = info_span!(
+            "reconcile",
+            controller = R::CONTROLLER,
+            kind = key.kind,
+            namespace = %key.namespace,
+            name = %key.name,
+        );
+        let started = Instant::now();
+        self.metrics.started(R::CONTROLLER);
+        let work = {
+            let _entered = span.enter();
+            R::reconcile(self, object, ctx)
+        };
+        let work = InSpan { span, work }.map(move |outcome, act: &mut Self, ctx| {
+            let result = match &outcome {
+                Outcome::Done => ReconcileResult::Success,
+                Outcome::Retry(reason) => {
+                    warn!(controller = R::CONTROLLER, %reason, "reconcile failed; retrying");
+                    ReconcileResult::Error
+                }
+                Outcome::Requeue(reason) => {
+                    debug!(controller = R::CONTROLLER, %reason, "looking again later");
+                    ReconcileResult::Requeue
+                }
+            };
+            act.metrics
+                .finished(R::CONTROLLER, result, started.elapsed());
+            let failed = result != ReconcileResult::Success;
+            if act.gate.finish(ctx, failed, Self::request_reconcile) {
+                act.request_reconcile(ctx);
+            }
+        });
+        if R::EXCLUSIVE {
+            ctx.wait(work);
+        } else {
+            ctx.spawn(work);
+        }
+    }
+
+    /// Starts the retry backoff over.
+    pub fn reset_backoff(&mut self) {
+        self.gate.reset_backoff();
+    }
+}
+
+/// An actor future polled inside a span, so its async steps and the code taking their results back are
+/// traced under the reconcile.
+struct InSpan<F> {
+    span: Span,
+    work: F,
+}
+
+impl<A: Actor, F: ActorFuture<A> + Unpin> ActorFuture<A> for InSpan<F> {
+    type Output = F::Output;
+
+    fn poll(
+        self: Pin<&mut Self>,
+        act: &mut A,
+        ctx: &mut A::Context,
+        task: &mut TaskContext<'_>,
+    ) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let _entered = this.span.enter();
+        Pin::new(&mut this.work).poll(act, ctx, task)
+    }
+}
+
+impl<R: Reconcile> Actor for ObjectActor<R> {
+    type Context = Context<Self>;
+
+    fn stopped(&mut self, _: &mut Self::Context) {
+        R::stopped(self);
+    }
+}
+
+impl<R: Reconcile> FeedTarget for ObjectActor<R>
+where
+    Context<Self>: ToEnvelope<Self, Observed<R::Object>>,
+{
+    type Object = R::Object;
+
+    fn start_for(context: &ManagerContext) -> Addr<Self> {
+        Self::new(context.clone()).start()
+    }
+
+    fn wants(object: &R::Object) -> bool {
+        R::wants(object)
+    }
+
+    fn key(object: &R::Object) -> ObjectRef {
+        R::key(object)
+    }
+}
+
+impl<R: Reconcile> Handler<Observed<R::Object>> for ObjectActor<R> {
+    type Result = ();
+    fn handle(&mut self, Observed(object): Observed<R::Object>, ctx: &mut Context<Self>) {
+        let previous = self.object.replace(object);
+        match R::observe(self, previous.as_ref(), ctx) {
+            Change::Echo => {}
+            Change::Changed => self.request_reconcile(ctx),
+            Change::Respecified => {
+                self.reset_backoff();
+                self.request_reconcile(ctx);
+            }
+        }
+    }
+}
+
+impl<R: Reconcile> Handler<Gone> for ObjectActor<R> {
+    type Result = ();
+    fn handle(&mut self, _: Gone, ctx: &mut Context<Self>) {
+        match R::gone(self, ctx) {
+            Some(cleanup) => {
+                ctx.wait(fut::wrap_future::<_, Self>(cleanup).map(|(), _, ctx| ctx.stop()));
+            }
+            None => ctx.stop(),
+        }
+    }
+}

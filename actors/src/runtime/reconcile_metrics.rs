@@ -1,0 +1,159 @@
+//! Reconcile counts and durations per controller, recorded by the reconcile shell only, exposed in the
+//! Prometheus text format on the manager's `/metrics`. Labels are bounded: the controller name and the
+//! result, never an object's name.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+/// How a reconcile ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReconcileResult {
+    Success,
+    /// Failed; retried after the backoff.
+    Error,
+    /// Not finished (waiting on something outside pko); looked at again after the backoff.
+    Requeue,
+}
+
+impl ReconcileResult {
+    fn label(self) -> &'static str {
+        match self {
+            ReconcileResult::Success => "success",
+            ReconcileResult::Error => "error",
+            ReconcileResult::Requeue => "requeue",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ResultLabels {
+    controller: &'static str,
+    result: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ControllerLabels {
+    controller: &'static str,
+}
+
+fn duration_histogram() -> Histogram {
+    // 1 ms .. ~65 s: a status-only reconcile takes milliseconds, an image pull seconds.
+    Histogram::new(exponential_buckets(0.001, 2.0, 17))
+}
+
+/// The reconcile metrics of one manager; cheap to clone.
+#[derive(Clone)]
+pub struct ReconcileMetrics {
+    registry: Arc<Registry>,
+    total: Family<ResultLabels, Counter>,
+    duration: Family<ControllerLabels, Histogram, fn() -> Histogram>,
+    active: Family<ControllerLabels, Gauge>,
+}
+
+impl Default for ReconcileMetrics {
+    fn default() -> Self {
+        let total = Family::<ResultLabels, Counter>::default();
+        let duration =
+            Family::<ControllerLabels, Histogram, fn() -> Histogram>::new_with_constructor(
+                duration_histogram,
+            );
+        let active = Family::<ControllerLabels, Gauge>::default();
+        let mut registry = Registry::default();
+        registry.register(
+            "pko_reconcile",
+            "Reconciles by controller and result.",
+            total.clone(),
+        );
+        registry.register(
+            "pko_reconcile_duration_seconds",
+            "Time from the start of a reconcile to its result, by controller.",
+            duration.clone(),
+        );
+        registry.register(
+            "pko_reconcile_active",
+            "Reconciles running now, by controller.",
+            active.clone(),
+        );
+        Self {
+            registry: Arc::new(registry),
+            total,
+            duration,
+            active,
+        }
+    }
+}
+
+impl ReconcileMetrics {
+    /// A reconcile of `controller` started.
+    pub fn started(&self, controller: &'static str) {
+        self.active
+            .get_or_create(&ControllerLabels { controller })
+            .inc();
+    }
+
+    /// A reconcile of `controller` ended after `took`.
+    pub fn finished(&self, controller: &'static str, result: ReconcileResult, took: Duration) {
+        let labels = ControllerLabels { controller };
+        self.active.get_or_create(&labels).dec();
+        self.duration
+            .get_or_create(&labels)
+            .observe(took.as_secs_f64());
+        self.total
+            .get_or_create(&ResultLabels {
+                controller,
+                result: result.label(),
+            })
+            .inc();
+    }
+
+    /// The metrics in the Prometheus text format (ends with `# EOF`).
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
+            tracing::warn!(error = %e, "cannot encode the reconcile metrics");
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_finished_reconcile_is_counted_by_result_and_leaves_none_active() {
+        let metrics = ReconcileMetrics::default();
+        metrics.started("package");
+        metrics.finished("package", ReconcileResult::Error, Duration::from_millis(3));
+        metrics.started("package");
+        metrics.finished(
+            "package",
+            ReconcileResult::Success,
+            Duration::from_millis(5),
+        );
+        let text = metrics.encode();
+        assert!(
+            text.contains(r#"pko_reconcile_total{controller="package",result="error"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"pko_reconcile_total{controller="package",result="success"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"pko_reconcile_duration_seconds_count{controller="package"} 2"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"pko_reconcile_active{controller="package"} 0"#),
+            "{text}"
+        );
+    }
+}
