@@ -60,6 +60,33 @@ pub fn set_condition(
     }
 }
 
+/// Whether a condition type is a mapped one (`domain/Type`, copied from an object's own conditions
+/// through a phase's conditionMappings).
+pub fn is_mapped(type_: &str) -> bool {
+    type_.contains('/')
+}
+
+/// Mirrors another object's conditions into `conditions`: of the types `mirrored` selects, those
+/// `source` no longer reports are dropped and the others updated in place, so their
+/// `lastTransitionTime` moves only when their status does (dropping and re-adding them would stamp a new
+/// time, and a status write, on every reconcile). How Packages follow their ObjectDeployment and
+/// ObjectDeployments follow their current revision.
+pub fn mirror_conditions<'a>(
+    conditions: &mut Vec<Condition>,
+    source: impl IntoIterator<Item = &'a Condition>,
+    mirrored: impl Fn(&str) -> bool,
+    generation: i64,
+    now: Timestamp,
+) {
+    let source: Vec<&Condition> = source.into_iter().filter(|c| mirrored(&c.type_)).collect();
+    conditions.retain(|c| !mirrored(&c.type_) || source.iter().any(|s| s.type_ == c.type_));
+    for c in source {
+        let update =
+            ConditionUpdate::new(&c.type_, c.status == "True", &c.reason, c.message.clone());
+        set_condition(conditions, update, generation, now);
+    }
+}
+
 /// Removes a condition if present.
 pub fn remove_condition(conditions: &mut Vec<Condition>, type_: &str) {
     conditions.retain(|c| c.type_ != type_);

@@ -5,7 +5,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 use pko_proto::core::common::{LifecycleState, ObjectSetTemplateSpec};
 
-use super::conditions::{is_true_for, set_condition, ConditionUpdate};
+use super::conditions::{
+    is_mapped, is_true_for, mirror_conditions, set_condition, ConditionUpdate,
+};
 use super::object_ref::ObjectKey;
 
 /// One existing ObjectSet as the deployment sees it.
@@ -223,14 +225,7 @@ pub fn deployment_conditions(
     // Mapped conditions come from the current revision only, and only if fresh there. Those it still
     // reports are updated in place, so their lastTransitionTime moves only with their status.
     let mapped = current.map(|c| c.mapped.as_slice()).unwrap_or_default();
-    conditions.retain(|c| !c.type_.contains('/') || mapped.iter().any(|m| m.type_ == c.type_));
-    if let Some(current) = current {
-        for m in &current.mapped {
-            let update =
-                ConditionUpdate::new(&m.type_, m.status == "True", &m.reason, m.message.clone());
-            set(&mut conditions, update);
-        }
-    }
+    mirror_conditions(&mut conditions, mapped, is_mapped, generation, now);
     let phase = if paused {
         "Paused"
     } else if is_true_for(&conditions, "Available", generation) {

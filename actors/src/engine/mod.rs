@@ -12,6 +12,7 @@ pub mod object_ref;
 pub mod object_set_status;
 pub mod object_template;
 pub mod package_deployment;
+pub mod phase_verdict;
 pub mod probe;
 pub mod rollout_events;
 pub mod rollout_plan;

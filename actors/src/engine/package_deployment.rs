@@ -9,7 +9,9 @@ use pko_proto::manifests::PackageManifestScope;
 use pko_proto::well_known::{INSTANCE_LABEL, PACKAGE_LABEL, SOURCE_IMAGE_ANNOTATION};
 use serde_json::{json, Value};
 
-use crate::engine::conditions::{remove_condition, set_condition, ConditionUpdate};
+use crate::engine::conditions::{
+    is_mapped, mirror_conditions, remove_condition, set_condition, ConditionUpdate,
+};
 
 /// The Package (or ClusterPackage) being reconciled, as these rules need it.
 #[derive(Debug, Clone, PartialEq)]
@@ -138,28 +140,19 @@ pub fn package_conditions(
             );
         }
     }
-    // Available, Progressing, Paused and mapped conditions come from the deployment, when fresh there.
-    // The ones it still reports are updated in place, so their lastTransitionTime moves only when their
-    // status does; dropping and re-adding them stamped a new time on every reconcile, and each such
-    // status write woke the Package again (at 500 Packages, a rewrite of every one each second).
+    // Available, Progressing, Paused and mapped conditions come from the deployment, when fresh there
+    // (kept in place: at 500 Packages a fresh transition time on every reconcile meant a rewrite of
+    // every Package each second).
     let from_deployment =
-        |t: &str| t.contains('/') || matches!(t, "Available" | "Progressing" | "Paused");
-    let fresh: Vec<&Condition> = deployment
-        .map(|(od_conditions, od_generation)| {
+        |t: &str| is_mapped(t) || matches!(t, "Available" | "Progressing" | "Paused");
+    let fresh = deployment
+        .into_iter()
+        .flat_map(|(od_conditions, od_generation)| {
             od_conditions
                 .iter()
-                .filter(|c| c.observed_generation.is_none_or(|g| g == od_generation))
-                .filter(|c| from_deployment(&c.type_))
-                .collect()
-        })
-        .unwrap_or_default();
-    conditions.retain(|c| !from_deployment(&c.type_) || fresh.iter().any(|f| f.type_ == c.type_));
-    for c in fresh {
-        set(
-            &mut conditions,
-            ConditionUpdate::new(&c.type_, c.status == "True", &c.reason, c.message.clone()),
-        );
-    }
+                .filter(move |c| c.observed_generation.is_none_or(|g| g == od_generation))
+        });
+    mirror_conditions(&mut conditions, fresh, from_deployment, generation, now);
     // The deployment still runs what the previous spec rendered: the current spec is not rolled out, so
     // the Package is progressing whatever the deployment says of itself.
     let not_rolled_out = match outcome {

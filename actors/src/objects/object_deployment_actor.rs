@@ -13,7 +13,7 @@ use serde_json::json;
 use tracing::warn;
 
 use crate::engine::adoption::{controller_of, revision_of};
-use crate::engine::conditions::is_true_for;
+use crate::engine::conditions::{is_mapped, is_true_for};
 use crate::engine::deployment_plan::{
     deployment_conditions, plan_deployment, revision_name, DeploymentAction, RevisionView,
 };
@@ -67,7 +67,7 @@ fn view(set: &SetObject, owner_uid: &str) -> RevisionView {
         mapped: conditions
             .iter()
             .filter(|c| {
-                c.type_.contains('/') && c.observed_generation.is_none_or(|g| g == generation)
+                is_mapped(&c.type_) && c.observed_generation.is_none_or(|g| g == generation)
             })
             .cloned()
             .collect(),

@@ -16,7 +16,8 @@ use crate::engine::desired_object::DesiredObject;
 use crate::engine::drift::is_subset;
 use crate::engine::object_ref::ObjectKey;
 use crate::engine::object_set_status::{BlockReason, MappedCondition, PhaseProgress};
-use crate::engine::probe::{ProbeResult, ProbeSet};
+use crate::engine::phase_verdict::{blocked, phase_progress, probed_finding, ObjectFinding};
+use crate::engine::probe::ProbeSet;
 use crate::objects::applier::{Applier, ApplyError};
 use crate::objects::object_cache::ObjectCache;
 use pko_package::canonical_hash::value_hash;
@@ -109,17 +110,13 @@ pub async fn reconcile_phase(
         .collect()
         .await;
 
-    let mut collisions = Vec::new();
-    let mut handed_over = Vec::new();
-    let mut failures = Vec::new();
-    let mut probe_failures = Vec::new();
-    let mut probes_pending = true;
+    let mut findings = Vec::with_capacity(plan.objects.len());
     let mut controlled = Vec::new();
     let mut phase_controls = Vec::new();
     let mut mapped = Vec::new();
     let mut transient_error = false;
     for (desired, outcome) in plan.objects.iter().zip(outcomes) {
-        match outcome {
+        let finding = match outcome {
             ObjectOutcome::Ready {
                 key,
                 observed,
@@ -129,9 +126,7 @@ pub async fn reconcile_phase(
                     applied.insert(key.clone(), h);
                 }
                 let Some(observed) = observed else {
-                    // Someone else's object that is missing: nothing of ours is on its way.
-                    probe_failures.push(format!("{key}: object not found"));
-                    probes_pending = false;
+                    findings.push(ObjectFinding::Missing(format!("{key}: object not found")));
                     continue;
                 };
                 if desired.managed
@@ -159,59 +154,34 @@ pub async fn reconcile_phase(
                     .delegated
                     .then(|| phase_availability(&observed))
                     .flatten();
-                let (messages, pending) = match plan.probes.evaluate(&key, &observed) {
-                    ProbeResult::Passed => (None, true),
-                    ProbeResult::Failed(m) => (
-                        Some(m),
-                        delegated.as_ref().is_some_and(|(reason, _)| {
-                            reason == BlockReason::AwaitingStatus.as_str()
-                                || reason == BlockReason::PhaseNotReported.as_str()
-                        }),
-                    ),
-                    ProbeResult::Pending(m) => (Some(m), true),
-                };
-                match (&messages, delegated) {
-                    // Its objects went to a newer revision: the set says so, as for inline phases.
-                    (Some(_), Some((reason, message)))
-                        if reason == BlockReason::HandedOver.as_str() =>
-                    {
-                        handed_over.push(format!("{key}: {message}"));
-                    }
-                    (Some(messages), _) => {
-                        probe_failures.push(format!("{key}: {}", messages.join(", ")));
-                        probes_pending &= pending;
-                        // The next look reads it from the apiserver, not from what pko last saw.
-                        cache.forget(&key);
-                    }
-                    (None, _) => {}
+                let finding = probed_finding(
+                    &key.to_string(),
+                    plan.probes.evaluate(&key, &observed),
+                    delegated,
+                );
+                if matches!(finding, ObjectFinding::ProbeFailed { .. }) {
+                    // The next look reads it from the apiserver, not from what pko last saw.
+                    cache.forget(&key);
                 }
                 mapped.extend(mapped_conditions(desired, &observed));
+                finding
             }
-            ObjectOutcome::Collision(key, reason) => collisions.push(format!("{key}: {reason}")),
-            ObjectOutcome::HandedOver(key, reason) => handed_over.push(format!("{key}: {reason}")),
+            ObjectOutcome::Collision(key, reason) => {
+                ObjectFinding::Collision(format!("{key}: {reason}"))
+            }
+            ObjectOutcome::HandedOver(key, reason) => {
+                ObjectFinding::HandedOver(format!("{key}: {reason}"))
+            }
             ObjectOutcome::Failed(key, error) => {
                 transient_error |= is_transient(&error);
                 warn!(object = %key, %error, "phase object failed");
-                failures.push(error.to_string());
+                ObjectFinding::Failed(error.to_string())
             }
-        }
+        };
+        findings.push(finding);
     }
-    let progress = if !failures.is_empty() {
-        blocked(BlockReason::PreflightError, &failures)
-    } else if !collisions.is_empty() {
-        blocked(BlockReason::CollisionDetected, &collisions)
-    } else if !handed_over.is_empty() {
-        // Part of what this revision rolled out belongs to a newer one: it cannot vouch for the whole.
-        blocked(BlockReason::HandedOver, &handed_over)
-    } else if !probe_failures.is_empty() && probes_pending {
-        blocked(BlockReason::AwaitingStatus, &probe_failures)
-    } else if !probe_failures.is_empty() {
-        blocked(BlockReason::ProbeFailure, &probe_failures)
-    } else {
-        PhaseProgress::Available
-    };
     PhaseReport {
-        progress,
+        progress: phase_progress(&findings),
         controlled,
         phase_controls,
         mapped,
@@ -231,13 +201,6 @@ fn phase_availability(phase: &Value) -> Option<(String, String)> {
             .to_owned()
     };
     current_condition(phase, "Available").map(|c| (text(c, "reason"), text(c, "message")))
-}
-
-fn blocked(reason: BlockReason, messages: &[String]) -> PhaseProgress {
-    PhaseProgress::Blocked {
-        reason,
-        message: messages.join("; "),
-    }
 }
 
 fn is_transient(error: &ApplyError) -> bool {

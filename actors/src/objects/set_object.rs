@@ -16,6 +16,7 @@ use pko_proto::core::object_slice::{ClusterObjectSlice, ObjectSlice};
 use pko_proto::well_known::PHASE_CLASS_LABEL;
 use serde_json::json;
 
+use crate::engine::conditions::is_mapped;
 use crate::engine::desired_object::OwnerRef;
 use crate::objects::object_meta::{write_status, MetaView};
 
@@ -96,7 +97,7 @@ impl SetKind {
             status.remote_phases.clear();
             status
                 .conditions
-                .retain(|c| c.type_ == "Available" || c.type_ == "Paused" || c.type_.contains('/'));
+                .retain(|c| c.type_ == "Available" || c.type_ == "Paused" || is_mapped(&c.type_));
         }
         status
     }
