@@ -203,11 +203,7 @@ impl Reconcile for HostedClusterController {
     }
 
     /// Every version counts: availability and the HCP namespace live in its status.
-    fn observe(
-        _: &mut HostedClusterActor,
-        _: Option<&HostedCluster>,
-        _: &mut Context<HostedClusterActor>,
-    ) -> Change {
+    fn change(_: Option<&HostedCluster>, _: &HostedCluster) -> Change {
         Change::Respecified
     }
 

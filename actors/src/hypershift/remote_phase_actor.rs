@@ -83,22 +83,11 @@ impl Reconcile for RemotePhaseController {
     }
 
     fn key(set: &SetObject) -> ObjectRef {
-        ObjectRef {
-            kind: set.kind.kind(),
-            namespace: set.namespace().to_owned(),
-            name: set.name().to_owned(),
-        }
+        ObjectRef::of(set.kind.kind(), set)
     }
 
     /// Only what the connector is sent counts; status is ours.
-    fn observe(
-        actor: &mut RemotePhaseActor,
-        previous: Option<&SetObject>,
-        _: &mut Context<RemotePhaseActor>,
-    ) -> Change {
-        let Some(phase) = actor.object.as_ref() else {
-            return Change::Echo;
-        };
+    fn change(previous: Option<&SetObject>, phase: &SetObject) -> Change {
         let changed = previous.is_none_or(|p| {
             p.generation() != phase.generation()
                 || p.meta.deletion_timestamp != phase.meta.deletion_timestamp
@@ -358,5 +347,44 @@ impl Handler<Resend> for RemotePhaseActor {
     fn handle(&mut self, _: Resend, ctx: &mut Context<Self>) {
         self.reset_backoff();
         self.request_reconcile(ctx);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use pko_proto::core::object_set_phase::ObjectSetPhase;
+
+    fn phase(generation: i64, finalizers: &[&str], available: &str) -> SetObject {
+        let p: ObjectSetPhase = serde_json::from_value(serde_json::json!({
+            "apiVersion": "package-operator.run/v1alpha1", "kind": "ObjectSetPhase",
+            "metadata": {"name": "rev-1-deploy", "namespace": "clusters-a",
+                "generation": generation, "finalizers": finalizers,
+                "labels": {"package-operator.run/class": "hosted-cluster"}},
+            "spec": {"revision": 1, "objects": []},
+            "status": {"conditions": [{"type": "Available", "status": available, "reason": "R",
+                "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}]},
+        }))
+        .unwrap();
+        p.into()
+    }
+
+    #[test]
+    fn only_what_the_connector_is_sent_is_a_change() {
+        let known = phase(1, &[], "False");
+        let change = |current: &SetObject| RemotePhaseController::change(Some(&known), current);
+        assert_eq!(
+            RemotePhaseController::change(None, &known),
+            Change::Respecified
+        );
+        // The status is ours: the connector's report coming back.
+        assert_eq!(change(&phase(1, &[], "True")), Change::Echo);
+        assert_eq!(change(&phase(2, &[], "False")), Change::Respecified);
+        // The teardown finalizer landing (or going) decides whether a delete may finish.
+        assert_eq!(
+            change(&phase(1, &[HOSTED_TEARDOWN_FINALIZER], "False")),
+            Change::Respecified
+        );
     }
 }

@@ -226,23 +226,13 @@ impl Reconcile for ObjectDeploymentController {
     }
 
     fn key(od: &DeploymentObject) -> ObjectRef {
-        ObjectRef {
-            kind: od.kind(),
-            namespace: od.namespace().to_owned(),
-            name: od.name().to_owned(),
-        }
+        ObjectRef::of(od.kind(), od)
     }
 
-    fn observe(
-        actor: &mut ObjectDeploymentActor,
-        previous: Option<&DeploymentObject>,
-        _: &mut Context<ObjectDeploymentActor>,
-    ) -> Change {
-        match (previous, actor.object.as_ref()) {
+    fn change(previous: Option<&DeploymentObject>, od: &DeploymentObject) -> Change {
+        match previous {
             // Our own status writes come back through the watch; they need no reconcile.
-            (Some(known), Some(od))
-                if known.generation() == od.generation() && known.status == od.status =>
-            {
+            Some(known) if known.generation() == od.generation() && known.status == od.status => {
                 Change::Echo
             }
             _ => Change::Changed,

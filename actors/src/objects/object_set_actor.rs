@@ -453,17 +453,18 @@ impl Reconcile for ObjectSetController {
     }
 
     fn key(set: &SetObject) -> ObjectRef {
-        ObjectRef {
-            kind: set.kind.kind(),
-            namespace: set.namespace().to_owned(),
-            name: set.name().to_owned(),
-        }
+        ObjectRef::of(set.kind.kind(), set)
+    }
+
+    /// Decided from the installed plan, in [`Reconcile::observed`].
+    fn change(_: Option<&SetObject>, _: &SetObject) -> Change {
+        Change::Changed
     }
 
     /// A new generation is planned; anything else is answered from the installed plan.
-    fn observe(
+    fn observed(
         actor: &mut ObjectSetActor,
-        _: Option<&SetObject>,
+        _: Change,
         ctx: &mut Context<ObjectSetActor>,
     ) -> Change {
         let Some(set) = actor.object.as_ref() else {

@@ -132,8 +132,11 @@ async fn apply_template(
     }
 }
 
-/// The ObjectTemplate controller keeps no state between reconciles: sources are read each time.
-pub struct ObjectTemplateController;
+/// The ObjectTemplate controller reads its sources on every reconcile; it only remembers that its route
+/// is registered.
+pub struct ObjectTemplateController {
+    routed: bool,
+}
 
 pub type ObjectTemplateActor = ObjectActor<ObjectTemplateController>;
 
@@ -143,25 +146,14 @@ impl Reconcile for ObjectTemplateController {
     const BACKOFF: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
 
     fn new(_: &ManagerContext) -> Self {
-        Self
+        Self { routed: false }
     }
 
     fn key(t: &TemplateObject) -> ObjectRef {
-        ObjectRef {
-            kind: t.kind(),
-            namespace: t.namespace().to_owned(),
-            name: t.name().to_owned(),
-        }
+        ObjectRef::of(t.kind(), t)
     }
 
-    fn observe(
-        actor: &mut ObjectTemplateActor,
-        previous: Option<&TemplateObject>,
-        ctx: &mut Context<ObjectTemplateActor>,
-    ) -> Change {
-        let Some(template) = actor.object.as_ref() else {
-            return Change::Echo;
-        };
+    fn change(previous: Option<&TemplateObject>, template: &TemplateObject) -> Change {
         match previous {
             // Our own status writes come back through the watch; they need no reconcile.
             Some(known)
@@ -170,16 +162,27 @@ impl Reconcile for ObjectTemplateController {
             {
                 Change::Echo
             }
-            Some(_) => Change::Changed,
-            None => {
+            _ => Change::Changed,
+        }
+    }
+
+    /// The first sight registers the route by which its sources and object wake it.
+    fn observed(
+        actor: &mut ObjectTemplateActor,
+        change: Change,
+        ctx: &mut Context<ObjectTemplateActor>,
+    ) -> Change {
+        if !actor.state.routed {
+            if let Some(template) = &actor.object {
                 let addr = ctx.address();
                 actor.context.cache.add_route(
                     template.uid(),
                     Arc::new(move |_| addr.do_send(WatchedObjectChanged)),
                 );
-                Change::Changed
+                actor.state.routed = true;
             }
         }
+        change
     }
 
     fn reconcile(

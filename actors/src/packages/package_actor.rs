@@ -124,19 +124,11 @@ impl Reconcile for PackageController {
     }
 
     fn key(p: &PackageObject) -> ObjectRef {
-        ObjectRef {
-            kind: p.kind(),
-            namespace: p.namespace().to_owned(),
-            name: p.name().to_owned(),
-        }
+        ObjectRef::of(p.kind(), p)
     }
 
-    fn observe(
-        actor: &mut PackageActor,
-        previous: Option<&PackageObject>,
-        _: &mut Context<PackageActor>,
-    ) -> Change {
-        let (Some(known), Some(package)) = (previous, actor.object.as_ref()) else {
+    fn change(previous: Option<&PackageObject>, package: &PackageObject) -> Change {
+        let Some(known) = previous else {
             return Change::Changed;
         };
         if known.generation() != package.generation() {
@@ -228,5 +220,46 @@ impl Handler<DeploymentChanged> for PackageActor {
     type Result = ();
     fn handle(&mut self, _: DeploymentChanged, ctx: &mut Context<Self>) {
         self.request_reconcile(ctx);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use pko_proto::core::package::Package;
+
+    fn package(generation: i64, chunking: Option<&str>, phase: &str) -> PackageObject {
+        let annotations = chunking
+            .map(|c| serde_json::json!({ CHUNKING_ANNOTATION: c }))
+            .unwrap_or_else(|| serde_json::json!({}));
+        let p: Package = serde_json::from_value(serde_json::json!({
+            "apiVersion": "package-operator.run/v1alpha1", "kind": "Package",
+            "metadata": {"name": "p", "namespace": "n", "generation": generation,
+                "annotations": annotations},
+            "spec": {"image": "registry/p:v1"},
+            "status": {"phase": phase},
+        }))
+        .unwrap();
+        p.into()
+    }
+
+    #[test]
+    fn own_status_echoes_are_not_changes_but_spec_and_chunking_are() {
+        let known = package(1, None, "Progressing");
+        let change = |current: &PackageObject| PackageController::change(Some(&known), current);
+        assert_eq!(PackageController::change(None, &known), Change::Changed);
+        assert_eq!(change(&package(1, None, "Progressing")), Change::Echo);
+        // A status someone else wrote is corrected.
+        assert_eq!(change(&package(1, None, "Available")), Change::Changed);
+        assert_eq!(
+            change(&package(1, Some("EachObject"), "Progressing")),
+            Change::Changed
+        );
+        // A new spec starts the backoff over.
+        assert_eq!(
+            change(&package(2, None, "Progressing")),
+            Change::Respecified
+        );
     }
 }

@@ -92,14 +92,7 @@ impl Reconcile for HostedClusterPackageController {
         }
     }
 
-    fn observe(
-        actor: &mut HostedClusterPackageActor,
-        previous: Option<&HostedClusterPackage>,
-        _: &mut Context<HostedClusterPackageActor>,
-    ) -> Change {
-        let Some(hcpkg) = actor.object.as_ref() else {
-            return Change::Echo;
-        };
+    fn change(previous: Option<&HostedClusterPackage>, hcpkg: &HostedClusterPackage) -> Change {
         // Our own status writes are recorded before they come back, so they match.
         let changed = previous.is_none_or(|h| {
             h.metadata.generation != hcpkg.metadata.generation || h.status != hcpkg.status

@@ -1,7 +1,7 @@
 //! The reconcile shell: one generic actor, [`ObjectActor`], for every watched object the manager owns. An
 //! object actor is an implementation of [`Reconcile`] (how to tell a real change from our own status echo,
 //! and the reconcile itself) plus the messages only it has; the shell does the rest, once:
-//! - keeps the last observed object and filters echoes (`Reconcile::observe`);
+//! - keeps the last observed object and filters echoes (`Reconcile::change`);
 //! - runs one reconcile at a time, coalescing requests that arrive during a run ([`ReconcileGate`]);
 //! - opens the reconcile's span, measures its duration and result ([`ReconcileMetrics`]);
 //! - retries a failed reconcile after a jittered exponential backoff, reset by a success or a new spec;
@@ -85,13 +85,19 @@ pub trait Reconcile: Sized + Unpin + 'static {
     fn wants(_object: &Self::Object) -> bool {
         true
     }
-    /// Classifies the object just stored in `actor.object`; `previous` is the one it replaced (`None` the
-    /// first time). May act on the change itself (routes, finalizers).
-    fn observe(
-        actor: &mut ObjectActor<Self>,
-        previous: Option<&Self::Object>,
-        ctx: &mut Context<ObjectActor<Self>>,
-    ) -> Change;
+    /// What a newly observed version asks for, given the version it replaces (`None` the first time):
+    /// where pko's own status echoes are told from real changes.
+    fn change(previous: Option<&Self::Object>, current: &Self::Object) -> Change;
+    /// Called once the new version is in `actor.object`, with what [`Reconcile::change`] found, before the
+    /// shell acts on it: for controllers that act on an observation themselves (routes, finalizers) or
+    /// decide from their own state. Returns what the shell does.
+    fn observed(
+        _actor: &mut ObjectActor<Self>,
+        change: Change,
+        _ctx: &mut Context<ObjectActor<Self>>,
+    ) -> Change {
+        change
+    }
     /// Starts one reconcile of `object` (a copy of `actor.object`).
     fn reconcile(
         actor: &mut ObjectActor<Self>,
@@ -238,8 +244,9 @@ where
 impl<R: Reconcile> Handler<Observed<R::Object>> for ObjectActor<R> {
     type Result = ();
     fn handle(&mut self, Observed(object): Observed<R::Object>, ctx: &mut Context<Self>) {
-        let previous = self.object.replace(object);
-        match R::observe(self, previous.as_ref(), ctx) {
+        let change = R::change(self.object.as_ref(), &object);
+        self.object = Some(object);
+        match R::observed(self, change, ctx) {
             Change::Echo => {}
             Change::Changed => self.request_reconcile(ctx),
             Change::Respecified => {

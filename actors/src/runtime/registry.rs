@@ -6,12 +6,25 @@ use std::hash::Hash;
 use actix::{Actor, Addr};
 use dashmap::DashMap;
 
+use crate::objects::object_meta::MetaView;
+
 /// `kind/namespace/name` of a package-operator object.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ObjectRef {
     pub kind: &'static str,
     pub namespace: String,
     pub name: String,
+}
+
+impl ObjectRef {
+    /// The reference of `object`, a `kind`.
+    pub fn of(kind: &'static str, object: &impl MetaView) -> Self {
+        Self {
+            kind,
+            namespace: object.namespace().to_owned(),
+            name: object.name().to_owned(),
+        }
+    }
 }
 
 /// Live actors of one type, by the object they own.
