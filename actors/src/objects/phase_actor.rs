@@ -1,6 +1,7 @@
-//! The phase actor: one per phase of an ObjectSet. Runs the phase (apply and probe, or teardown) one run at
-//! a time, coalescing requests that arrive meanwhile, retries transient failures with backoff, and reports
-//! each result to its ObjectSet.
+//! The phase actor: one per phase of an ObjectSet (or, in a connector, of an ObjectSetPhase). Runs the
+//! phase (apply and probe, or teardown) one run at a time, coalescing requests that arrive meanwhile (the
+//! latest command wins), retries transient failures with the shared jittered backoff
+//! (`runtime::reconcile_gate`), and reports each result to its owner.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,9 +14,9 @@ use crate::objects::object_cache::ObjectCache;
 use crate::objects::phase_runner::{
     reconcile_phase, teardown_phase, AppliedHashes, PhasePlan, PhaseReport, TeardownReport,
 };
+use crate::runtime::reconcile_gate::{Backoff, ReconcileGate};
 
-const BACKOFF_MIN: Duration = Duration::from_secs(1);
-const BACKOFF_MAX: Duration = Duration::from_secs(60);
+const BACKOFF: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
 
 /// What the owner asks a phase to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Message)]
@@ -58,10 +59,9 @@ pub struct PhaseActor {
     paused: bool,
     version: u64,
     applied: AppliedHashes,
-    running: bool,
-    queued: Option<PhaseCommand>,
-    backoff: Duration,
-    retry: Option<SpawnHandle>,
+    /// The latest command; a run started during another one runs it after.
+    command: PhaseCommand,
+    gate: ReconcileGate,
     owner: Recipient<PhaseFinished>,
 }
 
@@ -81,23 +81,18 @@ impl PhaseActor {
             paused: update.paused,
             version: update.version,
             applied: AppliedHashes::new(),
-            running: false,
-            queued: None,
-            backoff: BACKOFF_MIN,
-            retry: None,
+            command: PhaseCommand::Reconcile,
+            gate: ReconcileGate::new(BACKOFF),
             owner,
         }
     }
 
-    fn run(&mut self, command: PhaseCommand, ctx: &mut Context<Self>) {
-        if self.running {
-            self.queued = Some(command);
+    /// Runs the latest command now, or right after the running one.
+    fn run(&mut self, ctx: &mut Context<Self>) {
+        if !self.gate.try_start(ctx) {
             return;
         }
-        if let Some(handle) = self.retry.take() {
-            ctx.cancel_future(handle);
-        }
-        self.running = true;
+        let command = self.command;
         let applier = self.applier.clone();
         let cache = self.cache.clone();
         let plan = self.plan.clone();
@@ -119,28 +114,19 @@ impl PhaseActor {
             work.into_actor(self)
                 .map(move |(outcome, applied), act, ctx| {
                     act.applied = applied;
-                    act.running = false;
                     // A phase waiting on its probes looks again with backoff, level-triggered, so a
                     // status change whose event pko missed cannot wedge it.
                     let retry = match &outcome {
                         PhaseOutcome::Reconciled(r) => r.transient_error || waits_on_probes(r),
                         PhaseOutcome::TornDown(t) => !t.errors.is_empty(),
                     };
-                    if retry {
-                        let delay = act.backoff;
-                        act.backoff = (act.backoff * 2).min(BACKOFF_MAX);
-                        act.retry =
-                            Some(ctx.run_later(delay, move |act, ctx| act.run(command, ctx)));
-                    } else {
-                        act.backoff = BACKOFF_MIN;
-                    }
                     act.owner.do_send(PhaseFinished {
                         index: act.index,
                         version,
                         outcome,
                     });
-                    if let Some(next) = act.queued.take() {
-                        act.run(next, ctx);
+                    if act.gate.finish(ctx, retry, Self::run) {
+                        act.run(ctx);
                     }
                 }),
         );
@@ -154,7 +140,8 @@ impl Actor for PhaseActor {
 impl Handler<PhaseCommand> for PhaseActor {
     type Result = ();
     fn handle(&mut self, command: PhaseCommand, ctx: &mut Context<Self>) {
-        self.run(command, ctx);
+        self.command = command;
+        self.run(ctx);
     }
 }
 

@@ -1,6 +1,6 @@
 //! One run at a time per actor: a request arriving during a run is coalesced into one more run after it,
 //! and a failed run is retried after a jittered exponential backoff (`backon`), which a success resets.
-//! Used by the reconcile shell ([`crate::runtime::object_actor`]) and by the HCP namespace writer.
+//! Used by the reconcile shell (`runtime/object_actor.rs`) and by the HCP namespace writer.
 
 use std::time::Duration;
 
