@@ -9,7 +9,7 @@ use pko_package::image::{ImageError, ImageStore};
 
 #[tokio::test]
 async fn an_image_is_downloaded_once_per_digest() {
-    let host = pko_testenv::shared().unwrap().registry().host();
+    let host = pko_testenv::shared_registries().unwrap().open.host();
     let store = ImageStore::new(vec![host.clone()]);
     let files: PackageFiles = [(
         "manifest.yaml".to_owned(),
@@ -45,7 +45,7 @@ async fn an_image_is_downloaded_once_per_digest() {
 
 #[tokio::test]
 async fn unknown_images_and_bad_references_are_named() {
-    let host = pko_testenv::shared().unwrap().registry().host();
+    let host = pko_testenv::shared_registries().unwrap().open.host();
     let store = ImageStore::new(vec![host.clone()]);
     let missing = format!("{host}/store/missing:v1");
     match store.fetch(&missing, &RegistryAuth::Anonymous).await {

@@ -11,6 +11,7 @@ use crate::nats::{self, Nats};
 use crate::net::free_port;
 use crate::process::ManagedProcess;
 use crate::registry::{self, Registry};
+use crate::workdir::{new_root_dir, start_on_own_runtime};
 use crate::{controller_manager, etcd, webhook};
 
 /// What to start.
@@ -327,49 +328,6 @@ async fn run(program: &Path, args: &[&str]) -> Result<(), TestEnvError> {
     }
 }
 
-/// Base directory of environments: `PKO_TESTENV_DIR`, else `/dev/shm/pko-testenv` (etcd and the registry
-/// write a lot; memory is faster than disk), else the temp directory.
-fn base_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("PKO_TESTENV_DIR") {
-        return PathBuf::from(dir);
-    }
-    let shm = Path::new("/dev/shm");
-    if shm.is_dir() {
-        shm.join("pko-testenv")
-    } else {
-        std::env::temp_dir().join("pko-testenv")
-    }
-}
-
-/// A fresh `<base>/<pid>-<n>` directory. Directories of processes that no longer exist (a shared
-/// environment outlives its test binary's statics, so nothing dropped it) are removed first.
-fn new_root_dir() -> Result<PathBuf, TestEnvError> {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static ENVIRONMENTS: AtomicU32 = AtomicU32::new(0);
-    let base = base_dir();
-    std::fs::create_dir_all(&base).map_err(io_error("create directory", &base))?;
-    if let Ok(entries) = std::fs::read_dir(&base) {
-        for entry in entries.flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            let owner_alive = name
-                .split('-')
-                .next()
-                .and_then(|pid| pid.parse::<u32>().ok())
-                .is_some_and(|pid| Path::new("/proc").join(pid.to_string()).exists());
-            if !owner_alive {
-                let _ = std::fs::remove_dir_all(entry.path());
-            }
-        }
-    }
-    let dir = base.join(format!(
-        "{}-{}",
-        std::process::id(),
-        ENVIRONMENTS.fetch_add(1, Ordering::Relaxed)
-    ));
-    std::fs::create_dir_all(&dir).map_err(io_error("create directory", &dir))?;
-    Ok(dir)
-}
-
 /// The environment every test of this test binary shares ([`EnvConfig::default`]), started by the first
 /// caller. Blocks while it starts; later callers get it at once. Its servers stop when the test binary
 /// exits. Tests take their own clients from it and work in their own namespaces.
@@ -382,21 +340,7 @@ pub fn shared() -> Result<&'static TestEnv, TestEnvError> {
 pub fn shared_with(config: EnvConfig) -> Result<&'static TestEnv, TestEnvError> {
     static SHARED: OnceLock<Result<TestEnv, String>> = OnceLock::new();
     SHARED
-        .get_or_init(|| {
-            // Its own thread and runtime: the caller may be inside a runtime that must not block on
-            // itself, and that runtime ends with its test.
-            std::thread::spawn(|| {
-                let runtime = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .map_err(|error| format!("cannot build a tokio runtime: {error}"))?;
-                runtime
-                    .block_on(TestEnv::start(config))
-                    .map_err(|error| error.to_string())
-            })
-            .join()
-            .unwrap_or_else(|_| Err("the start-up thread panicked".to_owned()))
-        })
+        .get_or_init(|| start_on_own_runtime(move || TestEnv::start(config)))
         .as_ref()
         .map_err(|message| TestEnvError::SharedStartFailed(message.clone()))
 }

@@ -14,35 +14,61 @@
 //! also when a test panics or the runner is killed.
 //!
 //! This crate starts and stops servers and hands out clients; it knows nothing of pko's behaviour.
+//!
+//! Everything but the registries needs the `cluster` feature (it links the NATS client); without it the
+//! crate offers [`shared_registries()`] only, so the package CLI's tests pull in no NATS client.
 
-mod apiserver;
 mod binaries;
-mod connector;
-mod connector_runner;
-mod controller_manager;
-mod crds;
-mod env;
 mod error;
-mod etcd;
-mod hypershift;
-mod kubeconfig;
-mod manager;
-mod nats;
 mod net;
 mod process;
 mod registry;
 mod wait;
+mod workdir;
+
+#[cfg(feature = "cluster")]
+mod apiserver;
+#[cfg(feature = "cluster")]
+mod connector;
+#[cfg(feature = "cluster")]
+mod connector_runner;
+#[cfg(feature = "cluster")]
+mod controller_manager;
+#[cfg(feature = "cluster")]
+mod crds;
+#[cfg(feature = "cluster")]
+mod env;
+#[cfg(feature = "cluster")]
+mod etcd;
+#[cfg(feature = "cluster")]
+mod hypershift;
+#[cfg(feature = "cluster")]
+mod kubeconfig;
+#[cfg(feature = "cluster")]
+mod manager;
+#[cfg(feature = "cluster")]
+mod nats;
+#[cfg(feature = "cluster")]
 mod webhook;
 
-pub use apiserver::ApiServer;
 pub use binaries::Binaries;
-pub use connector::{ConnectorLaunch, ConnectorProcess};
-pub use connector_runner::ConnectorRunner;
-pub use crds::install_crds;
-pub use env::{shared, shared_with, EnvConfig, StartupTimings, TestEnv};
 pub use error::TestEnvError;
-pub use hypershift::{SimulatedHostedCluster, HOSTED_CLUSTERS_NAMESPACE, KUBECONFIG_SECRET};
-pub use manager::ManagerProcess;
-pub use nats::Nats;
-pub use registry::{Registry, REGISTRY_PASSWORD, REGISTRY_USER};
+pub use registry::{shared_registries, Registries, Registry, REGISTRY_PASSWORD, REGISTRY_USER};
 pub use wait::wait_until;
+
+#[cfg(feature = "cluster")]
+pub use apiserver::ApiServer;
+#[cfg(feature = "cluster")]
+pub use connector::{ConnectorLaunch, ConnectorProcess};
+#[cfg(feature = "cluster")]
+pub use connector_runner::ConnectorRunner;
+#[cfg(feature = "cluster")]
+pub use crds::install_crds;
+#[cfg(feature = "cluster")]
+pub use env::{shared, shared_with, EnvConfig, StartupTimings, TestEnv};
+#[cfg(feature = "cluster")]
+pub use hypershift::{SimulatedHostedCluster, HOSTED_CLUSTERS_NAMESPACE, KUBECONFIG_SECRET};
+#[cfg(feature = "cluster")]
+pub use manager::ManagerProcess;
+#[cfg(feature = "cluster")]
+pub use nats::Nats;

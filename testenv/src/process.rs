@@ -115,6 +115,7 @@ impl ManagedProcess {
 
     /// Stops the process if it runs and starts `command` in its place, appending to the same log (a
     /// server restarted on its old port and data).
+    #[cfg(feature = "cluster")]
     pub(crate) fn respawn(&self, mut command: Command) -> Result<(), TestEnvError> {
         self.stop();
         let out = std::fs::OpenOptions::new()
@@ -134,11 +135,13 @@ impl ManagedProcess {
     }
 
     /// Process id.
+    #[cfg(feature = "cluster")]
     pub(crate) fn pid(&self) -> Option<u32> {
         self.child.lock().ok().map(|child| child.id())
     }
 
     /// Path of the log file.
+    #[cfg(feature = "cluster")]
     pub(crate) fn log_path(&self) -> &Path {
         &self.log
     }

@@ -3,12 +3,14 @@
 
 use std::path::Path;
 use std::process::Command;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use crate::binaries::Binaries;
 use crate::error::{io_error, TestEnvError};
 use crate::net::{free_port, http_get};
 use crate::process::{start_with_retries, ManagedProcess};
+use crate::workdir::{new_root_dir, start_on_own_runtime};
 
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -23,6 +25,8 @@ const REGISTRY_PASSWORD_BCRYPT: &str =
 /// A running OCI registry.
 #[derive(Debug)]
 pub struct Registry {
+    /// Held for its drop, which stops the server; the environment also reads its pid.
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
     pub(crate) process: ManagedProcess,
     port: u16,
     authenticated: bool,
@@ -39,6 +43,37 @@ impl Registry {
         self.authenticated
             .then_some((REGISTRY_USER, REGISTRY_PASSWORD))
     }
+}
+
+/// An anonymous and an authenticated registry on their own, for tests that need nothing else (the
+/// package CLI and the image store).
+#[derive(Debug)]
+pub struct Registries {
+    pub open: Registry,
+    pub authenticated: Registry,
+}
+
+/// The registries every test of this test binary shares, started by the first caller; they stop when
+/// the test binary exits.
+pub fn shared_registries() -> Result<&'static Registries, TestEnvError> {
+    static SHARED: OnceLock<Result<Registries, String>> = OnceLock::new();
+    SHARED
+        .get_or_init(|| {
+            start_on_own_runtime(|| async {
+                let binaries = Binaries::locate()?;
+                let root = new_root_dir()?;
+                let (open, authenticated) = tokio::join!(
+                    start(&binaries, &root, false),
+                    start(&binaries, &root, true)
+                );
+                Ok(Registries {
+                    open: open?,
+                    authenticated: authenticated?,
+                })
+            })
+        })
+        .as_ref()
+        .map_err(|message| TestEnvError::SharedStartFailed(message.clone()))
 }
 
 /// Starts a registry; `authenticated` ones answer only `REGISTRY_USER` with `REGISTRY_PASSWORD`.

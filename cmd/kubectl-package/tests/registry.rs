@@ -12,7 +12,7 @@ use oci_client::secrets::RegistryAuth;
 use pko_package::image::ImageStore;
 
 fn host() -> String {
-    pko_testenv::shared().unwrap().registry().host()
+    pko_testenv::shared_registries().unwrap().open.host()
 }
 
 /// The digest the registry holds for `image`.
@@ -408,8 +408,7 @@ fn kickstart_imports_an_olm_bundle_image() {
 /// Credentials come from where `docker login` leaves them: the config's `auths`, or a credential helper.
 #[test]
 fn credentials_come_from_the_docker_config_and_its_helpers() {
-    let env = pko_testenv::shared().unwrap();
-    let registry = env.authenticated_registry();
+    let registry = &pko_testenv::shared_registries().unwrap().authenticated;
     let host = registry.host();
     let (user, password) = registry.credentials().unwrap();
     let dir = scratch("docker-config");
