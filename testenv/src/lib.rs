@@ -26,49 +26,36 @@ mod registry;
 mod wait;
 mod workdir;
 
-#[cfg(feature = "cluster")]
-mod apiserver;
-#[cfg(feature = "cluster")]
-mod connector;
-#[cfg(feature = "cluster")]
-mod connector_runner;
-#[cfg(feature = "cluster")]
-mod controller_manager;
-#[cfg(feature = "cluster")]
-mod crds;
-#[cfg(feature = "cluster")]
-mod env;
-#[cfg(feature = "cluster")]
-mod etcd;
-#[cfg(feature = "cluster")]
-mod hypershift;
-#[cfg(feature = "cluster")]
-mod kubeconfig;
-#[cfg(feature = "cluster")]
-mod manager;
-#[cfg(feature = "cluster")]
-mod nats;
-#[cfg(feature = "cluster")]
-mod webhook;
+/// Items that need the `cluster` feature.
+macro_rules! cluster_only {
+    ($($item:item)*) => { $( #[cfg(feature = "cluster")] $item )* };
+}
+
+cluster_only! {
+    mod apiserver;
+    mod connector;
+    mod connector_runner;
+    mod controller_manager;
+    mod crds;
+    mod env;
+    mod etcd;
+    mod hypershift;
+    mod kubeconfig;
+    mod manager;
+    mod nats;
+    mod webhook;
+
+    pub use apiserver::ApiServer;
+    pub use connector::{ConnectorLaunch, ConnectorProcess};
+    pub use connector_runner::ConnectorRunner;
+    pub use crds::install_crds;
+    pub use env::{shared, shared_with, EnvConfig, StartupTimings, TestEnv};
+    pub use hypershift::{SimulatedHostedCluster, HOSTED_CLUSTERS_NAMESPACE, KUBECONFIG_SECRET};
+    pub use manager::ManagerProcess;
+    pub use nats::Nats;
+}
 
 pub use binaries::Binaries;
 pub use error::TestEnvError;
 pub use registry::{shared_registries, Registries, Registry, REGISTRY_PASSWORD, REGISTRY_USER};
 pub use wait::wait_until;
-
-#[cfg(feature = "cluster")]
-pub use apiserver::ApiServer;
-#[cfg(feature = "cluster")]
-pub use connector::{ConnectorLaunch, ConnectorProcess};
-#[cfg(feature = "cluster")]
-pub use connector_runner::ConnectorRunner;
-#[cfg(feature = "cluster")]
-pub use crds::install_crds;
-#[cfg(feature = "cluster")]
-pub use env::{shared, shared_with, EnvConfig, StartupTimings, TestEnv};
-#[cfg(feature = "cluster")]
-pub use hypershift::{SimulatedHostedCluster, HOSTED_CLUSTERS_NAMESPACE, KUBECONFIG_SECRET};
-#[cfg(feature = "cluster")]
-pub use manager::ManagerProcess;
-#[cfg(feature = "cluster")]
-pub use nats::Nats;
