@@ -104,13 +104,20 @@ async fn apply_template(
             source: Box::new(e),
         })?;
     let environment = environment_value(&package_environment(&facts, template.own_namespace()));
-    let object = match render_object(
-        &template.spec.template,
-        config,
-        environment,
-        template.own_namespace(),
-        &template.owner_reference(),
-    ) {
+    // Rendering runs on the blocking pool, bounded by the render budget: no template stalls the actors.
+    let source = template.spec.template.clone();
+    let namespace = template.own_namespace().map(str::to_owned);
+    let owner = template.owner_reference();
+    let rendered = tokio::task::spawn_blocking(move || {
+        render_object(&source, config, environment, namespace.as_deref(), &owner)
+    })
+    .await
+    .unwrap_or_else(|e| {
+        Err(TemplateProblem::Template(format!(
+            "spec.template: rendering failed unexpectedly: {e}"
+        )))
+    });
+    let object = match rendered {
         Ok(object) => object,
         Err(problem) => return Ok((Some(problem), None)),
     };

@@ -71,15 +71,24 @@ async fn unpack(
         &facts,
         (!package.cluster).then(|| package.namespace()),
     ));
-    let loaded = load_installable(
-        &files,
-        Some(package.spec.component.as_str()),
-        package.spec.config.as_ref(),
-        |_, config| package.template_context(config, environment),
-    );
+    // Loading renders the package's templates: CPU work bounded by the render budget
+    // (`pko_package::render_budget`), run on the blocking pool so no template stalls the actors or the
+    // leader Lease, and a panic in it is this Package's problem only.
+    let for_render = package.clone();
+    let loaded = tokio::task::spawn_blocking(move || {
+        load_installable(
+            &files,
+            Some(for_render.spec.component.as_str()),
+            for_render.spec.config.as_ref(),
+            |_, config| for_render.template_context(config, environment),
+        )
+        .map_err(|e| e.to_string())
+    })
+    .await
+    .unwrap_or_else(|e| Err(format!("loading the package failed unexpectedly: {e}")));
     let mut loaded = match loaded {
         Ok(loaded) => loaded,
-        Err(e) => return Ok(UnpackOutcome::Invalid(e.to_string())),
+        Err(message) => return Ok(UnpackOutcome::Invalid(message)),
     };
     let reference = package.package_ref();
     if let Some(message) = scope_error(&reference, &loaded) {
