@@ -13,6 +13,7 @@ use serde_json::Value;
 
 use super::template::TemplateError;
 use super::template_values::to_json;
+use crate::render_budget::{guarded, BoundedText, RenderBudget};
 
 /// Handlebars' own helpers: a package function of the same name must not shadow them.
 const HANDLEBARS_BUILTINS: [&str; 17] = [
@@ -80,10 +81,11 @@ pub fn render_hbs(
     funcs: &FuncMap,
     context: &Value,
 ) -> Result<String, TemplateError> {
+    let budget = RenderBudget::start();
     let mut registry = Handlebars::new();
     registry.set_strict_mode(true);
     registry.register_escape_fn(no_escape);
-    for (name, func) in funcs {
+    for (name, func) in &guarded(funcs.clone()) {
         if !HANDLEBARS_BUILTINS.contains(&name.as_str()) {
             registry.register_helper(
                 name,
@@ -108,9 +110,15 @@ pub fn render_hbs(
             file: file.to_owned(),
             message: parse_message(&e),
         })?;
-    registry
-        .render(file, context)
-        .map_err(|e| describe(file, &e))
+    let mut out = BoundedText::default();
+    match registry.render_to_write(file, context, &mut out) {
+        Ok(()) => Ok(out.text),
+        Err(_) if budget.exceeded().is_some() => Err(TemplateError {
+            file: file.to_owned(),
+            message: budget.exceeded().unwrap_or_default(),
+        }),
+        Err(e) => Err(describe(file, &e)),
+    }
 }
 
 fn parse_message(error: &handlebars::TemplateError) -> String {

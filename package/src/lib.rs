@@ -20,6 +20,7 @@ pub mod loader;
 pub mod manifest;
 pub mod oci_layout;
 pub mod pull_auth;
+pub mod render_budget;
 pub mod sprig_funcs;
 pub mod template;
 pub mod template_funcs;

@@ -12,6 +12,7 @@ use serde_json::Value as Json;
 use sha2::{Digest, Sha256};
 
 use super::template_values::{arg, display, fail, from_json, is_empty, string_arg, to_json};
+use crate::render_budget::check_text;
 
 type Result<T> = std::result::Result<T, gotmpl::TemplateError>;
 
@@ -27,6 +28,19 @@ fn int(name: &str, value: &Value) -> Result<i64> {
             .parse()
             .map_err(|_| fail(name, format!("{:?} is not an integer", display(other)))),
     }
+}
+
+fn checked_fold(
+    name: &str,
+    values: &[i64],
+    start: i64,
+    op: fn(i64, i64) -> Option<i64>,
+) -> Result<Value> {
+    values
+        .iter()
+        .try_fold(start, |acc, v| op(acc, *v))
+        .map(Value::Int)
+        .ok_or_else(|| fail(name, "integer overflow"))
 }
 
 fn ints(name: &str, args: &[Value]) -> Result<Vec<i64>> {
@@ -107,31 +121,49 @@ pub fn register(map: &mut FuncMap) {
             .map(Value::Float)
             .map_err(|e| fail("float64", e)),
     });
-    insert(map, "add", |a| Ok(Value::Int(ints("add", a)?.iter().sum())));
+    // Overflow is an error naming the function, never a wrapped or panicking result.
+    insert(map, "add", |a| {
+        checked_fold("add", &ints("add", a)?, 0, i64::checked_add)
+    });
     insert(map, "add1", |a| {
-        Ok(Value::Int(int("add1", arg("add1", a, 0)?)? + 1))
+        checked_fold(
+            "add1",
+            &[int("add1", arg("add1", a, 0)?)?, 1],
+            0,
+            i64::checked_add,
+        )
     });
     insert(map, "mul", |a| {
-        Ok(Value::Int(ints("mul", a)?.iter().product()))
+        checked_fold("mul", &ints("mul", a)?, 1, i64::checked_mul)
     });
     insert(map, "sub", |a| {
-        Ok(Value::Int(
-            int("sub", arg("sub", a, 0)?)? - int("sub", arg("sub", a, 1)?)?,
-        ))
+        let (x, y) = (
+            int("sub", arg("sub", a, 0)?)?,
+            int("sub", arg("sub", a, 1)?)?,
+        );
+        x.checked_sub(y)
+            .map(Value::Int)
+            .ok_or_else(|| fail("sub", "integer overflow"))
     });
     insert(map, "div", |a| {
         let d = int("div", arg("div", a, 1)?)?;
         if d == 0 {
             return Err(fail("div", "division by zero"));
         }
-        Ok(Value::Int(int("div", arg("div", a, 0)?)? / d))
+        int("div", arg("div", a, 0)?)?
+            .checked_div(d)
+            .map(Value::Int)
+            .ok_or_else(|| fail("div", "integer overflow"))
     });
     insert(map, "mod", |a| {
         let d = int("mod", arg("mod", a, 1)?)?;
         if d == 0 {
             return Err(fail("mod", "division by zero"));
         }
-        Ok(Value::Int(int("mod", arg("mod", a, 0)?)? % d))
+        int("mod", arg("mod", a, 0)?)?
+            .checked_rem(d)
+            .map(Value::Int)
+            .ok_or_else(|| fail("mod", "integer overflow"))
     });
     insert(map, "max", |a| {
         ints("max", a)?
@@ -156,8 +188,11 @@ pub fn register(map: &mut FuncMap) {
         ))
     });
     insert(map, "repeat", |a| {
-        let n = int("repeat", arg("repeat", a, 0)?)?.max(0) as usize;
-        Ok(Value::from(string_arg("repeat", a, 1)?.repeat(n)))
+        let n = usize::try_from(int("repeat", arg("repeat", a, 0)?)?.max(0)).unwrap_or(usize::MAX);
+        let s = string_arg("repeat", a, 1)?;
+        // Checked before anything is allocated: `repeat 100000000000 "x"` must not reach the allocator.
+        check_text("repeat", n.saturating_mul(s.len()))?;
+        Ok(Value::from(s.repeat(n)))
     });
     insert(map, "substr", |a| {
         let chars: Vec<char> = string_arg("substr", a, 2)?.chars().collect();
@@ -228,6 +263,16 @@ pub fn register(map: &mut FuncMap) {
             .map_err(|e| fail("regexReplaceAll", e))?;
         let text = string_arg("regexReplaceAll", a, 1)?;
         let replacement = string_arg("regexReplaceAll", a, 2)?;
+        // Bound the result before building it: each match becomes the replacement, whose every `$`
+        // reference expands to at most the match.
+        let references = replacement.matches('$').count();
+        let mut bound = text.len();
+        for m in re.find_iter(&text) {
+            bound = bound
+                .saturating_add(replacement.len())
+                .saturating_add(references.saturating_mul(m.len()));
+            check_text("regexReplaceAll", bound)?;
+        }
         Ok(Value::from(
             re.replace_all(&text, replacement.as_str()).into_owned(),
         ))

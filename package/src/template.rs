@@ -7,6 +7,10 @@ use std::cell::Cell;
 use std::sync::Arc;
 
 use gotmpl::{FuncMap, MissingKey, Template, Value as TemplateValue};
+
+use crate::render_budget::{
+    count_include, guard_text_builtins, guarded, BoundedText, RenderBudget,
+};
 use serde_json::Value;
 
 /// Deepest `include` nesting; deeper means a helper includes itself.
@@ -62,14 +66,32 @@ fn with_include(base: FuncMap, helpers: Arc<Vec<(String, String)>>) -> FuncMap {
                         })
                 })
                 .map_err(|e| fail(e.to_string()))?;
+            count_include()?;
             INCLUDE_DEPTH.with(|d| d.set(depth + 1));
-            let out = template.execute_to_string(&data);
+            let out = execute_bounded(&template, &data);
             INCLUDE_DEPTH.with(|d| d.set(depth));
             out.map(TemplateValue::from)
                 .map_err(|e| fail(format!("{name:?}: {e}")))
         }),
     );
     funcs
+}
+
+/// `funcs` and Go's text-building builtins, all within the render budget.
+fn guarded_funcs(funcs: &FuncMap) -> FuncMap {
+    let mut funcs = funcs.clone();
+    guard_text_builtins(&mut funcs);
+    guarded(funcs)
+}
+
+/// Runs `template` into text bounded by the render budget.
+fn execute_bounded(
+    template: &Template,
+    data: &TemplateValue,
+) -> Result<String, gotmpl::TemplateError> {
+    let mut out = BoundedText::default();
+    template.execute_fmt(&mut out, data)?;
+    Ok(out.text)
 }
 
 /// A template that failed to parse or render.
@@ -93,14 +115,18 @@ pub fn render(
         file: file.to_owned(),
         message,
     };
+    let budget = RenderBudget::start();
     let data = gotmpl::ser::to_value(context).map_err(|e| err(e.to_string()))?;
     let template = parse_all(
         file,
         helpers,
-        with_include(funcs.clone(), Arc::new(helpers.to_vec())),
+        with_include(guarded_funcs(funcs), Arc::new(helpers.to_vec())),
     )?;
     let template = template.parse(source).map_err(|e| err(e.to_string()))?;
-    template.execute_to_string(&data).map_err(|e| {
+    execute_bounded(&template, &data).map_err(|e| {
+        if let Some(limit) = budget.exceeded() {
+            return err(limit);
+        }
         let lines = match &e {
             gotmpl::TemplateError::MissingKey { key } => key_lines(source, key),
             _ => Vec::new(),

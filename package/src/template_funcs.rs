@@ -14,13 +14,21 @@ use serde_json::Value as Json;
 use super::files::PackageFiles;
 use super::template_values::{arg, display, fail, from_json, is_empty, string_arg, to_json};
 use crate::cel::evaluate_cel_with;
+use crate::render_budget::check_text;
 
-fn indent(text: &str, spaces: usize) -> String {
+/// `text` with every line indented by `spaces`; the result's size is checked before it is built.
+fn indent(name: &str, text: &str, spaces: usize) -> Result<String, gotmpl::TemplateError> {
+    let lines = text.split('\n').count();
+    check_text(
+        name,
+        text.len().saturating_add(lines.saturating_mul(spaces)),
+    )?;
     let pad = " ".repeat(spaces);
-    text.split('\n')
+    Ok(text
+        .split('\n')
         .map(|l| format!("{pad}{l}"))
         .collect::<Vec<_>>()
-        .join("\n")
+        .join("\n"))
 }
 
 fn string_fn(
@@ -129,9 +137,10 @@ pub fn package_funcs(files: Arc<PackageFiles>, context: Arc<Json>) -> FuncMap {
                 .as_int()
                 .ok_or_else(|| fail("indent", "width must be an integer"))?;
             Ok(Value::from(indent(
+                "indent",
                 &string_arg("indent", args, 1)?,
                 usize::try_from(n).unwrap_or(0),
-            )))
+            )?))
         }),
     );
     map.insert(
@@ -143,9 +152,10 @@ pub fn package_funcs(files: Arc<PackageFiles>, context: Arc<Json>) -> FuncMap {
             Ok(Value::from(format!(
                 "\n{}",
                 indent(
+                    "nindent",
                     &string_arg("nindent", args, 1)?,
                     usize::try_from(n).unwrap_or(0)
-                )
+                )?
             )))
         }),
     );

@@ -288,7 +288,7 @@ fn broken_examples_fail_tree_with_the_shared_messages() {
         // tree never looks at components.
         .filter(|(example, _)| *example != "broken-component")
         .collect();
-    assert_eq!(cases.len(), 8);
+    assert_eq!(cases.len(), 9);
     for (example, message) in cases {
         let out = run(&["tree", example]);
         assert_eq!(out.status.code(), Some(1), "{example}");
