@@ -13,7 +13,7 @@ use serde_json::Value;
 
 use super::template::TemplateError;
 use super::template_values::to_json;
-use crate::render_budget::{guarded, BoundedText, RenderBudget};
+use crate::render_budget::{BoundedText, RenderBudget};
 
 /// Handlebars' own helpers: a package function of the same name must not shadow them.
 const HANDLEBARS_BUILTINS: [&str; 17] = [
@@ -85,7 +85,7 @@ pub fn render_hbs(
     let mut registry = Handlebars::new();
     registry.set_strict_mode(true);
     registry.register_escape_fn(no_escape);
-    for (name, func) in &guarded(funcs.clone()) {
+    for (name, func) in funcs {
         if !HANDLEBARS_BUILTINS.contains(&name.as_str()) {
             registry.register_helper(
                 name,

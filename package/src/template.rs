@@ -8,9 +8,7 @@ use std::sync::Arc;
 
 use gotmpl::{FuncMap, MissingKey, Template, Value as TemplateValue};
 
-use crate::render_budget::{
-    count_include, guard_text_builtins, guarded, BoundedText, RenderBudget,
-};
+use crate::render_budget::{count_include, BoundedText, RenderBudget};
 use serde_json::Value;
 
 /// Deepest `include` nesting; deeper means a helper includes itself.
@@ -77,13 +75,6 @@ fn with_include(base: FuncMap, helpers: Arc<Vec<(String, String)>>) -> FuncMap {
     funcs
 }
 
-/// `funcs` and Go's text-building builtins, all within the render budget.
-fn guarded_funcs(funcs: &FuncMap) -> FuncMap {
-    let mut funcs = funcs.clone();
-    guard_text_builtins(&mut funcs);
-    guarded(funcs)
-}
-
 /// Runs `template` into text bounded by the render budget.
 fn execute_bounded(
     template: &Template,
@@ -120,7 +111,7 @@ pub fn render(
     let template = parse_all(
         file,
         helpers,
-        with_include(guarded_funcs(funcs), Arc::new(helpers.to_vec())),
+        with_include(funcs.clone(), Arc::new(helpers.to_vec())),
     )?;
     let template = template.parse(source).map_err(|e| err(e.to_string()))?;
     execute_bounded(&template, &data).map_err(|e| {

@@ -14,7 +14,7 @@ use serde_json::Value as Json;
 use super::files::PackageFiles;
 use super::template_values::{arg, display, fail, from_json, is_empty, string_arg, to_json};
 use crate::cel::evaluate_cel_with;
-use crate::render_budget::check_text;
+use crate::render_budget::{check_text, guard_text_builtins, guarded};
 
 /// `text` with every line indented by `spaces`; the result's size is checked before it is built.
 fn indent(name: &str, text: &str, spaces: usize) -> Result<String, gotmpl::TemplateError> {
@@ -43,7 +43,8 @@ fn string_fn(
 }
 
 /// Every extra function, bound to the package's files (for `getFile`) and the template context (for
-/// `cel`).
+/// `cel`), with Go's text-building builtins, all checked against the render budget
+/// (`render_budget.rs`).
 pub fn package_funcs(files: Arc<PackageFiles>, context: Arc<Json>) -> FuncMap {
     let mut map = FuncMap::new();
     super::sprig_funcs::register(&mut map);
@@ -362,7 +363,9 @@ pub fn package_funcs(files: Arc<PackageFiles>, context: Arc<Json>) -> FuncMap {
                 .map_err(|e| fail("cel", format!("{rule:?}: {e}")))
         }),
     );
-    map
+    // Go's text-building builtins join the map so they are checked too; everything within the budget.
+    guard_text_builtins(&mut map);
+    guarded(map)
 }
 
 /// `*` within a path segment, `**` across segments, `?` one character.
