@@ -502,6 +502,105 @@ async fn archiving_tears_down_in_reverse_phase_order() {
     assert_eq!(order, ["cm-c", "cm-b", "cm-a"]);
 }
 
+/// Records `kind/name` of every object of `api` deleted from now on; the receiver fires once the watch
+/// has listed what exists.
+fn record_deletions<K>(
+    api: Api<K>,
+    kind: &'static str,
+    gone: Arc<Mutex<Vec<String>>>,
+) -> (
+    tokio::task::JoinHandle<()>,
+    tokio::sync::oneshot::Receiver<()>,
+)
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+{
+    let (ready, listed) = tokio::sync::oneshot::channel();
+    let watch = tokio::spawn(async move {
+        let mut ready = Some(ready);
+        let mut stream = watcher::watcher(api, watcher::Config::default()).boxed();
+        while let Some(Ok(event)) = stream.next().await {
+            match event {
+                Event::InitDone => {
+                    if let Some(tx) = ready.take() {
+                        let _ = tx.send(());
+                    }
+                }
+                Event::Delete(o) => gone.lock().unwrap().push(format!(
+                    "{kind}/{}",
+                    o.meta().name.clone().unwrap_or_default()
+                )),
+                _ => {}
+            }
+        }
+    });
+    (watch, listed)
+}
+
+/// Deleting an ObjectSet tears its objects down as archival does, last phase first, and the set itself
+/// goes only after its last phase's objects (issue 17, item 6; PKO's teardown).
+#[tokio::test]
+async fn deleting_a_set_tears_down_in_reverse_phase_order_before_it_goes() {
+    let (client, ns) = setup("os-delete-order").await;
+    let set = object_set(
+        "deletable",
+        &[
+            ("a", vec![configmap("cm-del-a", json!({}))]),
+            ("b", vec![configmap("cm-del-b", json!({}))]),
+            ("c", vec![configmap("cm-del-c", json!({}))]),
+        ],
+        json!({}),
+    );
+    create_set(&client, &ns, &set).await;
+    wait_condition(&client, &ns, "deletable", "Available", "True", None).await;
+
+    // ConfigMap and ObjectSet deletions, in the order the apiserver reports them.
+    let gone: Arc<Mutex<Vec<String>>> = Arc::default();
+    let (cms, cms_ready) = record_deletions(
+        Api::<ConfigMap>::namespaced(client.clone(), &ns),
+        "ConfigMap",
+        gone.clone(),
+    );
+    let (sets, sets_ready) = record_deletions(
+        Api::<ObjectSet>::namespaced(client.clone(), &ns),
+        "ObjectSet",
+        gone.clone(),
+    );
+    cms_ready.await.unwrap();
+    sets_ready.await.unwrap();
+
+    Api::<ObjectSet>::namespaced(client.clone(), &ns)
+        .delete("deletable", &Default::default())
+        .await
+        .unwrap();
+    let order = wait_until("the set and its three objects gone", TIMEOUT, || async {
+        let order = gone.lock().unwrap().clone();
+        if order.iter().any(|g| g == "ObjectSet/deletable") {
+            Ok(order)
+        } else {
+            Err(format!("{order:?}"))
+        }
+    })
+    .await
+    .unwrap();
+    cms.abort();
+    sets.abort();
+    let ours: Vec<&str> = order
+        .iter()
+        .map(String::as_str)
+        .filter(|g| g.contains("cm-del-") || *g == "ObjectSet/deletable")
+        .collect();
+    assert_eq!(
+        ours,
+        [
+            "ConfigMap/cm-del-c",
+            "ConfigMap/cm-del-b",
+            "ConfigMap/cm-del-a",
+            "ObjectSet/deletable"
+        ]
+    );
+}
+
 /// An object held by a finalizer keeps archival in progress: phases behind it wait, and the set reports
 /// Archived=False until the object is gone (issue 15, item 3).
 #[tokio::test]
