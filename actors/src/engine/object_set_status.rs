@@ -30,6 +30,8 @@ pub enum BlockReason {
     PreflightError,
     /// A delegated phase whose ObjectSetPhase reported nothing current yet.
     PhaseNotReported,
+    /// A hosted-cluster phase larger than a NATS message may be: it cannot be delivered.
+    TooLarge,
 }
 
 impl BlockReason {
@@ -41,6 +43,7 @@ impl BlockReason {
             BlockReason::HandedOver => "HandedOver",
             BlockReason::PreflightError => "PreflightError",
             BlockReason::PhaseNotReported => "PhaseNotReported",
+            BlockReason::TooLarge => "TooLarge",
         }
     }
 }

@@ -118,6 +118,23 @@ impl ConnectorActor {
         }
     }
 
+    /// Sends the answer to a request; one that cannot be encoded (over the wire's size limit) is answered
+    /// with an `ErrorReply` saying so, so the manager never waits out a reply that cannot come.
+    fn answer<T: Serialize>(&self, reply: Subject, message: &T) {
+        match encode(message) {
+            Ok(payload) => {
+                let _ = self.outgoing.send(Outgoing {
+                    subject: reply,
+                    payload,
+                });
+            }
+            Err(error) => {
+                warn!(subject = %reply, %error, "cannot encode an answer; answering with the error");
+                self.send(reply, &ErrorReply::new(error.code(), error.to_string()));
+            }
+        }
+    }
+
     fn reject(&self, request: &NatsMessage, error: &WireError) {
         warn!(subject = %request.subject, %error, "refusing a request");
         if let Some(reply) = &request.reply {
@@ -226,7 +243,7 @@ impl ConnectorActor {
         match (&entry.last, reply) {
             (Some(last), Some(reply)) => {
                 let last = last.clone();
-                self.send(reply, &last);
+                self.answer(reply, &last);
             }
             (None, Some(reply)) => entry.replies.push((self.next_version, reply)),
             (_, None) => {}
@@ -256,7 +273,7 @@ impl ConnectorActor {
             Err(error) => {
                 warn!(%error, "invalid phase");
                 if let Some(reply) = request.reply {
-                    self.send(reply, &refused(&apply.phase, &error));
+                    self.answer(reply, &refused(&apply.phase, &error));
                 }
             }
         }
@@ -282,7 +299,7 @@ impl ConnectorActor {
             Err(error) => {
                 warn!(%error, "invalid teardown");
                 if let Some(reply) = request.reply {
-                    self.send(reply, &refused(&teardown.phase, &error));
+                    self.answer(reply, &refused(&teardown.phase, &error));
                 }
             }
         }
@@ -374,7 +391,7 @@ impl Handler<PhaseFinished> for ConnectorActor {
             self.send(self.subjects.status().into(), &report);
         }
         for (_, reply) in answered {
-            self.send(reply, &report);
+            self.answer(reply, &report);
         }
     }
 }

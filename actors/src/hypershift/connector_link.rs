@@ -30,6 +30,12 @@ pub enum LinkError {
     Nats { subject: String, message: String },
     #[error("message on {subject}: {source}")]
     Wire { subject: String, source: WireError },
+    #[error("the message on {subject} is {bytes} bytes, over the NATS server's max_payload of {limit} bytes")]
+    TooLarge {
+        subject: String,
+        bytes: usize,
+        limit: usize,
+    },
 }
 
 /// Why the link could not be set up.
@@ -95,6 +101,15 @@ impl ConnectorLink {
             source,
         };
         let payload = encode(message).map_err(wire)?;
+        // The server refuses larger messages; saying so beats a request that can never succeed.
+        let limit = self.nats.server_info().max_payload;
+        if limit > 0 && payload.len() > limit {
+            return Err(LinkError::TooLarge {
+                subject,
+                bytes: payload.len(),
+                limit,
+            });
+        }
         let traceparent = new_traceparent(&subject);
         Span::current().record("traceparent", traceparent.as_str());
         let mut headers = HeaderMap::new();

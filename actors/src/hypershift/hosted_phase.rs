@@ -93,9 +93,10 @@ pub fn report_of_run(phase: &PhaseRef, outcome: &PhaseOutcome) -> PhaseReport {
                         BlockReason::HandedOver => WireOutcome::HandedOver,
                         BlockReason::PreflightError => WireOutcome::PreflightError,
                         BlockReason::AwaitingStatus => WireOutcome::AwaitingStatus,
-                        BlockReason::ProbeFailure | BlockReason::PhaseNotReported => {
-                            WireOutcome::ProbeFailure
-                        }
+                        // A connector's own phases are never undeliverable to it.
+                        BlockReason::ProbeFailure
+                        | BlockReason::PhaseNotReported
+                        | BlockReason::TooLarge => WireOutcome::ProbeFailure,
                     };
                     (outcome, message.clone())
                 }

@@ -15,8 +15,8 @@ use std::time::Duration;
 use actix::prelude::*;
 use k8s_openapi::jiff::Timestamp;
 use pko_proto::connector_wire::{
-    ApplyPhase, HostedClusterSubjects, PhaseOutcome, PhaseRef, PhaseReport, Reply, TeardownPhase,
-    WIRE_VERSION,
+    ApplyPhase, ErrorCode, HostedClusterSubjects, PhaseOutcome, PhaseRef, PhaseReport, Reply,
+    TeardownPhase, WireError, WIRE_VERSION,
 };
 use pko_proto::core::common::LifecycleState;
 use pko_proto::core::object_set::ObjectSetStatus;
@@ -25,6 +25,7 @@ use tracing::{info_span, warn, Instrument};
 use crate::engine::object_set_status::{
     object_set_conditions, BlockReason, PhaseProgress, SetObservation,
 };
+use crate::hypershift::connector_link::LinkError;
 use crate::hypershift::hosted_phase::{mapped_of_report, progress_of_report};
 use crate::objects::object_meta::MetaView;
 use crate::objects::object_set_plan::phase_object_name;
@@ -47,6 +48,8 @@ enum Exchange {
     Reported(PhaseReport),
     /// The phase could not be delivered or was refused; the message says why.
     Undelivered(String),
+    /// The phase is larger than a NATS message may be: it cannot be delivered until its spec changes.
+    TooLarge(String),
     /// The hosted objects are gone and the finalizer released.
     Released,
     /// The ObjectSetPhase changed while it was being written (a newer version is on its way); nothing to
@@ -144,6 +147,8 @@ impl Reconcile for RemotePhaseController {
                         _ => Outcome::Done,
                     },
                     Exchange::Undelivered(message) => Outcome::Retry(message.clone()),
+                    // Retrying sends the same bytes again: a new generation is the next chance.
+                    Exchange::TooLarge(_) => Outcome::Done,
                     Exchange::Stale => Outcome::Requeue(
                         "the ObjectSetPhase changed while it was being written".to_owned(),
                     ),
@@ -174,6 +179,14 @@ impl RemotePhaseActor {
             Some(Exchange::Undelivered(message)) => (
                 PhaseProgress::Blocked {
                     reason: BlockReason::PhaseNotReported,
+                    message: message.clone(),
+                },
+                Vec::new(),
+                phase.status.controller_of.clone(),
+            ),
+            Some(Exchange::TooLarge(message)) => (
+                PhaseProgress::Blocked {
+                    reason: BlockReason::TooLarge,
                     message: message.clone(),
                 },
                 Vec::new(),
@@ -312,6 +325,19 @@ async fn exchange(
                 };
             }
             Exchange::Reported(report)
+        }
+        Err(
+            e @ (LinkError::TooLarge { .. }
+            | LinkError::Wire {
+                source: WireError::TooLarge { .. },
+                ..
+            }),
+        ) => Exchange::TooLarge(e.to_string()),
+        Ok(Reply::Refused(refusal)) if refusal.code == ErrorCode::TooLarge => {
+            Exchange::TooLarge(format!(
+                "the connector's report does not fit a message: {}",
+                refusal.message
+            ))
         }
         Ok(Reply::Refused(refusal)) => Exchange::Undelivered(format!(
             "the connector refused the phase ({:?}): {}",

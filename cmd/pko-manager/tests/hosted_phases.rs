@@ -305,3 +305,45 @@ async fn hosted_phases_hand_over_between_revisions_and_archive_what_is_left() {
         .unwrap();
     wait_condition(&client, &ns, "rev2", "Available", "True", None).await;
 }
+
+/// A hosted-cluster phase larger than a manager-connector message may be is reported as `TooLarge`,
+/// naming its size and the limit, instead of being retried forever (issue 17, item 10).
+#[tokio::test]
+async fn a_hosted_phase_over_the_message_limit_is_too_large() {
+    let (client, ns) = setup("hcp-large").await;
+    let hosted_ns = format!("{ns}-large");
+    // Two ConfigMaps of 600 kB: the set fits the apiserver, the phase not one NATS message of 1 MiB.
+    let big = |name: &str| {
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+               "metadata": {"name": name, "namespace": hosted_ns},
+               "data": {"blob": "x".repeat(600 * 1024)}})
+    };
+    let set = typed::<ObjectSet>(
+        "ObjectSet",
+        "large",
+        json!({"phases": [phase("config", "hosted-cluster", vec![big("blob-1"), big("blob-2")])]}),
+        json!({}),
+    );
+    create_set(&client, &ns, &set).await;
+
+    let phases: Api<ObjectSetPhase> = Api::namespaced(client.clone(), &ns);
+    let message = wait_until("the phase reports it is too large", TIMEOUT, || async {
+        let phase = phases
+            .get("large-config")
+            .await
+            .map_err(|e| e.to_string())?;
+        let conditions = phase.status.map(|s| s.conditions).unwrap_or_default();
+        match conditions.iter().find(|c| c.type_ == "Available") {
+            Some(c) if c.status == "False" && c.reason == "TooLarge" => Ok(c.message.clone()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await
+    .unwrap();
+    assert!(
+        message.contains("exceeds the limit of 1048576"),
+        "{message}"
+    );
+    let message = wait_condition(&client, &ns, "large", "Available", "False", None).await;
+    assert!(message.contains("large-config"), "{message}");
+}
