@@ -1,6 +1,7 @@
 //! The manager's listener for what connectors publish: pushed phase reports and hellos, on the wildcard
 //! subjects of every hosted cluster. A report wakes the remote phase actor it is about; a hello wakes every
-//! remote phase actor of that HCP namespace, so a restarted connector gets all its phases again.
+//! remote phase actor of that HCP namespace, so a restarted connector gets all its phases again. The
+//! manager's own reconnect re-sends every phase too: a hello sent while it was disconnected is lost.
 //!
 //! It trusts the subject, not the body, for the namespace: NATS permissions confine each connector to its
 //! own subjects, so a report whose body names another namespace is dropped.
@@ -29,14 +30,28 @@ pub fn hub_subjects() -> [String; 2] {
 #[rtype(result = "()")]
 pub struct Published(pub NatsMessage);
 
+/// The manager's NATS client (re)connected.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+struct Reconnected;
+
 pub struct ConnectorHub {
     nats: async_nats::Client,
+    connections: tokio::sync::watch::Receiver<u64>,
     phases: Arc<Registry<RemotePhaseActor>>,
 }
 
 impl ConnectorHub {
-    pub fn new(nats: async_nats::Client, phases: Arc<Registry<RemotePhaseActor>>) -> Self {
-        Self { nats, phases }
+    pub fn new(
+        nats: async_nats::Client,
+        connections: tokio::sync::watch::Receiver<u64>,
+        phases: Arc<Registry<RemotePhaseActor>>,
+    ) -> Self {
+        Self {
+            nats,
+            connections,
+            phases,
+        }
     }
 
     fn on_report(&self, namespace: &str, message: &NatsMessage) {
@@ -82,6 +97,14 @@ impl Actor for ConnectorHub {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
+        // Every connect after the one the hub started with: hellos may have been missed meanwhile.
+        let mut connections = self.connections.clone();
+        connections.mark_unchanged();
+        let reconnects = futures::stream::unfold(connections, |mut connections| async move {
+            connections.changed().await.ok()?;
+            Some((Reconnected, connections))
+        });
+        ctx.add_stream(reconnects);
         for subject in hub_subjects() {
             let nats = self.nats.clone();
             let subscribe = async move { (nats.subscribe(subject.clone()).await, subject) };
@@ -96,6 +119,21 @@ impl Actor for ConnectorHub {
             }));
         }
     }
+}
+
+impl StreamHandler<Reconnected> for ConnectorHub {
+    fn handle(&mut self, _: Reconnected, _: &mut Context<Self>) {
+        let phases = self.phases.all();
+        info!(
+            phases = phases.len(),
+            "NATS reconnected; re-sending every hosted phase"
+        );
+        for addr in phases {
+            addr.do_send(Resend);
+        }
+    }
+
+    fn finished(&mut self, _: &mut Context<Self>) {}
 }
 
 impl StreamHandler<Published> for ConnectorHub {

@@ -56,6 +56,9 @@ pub struct ConnectorLink {
     pub connector_nats_url: String,
     /// Image of the connector Deployments (the manager's own image, which holds both binaries).
     pub connector_image: String,
+    /// How many times the client has connected; it moves on every reconnect. A connector's hello sent
+    /// while the manager was disconnected is lost, so a reconnect re-sends every phase.
+    pub connections: tokio::sync::watch::Receiver<u64>,
 }
 
 impl ConnectorLink {
@@ -72,12 +75,18 @@ impl ConnectorLink {
             url: url.to_owned(),
             message,
         };
+        let (connected, connections) = tokio::sync::watch::channel(0u64);
         let nats = ConnectOptions::with_credentials(&credentials.creds_file())
             .map_err(|e| connect_error(e.to_string()))?
             .name("pko-manager")
             .retry_on_initial_connect()
             .max_reconnects(None)
-            .event_callback(|event| async move { info!(%event, "NATS") })
+            .event_callback(move |event| {
+                if matches!(event, async_nats::Event::Connected) {
+                    connected.send_modify(|n| *n += 1);
+                }
+                async move { info!(%event, "NATS") }
+            })
             .connect(url)
             .await
             .map_err(|e| connect_error(e.to_string()))?;
@@ -86,6 +95,7 @@ impl ConnectorLink {
             signer: Arc::new(signer),
             connector_nats_url: connector_nats_url.unwrap_or_else(|| url.to_owned()),
             connector_image,
+            connections,
         })
     }
 

@@ -137,7 +137,12 @@ pub fn start(context: ManagerContext) -> Engine {
     KindFeed::<ObjectSetPhase, _>::new(context.clone(), remote_phases.clone(), None).start();
     let hosted_clusters: Arc<Registry<HostedClusterActor>> = Arc::default();
     if let Some(link) = &context.connectors {
-        ConnectorHub::new(link.nats.clone(), remote_phases.clone()).start();
+        ConnectorHub::new(
+            link.nats.clone(),
+            link.connections.clone(),
+            remote_phases.clone(),
+        )
+        .start();
     }
     // HostedClusters feed both their connectors and the HostedClusterPackages' fleet.
     let fleet = context.rollouts.fleet.clone();

@@ -12,7 +12,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context as TaskContext, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use actix::dev::ToEnvelope;
 use actix::fut::{self, ActorFuture, ActorFutureExt};
@@ -78,6 +78,9 @@ pub trait Reconcile: Sized + Unpin + 'static {
     /// Whether a running reconcile holds the actor's other messages until it ends (`ctx.wait`), for
     /// actors whose messages must not see a half-installed reconcile.
     const EXCLUSIVE: bool = false;
+    /// Reconcile again this long (jittered, `[d/2, d)`) after a successful reconcile even without an
+    /// event: drift repair where no watch reports drift.
+    const RESYNC: Option<Duration> = None;
 
     fn new(context: &ManagerContext) -> Self;
     fn key(object: &Self::Object) -> ObjectRef;
@@ -124,6 +127,7 @@ pub struct ObjectActor<R: Reconcile> {
     pub state: R,
     gate: ReconcileGate,
     metrics: ReconcileMetrics,
+    resync: Option<SpawnHandle>,
 }
 
 impl<R: Reconcile> ObjectActor<R> {
@@ -134,6 +138,7 @@ impl<R: Reconcile> ObjectActor<R> {
             context,
             object: None,
             gate: ReconcileGate::new(R::BACKOFF),
+            resync: None,
         }
     }
 
@@ -144,6 +149,9 @@ impl<R: Reconcile> ObjectActor<R> {
         };
         if !self.gate.try_start(ctx) {
             return;
+        }
+        if let Some(handle) = self.resync.take() {
+            ctx.cancel_future(handle);
         }
         let key = R::key(&object);
         // Every reconcile's span: a field added here is on all of them.
@@ -175,6 +183,10 @@ impl<R: Reconcile> ObjectActor<R> {
             act.metrics
                 .finished(R::CONTROLLER, result, started.elapsed());
             let failed = result != ReconcileResult::Success;
+            if let (false, Some(period)) = (failed, R::RESYNC) {
+                act.resync =
+                    Some(ctx.run_later(Backoff::jittered(period), Self::request_reconcile));
+            }
             if act.gate.finish(ctx, failed, Self::request_reconcile) {
                 act.request_reconcile(ctx);
             }

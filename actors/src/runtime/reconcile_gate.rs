@@ -21,6 +21,11 @@ impl Backoff {
         Self { min, max }
     }
 
+    /// A delay drawn from `[d/2, d)`: periodic work of many actors spread out.
+    pub fn jittered(d: Duration) -> Duration {
+        Self::new(d, d).delays().next().unwrap_or(d)
+    }
+
     fn delays(self) -> ExponentialBackoff {
         // backon's jitter adds up to 100%: halving its bounds keeps every delay below `d`.
         ExponentialBuilder::new()

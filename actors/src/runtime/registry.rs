@@ -68,6 +68,14 @@ impl<A: Actor, K: Eq + Hash + Clone> Registry<A, K> {
     pub fn is_empty(&self) -> bool {
         self.actors.is_empty()
     }
+
+    /// Every live actor.
+    pub fn all(&self) -> Vec<Addr<A>> {
+        self.actors
+            .iter()
+            .map(|entry| entry.value().clone())
+            .collect()
+    }
 }
 
 impl<A: Actor> Registry<A, ObjectRef> {

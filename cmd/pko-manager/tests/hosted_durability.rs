@@ -139,17 +139,27 @@ async fn nats_connector_and_manager_killed_mid_rollout_converge_without_repeated
         .subscribe(format!("pko.v1.hc.{ns}.phase.apply"))
         .await
         .unwrap();
+    let mut replies = observer.subscribe("_INBOX.>").await.unwrap();
     env.nats().round_trip(&observer).await.unwrap();
     drop(_connector);
     let _connector = start_connector(&ns, 0);
+    // Both phases re-sent, and every request seen answered before the next part starts (a report the
+    // connector pushes makes the manager send again; those are followed too).
     let mut resent = std::collections::BTreeSet::new();
-    while resent.len() < 2 {
-        let request = tokio::time::timeout(TIMEOUT, requests.next())
-            .await
-            .unwrap()
-            .unwrap();
-        let apply: ApplyPhase = decode(&request.payload).unwrap();
-        resent.insert(apply.phase.name);
+    let mut unanswered = std::collections::BTreeSet::new();
+    while resent.len() < 2 || !unanswered.is_empty() {
+        tokio::select! {
+            request = requests.next() => {
+                let request = request.unwrap();
+                let apply: ApplyPhase = decode(&request.payload).unwrap();
+                resent.insert(apply.phase.name);
+                unanswered.insert(request.reply.unwrap().to_string());
+            }
+            reply = replies.next() => {
+                unanswered.remove(reply.unwrap().subject.as_str());
+            }
+            () = tokio::time::sleep(TIMEOUT) => panic!("requests {resent:?}, unanswered {unanswered:?}"),
+        }
     }
     assert_eq!(
         resent.into_iter().collect::<Vec<_>>(),
@@ -158,4 +168,42 @@ async fn nats_connector_and_manager_killed_mid_rollout_converge_without_repeated
     wait_condition(&client, &ns, "durable", "Available", "True", None).await;
     assert_eq!(resource_version(&hosted, &first).await, first_version);
     assert_eq!(resource_version(&hosted, &last).await, last_version);
+
+    // A lost hello (issue 17, item 5): the manager is frozen while NATS restarts, and a new connector,
+    // which knows no phases, says hello to nobody. Meanwhile a hosted object was deleted, which only a
+    // re-sent phase can repair. Once the manager runs again, its own reconnect re-sends every phase.
+    let pid = _manager.pid().unwrap().to_string();
+    let signal = |name: &str| {
+        let status = std::process::Command::new("kill")
+            .args([name, &pid])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill {name} {pid}");
+    };
+    signal("-STOP");
+    drop(_connector);
+    env.nats().kill();
+    hosted.delete(&first, &Default::default()).await.unwrap();
+    env.nats().restart().await.unwrap();
+    let observer = env.nats().client().await.unwrap();
+    let mut hellos = observer
+        .subscribe(format!("pko.v1.hc.{ns}.hello"))
+        .await
+        .unwrap();
+    env.nats().round_trip(&observer).await.unwrap();
+    let _connector = start_connector(&ns, 0);
+    tokio::time::timeout(TIMEOUT, hellos.next())
+        .await
+        .expect("the new connector says hello")
+        .unwrap();
+    signal("-CONT");
+    wait_until("the deleted hosted object re-applied", TIMEOUT, || async {
+        match hosted.get_opt(&first).await {
+            Ok(Some(_)) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await
+    .unwrap();
+    wait_condition(&client, &ns, "durable", "Available", "True", None).await;
 }
