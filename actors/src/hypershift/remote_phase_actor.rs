@@ -179,17 +179,13 @@ impl RemotePhaseActor {
                 mapped_of_report(report),
                 report.controller_of.clone(),
             ),
-            Some(Exchange::Undelivered(message)) => (
+            Some(undelivered @ (Exchange::Undelivered(message) | Exchange::TooLarge(message))) => (
                 PhaseProgress::Blocked {
-                    reason: BlockReason::PhaseNotReported,
-                    message: message.clone(),
-                },
-                Vec::new(),
-                phase.status.controller_of.clone(),
-            ),
-            Some(Exchange::TooLarge(message)) => (
-                PhaseProgress::Blocked {
-                    reason: BlockReason::TooLarge,
+                    reason: if matches!(undelivered, Exchange::TooLarge(_)) {
+                        BlockReason::TooLarge
+                    } else {
+                        BlockReason::PhaseNotReported
+                    },
                     message: message.clone(),
                 },
                 Vec::new(),

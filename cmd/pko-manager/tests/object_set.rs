@@ -449,28 +449,12 @@ async fn archiving_tears_down_in_reverse_phase_order() {
     wait_condition(&client, &ns, "archivable", "Available", "True", None).await;
 
     let deleted: Arc<Mutex<Vec<String>>> = Arc::default();
-    let seen = deleted.clone();
-    let cms = Api::<ConfigMap>::namespaced(client.clone(), &ns);
-    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
-    let watch = tokio::spawn(async move {
-        let mut ready = Some(ready_tx);
-        let mut stream = watcher::watcher(cms, watcher::Config::default()).boxed();
-        while let Some(Ok(event)) = stream.next().await {
-            match event {
-                Event::InitDone => {
-                    if let Some(tx) = ready.take() {
-                        let _ = tx.send(());
-                    }
-                }
-                Event::Delete(cm) => seen
-                    .lock()
-                    .unwrap()
-                    .push(cm.metadata.name.unwrap_or_default()),
-                _ => {}
-            }
-        }
-    });
-    ready_rx.await.unwrap();
+    let (watch, listed) = record_deletions(
+        Api::<ConfigMap>::namespaced(client.clone(), &ns),
+        "ConfigMap",
+        deleted.clone(),
+    );
+    listed.await.unwrap();
     archive_set(&client, &ns, "archivable").await;
     wait_condition(
         &client,
@@ -496,10 +480,13 @@ async fn archiving_tears_down_in_reverse_phase_order() {
         .lock()
         .unwrap()
         .iter()
-        .filter(|n| n.starts_with("cm-"))
+        .filter(|n| n.starts_with("ConfigMap/cm-"))
         .cloned()
         .collect();
-    assert_eq!(order, ["cm-c", "cm-b", "cm-a"]);
+    assert_eq!(
+        order,
+        ["ConfigMap/cm-c", "ConfigMap/cm-b", "ConfigMap/cm-a"]
+    );
 }
 
 /// Records `kind/name` of every object of `api` deleted from now on; the receiver fires once the watch
