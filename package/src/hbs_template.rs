@@ -111,13 +111,17 @@ pub fn render_hbs(
             message: parse_message(&e),
         })?;
     let mut out = BoundedText::default();
-    match registry.render_to_write(file, context, &mut out) {
-        Ok(()) => Ok(out.text),
-        Err(_) if budget.exceeded().is_some() => Err(TemplateError {
+    match (
+        registry.render_to_write(file, context, &mut out),
+        budget.exceeded(),
+    ) {
+        (Ok(()), _) => Ok(out.text),
+        // The budget's own words name the function and the limit; handlebars' would not.
+        (Err(_), Some(limit)) => Err(TemplateError {
             file: file.to_owned(),
-            message: budget.exceeded().unwrap_or_default(),
+            message: limit,
         }),
-        Err(e) => Err(describe(file, &e)),
+        (Err(e), None) => Err(describe(file, &e)),
     }
 }
 
