@@ -1,5 +1,6 @@
 //! kube-apiserver processes: the management cluster's and one per simulated hosted cluster.
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,6 +25,8 @@ pub struct ApiServer {
     port: u16,
     kubeconfig: PathBuf,
     namespaces_created: AtomicU64,
+    /// The command line, to start the server again on the same port and etcd prefix.
+    command: (PathBuf, Vec<OsString>),
 }
 
 /// What every apiserver of an environment shares.
@@ -60,6 +63,18 @@ impl ApiServer {
     /// Process id of the server.
     pub fn pid(&self) -> Option<u32> {
         self.process.pid()
+    }
+
+    /// Kills kube-apiserver (SIGKILL) and starts it again with the same flags, port and etcd data, then
+    /// waits until it is ready. Its watch cache starts afresh at the current etcd revision, so a client
+    /// that resumes a watch from an older resourceVersion gets 410 Gone and must re-list.
+    pub async fn restart(&self) -> Result<(), TestEnvError> {
+        let (binary, args) = &self.command;
+        let mut command = Command::new(binary);
+        command.args(args);
+        self.process.respawn(command)?;
+        let client = self.client().await?;
+        wait_api_ready(&self.process, &client).await
     }
 
     /// A new admin client. Clients are bound to the async runtime that uses them first, so each test
@@ -136,33 +151,43 @@ pub(crate) async fn start(
                 .arg("--endpoint-reconciler-type=none")
                 .arg("--enable-priority-and-fairness=false")
                 .arg("--profiling=false");
+            let command_line = (
+                shared.binaries.kube_apiserver.clone(),
+                command.get_args().map(ToOwned::to_owned).collect(),
+            );
             let process = ManagedProcess::spawn(name, command, &dir.join("kube-apiserver.log"))?;
             let server = format!("https://127.0.0.1:{port}");
             kubeconfig::write(&kubeconfig_path, name, &server, shared.token)?;
             let client = kubeconfig::client(&kubeconfig_path, name).await?;
-            process
-                .wait_ready(READY_TIMEOUT, || {
-                    let client = client.clone();
-                    async move {
-                        let request = http::Request::get("/readyz")
-                            .body(Vec::new())
-                            .map_err(|error| error.to_string())?;
-                        match client.request_text(request).await {
-                            Ok(body) if body.trim() == "ok" => Ok(()),
-                            Ok(body) => Err(format!("/readyz: {body}")),
-                            Err(error) => Err(format!("/readyz: {error}")),
-                        }
-                    }
-                })
-                .await?;
+            wait_api_ready(&process, &client).await?;
             Ok(ApiServer {
                 name: name.to_owned(),
                 process,
                 port,
                 kubeconfig: kubeconfig_path,
                 namespaces_created: AtomicU64::new(0),
+                command: command_line,
             })
         }
     })
     .await
+}
+
+/// Waits until the apiserver answers `/readyz` with `ok`.
+async fn wait_api_ready(process: &ManagedProcess, client: &kube::Client) -> Result<(), TestEnvError> {
+    process
+        .wait_ready(READY_TIMEOUT, || {
+            let client = client.clone();
+            async move {
+                let request = http::Request::get("/readyz")
+                    .body(Vec::new())
+                    .map_err(|error| error.to_string())?;
+                match client.request_text(request).await {
+                    Ok(body) if body.trim() == "ok" => Ok(()),
+                    Ok(body) => Err(format!("/readyz: {body}")),
+                    Err(error) => Err(format!("/readyz: {error}")),
+                }
+            }
+        })
+        .await
 }

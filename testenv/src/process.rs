@@ -162,6 +162,39 @@ impl ManagedProcess {
         }
     }
 
+    /// Waits until the process exits by itself and returns how it ended.
+    #[cfg(feature = "cluster")]
+    pub(crate) async fn wait_exit(
+        &self,
+        timeout: Duration,
+    ) -> Result<std::process::ExitStatus, TestEnvError> {
+        let result = crate::wait::wait_until(&format!("{} exits", self.name), timeout, || async {
+            match self.child.lock() {
+                Ok(mut child) => match child.try_wait() {
+                    Ok(Some(status)) => Ok(status),
+                    Ok(None) => Err("still running".to_owned()),
+                    Err(e) => Err(e.to_string()),
+                },
+                Err(_) => Err("process handle poisoned".to_owned()),
+            }
+        })
+        .await;
+        result.map_err(|error| match error {
+            TestEnvError::NotReady {
+                what,
+                after,
+                last_error,
+                ..
+            } => TestEnvError::NotReady {
+                what,
+                after,
+                last_error,
+                log_tail: Some(self.log_tail()),
+            },
+            other => other,
+        })
+    }
+
     /// Waits until `check` passes, failing at once if the process exits and with its log tail on timeout.
     pub(crate) async fn wait_ready<F, Fut>(
         &self,

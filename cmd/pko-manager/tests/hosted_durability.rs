@@ -172,15 +172,7 @@ async fn nats_connector_and_manager_killed_mid_rollout_converge_without_repeated
     // A lost hello (issue 17, item 5): the manager is frozen while NATS restarts, and a new connector,
     // which knows no phases, says hello to nobody. Meanwhile a hosted object was deleted, which only a
     // re-sent phase can repair. Once the manager runs again, its own reconnect re-sends every phase.
-    let pid = _manager.pid().unwrap().to_string();
-    let signal = |name: &str| {
-        let status = std::process::Command::new("kill")
-            .args([name, &pid])
-            .status()
-            .unwrap();
-        assert!(status.success(), "kill {name} {pid}");
-    };
-    signal("-STOP");
+    _manager.pause().unwrap();
     drop(_connector);
     env.nats().kill();
     hosted.delete(&first, &Default::default()).await.unwrap();
@@ -196,7 +188,7 @@ async fn nats_connector_and_manager_killed_mid_rollout_converge_without_repeated
         .await
         .expect("the new connector says hello")
         .unwrap();
-    signal("-CONT");
+    _manager.resume().unwrap();
     wait_until("the deleted hosted object re-applied", TIMEOUT, || async {
         match hosted.get_opt(&first).await {
             Ok(Some(_)) => Ok(()),
