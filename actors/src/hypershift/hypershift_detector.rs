@@ -58,13 +58,15 @@ impl HyperShiftDetector {
         let list = async move { api.list(&ListParams::default()).await };
         ctx.spawn(list.into_actor(self).map(|listed, act, ctx| match listed {
             Ok(list) => {
-                act.fleet.seed(Some(list.items));
+                act.fleet.seed(Some(list.items.clone()));
                 act.feed = Some(
                     KindFeed::<HostedCluster, _>::new(
                         act.context.clone(),
                         act.clusters.clone(),
                         Some(act.tap.clone()),
                     )
+                    // A cluster deleted before the feed's own first list leaves the fleet then.
+                    .knowing(list.items)
                     .start(),
                 );
             }

@@ -1,6 +1,12 @@
 //! Watch feeds for the package-operator kinds: one watch per kind for the whole manager, routing each event
 //! to the actor that owns the object (started on first sight, told when the object is gone).
+//!
+//! A watch that was down long enough re-lists instead of replaying events: an object deleted meanwhile
+//! sends no delete event, and one deleted and created again under its name shows up as an update. The
+//! feed keeps what it routed (key and UID) so it can tell both: after a re-list every object missing from
+//! it is gone, and an object with a new UID is a new object whose predecessor is gone.
 
+use std::collections::{HashMap, HashSet};
 use std::fmt::Debug;
 use std::sync::Arc;
 
@@ -11,7 +17,7 @@ use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Resource};
 use serde::de::DeserializeOwned;
-use tracing::warn;
+use tracing::{info, warn};
 
 use crate::runtime::context::ManagerContext;
 use crate::runtime::registry::{ObjectRef, Registry};
@@ -62,18 +68,79 @@ impl<K> WatchedKind for K where
 /// follow a kind).
 pub type Tap<T> = Arc<dyn Fn(&T, bool) + Send + Sync>;
 
+/// What one feed has routed, by key: the UID it last saw there and, when a tap follows the kind, the last
+/// state (a deletion found by a re-list has no event to hand the tap).
+struct KnownObjects<O> {
+    objects: HashMap<ObjectRef, (String, Option<O>)>,
+    keep_state: bool,
+    /// The keys listed since the current re-list began; `None` outside a re-list.
+    relisted: Option<HashSet<ObjectRef>>,
+}
+
+impl<O: Clone> KnownObjects<O> {
+    fn new(keep_state: bool) -> Self {
+        Self {
+            objects: HashMap::new(),
+            keep_state,
+            relisted: None,
+        }
+    }
+
+    /// Records a sighting. Returns the former incarnation when `key` held an object of another UID (it
+    /// was deleted and created again while the watch looked away): `Some(None)` when no state was kept.
+    fn seen(&mut self, key: &ObjectRef, uid: &str, object: &O) -> Option<Option<O>> {
+        if let Some(relisted) = &mut self.relisted {
+            relisted.insert(key.clone());
+        }
+        let state = self.keep_state.then(|| object.clone());
+        match self.objects.insert(key.clone(), (uid.to_owned(), state)) {
+            Some((former_uid, former)) if former_uid != uid => Some(former),
+            _ => None,
+        }
+    }
+
+    fn deleted(&mut self, key: &ObjectRef) {
+        self.objects.remove(key);
+    }
+
+    fn relist_started(&mut self) {
+        self.relisted = Some(HashSet::new());
+    }
+
+    /// Ends a re-list: the objects it did not list, forgotten, with their last state if kept.
+    fn relist_done(&mut self) -> Vec<(ObjectRef, Option<O>)> {
+        let Some(listed) = self.relisted.take() else {
+            return Vec::new();
+        };
+        let vanished: Vec<ObjectRef> = self
+            .objects
+            .keys()
+            .filter(|key| !listed.contains(*key))
+            .cloned()
+            .collect();
+        vanished
+            .into_iter()
+            .filter_map(|key| {
+                let (_, state) = self.objects.remove(&key)?;
+                Some((key, state))
+            })
+            .collect()
+    }
+}
+
 /// Feeds one kind `K` into the actors of type `A`.
 pub struct KindFeed<K, A: FeedTarget> {
     context: ManagerContext,
     registry: Arc<Registry<A>>,
     tap: Option<Tap<A::Object>>,
+    known: KnownObjects<A::Object>,
     _kind: std::marker::PhantomData<K>,
 }
 
 impl<K, A> KindFeed<K, A>
 where
     A: FeedTarget,
-    A::Object: From<K>,
+    A::Object: From<K> + Clone + Unpin,
     K: WatchedKind,
     A::Context: ToEnvelope<A, Observed<A::Object>> + ToEnvelope<A, Gone>,
 {
@@ -82,27 +149,44 @@ where
         registry: Arc<Registry<A>>,
         tap: Option<Tap<A::Object>>,
     ) -> Self {
+        let known = KnownObjects::new(tap.is_some());
         Self {
             context,
             registry,
             tap,
+            known,
             _kind: std::marker::PhantomData,
         }
     }
 
-    fn route(&self, object: K, deleted: bool) {
+    /// Objects the feed's owner already knows of (read by a LIST before the feed starts): the watch's first
+    /// list then tells which of them went in between.
+    pub fn knowing(mut self, objects: Vec<K>) -> Self {
+        for object in objects {
+            let uid = object.meta().uid.clone().unwrap_or_default();
+            let object = A::Object::from(object);
+            self.known.seen(&A::key(&object), &uid, &object);
+        }
+        self
+    }
+
+    fn route(&mut self, object: K, deleted: bool) {
+        let uid = object.meta().uid.clone().unwrap_or_default();
         let object = A::Object::from(object);
-        if let Some(tap) = &self.tap {
-            tap(&object, deleted);
-        }
-        if !A::wants(&object) {
-            return;
-        }
         let key = A::key(&object);
         if deleted {
-            if let Some(addr) = self.registry.remove(&key) {
-                addr.do_send(Gone);
-            }
+            self.known.deleted(&key);
+            self.deliver_gone(&key, &object);
+            return;
+        }
+        if let Some(former) = self.known.seen(&key, &uid, &object) {
+            info!(kind = %K::kind(&()), object = ?key, "object replaced by a new one of the same name");
+            self.deliver_gone(&key, former.as_ref().unwrap_or(&object));
+        }
+        if let Some(tap) = &self.tap {
+            tap(&object, false);
+        }
+        if !A::wants(&object) {
             return;
         }
         let addr = self
@@ -110,12 +194,41 @@ where
             .get_or_start(&key, || A::start_for(&self.context));
         addr.do_send(Observed(object));
     }
+
+    /// `object`, last seen under `key`, is deleted: the tap hears of it and its actor stops.
+    fn deliver_gone(&self, key: &ObjectRef, object: &A::Object) {
+        if let Some(tap) = &self.tap {
+            tap(object, true);
+        }
+        if !A::wants(object) {
+            return;
+        }
+        if let Some(addr) = self.registry.remove(key) {
+            addr.do_send(Gone);
+        }
+    }
+
+    /// A re-list ended: whatever it did not list was deleted while the watch was down.
+    fn relisted(&mut self) {
+        for (key, state) in self.known.relist_done() {
+            info!(kind = %K::kind(&()), object = ?key, "deleted while the watch was down");
+            self.context.reconcile_metrics.deleted_in_watch_gap(key.kind);
+            match state {
+                Some(object) => self.deliver_gone(&key, &object),
+                None => {
+                    if let Some(addr) = self.registry.remove(&key) {
+                        addr.do_send(Gone);
+                    }
+                }
+            }
+        }
+    }
 }
 
 impl<K, A> Actor for KindFeed<K, A>
 where
     A: FeedTarget,
-    A::Object: From<K>,
+    A::Object: From<K> + Clone + Unpin,
     K: WatchedKind,
     A::Context: ToEnvelope<A, Observed<A::Object>> + ToEnvelope<A, Gone>,
 {
@@ -134,7 +247,7 @@ where
 impl<K, A> StreamHandler<Result<Event<K>, watcher::Error>> for KindFeed<K, A>
 where
     A: FeedTarget,
-    A::Object: From<K>,
+    A::Object: From<K> + Clone + Unpin,
     K: WatchedKind,
     A::Context: ToEnvelope<A, Observed<A::Object>> + ToEnvelope<A, Gone>,
 {
@@ -142,8 +255,50 @@ where
         match event {
             Ok(Event::Apply(o)) | Ok(Event::InitApply(o)) => self.route(o, false),
             Ok(Event::Delete(o)) => self.route(o, true),
-            Ok(Event::Init) | Ok(Event::InitDone) => {}
+            Ok(Event::Init) => self.known.relist_started(),
+            Ok(Event::InitDone) => self.relisted(),
             Err(e) => warn!(kind = %K::kind(&()), error = %e, "watch error; retrying"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(name: &str) -> ObjectRef {
+        ObjectRef {
+            kind: "HostedCluster",
+            namespace: "clusters".to_owned(),
+            name: name.to_owned(),
+        }
+    }
+
+    #[test]
+    fn a_relist_reports_exactly_the_objects_it_did_not_list() {
+        let mut known = KnownObjects::new(true);
+        known.seen(&key("a"), "uid-a", &"a1");
+        known.seen(&key("b"), "uid-b", &"b1");
+        known.seen(&key("c"), "uid-c", &"c1");
+        known.deleted(&key("c"));
+        known.relist_started();
+        assert_eq!(known.seen(&key("a"), "uid-a", &"a2"), None);
+        assert_eq!(known.relist_done(), vec![(key("b"), Some("b1"))]);
+        // Outside a re-list nothing vanishes, and b is forgotten.
+        assert!(known.relist_done().is_empty());
+        known.relist_started();
+        assert!(known.relist_done() == vec![(key("a"), Some("a2"))]);
+    }
+
+    #[test]
+    fn a_new_uid_under_a_known_name_is_a_replacement() {
+        let mut known = KnownObjects::new(false);
+        assert_eq!(known.seen(&key("a"), "uid-1", &()), None);
+        assert_eq!(known.seen(&key("a"), "uid-1", &()), None);
+        assert_eq!(known.seen(&key("a"), "uid-2", &()), Some(None));
+        assert_eq!(known.seen(&key("a"), "uid-2", &()), None);
+        let mut kept = KnownObjects::new(true);
+        kept.seen(&key("a"), "uid-1", &"old");
+        assert_eq!(kept.seen(&key("a"), "uid-2", &"new"), Some(Some("old")));
     }
 }

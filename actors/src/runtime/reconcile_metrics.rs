@@ -1,6 +1,6 @@
-//! Reconcile counts and durations per controller, recorded by the reconcile shell only, exposed in the
-//! Prometheus text format on the manager's `/metrics`. Labels are bounded: the controller name and the
-//! result, never an object's name.
+//! Reconcile counts and durations per controller, recorded by the reconcile shell only, and the deletions
+//! the watch feeds found only by re-listing, exposed in the Prometheus text format on the manager's
+//! `/metrics`. Labels are bounded: the controller name, the result or the kind, never an object's name.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -43,6 +43,11 @@ struct ControllerLabels {
     controller: &'static str,
 }
 
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct KindLabels {
+    kind: &'static str,
+}
+
 fn duration_histogram() -> Histogram {
     // 1 ms .. ~65 s: a status-only reconcile takes milliseconds, an image pull seconds.
     Histogram::new(exponential_buckets(0.001, 2.0, 17))
@@ -55,6 +60,7 @@ pub struct ReconcileMetrics {
     total: Family<ResultLabels, Counter>,
     duration: Family<ControllerLabels, Histogram, fn() -> Histogram>,
     active: Family<ControllerLabels, Gauge>,
+    watch_gap_deletions: Family<KindLabels, Counter>,
 }
 
 impl Default for ReconcileMetrics {
@@ -65,6 +71,7 @@ impl Default for ReconcileMetrics {
                 duration_histogram,
             );
         let active = Family::<ControllerLabels, Gauge>::default();
+        let watch_gap_deletions = Family::<KindLabels, Counter>::default();
         let mut registry = Registry::default();
         registry.register(
             "pko_reconcile",
@@ -81,11 +88,17 @@ impl Default for ReconcileMetrics {
             "Reconciles running now, by controller.",
             active.clone(),
         );
+        registry.register(
+            "pko_watch_gap_deletions",
+            "Objects found deleted by a watch re-list (their delete event was missed), by kind.",
+            watch_gap_deletions.clone(),
+        );
         Self {
             registry: Arc::new(registry),
             total,
             duration,
             active,
+            watch_gap_deletions,
         }
     }
 }
@@ -110,6 +123,13 @@ impl ReconcileMetrics {
                 controller,
                 result: result.label(),
             })
+            .inc();
+    }
+
+    /// A watch feed of `kind` found an object deleted only by re-listing.
+    pub fn deleted_in_watch_gap(&self, kind: &'static str) {
+        self.watch_gap_deletions
+            .get_or_create(&KindLabels { kind })
             .inc();
     }
 
