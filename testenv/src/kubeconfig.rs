@@ -70,3 +70,17 @@ pub(crate) async fn client(path: &Path, name: &str) -> Result<kube::Client, Test
         .map_err(|error| kube_error(error.into()))?;
     kube::Client::try_from(config).map_err(|error| kube_error(error.into()))
 }
+
+/// Copies the kubeconfig at `from` to `to` with every cluster's server replaced by `server`.
+pub(crate) fn with_server(from: &Path, to: &Path, server: &str) -> Result<(), TestEnvError> {
+    let error = |source: Box<dyn std::error::Error + Send + Sync>| TestEnvError::Kube {
+        server: server.to_owned(),
+        source,
+    };
+    let mut config = Kubeconfig::read_from(from).map_err(|e| error(e.into()))?;
+    for cluster in config.clusters.iter_mut().filter_map(|c| c.cluster.as_mut()) {
+        cluster.server = Some(server.to_owned());
+    }
+    let yaml = serde_saphyr::to_string(&config).map_err(|e| error(e.to_string().into()))?;
+    std::fs::write(to, yaml).map_err(io_error("write kubeconfig", to))
+}

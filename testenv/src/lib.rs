@@ -43,6 +43,7 @@ cluster_only! {
     mod kubeconfig;
     mod manager;
     mod nats;
+    mod stall_proxy;
     mod webhook;
 
     pub use apiserver::ApiServer;
@@ -53,6 +54,7 @@ cluster_only! {
     pub use hypershift::{SimulatedHostedCluster, HOSTED_CLUSTERS_NAMESPACE, KUBECONFIG_SECRET};
     pub use manager::ManagerProcess;
     pub use nats::Nats;
+    pub use stall_proxy::StallProxy;
 }
 
 pub use binaries::Binaries;

@@ -15,20 +15,23 @@ use actix::prelude::*;
 use futures::future::LocalBoxFuture;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::ListParams;
+use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::Api;
 use kube::Resource;
 use pko_proto::core::hosted_cluster_package::{HostedClusterPackage, HostedClusterPackageStatus};
 use pko_proto::core::package::Package;
 use pko_proto::rollout_events::{RolloutEvent, RolloutEventKind, EVENT_VERSION};
+use serde_json::json;
 use tracing::warn;
 
+use crate::engine::desired_object::FIELD_MANAGER;
 use crate::engine::hosted_cluster_package::{
     decide_rollout, desired_package, OwnedPackage, RolloutDecision, RolloutSnapshot, RolloutStep,
 };
 use crate::engine::rollout_events::{failure_note, rollout_steps, RolloutView};
 use crate::engine::rollout_plan::{RolloutInput, RolloutPlan, UNKNOWN_GROUP};
+use crate::objects::object_meta::status_merge_patch;
 use crate::packages::package_object::PackageObject;
 use crate::rollout::hcp_namespace_actor::{HcpNamespaceActor, PackageCommand, PackageWritten};
 use crate::rollout::hosted_cluster_fleet::{FleetChanged, RolloutShared};
@@ -230,9 +233,6 @@ impl HostedClusterPackageActor {
                 (status, writes, deletes, events, Some(next))
             }
         };
-        if let Some(next) = next {
-            self.state.last = Some(next);
-        }
         let previous_status = hcpkg.status.clone().unwrap_or_default();
         let status_changed = status != previous_status;
         let publisher = self.state.shared.publisher.clone();
@@ -240,22 +240,32 @@ impl HostedClusterPackageActor {
         // Events of a cluster-scoped object live in "default"; apiservers before 1.22 also want the
         // reference to name that namespace.
         reference.namespace = Some("default".to_owned());
+        let read_at = hcpkg.metadata.resource_version.clone();
         let run = async move {
             // The in-flight set (and the rest of the status) goes first: a crash after this point
-            // finds every update it was about to make already counted.
-            if status_changed {
-                write_status(&client, &name, &status).await?;
-            }
+            // finds every update it was about to make already counted. It is written only over the
+            // version it was planned from, so a replica that lost its leadership cannot overwrite it.
+            let written_at = if status_changed {
+                write_status(&client, &name, read_at.as_deref(), &status).await?
+            } else {
+                None
+            };
             record_failures(&client, &reference, &events).await;
             if let Some(publisher) = publisher {
                 publisher.publish(&events).await;
             }
-            Ok::<HostedClusterPackageStatus, String>(status)
+            Ok::<_, StatusWriteError>((status, written_at))
         };
         work(run, move |written, act: &mut Self, ctx| match written {
-            Ok(status) => {
+            Ok((status, written_at)) => {
+                if let Some(next) = next {
+                    act.state.last = Some(next);
+                }
                 if let Some(h) = act.object.as_mut() {
                     h.status = Some(status);
+                    if written_at.is_some() {
+                        h.metadata.resource_version = written_at;
+                    }
                 }
                 for namespace in &writes {
                     let body = desired_package(&hcpkg, namespace);
@@ -268,7 +278,10 @@ impl HostedClusterPackageActor {
                 }
                 Outcome::Done
             }
-            Err(error) => {
+            Err(StatusWriteError::Conflict) => Outcome::Requeue(
+                "the HostedClusterPackage changed since it was read; planning again".to_owned(),
+            ),
+            Err(StatusWriteError::Failed(error)) => {
                 Outcome::Retry(format!("{error}; no Package is written before the status"))
             }
         })
@@ -344,21 +357,46 @@ async fn record_failures(
     }
 }
 
+/// Why the status was not written.
+#[derive(Debug)]
+enum StatusWriteError {
+    /// The object changed since the version the status was planned from.
+    Conflict,
+    Failed(String),
+}
+
+/// The merge patch writing `status`, with emptied lists (processing, partitions) spelled out so they are
+/// cleared, and `read_at` as its resourceVersion precondition: the apiserver refuses it (409) when the
+/// object changed since.
+fn status_patch(status: &HostedClusterPackageStatus, read_at: Option<&str>) -> serde_json::Value {
+    let mut patch = status_merge_patch(status, &["conditions", "partitions", "processing"]);
+    if let Some(version) = read_at {
+        patch["metadata"] = json!({ "resourceVersion": version });
+    }
+    patch
+}
+
+/// Writes `status` if the object is still at `read_at` (a resourceVersion precondition); returns the
+/// resourceVersion written.
 async fn write_status(
     client: &kube::Client,
     name: &str,
+    read_at: Option<&str>,
     status: &HostedClusterPackageStatus,
-) -> Result<(), String> {
-    // Emptied lists (processing, partitions) are cleared too.
-    let lists = ["conditions", "partitions", "processing"];
-    crate::objects::object_meta::write_status(
-        &Api::<HostedClusterPackage>::all(client.clone()),
-        name,
-        status,
-        &lists,
-    )
-    .await
-    .map_err(|e| format!("writing the status: {e}"))
+) -> Result<Option<String>, StatusWriteError> {
+    let patch = status_patch(status, read_at);
+    match Api::<HostedClusterPackage>::all(client.clone())
+        .patch_status(
+            name,
+            &PatchParams::apply(FIELD_MANAGER),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(written) => Ok(written.metadata.resource_version),
+        Err(kube::Error::Api(e)) if e.code == 409 => Err(StatusWriteError::Conflict),
+        Err(e) => Err(StatusWriteError::Failed(format!("writing the status: {e}"))),
+    }
 }
 
 impl Handler<FleetChanged> for HostedClusterPackageActor {
@@ -407,5 +445,19 @@ impl Handler<PackageWritten> for HostedClusterPackageActor {
             }
         }
         self.request_reconcile(ctx);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_status_is_written_only_over_the_version_it_was_planned_from() {
+        let status = HostedClusterPackageStatus::default();
+        let patch = status_patch(&status, Some("4711"));
+        assert_eq!(patch["metadata"]["resourceVersion"], "4711");
+        assert_eq!(patch["status"]["processing"], json!([]));
+        assert!(status_patch(&status, None).get("metadata").is_none());
     }
 }

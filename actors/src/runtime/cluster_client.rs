@@ -1,10 +1,13 @@
 //! Kubernetes clients for the processes: from a kubeconfig file, or inferred ($KUBECONFIG, ~/.kube/config,
-//! in-cluster service account), with a bound on requests in flight.
+//! in-cluster service account), with a bound on requests in flight and, for a replica under leader
+//! election, the write fence its Lease keeps open.
 
 use std::path::{Path, PathBuf};
 
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::Client;
+
+use crate::runtime::write_fence::{WriteFence, WriteFenceLayer};
 
 /// A client could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -27,7 +30,16 @@ pub async fn cluster_client(
     kubeconfig: Option<&Path>,
     max_in_flight: usize,
 ) -> Result<Client, ClientError> {
-    let config = match kubeconfig {
+    limited_client(
+        cluster_config(kubeconfig).await?,
+        max_in_flight,
+        &WriteFence::open(),
+    )
+}
+
+/// The client configuration from `kubeconfig`, or the inferred one without it.
+pub async fn cluster_config(kubeconfig: Option<&Path>) -> Result<kube::Config, ClientError> {
+    Ok(match kubeconfig {
         Some(path) => {
             let err = |message: String| ClientError::Kubeconfig {
                 path: path.to_owned(),
@@ -44,10 +56,21 @@ pub async fn cluster_client(
                 path: PathBuf::from("(inferred)"),
                 message: e.to_string(),
             })?,
-    };
+    })
+}
+
+/// A client for `config` with at most `max_in_flight` requests in flight (see [`cluster_client`]) whose
+/// writes pass only while `fence` is open. The fence is checked after the queue, right before a request
+/// goes out, so a write that waited in the queue past the deadline is refused too.
+pub fn limited_client(
+    config: kube::Config,
+    max_in_flight: usize,
+    fence: &WriteFence,
+) -> Result<Client, ClientError> {
     let limit = tower::limit::ConcurrencyLimitLayer::new(max_in_flight.max(1));
     Ok(kube::client::ClientBuilder::try_from(config)
         .map_err(ClientError::Client)?
+        .with_layer(&WriteFenceLayer(fence.clone()))
         .with_layer(&limit)
         .build())
 }

@@ -1,15 +1,29 @@
 //! Leader election with a coordination.k8s.io/v1 Lease, for the manager and for replicated connectors: only
-//! the holder works. A replica that cannot renew within the lease duration exits rather than risk two
-//! leaders writing the same objects.
+//! the holder works.
+//!
+//! What it must prevent is two holders writing at once. The Lease lasts `duration` from its renewTime; the
+//! holder renews every `retry_period` and gives up `renew_deadline` after the start of its last successful
+//! renewal, which is before renewTime + `duration`, when a standby may take over (client-go's defaults:
+//! 15 s, 10 s, 2 s, so 5 s to spare for clock skew). Giving up means two things at once: the
+//! [`WriteFence`] of the process's clients has closed (every write after the deadline is refused, even by
+//! a thread that was stopped and runs again) and the process exits with [`EXIT_LEASE_LOST`]. The Lease
+//! lives on a thread of its own, with its own client and a timeout on every request, so busy actors and
+//! the reconciles' request queue cannot delay a renewal.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::PostParams;
 use kube::{Api, Client};
-use tracing::{info, warn};
+use tokio::sync::oneshot;
+use tracing::{error, info, warn};
+
+use crate::runtime::write_fence::WriteFence;
+
+/// The exit code of a process that lost its Lease.
+pub const EXIT_LEASE_LOST: i32 = 3;
 
 /// Lease parameters.
 #[derive(Debug, Clone)]
@@ -17,12 +31,58 @@ pub struct LeaseConfig {
     pub namespace: String,
     pub name: String,
     pub identity: String,
+    /// How long a Lease lasts after its renewTime.
     pub duration: Duration,
+    /// How long after the start of its last successful renewal the holder gives up.
+    pub renew_deadline: Duration,
+    /// Time between renewals (and between attempts to acquire).
+    pub retry_period: Duration,
+}
+
+/// The Lease could not be held.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseError {
+    #[error("lease timing: renew deadline {deadline:?} must be shorter than the lease duration {duration:?}, and the retry period {retry:?} shorter than the deadline")]
+    Timing {
+        duration: Duration,
+        deadline: Duration,
+        retry: Duration,
+    },
+    #[error("lease client: {0}")]
+    Client(#[source] kube::Error),
+    #[error("lease thread: {0}")]
+    Thread(#[source] std::io::Error),
+    #[error("the lease thread ended before the lease was acquired")]
+    Ended,
 }
 
 impl LeaseConfig {
-    fn retry_period(&self) -> Duration {
-        self.duration / 3
+    /// A Lease of `duration`, with client-go's proportions: renew deadline 2/3 of it, retry period 2/15.
+    pub fn new(namespace: &str, name: &str, identity: &str, duration: Duration) -> Self {
+        Self {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            identity: identity.to_owned(),
+            duration,
+            renew_deadline: duration * 2 / 3,
+            retry_period: duration * 2 / 15,
+        }
+    }
+
+    /// The timing is safe: the holder gives up before anyone may take over, and renews before it must.
+    pub fn check(&self) -> Result<(), LeaseError> {
+        if self.renew_deadline < self.duration
+            && self.retry_period < self.renew_deadline
+            && !self.retry_period.is_zero()
+        {
+            Ok(())
+        } else {
+            Err(LeaseError::Timing {
+                duration: self.duration,
+                deadline: self.renew_deadline,
+                retry: self.retry_period,
+            })
+        }
     }
 }
 
@@ -39,30 +99,13 @@ pub fn may_acquire(lease: &LeaseSpec, identity: &str, now: Timestamp) -> bool {
     }
 }
 
-/// Holds the lease once acquired; renews it in the background.
-pub struct LeaderLease {
+/// Takes, renews and gives up one Lease; used on the Lease thread only.
+struct LeaseClient {
     api: Api<Lease>,
     config: LeaseConfig,
 }
 
-impl LeaderLease {
-    /// Blocks until this replica holds the lease.
-    pub async fn acquire(client: Client, config: LeaseConfig) -> Self {
-        let api: Api<Lease> = Api::namespaced(client, &config.namespace);
-        let lease = Self { api, config };
-        loop {
-            match lease.try_take().await {
-                Ok(true) => {
-                    info!(lease = %lease.config.name, identity = %lease.config.identity, "became leader");
-                    return lease;
-                }
-                Ok(false) => {}
-                Err(e) => warn!(error = %e, "leader election attempt failed"),
-            }
-            tokio::time::sleep(lease.config.retry_period()).await;
-        }
-    }
-
+impl LeaseClient {
     fn spec(&self, acquired: Option<MicroTime>) -> LeaseSpec {
         let now = MicroTime(Timestamp::now());
         LeaseSpec {
@@ -74,7 +117,14 @@ impl LeaderLease {
         }
     }
 
-    /// One attempt to take or renew the lease; `Ok(false)` when another replica holds it.
+    /// One attempt to take or renew the Lease within `limit`; `Ok(false)` when another replica holds it.
+    async fn attempt(&self, limit: Duration) -> Result<bool, String> {
+        match tokio::time::timeout(limit, self.try_take()).await {
+            Ok(result) => result.map_err(|e| e.to_string()),
+            Err(_) => Err(format!("no answer within {limit:?}")),
+        }
+    }
+
     async fn try_take(&self) -> Result<bool, kube::Error> {
         match self.api.get_opt(&self.config.name).await? {
             None => {
@@ -113,53 +163,157 @@ impl LeaderLease {
         }
     }
 
-    /// With a lease, renews it until it is lost and returns then (the caller exits); without one
-    /// (leader election off), never returns.
-    pub async fn renew_until_lost(lease: Option<&Self>) {
-        match lease {
-            Some(lease) => lease.keep_renewing().await,
-            None => std::future::pending().await,
+    /// Gives the Lease up so a successor need not wait for it to expire.
+    async fn release(&self) {
+        let Ok(Some(mut lease)) = self.api.get_opt(&self.config.name).await else {
+            return;
+        };
+        let ours = lease
+            .spec
+            .as_ref()
+            .and_then(|s| s.holder_identity.as_deref())
+            == Some(&self.config.identity);
+        if ours {
+            if let Some(spec) = lease.spec.as_mut() {
+                spec.holder_identity = None;
+            }
+            let _ = self
+                .api
+                .replace(&self.config.name, &PostParams::default(), &lease)
+                .await;
         }
     }
 
-    /// Renews until the lease is lost; returns then (the caller exits).
-    pub async fn keep_renewing(&self) {
-        let mut last_renewal = tokio::time::Instant::now();
+    /// Tries until the Lease is ours; returns the start of the successful attempt, or `None` when asked to
+    /// stop first.
+    async fn acquire(&self, stop: &mut oneshot::Receiver<oneshot::Sender<()>>) -> Option<Instant> {
         loop {
-            tokio::time::sleep(self.config.retry_period()).await;
-            match self.try_take().await {
-                Ok(true) => last_renewal = tokio::time::Instant::now(),
-                Ok(false) => {
-                    warn!("lease taken by another replica");
-                    return;
+            let started = Instant::now();
+            match self.attempt(self.config.retry_period).await {
+                Ok(true) => return Some(started),
+                Ok(false) => {}
+                Err(e) => warn!(error = %e, "leader election attempt failed"),
+            }
+            tokio::select! {
+                () = tokio::time::sleep(self.config.retry_period) => {}
+                _ = &mut *stop => return None,
+            }
+        }
+    }
+
+    /// Renews until the Lease is lost (returns why) or a stop is asked for (releases it and answers).
+    async fn renew(
+        &self,
+        mut renewed: Instant,
+        fence: &WriteFence,
+        stop: &mut oneshot::Receiver<oneshot::Sender<()>>,
+    ) -> Option<String> {
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(self.config.retry_period) => {}
+                asked = &mut *stop => {
+                    fence.close();
+                    self.release().await;
+                    if let Ok(done) = asked {
+                        let _ = done.send(());
+                    }
+                    return None;
                 }
-                Err(e) => {
-                    warn!(error = %e, "lease renewal failed");
-                    if last_renewal.elapsed() >= self.config.duration {
+            }
+            let deadline = renewed + self.config.renew_deadline;
+            let started = Instant::now();
+            let Some(left) = deadline.checked_duration_since(started) else {
+                return Some("the renew deadline passed before the next renewal".to_owned());
+            };
+            match self.attempt(left.min(self.config.retry_period)).await {
+                Ok(true) => {
+                    renewed = started;
+                    fence.open_until(started + self.config.renew_deadline);
+                }
+                Ok(false) => return Some("another replica holds the lease".to_owned()),
+                Err(e) if Instant::now() >= deadline => {
+                    return Some(format!("no renewal within the renew deadline: {e}"))
+                }
+                Err(e) => warn!(error = %e, "lease renewal failed; retrying"),
+            }
+        }
+    }
+}
+
+/// This replica holds the Lease; a thread of its own renews it.
+pub struct LeaseHolder {
+    stop: Option<oneshot::Sender<oneshot::Sender<()>>>,
+}
+
+impl LeaseHolder {
+    /// Starts the Lease thread (with a client of its own from `kube`) and waits until this replica holds
+    /// the Lease; `fence` is open from then until the renew deadline, moved on by every renewal. When the
+    /// Lease is lost the fence closes and the process exits with [`EXIT_LEASE_LOST`].
+    pub async fn acquire(
+        mut kube: kube::Config,
+        config: LeaseConfig,
+        fence: WriteFence,
+    ) -> Result<Self, LeaseError> {
+        config.check()?;
+        // A request that hangs must not hold a renewal past its deadline.
+        kube.connect_timeout = Some(config.retry_period);
+        kube.read_timeout = Some(config.retry_period);
+        kube.write_timeout = Some(config.retry_period);
+        let (acquired_tx, acquired) = oneshot::channel::<Result<(), LeaseError>>();
+        let (stop, mut stop_rx) = oneshot::channel::<oneshot::Sender<()>>();
+        let lease_name = config.name.clone();
+        std::thread::Builder::new()
+            .name("leader-lease".to_owned())
+            .spawn(move || {
+                let runtime = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(runtime) => runtime,
+                    Err(e) => {
+                        let _ = acquired_tx.send(Err(LeaseError::Thread(e)));
                         return;
                     }
-                }
-            }
-        }
+                };
+                runtime.block_on(async move {
+                    let client = match Client::try_from(kube) {
+                        Ok(client) => client,
+                        Err(e) => {
+                            let _ = acquired_tx.send(Err(LeaseError::Client(e)));
+                            return;
+                        }
+                    };
+                    let lease = LeaseClient {
+                        api: Api::namespaced(client, &config.namespace),
+                        config,
+                    };
+                    let Some(renewed) = lease.acquire(&mut stop_rx).await else {
+                        return;
+                    };
+                    fence.open_until(renewed + lease.config.renew_deadline);
+                    info!(lease = %lease.config.name, identity = %lease.config.identity, "became leader");
+                    let _ = acquired_tx.send(Ok(()));
+                    if let Some(reason) = lease.renew(renewed, &fence, &mut stop_rx).await {
+                        fence.close();
+                        error!(lease = %lease.config.name, %reason, "lost the lease; exiting so another replica takes over");
+                        std::process::exit(EXIT_LEASE_LOST);
+                    }
+                });
+            })
+            .map_err(LeaseError::Thread)?;
+        info!(lease = %lease_name, "waiting for the lease");
+        acquired.await.map_err(|_| LeaseError::Ended)??;
+        Ok(Self { stop: Some(stop) })
     }
 
-    /// Gives the lease up on shutdown so a successor need not wait for it to expire.
-    pub async fn release(&self) {
-        if let Ok(Some(mut lease)) = self.api.get_opt(&self.config.name).await {
-            let ours = lease
-                .spec
-                .as_ref()
-                .and_then(|s| s.holder_identity.as_deref())
-                == Some(&self.config.identity);
-            if ours {
-                if let Some(spec) = lease.spec.as_mut() {
-                    spec.holder_identity = None;
-                }
-                let _ = self
-                    .api
-                    .replace(&self.config.name, &PostParams::default(), &lease)
-                    .await;
-            }
+    /// Gives the Lease up (on shutdown) and waits until it is released, at most 5 s.
+    pub async fn release(mut self) {
+        let Some(stop) = self.stop.take() else {
+            return;
+        };
+        let (done, released) = oneshot::channel();
+        if stop.send(done).is_ok() {
+            let _ = tokio::time::timeout(Duration::from_secs(5), released).await;
         }
     }
 }
@@ -184,5 +338,23 @@ mod tests {
         assert!(may_acquire(&held, "me", at(116)));
         assert!(may_acquire(&held, "other", at(110)));
         assert!(may_acquire(&LeaseSpec::default(), "me", at(0)));
+    }
+
+    #[test]
+    fn the_holder_gives_up_before_anyone_may_take_over() {
+        let config = LeaseConfig::new("ns", "lease", "me", Duration::from_secs(15));
+        assert_eq!(config.renew_deadline, Duration::from_secs(10));
+        assert_eq!(config.retry_period, Duration::from_secs(2));
+        config.check().unwrap();
+        let unsafe_deadline = LeaseConfig {
+            renew_deadline: Duration::from_secs(15),
+            ..config.clone()
+        };
+        assert!(unsafe_deadline.check().is_err());
+        let no_retry = LeaseConfig {
+            retry_period: Duration::ZERO,
+            ..config
+        };
+        assert!(no_retry.check().is_err());
     }
 }

@@ -1,6 +1,6 @@
 //! The actor runtime the domains share: the manager context, watch feeds and their routing registry,
 //! the reconcile shell every object actor runs in (`object_actor`: gate, span, metrics, backoff), the
-//! leader Lease, the rate-limited apiserver client, process
+//! leader Lease and the write fence it keeps open, the rate-limited apiserver client, process
 //! start-up, and `manager.rs`, which wires every domain's feeds and actors together. It holds no
 //! reconcile rules of any kind.
 
@@ -14,3 +14,4 @@ pub mod process_main;
 pub mod reconcile_gate;
 pub mod reconcile_metrics;
 pub mod registry;
+pub mod write_fence;

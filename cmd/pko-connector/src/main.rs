@@ -14,9 +14,12 @@ use futures::StreamExt;
 use pko_actors::hypershift::connector_actor::{ConnectorActor, ConnectorInput};
 use pko_actors::objects::applier::Applier;
 use pko_actors::objects::object_cache::ObjectCache;
-use pko_actors::runtime::cluster_client::{cluster_client, ClientError, DEFAULT_MAX_IN_FLIGHT};
-use pko_actors::runtime::leader_lease::{LeaderLease, LeaseConfig};
+use pko_actors::runtime::cluster_client::{
+    cluster_config, limited_client, ClientError, DEFAULT_MAX_IN_FLIGHT,
+};
+use pko_actors::runtime::leader_lease::{LeaseConfig, LeaseError, LeaseHolder};
 use pko_actors::runtime::process_main::{init_logging, run_system, shutdown_signal};
+use pko_actors::runtime::write_fence::WriteFence;
 use pko_proto::connector_wire::{HostedClusterSubjects, WireError};
 use tokio::sync::mpsc;
 use tracing::info;
@@ -50,7 +53,8 @@ struct Args {
     /// ServiceAccount's credentials), so replicas never serve at the same time.
     #[arg(long)]
     leader_election: bool,
-    /// Seconds a leader's Lease lasts without renewal.
+    /// Seconds a leader's Lease lasts without renewal; the leader renews every 2/15 of it and stops 2/3
+    /// of it after its last successful renewal.
     #[arg(long, default_value_t = 15)]
     lease_duration_seconds: u64,
     /// Log format.
@@ -72,8 +76,8 @@ enum ConnectorError {
     },
     #[error("NATS {url}: {message}")]
     Nats { url: String, message: String },
-    #[error("lost the connector lease; exiting so another replica takes over")]
-    LostLease,
+    #[error("leader election: {0}")]
+    Lease(#[from] LeaseError),
     #[error("waiting for a shutdown signal: {0}")]
     Signal(#[source] std::io::Error),
 }
@@ -87,18 +91,28 @@ async fn run(args: Args) -> Result<(), ConnectorError> {
             std::process::id()
         )
     });
-    let hosted = cluster_client(Some(&args.hosted_kubeconfig), DEFAULT_MAX_IN_FLIGHT).await?;
+    // The hosted cluster is written only while this replica's leadership is confirmed.
+    let fence = if args.leader_election {
+        WriteFence::closed()
+    } else {
+        WriteFence::open()
+    };
+    let hosted = limited_client(
+        cluster_config(Some(&args.hosted_kubeconfig)).await?,
+        DEFAULT_MAX_IN_FLIGHT,
+        &fence,
+    )?;
     let lease = if args.leader_election {
         // In a pod: the ServiceAccount; elsewhere $KUBECONFIG.
-        let management = cluster_client(None, DEFAULT_MAX_IN_FLIGHT).await?;
-        let config = LeaseConfig {
-            namespace: subjects.namespace().to_owned(),
-            name: "pko-connector".to_owned(),
-            identity: connector_id.clone(),
-            duration: Duration::from_secs(args.lease_duration_seconds),
-        };
+        let config = LeaseConfig::new(
+            subjects.namespace(),
+            "pko-connector",
+            &connector_id,
+            Duration::from_secs(args.lease_duration_seconds),
+        );
         info!(identity = %connector_id, "waiting for the connector lease");
-        Some(LeaderLease::acquire(management, config).await)
+        // Losing the Lease closes the fence and exits the process from the Lease's own thread.
+        Some(LeaseHolder::acquire(cluster_config(None).await?, config, fence).await?)
     } else {
         None
     };
@@ -159,15 +173,12 @@ async fn run(args: Args) -> Result<(), ConnectorError> {
         ConnectorActor::new(subjects, connector_id, applier, cache, nats.clone())
     });
     info!(%namespace, "connector running");
-    let lost_lease = LeaderLease::renew_until_lost(lease.as_ref());
-    let outcome = tokio::select! {
-        signal = shutdown_signal() => signal
-            .map(|s| info!(signal = s, "shutting down"))
-            .map_err(ConnectorError::Signal),
-        () = lost_lease => Err(ConnectorError::LostLease),
-    };
+    let outcome = shutdown_signal()
+        .await
+        .map(|s| info!(signal = s, "shutting down"))
+        .map_err(ConnectorError::Signal);
     drop(connector);
-    if let Some(lease) = &lease {
+    if let Some(lease) = lease {
         lease.release().await;
     }
     outcome

@@ -15,12 +15,15 @@ use pko_actors::admission::serving_cert::{ServingCert, ServingCertConfig, Servin
 use pko_actors::admission::webhook_server::{self, ReviewCounts};
 use pko_actors::hypershift::connector_link::{ConnectorLink, LinkSetupError};
 use pko_actors::packages::pull_secrets::PullSecretSource;
-use pko_actors::runtime::cluster_client::{cluster_client, ClientError, DEFAULT_MAX_IN_FLIGHT};
+use pko_actors::runtime::cluster_client::{
+    cluster_config, limited_client, ClientError, DEFAULT_MAX_IN_FLIGHT,
+};
 use pko_actors::runtime::context::ManagerContext;
-use pko_actors::runtime::leader_lease::{LeaderLease, LeaseConfig};
+use pko_actors::runtime::leader_lease::{LeaseConfig, LeaseError, LeaseHolder};
 use pko_actors::runtime::process_main::{init_logging, run_system, shutdown_signal};
+use pko_actors::runtime::write_fence::WriteFence;
 use pko_proto::nats_credentials::AccountSigner;
-use tracing::{error, info};
+use tracing::info;
 
 use crate::health::{request_metrics, review_metrics, HealthState};
 
@@ -54,6 +57,10 @@ struct Args {
     /// Name of the leader Lease.
     #[arg(long, default_value = "pko-manager")]
     lease_name: String,
+    /// How long the leader Lease lasts without renewal. The leader renews every 2/15 of it and stops
+    /// writing (and exits) 2/3 of it after its last successful renewal, before a standby may take over.
+    #[arg(long, default_value_t = 15)]
+    lease_duration_seconds: u64,
     /// Address of /healthz, /readyz and /metrics.
     #[arg(long, default_value = "127.0.0.1:8080")]
     health_addr: SocketAddr,
@@ -135,6 +142,8 @@ pub enum ManagerError {
     },
     #[error("waiting for a shutdown signal: {0}")]
     Signal(#[source] std::io::Error),
+    #[error("leader election: {0}")]
+    Lease(#[from] LeaseError),
 }
 
 async fn connector_link(args: &Args) -> Result<Option<ConnectorLink>, ManagerError> {
@@ -201,13 +210,26 @@ async fn serve_webhook(
 }
 
 async fn run(args: Args) -> Result<(), ManagerError> {
-    let client = cluster_client(args.kubeconfig.as_deref(), args.max_in_flight_requests).await?;
+    let kube_config = cluster_config(args.kubeconfig.as_deref()).await?;
+    // What every replica does, leader or not (CRDs, the webhook's certificate), goes unfenced; the
+    // engine's client writes only while this replica's leadership is confirmed.
+    let client = limited_client(
+        kube_config.clone(),
+        args.max_in_flight_requests,
+        &WriteFence::open(),
+    )?;
+    let fence = if args.leader_election {
+        WriteFence::closed()
+    } else {
+        WriteFence::open()
+    };
+    let engine_client = limited_client(kube_config.clone(), args.max_in_flight_requests, &fence)?;
     if args.install_crds {
         crd_install::install_crds(&client).await?;
         info!("CRDs installed");
     }
     let mut context = ManagerContext::new(
-        client.clone(),
+        engine_client,
         args.plain_http_registry.clone(),
         PullSecretSource {
             namespace: args.service_account_namespace.clone(),
@@ -245,13 +267,14 @@ async fn run(args: Args) -> Result<(), ManagerError> {
             std::env::var("HOSTNAME").unwrap_or_else(|_| "pko-manager".to_owned()),
             std::process::id()
         );
-        let config = LeaseConfig {
-            namespace: args.leader_election_namespace.clone(),
-            name: args.lease_name.clone(),
-            identity,
-            duration: Duration::from_secs(15),
-        };
-        Some(LeaderLease::acquire(client.clone(), config).await)
+        let config = LeaseConfig::new(
+            &args.leader_election_namespace,
+            &args.lease_name,
+            &identity,
+            Duration::from_secs(args.lease_duration_seconds),
+        );
+        // Losing the Lease closes the fence and exits the process from the Lease's own thread.
+        Some(LeaseHolder::acquire(kube_config, config, fence).await?)
     } else {
         None
     };
@@ -260,19 +283,13 @@ async fn run(args: Args) -> Result<(), ManagerError> {
     health.set_ready(true);
     info!("manager running");
 
-    let lost_lease = LeaderLease::renew_until_lost(lease.as_ref());
-    let outcome = tokio::select! {
-        signal = shutdown_signal() => signal
-            .map(|s| info!(signal = s, "shutting down"))
-            .map_err(ManagerError::Signal),
-        () = lost_lease => {
-            error!("lost the leader lease; exiting so another replica takes over");
-            Ok(())
-        }
-    };
+    let outcome = shutdown_signal()
+        .await
+        .map(|s| info!(signal = s, "shutting down"))
+        .map_err(ManagerError::Signal);
     health.set_ready(false);
     engine.stop();
-    if let Some(lease) = &lease {
+    if let Some(lease) = lease {
         lease.release().await;
     }
     outcome

@@ -34,9 +34,12 @@ async fn a_hosted_cluster_deleted_while_the_watch_was_down_leaves_the_fleet() {
     let api: Api<HostedClusterPackage> = Api::all(client.clone());
     let name = format!("{ns}-addon");
     let strategy = json!({"rollingUpgrade": {"maxUnavailable": 1}});
-    api.create(&PostParams::default(), &hcpkg(&name, &ns, &v1, strategy, None))
-        .await
-        .unwrap();
+    api.create(
+        &PostParams::default(),
+        &hcpkg(&name, &ns, &v1, strategy, None),
+    )
+    .await
+    .unwrap();
     wait_status(
         &api,
         &name,
@@ -48,13 +51,20 @@ async fn a_hosted_cluster_deleted_while_the_watch_was_down_leaves_the_fleet() {
     let gone = &clusters[1];
     let connector = Api::<Deployment>::namespaced(client.clone(), &gone.hcp_namespace);
     let credentials = Api::<Secret>::namespaced(client.clone(), &gone.hcp_namespace);
-    pko_testenv::wait_until("the connector of the cluster to delete", TIMEOUT, || async {
-        connector.get("pko-connector").await.map_err(|e| e.to_string())?;
-        credentials
-            .get("pko-connector-nats")
-            .await
-            .map_err(|e| e.to_string())
-    })
+    pko_testenv::wait_until(
+        "the connector of the cluster to delete",
+        TIMEOUT,
+        || async {
+            connector
+                .get("pko-connector")
+                .await
+                .map_err(|e| e.to_string())?;
+            credentials
+                .get("pko-connector-nats")
+                .await
+                .map_err(|e| e.to_string())
+        },
+    )
     .await
     .unwrap();
     let relist_deletions = || async {
