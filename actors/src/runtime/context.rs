@@ -11,7 +11,7 @@ use crate::objects::object_cache::ObjectCache;
 use crate::packages::pull_secrets::PullSecretSource;
 use crate::rollout::hosted_cluster_fleet::RolloutShared;
 use crate::rollout::rollout_publisher::RolloutPublisher;
-use crate::runtime::reconcile_metrics::ReconcileMetrics;
+use crate::runtime::manager_metrics::ManagerMetrics;
 use pko_package::image::ImageStore;
 
 /// Shared handles; cheap to clone.
@@ -30,7 +30,7 @@ pub struct ManagerContext {
     /// The HostedClusters and event publisher every HostedClusterPackage actor shares.
     pub rollouts: RolloutShared,
     /// Counts and durations of every reconcile, by controller.
-    pub reconcile_metrics: ReconcileMetrics,
+    pub metrics: ManagerMetrics,
 }
 
 impl ManagerContext {
@@ -48,7 +48,7 @@ impl ManagerContext {
             client,
             connectors: None,
             rollouts: RolloutShared::default(),
-            reconcile_metrics: ReconcileMetrics::default(),
+            metrics: ManagerMetrics::default(),
         }
     }
 

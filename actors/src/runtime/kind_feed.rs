@@ -212,9 +212,7 @@ where
     fn relisted(&mut self) {
         for (key, state) in self.known.relist_done() {
             info!(kind = %K::kind(&()), object = ?key, "deleted while the watch was down");
-            self.context
-                .reconcile_metrics
-                .deleted_in_watch_gap(key.kind);
+            self.context.metrics.deleted_in_watch_gap(key.kind);
             match state {
                 Some(object) => self.deliver_gone(&key, &object),
                 None => {

@@ -3,7 +3,7 @@
 //! and the reconcile itself) plus the messages only it has; the shell does the rest, once:
 //! - keeps the last observed object and filters echoes (`Reconcile::change`);
 //! - runs one reconcile at a time, coalescing requests that arrive during a run ([`ReconcileGate`]);
-//! - opens the reconcile's span, measures its duration and result ([`ReconcileMetrics`]);
+//! - opens the reconcile's span, measures its duration and result ([`ManagerMetrics`]);
 //! - retries a failed reconcile after a jittered exponential backoff, reset by a success or a new spec;
 //! - stops the actor when the object is gone, after the implementation's cleanup.
 //!
@@ -22,8 +22,8 @@ use tracing::{debug, info_span, warn, Span};
 
 use crate::runtime::context::ManagerContext;
 use crate::runtime::kind_feed::{FeedTarget, Gone, Observed};
+use crate::runtime::manager_metrics::{ManagerMetrics, ReconcileResult};
 use crate::runtime::reconcile_gate::{Backoff, ReconcileGate};
-use crate::runtime::reconcile_metrics::{ReconcileMetrics, ReconcileResult};
 use crate::runtime::registry::ObjectRef;
 
 /// What a newly observed version of the object asks for.
@@ -126,7 +126,7 @@ pub struct ObjectActor<R: Reconcile> {
     /// The implementation's own state.
     pub state: R,
     gate: ReconcileGate,
-    metrics: ReconcileMetrics,
+    metrics: ManagerMetrics,
     resync: Option<SpawnHandle>,
 }
 
@@ -134,7 +134,7 @@ impl<R: Reconcile> ObjectActor<R> {
     pub fn new(context: ManagerContext) -> Self {
         Self {
             state: R::new(&context),
-            metrics: context.reconcile_metrics.clone(),
+            metrics: context.metrics.clone(),
             context,
             object: None,
             gate: ReconcileGate::new(R::BACKOFF),

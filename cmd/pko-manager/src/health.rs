@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use pko_actors::admission::webhook_server::ReviewCounts;
 use pko_actors::objects::applier::RequestCounts;
-use pko_actors::runtime::reconcile_metrics::ReconcileMetrics;
+use pko_actors::runtime::manager_metrics::ManagerMetrics;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, warn};
@@ -17,13 +17,13 @@ use tracing::{debug, warn};
 pub struct HealthState {
     ready: Arc<AtomicBool>,
     counts: Arc<dyn Fn() -> Vec<(&'static str, &'static str, u64)> + Send + Sync>,
-    reconciles: ReconcileMetrics,
+    reconciles: ManagerMetrics,
 }
 
 impl HealthState {
     pub fn new(
         metrics: impl Fn() -> Vec<(&'static str, &'static str, u64)> + Send + Sync + 'static,
-        reconciles: ReconcileMetrics,
+        reconciles: ManagerMetrics,
     ) -> Self {
         Self {
             ready: Arc::default(),

@@ -251,7 +251,7 @@ async fn run(args: Args) -> Result<(), ManagerError> {
             metrics.extend(review_metrics(&reviews));
             metrics
         },
-        context.reconcile_metrics.clone(),
+        context.metrics.clone(),
     );
     let bound = health::serve(args.health_addr, health.clone())
         .await

@@ -1,6 +1,7 @@
-//! Reconcile counts and durations per controller, recorded by the reconcile shell only, and the deletions
-//! the watch feeds found only by re-listing, exposed in the Prometheus text format on the manager's
-//! `/metrics`. Labels are bounded: the controller name, the result or the kind, never an object's name.
+//! The manager's own metrics registry, exposed in the Prometheus text format on `/metrics`: reconcile
+//! counts and durations per controller (recorded by the reconcile shell only) and the deletions the watch
+//! feeds found only by re-listing. Labels are bounded: the controller name, the result or the kind, never
+//! an object's name. It records; it decides nothing.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -53,9 +54,9 @@ fn duration_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.001, 2.0, 17))
 }
 
-/// The reconcile metrics of one manager; cheap to clone.
+/// The metrics of one manager; cheap to clone.
 #[derive(Clone)]
-pub struct ReconcileMetrics {
+pub struct ManagerMetrics {
     registry: Arc<Registry>,
     total: Family<ResultLabels, Counter>,
     duration: Family<ControllerLabels, Histogram, fn() -> Histogram>,
@@ -63,7 +64,7 @@ pub struct ReconcileMetrics {
     watch_gap_deletions: Family<KindLabels, Counter>,
 }
 
-impl Default for ReconcileMetrics {
+impl Default for ManagerMetrics {
     fn default() -> Self {
         let total = Family::<ResultLabels, Counter>::default();
         let duration =
@@ -103,7 +104,7 @@ impl Default for ReconcileMetrics {
     }
 }
 
-impl ReconcileMetrics {
+impl ManagerMetrics {
     /// A reconcile of `controller` started.
     pub fn started(&self, controller: &'static str) {
         self.active
@@ -137,7 +138,7 @@ impl ReconcileMetrics {
     pub fn encode(&self) -> String {
         let mut out = String::new();
         if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
-            tracing::warn!(error = %e, "cannot encode the reconcile metrics");
+            tracing::warn!(error = %e, "cannot encode the manager metrics");
         }
         out
     }
@@ -149,7 +150,7 @@ mod tests {
 
     #[test]
     fn a_finished_reconcile_is_counted_by_result_and_leaves_none_active() {
-        let metrics = ReconcileMetrics::default();
+        let metrics = ManagerMetrics::default();
         metrics.started("package");
         metrics.finished("package", ReconcileResult::Error, Duration::from_millis(3));
         metrics.started("package");
