@@ -14,6 +14,16 @@ pub const STREAM: &str = "PKO_ROLLOUTS";
 pub const SUBJECT_PREFIX: &str = "pko.v1.rollout";
 /// The version this build writes.
 pub const EVENT_VERSION: u32 = 1;
+/// How long the stream keeps an event.
+pub const STREAM_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(7 * 24 * 60 * 60);
+/// The most the stream stores; the oldest events go first beyond it.
+pub const STREAM_MAX_BYTES: i64 = 1 << 30;
+/// The largest event the stream takes.
+pub const STREAM_MAX_MESSAGE_BYTES: i32 = 64 * 1024;
+/// How long the stream remembers a message id: an event published again within it (a retry whose
+/// acknowledgement was lost, a restarted manager telling the story of a rollout under way) is stored once.
+pub const STREAM_DUPLICATE_WINDOW: std::time::Duration =
+    std::time::Duration::from_secs(24 * 60 * 60);
 
 /// What happened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -84,6 +94,26 @@ pub struct RolloutEvent {
 }
 
 impl RolloutEvent {
+    /// The `Nats-Msg-Id` of the event: the same step of the same rollout always gets the same id, so
+    /// the stream stores it once however often it is published. A `blocked` step names who holds the
+    /// budget, which changes within one rollout, so its message is part of its id.
+    pub fn message_id(&self) -> String {
+        let part = |p: &Option<String>| p.clone().unwrap_or_else(|| "-".to_owned());
+        let mut id = format!(
+            "{}/{}/{}/{}/{}",
+            self.uid,
+            self.generation,
+            self.kind.token(),
+            part(&self.group),
+            part(&self.namespace)
+        );
+        if self.kind == RolloutEventKind::Blocked {
+            id.push('/');
+            id.push_str(&self.message);
+        }
+        id
+    }
+
     /// The subject the event is published on.
     pub fn subject(&self) -> String {
         format!(
@@ -121,6 +151,33 @@ mod tests {
             event(RolloutEventKind::RolloutFinished).subject(),
             "pko.v1.rollout.metrics_addon.rollout_finished"
         );
+    }
+
+    #[test]
+    fn message_ids_name_the_step_and_nothing_else() {
+        let e = event(RolloutEventKind::PackageUpdated);
+        assert_eq!(e.message_id(), "u1/2/package_updated/early/clusters-a");
+        let told_again = RolloutEvent {
+            message: "other words".into(),
+            source: "another-replica".into(),
+            ..e.clone()
+        };
+        assert_eq!(told_again.message_id(), e.message_id());
+        let next_generation = RolloutEvent {
+            generation: 3,
+            ..e.clone()
+        };
+        assert_ne!(next_generation.message_id(), e.message_id());
+        let mut started = event(RolloutEventKind::RolloutStarted);
+        started.group = None;
+        started.namespace = None;
+        assert_eq!(started.message_id(), "u1/2/rollout_started/-/-");
+        let blocked = |holders: &str| RolloutEvent {
+            message: format!("maxUnavailable 1 is used by {holders}"),
+            ..event(RolloutEventKind::Blocked)
+        };
+        assert_ne!(blocked("a").message_id(), blocked("b").message_id());
+        assert_eq!(blocked("a").message_id(), blocked("a").message_id());
     }
 
     #[test]

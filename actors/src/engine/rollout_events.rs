@@ -1,6 +1,7 @@
 //! The steps of a rollout worth telling the world, from two consecutive plans of one HostedClusterPackage
-//! (see `proto::rollout_events` for the stream). Comparing plans, not remembering sends, means a restarted
-//! manager repeats at most the steps of its first plan. Pure.
+//! (see `proto::rollout_events` for the stream), and the whole story so far for a manager that takes over a
+//! rollout under way. The stream stores each step once by its message id, so telling a step again is
+//! harmless and telling the story again loses nothing. Pure.
 
 use std::collections::BTreeMap;
 
@@ -89,6 +90,12 @@ pub fn rollout_steps(
     if previous.is_some() {
         for g in next.plan.groups.iter().filter(|g| g.finished) {
             if !finished_before.contains(&&g.name) {
+                // A group that finished without ever being the current one (its Packages were created
+                // and came up together with an earlier group's) still starts before it finishes.
+                let was_current = was_running && previous_current.as_ref() == Some(&g.name);
+                if !was_current && next_current.as_ref() != Some(&g.name) {
+                    steps.push(step(GroupStarted, g.name.clone(), None));
+                }
                 steps.push(step(GroupFinished, g.name.clone(), None));
             }
         }
@@ -140,6 +147,75 @@ pub fn rollout_steps(
         && next.plan.create.is_empty()
         && (was_running || new_generation && previous.is_some())
     {
+        steps.push(step(RolloutFinished, None, None));
+    }
+    steps
+}
+
+/// The story of `next`'s generation so far, for a manager that takes over a rollout under way and does
+/// not know what was told before it: every step the current state shows happened, in rollout order.
+/// Published with their message ids, the steps told already are stored once; the ones lost with the
+/// previous manager (told to no one before it stopped) are told now.
+pub fn story_so_far(next: &RolloutView<'_>) -> Vec<RolloutStep> {
+    use RolloutEventKind::*;
+    let mut steps = vec![step(RolloutStarted, None, None)];
+    let views = packages(next);
+    let planned = |ns: &str| {
+        next.plan
+            .update
+            .iter()
+            .chain(&next.plan.create)
+            .any(|u| u == ns)
+    };
+    for (index, group) in next.plan.groups.iter().enumerate() {
+        let started = group.finished || next.plan.current_group == Some(index);
+        if !started {
+            continue;
+        }
+        steps.push(step(GroupStarted, group.name.clone(), None));
+        for (ns, (_, state, failure)) in views.iter().filter(|(_, (g, _, _))| *g == group.name) {
+            let namespace = Some((*ns).to_owned());
+            let state = state.map(|s| s.rollout_state());
+            let updated = matches!(
+                state,
+                Some(RolloutState::InFlight | RolloutState::Failed | RolloutState::Done)
+            );
+            if updated || planned(ns) {
+                steps.push(step(PackageUpdated, group.name.clone(), namespace.clone()));
+            }
+            match state {
+                Some(RolloutState::Done) => {
+                    steps.push(step(PackageAvailable, group.name.clone(), namespace))
+                }
+                Some(RolloutState::Failed) => steps.push(RolloutStep {
+                    message: failure.unwrap_or("not available any more").to_owned(),
+                    ..step(PackageFailed, group.name.clone(), namespace)
+                }),
+                Some(RolloutState::Paused) => {
+                    steps.push(step(PackagePaused, group.name.clone(), namespace))
+                }
+                _ => {}
+            }
+        }
+        if group.finished {
+            steps.push(step(GroupFinished, group.name.clone(), None));
+        }
+    }
+    if let Some(blocked) = &next.plan.blocked {
+        let current = next
+            .plan
+            .current_group
+            .and_then(|i| next.plan.groups[i].name.clone());
+        steps.push(RolloutStep {
+            message: format!(
+                "maxUnavailable {} is used by {}",
+                blocked.max_unavailable,
+                blocked.holders.join(", ")
+            ),
+            ..step(Blocked, current, None)
+        });
+    }
+    if next.plan.current_group.is_none() && next.plan.create.is_empty() {
         steps.push(step(RolloutFinished, None, None));
     }
     steps
@@ -262,6 +338,98 @@ mod tests {
             kinds(&rollout_steps(Some(&vc), &vd)),
             [(GroupStarted, Some("early")), (PackageFailed, Some("e"))]
         );
+    }
+
+    #[test]
+    fn a_group_that_finishes_with_an_earlier_one_starts_first() {
+        use RolloutEventKind::*;
+        // Release 1: both Packages are created at once; early is current.
+        let mut a = input(&[("e", "early", true, false), ("l", "late", true, false)]);
+        for t in &mut a.targets {
+            t.package = None;
+        }
+        let pa = plan_rollout(&a);
+        let va = RolloutView {
+            generation: 1,
+            input: &a,
+            plan: &pa,
+        };
+        // Both come up together: early and late finish in one step.
+        let b = input(&[("e", "early", true, true), ("l", "late", true, true)]);
+        let pb = plan_rollout(&b);
+        let vb = RolloutView {
+            generation: 1,
+            input: &b,
+            plan: &pb,
+        };
+        let steps = rollout_steps(Some(&va), &vb);
+        let told = kinds(&steps);
+        assert_eq!(
+            told[..3],
+            [
+                (GroupFinished, Some("early")),
+                (GroupStarted, Some("late")),
+                (GroupFinished, Some("late"))
+            ]
+        );
+        assert_eq!(told.last(), Some(&(RolloutFinished, None)));
+    }
+
+    #[test]
+    fn a_manager_taking_over_tells_everything_told_before_and_what_it_missed() {
+        use RolloutEventKind::*;
+        let a = input(&[("e", "early", false, true), ("l", "late", false, true)]);
+        let pa = plan_rollout(&a);
+        let va = RolloutView {
+            generation: 2,
+            input: &a,
+            plan: &pa,
+        };
+        let b = input(&[("e", "early", true, true), ("l", "late", false, true)]);
+        let pb = plan_rollout(&b);
+        let vb = RolloutView {
+            generation: 2,
+            input: &b,
+            plan: &pb,
+        };
+        // What one manager told over the whole way to vb; a successor taking over at vb says all of it.
+        let told_before = rollout_steps(None, &va);
+        let told_after = rollout_steps(Some(&va), &vb);
+        let told: Vec<_> = kinds(&told_before)
+            .into_iter()
+            .chain(kinds(&told_after))
+            .collect();
+        let story = story_so_far(&vb);
+        assert_eq!(
+            kinds(&story),
+            [
+                (RolloutStarted, None),
+                (GroupStarted, Some("early")),
+                (PackageUpdated, Some("e")),
+                (PackageAvailable, Some("e")),
+                (GroupFinished, Some("early")),
+                (GroupStarted, Some("late")),
+                (PackageUpdated, Some("l")),
+            ]
+        );
+        let retold = kinds(&story);
+        assert!(
+            told.iter().all(|step| retold.contains(step)),
+            "{told:?} not in {retold:?}"
+        );
+        // Everything done while no manager ran is told too, up to the end.
+        let c = input(&[("e", "early", true, true), ("l", "late", true, true)]);
+        let pc = plan_rollout(&c);
+        let vc = RolloutView {
+            generation: 2,
+            input: &c,
+            plan: &pc,
+        };
+        let whole = story_so_far(&vc);
+        let end = kinds(&whole);
+        assert!(end.contains(&(PackageAvailable, Some("l"))));
+        assert!(end.contains(&(GroupFinished, Some("late"))));
+        assert_eq!(end.last(), Some(&(RolloutFinished, None)));
     }
 
     #[test]

@@ -29,8 +29,9 @@ use crate::engine::desired_object::FIELD_MANAGER;
 use crate::engine::hosted_cluster_package::{
     decide_rollout, desired_package, OwnedPackage, RolloutDecision, RolloutSnapshot, RolloutStep,
 };
-use crate::engine::rollout_events::{failure_note, rollout_steps, RolloutView};
+use crate::engine::rollout_events::{failure_note, rollout_steps, story_so_far, RolloutView};
 use crate::engine::rollout_plan::{RolloutInput, RolloutPlan, UNKNOWN_GROUP};
+use crate::engine::rollout_status::PROGRESSING;
 use crate::objects::object_meta::status_merge_patch;
 use crate::packages::package_object::PackageObject;
 use crate::rollout::hcp_namespace_actor::{HcpNamespaceActor, PackageCommand, PackageWritten};
@@ -210,7 +211,13 @@ impl HostedClusterPackageActor {
                     input: &l.input,
                     plan: &l.plan,
                 });
-                let events: Vec<RolloutEvent> = rollout_steps(previous.as_ref(), &view)
+                let steps = match previous {
+                    Some(previous) => rollout_steps(Some(&previous), &view),
+                    // Taking over a rollout under way: what was told before is not known here.
+                    None if under_way(&hcpkg) => story_so_far(&view),
+                    None => rollout_steps(None, &view),
+                };
+                let events: Vec<RolloutEvent> = steps
                     .into_iter()
                     .map(|s| RolloutEvent {
                         version: EVENT_VERSION,
@@ -252,7 +259,7 @@ impl HostedClusterPackageActor {
             };
             record_failures(&client, &reference, &events).await;
             if let Some(publisher) = publisher {
-                publisher.publish(&events).await;
+                publisher.enqueue(events);
             }
             Ok::<_, StatusWriteError>((status, written_at))
         };
@@ -355,6 +362,19 @@ async fn record_failures(
             warn!(%error, "cannot record an event on the HostedClusterPackage");
         }
     }
+}
+
+/// Whether the stored status says the current generation's rollout was under way: written for this
+/// generation with Progressing=True (by this manager before a restart, or by another replica).
+fn under_way(hcpkg: &HostedClusterPackage) -> bool {
+    let generation = hcpkg.metadata.generation.unwrap_or_default();
+    hcpkg.status.as_ref().is_some_and(|status| {
+        status.observed_generation == generation
+            && status
+                .conditions
+                .iter()
+                .any(|c| c.type_ == PROGRESSING && c.status == "True")
+    })
 }
 
 /// Why the status was not written.

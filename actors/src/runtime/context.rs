@@ -53,10 +53,18 @@ impl ManagerContext {
     }
 
     /// This context, delivering hosted-cluster phases through `link`.
-    /// Rollout events go to JetStream on the same NATS, named as coming from `source`.
-    pub fn with_connectors(self, link: ConnectorLink, source: String) -> Self {
+    /// Rollout events go to JetStream on the same NATS, named as coming from `source`, through an outbox
+    /// of `outbox_capacity` events.
+    pub fn with_connectors(
+        self,
+        link: ConnectorLink,
+        source: String,
+        outbox_capacity: usize,
+    ) -> Self {
+        let publisher =
+            RolloutPublisher::start(link.nats.clone(), outbox_capacity, self.metrics.clone());
         let rollouts = RolloutShared {
-            publisher: Some(Arc::new(RolloutPublisher::new(link.nats.clone()))),
+            publisher: Some(publisher),
             source,
             ..self.rollouts
         };

@@ -1,6 +1,6 @@
 //! The manager's own metrics registry, exposed in the Prometheus text format on `/metrics`: reconcile
-//! counts and durations per controller (recorded by the reconcile shell only) and the deletions the watch
-//! feeds found only by re-listing. Labels are bounded: the controller name, the result or the kind, never
+//! counts and durations per controller (recorded by the reconcile shell only), the deletions the watch
+//! feeds found only by re-listing, and the delivery of rollout events. Labels are bounded: the controller name, the result or the kind, never
 //! an object's name. It records; it decides nothing.
 
 use std::sync::Arc;
@@ -62,6 +62,22 @@ pub struct ManagerMetrics {
     duration: Family<ControllerLabels, Histogram, fn() -> Histogram>,
     active: Family<ControllerLabels, Gauge>,
     watch_gap_deletions: Family<KindLabels, Counter>,
+    rollout_events: RolloutEventMetrics,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct StoredLabels {
+    /// `stored`, or `duplicate` when the stream already held the event.
+    result: &'static str,
+}
+
+/// The delivery of rollout events to the stream.
+#[derive(Clone, Default)]
+struct RolloutEventMetrics {
+    published: Family<StoredLabels, Counter>,
+    failures: Counter,
+    dropped: Counter,
+    pending: Gauge,
 }
 
 impl Default for ManagerMetrics {
@@ -73,6 +89,7 @@ impl Default for ManagerMetrics {
             );
         let active = Family::<ControllerLabels, Gauge>::default();
         let watch_gap_deletions = Family::<KindLabels, Counter>::default();
+        let rollout_events = RolloutEventMetrics::default();
         let mut registry = Registry::default();
         registry.register(
             "pko_reconcile",
@@ -94,12 +111,33 @@ impl Default for ManagerMetrics {
             "Objects found deleted by a watch re-list (their delete event was missed), by kind.",
             watch_gap_deletions.clone(),
         );
+        registry.register(
+            "pko_rollout_events_published",
+            "Rollout events the stream acknowledged, by whether it stored them or already held them.",
+            rollout_events.published.clone(),
+        );
+        registry.register(
+            "pko_rollout_events_publish_failures",
+            "Attempts to publish a rollout event that were not acknowledged (retried).",
+            rollout_events.failures.clone(),
+        );
+        registry.register(
+            "pko_rollout_events_dropped",
+            "Rollout events dropped because the outbox was full.",
+            rollout_events.dropped.clone(),
+        );
+        registry.register(
+            "pko_rollout_events_pending",
+            "Rollout events in the outbox, not yet acknowledged by the stream.",
+            rollout_events.pending.clone(),
+        );
         Self {
             registry: Arc::new(registry),
             total,
             duration,
             active,
             watch_gap_deletions,
+            rollout_events,
         }
     }
 }
@@ -132,6 +170,34 @@ impl ManagerMetrics {
         self.watch_gap_deletions
             .get_or_create(&KindLabels { kind })
             .inc();
+    }
+
+    /// The stream acknowledged a rollout event (`duplicate`: it held it already).
+    pub fn rollout_event_published(&self, duplicate: bool) {
+        let result = if duplicate { "duplicate" } else { "stored" };
+        self.rollout_events
+            .published
+            .get_or_create(&StoredLabels { result })
+            .inc();
+    }
+
+    /// An attempt to publish a rollout event failed.
+    pub fn rollout_event_publish_failed(&self) {
+        self.rollout_events.failures.inc();
+    }
+
+    /// `count` rollout events did not fit the outbox.
+    pub fn rollout_events_dropped(&self, count: usize) {
+        self.rollout_events
+            .dropped
+            .inc_by(u64::try_from(count).unwrap_or(u64::MAX));
+    }
+
+    /// `count` rollout events wait in the outbox.
+    pub fn rollout_events_pending(&self, count: usize) {
+        self.rollout_events
+            .pending
+            .set(i64::try_from(count).unwrap_or(i64::MAX));
     }
 
     /// The metrics in the Prometheus text format (ends with `# EOF`).

@@ -26,7 +26,8 @@ impl Backoff {
         Self::new(d, d).delays().next().unwrap_or(d)
     }
 
-    fn delays(self) -> ExponentialBackoff {
+    /// The delays from `min` doubling to `max`, each drawn from `[d/2, d)`, without end.
+    pub fn delays(self) -> ExponentialBackoff {
         // backon's jitter adds up to 100%: halving its bounds keeps every delay below `d`.
         ExponentialBuilder::new()
             .with_min_delay(self.min / 2)

@@ -15,6 +15,7 @@ use pko_actors::admission::serving_cert::{ServingCert, ServingCertConfig, Servin
 use pko_actors::admission::webhook_server::{self, ReviewCounts};
 use pko_actors::hypershift::connector_link::{ConnectorLink, LinkSetupError};
 use pko_actors::packages::pull_secrets::PullSecretSource;
+use pko_actors::rollout::rollout_publisher::DEFAULT_OUTBOX_CAPACITY;
 use pko_actors::runtime::cluster_client::{
     cluster_config, limited_client, ClientError, DEFAULT_MAX_IN_FLIGHT,
 };
@@ -23,7 +24,7 @@ use pko_actors::runtime::leader_lease::{LeaseConfig, LeaseError, LeaseHolder};
 use pko_actors::runtime::process_main::{init_logging, run_system, shutdown_signal};
 use pko_actors::runtime::write_fence::WriteFence;
 use pko_proto::nats_credentials::AccountSigner;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::health::{request_metrics, review_metrics, HealthState};
 
@@ -91,6 +92,10 @@ struct Args {
     /// Names this management cluster in the rollout events it publishes.
     #[arg(long, env = "PKO_CLUSTER_NAME", default_value = "management")]
     cluster_name: String,
+    /// Rollout events held while NATS does not acknowledge them (about 300 bytes each); beyond it the
+    /// newest are dropped and counted in pko_rollout_events_dropped_total.
+    #[arg(long, default_value_t = DEFAULT_OUTBOX_CAPACITY)]
+    rollout_event_outbox: usize,
     /// Log format.
     #[arg(long, value_enum, default_value = "text")]
     log_format: LogFormat,
@@ -238,7 +243,8 @@ async fn run(args: Args) -> Result<(), ManagerError> {
     );
     if let Some(link) = connector_link(&args).await? {
         info!(url = ?args.nats_url, account = link.signer.account(), "delivering hosted-cluster phases over NATS");
-        context = context.with_connectors(link, args.cluster_name.clone());
+        context =
+            context.with_connectors(link, args.cluster_name.clone(), args.rollout_event_outbox);
     }
     let reviews = Arc::new(ReviewCounts::default());
     if let Some(addr) = args.webhook_addr {
@@ -279,6 +285,7 @@ async fn run(args: Args) -> Result<(), ManagerError> {
         None
     };
 
+    let publisher = context.rollouts.publisher.clone();
     let engine = pko_actors::runtime::manager::start(context);
     health.set_ready(true);
     info!("manager running");
@@ -289,6 +296,12 @@ async fn run(args: Args) -> Result<(), ManagerError> {
         .map_err(ManagerError::Signal);
     health.set_ready(false);
     engine.stop();
+    if let Some(publisher) = publisher {
+        let left = publisher.flush(Duration::from_secs(5)).await;
+        if left > 0 {
+            warn!(left, "rollout events not acknowledged at shutdown");
+        }
+    }
     if let Some(lease) = lease {
         lease.release().await;
     }
