@@ -6,6 +6,7 @@ pub mod deployment_plan;
 pub mod desired_object;
 pub mod drift;
 pub mod hosted_cluster_package;
+pub mod hosted_teardown;
 pub mod immutable_fields;
 pub mod label_selector;
 pub mod object_ref;

@@ -59,9 +59,23 @@ pub struct ConnectorLink {
     /// How many times the client has connected; it moves on every reconnect. A connector's hello sent
     /// while the manager was disconnected is lost, so a reconnect re-sends every phase.
     pub connections: tokio::sync::watch::Receiver<u64>,
+    /// How long a deleted hosted-cluster phase waits for an unreachable connector before its teardown is
+    /// given up and its finalizer released.
+    pub teardown_timeout: Duration,
 }
 
+/// [`ConnectorLink::teardown_timeout`] unless the manager says otherwise.
+pub const DEFAULT_TEARDOWN_TIMEOUT: Duration = Duration::from_secs(600);
+
 impl ConnectorLink {
+    /// This link, giving up the teardown of hosted phases after `timeout` without a connector.
+    pub fn with_teardown_timeout(self, timeout: Duration) -> Self {
+        Self {
+            teardown_timeout: timeout,
+            ..self
+        }
+    }
+
     /// Connects to `url` as a user of `signer`'s account. NATS may be down at start: the client keeps
     /// retrying in the background, and requests fail (and are retried by their callers) until it is up.
     pub async fn connect(
@@ -96,6 +110,7 @@ impl ConnectorLink {
             connector_nats_url: connector_nats_url.unwrap_or_else(|| url.to_owned()),
             connector_image,
             connections,
+            teardown_timeout: DEFAULT_TEARDOWN_TIMEOUT,
         })
     }
 

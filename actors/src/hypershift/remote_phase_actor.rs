@@ -1,8 +1,9 @@
 //! The remote phase actor: one per ObjectSetPhase of class `hosted-cluster`. It sends the phase to the
 //! connector of its HCP namespace over NATS and records the connector's answer as the ObjectSetPhase's
 //! status, where the owning ObjectSet's phase gate reads it. When the connector cannot be reached the
-//! status says so (never Available). A finalizer keeps the ObjectSetPhase until the connector has torn
-//! its hosted objects down.
+//! status says so (never Available). A finalizer, set before the first apply, keeps the ObjectSetPhase
+//! until the connector has torn its hosted objects down, or until the teardown is given up: at once when
+//! the HostedCluster is gone, or after the link's teardown timeout without a connector.
 //!
 //! Requests are idempotent (the connector skips unchanged objects), so every trigger simply re-sends the
 //! desired phase: a change of the ObjectSetPhase, a report the connector pushed, the connector's hello
@@ -10,10 +11,12 @@
 //! them in order.
 
 use pko_proto::well_known::HOSTED_TEARDOWN_FINALIZER;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use actix::prelude::*;
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::jiff::Timestamp;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use pko_proto::connector_wire::{
     ApplyPhase, ErrorCode, HostedClusterSubjects, PhaseOutcome, PhaseRef, PhaseReport, Reply,
     TeardownPhase, WireError, WIRE_VERSION,
@@ -22,6 +25,7 @@ use pko_proto::core::common::LifecycleState;
 use pko_proto::core::object_set::ObjectSetStatus;
 use tracing::{info_span, warn, Instrument};
 
+use crate::engine::hosted_teardown::after_unanswered_teardown;
 use crate::engine::object_set_status::{
     object_set_conditions, BlockReason, PhaseProgress, SetObservation,
 };
@@ -60,6 +64,8 @@ enum Exchange {
 /// The remote phase controller's own state.
 pub struct RemotePhaseController {
     last: Option<Exchange>,
+    /// Since when teardown requests of the deleted phase went unanswered.
+    unanswered_since: Option<Instant>,
     /// UIDs of the previous revisions' phases, read once per generation rather than on every re-send.
     previous_uids: Option<(i64, Vec<String>)>,
 }
@@ -77,6 +83,7 @@ impl Reconcile for RemotePhaseController {
     fn new(_: &ManagerContext) -> Self {
         Self {
             last: None,
+            unanswered_since: None,
             previous_uids: None,
         }
     }
@@ -119,10 +126,11 @@ impl Reconcile for RemotePhaseController {
             .as_ref()
             .filter(|(g, _)| *g == generation)
             .map(|(_, uids)| uids.clone());
+        let unanswered_since = actor.state.unanswered_since;
         let run = async move {
             // The previous phases matter only to an apply; they are read once per generation.
             if phase.meta.deletion_timestamp.is_some() {
-                return (exchange(&context, &phase, &[]).await, None);
+                return (teardown(&context, &phase, unanswered_since).await, None);
             }
             let previous = match known {
                 Some(uids) => Ok(uids),
@@ -139,6 +147,16 @@ impl Reconcile for RemotePhaseController {
                 if let Some(uids) = uids {
                     actor.state.previous_uids = Some((generation, uids));
                 }
+                let deleting = actor
+                    .object
+                    .as_ref()
+                    .is_some_and(|p| p.meta.deletion_timestamp.is_some());
+                actor.state.unanswered_since = match &exchange {
+                    Exchange::Undelivered(_) if deleting => {
+                        Some(unanswered_since.unwrap_or_else(Instant::now))
+                    }
+                    _ => None,
+                };
                 let outcome = match &exchange {
                     Exchange::Reported(report) => match report.outcome {
                         PhaseOutcome::TeardownInProgress => {
@@ -243,6 +261,79 @@ impl RemotePhaseActor {
     }
 }
 
+/// The teardown of a deleted phase. When no connector answers, it is given up, and the finalizer released
+/// with a Warning Event saying so, once the HostedCluster is gone or after the link's teardown timeout
+/// (`unanswered_since`: when the first unanswered request was sent).
+async fn teardown(
+    context: &ManagerContext,
+    phase: &SetObject,
+    unanswered_since: Option<Instant>,
+) -> Exchange {
+    let exchange = exchange(context, phase, &[]).await;
+    let (Exchange::Undelivered(why), Some(link)) = (&exchange, &context.connectors) else {
+        return exchange;
+    };
+    let presence = context.rollouts.fleet.presence(phase.namespace());
+    let unanswered_for = unanswered_since.map(|t| t.elapsed()).unwrap_or_default();
+    let Some(skip) = after_unanswered_teardown(presence, unanswered_for, link.teardown_timeout)
+    else {
+        return exchange;
+    };
+    let message = skip.message(why);
+    warn!(
+        namespace = phase.namespace(),
+        name = phase.name(),
+        reason = skip.reason(),
+        %message,
+        "giving up the hosted teardown"
+    );
+    context.metrics.hosted_teardown_skipped(skip.reason());
+    record_skipped_teardown(context, phase, skip.reason(), &message).await;
+    match phase
+        .set_finalizer(context.client.clone(), HOSTED_TEARDOWN_FINALIZER, false)
+        .await
+    {
+        Ok(()) => Exchange::Released,
+        Err(kube::Error::Api(s)) if s.code == 409 => Exchange::Stale,
+        Err(e) => Exchange::Undelivered(format!("removing the finalizer: {e}")),
+    }
+}
+
+/// A Warning Event on the ObjectSetPhase. In a namespace being deleted no Event can be created; the log
+/// line and `pko_hosted_teardowns_skipped_total` say it then.
+async fn record_skipped_teardown(
+    context: &ManagerContext,
+    phase: &SetObject,
+    reason: &str,
+    message: &str,
+) {
+    let recorder = Recorder::new(
+        context.client.clone(),
+        Reporter {
+            controller: "pko-manager".into(),
+            instance: None,
+        },
+    );
+    let event = Event {
+        type_: EventType::Warning,
+        reason: reason.into(),
+        note: Some(message.to_owned()),
+        action: "HostedTeardownSkipped".into(),
+        secondary: None,
+    };
+    let regarding = ObjectReference {
+        api_version: Some(format!("{}/{}", pko_proto::GROUP, pko_proto::VERSION)),
+        kind: Some(phase.kind.kind().to_owned()),
+        namespace: Some(phase.namespace().to_owned()),
+        name: Some(phase.name().to_owned()),
+        uid: Some(phase.uid().to_owned()),
+        ..ObjectReference::default()
+    };
+    if let Err(error) = recorder.publish(&event, &regarding).await {
+        warn!(%error, "cannot record the skipped teardown as an Event");
+    }
+}
+
 fn phase_ref(phase: &SetObject) -> PhaseRef {
     PhaseRef {
         namespace: phase.namespace().to_owned(),
@@ -298,18 +389,17 @@ async fn exchange(
             previous_uids: previous_uids.to_vec(),
             paused: phase.spec.lifecycle_state == LifecycleState::Paused,
         };
-        // The finalizer is written alongside the first request rather than before it (one apiserver round
-        // trip off the rollout's path); a report only counts once the finalizer is in place.
-        let (finalizer, reply) = futures::join!(
-            phase.set_finalizer(context.client.clone(), HOSTED_TEARDOWN_FINALIZER, true),
-            link.request(subjects.apply(), &apply)
-        );
-        match finalizer {
+        // The finalizer goes first: an object applied before it could be left behind in the hosted
+        // cluster if the ObjectSetPhase were deleted in between. One round trip, at the first apply only.
+        match phase
+            .set_finalizer(context.client.clone(), HOSTED_TEARDOWN_FINALIZER, true)
+            .await
+        {
             Ok(()) => {}
             Err(kube::Error::Api(s)) if s.code == 409 => return Exchange::Stale,
             Err(e) => return Exchange::Undelivered(format!("adding the teardown finalizer: {e}")),
         }
-        reply
+        link.request(subjects.apply(), &apply).await
     };
     match reply {
         Ok(Reply::Answer(report)) => {

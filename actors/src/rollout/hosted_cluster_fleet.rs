@@ -15,6 +15,7 @@ use pko_proto::hypershift::HostedCluster;
 
 use actix::prelude::*;
 
+use crate::engine::hosted_teardown::HostedClusterPresence;
 use crate::engine::label_selector::selector_matches;
 use crate::rollout::rollout_publisher::RolloutPublisher;
 
@@ -118,6 +119,23 @@ impl Fleet {
     /// Whether the fleet is complete.
     pub fn is_ready(&self) -> bool {
         *self.ready.borrow()
+    }
+
+    /// Whether a HostedCluster has `hcp_namespace` as its HCP namespace; unknown while the fleet is not
+    /// complete or the HostedCluster API is not served.
+    pub fn presence(&self, hcp_namespace: &str) -> HostedClusterPresence {
+        if !self.is_ready() || !self.api_served.load(Ordering::SeqCst) {
+            return HostedClusterPresence::Unknown;
+        }
+        let hosts = self
+            .clusters
+            .iter()
+            .any(|c| c.value().hosted_control_plane_namespace().as_deref() == Some(hcp_namespace));
+        if hosts {
+            HostedClusterPresence::Present
+        } else {
+            HostedClusterPresence::Gone
+        }
     }
 
     /// What `.environment.hyperShift` of a package in `hcp_namespace` is made from, once the fleet is

@@ -1,6 +1,6 @@
 //! The manager's own metrics registry, exposed in the Prometheus text format on `/metrics`: reconcile
 //! counts and durations per controller (recorded by the reconcile shell only), the deletions the watch
-//! feeds found only by re-listing, and the delivery of rollout events. Labels are bounded: the controller name, the result or the kind, never
+//! feeds found only by re-listing, the delivery of rollout events, and hosted teardowns given up. Labels are bounded: the controller name, the result or the kind, never
 //! an object's name. It records; it decides nothing.
 
 use std::sync::Arc;
@@ -63,6 +63,12 @@ pub struct ManagerMetrics {
     active: Family<ControllerLabels, Gauge>,
     watch_gap_deletions: Family<KindLabels, Counter>,
     rollout_events: RolloutEventMetrics,
+    hosted_teardowns_skipped: Family<ReasonLabels, Counter>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: &'static str,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -90,6 +96,7 @@ impl Default for ManagerMetrics {
         let active = Family::<ControllerLabels, Gauge>::default();
         let watch_gap_deletions = Family::<KindLabels, Counter>::default();
         let rollout_events = RolloutEventMetrics::default();
+        let hosted_teardowns_skipped = Family::<ReasonLabels, Counter>::default();
         let mut registry = Registry::default();
         registry.register(
             "pko_reconcile",
@@ -131,6 +138,11 @@ impl Default for ManagerMetrics {
             "Rollout events in the outbox, not yet acknowledged by the stream.",
             rollout_events.pending.clone(),
         );
+        registry.register(
+            "pko_hosted_teardowns_skipped",
+            "Deleted hosted-cluster phases whose teardown was given up, by reason.",
+            hosted_teardowns_skipped.clone(),
+        );
         Self {
             registry: Arc::new(registry),
             total,
@@ -138,6 +150,7 @@ impl Default for ManagerMetrics {
             active,
             watch_gap_deletions,
             rollout_events,
+            hosted_teardowns_skipped,
         }
     }
 }
@@ -198,6 +211,13 @@ impl ManagerMetrics {
         self.rollout_events
             .pending
             .set(i64::try_from(count).unwrap_or(i64::MAX));
+    }
+
+    /// The hosted teardown of a deleted phase was given up for `reason`.
+    pub fn hosted_teardown_skipped(&self, reason: &'static str) {
+        self.hosted_teardowns_skipped
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
     }
 
     /// The metrics in the Prometheus text format (ends with `# EOF`).

@@ -13,7 +13,9 @@ use std::time::Duration;
 use clap::{Parser, ValueEnum};
 use pko_actors::admission::serving_cert::{ServingCert, ServingCertConfig, ServingCertError};
 use pko_actors::admission::webhook_server::{self, ReviewCounts};
-use pko_actors::hypershift::connector_link::{ConnectorLink, LinkSetupError};
+use pko_actors::hypershift::connector_link::{
+    ConnectorLink, LinkSetupError, DEFAULT_TEARDOWN_TIMEOUT,
+};
 use pko_actors::packages::pull_secrets::PullSecretSource;
 use pko_actors::rollout::rollout_publisher::DEFAULT_OUTBOX_CAPACITY;
 use pko_actors::runtime::cluster_client::{
@@ -86,6 +88,10 @@ struct Args {
     /// NATS URL handed to connectors, when they reach NATS by another address than the manager.
     #[arg(long, env = "PKO_CONNECTOR_NATS_URL")]
     connector_nats_url: Option<String>,
+    /// Seconds a deleted hosted-cluster phase waits for an unreachable connector before its hosted teardown
+    /// is skipped and its finalizer released (at once when its HostedCluster is gone).
+    #[arg(long, default_value_t = DEFAULT_TEARDOWN_TIMEOUT.as_secs())]
+    hosted_teardown_timeout_seconds: u64,
     /// Image of the hosted-cluster connector Deployments: the manager's own image, which holds both binaries.
     #[arg(long, env = "PKO_CONNECTOR_IMAGE", default_value = "localhost/pko:dev")]
     connector_image: String,
@@ -175,7 +181,8 @@ async fn connector_link(args: &Args) -> Result<Option<ConnectorLink>, ManagerErr
             args.connector_nats_url.clone(),
             args.connector_image.clone(),
         )
-        .await?,
+        .await?
+        .with_teardown_timeout(Duration::from_secs(args.hosted_teardown_timeout_seconds)),
     ))
 }
 

@@ -2,7 +2,8 @@
 //! after start, installs a connector into each Available cluster's HCP namespace (run here by the
 //! connector runner, as a kubelet would), delivers hosted-cluster phases through it (an ObjectSet per
 //! cluster, and the `hosted-addon` example package: hosted → local → hosted), confines each connector's
-//! NATS credentials to its own subjects, and removes the connector with its HostedCluster.
+//! NATS credentials to its own subjects, and removes the connector with its HostedCluster; the HCP
+//! namespace then goes although its hosted phase can no longer be torn down.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -283,4 +284,29 @@ async fn connectors_follow_hosted_clusters_and_are_confined_to_their_namespace()
         .metadata
         .resource_version;
     assert_eq!(before, after, "hosted-0's objects must not be touched");
+
+    // HyperShift then deletes the HCP namespace, which still holds hosted-1's ObjectSet with a hosted
+    // phase. No connector answers any more and no HostedCluster has the namespace: the teardown is
+    // given up, the phase's finalizer released, and the namespace goes (issue 17, item 4).
+    let skipped = || async {
+        manager()
+            .metric("pko_hosted_teardowns_skipped_total{reason=\"HostedClusterGone\"}")
+            .await
+            .unwrap_or(0)
+    };
+    let skipped_before = skipped().await;
+    Api::<Namespace>::all(client.clone())
+        .delete(gone_ns, &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_until("hosted-1's HCP namespace deleted", TIMEOUT * 2, || async {
+        match Api::<Namespace>::all(client.clone()).get_opt(gone_ns).await {
+            Ok(None) => Ok(()),
+            Ok(Some(ns)) => Err(format!("{:?}", ns.status)),
+            Err(e) => Err(e.to_string()),
+        }
+    })
+    .await
+    .unwrap();
+    assert!(skipped().await > skipped_before);
 }

@@ -1,7 +1,8 @@
 //! Durability of hosted-cluster phases: NATS, the connector and the manager all killed mid-rollout. While
 //! the connector is unreachable the phase says so; once everything is back the rollout converges without
-//! any manual step, and objects already applied are not written again. This binary has its own
-//! environment and manager, so killing them disturbs no other test.
+//! any manual step, and objects already applied are not written again. A set deleted once its connector
+//! is gone for good still goes, after the teardown timeout. This binary has its own environment and
+//! manager, so killing them disturbs no other test.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -18,6 +19,9 @@ use pko_testenv::wait_until;
 use serde_json::{json, Value};
 
 use common::*;
+
+/// A short wait for an unreachable connector before a deleted hosted phase's teardown is given up.
+const TEARDOWN_TIMEOUT: [&str; 2] = ["--hosted-teardown-timeout-seconds", "3"];
 
 fn hosted_cm(name: &str, namespace: &str) -> Value {
     json!({"object": {"apiVersion": "v1", "kind": "ConfigMap",
@@ -37,7 +41,7 @@ async fn resource_version(api: &Api<ConfigMap>, name: &str) -> String {
 async fn nats_connector_and_manager_killed_mid_rollout_converge_without_repeated_writes() {
     let env = env();
     let binary = Path::new(env!("CARGO_BIN_EXE_pko-manager"));
-    let manager = env.start_manager(binary, &[]).await.unwrap();
+    let manager = env.start_manager(binary, &TEARDOWN_TIMEOUT).await.unwrap();
     let client = env.management().client().await.unwrap();
     let ns = env
         .management()
@@ -124,7 +128,7 @@ async fn nats_connector_and_manager_killed_mid_rollout_converge_without_repeated
     manager.kill();
     env.nats().restart().await.unwrap();
     let _connector = start_connector(&ns, 0);
-    let _manager = env.start_manager(binary, &[]).await.unwrap();
+    let _manager = env.start_manager(binary, &TEARDOWN_TIMEOUT).await.unwrap();
     wait_condition(&client, &ns, "durable", "Available", "True", None).await;
     let cm = hosted.get(&last).await.unwrap();
     assert_eq!(cm.data.unwrap()["ready"], "yes");
@@ -198,4 +202,44 @@ async fn nats_connector_and_manager_killed_mid_rollout_converge_without_repeated
     .await
     .unwrap();
     wait_condition(&client, &ns, "durable", "Available", "True", None).await;
+
+    // A connector gone for good (issue 17, item 4): the ObjectSet is deleted; each hosted phase's
+    // teardown is given up after the 3 s teardown timeout with a Warning Event, and the set goes.
+    drop(_connector);
+    Api::<ObjectSet>::namespaced(client.clone(), &ns)
+        .delete("durable", &Default::default())
+        .await
+        .unwrap();
+    wait_gone(
+        &Api::<ObjectSet>::namespaced(client.clone(), &ns),
+        "durable",
+    )
+    .await;
+    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), &ns)
+        .list(&Default::default())
+        .await
+        .unwrap();
+    let skipped: Vec<(String, String)> = events
+        .items
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("ConnectorUnreachable"))
+        .map(|e| {
+            (
+                e.regarding
+                    .as_ref()
+                    .and_then(|r| r.name.clone())
+                    .unwrap_or_default(),
+                e.note.clone().unwrap_or_default(),
+            )
+        })
+        .collect();
+    let mut phases: Vec<&str> = skipped.iter().map(|(phase, _)| phase.as_str()).collect();
+    phases.sort_unstable();
+    assert_eq!(phases, ["durable-first", "durable-last"], "{skipped:?}");
+    assert!(
+        skipped
+            .iter()
+            .all(|(_, note)| note.contains("did not answer")),
+        "{skipped:?}"
+    );
 }
