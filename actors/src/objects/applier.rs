@@ -68,6 +68,19 @@ impl ApplyError {
     }
 }
 
+/// `body` with `metadata.resourceVersion` set: the apiserver then applies it only over that version.
+fn with_resource_version(body: &Value, resource_version: &str) -> Value {
+    let mut guarded = body.clone();
+    if let Some(metadata) = guarded
+        .as_object_mut()
+        .map(|o| o.entry("metadata").or_insert_with(|| json!({})))
+        .and_then(Value::as_object_mut)
+    {
+        metadata.insert("resourceVersion".to_owned(), json!(resource_version));
+    }
+    guarded
+}
+
 /// A kind as the apiserver serves it.
 #[derive(Debug, Clone)]
 pub struct ResolvedKind {
@@ -228,6 +241,19 @@ impl Applier {
         Self::to_value(key, stored)
     }
 
+    /// Like [`Applier::apply`], but only over the object at `resource_version`: a forced apply that
+    /// follows a decision made on that version (taking the object over) must not land on a newer one,
+    /// which may have another controller by now. A changed object fails with a conflict.
+    pub async fn apply_over(
+        &self,
+        key: &ObjectKey,
+        body: &Value,
+        resource_version: &str,
+    ) -> Result<Value, ApplyError> {
+        self.apply(key, &with_resource_version(body, resource_version))
+            .await
+    }
+
     /// Turns the controller reference with `controller_uid` into a plain owner reference, so another owner
     /// can become controller. Guarded by the observed resourceVersion: a concurrent change makes it fail.
     #[instrument(skip(self, observed), fields(object = %key))]
@@ -339,5 +365,22 @@ impl Applier {
                 source: Box::new(source),
             }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_guarded_apply_names_the_version_it_was_decided_on() {
+        let body = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}});
+        let guarded = with_resource_version(&body, "4711");
+        assert_eq!(guarded["metadata"]["resourceVersion"], "4711");
+        assert_eq!(guarded["metadata"]["name"], "x");
+        assert_eq!(
+            with_resource_version(&json!({"kind": "ConfigMap"}), "1")["metadata"],
+            json!({"resourceVersion": "1"})
+        );
     }
 }

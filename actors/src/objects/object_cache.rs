@@ -3,9 +3,17 @@
 //! the object (by controller UID).
 //!
 //! Owners register a route when they start and remove it when they stop. The cache never writes objects.
+//!
+//! resourceVersions are opaque: the cache never compares them. The watch delivers each object's states in
+//! order, so a watched state always replaces the one held. pko's own apply answers overtake the watch or
+//! lag behind it; an answer is taken only when the watch delivered nothing for the object since the
+//! request was sent ([`WatchMark`]). A request sent after a watched state was delivered reads at least
+//! that state, so nothing newer is ever replaced by something older; an answer refused that way is
+//! delivered by the watch in its turn.
 
 use pko_proto::well_known::CACHE_LABEL;
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use dashmap::DashMap;
@@ -26,11 +34,25 @@ type KindId = (String, String, String);
 /// Called with the key of a changed object controlled by the route's owner.
 pub type Route = Arc<dyn Fn(ObjectKey) + Send + Sync>;
 
+/// How far the cache's watches had got when a request was sent; see [`ObjectCache::mark`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct WatchMark(u64);
+
+/// A state the cache holds, and the number of the watch delivery that brought it (0: an apply answer
+/// taken before the watch said anything of the object).
+#[derive(Debug, Clone)]
+struct Held {
+    state: Arc<Value>,
+    delivery: u64,
+}
+
 /// Last observed managed objects, per kind, and who to tell when they change.
 #[derive(Clone)]
 pub struct ObjectCache {
     client: Client,
-    objects: Arc<DashMap<ObjectKey, Arc<Value>>>,
+    objects: Arc<DashMap<ObjectKey, Held>>,
+    /// Numbers every watch delivery, across kinds.
+    deliveries: Arc<AtomicU64>,
     watched: Arc<DashMap<KindId, ()>>,
     routes: Arc<DashMap<String, Route>>,
     /// Owners observing each external object (objects pko reads but does not label or own).
@@ -42,6 +64,7 @@ impl ObjectCache {
         Self {
             client,
             objects: Arc::default(),
+            deliveries: Arc::default(),
             watched: Arc::default(),
             routes: Arc::default(),
             external: Arc::default(),
@@ -50,16 +73,22 @@ impl ObjectCache {
 
     /// The last observed state, if the object carries pko's cache label and has been seen.
     pub fn get(&self, key: &ObjectKey) -> Option<Arc<Value>> {
-        self.objects.get(key).map(|v| v.clone())
+        self.objects.get(key).map(|held| held.state.clone())
     }
 
-    /// Records a state pko itself just read or wrote (the watch will confirm it). A no-op apply answers
-    /// with the object as it was when the apiserver read it, which can be older than what the watch has
-    /// delivered meanwhile (a controller's status write); the newer state stays, or the owner would probe
-    /// the stale one and, the watch having nothing more to say, never look again.
-    pub fn record(&self, key: &ObjectKey, object: Value) {
+    /// Taken right before a request whose answer will be [`ObjectCache::record`]ed.
+    pub fn mark(&self) -> WatchMark {
+        WatchMark(self.deliveries.load(Ordering::SeqCst))
+    }
+
+    /// Records a state pko itself just wrote, answering a request sent at `sent` (the watch will confirm
+    /// it). If the watch delivered a state of the object since, that state stays: a no-op apply answers
+    /// with the object as the apiserver read it, which can be older than a controller's status write the
+    /// watch delivered meanwhile, and the owner would probe the stale state and, the watch having nothing
+    /// more to say, never look again.
+    pub fn record(&self, key: &ObjectKey, object: Value, sent: WatchMark) {
         // Our own apply may take an object over: the revision it left must hear of it.
-        let former = self.insert_if_newer(key, object);
+        let former = self.hold(key, object, Source::Answer(sent));
         self.tell(key, former);
     }
 
@@ -169,11 +198,12 @@ impl ObjectCache {
         key.group.clone_from(&id.0);
         key.version.clone_from(&id.1);
         let owner = controller_of(&value).map(|(uid, _, _)| uid);
+        let delivery = self.deliveries.fetch_add(1, Ordering::SeqCst) + 1;
         let former = if deleted {
             self.objects.remove(&key);
             None
         } else {
-            self.insert_if_newer(&key, value)
+            self.hold(&key, value, Source::Watch(delivery))
         };
         self.tell(&key, owner);
         // A handover moves an object to a newer revision: the revision it left must hear of it, or it
@@ -189,22 +219,32 @@ impl ObjectCache {
         }
     }
 
-    /// Our own apply results and the watch overtake each other; never replace a state with an older one.
-    /// Check and insert under one entry lock, so a concurrent watch event cannot slip in between.
-    /// Returns the controller the object had before, when this state names another one.
-    fn insert_if_newer(&self, key: &ObjectKey, value: Value) -> Option<String> {
+    /// Holds `value` unless it is an answer the watch has overtaken ([`Source`]). Check and insert under one
+    /// entry lock, so a concurrent watch delivery cannot slip in between. Returns the controller the object
+    /// had before, when this state names another one.
+    fn hold(&self, key: &ObjectKey, value: Value, source: Source) -> Option<String> {
+        let delivery = match source {
+            Source::Watch(delivery) => delivery,
+            Source::Answer(_) => 0,
+        };
         match self.objects.entry(key.clone()) {
             dashmap::Entry::Occupied(mut known) => {
-                if !supersedes(&value, known.get()) {
+                if !source.replaces(known.get().delivery) {
                     return None;
                 }
-                let before = controller_of(known.get()).map(|(uid, _, _)| uid);
+                let before = controller_of(&known.get().state).map(|(uid, _, _)| uid);
                 let after = controller_of(&value).map(|(uid, _, _)| uid);
-                known.insert(Arc::new(value));
+                known.insert(Held {
+                    state: Arc::new(value),
+                    delivery,
+                });
                 before.filter(|uid| after.as_ref() != Some(uid))
             }
             dashmap::Entry::Vacant(slot) => {
-                slot.insert(Arc::new(value));
+                slot.insert(Held {
+                    state: Arc::new(value),
+                    delivery,
+                });
                 None
             }
         }
@@ -222,7 +262,7 @@ impl ObjectCache {
             .map(|e| {
                 (
                     e.key().clone(),
-                    controller_of(e.value()).map(|(uid, _, _)| uid),
+                    controller_of(&e.value().state).map(|(uid, _, _)| uid),
                 )
             })
             .collect();
@@ -233,17 +273,22 @@ impl ObjectCache {
     }
 }
 
-/// Whether `new` is at least as recent as `known`: resourceVersions of one object grow with every write
-/// (etcd revisions). One without a parseable resourceVersion is taken as newer, as there is no telling.
-fn supersedes(new: &Value, known: &Value) -> bool {
-    let rv = |v: &Value| {
-        v.pointer("/metadata/resourceVersion")
-            .and_then(Value::as_str)
-            .and_then(|s| s.parse::<u64>().ok())
-    };
-    match (rv(new), rv(known)) {
-        (Some(new), Some(known)) => new >= known,
-        _ => true,
+/// Where a state comes from.
+#[derive(Debug, Clone, Copy)]
+enum Source {
+    /// The watch, with the number of its delivery: always the newest the cache knows.
+    Watch(u64),
+    /// pko's own request, sent at this mark.
+    Answer(WatchMark),
+}
+
+impl Source {
+    /// Whether this state replaces one brought by watch delivery `held` (0: an answer).
+    fn replaces(self, held: u64) -> bool {
+        match self {
+            Source::Watch(_) => true,
+            Source::Answer(WatchMark(sent)) => held <= sent,
+        }
     }
 }
 
@@ -256,60 +301,70 @@ mod tests {
         json!({"metadata": {"name": "x", "resourceVersion": rv}, "status": status})
     }
 
-    #[test]
-    fn an_older_state_never_replaces_a_newer_one() {
-        // A controller wrote status at 655; our no-op apply came back with the object as of 653.
-        let watched = at("655", json!({"conditions": [{"type": "Available"}]}));
-        let applied = at("653", json!({}));
-        assert!(!supersedes(&applied, &watched));
-        assert!(supersedes(&watched, &applied));
-        assert!(supersedes(&watched, &watched.clone()));
-        // Numeric, not lexical: 1000 is newer than 999.
-        assert!(supersedes(&at("1000", json!({})), &at("999", json!({}))));
-        assert!(supersedes(&json!({"metadata": {}}), &watched));
+    fn cache() -> ObjectCache {
+        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        ObjectCache::new(Client::try_from(config).unwrap())
+    }
+
+    fn configmap_key() -> ObjectKey {
+        ObjectKey::of(&json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "x", "namespace": "ns"}}))
+        .unwrap()
+    }
+
+    fn watched(cache: &ObjectCache, key: &ObjectKey, state: Value) {
+        let delivery = cache.deliveries.fetch_add(1, Ordering::SeqCst) + 1;
+        cache.hold(key, state, Source::Watch(delivery));
     }
 
     #[tokio::test]
-    async fn recording_a_stale_apply_answer_keeps_the_watched_state() {
-        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
-        let cache = ObjectCache::new(Client::try_from(config).unwrap());
-        let key = ObjectKey::of(&json!({"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": "x", "namespace": "ns"}}))
-        .unwrap();
-        cache.record(&key, at("655", json!({"ready": true})));
-        cache.record(&key, at("653", json!({})));
+    async fn an_answer_the_watch_overtook_is_not_taken() {
+        let cache = cache();
+        let key = configmap_key();
+        // Our apply goes out; meanwhile the watch delivers a controller's status write.
+        let sent = cache.mark();
+        watched(&cache, &key, at("655", json!({"ready": true})));
+        cache.record(&key, at("653", json!({})), sent);
         assert_eq!(cache.get(&key).unwrap()["status"]["ready"], true);
-        cache.record(&key, at("700", json!({"ready": false})));
+        // An answer to a request sent after that delivery is newer, whatever its resourceVersion
+        // looks like: versions are opaque.
+        let sent = cache.mark();
+        cache.record(&key, at("1000", json!({"ready": false})), sent);
         assert_eq!(cache.get(&key).unwrap()["status"]["ready"], false);
+        let sent = cache.mark();
+        cache.record(&key, at("999", json!({"ready": "again"})), sent);
+        assert_eq!(cache.get(&key).unwrap()["status"]["ready"], "again");
+        // The watch always replaces, answers included.
+        watched(&cache, &key, at("2", json!({"ready": "watched"})));
+        assert_eq!(cache.get(&key).unwrap()["status"]["ready"], "watched");
     }
 
     #[tokio::test]
     async fn a_handover_tells_the_revision_the_object_left() {
-        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
-        let cache = ObjectCache::new(Client::try_from(config).unwrap());
+        let cache = cache();
         let told: Arc<std::sync::Mutex<Vec<&str>>> = Arc::default();
         for uid in ["rev-1", "rev-2"] {
             let told = told.clone();
             cache.add_route(uid, Arc::new(move |_| told.lock().unwrap().push(uid)));
         }
-        let key = ObjectKey::of(&json!({"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": "x", "namespace": "ns"}}))
-        .unwrap();
+        let key = configmap_key();
         let controlled_by = |uid: &str, rv: &str| {
             json!({"metadata": {"name": "x", "resourceVersion": rv,
                 "ownerReferences": [{"uid": uid, "kind": "ObjectSet", "name": uid, "controller": true}]}})
         };
-        cache.record(&key, controlled_by("rev-1", "10"));
-        cache.record(&key, controlled_by("rev-1", "11"));
+        cache.record(&key, controlled_by("rev-1", "10"), cache.mark());
+        cache.record(&key, controlled_by("rev-1", "11"), cache.mark());
         assert!(
             told.lock().unwrap().is_empty(),
             "same controller: nobody to tell"
         );
         // Revision 2's apply took it over: revision 1 hears of it; revision 2 wrote it and needs no call.
-        cache.record(&key, controlled_by("rev-2", "12"));
+        let sent = cache.mark();
+        cache.record(&key, controlled_by("rev-2", "12"), sent);
         assert_eq!(*told.lock().unwrap(), ["rev-1"]);
-        // An older answer changes nothing and tells nobody.
-        cache.record(&key, controlled_by("rev-1", "11"));
+        // The watch confirms it; an answer to a request sent before that changes nothing, tells nobody.
+        watched(&cache, &key, controlled_by("rev-2", "12"));
+        cache.record(&key, controlled_by("rev-1", "11"), sent);
         assert_eq!(*told.lock().unwrap(), ["rev-1"]);
     }
 }

@@ -130,9 +130,10 @@ async fn apply_template(
         Err(e) => return classify(e, as_template_problem).map(|p| (Some(p), None)),
     };
     context.cache.ensure_watch(&key, &kind);
+    let sent = context.cache.mark();
     match context.applier.apply(&key, &object).await {
         Ok(applied) => {
-            context.cache.record(&key, applied.clone());
+            context.cache.record(&key, applied.clone(), sent);
             Ok((None, Some(applied)))
         }
         Err(e) => classify(e, as_template_problem).map(|p| (Some(p), None)),

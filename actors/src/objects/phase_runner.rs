@@ -298,6 +298,8 @@ async fn reconcile_object(
     }
     let hash = value_hash(&desired.object);
     let mut demoted = None;
+    // Taking an object over is decided on the version observed: the apply carries it as a precondition.
+    let mut taken_over_at: Option<String> = None;
     if let Some(existing) = &observed {
         let adopter = Adopter {
             uid: &plan.owner_uid,
@@ -321,14 +323,29 @@ async fn reconcile_object(
                 }
             }
             AdoptionDecision::Adopt { demote: Some(uid) } => {
-                applier.demote_controller(key, existing, &uid).await?;
+                let demoted_to = applier.demote_controller(key, existing, &uid).await?;
+                taken_over_at = resource_version(&demoted_to);
                 demoted = Some(uid);
             }
-            AdoptionDecision::Adopt { demote: None } => {}
+            AdoptionDecision::Adopt { demote: None } => taken_over_at = resource_version(existing),
         }
     }
-    let stored = applier.apply(key, &desired.object).await?;
-    cache.record(key, stored.clone());
+    let sent = cache.mark();
+    let applied = match &taken_over_at {
+        Some(version) => applier.apply_over(key, &desired.object, version).await,
+        None => applier.apply(key, &desired.object).await,
+    };
+    let stored = match applied {
+        Ok(stored) => stored,
+        Err(e) => {
+            if e.is_conflict() {
+                // Decided on a stale state: the next run reads the object afresh.
+                cache.forget(key);
+            }
+            return Err(e);
+        }
+    };
+    cache.record(key, stored.clone(), sent);
     if let Some(uid) = demoted {
         // The cache tells the former controller only when it held the object's earlier state; the
         // adopter knows whose object it took, so it says so too.
@@ -339,6 +356,13 @@ async fn reconcile_object(
         observed: Some(stored),
         applied_hash: Some(hash),
     })
+}
+
+fn resource_version(object: &Value) -> Option<String> {
+    object
+        .pointer("/metadata/resourceVersion")
+        .and_then(Value::as_str)
+        .map(str::to_owned)
 }
 
 /// Copies the conditions named by the object's conditionMappings, if written for its current generation.
