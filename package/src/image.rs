@@ -1,13 +1,17 @@
 //! Package images: an OCI image whose layers are tar archives holding the package under `package/`. Pull
-//! (anonymous or with credentials), unpack (later layers override earlier ones, dot-paths ignored), cache
-//! by manifest digest so an image is downloaded once, and build/push from a package directory.
+//! (anonymous or with credentials), unpack (later layers override earlier ones, dot-paths ignored) within
+//! the [`ImageLimits`], cache by manifest digest (least recently used go first past the cache's byte
+//! budget) so an image is downloaded once, and build/push from a package directory.
 
 use std::collections::BTreeMap;
 use std::io::Read;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 
 use dashmap::DashMap;
+use lru::LruCache;
 use oci_client::client::{ClientConfig, ClientProtocol, Config, ImageLayer};
 use oci_client::errors::{OciDistributionError, OciErrorCode};
 use oci_client::manifest::{
@@ -18,6 +22,9 @@ use oci_client::{Client, Reference};
 use tracing::instrument;
 
 use super::files::{is_hidden, PackageFiles};
+use super::image_limits::{
+    check_entry_type, check_path, read_file, BoundedStream, ImageLimits, LimitViolation,
+};
 
 /// The directory inside image layers that holds the package.
 pub const PACKAGE_PREFIX: &str = "package/";
@@ -41,14 +48,66 @@ pub enum ImageError {
     },
     #[error("image {reference}: no files under {prefix:?}")]
     Empty { reference: String, prefix: String },
+    #[error("image {reference}: {violation}")]
+    Limit {
+        reference: String,
+        violation: LimitViolation,
+    },
     #[error("packing the package: {0}")]
     Pack(String),
+}
+
+impl ImageError {
+    /// True when the image itself breaks a limit: pulling it again gives the same answer.
+    pub fn is_limit(&self) -> bool {
+        matches!(self, ImageError::Limit { .. })
+    }
+}
+
+/// Unpacked packages by manifest digest, with their size; least recently used go first past the budget.
+struct DigestCache {
+    entries: LruCache<String, (Arc<PackageFiles>, u64)>,
+    bytes: u64,
+    budget: u64,
+}
+
+impl DigestCache {
+    fn get(&mut self, digest: &str) -> Option<Arc<PackageFiles>> {
+        self.entries.get(digest).map(|(files, _)| files.clone())
+    }
+
+    /// Keeps `files` unless it alone is larger than the budget, dropping the least recently used.
+    fn insert(&mut self, digest: String, files: Arc<PackageFiles>) {
+        let size = files_size(&files);
+        if size > self.budget {
+            return;
+        }
+        if let Some((_, replaced)) = self.entries.put(digest, (files, size)) {
+            self.bytes -= replaced;
+        }
+        self.bytes += size;
+        while self.bytes > self.budget {
+            let Some((_, (_, dropped))) = self.entries.pop_lru() else {
+                break;
+            };
+            self.bytes -= dropped;
+        }
+    }
+}
+
+/// Bytes a package holds in memory (paths and contents).
+fn files_size(files: &PackageFiles) -> u64 {
+    files
+        .iter()
+        .map(|(path, content)| (path.len() + content.len()) as u64)
+        .sum()
 }
 
 /// Pulls, caches and pushes package images; cheap to share.
 pub struct ImageStore {
     protocol: ClientProtocol,
-    by_digest: DashMap<String, Arc<PackageFiles>>,
+    limits: ImageLimits,
+    by_digest: Mutex<DigestCache>,
     /// One registry client per set of credentials (see [`ImageStore::client`]).
     clients: DashMap<String, Client>,
     pulls: AtomicU64,
@@ -57,6 +116,11 @@ pub struct ImageStore {
 impl ImageStore {
     /// `insecure_registries` are reached over plain HTTP (local registries).
     pub fn new(insecure_registries: Vec<String>) -> Self {
+        Self::with_limits(insecure_registries, ImageLimits::default())
+    }
+
+    /// Like [`ImageStore::new`], unpacking within `limits`.
+    pub fn with_limits(insecure_registries: Vec<String>, limits: ImageLimits) -> Self {
         let protocol = if insecure_registries.is_empty() {
             ClientProtocol::Https
         } else {
@@ -64,10 +128,27 @@ impl ImageStore {
         };
         Self {
             protocol,
-            by_digest: DashMap::new(),
+            limits,
+            by_digest: Mutex::new(DigestCache {
+                entries: LruCache::unbounded(),
+                bytes: 0,
+                budget: limits.cache_bytes,
+            }),
             clients: DashMap::new(),
             pulls: AtomicU64::new(0),
         }
+    }
+
+    fn cache(&self) -> std::sync::MutexGuard<'_, DigestCache> {
+        // Every change to the cache is one call: a panic elsewhere cannot leave it half-changed.
+        self.by_digest
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Bytes of unpacked packages the cache holds now.
+    pub fn cached_bytes(&self) -> u64 {
+        self.cache().bytes
     }
 
     /// The registry client for `auth`. oci-client remembers the first credentials it sees per registry
@@ -112,15 +193,15 @@ impl ImageStore {
             .fetch_manifest_digest(&reference, auth)
             .await
             .map_err(|e| registry_error(image, e))?;
-        if let Some(files) = self.by_digest.get(&digest) {
-            return Ok((digest, files.clone()));
+        if let Some(files) = self.cache().get(&digest) {
+            return Ok((digest, files));
         }
         let files = Arc::new(
             self.pull_files(image, &reference, PACKAGE_PREFIX, auth)
                 .await?,
         );
         self.pulls.fetch_add(1, Ordering::Relaxed);
-        self.by_digest.insert(digest.clone(), files.clone());
+        self.cache().insert(digest.clone(), files.clone());
         Ok((digest, files))
     }
 
@@ -137,7 +218,9 @@ impl ImageStore {
         self.pull_files(image, &reference, prefix, auth).await
     }
 
-    /// Downloads the layers of `reference` and unpacks the files under `prefix`.
+    /// Downloads the layers of `reference` and unpacks the files under `prefix`. The manifest's layer
+    /// sizes are checked first, and each download stops at its declared size (the digest check needs
+    /// no more), so a registry that lies about a size cannot fill the memory.
     async fn pull_files(
         &self,
         image: &str,
@@ -145,21 +228,55 @@ impl ImageStore {
         prefix: &str,
         auth: &RegistryAuth,
     ) -> Result<PackageFiles, ImageError> {
-        let data = self
-            .client(auth)
-            .pull(
-                reference,
-                auth,
-                vec![IMAGE_LAYER_GZIP_MEDIA_TYPE, IMAGE_LAYER_MEDIA_TYPE],
-            )
+        let client = self.client(auth);
+        let (manifest, _) = client
+            .pull_image_manifest(reference, auth)
             .await
             .map_err(|e| registry_error(image, e))?;
-        let layers: Vec<(&str, &[u8])> = data
+        let limit = |violation| ImageError::Limit {
+            reference: image.to_owned(),
+            violation,
+        };
+        let declared: u64 = manifest
             .layers
             .iter()
-            .map(|l| (l.media_type.as_str(), l.data.as_ref()))
+            .map(|l| u64::try_from(l.size).unwrap_or(u64::MAX))
+            .fold(0, u64::saturating_add);
+        if declared > self.limits.max_layer_bytes {
+            return Err(limit(LimitViolation::LayerBytes {
+                bytes: declared,
+                limit: self.limits.max_layer_bytes,
+            }));
+        }
+        let mut layers = Vec::with_capacity(manifest.layers.len());
+        for (index, layer) in manifest.layers.iter().enumerate() {
+            if ![IMAGE_LAYER_GZIP_MEDIA_TYPE, IMAGE_LAYER_MEDIA_TYPE]
+                .contains(&layer.media_type.as_str())
+            {
+                return Err(ImageError::Layer {
+                    reference: image.to_owned(),
+                    index,
+                    message: format!("media type {} is not a tar layer", layer.media_type),
+                });
+            }
+            let size = u64::try_from(layer.size).unwrap_or(u64::MAX);
+            let mut data = CappedBuffer::new(size);
+            let pulled = client.pull_blob(reference, layer, &mut data).await;
+            if data.overflowed {
+                return Err(ImageError::Layer {
+                    reference: image.to_owned(),
+                    index,
+                    message: format!("the registry sent more than the {size} bytes declared"),
+                });
+            }
+            pulled.map_err(|e| registry_error(image, e))?;
+            layers.push((layer.media_type.clone(), data.bytes));
+        }
+        let layers: Vec<(&str, &[u8])> = layers
+            .iter()
+            .map(|(media_type, data)| (media_type.as_str(), data.as_slice()))
             .collect();
-        unpack_under(image, &layers, prefix)
+        unpack_under(image, &layers, prefix, &self.limits)
     }
 
     /// The manifest digest `image` currently resolves to (what `kubectl-package update` locks).
@@ -271,54 +388,114 @@ fn registry_error(image: &str, error: OciDistributionError) -> ImageError {
     }
 }
 
-/// Unpacks image layers (in order; a later layer's file replaces an earlier one) into package files.
-pub fn unpack(image: &str, layers: &[(&str, &[u8])]) -> Result<PackageFiles, ImageError> {
-    unpack_under(image, layers, PACKAGE_PREFIX)
+/// A download buffer that refuses bytes past `cap`.
+struct CappedBuffer {
+    bytes: Vec<u8>,
+    cap: u64,
+    overflowed: bool,
 }
 
-/// Unpacks the files under `prefix` (`""`: all) of image layers, paths relative to it.
+impl CappedBuffer {
+    fn new(cap: u64) -> Self {
+        Self {
+            bytes: Vec::new(),
+            cap,
+            overflowed: false,
+        }
+    }
+}
+
+impl tokio::io::AsyncWrite for CappedBuffer {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        if (self.bytes.len() + buf.len()) as u64 > self.cap {
+            self.overflowed = true;
+            return Poll::Ready(Err(std::io::Error::other("more bytes than declared")));
+        }
+        self.bytes.extend_from_slice(buf);
+        Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// Unpacks image layers (in order; a later layer's file replaces an earlier one) into package files,
+/// within the default limits.
+pub fn unpack(image: &str, layers: &[(&str, &[u8])]) -> Result<PackageFiles, ImageError> {
+    unpack_under(image, layers, PACKAGE_PREFIX, &ImageLimits::default())
+}
+
+/// Unpacks the files under `prefix` (`""`: all) of image layers, paths relative to it, within `limits`:
+/// every limit is checked while reading, so a bomb stops at the limit, not after it is unpacked.
 pub fn unpack_under(
     image: &str,
     layers: &[(&str, &[u8])],
     prefix: &str,
+    limits: &ImageLimits,
 ) -> Result<PackageFiles, ImageError> {
     let mut files = PackageFiles::new();
+    let mut unpacked: u64 = 0;
+    let mut kept: u64 = 0;
+    let limit = |violation| ImageError::Limit {
+        reference: image.to_owned(),
+        violation,
+    };
     for (index, (media_type, data)) in layers.iter().enumerate() {
-        let layer_err = |message: String| ImageError::Layer {
-            reference: image.to_owned(),
-            index,
-            message,
+        let layer_err = |e: std::io::Error| match LimitViolation::of(&e) {
+            Some(violation) => limit(violation),
+            None => ImageError::Layer {
+                reference: image.to_owned(),
+                index,
+                message: e.to_string(),
+            },
         };
-        let reader: Box<dyn Read> =
-            if media_type.ends_with("+gzip") || media_type.ends_with(".gzip") {
-                Box::new(flate2::read::GzDecoder::new(*data))
-            } else {
-                Box::new(*data)
-            };
-        let mut archive = tar::Archive::new(reader);
-        for entry in archive.entries().map_err(|e| layer_err(e.to_string()))? {
-            let mut entry = entry.map_err(|e| layer_err(e.to_string()))?;
-            if !entry.header().entry_type().is_file() {
-                continue;
-            }
-            let path = entry
-                .path()
-                .map_err(|e| layer_err(e.to_string()))?
-                .to_string_lossy()
-                .into_owned();
-            let path = path.trim_start_matches("./");
-            let Some(relative) = path.strip_prefix(prefix) else {
+        let compressed = media_type.ends_with("+gzip") || media_type.ends_with(".gzip");
+        let reader: Box<dyn Read> = if compressed {
+            Box::new(flate2::read::GzDecoder::new(*data))
+        } else {
+            Box::new(*data)
+        };
+        let budget = limits.max_unpacked_bytes.saturating_sub(unpacked);
+        let mut archive = tar::Archive::new(BoundedStream::new(
+            reader,
+            budget,
+            compressed.then_some(data.len() as u64),
+            limits,
+        ));
+        for entry in archive.entries().map_err(layer_err)? {
+            let mut entry = entry.map_err(layer_err)?;
+            let path = entry.path().map_err(layer_err)?.into_owned();
+            check_path(&path).map_err(limit)?;
+            let path_text = path.to_string_lossy().into_owned();
+            let path_text = path_text.trim_start_matches("./");
+            let Some(relative) = path_text.strip_prefix(prefix) else {
                 continue;
             };
             if relative.is_empty() || is_hidden(relative) {
                 continue;
             }
-            let mut content = Vec::new();
-            entry
-                .read_to_end(&mut content)
-                .map_err(|e| layer_err(e.to_string()))?;
+            if !check_entry_type(&path, entry.header().entry_type()).map_err(limit)? {
+                continue;
+            }
+            kept += 1;
+            if kept > limits.max_files {
+                return Err(limit(LimitViolation::Files {
+                    limit: limits.max_files,
+                }));
+            }
+            let content = read_file(&mut entry, relative, limits).map_err(layer_err)?;
             files.insert(relative.to_owned(), content);
         }
+        unpacked = unpacked.saturating_add(archive.into_inner().read_bytes());
     }
     if files.is_empty() {
         return Err(ImageError::Empty {
@@ -406,6 +583,136 @@ mod tests {
         )
         .unwrap();
         assert_eq!(got, files(&[("keep.yaml", "k"), ("manifest.yaml", "new")]));
+    }
+
+    /// A plain tar layer with one entry of `entry_type` at `path` (raw header bytes, so even paths the
+    /// tar crate's builder refuses can be written).
+    fn layer_with(path: &str, entry_type: tar::EntryType, content: &[u8]) -> Vec<u8> {
+        let mut header = tar::Header::new_old();
+        header.as_old_mut().name[..path.len()].copy_from_slice(path.as_bytes());
+        header.set_entry_type(entry_type);
+        header.set_size(content.len() as u64);
+        header.set_mode(0o644);
+        if entry_type == tar::EntryType::Symlink || entry_type == tar::EntryType::Link {
+            header.set_link_name("/etc/passwd").unwrap();
+        }
+        header.set_cksum();
+        let mut archive = tar::Builder::new(Vec::new());
+        archive.append(&header, content).unwrap();
+        archive.into_inner().unwrap()
+    }
+
+    fn refusal(layers: &[(&str, &[u8])], limits: &ImageLimits) -> String {
+        match unpack_under("img", layers, PACKAGE_PREFIX, limits) {
+            Err(e @ ImageError::Limit { .. }) => e.to_string(),
+            other => panic!("expected a limit, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn links_and_paths_leaving_the_root_refuse_the_image() {
+        let limits = ImageLimits::default();
+        let symlink = layer_with("package/evil.yaml", tar::EntryType::Symlink, b"");
+        assert_eq!(
+            refusal(&[(IMAGE_LAYER_MEDIA_TYPE, &symlink)], &limits),
+            "image img: entry \"package/evil.yaml\" is a symlink, which a package may not contain"
+        );
+        let hardlink = layer_with("package/evil.yaml", tar::EntryType::Link, b"");
+        assert!(refusal(&[(IMAGE_LAYER_MEDIA_TYPE, &hardlink)], &limits).contains("hardlink"));
+        for path in ["package/../../etc/x", "/package/abs.yaml"] {
+            let escaping = layer_with(path, tar::EntryType::Regular, b"x");
+            assert!(
+                refusal(&[(IMAGE_LAYER_MEDIA_TYPE, &escaping)], &limits)
+                    .contains("leaves the image's root"),
+                "{path}"
+            );
+        }
+        // A link outside the package directory is none of the package's business.
+        let mut outside = layer_with("bin/sh", tar::EntryType::Symlink, b"");
+        outside.truncate(outside.len() - 1024);
+        outside.extend(layer_with(
+            "package/manifest.yaml",
+            tar::EntryType::Regular,
+            b"m",
+        ));
+        let files = unpack_under(
+            "img",
+            &[(IMAGE_LAYER_MEDIA_TYPE, &outside)],
+            PACKAGE_PREFIX,
+            &limits,
+        )
+        .unwrap();
+        assert_eq!(files.keys().collect::<Vec<_>>(), ["manifest.yaml"]);
+    }
+
+    #[test]
+    fn bombs_stop_at_the_limit_they_break() {
+        let limits = ImageLimits {
+            max_files: 3,
+            max_file_bytes: 4 * 1024 * 1024,
+            // Zeros compress too well for the ratio to let the file limit speak first.
+            max_compression_ratio: 1_000_000,
+            ..ImageLimits::default()
+        };
+        let many = pack(&files(&[("a", "1"), ("b", "2"), ("c", "3"), ("d", "4")])).unwrap();
+        assert_eq!(
+            refusal(&[(IMAGE_LAYER_GZIP_MEDIA_TYPE, &many)], &limits),
+            "image img: holds more than the limit of 3 files (--max-image-files)"
+        );
+        // 8 MiB of zeros: one file over 4 MiB.
+        let zeros = "\0".repeat(8 * 1024 * 1024);
+        let big = pack(&files(&[("zeros", zeros.as_str())])).unwrap();
+        assert!(refusal(&[(IMAGE_LAYER_GZIP_MEDIA_TYPE, &big)], &limits)
+            .contains("file \"zeros\" is larger than the limit of 4194304 bytes"));
+        // Many 1 MiB files of zeros: the ratio stops the stream long before they are unpacked.
+        let chunk = "\0".repeat(1024 * 1024);
+        let names: Vec<String> = (0..40).map(|i| format!("z{i}")).collect();
+        let bomb = pack(&files(
+            &names
+                .iter()
+                .map(|n| (n.as_str(), chunk.as_str()))
+                .collect::<Vec<_>>(),
+        ))
+        .unwrap();
+        let generous = ImageLimits {
+            max_files: 1000,
+            ..ImageLimits::default()
+        };
+        assert!(refusal(&[(IMAGE_LAYER_GZIP_MEDIA_TYPE, &bomb)], &generous)
+            .contains("unpacks to more than 100 times its size"));
+        let tight_total = ImageLimits {
+            max_files: 1000,
+            max_unpacked_bytes: 2 * 1024 * 1024,
+            max_compression_ratio: 1_000_000,
+            ..ImageLimits::default()
+        };
+        assert!(
+            refusal(&[(IMAGE_LAYER_GZIP_MEDIA_TYPE, &bomb)], &tight_total)
+                .contains("unpacks to more than the limit of 2097152 bytes")
+        );
+    }
+
+    #[test]
+    fn the_digest_cache_keeps_within_its_bytes_dropping_the_least_recently_used() {
+        let mut cache = DigestCache {
+            entries: LruCache::unbounded(),
+            bytes: 0,
+            budget: 100,
+        };
+        let package = |size: usize| Arc::new(files(&[("f", "x".repeat(size - 1).as_str())]));
+        cache.insert("a".into(), package(40));
+        cache.insert("b".into(), package(40));
+        assert!(cache.get("a").is_some(), "a is now the most recently used");
+        cache.insert("c".into(), package(40));
+        assert!(cache.get("b").is_none(), "b was the least recently used");
+        assert!(cache.get("a").is_some() && cache.get("c").is_some());
+        assert_eq!(cache.bytes, 80);
+        cache.insert("huge".into(), package(101));
+        assert!(
+            cache.get("huge").is_none(),
+            "larger than the whole budget: not kept"
+        );
+        assert_eq!(cache.bytes, 80);
     }
 
     #[test]

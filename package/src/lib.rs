@@ -15,6 +15,7 @@ pub mod files;
 pub mod filtering;
 pub mod hbs_template;
 pub mod image;
+pub mod image_limits;
 pub mod image_lock;
 pub mod loader;
 pub mod manifest;

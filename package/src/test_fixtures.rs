@@ -18,6 +18,20 @@ use super::manifest::{config_schema, load_manifest, PackageError};
 /// Directory of the fixtures, relative to the manifest.
 pub const FIXTURE_DIR: &str = ".test-fixtures";
 
+/// A test case's name becomes a directory under [`FIXTURE_DIR`]: it must be one plain path component, so
+/// fixtures are never written outside the package.
+pub fn check_case_name(name: &str) -> Result<(), String> {
+    let plain =
+        !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '\\', '\0']);
+    if plain {
+        Ok(())
+    } else {
+        Err(format!(
+            "test case name {name:?}: must be one path component (not empty, \".\" or \"..\", no / or \\)"
+        ))
+    }
+}
+
 /// Loads the package (the files of one unit: the root or a component) as one test case renders it: the
 /// case's package metadata and environment, its config pruned and defaulted (admission errors are not
 /// the test's concern), every image the static image.
@@ -57,6 +71,16 @@ pub fn fixture_files(package: &LoadedPackage) -> BTreeMap<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn case_names_stay_inside_the_fixture_directory() {
+        for good in ["namespaced", "ha-3", "with.dot"] {
+            assert_eq!(check_case_name(good), Ok(()));
+        }
+        for bad in ["", ".", "..", "../escape", "a/b", "/abs", "a\\b", "nul\0"] {
+            assert!(check_case_name(bad).is_err(), "{bad:?}");
+        }
+    }
 
     const MANIFEST: &str = "apiVersion: manifests.package-operator.run/v1alpha1\nkind: PackageManifest\nmetadata: {name: t}\nspec:\n  scopes: [Namespaced]\n  phases: [{name: main}]\n  config:\n    openAPIV3Schema:\n      type: object\n      properties:\n        size: {type: integer, default: 1}\n        ha: {type: boolean, default: false}\n";
     const CM: &str = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ .package.metadata.name }}\n  namespace: {{ .package.metadata.namespace }}\n  annotations: {package-operator.run/phase: main}\ndata:\n  size: \"{{ .config.size }}\"\n";

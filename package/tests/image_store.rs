@@ -6,6 +6,7 @@ use std::sync::Arc;
 use oci_client::secrets::RegistryAuth;
 use pko_package::files::PackageFiles;
 use pko_package::image::{ImageError, ImageStore};
+use pko_package::image_limits::ImageLimits;
 
 #[tokio::test]
 async fn an_image_is_downloaded_once_per_digest() {
@@ -56,4 +57,55 @@ async fn unknown_images_and_bad_references_are_named() {
         store.fetch("UPPER/Case:!", &RegistryAuth::Anonymous).await,
         Err(ImageError::Reference { .. })
     ));
+}
+
+#[tokio::test]
+async fn images_over_the_limits_are_refused_before_they_are_held_and_never_cached() {
+    let host = pko_testenv::shared_registries().unwrap().open.host();
+    let pusher = ImageStore::new(vec![host.clone()]);
+    // 32 MiB of zeros in 32 files: a layer of a few tens of KiB.
+    let chunk = vec![0u8; 1024 * 1024];
+    let mut bomb: PackageFiles = (0..32)
+        .map(|i| (format!("zeros-{i}"), chunk.clone()))
+        .collect();
+    bomb.insert(
+        "manifest.yaml".to_owned(),
+        b"kind: PackageManifest".to_vec(),
+    );
+    let image = format!("{host}/store/bomb:v1");
+    pusher
+        .push(&image, &bomb, &RegistryAuth::Anonymous)
+        .await
+        .unwrap();
+
+    let store = ImageStore::new(vec![host.clone()]);
+    let started = std::time::Instant::now();
+    match store.fetch(&image, &RegistryAuth::Anonymous).await {
+        Err(e @ ImageError::Limit { .. }) => {
+            assert!(e.to_string().contains("(--max-compression-ratio)"), "{e}");
+            println!("bomb refused in {:?}: {e}", started.elapsed());
+        }
+        other => panic!("want a limit, got {other:?}"),
+    }
+    assert_eq!(
+        store.cached_bytes(),
+        0,
+        "nothing of a refused image is cached"
+    );
+    assert_eq!(store.pulls(), 0);
+
+    // The layers' declared size is checked before anything is downloaded.
+    let small = ImageStore::with_limits(
+        vec![host.clone()],
+        ImageLimits {
+            max_layer_bytes: 1024,
+            ..ImageLimits::default()
+        },
+    );
+    match small.fetch(&image, &RegistryAuth::Anonymous).await {
+        Err(e @ ImageError::Limit { .. }) => {
+            assert!(e.to_string().contains("(--max-image-layer-bytes)"), "{e}")
+        }
+        other => panic!("want a limit, got {other:?}"),
+    }
 }

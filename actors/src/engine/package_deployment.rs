@@ -103,6 +103,9 @@ pub enum UnpackOutcome {
     Unpacked,
     /// The image could not be pulled; retried with backoff.
     PullFailed(String),
+    /// The image breaks an unpack limit or holds what no package may (a link, a path leaving its root);
+    /// the message names the limit. Pulled again only when the spec changes.
+    ImageRefused(String),
     /// The package's content is wrong; retried when the spec changes.
     Invalid(String),
 }
@@ -133,6 +136,12 @@ pub fn package_conditions(
                 ConditionUpdate::new("Unpacked", false, "ImagePullBackOff", message.clone()),
             );
         }
+        UnpackOutcome::ImageRefused(message) => {
+            set(
+                &mut conditions,
+                ConditionUpdate::new("Unpacked", false, "ImageRefused", message.clone()),
+            );
+        }
         UnpackOutcome::Invalid(message) => {
             set(
                 &mut conditions,
@@ -158,6 +167,7 @@ pub fn package_conditions(
     let not_rolled_out = match outcome {
         UnpackOutcome::Unpacked => None,
         UnpackOutcome::PullFailed(message) => Some(("ImagePullBackOff", message)),
+        UnpackOutcome::ImageRefused(message) => Some(("ImageRefused", message)),
         UnpackOutcome::Invalid(message) => Some(("LoadError", message)),
     };
     if let Some((reason, message)) = not_rolled_out {
@@ -177,7 +187,7 @@ pub fn package_conditions(
             .any(|c| c.type_ == t && c.status == "True")
     };
     let phase = match outcome {
-        UnpackOutcome::Invalid(_) => "Invalid",
+        UnpackOutcome::Invalid(_) | UnpackOutcome::ImageRefused(_) => "Invalid",
         UnpackOutcome::PullFailed(_) => "Unpacking",
         UnpackOutcome::Unpacked if paused => "Paused",
         UnpackOutcome::Unpacked if is_true("Available") => "Available",

@@ -1,7 +1,8 @@
 //! The Package actor: one per Package or ClusterPackage. When the spec changes it pulls the image (cached
 //! by digest), loads the package with the package's template context, and applies the ObjectDeployment;
 //! when the deployment changes it only recomputes status. Pull failures retry with backoff (10 s .. 300 s)
-//! and show in `Unpacked`; a broken package is `Invalid` until its spec changes.
+//! and show in `Unpacked`; an image that breaks an unpack limit shows in `Unpacked` too but is not pulled
+//! again, and a broken package is `Invalid`, both until the spec changes.
 
 use std::time::Duration;
 
@@ -59,6 +60,7 @@ async fn unpack(
         .await?;
     let files = match context.images.fetch(&package.spec.image, &auth).await {
         Ok((_, files)) => files,
+        Err(e) if e.is_limit() => return Ok(UnpackOutcome::ImageRefused(e.to_string())),
         Err(e) => return Ok(UnpackOutcome::PullFailed(e.to_string())),
     };
     let hosted_clusters = context

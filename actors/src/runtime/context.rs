@@ -13,6 +13,7 @@ use crate::rollout::hosted_cluster_fleet::RolloutShared;
 use crate::rollout::rollout_publisher::RolloutPublisher;
 use crate::runtime::manager_metrics::ManagerMetrics;
 use pko_package::image::ImageStore;
+use pko_package::image_limits::ImageLimits;
 
 /// Shared handles; cheap to clone.
 #[derive(Clone)]
@@ -34,16 +35,18 @@ pub struct ManagerContext {
 }
 
 impl ManagerContext {
-    /// `plain_http_registries` are reached over HTTP instead of HTTPS (local registries).
+    /// `plain_http_registries` are reached over HTTP instead of HTTPS (local registries); package images
+    /// are unpacked within `image_limits`.
     pub fn new(
         client: Client,
         plain_http_registries: Vec<String>,
+        image_limits: ImageLimits,
         pull_secrets: PullSecretSource,
     ) -> Self {
         Self {
             applier: Applier::new(client.clone()),
             cache: ObjectCache::new(client.clone()),
-            images: Arc::new(ImageStore::new(plain_http_registries)),
+            images: Arc::new(ImageStore::with_limits(plain_http_registries, image_limits)),
             pull_secrets,
             client,
             connectors: None,

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use pko_package::loader::LoadedPackage;
-use pko_package::test_fixtures::{fixture_files, FIXTURE_DIR};
+use pko_package::test_fixtures::{check_case_name, fixture_files, FIXTURE_DIR};
 
 /// How a test case compares with its fixtures.
 pub enum CaseCheck {
@@ -25,6 +25,7 @@ pub fn check_case(
     case: &str,
     loaded: &LoadedPackage,
 ) -> Result<CaseCheck, String> {
+    check_case_name(case)?;
     let fixture_dir = unit_dir.join(FIXTURE_DIR).join(case);
     let rendered = fixture_files(loaded);
     if !fixture_dir.exists() {

@@ -522,6 +522,45 @@ fn fixtures_are_compared_reported_and_generated_per_test_case() {
 }
 
 #[test]
+fn a_test_case_name_cannot_write_outside_the_package() {
+    let listing = |dir: &Path| {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    // As fixture directories these would be the package directory itself, or one outside it.
+    for (name, why) in [
+        ("..", "must not be '.' or '..'"),
+        ("../../escaped", "a valid config key must consist of"),
+    ] {
+        let dir = copy_example("simple", "escape");
+        let manifest = dir.join("manifest.yaml");
+        let original = std::fs::read_to_string(&manifest).unwrap();
+        std::fs::write(
+            &manifest,
+            original.replace("- name: namespaced", &format!("- name: {name:?}")),
+        )
+        .unwrap();
+        let before = listing(&dir);
+        let out = run(&["validate", dir.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(1), "{name}");
+        let stderr = text(&out.stderr);
+        assert!(
+            stderr.contains(&format!(
+                "test.template[0].name: Invalid value: {name:?}: {why}"
+            )),
+            "{stderr}"
+        );
+        assert_eq!(listing(&dir), before, "nothing written into the package");
+        assert!(!dir.parent().unwrap().join("escaped").exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
+
+#[test]
 fn build_writes_a_tarball_that_docker_load_and_tree_read() {
     let out_dir = std::env::temp_dir().join(format!("pko-cli-build-{}", std::process::id()));
     let tar = out_dir.join("nested/dir/pkg.tar");

@@ -25,6 +25,7 @@ use pko_actors::runtime::context::ManagerContext;
 use pko_actors::runtime::leader_lease::{LeaseConfig, LeaseError, LeaseHolder};
 use pko_actors::runtime::process_main::{init_logging, run_system, shutdown_signal};
 use pko_actors::runtime::write_fence::WriteFence;
+use pko_package::image_limits::ImageLimits;
 use pko_proto::nats_credentials::AccountSigner;
 use tracing::{info, warn};
 
@@ -70,6 +71,24 @@ struct Args {
     /// Registries to pull package images from over plain HTTP (local registries), comma-separated hosts.
     #[arg(long, env = "PKO_PLAIN_HTTP_REGISTRIES", value_delimiter = ',')]
     plain_http_registry: Vec<String>,
+    /// Package images: bytes of all layers together, as downloaded.
+    #[arg(long, default_value_t = ImageLimits::default().max_layer_bytes)]
+    max_image_layer_bytes: u64,
+    /// Package images: bytes unpacked from all layers together.
+    #[arg(long, default_value_t = ImageLimits::default().max_unpacked_bytes)]
+    max_unpacked_bytes: u64,
+    /// Package images: files in the package.
+    #[arg(long, default_value_t = ImageLimits::default().max_files)]
+    max_image_files: u64,
+    /// Package images: bytes of one file.
+    #[arg(long, default_value_t = ImageLimits::default().max_file_bytes)]
+    max_image_file_bytes: u64,
+    /// Package images: unpacked bytes per compressed byte of a layer (checked past 1 MiB unpacked).
+    #[arg(long, default_value_t = ImageLimits::default().max_compression_ratio)]
+    max_compression_ratio: u64,
+    /// Bytes of unpacked packages kept in the pull cache (least recently used go first).
+    #[arg(long, default_value_t = ImageLimits::default().cache_bytes)]
+    image_cache_bytes: u64,
     /// ServiceAccount whose imagePullSecrets authenticate package image pulls (the manager's own).
     #[arg(long, env = "POD_SERVICE_ACCOUNT", default_value = "package-operator")]
     service_account: String,
@@ -240,9 +259,18 @@ async fn run(args: Args) -> Result<(), ManagerError> {
         crd_install::install_crds(&client).await?;
         info!("CRDs installed");
     }
+    let image_limits = ImageLimits {
+        max_layer_bytes: args.max_image_layer_bytes,
+        max_unpacked_bytes: args.max_unpacked_bytes,
+        max_files: args.max_image_files,
+        max_file_bytes: args.max_image_file_bytes,
+        max_compression_ratio: args.max_compression_ratio,
+        cache_bytes: args.image_cache_bytes,
+    };
     let mut context = ManagerContext::new(
         engine_client,
         args.plain_http_registry.clone(),
+        image_limits,
         PullSecretSource {
             namespace: args.service_account_namespace.clone(),
             service_account: args.service_account.clone(),

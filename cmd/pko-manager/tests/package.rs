@@ -262,6 +262,51 @@ async fn image_and_package_errors_are_conditions() {
     );
 }
 
+/// Resident memory of a process, in KiB (`VmRSS` of /proc/<pid>/status).
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+#[tokio::test]
+async fn an_image_bomb_is_refused_naming_the_limit_and_the_manager_stays_small() {
+    let (client, ns) = setup("pkg-bomb").await;
+    let host = env().registry().host();
+    // 64 MiB of zeros in 64 files: a layer of about 64 KiB.
+    let chunk = vec![0u8; 1024 * 1024];
+    let mut bomb: PackageFiles = (0..64)
+        .map(|i| (format!("zeros-{i:03}.yaml"), chunk.clone()))
+        .collect();
+    bomb.insert("manifest.yaml".to_owned(), MANIFEST.as_bytes().to_vec());
+    let image = format!("{host}/packages/bomb:v1");
+    ImageStore::new(vec![host])
+        .push(&image, &bomb, &RegistryAuth::Anonymous)
+        .await
+        .unwrap();
+    drop(bomb);
+    let pid = manager().pid().unwrap();
+    let before = rss_kib(pid);
+    let started = std::time::Instant::now();
+    create_package(&client, &ns, "bomb", &image, json!({})).await;
+    let message = wait_package(&client, &ns, "bomb", "Unpacked", "False", "ImageRefused").await;
+    let after = rss_kib(pid);
+    println!(
+        "image bomb refused in {:?}; manager RSS {} MiB before, {} MiB after",
+        started.elapsed(),
+        before / 1024,
+        after / 1024
+    );
+    assert!(message.ends_with("(--max-compression-ratio)"), "{message}");
+    // The rest of the manager goes on: a good package next to it becomes Available.
+    let good = push_greeter().await;
+    create_package(&client, &ns, "neighbour", &good, json!({"greeting": "hi"})).await;
+    wait_package(&client, &ns, "neighbour", "Available", "True", "Available").await;
+}
+
 #[tokio::test]
 async fn pausing_a_package_pauses_its_revisions_until_unpaused() {
     let (client, ns) = setup("pkg-pause").await;
