@@ -30,6 +30,17 @@ pub struct NatsPermissions {
     pub allow_responses: bool,
 }
 
+/// What a restricted user may use, and until when (enforced by nats-server from the JWT).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UserLimits {
+    /// Unix time after which nats-server refuses the credentials (and closes connections using them).
+    pub expires_at: u64,
+    /// Subscriptions it may hold at once.
+    pub subscriptions: i64,
+    /// Bytes of one message it may publish.
+    pub payload_bytes: i64,
+}
+
 /// Credentials could not be made.
 #[derive(Debug, thiserror::Error)]
 pub enum CredentialsError {
@@ -110,15 +121,35 @@ impl AccountSigner {
         &self.account
     }
 
-    /// A new user named `name` with `permissions`, or allowed everything with `None`.
+    /// A new user named `name` with `permissions`, or allowed everything with `None`; it never expires.
     pub fn issue_user(
         &self,
         name: &str,
         permissions: Option<&NatsPermissions>,
     ) -> Result<UserCredentials, CredentialsError> {
+        self.issue(name, permissions, None)
+    }
+
+    /// A new user named `name` with `permissions`, within `limits`.
+    pub fn issue_limited_user(
+        &self,
+        name: &str,
+        permissions: &NatsPermissions,
+        limits: &UserLimits,
+    ) -> Result<UserCredentials, CredentialsError> {
+        self.issue(name, Some(permissions), Some(limits))
+    }
+
+    fn issue(
+        &self,
+        name: &str,
+        permissions: Option<&NatsPermissions>,
+        limits: Option<&UserLimits>,
+    ) -> Result<UserCredentials, CredentialsError> {
         let user = KeyPair::new_user();
+        let (subs, payload) = limits.map_or((-1, -1), |l| (l.subscriptions, l.payload_bytes));
         let mut nats = json!({
-            "subs": -1, "data": -1, "payload": -1,
+            "subs": subs, "data": -1, "payload": payload,
             "type": "user", "version": 2,
         });
         if let Some(p) = permissions {
@@ -131,7 +162,8 @@ impl AccountSigner {
         if self.key.public_key() != self.account {
             nats["issuer_account"] = json!(self.account);
         }
-        let jwt = sign_claims(&self.key, name, &user.public_key(), nats)?;
+        let expires_at = limits.map(|l| l.expires_at);
+        let jwt = sign_claims(&self.key, name, &user.public_key(), nats, expires_at)?;
         Ok(UserCredentials {
             jwt,
             seed: user.seed().map_err(key_error)?,
@@ -170,14 +202,21 @@ impl OperatorSetup {
             "pko-operator",
             &operator.public_key(),
             json!({ "type": "operator", "version": 2, "system_account": system.public_key() }),
+            None,
         )?;
-        let system_account_jwt =
-            sign_claims(&operator, "SYS", &system.public_key(), account_nats(false))?;
+        let system_account_jwt = sign_claims(
+            &operator,
+            "SYS",
+            &system.public_key(),
+            account_nats(false),
+            None,
+        )?;
         let account_jwt = sign_claims(
             &operator,
             account_name,
             &account.public_key(),
             account_nats(true),
+            None,
         )?;
         Ok(Self {
             operator_jwt,
@@ -231,6 +270,7 @@ fn sign_claims(
     name: &str,
     subject: &str,
     nats: Value,
+    expires_at: Option<u64>,
 ) -> Result<String, CredentialsError> {
     let issued_at = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -243,6 +283,9 @@ fn sign_claims(
         "sub": subject,
         "nats": nats,
     });
+    if let Some(expires_at) = expires_at {
+        claims["exp"] = json!(expires_at);
+    }
     let digest = Sha256::digest(serde_json::to_vec(&claims)?);
     claims["jti"] = json!(data_encoding::BASE32_NOPAD.encode(&digest));
     let header = URL_SAFE_NO_PAD.encode(br#"{"typ":"JWT","alg":"ed25519-nkey"}"#);
@@ -303,6 +346,32 @@ mod tests {
             !format!("{user:?}").contains(seed),
             "seed must not be logged"
         );
+    }
+
+    #[test]
+    fn limited_users_expire_and_carry_their_limits() {
+        let setup = OperatorSetup::generate("PKO").unwrap();
+        let signer = AccountSigner::from_seed(setup.account_seed(), None).unwrap();
+        let permissions = NatsPermissions {
+            publish: vec![],
+            subscribe: vec!["a.apply".into()],
+            allow_responses: true,
+        };
+        let limits = UserLimits {
+            expires_at: 2_000_000_000,
+            subscriptions: 8,
+            payload_bytes: 1 << 21,
+        };
+        let user = signer
+            .issue_limited_user("connector-a", &permissions, &limits)
+            .unwrap();
+        let (claims, _, _) = decode(&user.jwt);
+        assert_eq!(claims["exp"], 2_000_000_000u64);
+        assert_eq!(claims["nats"]["subs"], 8);
+        assert_eq!(claims["nats"]["payload"], 1 << 21);
+        let (unlimited, _, _) = decode(&signer.issue_user("manager", None).unwrap().jwt);
+        assert!(unlimited.get("exp").is_none());
+        assert_eq!(unlimited["nats"]["subs"], -1);
     }
 
     #[test]

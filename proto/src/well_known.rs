@@ -32,6 +32,10 @@ pub const CONNECTOR_LABEL: &str = "package-operator.run/connector";
 
 /// Annotation on [`CREDENTIALS_SECRET`]: the NATS account that signed the credentials.
 pub const ACCOUNT_ANNOTATION: &str = "package-operator.run/nats-account";
+/// On the connector credentials Secret: Unix time at which its credentials expire.
+pub const CREDENTIALS_EXPIRY_ANNOTATION: &str = "package-operator.run/credentials-expire-at";
+/// On the connector credentials Secret: UID of the HostedCluster they were minted for.
+pub const CREDENTIALS_CLUSTER_ANNOTATION: &str = "package-operator.run/hosted-cluster-uid";
 
 /// Annotation on the pod template: changes when the credentials do, so the pods restart with them.
 pub const CREDENTIALS_HASH_ANNOTATION: &str = "package-operator.run/credentials-hash";

@@ -7,7 +7,10 @@
 //! [`CONNECTOR_LABEL`], which is how they are found for removal and how the local connector runner finds
 //! the Deployments it runs.
 
-use pko_proto::well_known::{ACCOUNT_ANNOTATION, CONNECTOR_LABEL, CREDENTIALS_HASH_ANNOTATION};
+use pko_proto::well_known::{
+    ACCOUNT_ANNOTATION, CONNECTOR_LABEL, CREDENTIALS_CLUSTER_ANNOTATION,
+    CREDENTIALS_EXPIRY_ANNOTATION, CREDENTIALS_HASH_ANNOTATION,
+};
 use serde_json::{json, Value};
 
 use pko_package::canonical_hash::value_hash;
@@ -60,8 +63,11 @@ pub fn connector_objects(
             "metadata": metadata(namespace, CONNECTOR_NAME),
             // Its leader-election Lease, nothing else: phases reach it over NATS, not through the apiserver.
             "rules": [
+                // Its own Lease only; RBAC cannot name the object of a create, so create stands alone.
                 {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
-                 "verbs": ["get", "create", "update"]},
+                 "resourceNames": [CONNECTOR_NAME], "verbs": ["get", "update"]},
+                {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                 "verbs": ["create"]},
             ],
         }),
         json!({
@@ -116,10 +122,25 @@ pub fn connector_objects(
     ]
 }
 
-/// The Secret with freshly minted credentials signed for `account`.
-pub fn credentials_secret(namespace: &str, account: &str, creds: &str) -> Value {
+/// Whom credentials are minted for, and until when.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CredentialsBinding {
+    /// The NATS account that signs them.
+    pub account: String,
+    /// The HostedCluster they serve.
+    pub cluster_uid: String,
+    /// Unix time at which they expire.
+    pub expires_at: u64,
+}
+
+/// The Secret with freshly minted credentials, annotated with their binding.
+pub fn credentials_secret(namespace: &str, binding: &CredentialsBinding, creds: &str) -> Value {
     let mut meta = metadata(namespace, CREDENTIALS_SECRET);
-    meta["annotations"] = json!({ ACCOUNT_ANNOTATION: account });
+    meta["annotations"] = json!({
+        ACCOUNT_ANNOTATION: binding.account,
+        CREDENTIALS_CLUSTER_ANNOTATION: binding.cluster_uid,
+        CREDENTIALS_EXPIRY_ANNOTATION: binding.expires_at.to_string(),
+    });
     json!({
         "apiVersion": "v1", "kind": "Secret",
         "metadata": meta,
@@ -128,19 +149,27 @@ pub fn credentials_secret(namespace: &str, account: &str, creds: &str) -> Value 
     })
 }
 
-/// Whether an existing credentials Secret (as JSON) still serves: it holds credentials signed for
-/// `account`. Re-minting only then keeps the connector pods from restarting on every reconcile.
-pub fn credentials_current(existing: &Value, account: &str) -> bool {
-    let signed_for = existing
-        .pointer("/metadata/annotations")
-        .and_then(|a| a.get(ACCOUNT_ANNOTATION))
-        .and_then(Value::as_str);
+/// Whether an existing credentials Secret (as JSON) still serves: it holds credentials signed for the
+/// binding's account, minted for the same HostedCluster (not one that had this namespace before), and
+/// valid past `renew_at` (Unix time). Re-minting only then keeps the connector pods from restarting on
+/// every reconcile.
+pub fn credentials_current(existing: &Value, wanted: &CredentialsBinding, renew_at: u64) -> bool {
+    let annotation = |name: &str| {
+        existing
+            .pointer("/metadata/annotations")
+            .and_then(|a| a.get(name))
+            .and_then(Value::as_str)
+    };
     let has_creds = existing
         .pointer("/data")
         .and_then(|d| d.get(CREDENTIALS_KEY))
         .and_then(Value::as_str)
         .is_some_and(|c| !c.is_empty());
-    signed_for == Some(account) && has_creds
+    let expires_at = annotation(CREDENTIALS_EXPIRY_ANNOTATION).and_then(|e| e.parse::<u64>().ok());
+    annotation(ACCOUNT_ANNOTATION) == Some(wanted.account.as_str())
+        && annotation(CREDENTIALS_CLUSTER_ANNOTATION) == Some(wanted.cluster_uid.as_str())
+        && expires_at.is_some_and(|e| e > renew_at)
+        && has_creds
 }
 
 /// Identifies a credentials Secret's content for the pod template annotation.
@@ -216,20 +245,41 @@ mod tests {
             .flat_map(|r| r["resources"].as_array().unwrap())
             .map(|r| r.as_str().unwrap())
             .collect();
-        assert_eq!(resources, ["leases"]);
+        assert_eq!(resources, ["leases", "leases"]);
+        assert_eq!(
+            objects[1]["rules"][0]["resourceNames"],
+            json!([CONNECTOR_NAME])
+        );
+        assert_eq!(objects[1]["rules"][1]["verbs"], json!(["create"]));
     }
 
     #[test]
-    fn credentials_are_kept_while_signed_for_the_same_account() {
-        let minted = credentials_secret("ns", "ACCOUNT", "creds");
+    fn credentials_are_kept_while_bound_alike_and_far_from_expiry() {
+        let binding = CredentialsBinding {
+            account: "ACCOUNT".into(),
+            cluster_uid: "uid-1".into(),
+            expires_at: 1_000,
+        };
+        let minted = credentials_secret("ns", &binding, "creds");
         assert_eq!(minted["stringData"][CREDENTIALS_KEY], "creds");
         // As the apiserver stores it: base64 data.
         let mut stored = minted.clone();
         stored["data"] = json!({ CREDENTIALS_KEY: "Y3JlZHM=" });
-        assert!(credentials_current(&stored, "ACCOUNT"));
-        assert!(!credentials_current(&stored, "OTHER"));
+        assert!(credentials_current(&stored, &binding, 999));
+        // Due for renewal, another account, or another HostedCluster in the same namespace.
+        assert!(!credentials_current(&stored, &binding, 1_000));
+        let other_account = CredentialsBinding {
+            account: "OTHER".into(),
+            ..binding.clone()
+        };
+        assert!(!credentials_current(&stored, &other_account, 0));
+        let recreated = CredentialsBinding {
+            cluster_uid: "uid-2".into(),
+            ..binding.clone()
+        };
+        assert!(!credentials_current(&stored, &recreated, 0));
         stored["data"] = json!({});
-        assert!(!credentials_current(&stored, "ACCOUNT"));
+        assert!(!credentials_current(&stored, &binding, 0));
         let a = credentials_hash(&json!({"data": {"k": "1"}}));
         assert_ne!(a, credentials_hash(&json!({"data": {"k": "2"}})));
         assert_eq!(a.len(), 16);

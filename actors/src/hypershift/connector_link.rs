@@ -62,7 +62,12 @@ pub struct ConnectorLink {
     /// How long a deleted hosted-cluster phase waits for an unreachable connector before its teardown is
     /// given up and its finalizer released.
     pub teardown_timeout: Duration,
+    /// How long connector credentials are valid; they are minted again once a third of that is left.
+    pub credentials_validity: Duration,
 }
+
+/// [`ConnectorLink::credentials_validity`] unless the manager says otherwise.
+pub const DEFAULT_CREDENTIALS_VALIDITY: Duration = Duration::from_secs(30 * 24 * 60 * 60);
 
 /// [`ConnectorLink::teardown_timeout`] unless the manager says otherwise.
 pub const DEFAULT_TEARDOWN_TIMEOUT: Duration = Duration::from_secs(600);
@@ -72,6 +77,14 @@ impl ConnectorLink {
     pub fn with_teardown_timeout(self, timeout: Duration) -> Self {
         Self {
             teardown_timeout: timeout,
+            ..self
+        }
+    }
+
+    /// This link, minting connector credentials valid for `validity`.
+    pub fn with_credentials_validity(self, validity: Duration) -> Self {
+        Self {
+            credentials_validity: validity,
             ..self
         }
     }
@@ -111,6 +124,7 @@ impl ConnectorLink {
             connector_image,
             connections,
             teardown_timeout: DEFAULT_TEARDOWN_TIMEOUT,
+            credentials_validity: DEFAULT_CREDENTIALS_VALIDITY,
         })
     }
 

@@ -1,11 +1,12 @@
 //! The HostedCluster actor: one per HostedCluster. Once the cluster is Available=True it keeps the
-//! connector of its HCP namespace installed and current (credentials minted once per NATS account, objects
+//! connector of its HCP namespace installed and current (credentials minted per NATS account and
+//! HostedCluster, expiring, and minted again before they do; objects
 //! server-side applied on every change of the HostedCluster or the manager's settings), and removes it when
 //! the HostedCluster is deleted. Events on the HostedCluster tell an SRE what happened to its connector.
 //!
 //! It must not touch the phases themselves; the remote phase actors deliver those.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use actix::prelude::*;
 use base64::engine::general_purpose::STANDARD;
@@ -13,15 +14,16 @@ use base64::Engine as _;
 use futures::future::LocalBoxFuture;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::Resource;
-use pko_proto::connector_wire::HostedClusterSubjects;
+use pko_proto::connector_wire::{HostedClusterSubjects, MAX_MESSAGE_BYTES};
 use pko_proto::hypershift::HostedCluster;
+use pko_proto::nats_credentials::UserLimits;
 use serde_json::{json, Value};
 use tracing::{info, warn};
 
 use crate::engine::object_ref::ObjectKey;
 use crate::hypershift::connector_deployment::{
     connector_objects, credentials_current, credentials_hash, credentials_secret,
-    ConnectorSettings, CREDENTIALS_KEY, CREDENTIALS_SECRET,
+    ConnectorSettings, CredentialsBinding, CREDENTIALS_KEY, CREDENTIALS_SECRET,
 };
 use crate::runtime::context::ManagerContext;
 use crate::runtime::object_actor::{work, Change, ObjectActor, Outcome, Reconcile, Work};
@@ -30,6 +32,10 @@ use crate::runtime::registry::ObjectRef;
 use pko_package::canonical_hash::value_hash;
 
 const BACKOFF_MIN: Duration = Duration::from_secs(2);
+/// Subscriptions a connector holds: apply, teardown and its client's request inbox, with room to spare.
+const CONNECTOR_SUBSCRIPTIONS: i64 = 16;
+/// The largest message a connector publishes: a report within the wire limit, with its headers.
+const CONNECTOR_PAYLOAD_BYTES: i64 = 2 * MAX_MESSAGE_BYTES as i64;
 
 /// What a reconcile did, for the event it deserves.
 enum InstallOutcome {
@@ -57,9 +63,14 @@ async fn apply(context: &ManagerContext, object: &Value) -> Result<Value, String
         .map_err(|e| e.to_string())
 }
 
-/// The connector's credentials Secret: the existing one while it is signed for the current account,
-/// otherwise freshly minted credentials limited to `namespace`'s subjects.
-async fn ensure_credentials(context: &ManagerContext, namespace: &str) -> Result<Value, String> {
+/// The connector's credentials Secret: the existing one while it is bound to the current account and
+/// HostedCluster and more than a third of its validity is left, otherwise freshly minted credentials
+/// limited to `namespace`'s subjects, expiring after the link's credentials validity.
+async fn ensure_credentials(
+    context: &ManagerContext,
+    namespace: &str,
+    cluster_uid: &str,
+) -> Result<Value, String> {
     let link = context.connectors.as_ref().ok_or("no NATS configured")?;
     let key = ObjectKey {
         group: String::new(),
@@ -68,23 +79,43 @@ async fn ensure_credentials(context: &ManagerContext, namespace: &str) -> Result
         namespace: namespace.to_owned(),
         name: CREDENTIALS_SECRET.to_owned(),
     };
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default();
+    let validity = link.credentials_validity.as_secs();
+    let binding = CredentialsBinding {
+        account: link.signer.account().to_owned(),
+        cluster_uid: cluster_uid.to_owned(),
+        expires_at: now + validity,
+    };
     let existing = context.applier.get(&key).await.map_err(|e| e.to_string())?;
-    if let Some(existing) = existing.filter(|s| credentials_current(s, link.signer.account())) {
+    let renew_at = now + validity / 3;
+    if let Some(existing) = existing.filter(|s| credentials_current(s, &binding, renew_at)) {
         return Ok(existing);
     }
     let subjects = HostedClusterSubjects::new(namespace).map_err(|e| e.to_string())?;
     let credentials = link
         .signer
-        .issue_user(
+        .issue_limited_user(
             &format!("pko-connector-{namespace}"),
-            Some(&subjects.connector_permissions()),
+            &subjects.connector_permissions(),
+            &UserLimits {
+                expires_at: binding.expires_at,
+                subscriptions: CONNECTOR_SUBSCRIPTIONS,
+                payload_bytes: CONNECTOR_PAYLOAD_BYTES,
+            },
         )
         .map_err(|e| e.to_string())?;
-    let mut secret = credentials_secret(namespace, link.signer.account(), "");
+    let mut secret = credentials_secret(namespace, &binding, "");
     // Applied as data: stringData is write-only, so server-side apply could not tell it is unchanged.
     secret.as_object_mut().map(|s| s.remove("stringData"));
     secret["data"] = json!({ CREDENTIALS_KEY: STANDARD.encode(credentials.creds_file()) });
-    info!(namespace, "minted connector NATS credentials");
+    info!(
+        namespace,
+        expires_at = binding.expires_at,
+        "minted connector NATS credentials"
+    );
     apply(context, &secret).await
 }
 
@@ -102,7 +133,8 @@ async fn ensure_connector(
     let Some(namespace) = cluster.hosted_control_plane_namespace() else {
         return InstallOutcome::Unchanged;
     };
-    let secret = match ensure_credentials(context, &namespace).await {
+    let uid = cluster.metadata.uid.as_deref().unwrap_or_default();
+    let secret = match ensure_credentials(context, &namespace, uid).await {
         Ok(s) => s,
         Err(e) => {
             return InstallOutcome::Failed(format!("connector credentials in {namespace}: {e}"))
@@ -161,7 +193,13 @@ async fn remove_connector(context: &ManagerContext, namespace: &str) -> Result<(
         return Ok(());
     };
     let mut objects = connector_objects(namespace, &settings, "");
-    objects.push(credentials_secret(namespace, "", ""));
+    // Only the Secret's name and namespace matter for the delete.
+    let any_binding = CredentialsBinding {
+        account: String::new(),
+        cluster_uid: String::new(),
+        expires_at: 0,
+    };
+    objects.push(credentials_secret(namespace, &any_binding, ""));
     for object in objects.iter().rev() {
         let Some(key) = ObjectKey::of(object) else {
             continue;
@@ -192,6 +230,14 @@ impl Reconcile for HostedClusterController {
 
     fn new(_: &ManagerContext) -> Self {
         Self { applied: None }
+    }
+
+    /// Credentials fall due for renewal with time alone: look again six times per validity.
+    fn resync(context: &ManagerContext) -> Option<Duration> {
+        context
+            .connectors
+            .as_ref()
+            .map(|link| link.credentials_validity / 6)
     }
 
     fn key(cluster: &HostedCluster) -> ObjectRef {

@@ -78,7 +78,9 @@ impl Reconcile for RemotePhaseController {
     const BACKOFF: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
     /// The connector repairs drift it sees; re-sending now and then covers what it cannot see (a
     /// restarted connector starts empty and a hello can be lost).
-    const RESYNC: Option<Duration> = Some(Duration::from_secs(300));
+    fn resync(_: &ManagerContext) -> Option<Duration> {
+        Some(Duration::from_secs(300))
+    }
 
     fn new(_: &ManagerContext) -> Self {
         Self {

@@ -79,8 +79,10 @@ pub trait Reconcile: Sized + Unpin + 'static {
     /// actors whose messages must not see a half-installed reconcile.
     const EXCLUSIVE: bool = false;
     /// Reconcile again this long (jittered, `[d/2, d)`) after a successful reconcile even without an
-    /// event: drift repair where no watch reports drift.
-    const RESYNC: Option<Duration> = None;
+    /// event: drift repair where no watch reports drift, or work that falls due with time.
+    fn resync(_context: &ManagerContext) -> Option<Duration> {
+        None
+    }
 
     fn new(context: &ManagerContext) -> Self;
     fn key(object: &Self::Object) -> ObjectRef;
@@ -183,7 +185,7 @@ impl<R: Reconcile> ObjectActor<R> {
             act.metrics
                 .finished(R::CONTROLLER, result, started.elapsed());
             let failed = result != ReconcileResult::Success;
-            if let (false, Some(period)) = (failed, R::RESYNC) {
+            if let (false, Some(period)) = (failed, R::resync(&act.context)) {
                 act.resync =
                     Some(ctx.run_later(Backoff::jittered(period), Self::request_reconcile));
             }

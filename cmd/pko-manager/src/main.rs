@@ -14,7 +14,7 @@ use clap::{Parser, ValueEnum};
 use pko_actors::admission::serving_cert::{ServingCert, ServingCertConfig, ServingCertError};
 use pko_actors::admission::webhook_server::{self, ReviewCounts};
 use pko_actors::hypershift::connector_link::{
-    ConnectorLink, LinkSetupError, DEFAULT_TEARDOWN_TIMEOUT,
+    ConnectorLink, LinkSetupError, DEFAULT_CREDENTIALS_VALIDITY, DEFAULT_TEARDOWN_TIMEOUT,
 };
 use pko_actors::packages::pull_secrets::PullSecretSource;
 use pko_actors::rollout::rollout_publisher::DEFAULT_OUTBOX_CAPACITY;
@@ -111,6 +111,10 @@ struct Args {
     /// is skipped and its finalizer released (at once when its HostedCluster is gone).
     #[arg(long, default_value_t = DEFAULT_TEARDOWN_TIMEOUT.as_secs())]
     hosted_teardown_timeout_seconds: u64,
+    /// Seconds connector NATS credentials are valid; they are minted again (and the connector restarted
+    /// with them) once a third of that is left.
+    #[arg(long, default_value_t = DEFAULT_CREDENTIALS_VALIDITY.as_secs())]
+    connector_credentials_validity_seconds: u64,
     /// Image of the hosted-cluster connector Deployments: the manager's own image, which holds both binaries.
     #[arg(long, env = "PKO_CONNECTOR_IMAGE", default_value = "localhost/pko:dev")]
     connector_image: String,
@@ -201,7 +205,10 @@ async fn connector_link(args: &Args) -> Result<Option<ConnectorLink>, ManagerErr
             args.connector_image.clone(),
         )
         .await?
-        .with_teardown_timeout(Duration::from_secs(args.hosted_teardown_timeout_seconds)),
+        .with_teardown_timeout(Duration::from_secs(args.hosted_teardown_timeout_seconds))
+        .with_credentials_validity(Duration::from_secs(
+            args.connector_credentials_validity_seconds.max(3),
+        )),
     ))
 }
 

@@ -40,6 +40,84 @@ where
     .unwrap()
 }
 
+/// Connects with `creds`, collecting the server's error messages.
+async fn connect_collecting_errors(
+    creds: &str,
+) -> Result<(async_nats::Client, tokio::sync::mpsc::UnboundedReceiver<String>), String> {
+    let (errors_tx, errors) = tokio::sync::mpsc::unbounded_channel();
+    let client = ConnectOptions::with_credentials(creds)
+        .unwrap()
+        .event_callback(move |event| {
+            let errors_tx = errors_tx.clone();
+            async move {
+                if let Event::ServerError(e) = event {
+                    let _ = errors_tx.send(e.to_string());
+                }
+            }
+        })
+        .connect(env().nats().url())
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok((client, errors))
+}
+
+async fn next_error_containing(
+    errors: &mut tokio::sync::mpsc::UnboundedReceiver<String>,
+    text: &str,
+) -> String {
+    loop {
+        let error = tokio::time::timeout(TIMEOUT, errors.recv())
+            .await
+            .unwrap_or_else(|_| panic!("no server error containing {text:?}"))
+            .unwrap();
+        if error.to_lowercase().contains(&text.to_lowercase()) {
+            return error;
+        }
+    }
+}
+
+#[tokio::test]
+async fn connector_credentials_expire_and_stay_within_their_limits() {
+    use pko_proto::nats_credentials::{AccountSigner, UserLimits};
+    let signer = AccountSigner::from_seed(env().nats().account_seed(), None).unwrap();
+    let subjects = HostedClusterSubjects::new("clusters-limits").unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let limits = |expires_at| UserLimits {
+        expires_at,
+        subscriptions: 2,
+        payload_bytes: 1024,
+    };
+    // Expired credentials do not connect.
+    let expired = signer
+        .issue_limited_user("expired", &subjects.connector_permissions(), &limits(now - 60))
+        .unwrap();
+    let refused = connect_collecting_errors(&expired.creds_file()).await;
+    assert!(
+        refused.as_ref().is_err_and(|e| e.to_lowercase().contains("authorization")),
+        "{:?}",
+        refused.map(|_| ())
+    );
+    // Valid ones hold at most their subscriptions and publish at most their payload.
+    let valid = signer
+        .issue_limited_user("limited", &subjects.connector_permissions(), &limits(now + 3600))
+        .unwrap();
+    let (client, mut errors) = connect_collecting_errors(&valid.creds_file()).await.unwrap();
+    let _apply = client.subscribe(subjects.apply()).await.unwrap();
+    let _teardown = client.subscribe(subjects.teardown()).await.unwrap();
+    let _third = client.subscribe(subjects.apply()).await.unwrap();
+    client.flush().await.unwrap();
+    next_error_containing(&mut errors, "maximum subscriptions exceeded").await;
+    let (client, mut errors) = connect_collecting_errors(&valid.creds_file()).await.unwrap();
+    let _ = client
+        .publish(subjects.status(), vec![b'x'; 4096].into())
+        .await;
+    let _ = client.flush().await;
+    next_error_containing(&mut errors, "maximum payload").await;
+}
+
 #[tokio::test]
 async fn connectors_follow_hosted_clusters_and_are_confined_to_their_namespace() {
     manager();
@@ -70,13 +148,18 @@ async fn connectors_follow_hosted_clusters_and_are_confined_to_their_namespace()
             .get("pko-connector")
             .await
             .unwrap();
-        let resources: Vec<String> = role
-            .rules
-            .unwrap()
-            .into_iter()
-            .flat_map(|r| r.resources.unwrap())
+        let rules = role.rules.unwrap();
+        let resources: Vec<String> = rules
+            .iter()
+            .flat_map(|r| r.resources.clone().unwrap())
             .collect();
-        assert_eq!(resources, ["leases"]);
+        assert_eq!(resources, ["leases", "leases"]);
+        // Its own Lease only (create cannot be limited by name).
+        assert_eq!(
+            rules[0].resource_names.as_deref(),
+            Some(&["pko-connector".to_owned()][..])
+        );
+        assert_eq!(rules[1].verbs, ["create"]);
         Api::<RoleBinding>::namespaced(client.clone(), ns)
             .get("pko-connector")
             .await
@@ -85,6 +168,26 @@ async fn connectors_follow_hosted_clusters_and_are_confined_to_their_namespace()
             .get("pko-connector-nats")
             .await
             .unwrap();
+        // Bound to this HostedCluster, and expiring (30 days by default).
+        let annotations = secret.metadata.annotations.clone().unwrap();
+        let uid = Api::<HostedCluster>::namespaced(client.clone(), &cluster.namespace)
+            .get(&cluster.name)
+            .await
+            .unwrap()
+            .metadata
+            .uid;
+        assert_eq!(
+            annotations.get("package-operator.run/hosted-cluster-uid"),
+            uid.as_ref()
+        );
+        let expires_at: u64 = annotations["package-operator.run/credentials-expire-at"]
+            .parse()
+            .unwrap();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        assert!(expires_at > now + 29 * 24 * 3600 && expires_at <= now + 30 * 24 * 3600);
         assert!(secret.data.unwrap().contains_key("nats.creds"));
     }
     let events: Api<KubeEvent> = Api::namespaced(client.clone(), HOSTED_CLUSTERS_NAMESPACE);
