@@ -7,12 +7,11 @@
 use pko_proto::well_known::CONDITION_ANNOTATION;
 use std::collections::BTreeMap;
 
-use kube_cel::cel::Program;
 use pko_proto::manifests::PackageManifestConditionalFiltering;
 use serde_json::Value;
 
 use super::template_funcs::glob_match;
-use crate::cel::evaluate_cel_with;
+use crate::cel::{compile_bounded, evaluate_cel_with};
 
 /// Evaluates the filtering section once for a context.
 #[derive(Debug, Clone)]
@@ -31,8 +30,8 @@ fn is_identifier(name: &str) -> bool {
 }
 
 fn evaluate(expression: &str, variables: &BTreeMap<String, Value>) -> Result<bool, String> {
-    let program = Program::compile(expression)
-        .map_err(|e| format!("invalid CEL {expression:?}: {}", e.to_string().trim()))?;
+    let program =
+        compile_bounded(expression).map_err(|e| format!("invalid CEL {expression:?}: {e}"))?;
     evaluate_cel_with(&program, variables.iter().map(|(k, v)| (k.as_str(), v)))
         .map_err(|e| format!("CEL {expression:?}: {e}"))
 }

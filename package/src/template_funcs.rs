@@ -8,13 +8,13 @@ use std::sync::Arc;
 
 use base64::Engine as _;
 use gotmpl::{FuncMap, Value};
-use kube_cel::cel::Program;
 use serde_json::Value as Json;
 
 use super::files::PackageFiles;
 use super::template_values::{arg, display, fail, from_json, is_empty, string_arg, to_json};
-use crate::cel::evaluate_cel_with;
+use crate::cel::{compile_bounded, evaluate_cel_with};
 use crate::render_budget::{check_text, guard_text_builtins, guarded};
+use crate::yaml::parse_untrusted_yaml;
 
 /// `text` with every line indented by `spaces`; the result's size is checked before it is built.
 fn indent(name: &str, text: &str, spaces: usize) -> Result<String, gotmpl::TemplateError> {
@@ -236,7 +236,7 @@ pub fn package_funcs(files: Arc<PackageFiles>, context: Arc<Json>) -> FuncMap {
     map.insert(
         "fromYaml".into(),
         Arc::new(|args: &[Value]| {
-            let json: Json = serde_saphyr::from_str(&string_arg("fromYaml", args, 0)?)
+            let json: Json = parse_untrusted_yaml(&string_arg("fromYaml", args, 0)?)
                 .map_err(|e| fail("fromYaml", e))?;
             from_json("fromYaml", &json)
         }),
@@ -351,7 +351,7 @@ pub fn package_funcs(files: Arc<PackageFiles>, context: Arc<Json>) -> FuncMap {
         Arc::new(move |args: &[Value]| {
             let rule = string_arg("cel", args, 0)?;
             let program =
-                Program::compile(&rule).map_err(|e| fail("cel", format!("{rule:?}: {e}")))?;
+                compile_bounded(&rule).map_err(|e| fail("cel", format!("{rule:?}: {e}")))?;
             // The context's top-level keys (`package`, `config`, `environment`, ...) are the variables.
             let variables = context
                 .as_object()

@@ -6,15 +6,44 @@ pub fn first_document(text: &str) -> &str {
     split_documents(text).first().map_or("", |(_, doc)| doc)
 }
 
+/// Aliases one document may use: Kubernetes objects need few, and each one can copy a whole subtree
+/// (the billion-laughs expansion needs many).
+pub const MAX_ALIASES: usize = 1_000;
+/// Nesting depth of one document.
+pub const MAX_DEPTH: usize = 64;
+/// Nodes of one document.
+pub const MAX_NODES: usize = 250_000;
+/// Bytes of all scalars of one document, alias copies included.
+pub const MAX_SCALAR_BYTES: usize = 16 * 1024 * 1024;
+
 /// Parses one YAML document of a package file as Package Operator does (sigs.k8s.io/yaml, YAML 1.1
 /// scalars): a mapping key given twice keeps its last value, `yes`/`no`/`on`/`off` are booleans and a
-/// leading zero makes an integer octal (`defaultMode: 0644` is 420).
+/// leading zero makes an integer octal (`defaultMode: 0644` is 420). Within explicit budgets (aliases,
+/// depth, nodes, scalar bytes): a document over one is an error naming it.
 pub fn parse_yaml<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, serde_saphyr::Error> {
     let options = serde_saphyr::options! {
+        budget: budget(),
         duplicate_keys: serde_saphyr::DuplicateKeyPolicy::LastWins,
         legacy_octal_numbers: true,
     };
     serde_saphyr::from_str_with_options(text, options)
+}
+
+/// Parses YAML a tenant wrote (rendered templates, `fromYaml`) with the parser's own defaults, within
+/// the same budgets as package files.
+pub fn parse_untrusted_yaml<T: serde::de::DeserializeOwned>(
+    text: &str,
+) -> Result<T, serde_saphyr::Error> {
+    serde_saphyr::from_str_with_options(text, serde_saphyr::options! { budget: budget() })
+}
+
+fn budget() -> Option<serde_saphyr::Budget> {
+    serde_saphyr::budget! {
+        max_aliases: MAX_ALIASES,
+        max_depth: MAX_DEPTH,
+        max_nodes: MAX_NODES,
+        max_total_scalar_bytes: MAX_SCALAR_BYTES,
+    }
 }
 
 /// Splits an object file as upstream does: leading and trailing `-` and newline characters go, the rest
@@ -60,6 +89,29 @@ pub fn split_documents(content: &str) -> Vec<(usize, &str)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn alias_bombs_and_deep_nesting_are_refused_by_their_budget() {
+        let mut laughs =
+            String::from("a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]\n");
+        for level in 1..10 {
+            let previous = format!("*a{}", level - 1);
+            let row = vec![previous; 10].join(", ");
+            laughs.push_str(&format!("a{level}: &a{level} [{row}]\n"));
+        }
+        let error = parse_yaml::<serde_json::Value>(&laughs)
+            .unwrap_err()
+            .to_string();
+        assert!(error.to_lowercase().contains("budget"), "{error}");
+        let deep = format!(
+            "{}1{}",
+            "[".repeat(MAX_DEPTH + 8),
+            "]".repeat(MAX_DEPTH + 8)
+        );
+        assert!(parse_yaml::<serde_json::Value>(&deep).is_err());
+        let fine: serde_json::Value = parse_yaml("a: &x [1, 2]\nb: *x\n").unwrap();
+        assert_eq!(fine["b"], serde_json::json!([1, 2]));
+    }
     use pko_proto::manifests::PackageManifest;
     use serde_json::{json, Value};
 

@@ -15,6 +15,7 @@ use super::conditions::{remove_condition, set_condition, ConditionUpdate};
 use super::object_ref::{split_api_version, ObjectKey};
 use pko_package::template::render;
 use pko_package::template_funcs::package_funcs;
+use pko_package::yaml::parse_untrusted_yaml;
 
 /// The condition an unusable template or source sets.
 pub const INVALID: &str = "Invalid";
@@ -138,7 +139,7 @@ pub fn render_object(
     let funcs = package_funcs(Default::default(), std::sync::Arc::new(context.clone()));
     let text = render("spec.template", template, &[], &funcs, &context)
         .map_err(|e| TemplateProblem::Template(e.to_string()))?;
-    let mut object: Value = serde_saphyr::from_str(&text)
+    let mut object: Value = parse_untrusted_yaml(&text)
         .map_err(|e| TemplateProblem::Template(format!("spec.template: rendered YAML: {e}")))?;
     let Some(map) = object.as_object_mut() else {
         return Err(TemplateProblem::Template(

@@ -6,8 +6,7 @@
 
 use std::sync::Arc;
 
-use kube_cel::cel::Program;
-use pko_package::cel::evaluate_cel_with;
+use pko_package::cel::{compile_bounded, evaluate_cel_with, CelRule};
 use pko_proto::core::common::{ObjectSetProbe, Probe, ProbeSelector};
 use serde_json::Value;
 
@@ -65,7 +64,7 @@ enum CompiledCheck {
         field_b: String,
     },
     Cel {
-        program: Arc<Program>,
+        program: Arc<CelRule>,
         message: String,
     },
 }
@@ -128,6 +127,14 @@ impl ProbeSet {
         self.groups.is_empty()
     }
 
+    /// True when a probe runs a CEL rule: the costly kind, which callers evaluate off their actor thread.
+    pub fn has_cel(&self) -> bool {
+        self.groups
+            .iter()
+            .flat_map(|g| &g.checks)
+            .any(|c| matches!(c, CompiledCheck::Cel { .. }))
+    }
+
     /// Probes one observed object; `api_group` and `kind` identify it for the selectors.
     pub fn evaluate(&self, key: &ObjectKey, object: &Value) -> ProbeResult {
         let labels = labels_of(object);
@@ -168,11 +175,12 @@ fn compile_probe(probe: &Probe, field: &str) -> Result<CompiledCheck, ProbeSpecE
             field_b: f.field_b.clone(),
         }),
         (None, None, Some(c)) => {
-            let program = Program::compile(&c.rule).map_err(|e| ProbeSpecError::InvalidCel {
-                field: format!("{field}.cel.rule"),
-                rule: c.rule.clone(),
-                message: e.to_string().trim().to_owned(),
-            })?;
+            let program =
+                compile_bounded(&c.rule).map_err(|message| ProbeSpecError::InvalidCel {
+                    field: format!("{field}.cel.rule"),
+                    rule: c.rule.clone(),
+                    message,
+                })?;
             Ok(CompiledCheck::Cel {
                 program: Arc::new(program),
                 message: c.message.clone(),
@@ -322,7 +330,7 @@ fn json_numbers_equal(a: &Value, b: &Value) -> bool {
 }
 
 /// `cel` probe: `rule` evaluated with the object as `self` is `true`.
-fn probe_cel(object: &Value, program: &Program, message: &str) -> Result<(), String> {
+fn probe_cel(object: &Value, program: &CelRule, message: &str) -> Result<(), String> {
     match evaluate_cel(program, object) {
         Ok(true) => Ok(()),
         Ok(false) => Err(message.to_owned()),
@@ -331,7 +339,7 @@ fn probe_cel(object: &Value, program: &Program, message: &str) -> Result<(), Str
 }
 
 /// Evaluates a compiled boolean CEL expression with `object` bound to `self`.
-pub fn evaluate_cel(program: &Program, object: &Value) -> Result<bool, String> {
+pub fn evaluate_cel(program: &CelRule, object: &Value) -> Result<bool, String> {
     evaluate_cel_with(program, [("self", object)])
 }
 
@@ -448,6 +456,35 @@ mod tests {
         match err {
             ProbeSpecError::InvalidCel { field, .. } => {
                 assert_eq!(field, "spec.availabilityProbes[0].probes[1].cel.rule")
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        // Over the CEL budget: refused when compiled, the limit named with the field.
+        let costly = "self.a.all(x, self.a.all(y, self.a.all(z, x == z)))";
+        let err = ProbeSet::compile(&[group("Deployment", vec![cel(costly)])], "p").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!("p[0].probes[0].cel.rule: invalid CEL rule {costly:?}: comprehensions (all, exists, map, filter) nest 3 deep, more than the limit of 2")
+        );
+        // Within it at compile time, but over the step budget for this object: a failed probe.
+        let pairs = ProbeSet::compile(
+            &[group(
+                "Deployment",
+                vec![cel("self.spec.a.all(x, self.spec.a.exists(y, x == y))")],
+            )],
+            "p",
+        )
+        .unwrap();
+        assert!(pairs.has_cel());
+        let wide = serde_json::json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "d", "generation": 1}, "spec": {"a": (0..2000).collect::<Vec<_>>()},
+            "status": {"observedGeneration": 1}});
+        match pairs.evaluate(&key("apps", "Deployment"), &wide) {
+            ProbeResult::Failed(messages) => {
+                assert!(
+                    messages[0].contains("over the evaluation budget"),
+                    "{messages:?}"
+                )
             }
             other => panic!("unexpected {other:?}"),
         }

@@ -17,7 +17,7 @@ use crate::engine::drift::is_subset;
 use crate::engine::object_ref::ObjectKey;
 use crate::engine::object_set_status::{BlockReason, MappedCondition, PhaseProgress};
 use crate::engine::phase_verdict::{blocked, phase_progress, probed_finding, ObjectFinding};
-use crate::engine::probe::ProbeSet;
+use crate::engine::probe::{ProbeResult, ProbeSet};
 use crate::objects::applier::{Applier, ApplyError};
 use crate::objects::object_cache::ObjectCache;
 use pko_package::canonical_hash::value_hash;
@@ -110,6 +110,7 @@ pub async fn reconcile_phase(
         .collect()
         .await;
 
+    let mut probed = probe_off_thread(plan, &outcomes).await;
     let mut findings = Vec::with_capacity(plan.objects.len());
     let mut controlled = Vec::new();
     let mut phase_controls = Vec::new();
@@ -154,11 +155,10 @@ pub async fn reconcile_phase(
                     .delegated
                     .then(|| phase_availability(&observed))
                     .flatten();
-                let finding = probed_finding(
-                    &key.to_string(),
-                    plan.probes.evaluate(&key, &observed),
-                    delegated,
-                );
+                let result = probed
+                    .remove(&key)
+                    .unwrap_or_else(|| plan.probes.evaluate(&key, &observed));
+                let finding = probed_finding(&key.to_string(), result, delegated);
                 if matches!(finding, ObjectFinding::ProbeFailed { .. }) {
                     // The next look reads it from the apiserver, not from what pko last saw.
                     cache.forget(&key);
@@ -187,6 +187,46 @@ pub async fn reconcile_phase(
         mapped,
         transient_error,
     }
+}
+
+/// Probe results of the observed objects, evaluated on the blocking pool when the phase's probes run CEL
+/// (within its step budget that is still up to a million steps per object, too long for the thread every
+/// actor shares); empty otherwise, and the cheap probes run inline.
+async fn probe_off_thread(
+    plan: &PhasePlan,
+    outcomes: &[ObjectOutcome],
+) -> HashMap<ObjectKey, ProbeResult> {
+    if !plan.probes.has_cel() {
+        return HashMap::new();
+    }
+    let observed: Vec<(ObjectKey, Value)> = outcomes
+        .iter()
+        .filter_map(|o| match o {
+            ObjectOutcome::Ready {
+                key,
+                observed: Some(observed),
+                ..
+            } => Some((key.clone(), observed.clone())),
+            _ => None,
+        })
+        .collect();
+    let keys: Vec<ObjectKey> = observed.iter().map(|(key, _)| key.clone()).collect();
+    let probes = plan.probes.clone();
+    let evaluated = tokio::task::spawn_blocking(move || {
+        observed
+            .into_iter()
+            .map(|(key, object)| {
+                let result = probes.evaluate(&key, &object);
+                (key, result)
+            })
+            .collect()
+    })
+    .await;
+    // A panic while probing fails this phase's probes, not the actor.
+    evaluated.unwrap_or_else(|e| {
+        let failed = ProbeResult::Failed(vec![format!("evaluating the probes failed: {e}")]);
+        keys.into_iter().map(|key| (key, failed.clone())).collect()
+    })
 }
 
 /// A delegated phase's ObjectSetPhase that says, for its generation, it is still waiting (on its

@@ -43,7 +43,13 @@ where
 /// Connects with `creds`, collecting the server's error messages.
 async fn connect_collecting_errors(
     creds: &str,
-) -> Result<(async_nats::Client, tokio::sync::mpsc::UnboundedReceiver<String>), String> {
+) -> Result<
+    (
+        async_nats::Client,
+        tokio::sync::mpsc::UnboundedReceiver<String>,
+    ),
+    String,
+> {
     let (errors_tx, errors) = tokio::sync::mpsc::unbounded_channel();
     let client = ConnectOptions::with_credentials(creds)
         .unwrap()
@@ -92,25 +98,39 @@ async fn connector_credentials_expire_and_stay_within_their_limits() {
     };
     // Expired credentials do not connect.
     let expired = signer
-        .issue_limited_user("expired", &subjects.connector_permissions(), &limits(now - 60))
+        .issue_limited_user(
+            "expired",
+            &subjects.connector_permissions(),
+            &limits(now - 60),
+        )
         .unwrap();
     let refused = connect_collecting_errors(&expired.creds_file()).await;
     assert!(
-        refused.as_ref().is_err_and(|e| e.to_lowercase().contains("authorization")),
+        refused
+            .as_ref()
+            .is_err_and(|e| e.to_lowercase().contains("authorization")),
         "{:?}",
         refused.map(|_| ())
     );
     // Valid ones hold at most their subscriptions and publish at most their payload.
     let valid = signer
-        .issue_limited_user("limited", &subjects.connector_permissions(), &limits(now + 3600))
+        .issue_limited_user(
+            "limited",
+            &subjects.connector_permissions(),
+            &limits(now + 3600),
+        )
         .unwrap();
-    let (client, mut errors) = connect_collecting_errors(&valid.creds_file()).await.unwrap();
+    let (client, mut errors) = connect_collecting_errors(&valid.creds_file())
+        .await
+        .unwrap();
     let _apply = client.subscribe(subjects.apply()).await.unwrap();
     let _teardown = client.subscribe(subjects.teardown()).await.unwrap();
     let _third = client.subscribe(subjects.apply()).await.unwrap();
     client.flush().await.unwrap();
     next_error_containing(&mut errors, "maximum subscriptions exceeded").await;
-    let (client, mut errors) = connect_collecting_errors(&valid.creds_file()).await.unwrap();
+    let (client, mut errors) = connect_collecting_errors(&valid.creds_file())
+        .await
+        .unwrap();
     let _ = client
         .publish(subjects.status(), vec![b'x'; 4096].into())
         .await;
