@@ -347,3 +347,50 @@ async fn a_hosted_phase_over_the_message_limit_is_too_large() {
     let message = wait_condition(&client, &ns, "large", "Available", "False", None).await;
     assert!(message.contains("large-config"), "{message}");
 }
+
+#[tokio::test]
+async fn a_connector_report_over_the_message_limit_is_too_large() {
+    let (client, ns) = setup("hcp-big-report").await;
+    let _connector = start_connector(&ns, 0);
+    let hosted_ns = format!("{ns}-report");
+    // A small request whose answer is not: 400 ConfigMaps failing a probe with a 3 kB message make a
+    // report of about 1.2 MB, over the 1 MiB a message may carry.
+    let mut objects =
+        vec![json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": hosted_ns}})];
+    objects.extend((0..400).map(|i| {
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+               "metadata": {"name": format!("cm-{i}"), "namespace": hosted_ns}})
+    }));
+    let set = typed::<ObjectSet>(
+        "ObjectSet",
+        "report",
+        json!({"phases": [phase("config", "hosted-cluster", objects)]}),
+        json!({"availabilityProbes": [{
+            "selector": {"kind": {"group": "", "kind": "ConfigMap"}},
+            "probes": [{"cel": {"rule": "has(self.data.never)", "message": "x".repeat(3000)}}],
+        }]}),
+    );
+    create_set(&client, &ns, &set).await;
+    let phases: Api<ObjectSetPhase> = Api::namespaced(client.clone(), &ns);
+    let message = wait_until(
+        "the phase reports the answer is too large",
+        TIMEOUT * 2,
+        || async {
+            let phase = phases
+                .get("report-config")
+                .await
+                .map_err(|e| e.to_string())?;
+            let conditions = phase.status.map(|s| s.conditions).unwrap_or_default();
+            match conditions.iter().find(|c| c.type_ == "Available") {
+                Some(c) if c.status == "False" && c.reason == "TooLarge" => Ok(c.message.clone()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await
+    .unwrap();
+    assert!(
+        message.contains("the connector's report does not fit a message: message of"),
+        "{message}"
+    );
+}
