@@ -12,7 +12,7 @@ use actix::prelude::*;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
 use futures::future::LocalBoxFuture;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event, EventType};
 use kube::Resource;
 use pko_proto::connector_wire::{HostedClusterSubjects, MAX_MESSAGE_BYTES};
 use pko_proto::hypershift::HostedCluster;
@@ -25,7 +25,7 @@ use crate::hypershift::connector_deployment::{
     connector_objects, credentials_current, credentials_hash, credentials_secret,
     ConnectorSettings, CredentialsBinding, CREDENTIALS_KEY, CREDENTIALS_SECRET,
 };
-use crate::runtime::context::ManagerContext;
+use crate::runtime::context::{event_recorder, ManagerContext};
 use crate::runtime::object_actor::{work, Change, ObjectActor, Outcome, Reconcile, Work};
 use crate::runtime::reconcile_gate::Backoff;
 use crate::runtime::registry::ObjectRef;
@@ -168,13 +168,7 @@ async fn record(context: &ManagerContext, cluster: &HostedCluster, outcome: &Ins
         ),
         InstallOutcome::Failed(message) => (EventType::Warning, "ConnectorFailed", message.clone()),
     };
-    let recorder = Recorder::new(
-        context.client.clone(),
-        Reporter {
-            controller: "pko-manager".into(),
-            instance: None,
-        },
-    );
+    let recorder = event_recorder(&context.client);
     let event = Event {
         type_,
         reason: reason.into(),

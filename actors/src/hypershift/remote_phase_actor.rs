@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::jiff::Timestamp;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event, EventType};
 use pko_proto::connector_wire::{
     ApplyPhase, ErrorCode, HostedClusterSubjects, PhaseOutcome, PhaseRef, PhaseReport, Reply,
     TeardownPhase, WireError, WIRE_VERSION,
@@ -34,7 +34,7 @@ use crate::hypershift::hosted_phase::{mapped_of_report, progress_of_report};
 use crate::objects::object_meta::MetaView;
 use crate::objects::object_set_plan::phase_object_name;
 use crate::objects::set_object::{SetObject, HOSTED_CLUSTER_CLASS};
-use crate::runtime::context::ManagerContext;
+use crate::runtime::context::{event_recorder, ManagerContext};
 use crate::runtime::object_actor::{work, Change, ObjectActor, Outcome, Reconcile, Work};
 use crate::runtime::reconcile_gate::Backoff;
 use crate::runtime::registry::ObjectRef;
@@ -309,13 +309,7 @@ async fn record_skipped_teardown(
     reason: &str,
     message: &str,
 ) {
-    let recorder = Recorder::new(
-        context.client.clone(),
-        Reporter {
-            controller: "pko-manager".into(),
-            instance: None,
-        },
-    );
+    let recorder = event_recorder(&context.client);
     let event = Event {
         type_: EventType::Warning,
         reason: reason.into(),

@@ -16,7 +16,7 @@ use futures::future::LocalBoxFuture;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ListParams, Patch, PatchParams};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event, EventType};
 use kube::Api;
 use kube::Resource;
 use pko_proto::core::hosted_cluster_package::{HostedClusterPackage, HostedClusterPackageStatus};
@@ -36,7 +36,7 @@ use crate::objects::object_meta::status_merge_patch;
 use crate::packages::package_object::PackageObject;
 use crate::rollout::hcp_namespace_actor::{HcpNamespaceActor, PackageCommand, PackageWritten};
 use crate::rollout::hosted_cluster_fleet::{FleetChanged, RolloutShared};
-use crate::runtime::context::ManagerContext;
+use crate::runtime::context::{event_recorder, ManagerContext};
 use crate::runtime::object_actor::{done, work, Change, ObjectActor, Outcome, Reconcile, Work};
 use crate::runtime::reconcile_gate::Backoff;
 use crate::runtime::registry::ObjectRef;
@@ -337,13 +337,7 @@ async fn record_failures(
     if failed.is_empty() {
         return;
     }
-    let recorder = Recorder::new(
-        client.clone(),
-        Reporter {
-            controller: "pko-manager".into(),
-            instance: None,
-        },
-    );
+    let recorder = event_recorder(client);
     for e in failed {
         let note = failure_note(
             e.namespace.as_deref().unwrap_or_default(),

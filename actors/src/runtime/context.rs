@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use kube::runtime::events::{Recorder, Reporter};
 use kube::Client;
 
 use crate::hypershift::connector_link::ConnectorLink;
@@ -77,4 +78,15 @@ impl ManagerContext {
             ..self
         }
     }
+}
+
+/// The recorder of Kubernetes Events the manager raises, as `pko-manager`.
+pub fn event_recorder(client: &Client) -> Recorder {
+    Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "pko-manager".into(),
+            instance: None,
+        },
+    )
 }
