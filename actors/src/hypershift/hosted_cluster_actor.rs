@@ -12,6 +12,7 @@ use actix::prelude::*;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
 use futures::future::LocalBoxFuture;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::events::{Event, EventType};
 use kube::Resource;
 use pko_proto::connector_wire::{HostedClusterSubjects, MAX_MESSAGE_BYTES};
@@ -232,6 +233,18 @@ impl Reconcile for HostedClusterController {
             .connectors
             .as_ref()
             .map(|link| link.credentials_validity / 6)
+    }
+
+    /// Metadata only: the fleet reads its key and labels of a deleted cluster.
+    fn tombstone(cluster: &HostedCluster) -> HostedCluster {
+        HostedCluster {
+            metadata: ObjectMeta {
+                managed_fields: None,
+                ..cluster.metadata.clone()
+            },
+            spec: None,
+            status: None,
+        }
     }
 
     fn key(cluster: &HostedCluster) -> ObjectRef {

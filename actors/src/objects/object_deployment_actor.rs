@@ -225,6 +225,15 @@ impl Reconcile for ObjectDeploymentController {
         Self
     }
 
+    /// Metadata only: the taps following this kind read nothing else of a deleted object.
+    fn tombstone(object: &DeploymentObject) -> DeploymentObject {
+        let mut kept = object.clone();
+        kept.meta.managed_fields = None;
+        kept.spec = Default::default();
+        kept.status = Default::default();
+        kept
+    }
+
     fn key(od: &DeploymentObject) -> ObjectRef {
         ObjectRef::of(od.kind(), od)
     }

@@ -452,6 +452,15 @@ impl Reconcile for ObjectSetController {
         !set.kind.is_phase() || set.phase_class() == Some(DEFAULT_CLASS)
     }
 
+    /// Metadata only: the taps following this kind read nothing else of a deleted object.
+    fn tombstone(object: &SetObject) -> SetObject {
+        let mut kept = object.clone();
+        kept.meta.managed_fields = None;
+        kept.spec = Default::default();
+        kept.status = Default::default();
+        kept
+    }
+
     fn key(set: &SetObject) -> ObjectRef {
         ObjectRef::of(set.kind.kind(), set)
     }

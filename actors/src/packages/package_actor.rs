@@ -134,6 +134,15 @@ impl Reconcile for PackageController {
         Self { unpacked: None }
     }
 
+    /// Metadata only: the taps following this kind read nothing else of a deleted object.
+    fn tombstone(object: &PackageObject) -> PackageObject {
+        let mut kept = object.clone();
+        kept.meta.managed_fields = None;
+        kept.spec = Default::default();
+        kept.status = Default::default();
+        kept
+    }
+
     fn key(p: &PackageObject) -> ObjectRef {
         ObjectRef::of(p.kind(), p)
     }

@@ -44,6 +44,9 @@ pub trait FeedTarget:
         true
     }
     fn key(object: &Self::Object) -> ObjectRef;
+    /// What the feed keeps of an object to hand its tap when a re-list finds it deleted: what taps read
+    /// (metadata), not the whole object, which can be large.
+    fn tombstone(object: &Self::Object) -> Self::Object;
 }
 
 /// A kind a feed can watch.
@@ -165,7 +168,8 @@ where
         for object in objects {
             let uid = object.meta().uid.clone().unwrap_or_default();
             let object = A::Object::from(object);
-            self.known.seen(&A::key(&object), &uid, &object);
+            self.known
+                .seen(&A::key(&object), &uid, &A::tombstone(&object));
         }
         self
     }
@@ -179,7 +183,7 @@ where
             self.deliver_gone(&key, &object);
             return;
         }
-        if let Some(former) = self.known.seen(&key, &uid, &object) {
+        if let Some(former) = self.known.seen(&key, &uid, &A::tombstone(&object)) {
             info!(kind = %K::kind(&()), object = ?key, "object replaced by a new one of the same name");
             self.deliver_gone(&key, former.as_ref().unwrap_or(&object));
         }

@@ -86,6 +86,11 @@ pub trait Reconcile: Sized + Unpin + 'static {
 
     fn new(context: &ManagerContext) -> Self;
     fn key(object: &Self::Object) -> ObjectRef;
+    /// What the watch feed keeps of the object for a deletion a re-list finds; kinds whose objects are
+    /// large (and followed by a tap) keep their metadata only.
+    fn tombstone(object: &Self::Object) -> Self::Object {
+        object.clone()
+    }
     /// Whether this manager reconciles the object at all.
     fn wants(_object: &Self::Object) -> bool {
         true
@@ -252,6 +257,10 @@ where
 
     fn key(object: &R::Object) -> ObjectRef {
         R::key(object)
+    }
+
+    fn tombstone(object: &R::Object) -> R::Object {
+        R::tombstone(object)
     }
 }
 
