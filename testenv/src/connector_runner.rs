@@ -72,16 +72,12 @@ impl TestEnv {
         &self,
         binary: &Path,
     ) -> Result<ConnectorRunner, TestEnvError> {
-        let client = self.management().client().await?;
         let dir = self.root_dir().join("connector-runner");
         std::fs::create_dir_all(&dir).map_err(crate::error::io_error("create", &dir))?;
-        let mut runner = Runner {
-            client,
-            server: self.management().url(),
-            dir,
-            binary: binary.to_owned(),
-            running: HashMap::new(),
-        };
+        let kubeconfig = self.management().kubeconfig_path().to_owned();
+        let name = self.management().name().to_owned();
+        let server = self.management().url();
+        let binary = binary.to_owned();
         let (stop, stopped) = oneshot::channel();
         let thread = std::thread::Builder::new()
             .name("connector-runner".into())
@@ -93,7 +89,26 @@ impl TestEnv {
                     tracing::error!("connector runner: cannot build a runtime");
                     return;
                 };
-                runtime.block_on(runner.run(stopped));
+                runtime.block_on(async move {
+                    // The client is made on this thread's runtime: one made on the caller's would need
+                    // the caller's runtime to serve every request, and a caller blocked in dropping the
+                    // runner (which joins this thread) would then wait forever.
+                    let client = match crate::kubeconfig::client(&kubeconfig, &name).await {
+                        Ok(client) => client,
+                        Err(e) => {
+                            tracing::error!(error = %e, "connector runner: no client");
+                            return;
+                        }
+                    };
+                    let mut runner = Runner {
+                        client,
+                        server,
+                        dir,
+                        binary,
+                        running: HashMap::new(),
+                    };
+                    runner.run(stopped).await;
+                });
             })
             .map_err(|source| TestEnvError::Spawn {
                 name: "connector-runner".into(),

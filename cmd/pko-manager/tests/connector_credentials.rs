@@ -77,10 +77,19 @@ async fn connector_credentials_are_minted_again_before_they_expire() {
     let hcp = &clusters[0].hcp_namespace;
     let secrets: Api<Secret> = Api::namespaced(client.clone(), hcp);
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), hcp);
-    let first = wait_until("the first credentials", TIMEOUT, || expiry(&secrets))
-        .await
-        .unwrap();
-    let first_hash = credentials_hash(&deployments).await.unwrap();
+    // The Secret is written before the Deployment that mounts it.
+    let (first, first_hash) = wait_until(
+        "the first credentials and their connector",
+        TIMEOUT,
+        || async {
+            Ok((
+                expiry(&secrets).await?,
+                credentials_hash(&deployments).await?,
+            ))
+        },
+    )
+    .await
+    .unwrap();
     hosted_set(&client, hcp, "before-renewal").await;
 
     // Minted again before the first ones expire, and the connector rolls to them.
@@ -101,7 +110,18 @@ async fn connector_credentials_are_minted_again_before_they_expire() {
         "renewed only after the old credentials expired ({first}, now {now})"
     );
     assert!(second > first);
-    assert_ne!(credentials_hash(&deployments).await.unwrap(), first_hash);
+    wait_until(
+        "the connector rolled to the new credentials",
+        TIMEOUT,
+        || async {
+            match credentials_hash(&deployments).await? {
+                hash if hash != first_hash => Ok(()),
+                hash => Err(format!("still {hash}")),
+            }
+        },
+    )
+    .await
+    .unwrap();
 
     // Past the first credentials' expiry, phases still reach the hosted cluster.
     wait_until("the first credentials expired", TIMEOUT, || async {
