@@ -308,6 +308,21 @@ async fn hosted_phases_hand_over_between_revisions_and_archive_what_is_left() {
 
 /// A hosted-cluster phase larger than a manager-connector message may be is reported as `TooLarge`,
 /// naming its size and the limit, instead of being retried forever (issue 17, item 10).
+/// Waits until ObjectSetPhase `name` is Available=False reason TooLarge; returns its message.
+async fn wait_too_large(client: &kube::Client, ns: &str, name: &str) -> String {
+    let phases: Api<ObjectSetPhase> = Api::namespaced(client.clone(), ns);
+    wait_until(&format!("{name} reports TooLarge"), TIMEOUT * 2, || async {
+        let phase = phases.get(name).await.map_err(|e| e.to_string())?;
+        let conditions = phase.status.map(|s| s.conditions).unwrap_or_default();
+        match conditions.iter().find(|c| c.type_ == "Available") {
+            Some(c) if c.status == "False" && c.reason == "TooLarge" => Ok(c.message.clone()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await
+    .unwrap()
+}
+
 #[tokio::test]
 async fn a_hosted_phase_over_the_message_limit_is_too_large() {
     let (client, ns) = setup("hcp-large").await;
@@ -326,20 +341,7 @@ async fn a_hosted_phase_over_the_message_limit_is_too_large() {
     );
     create_set(&client, &ns, &set).await;
 
-    let phases: Api<ObjectSetPhase> = Api::namespaced(client.clone(), &ns);
-    let message = wait_until("the phase reports it is too large", TIMEOUT, || async {
-        let phase = phases
-            .get("large-config")
-            .await
-            .map_err(|e| e.to_string())?;
-        let conditions = phase.status.map(|s| s.conditions).unwrap_or_default();
-        match conditions.iter().find(|c| c.type_ == "Available") {
-            Some(c) if c.status == "False" && c.reason == "TooLarge" => Ok(c.message.clone()),
-            other => Err(format!("{other:?}")),
-        }
-    })
-    .await
-    .unwrap();
+    let message = wait_too_large(&client, &ns, "large-config").await;
     assert!(
         message.contains("exceeds the limit of 1048576"),
         "{message}"
@@ -371,24 +373,7 @@ async fn a_connector_report_over_the_message_limit_is_too_large() {
         }]}),
     );
     create_set(&client, &ns, &set).await;
-    let phases: Api<ObjectSetPhase> = Api::namespaced(client.clone(), &ns);
-    let message = wait_until(
-        "the phase reports the answer is too large",
-        TIMEOUT * 2,
-        || async {
-            let phase = phases
-                .get("report-config")
-                .await
-                .map_err(|e| e.to_string())?;
-            let conditions = phase.status.map(|s| s.conditions).unwrap_or_default();
-            match conditions.iter().find(|c| c.type_ == "Available") {
-                Some(c) if c.status == "False" && c.reason == "TooLarge" => Ok(c.message.clone()),
-                other => Err(format!("{other:?}")),
-            }
-        },
-    )
-    .await
-    .unwrap();
+    let message = wait_too_large(&client, &ns, "report-config").await;
     assert!(
         message.contains("the connector's report does not fit a message: message of"),
         "{message}"

@@ -10,12 +10,10 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-use async_nats::jetstream::{self, consumer::pull};
-use futures::StreamExt;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::Api;
 use pko_proto::core::hosted_cluster_package::HostedClusterPackage;
-use pko_proto::rollout_events::{RolloutEvent, RolloutEventKind, STREAM};
+use pko_proto::rollout_events::{RolloutEvent, RolloutEventKind};
 use pko_testenv::wait_until;
 use serde_json::json;
 
@@ -24,39 +22,11 @@ use common::*;
 
 /// Every event of the HostedClusterPackage `name` in the stream, in stream order, with its message id.
 async fn stored_events(name: &str) -> Vec<(String, RolloutEvent)> {
-    let js = jetstream::new(env().nats().client().await.unwrap());
-    let Ok(stream) = js.get_stream(STREAM).await else {
-        return Vec::new();
-    };
-    let consumer = stream
-        .create_consumer(pull::Config {
-            filter_subject: format!("pko.v1.rollout.{}.>", name.replace('.', "_")),
-            ..Default::default()
-        })
+    stored_rollout_events(name)
         .await
-        .unwrap();
-    let pending = consumer.clone().info().await.unwrap().num_pending;
-    if pending == 0 {
-        return Vec::new();
-    }
-    let mut messages = consumer
-        .fetch()
-        .max_messages(usize::try_from(pending).unwrap())
-        .messages()
-        .await
-        .unwrap();
-    let mut events = Vec::new();
-    while let Some(message) = messages.next().await {
-        let message = message.unwrap();
-        let id = message
-            .headers
-            .as_ref()
-            .and_then(|h| h.get("Nats-Msg-Id"))
-            .map(|v| v.to_string())
-            .unwrap_or_default();
-        events.push((id, serde_json::from_slice(&message.payload).unwrap()));
-    }
-    events
+        .into_iter()
+        .map(|(id, event)| (id, serde_json::from_value(event).unwrap()))
+        .collect()
 }
 
 async fn wait_finished_in_stream(name: &str, generation: i64) {

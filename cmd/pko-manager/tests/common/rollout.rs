@@ -352,9 +352,21 @@ impl Observed {
 
 /// Every event of the HostedClusterPackage `name` in the PKO_ROLLOUTS stream, in order.
 pub async fn rollout_events(name: &str) -> Vec<Value> {
+    stored_rollout_events(name)
+        .await
+        .into_iter()
+        .map(|(_, event)| event)
+        .collect()
+}
+
+/// Every event of the HostedClusterPackage `name` in the PKO_ROLLOUTS stream, in order, with its
+/// `Nats-Msg-Id`; none while the stream does not exist yet.
+pub async fn stored_rollout_events(name: &str) -> Vec<(String, Value)> {
     use async_nats::jetstream::{self, consumer::pull};
     let js = jetstream::new(env().nats().client().await.unwrap());
-    let stream = js.get_stream("PKO_ROLLOUTS").await.unwrap();
+    let Ok(stream) = js.get_stream("PKO_ROLLOUTS").await else {
+        return Vec::new();
+    };
     let consumer = stream
         .create_consumer(pull::Config {
             filter_subject: format!("pko.v1.rollout.{}.>", name.replace('.', "_")),
@@ -363,16 +375,28 @@ pub async fn rollout_events(name: &str) -> Vec<Value> {
         .await
         .unwrap();
     let pending = consumer.clone().info().await.unwrap().num_pending;
+    if pending == 0 {
+        return Vec::new();
+    }
     let mut messages = consumer
         .fetch()
-        .max_messages(pending as usize)
+        .max_messages(usize::try_from(pending).unwrap())
         .messages()
         .await
         .unwrap();
     let mut events = Vec::new();
     while let Some(message) = messages.next().await {
         let message = message.unwrap();
-        events.push(serde_json::from_slice::<Value>(&message.payload).unwrap());
+        let id = message
+            .headers
+            .as_ref()
+            .and_then(|h| h.get("Nats-Msg-Id"))
+            .map(|v| v.to_string())
+            .unwrap_or_default();
+        events.push((
+            id,
+            serde_json::from_slice::<Value>(&message.payload).unwrap(),
+        ));
     }
     assert_eq!(events.len() as u64, pending);
     events
