@@ -58,10 +58,13 @@ impl WireError {
     }
 }
 
-/// The subjects of one hosted cluster.
+/// The subjects of one hosted cluster: `pko.v1.hc.<ns>.…`, or `pko.v1.hc.<ns>_<uid>.…` once bound to the
+/// UID of the HostedCluster that has the HCP namespace, so credentials minted for an earlier HostedCluster
+/// of the same namespace cannot receive the current one's phases. (`_` never occurs in a namespace.)
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostedClusterSubjects {
     namespace: String,
+    token: String,
 }
 
 impl HostedClusterSubjects {
@@ -87,6 +90,25 @@ impl HostedClusterSubjects {
         }
         Ok(Self {
             namespace: namespace.to_owned(),
+            token: namespace.to_owned(),
+        })
+    }
+
+    /// These subjects bound to the HostedCluster `cluster_uid` (a Kubernetes UID: letters, digits, `-`).
+    pub fn bound_to(self, cluster_uid: &str) -> Result<Self, WireError> {
+        let valid = !cluster_uid.is_empty()
+            && cluster_uid
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-');
+        if !valid {
+            return Err(WireError::InvalidNamespace {
+                namespace: format!("{}_{cluster_uid}", self.namespace),
+                problem: "a HostedCluster UID has only letters, digits and '-'".to_owned(),
+            });
+        }
+        Ok(Self {
+            token: format!("{}_{cluster_uid}", self.namespace),
+            namespace: self.namespace,
         })
     }
 
@@ -95,7 +117,7 @@ impl HostedClusterSubjects {
     }
 
     fn subject(&self, suffix: &str) -> String {
-        format!("{SUBJECT_PREFIX}.{}.{suffix}", self.namespace)
+        format!("{SUBJECT_PREFIX}.{}.{suffix}", self.token)
     }
 
     /// Requests to apply a phase.
@@ -132,10 +154,11 @@ impl HostedClusterSubjects {
         }
     }
 
-    /// The HCP namespace of a subject under [`SUBJECT_PREFIX`], if it is one.
+    /// The HCP namespace of a subject under [`SUBJECT_PREFIX`], if it is one (bound or not).
     pub fn namespace_of(subject: &str) -> Option<&str> {
         let rest = subject.strip_prefix(SUBJECT_PREFIX)?.strip_prefix('.')?;
-        rest.split('.').next().filter(|ns| !ns.is_empty())
+        let token = rest.split('.').next()?;
+        token.split('_').next().filter(|ns| !ns.is_empty())
     }
 }
 
@@ -352,6 +375,24 @@ mod tests {
             HostedClusterSubjects::namespace_of(&s.status()),
             Some("clusters-hosted-0")
         );
+        let bound = s.clone().bound_to("0a1b-2c3d").unwrap();
+        assert_eq!(
+            bound.apply(),
+            "pko.v1.hc.clusters-hosted-0_0a1b-2c3d.phase.apply"
+        );
+        assert_eq!(bound.namespace(), "clusters-hosted-0");
+        assert_eq!(
+            HostedClusterSubjects::namespace_of(&bound.hello()),
+            Some("clusters-hosted-0")
+        );
+        assert_ne!(
+            bound.connector_permissions(),
+            s.clone()
+                .bound_to("another")
+                .unwrap()
+                .connector_permissions()
+        );
+        assert!(s.bound_to("a.b").is_err());
         assert_eq!(HostedClusterSubjects::namespace_of("other.subject"), None);
     }
 

@@ -45,10 +45,12 @@ fn metadata(namespace: &str, name: &str) -> Value {
     })
 }
 
-/// The ServiceAccount, Role, RoleBinding and Deployment of the connector in `namespace`;
-/// `credentials_hash` identifies the current credentials.
+/// The ServiceAccount, Role, RoleBinding and Deployment of the connector in `namespace` for the
+/// HostedCluster `cluster_uid` (its subjects are bound to it); `credentials_hash` identifies the current
+/// credentials.
 pub fn connector_objects(
     namespace: &str,
+    cluster_uid: &str,
     settings: &ConnectorSettings,
     credentials_hash: &str,
 ) -> Vec<Value> {
@@ -97,6 +99,7 @@ pub fn connector_objects(
                                 format!("--nats-url={}", settings.nats_url),
                                 format!("--nats-creds={NATS_MOUNT}/{CREDENTIALS_KEY}"),
                                 format!("--hosted-kubeconfig={KUBECONFIG_MOUNT}/kubeconfig"),
+                                format!("--hosted-cluster-uid={cluster_uid}"),
                                 "--leader-election".to_owned(),
                             ],
                             "env": [
@@ -194,7 +197,7 @@ mod tests {
 
     #[test]
     fn the_deployment_mounts_both_secrets_and_runs_the_connector() {
-        let objects = connector_objects("clusters-a", &settings(), "abc");
+        let objects = connector_objects("clusters-a", "uid-a", &settings(), "abc");
         let kinds: Vec<&str> = objects
             .iter()
             .map(|o| o["kind"].as_str().unwrap())
@@ -227,6 +230,7 @@ mod tests {
                 "--nats-url=nats://nats.pko:4222",
                 "--nats-creds=/etc/pko/nats/nats.creds",
                 "--hosted-kubeconfig=/etc/pko/hosted/kubeconfig",
+                "--hosted-cluster-uid=uid-a",
                 "--leader-election",
             ]
         );

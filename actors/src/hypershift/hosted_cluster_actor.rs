@@ -95,7 +95,9 @@ async fn ensure_credentials(
     if let Some(existing) = existing.filter(|s| credentials_current(s, &binding, renew_at)) {
         return Ok(existing);
     }
-    let subjects = HostedClusterSubjects::new(namespace).map_err(|e| e.to_string())?;
+    let subjects = HostedClusterSubjects::new(namespace)
+        .and_then(|s| s.bound_to(cluster_uid))
+        .map_err(|e| e.to_string())?;
     let credentials = link
         .signer
         .issue_limited_user(
@@ -141,7 +143,7 @@ async fn ensure_connector(
             return InstallOutcome::Failed(format!("connector credentials in {namespace}: {e}"))
         }
     };
-    let objects = connector_objects(&namespace, &settings, &credentials_hash(&secret));
+    let objects = connector_objects(&namespace, uid, &settings, &credentials_hash(&secret));
     let hash = value_hash(&Value::Array(objects.clone()));
     for object in &objects {
         if let Err(e) = apply(context, object).await {
@@ -187,7 +189,7 @@ async fn remove_connector(context: &ManagerContext, namespace: &str) -> Result<(
     let Some(settings) = settings(context) else {
         return Ok(());
     };
-    let mut objects = connector_objects(namespace, &settings, "");
+    let mut objects = connector_objects(namespace, "", &settings, "");
     // Only the Secret's name and namespace matter for the delete.
     let any_binding = CredentialsBinding {
         account: String::new(),

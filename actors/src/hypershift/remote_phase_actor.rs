@@ -352,10 +352,22 @@ async fn exchange(
                 .to_owned(),
         );
     };
-    let subjects = match HostedClusterSubjects::new(phase.namespace()) {
-        Ok(s) => s,
-        Err(e) => return Exchange::Undelivered(e.to_string()),
-    };
+    // Bound to the namespace's HostedCluster, whose connector alone holds credentials for them.
+    let cluster_uid = context
+        .rollouts
+        .fleet
+        .hosted_cluster_for(Some(phase.namespace()))
+        .await
+        .and_then(|clusters| clusters.into_iter().next())
+        .and_then(|cluster| cluster.metadata.uid);
+    let subjects =
+        match HostedClusterSubjects::new(phase.namespace()).and_then(|s| match &cluster_uid {
+            Some(uid) => s.bound_to(uid),
+            None => Ok(s),
+        }) {
+            Ok(s) => s,
+            Err(e) => return Exchange::Undelivered(e.to_string()),
+        };
     let objects = phase
         .spec
         .template

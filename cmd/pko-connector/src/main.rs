@@ -46,6 +46,10 @@ struct Args {
     /// Kubeconfig of the hosted cluster (the mounted `service-network-admin-kubeconfig`).
     #[arg(long, env = "PKO_HOSTED_KUBECONFIG")]
     hosted_kubeconfig: PathBuf,
+    /// UID of the HostedCluster served: its subjects are bound to it (the manager sets it in the
+    /// Deployment). Without it, the namespace's unbound subjects (a namespace without a HostedCluster).
+    #[arg(long, env = "PKO_HOSTED_CLUSTER_UID")]
+    hosted_cluster_uid: Option<String>,
     /// Names this process in hellos and logs; defaults to the pod name.
     #[arg(long, env = "POD_NAME")]
     connector_id: Option<String>,
@@ -83,7 +87,14 @@ enum ConnectorError {
 }
 
 async fn run(args: Args) -> Result<(), ConnectorError> {
-    let subjects = HostedClusterSubjects::new(&args.namespace)?;
+    let subjects = match args
+        .hosted_cluster_uid
+        .as_deref()
+        .filter(|uid| !uid.is_empty())
+    {
+        Some(uid) => HostedClusterSubjects::new(&args.namespace)?.bound_to(uid)?,
+        None => HostedClusterSubjects::new(&args.namespace)?,
+    };
     let connector_id = args.connector_id.clone().unwrap_or_else(|| {
         format!(
             "{}-{}",

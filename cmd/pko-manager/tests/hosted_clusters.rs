@@ -136,6 +136,26 @@ async fn connector_credentials_expire_and_stay_within_their_limits() {
         .await;
     let _ = client.flush().await;
     next_error_containing(&mut errors, "maximum payload").await;
+    // Credentials of an earlier HostedCluster of the namespace cannot take the current one's requests.
+    let current = subjects.clone().bound_to("current-uid").unwrap();
+    let earlier = signer
+        .issue_limited_user(
+            "earlier",
+            &subjects
+                .clone()
+                .bound_to("earlier-uid")
+                .unwrap()
+                .connector_permissions(),
+            &limits(now + 3600),
+        )
+        .unwrap();
+    let (client, mut errors) = connect_collecting_errors(&earlier.creds_file())
+        .await
+        .unwrap();
+    let _eavesdrop = client.subscribe(current.apply()).await.unwrap();
+    client.flush().await.unwrap();
+    let denied = next_error_containing(&mut errors, "permissions violation").await;
+    assert!(denied.contains(&current.apply()), "{denied}");
 }
 
 #[tokio::test]
