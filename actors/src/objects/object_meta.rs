@@ -3,6 +3,7 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{Api, Patch, PatchParams};
+use kube::Resource;
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 
@@ -21,6 +22,20 @@ pub fn status_merge_patch(status: &impl serde::Serialize, lists: &[&str]) -> Val
     json!({ "status": status })
 }
 
+/// [`status_merge_patch`] with `read_at`, when given, as its resourceVersion precondition: the apiserver
+/// refuses it (409) when the object changed since.
+pub fn status_merge_patch_over(
+    status: &impl serde::Serialize,
+    lists: &[&str],
+    read_at: Option<&str>,
+) -> Value {
+    let mut patch = status_merge_patch(status, lists);
+    if let Some(version) = read_at {
+        patch["metadata"] = json!({ "resourceVersion": version });
+    }
+    patch
+}
+
 /// Writes `status` through the status subresource: the one way pko writes a status. A JSON merge patch
 /// (not server-side apply): pko is the only writer of these statuses, so there is no field ownership to
 /// share, and the patch carries exactly the status pko computed. `lists` are spelled out even when empty
@@ -32,15 +47,34 @@ pub async fn write_status<K>(
     lists: &[&str],
 ) -> Result<(), kube::Error>
 where
-    K: Clone + DeserializeOwned + std::fmt::Debug,
+    K: Clone + DeserializeOwned + std::fmt::Debug + Resource,
 {
-    api.patch_status(
-        name,
-        &PatchParams::apply(FIELD_MANAGER),
-        &Patch::Merge(&status_merge_patch(status, lists)),
-    )
-    .await
-    .map(|_| ())
+    write_status_over(api, name, status, lists, None)
+        .await
+        .map(|_| ())
+}
+
+/// [`write_status`], only over the object at `read_at` when given (a resourceVersion precondition: a
+/// changed object fails with 409). Returns the resourceVersion written.
+pub async fn write_status_over<K>(
+    api: &Api<K>,
+    name: &str,
+    status: &impl serde::Serialize,
+    lists: &[&str],
+    read_at: Option<&str>,
+) -> Result<Option<String>, kube::Error>
+where
+    K: Clone + DeserializeOwned + std::fmt::Debug + Resource,
+{
+    let patch = status_merge_patch_over(status, lists, read_at);
+    let written = api
+        .patch_status(
+            name,
+            &PatchParams::apply(FIELD_MANAGER),
+            &Patch::Merge(&patch),
+        )
+        .await?;
+    Ok(written.meta().resource_version.clone())
 }
 
 /// Name, namespace, UID, generation and controller of an object, empty or zero when unset.
@@ -76,6 +110,17 @@ pub trait MetaView {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_status_is_written_only_over_the_version_it_was_planned_from() {
+        let status = json!({});
+        let patch = status_merge_patch_over(&status, &["processing"], Some("4711"));
+        assert_eq!(patch["metadata"]["resourceVersion"], "4711");
+        assert_eq!(patch["status"]["processing"], json!([]));
+        assert!(status_merge_patch_over(&status, &["processing"], None)
+            .get("metadata")
+            .is_none());
+    }
 
     #[test]
     fn emptied_lists_are_spelled_out_in_status_patches() {

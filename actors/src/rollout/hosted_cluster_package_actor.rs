@@ -15,24 +15,22 @@ use actix::prelude::*;
 use futures::future::LocalBoxFuture;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{ListParams, Patch, PatchParams};
+use kube::api::ListParams;
 use kube::runtime::events::{Event, EventType};
 use kube::Api;
 use kube::Resource;
 use pko_proto::core::hosted_cluster_package::{HostedClusterPackage, HostedClusterPackageStatus};
 use pko_proto::core::package::Package;
 use pko_proto::rollout_events::{RolloutEvent, RolloutEventKind, EVENT_VERSION};
-use serde_json::json;
 use tracing::warn;
 
-use crate::engine::desired_object::FIELD_MANAGER;
 use crate::engine::hosted_cluster_package::{
     decide_rollout, desired_package, OwnedPackage, RolloutDecision, RolloutSnapshot, RolloutStep,
 };
 use crate::engine::rollout_events::{failure_note, rollout_steps, story_so_far, RolloutView};
 use crate::engine::rollout_plan::{RolloutInput, RolloutPlan, UNKNOWN_GROUP};
 use crate::engine::rollout_status::PROGRESSING;
-use crate::objects::object_meta::status_merge_patch;
+use crate::objects::object_meta::write_status_over;
 use crate::packages::package_object::PackageObject;
 use crate::rollout::hcp_namespace_actor::{HcpNamespaceActor, PackageCommand, PackageWritten};
 use crate::rollout::hosted_cluster_fleet::{FleetChanged, RolloutShared};
@@ -379,35 +377,18 @@ enum StatusWriteError {
     Failed(String),
 }
 
-/// The merge patch writing `status`, with emptied lists (processing, partitions) spelled out so they are
-/// cleared, and `read_at` as its resourceVersion precondition: the apiserver refuses it (409) when the
-/// object changed since.
-fn status_patch(status: &HostedClusterPackageStatus, read_at: Option<&str>) -> serde_json::Value {
-    let mut patch = status_merge_patch(status, &["conditions", "partitions", "processing"]);
-    if let Some(version) = read_at {
-        patch["metadata"] = json!({ "resourceVersion": version });
-    }
-    patch
-}
-
 /// Writes `status` if the object is still at `read_at` (a resourceVersion precondition); returns the
-/// resourceVersion written.
+/// resourceVersion written. Emptied lists (processing, partitions) are cleared too.
 async fn write_status(
     client: &kube::Client,
     name: &str,
     read_at: Option<&str>,
     status: &HostedClusterPackageStatus,
 ) -> Result<Option<String>, StatusWriteError> {
-    let patch = status_patch(status, read_at);
-    match Api::<HostedClusterPackage>::all(client.clone())
-        .patch_status(
-            name,
-            &PatchParams::apply(FIELD_MANAGER),
-            &Patch::Merge(&patch),
-        )
-        .await
-    {
-        Ok(written) => Ok(written.metadata.resource_version),
+    let lists = ["conditions", "partitions", "processing"];
+    let api = Api::<HostedClusterPackage>::all(client.clone());
+    match write_status_over(&api, name, status, &lists, read_at).await {
+        Ok(written) => Ok(written),
         Err(kube::Error::Api(e)) if e.code == 409 => Err(StatusWriteError::Conflict),
         Err(e) => Err(StatusWriteError::Failed(format!("writing the status: {e}"))),
     }
@@ -459,19 +440,5 @@ impl Handler<PackageWritten> for HostedClusterPackageActor {
             }
         }
         self.request_reconcile(ctx);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_status_is_written_only_over_the_version_it_was_planned_from() {
-        let status = HostedClusterPackageStatus::default();
-        let patch = status_patch(&status, Some("4711"));
-        assert_eq!(patch["metadata"]["resourceVersion"], "4711");
-        assert_eq!(patch["status"]["processing"], json!([]));
-        assert!(status_patch(&status, None).get("metadata").is_none());
     }
 }
