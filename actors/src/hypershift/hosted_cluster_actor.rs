@@ -12,7 +12,6 @@ use actix::prelude::*;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
 use futures::future::LocalBoxFuture;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::events::{Event, EventType};
 use kube::Resource;
 use pko_proto::connector_wire::{HostedClusterSubjects, MAX_MESSAGE_BYTES};
@@ -26,6 +25,7 @@ use crate::hypershift::connector_deployment::{
     connector_objects, credentials_current, credentials_hash, credentials_secret,
     ConnectorSettings, CredentialsBinding, CREDENTIALS_KEY, CREDENTIALS_SECRET,
 };
+use crate::objects::object_meta::tombstone_meta;
 use crate::runtime::context::{event_recorder, ManagerContext};
 use crate::runtime::object_actor::{work, Change, ObjectActor, Outcome, Reconcile, Work};
 use crate::runtime::reconcile_gate::Backoff;
@@ -240,10 +240,7 @@ impl Reconcile for HostedClusterController {
     /// Metadata only: the fleet reads its key and labels of a deleted cluster.
     fn tombstone(cluster: &HostedCluster) -> HostedCluster {
         HostedCluster {
-            metadata: ObjectMeta {
-                managed_fields: None,
-                ..cluster.metadata.clone()
-            },
+            metadata: tombstone_meta(&cluster.metadata),
             spec: None,
             status: None,
         }

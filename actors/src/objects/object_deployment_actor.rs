@@ -19,7 +19,7 @@ use crate::engine::deployment_plan::{
 };
 use crate::engine::template_hash::template_hash;
 use crate::objects::deployment_object::DeploymentObject;
-use crate::objects::object_meta::MetaView;
+use crate::objects::object_meta::{tombstone_meta, MetaView};
 use crate::objects::set_object::SetObject;
 use crate::runtime::context::ManagerContext;
 use crate::runtime::object_actor::{work, Change, ObjectActor, Outcome, Reconcile, Work};
@@ -227,11 +227,12 @@ impl Reconcile for ObjectDeploymentController {
 
     /// Metadata only: the taps following this kind read nothing else of a deleted object.
     fn tombstone(object: &DeploymentObject) -> DeploymentObject {
-        let mut kept = object.clone();
-        kept.meta.managed_fields = None;
-        kept.spec = Default::default();
-        kept.status = Default::default();
-        kept
+        DeploymentObject {
+            sets: object.sets,
+            meta: tombstone_meta(&object.meta),
+            spec: Default::default(),
+            status: Default::default(),
+        }
     }
 
     fn key(od: &DeploymentObject) -> ObjectRef {

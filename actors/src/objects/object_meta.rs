@@ -77,6 +77,14 @@ where
     Ok(written.meta().resource_version.clone())
 }
 
+/// `meta` without its managed fields, the bulk of it: what a watch feed keeps of a deleted object.
+pub fn tombstone_meta(meta: &ObjectMeta) -> ObjectMeta {
+    ObjectMeta {
+        managed_fields: None,
+        ..meta.clone()
+    }
+}
+
 /// Name, namespace, UID, generation and controller of an object, empty or zero when unset.
 pub trait MetaView {
     fn meta(&self) -> &ObjectMeta;

@@ -21,7 +21,7 @@ use crate::engine::object_ref::ObjectKey;
 use crate::engine::object_set_status::{
     object_set_conditions, phase_reach, PhaseProgress, PhaseReach, SetObservation,
 };
-use crate::objects::object_meta::MetaView;
+use crate::objects::object_meta::{tombstone_meta, MetaView};
 use crate::objects::object_set_plan::{phase_object_name, plan_object_set, PlanInputs};
 use crate::objects::phase_actor::{
     PhaseActor, PhaseCommand, PhaseFinished, PhaseOutcome, UpdatePlan,
@@ -454,11 +454,13 @@ impl Reconcile for ObjectSetController {
 
     /// Metadata only: the taps following this kind read nothing else of a deleted object.
     fn tombstone(object: &SetObject) -> SetObject {
-        let mut kept = object.clone();
-        kept.meta.managed_fields = None;
-        kept.spec = Default::default();
-        kept.status = Default::default();
-        kept
+        SetObject {
+            kind: object.kind,
+            meta: tombstone_meta(&object.meta),
+            spec: Default::default(),
+            status: Default::default(),
+            given_revision: object.given_revision,
+        }
     }
 
     fn key(set: &SetObject) -> ObjectRef {

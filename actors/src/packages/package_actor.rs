@@ -13,7 +13,7 @@ use pko_proto::core::package::PackageStatus;
 use crate::engine::package_deployment::{
     package_conditions, package_deployment, scope_error, UnpackOutcome,
 };
-use crate::objects::object_meta::MetaView;
+use crate::objects::object_meta::{tombstone_meta, MetaView};
 use crate::packages::package_object::{environment_facts, PackageObject};
 use crate::runtime::context::ManagerContext;
 use crate::runtime::object_actor::{work, Change, ObjectActor, Outcome, Reconcile, Work};
@@ -136,11 +136,12 @@ impl Reconcile for PackageController {
 
     /// Metadata only: the taps following this kind read nothing else of a deleted object.
     fn tombstone(object: &PackageObject) -> PackageObject {
-        let mut kept = object.clone();
-        kept.meta.managed_fields = None;
-        kept.spec = Default::default();
-        kept.status = Default::default();
-        kept
+        PackageObject {
+            cluster: object.cluster,
+            meta: tombstone_meta(&object.meta),
+            spec: Default::default(),
+            status: Default::default(),
+        }
     }
 
     fn key(p: &PackageObject) -> ObjectRef {

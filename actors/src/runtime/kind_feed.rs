@@ -91,11 +91,12 @@ impl<O: Clone> KnownObjects<O> {
 
     /// Records a sighting. Returns the former incarnation when `key` held an object of another UID (it
     /// was deleted and created again while the watch looked away): `Some(None)` when no state was kept.
-    fn seen(&mut self, key: &ObjectRef, uid: &str, object: &O) -> Option<Option<O>> {
+    fn seen(&mut self, key: &ObjectRef, uid: &str, state: impl FnOnce() -> O) -> Option<Option<O>> {
         if let Some(relisted) = &mut self.relisted {
             relisted.insert(key.clone());
         }
-        let state = self.keep_state.then(|| object.clone());
+        // Made only for feeds whose taps need it: this runs on every watch event.
+        let state = self.keep_state.then(state);
         match self.objects.insert(key.clone(), (uid.to_owned(), state)) {
             Some((former_uid, former)) if former_uid != uid => Some(former),
             _ => None,
@@ -169,7 +170,7 @@ where
             let uid = object.meta().uid.clone().unwrap_or_default();
             let object = A::Object::from(object);
             self.known
-                .seen(&A::key(&object), &uid, &A::tombstone(&object));
+                .seen(&A::key(&object), &uid, || A::tombstone(&object));
         }
         self
     }
@@ -180,12 +181,12 @@ where
         let key = A::key(&object);
         if deleted {
             self.known.deleted(&key);
-            self.deliver_gone(&key, &object);
+            self.deliver_gone(&key, Some(&object));
             return;
         }
-        if let Some(former) = self.known.seen(&key, &uid, &A::tombstone(&object)) {
+        if let Some(former) = self.known.seen(&key, &uid, || A::tombstone(&object)) {
             info!(kind = %K::kind(&()), object = ?key, "object replaced by a new one of the same name");
-            self.deliver_gone(&key, former.as_ref().unwrap_or(&object));
+            self.deliver_gone(&key, Some(former.as_ref().unwrap_or(&object)));
         }
         if let Some(tap) = &self.tap {
             tap(&object, false);
@@ -199,12 +200,13 @@ where
         addr.do_send(Observed(object));
     }
 
-    /// `object`, last seen under `key`, is deleted: the tap hears of it and its actor stops.
-    fn deliver_gone(&self, key: &ObjectRef, object: &A::Object) {
-        if let Some(tap) = &self.tap {
+    /// The object last seen under `key` is deleted: the tap hears of it (when its state is known) and its
+    /// actor stops.
+    fn deliver_gone(&self, key: &ObjectRef, object: Option<&A::Object>) {
+        if let (Some(tap), Some(object)) = (&self.tap, object) {
             tap(object, true);
         }
-        if !A::wants(object) {
+        if object.is_some_and(|o| !A::wants(o)) {
             return;
         }
         if let Some(addr) = self.registry.remove(key) {
@@ -217,14 +219,7 @@ where
         for (key, state) in self.known.relist_done() {
             info!(kind = %K::kind(&()), object = ?key, "deleted while the watch was down");
             self.context.metrics.deleted_in_watch_gap(key.kind);
-            match state {
-                Some(object) => self.deliver_gone(&key, &object),
-                None => {
-                    if let Some(addr) = self.registry.remove(&key) {
-                        addr.do_send(Gone);
-                    }
-                }
-            }
+            self.deliver_gone(&key, state.as_ref());
         }
     }
 }
@@ -281,12 +276,12 @@ mod tests {
     #[test]
     fn a_relist_reports_exactly_the_objects_it_did_not_list() {
         let mut known = KnownObjects::new(true);
-        known.seen(&key("a"), "uid-a", &"a1");
-        known.seen(&key("b"), "uid-b", &"b1");
-        known.seen(&key("c"), "uid-c", &"c1");
+        known.seen(&key("a"), "uid-a", || "a1");
+        known.seen(&key("b"), "uid-b", || "b1");
+        known.seen(&key("c"), "uid-c", || "c1");
         known.deleted(&key("c"));
         known.relist_started();
-        assert_eq!(known.seen(&key("a"), "uid-a", &"a2"), None);
+        assert_eq!(known.seen(&key("a"), "uid-a", || "a2"), None);
         assert_eq!(known.relist_done(), vec![(key("b"), Some("b1"))]);
         // Outside a re-list nothing vanishes, and b is forgotten.
         assert!(known.relist_done().is_empty());
@@ -297,12 +292,12 @@ mod tests {
     #[test]
     fn a_new_uid_under_a_known_name_is_a_replacement() {
         let mut known = KnownObjects::new(false);
-        assert_eq!(known.seen(&key("a"), "uid-1", &()), None);
-        assert_eq!(known.seen(&key("a"), "uid-1", &()), None);
-        assert_eq!(known.seen(&key("a"), "uid-2", &()), Some(None));
-        assert_eq!(known.seen(&key("a"), "uid-2", &()), None);
+        assert_eq!(known.seen(&key("a"), "uid-1", || ()), None);
+        assert_eq!(known.seen(&key("a"), "uid-1", || ()), None);
+        assert_eq!(known.seen(&key("a"), "uid-2", || ()), Some(None));
+        assert_eq!(known.seen(&key("a"), "uid-2", || ()), None);
         let mut kept = KnownObjects::new(true);
-        kept.seen(&key("a"), "uid-1", &"old");
-        assert_eq!(kept.seen(&key("a"), "uid-2", &"new"), Some(Some("old")));
+        kept.seen(&key("a"), "uid-1", || "old");
+        assert_eq!(kept.seen(&key("a"), "uid-2", || "new"), Some(Some("old")));
     }
 }
