@@ -64,6 +64,17 @@ async fn apply(context: &ManagerContext, object: &Value) -> Result<Value, String
         .map_err(|e| e.to_string())
 }
 
+/// The connector's credentials Secret in `namespace`.
+fn credentials_key(namespace: &str) -> ObjectKey {
+    ObjectKey {
+        group: String::new(),
+        version: "v1".into(),
+        kind: "Secret".into(),
+        namespace: namespace.to_owned(),
+        name: CREDENTIALS_SECRET.to_owned(),
+    }
+}
+
 /// The connector's credentials Secret: the existing one while it is bound to the current account and
 /// HostedCluster and more than a third of its validity is left, otherwise freshly minted credentials
 /// limited to `namespace`'s subjects, expiring after the link's credentials validity.
@@ -73,13 +84,7 @@ async fn ensure_credentials(
     cluster_uid: &str,
 ) -> Result<Value, String> {
     let link = context.connectors.as_ref().ok_or("no NATS configured")?;
-    let key = ObjectKey {
-        group: String::new(),
-        version: "v1".into(),
-        kind: "Secret".into(),
-        namespace: namespace.to_owned(),
-        name: CREDENTIALS_SECRET.to_owned(),
-    };
+    let key = credentials_key(namespace);
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -189,23 +194,17 @@ async fn remove_connector(context: &ManagerContext, namespace: &str) -> Result<(
     let Some(settings) = settings(context) else {
         return Ok(());
     };
-    let mut objects = connector_objects(namespace, "", &settings, "");
-    // Only the Secret's name and namespace matter for the delete.
-    let any_binding = CredentialsBinding {
-        account: String::new(),
-        cluster_uid: String::new(),
-        expires_at: 0,
-    };
-    objects.push(credentials_secret(namespace, &any_binding, ""));
-    for object in objects.iter().rev() {
-        let Some(key) = ObjectKey::of(object) else {
-            continue;
-        };
-        let observed = context.applier.get(&key).await.map_err(|e| e.to_string())?;
+    let mut keys: Vec<ObjectKey> = connector_objects(namespace, "", &settings, "")
+        .iter()
+        .filter_map(ObjectKey::of)
+        .collect();
+    keys.push(credentials_key(namespace));
+    for key in keys.iter().rev() {
+        let observed = context.applier.get(key).await.map_err(|e| e.to_string())?;
         let Some(observed) = observed else { continue };
         context
             .applier
-            .delete_observed(&key, &observed)
+            .delete_observed(key, &observed)
             .await
             .map_err(|e| e.to_string())?;
     }

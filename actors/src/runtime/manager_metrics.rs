@@ -1,7 +1,8 @@
 //! The manager's own metrics registry, exposed in the Prometheus text format on `/metrics`: reconcile
 //! counts and durations per controller (recorded by the reconcile shell only), the deletions the watch
-//! feeds found only by re-listing, the delivery of rollout events, and hosted teardowns given up. Labels are bounded: the controller name, the result or the kind, never
-//! an object's name. It records; it decides nothing.
+//! feeds found only by re-listing, the delivery of rollout events, and hosted teardowns given up. Labels
+//! are bounded: the controller name, the result, the kind or the reason, never an object's name. It
+//! records; it decides nothing.
 
 use std::sync::Arc;
 use std::time::Duration;

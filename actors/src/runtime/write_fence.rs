@@ -33,6 +33,16 @@ impl WriteFence {
         Self::with_until(u64::MAX)
     }
 
+    /// The fence of a process's writing client: closed until a Lease is held under leader election,
+    /// open for good without it.
+    pub fn for_leader_election(enabled: bool) -> Self {
+        if enabled {
+            Self::closed()
+        } else {
+            Self::open()
+        }
+    }
+
     /// A fence that refuses writes until [`WriteFence::open_until`] moves it.
     pub fn closed() -> Self {
         Self::with_until(0)

@@ -103,11 +103,7 @@ async fn run(args: Args) -> Result<(), ConnectorError> {
         )
     });
     // The hosted cluster is written only while this replica's leadership is confirmed.
-    let fence = if args.leader_election {
-        WriteFence::closed()
-    } else {
-        WriteFence::open()
-    };
+    let fence = WriteFence::for_leader_election(args.leader_election);
     let hosted = limited_client(
         cluster_config(Some(&args.hosted_kubeconfig)).await?,
         DEFAULT_MAX_IN_FLIGHT,

@@ -256,11 +256,7 @@ async fn run(args: Args) -> Result<(), ManagerError> {
         args.max_in_flight_requests,
         &WriteFence::open(),
     )?;
-    let fence = if args.leader_election {
-        WriteFence::closed()
-    } else {
-        WriteFence::open()
-    };
+    let fence = WriteFence::for_leader_election(args.leader_election);
     let engine_client = limited_client(kube_config.clone(), args.max_in_flight_requests, &fence)?;
     if args.install_crds {
         crd_install::install_crds(&client).await?;
