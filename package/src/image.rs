@@ -111,6 +111,7 @@ pub struct ImageStore {
     /// One registry client per set of credentials (see [`ImageStore::client`]).
     clients: DashMap<String, Client>,
     pulls: AtomicU64,
+    cache_hits: AtomicU64,
 }
 
 impl ImageStore {
@@ -136,6 +137,7 @@ impl ImageStore {
             }),
             clients: DashMap::new(),
             pulls: AtomicU64::new(0),
+            cache_hits: AtomicU64::new(0),
         }
     }
 
@@ -179,6 +181,11 @@ impl ImageStore {
         self.pulls.load(Ordering::Relaxed)
     }
 
+    /// How many fetches the cache answered (the digest was known).
+    pub fn cache_hits(&self) -> u64 {
+        self.cache_hits.load(Ordering::Relaxed)
+    }
+
     /// The package files of `image` and the image's manifest digest. Resolves the digest first and
     /// downloads layers only for a digest not seen before.
     #[instrument(skip(self, auth))]
@@ -194,6 +201,7 @@ impl ImageStore {
             .await
             .map_err(|e| registry_error(image, e))?;
         if let Some(files) = self.cache().get(&digest) {
+            self.cache_hits.fetch_add(1, Ordering::Relaxed);
             return Ok((digest, files));
         }
         let files = Arc::new(

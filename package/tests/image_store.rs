@@ -42,6 +42,7 @@ async fn an_image_is_downloaded_once_per_digest() {
         .unwrap();
     store.fetch(&other, &RegistryAuth::Anonymous).await.unwrap();
     assert_eq!(store.pulls(), 1);
+    assert_eq!(store.cache_hits(), 2);
 }
 
 #[tokio::test]

@@ -54,13 +54,14 @@ impl ManagerProcess {
             .ok_or_else(|| format!("metric {name} not found in:\n{body}"))
     }
 
-    /// Waits until /readyz answers 200 (the manager leads and runs its actors).
+    /// Waits until /readyz says the manager leads with its caches synced (a standby is ready too, but
+    /// reconciles nothing).
     pub async fn wait_ready(&self, timeout: Duration) -> Result<(), TestEnvError> {
         let port = self.health_port;
         self.process
             .wait_ready(timeout, || async move {
                 match http_get(port, "/readyz").await? {
-                    (200, _) => Ok(()),
+                    (200, body) if body.contains("leader") => Ok(()),
                     (code, body) => Err(format!("/readyz answered {code}: {body}")),
                 }
             })

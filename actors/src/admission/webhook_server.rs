@@ -6,7 +6,6 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use http_body_util::{BodyExt, Full, Limited};
@@ -20,6 +19,8 @@ use tokio_rustls::TlsAcceptor;
 use tracing::{debug, info_span, warn};
 
 use crate::engine::immutable_fields::{changed_fields, denial_message, GuardedKind};
+use crate::metrics::manager_metrics::ManagerMetrics;
+use prometheus_client::metrics::counter::Counter;
 
 /// The path the webhook configuration names.
 pub const IMMUTABLE_FIELDS_PATH: &str = "/validate/immutable-fields";
@@ -28,24 +29,43 @@ pub const IMMUTABLE_FIELDS_PATH: &str = "/validate/immutable-fields";
 const MAX_REVIEW_BYTES: usize = 8 * 1024 * 1024;
 
 /// Reviews answered, by outcome; exposed on /metrics.
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct ReviewCounts {
-    allowed: AtomicU64,
-    denied: AtomicU64,
-    malformed: AtomicU64,
+    allowed: Counter,
+    denied: Counter,
+    malformed: Counter,
 }
 
 impl ReviewCounts {
     pub fn allowed(&self) -> u64 {
-        self.allowed.load(Ordering::Relaxed)
+        self.allowed.get()
     }
 
     pub fn denied(&self) -> u64 {
-        self.denied.load(Ordering::Relaxed)
+        self.denied.get()
     }
 
     pub fn malformed(&self) -> u64 {
-        self.malformed.load(Ordering::Relaxed)
+        self.malformed.get()
+    }
+
+    /// Adds the counts to the manager's metrics.
+    pub fn register_metrics(&self, metrics: &ManagerMetrics) {
+        metrics.register(
+            "pko_admission_reviews_allowed",
+            "Admission reviews the webhook allowed.",
+            self.allowed.clone(),
+        );
+        metrics.register(
+            "pko_admission_reviews_denied",
+            "Admission reviews the webhook denied (an immutable field changed).",
+            self.denied.clone(),
+        );
+        metrics.register(
+            "pko_admission_reviews_malformed",
+            "Admission requests the webhook could not read (too large or not an AdmissionReview).",
+            self.malformed.clone(),
+        );
     }
 }
 
@@ -112,7 +132,7 @@ async fn respond(request: Request<Incoming>, counts: &ReviewCounts) -> Response<
     {
         Ok(body) => body.to_bytes(),
         Err(error) => {
-            counts.malformed.fetch_add(1, Ordering::Relaxed);
+            counts.malformed.inc();
             return plain(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 &format!("admission review body: {error} (limit {MAX_REVIEW_BYTES} bytes)"),
@@ -140,7 +160,7 @@ fn answer(body: &[u8], counts: &ReviewCounts) -> AdmissionResponse {
     match request {
         Ok(request) => review(&request, counts),
         Err(error) => {
-            counts.malformed.fetch_add(1, Ordering::Relaxed);
+            counts.malformed.inc();
             AdmissionResponse::invalid(format!("malformed AdmissionReview: {error}"))
         }
     }
@@ -172,10 +192,10 @@ fn review(request: &AdmissionRequest<DynamicObject>, counts: &ReviewCounts) -> A
     };
     span.record("allowed", changed.is_empty());
     if changed.is_empty() {
-        counts.allowed.fetch_add(1, Ordering::Relaxed);
+        counts.allowed.inc();
         return response;
     }
-    counts.denied.fetch_add(1, Ordering::Relaxed);
+    counts.denied.inc();
     let message = denial_message(&changed);
     let mut denied = response.deny(&message);
     denied.result = Status::failure(&message, "Invalid").with_code(422);

@@ -19,3 +19,4 @@ pub mod rollout_events;
 pub mod rollout_plan;
 pub mod rollout_status;
 pub mod template_hash;
+pub mod transition_events;

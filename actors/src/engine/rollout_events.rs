@@ -221,23 +221,6 @@ pub fn story_so_far(next: &RolloutView<'_>) -> Vec<RolloutStep> {
     steps
 }
 
-/// Longest Event note the apiserver takes (events.k8s.io/v1 `note`: 1 kB).
-const EVENT_NOTE_BYTES: usize = 1024;
-
-/// The note of the Warning Event for a Package that started failing, cut to what the apiserver takes.
-pub fn failure_note(namespace: &str, name: &str, group: &str, why: &str) -> String {
-    let mut note = format!("Package {namespace}/{name} (group {group}) fails: {why}");
-    if note.len() > EVENT_NOTE_BYTES {
-        let mut cut = EVENT_NOTE_BYTES - '…'.len_utf8();
-        while !note.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        note.truncate(cut);
-        note.push('…');
-    }
-    note
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -478,18 +461,6 @@ mod tests {
         assert!(kinds(&rollout_steps(Some(&vb), &vc))
             .iter()
             .all(|(k, _)| *k != PackageAvailable));
-    }
-
-    #[test]
-    fn failure_notes_fit_an_event() {
-        assert_eq!(
-            failure_note("clusters-a", "addon", "early", "probe"),
-            "Package clusters-a/addon (group early) fails: probe"
-        );
-        // Multi-byte characters across the limit: cut on a boundary, within 1 kB.
-        let long = failure_note("ns", "addon", "early", &"é".repeat(800));
-        assert!(long.len() <= EVENT_NOTE_BYTES, "{}", long.len());
-        assert!(long.ends_with('…'));
     }
 
     #[test]

@@ -6,6 +6,7 @@
 
 use super::conditions::ConditionUpdate;
 use super::rollout_plan::{RolloutInput, RolloutPlan, RolloutStrategy, UNKNOWN_GROUP};
+use pko_proto::core::hosted_cluster_package::HostedClusterPackageStatus;
 
 /// At most this many failing Packages are named in a condition message; the rest are counted.
 const NAMED_FAILURES: usize = 5;
@@ -109,6 +110,63 @@ pub fn rollout_conditions(
             paused_message,
         ),
     ]
+}
+
+/// Where a rollout stands, read off its stored status (for metrics and dashboards).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RolloutState {
+    /// Packages are being updated or becoming live.
+    Progressing,
+    /// Every Package progressed.
+    Finished,
+    /// Outdated Packages wait and none is moving: updated Packages fail, or unavailable ones use up
+    /// maxUnavailable.
+    Blocked,
+    /// Nothing moves but paused Packages keep the rollout from finishing.
+    Paused,
+}
+
+impl RolloutState {
+    pub const ALL: [RolloutState; 4] = [
+        RolloutState::Progressing,
+        RolloutState::Finished,
+        RolloutState::Blocked,
+        RolloutState::Paused,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            RolloutState::Progressing => "progressing",
+            RolloutState::Finished => "finished",
+            RolloutState::Blocked => "blocked",
+            RolloutState::Paused => "paused",
+        }
+    }
+}
+
+/// The state of the rollout `status` describes.
+pub fn rollout_state(status: &HostedClusterPackageStatus) -> RolloutState {
+    let holds = |type_: &str| {
+        status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == type_ && c.status == "True")
+    };
+    let c = &status.counts;
+    let moving = c.in_flight_packages > 0 || !status.processing.is_empty();
+    if !holds(PROGRESSING) {
+        RolloutState::Finished
+    } else if c.failed_packages > 0 {
+        RolloutState::Blocked
+    } else if moving {
+        RolloutState::Progressing
+    } else if holds(HAS_PAUSED_PACKAGE) {
+        RolloutState::Paused
+    } else if c.updated_packages < c.total_packages {
+        RolloutState::Blocked
+    } else {
+        RolloutState::Progressing
+    }
 }
 
 #[cfg(test)]
@@ -250,5 +308,59 @@ mod tests {
                 "1/3 packages paused.".into()
             )
         );
+    }
+    #[test]
+    fn the_rollout_state_is_read_off_the_stored_status() {
+        use pko_proto::core::hosted_cluster_package::{
+            HostedClusterPackageCounts, HostedClusterPackageRefStatus,
+        };
+        let status = |progressing: bool, paused: bool, counts: HostedClusterPackageCounts| {
+            let condition = |type_: &str, holds: bool| {
+                serde_json::from_value(serde_json::json!({"type": type_,
+                    "status": if holds { "True" } else { "False" }, "reason": "R", "message": "",
+                    "lastTransitionTime": "2026-01-01T00:00:00Z"}))
+                .unwrap()
+            };
+            HostedClusterPackageStatus {
+                conditions: vec![
+                    condition(PROGRESSING, progressing),
+                    condition(HAS_PAUSED_PACKAGE, paused),
+                ],
+                counts,
+                ..Default::default()
+            }
+        };
+        let counts = |total, updated, in_flight, failed| HostedClusterPackageCounts {
+            total_packages: total,
+            updated_packages: updated,
+            in_flight_packages: in_flight,
+            failed_packages: failed,
+            ..Default::default()
+        };
+        assert_eq!(
+            rollout_state(&status(false, false, counts(3, 3, 0, 0))),
+            RolloutState::Finished
+        );
+        assert_eq!(
+            rollout_state(&status(true, false, counts(3, 1, 1, 0))),
+            RolloutState::Progressing
+        );
+        assert_eq!(
+            rollout_state(&status(true, false, counts(3, 2, 1, 1))),
+            RolloutState::Blocked
+        );
+        assert_eq!(
+            rollout_state(&status(true, false, counts(3, 1, 0, 0))),
+            RolloutState::Blocked
+        );
+        assert_eq!(
+            rollout_state(&status(true, true, counts(3, 1, 0, 0))),
+            RolloutState::Paused
+        );
+        let mut writing = status(true, false, counts(3, 1, 0, 0));
+        writing
+            .processing
+            .push(HostedClusterPackageRefStatus::default());
+        assert_eq!(rollout_state(&writing), RolloutState::Progressing);
     }
 }

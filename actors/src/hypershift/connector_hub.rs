@@ -15,6 +15,7 @@ use pko_proto::connector_wire::{decode, Hello, HostedClusterSubjects, PhaseRepor
 use tracing::{debug, info, warn};
 
 use crate::hypershift::remote_phase_actor::{RemotePhaseActor, Resend};
+use crate::metrics::connector_metrics::{ConnectorMetrics, ReportResult};
 use crate::runtime::registry::{ObjectRef, Registry};
 
 /// Subject patterns the hub listens on.
@@ -39,6 +40,7 @@ pub struct ConnectorHub {
     nats: async_nats::Client,
     connections: tokio::sync::watch::Receiver<u64>,
     phases: Arc<Registry<RemotePhaseActor>>,
+    metrics: ConnectorMetrics,
 }
 
 impl ConnectorHub {
@@ -46,11 +48,13 @@ impl ConnectorHub {
         nats: async_nats::Client,
         connections: tokio::sync::watch::Receiver<u64>,
         phases: Arc<Registry<RemotePhaseActor>>,
+        metrics: ConnectorMetrics,
     ) -> Self {
         Self {
             nats,
             connections,
             phases,
+            metrics,
         }
     }
 
@@ -59,12 +63,14 @@ impl ConnectorHub {
             Ok(r) => r,
             Err(error) => {
                 warn!(subject = %message.subject, %error, "dropping a malformed report");
+                self.metrics.report(ReportResult::Malformed);
                 return;
             }
         };
         if report.phase.namespace != namespace {
             warn!(subject = %message.subject, claimed = %report.phase.namespace,
                 "dropping a report about another namespace");
+            self.metrics.report(ReportResult::Foreign);
             return;
         }
         let key = ObjectRef {
@@ -73,14 +79,21 @@ impl ConnectorHub {
             name: report.phase.name.clone(),
         };
         match self.phases.get(&key) {
-            Some(addr) => addr.do_send(Resend),
-            None => debug!(phase = %report.phase.name, namespace, "report for an unknown phase"),
+            Some(addr) => {
+                self.metrics.report(ReportResult::Accepted);
+                addr.do_send(Resend);
+            }
+            None => {
+                self.metrics.report(ReportResult::UnknownPhase);
+                debug!(phase = %report.phase.name, namespace, "report for an unknown phase");
+            }
         }
     }
 
     fn on_hello(&self, namespace: &str, message: &NatsMessage) {
         match decode::<Hello>(&message.payload) {
             Ok(hello) => {
+                self.metrics.hello(namespace);
                 let phases = self.phases.in_namespace(namespace);
                 info!(namespace, connector = %hello.connector, phases = phases.len(),
                     "connector said hello; re-sending its phases");

@@ -26,7 +26,7 @@ use crate::hypershift::connector_deployment::{
     ConnectorSettings, CredentialsBinding, CREDENTIALS_KEY, CREDENTIALS_SECRET,
 };
 use crate::objects::object_meta::tombstone_meta;
-use crate::runtime::context::{event_recorder, ManagerContext};
+use crate::runtime::context::ManagerContext;
 use crate::runtime::object_actor::{work, Change, ObjectActor, Outcome, Reconcile, Work};
 use crate::runtime::reconcile_gate::Backoff;
 use crate::runtime::registry::ObjectRef;
@@ -176,7 +176,7 @@ async fn record(context: &ManagerContext, cluster: &HostedCluster, outcome: &Ins
         ),
         InstallOutcome::Failed(message) => (EventType::Warning, "ConnectorFailed", message.clone()),
     };
-    let recorder = event_recorder(&context.client);
+    let recorder = &context.events;
     let event = Event {
         type_,
         reason: reason.into(),
@@ -199,6 +199,7 @@ async fn remove_connector(context: &ManagerContext, namespace: &str) -> Result<(
         .filter_map(ObjectKey::of)
         .collect();
     keys.push(credentials_key(namespace));
+    context.metrics.connectors.forget(namespace);
     for key in keys.iter().rev() {
         let observed = context.applier.get(key).await.map_err(|e| e.to_string())?;
         let Some(observed) = observed else { continue };

@@ -31,10 +31,11 @@ use crate::engine::object_set_status::{
 };
 use crate::hypershift::connector_link::LinkError;
 use crate::hypershift::hosted_phase::{mapped_of_report, progress_of_report};
+use crate::metrics::connector_metrics::RequestResult;
 use crate::objects::object_meta::MetaView;
 use crate::objects::object_set_plan::phase_object_name;
 use crate::objects::set_object::{SetObject, HOSTED_CLUSTER_CLASS};
-use crate::runtime::context::{event_recorder, ManagerContext};
+use crate::runtime::context::ManagerContext;
 use crate::runtime::object_actor::{work, Change, ObjectActor, Outcome, Reconcile, Work};
 use crate::runtime::reconcile_gate::Backoff;
 use crate::runtime::registry::ObjectRef;
@@ -309,7 +310,7 @@ async fn record_skipped_teardown(
     reason: &str,
     message: &str,
 ) {
-    let recorder = event_recorder(&context.client);
+    let recorder = &context.events;
     let event = Event {
         type_: EventType::Warning,
         reason: reason.into(),
@@ -376,6 +377,7 @@ async fn exchange(
         .map(|p| (p.objects.clone(), p.external_objects.clone()))
         .unwrap_or_default();
     let deleting = phase.meta.deletion_timestamp.is_some();
+    let started = Instant::now();
     let reply: Result<Reply<PhaseReport>, _> = if deleting {
         if !phase.has_finalizer(HOSTED_TEARDOWN_FINALIZER) {
             return Exchange::Released;
@@ -409,6 +411,18 @@ async fn exchange(
         }
         link.request(subjects.apply(), &apply).await
     };
+    let result = match &reply {
+        Ok(_) => RequestResult::Answered,
+        Err(LinkError::NoConnector { .. }) => RequestResult::NoConnector,
+        Err(LinkError::TimedOut { .. }) => RequestResult::TimedOut,
+        Err(_) => RequestResult::Failed,
+    };
+    context.metrics.connectors.request(
+        phase.namespace(),
+        if deleting { "teardown" } else { "apply" },
+        result,
+        started.elapsed().as_secs_f64(),
+    );
     match reply {
         Ok(Reply::Answer(report)) => {
             if deleting && report.outcome == PhaseOutcome::TornDown {

@@ -4,7 +4,8 @@
 //! It decides nothing (the engine does); it counts the requests it makes so benchmarks and tests can assert
 //! that an unchanged set issues no writes.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use std::sync::Arc;
 
 use dashmap::DashMap;
@@ -19,6 +20,7 @@ use tracing::instrument;
 
 use crate::engine::desired_object::FIELD_MANAGER;
 use crate::engine::object_ref::ObjectKey;
+use crate::metrics::manager_metrics::ManagerMetrics;
 
 /// A request the apiserver refused or could not serve.
 #[derive(Debug, thiserror::Error)]
@@ -88,19 +90,31 @@ pub struct ResolvedKind {
     pub namespaced: bool,
 }
 
-/// Request counts since start.
-#[derive(Debug, Default)]
+/// Request counts since start, and how long applies take.
+#[derive(Debug, Clone)]
 pub struct RequestCounts {
-    pub reads: AtomicU64,
-    pub writes: AtomicU64,
+    reads: Counter,
+    writes: Counter,
+    apply_duration: Histogram,
+}
+
+impl Default for RequestCounts {
+    fn default() -> Self {
+        Self {
+            reads: Counter::default(),
+            writes: Counter::default(),
+            // 1 ms .. ~16 s.
+            apply_duration: Histogram::new(exponential_buckets(0.001, 2.0, 15)),
+        }
+    }
 }
 
 impl RequestCounts {
     pub fn writes(&self) -> u64 {
-        self.writes.load(Ordering::Relaxed)
+        self.writes.get()
     }
     pub fn reads(&self) -> u64 {
-        self.reads.load(Ordering::Relaxed)
+        self.reads.get()
     }
 }
 
@@ -109,7 +123,7 @@ impl RequestCounts {
 pub struct Applier {
     client: Client,
     kinds: Arc<DashMap<(String, String, String), ResolvedKind>>,
-    counts: Arc<RequestCounts>,
+    counts: RequestCounts,
 }
 
 impl Applier {
@@ -117,8 +131,27 @@ impl Applier {
         Self {
             client,
             kinds: Arc::default(),
-            counts: Arc::default(),
+            counts: RequestCounts::default(),
         }
+    }
+
+    /// Adds the request counts and apply latency to the manager's metrics.
+    pub fn register_metrics(&self, metrics: &ManagerMetrics) {
+        metrics.register(
+            "pko_object_reads",
+            "Reads of managed objects (GET).",
+            self.counts.reads.clone(),
+        );
+        metrics.register(
+            "pko_object_writes",
+            "Writes to managed objects (apply, patch, delete).",
+            self.counts.writes.clone(),
+        );
+        metrics.register(
+            "pko_apply_duration_seconds",
+            "Time a server-side apply of a managed object takes, to the stored object or the error.",
+            self.counts.apply_duration.clone(),
+        );
     }
 
     pub fn client(&self) -> &Client {
@@ -208,7 +241,7 @@ impl Applier {
     #[instrument(skip(self), fields(object = %key))]
     pub async fn get(&self, key: &ObjectKey) -> Result<Option<Value>, ApplyError> {
         let api = self.api(key).await?;
-        self.counts.reads.fetch_add(1, Ordering::Relaxed);
+        self.counts.reads.inc();
         let got = api.get_opt(&key.name).await.map_err(Self::api_error(key))?;
         got.map(|o| Self::to_value(key, o)).transpose()
     }
@@ -217,7 +250,7 @@ impl Applier {
     #[instrument(skip(self), fields(kind = %key.kind, namespace = %key.namespace))]
     pub async fn list_like(&self, key: &ObjectKey) -> Result<Vec<Value>, ApplyError> {
         let api = self.api(key).await?;
-        self.counts.reads.fetch_add(1, Ordering::Relaxed);
+        self.counts.reads.inc();
         let list = api
             .list(&ListParams::default())
             .await
@@ -232,13 +265,14 @@ impl Applier {
     #[instrument(skip(self, body), fields(object = %key))]
     pub async fn apply(&self, key: &ObjectKey, body: &Value) -> Result<Value, ApplyError> {
         let api = self.api(key).await?;
-        self.counts.writes.fetch_add(1, Ordering::Relaxed);
+        self.counts.writes.inc();
         let params = PatchParams::apply(FIELD_MANAGER).force();
-        let stored = api
-            .patch(&key.name, &params, &Patch::Apply(body))
-            .await
-            .map_err(Self::api_error(key))?;
-        Self::to_value(key, stored)
+        let started = std::time::Instant::now();
+        let stored = api.patch(&key.name, &params, &Patch::Apply(body)).await;
+        self.counts
+            .apply_duration
+            .observe(started.elapsed().as_secs_f64());
+        Self::to_value(key, stored.map_err(Self::api_error(key))?)
     }
 
     /// Like [`Applier::apply`], but only over the object at `resource_version`: a forced apply that
@@ -309,7 +343,7 @@ impl Applier {
         let rv = observed.pointer("/metadata/resourceVersion").cloned();
         let patch = json!({"metadata": {"ownerReferences": rewritten, "resourceVersion": rv}});
         let api = self.api(key).await?;
-        self.counts.writes.fetch_add(1, Ordering::Relaxed);
+        self.counts.writes.inc();
         let stored = api
             .patch(&key.name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
@@ -349,7 +383,7 @@ impl Applier {
         resource_version: &str,
     ) -> Result<bool, ApplyError> {
         let api = self.api(key).await?;
-        self.counts.writes.fetch_add(1, Ordering::Relaxed);
+        self.counts.writes.inc();
         let params = DeleteParams {
             preconditions: Some(Preconditions {
                 uid: Some(uid.to_owned()),

@@ -12,7 +12,7 @@
 //! delivered by the watch in its turn.
 
 use pko_proto::well_known::CACHE_LABEL;
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -44,6 +44,15 @@ pub struct WatchMark(u64);
 struct Held {
     state: Arc<Value>,
     delivery: u64,
+}
+
+/// A count of what [`ObjectCache`] holds.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CacheCensus {
+    /// Kinds watched (one shared watch each).
+    pub watches: usize,
+    /// Objects per owner UID and kind.
+    pub owners: BTreeMap<String, BTreeMap<String, u64>>,
 }
 
 /// Last observed managed objects, per kind, and who to tell when they change.
@@ -109,6 +118,24 @@ impl ObjectCache {
 
     pub fn remove_route(&self, owner_uid: &str) {
         self.routes.remove(owner_uid);
+    }
+
+    /// What the cache holds now: the kinds it watches, and per controlling owner (UID; objects without a
+    /// controller under `""`) the objects per kind (`group/version, Kind=Kind`, as Go prints a GVK).
+    pub fn census(&self) -> CacheCensus {
+        let mut owners: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
+        for held in self.objects.iter() {
+            let key = held.key();
+            let owner = controller_of(&held.value().state)
+                .map(|(uid, _, _)| uid)
+                .unwrap_or_default();
+            let gvk = format!("{}/{}, Kind={}", key.group, key.version, key.kind);
+            *owners.entry(owner).or_default().entry(gvk).or_default() += 1;
+        }
+        CacheCensus {
+            watches: self.watched.len(),
+            owners,
+        }
     }
 
     /// Starts the shared watch for a kind unless it runs already.

@@ -18,11 +18,13 @@ use crate::engine::deployment_plan::{
     deployment_conditions, plan_deployment, revision_name, DeploymentAction, RevisionView,
 };
 use crate::engine::template_hash::template_hash;
+use crate::engine::transition_events::deployment_transitions;
+use crate::metrics::manager_metrics::ManagerMetrics;
 use crate::objects::deployment_object::DeploymentObject;
-use crate::objects::object_meta::{tombstone_meta, MetaView};
+use crate::objects::object_meta::{event_reference, tombstone_meta, MetaView};
 use crate::objects::set_object::SetObject;
 use crate::runtime::context::ManagerContext;
-use crate::runtime::object_actor::{work, Change, ObjectActor, Outcome, Reconcile, Work};
+use crate::runtime::object_actor::{work, Change, Notice, ObjectActor, Outcome, Reconcile, Work};
 use crate::runtime::reconcile_gate::Backoff;
 use crate::runtime::registry::ObjectRef;
 
@@ -247,6 +249,17 @@ impl Reconcile for ObjectDeploymentController {
             }
             _ => Change::Changed,
         }
+    }
+
+    fn report(
+        previous: Option<&DeploymentObject>,
+        od: &DeploymentObject,
+        _: &ManagerMetrics,
+    ) -> Option<Notice> {
+        Some(Notice {
+            reference: event_reference(od.kind(), &od.meta),
+            events: deployment_transitions(previous?.status.revision, od.status.revision),
+        })
     }
 
     fn reconcile(

@@ -1,6 +1,7 @@
 //! Accessors shared by the engine's views of package-operator objects, and their status writes (the one
 //! function every actor writes status through).
 
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{Api, Patch, PatchParams};
 use kube::Resource;
@@ -8,6 +9,34 @@ use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 
 use crate::engine::desired_object::FIELD_MANAGER;
+
+/// The object's creation time in Unix seconds (0 when the apiserver has not set it).
+pub fn creation_seconds(meta: &ObjectMeta) -> i64 {
+    meta.creation_timestamp
+        .as_ref()
+        .map(|t| t.0.as_second())
+        .unwrap_or_default()
+}
+
+/// What Events about a package-operator.run object of `kind` name. Events of a cluster-scoped object
+/// live in `default` (kube's recorder puts them there; apiservers before 1.22 want the reference to say
+/// so too).
+pub fn event_reference(kind: &str, meta: &ObjectMeta) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("package-operator.run/v1alpha1".to_owned()),
+        kind: Some(kind.to_owned()),
+        name: meta.name.clone(),
+        namespace: Some(
+            meta.namespace
+                .clone()
+                .filter(|ns| !ns.is_empty())
+                .unwrap_or_else(|| "default".to_owned()),
+        ),
+        uid: meta.uid.clone(),
+        resource_version: meta.resource_version.clone(),
+        field_path: None,
+    }
+}
 
 /// The merge patch that writes `status`. Empty lists are not serialized, and a merge patch keeps what it
 /// does not name, so each of `lists` that is absent is spelled out as `[]`: a list that became empty (a

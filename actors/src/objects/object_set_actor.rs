@@ -3,7 +3,7 @@
 //! tears down in reverse order when archived, routes changes of its objects to the phase that owns them,
 //! and writes status only when it changes. Succeeded fires from a timer, not from the next event.
 
-use pko_proto::well_known::TEARDOWN_FINALIZER;
+use pko_proto::well_known::{INSTANCE_LABEL, SOURCE_IMAGE_ANNOTATION, TEARDOWN_FINALIZER};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,9 +19,13 @@ use tracing::{info_span, warn, Instrument};
 use crate::engine::adoption::revision_of;
 use crate::engine::object_ref::ObjectKey;
 use crate::engine::object_set_status::{
-    object_set_conditions, phase_reach, PhaseProgress, PhaseReach, SetObservation,
+    object_set_conditions, phase_reach, PhaseProgress, PhaseReach, SetObservation, ARCHIVED,
+    SUCCEEDED,
 };
-use crate::objects::object_meta::{tombstone_meta, MetaView};
+use crate::engine::transition_events::object_set_transitions;
+use crate::metrics::manager_metrics::ManagerMetrics;
+use crate::metrics::upstream_metrics::ObjectSetFacts;
+use crate::objects::object_meta::{creation_seconds, event_reference, tombstone_meta, MetaView};
 use crate::objects::object_set_plan::{phase_object_name, plan_object_set, PlanInputs};
 use crate::objects::phase_actor::{
     PhaseActor, PhaseCommand, PhaseFinished, PhaseOutcome, UpdatePlan,
@@ -29,7 +33,7 @@ use crate::objects::phase_actor::{
 use crate::objects::phase_runner::{PhasePlan, PhaseReport};
 use crate::objects::set_object::{SetObject, DEFAULT_CLASS};
 use crate::runtime::context::ManagerContext;
-use crate::runtime::object_actor::{work, Change, ObjectActor, Outcome, Reconcile, Work};
+use crate::runtime::object_actor::{work, Change, Notice, ObjectActor, Outcome, Reconcile, Work};
 use crate::runtime::reconcile_gate::Backoff;
 use crate::runtime::registry::ObjectRef;
 
@@ -465,6 +469,59 @@ impl Reconcile for ObjectSetController {
 
     fn key(set: &SetObject) -> ObjectRef {
         ObjectRef::of(set.kind.kind(), set)
+    }
+
+    fn report(
+        previous: Option<&SetObject>,
+        set: &SetObject,
+        metrics: &ManagerMetrics,
+    ) -> Option<Notice> {
+        if set.kind.is_phase() {
+            // Upstream's ObjectSet metrics are about revisions, not phases.
+        } else if set.meta.deletion_timestamp.is_some() {
+            Self::forget(set, metrics);
+        } else {
+            let holds = |type_: &str| {
+                set.status
+                    .conditions
+                    .iter()
+                    .find(|c| c.type_ == type_ && c.status == "True")
+            };
+            let label = |key: &str| {
+                set.meta
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(key))
+                    .map_or("", String::as_str)
+            };
+            let annotation = set
+                .meta
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(SOURCE_IMAGE_ANNOTATION))
+                .map_or("", String::as_str);
+            metrics.upstream.object_set(&ObjectSetFacts {
+                name: set.name(),
+                namespace: set.namespace(),
+                package_instance: label(INSTANCE_LABEL),
+                image: annotation,
+                created: creation_seconds(&set.meta),
+                succeeded: holds(SUCCEEDED).map(|c| c.last_transition_time.0.as_second()),
+                archived: holds(ARCHIVED).is_some(),
+            });
+        }
+        Some(Notice {
+            reference: event_reference(set.kind.kind(), &set.meta),
+            events: object_set_transitions(&previous?.status.conditions, &set.status.conditions),
+        })
+    }
+
+    fn forget(set: &SetObject, metrics: &ManagerMetrics) {
+        if !set.kind.is_phase() {
+            metrics
+                .upstream
+                .forget_object_set(set.name(), set.namespace());
+        }
     }
 
     /// Decided from the installed plan, in [`Reconcile::observed`].

@@ -13,10 +13,13 @@ use pko_proto::core::package::PackageStatus;
 use crate::engine::package_deployment::{
     package_conditions, package_deployment, scope_error, UnpackOutcome,
 };
-use crate::objects::object_meta::{tombstone_meta, MetaView};
+use crate::engine::transition_events::package_transitions;
+use crate::metrics::manager_metrics::ManagerMetrics;
+use crate::metrics::upstream_metrics::PackageFacts;
+use crate::objects::object_meta::{creation_seconds, event_reference, tombstone_meta, MetaView};
 use crate::packages::package_object::{environment_facts, PackageObject};
 use crate::runtime::context::ManagerContext;
-use crate::runtime::object_actor::{work, Change, ObjectActor, Outcome, Reconcile, Work};
+use crate::runtime::object_actor::{work, Change, Notice, ObjectActor, Outcome, Reconcile, Work};
 use crate::runtime::reconcile_gate::Backoff;
 use crate::runtime::registry::ObjectRef;
 use pko_package::canonical_hash::value_hash;
@@ -58,7 +61,13 @@ async fn unpack(
         .pull_secrets
         .auth_for(&context.client, &package.spec.image)
         .await?;
-    let files = match context.images.fetch(&package.spec.image, &auth).await {
+    let started = std::time::Instant::now();
+    let fetched = context.images.fetch(&package.spec.image, &auth).await;
+    context
+        .metrics
+        .images
+        .fetched(started.elapsed().as_secs_f64());
+    let files = match fetched {
         Ok((_, files)) => files,
         Err(e) if e.is_limit() => return Ok(UnpackOutcome::ImageRefused(e.to_string())),
         Err(e) => return Ok(UnpackOutcome::PullFailed(e.to_string())),
@@ -164,6 +173,42 @@ impl Reconcile for PackageController {
         }
     }
 
+    fn report(
+        previous: Option<&PackageObject>,
+        package: &PackageObject,
+        metrics: &ManagerMetrics,
+    ) -> Option<Notice> {
+        if package.meta.deletion_timestamp.is_some() {
+            Self::forget(package, metrics);
+        } else {
+            let available = package
+                .status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == "Available" && c.status != "Unknown")
+                .map(|c| c.status == "True");
+            metrics.upstream.package(&PackageFacts {
+                name: package.name(),
+                namespace: package.namespace(),
+                image: &package.spec.image,
+                available,
+                created: creation_seconds(&package.meta),
+                revision: package.status.revision,
+            });
+        }
+        let previous = previous?;
+        Some(Notice {
+            reference: event_reference(package.kind(), &package.meta),
+            events: package_transitions(&previous.status.conditions, &package.status.conditions),
+        })
+    }
+
+    fn forget(package: &PackageObject, metrics: &ManagerMetrics) {
+        metrics
+            .upstream
+            .forget_package(package.name(), package.namespace());
+    }
+
     fn reconcile(
         actor: &mut PackageActor,
         package: PackageObject,
@@ -179,7 +224,16 @@ impl Reconcile for PackageController {
         let run = async move {
             let outcome = match previous {
                 Some((_, outcome)) => outcome,
-                None => unpack(&context, &package).await?,
+                None => {
+                    let started = std::time::Instant::now();
+                    let outcome = unpack(&context, &package).await?;
+                    context.metrics.upstream.package_loaded(
+                        package.name(),
+                        package.namespace(),
+                        started.elapsed().as_secs_f64(),
+                    );
+                    outcome
+                }
             };
             let deployment = match outcome {
                 UnpackOutcome::Unpacked => {

@@ -13,29 +13,32 @@ use std::time::Duration;
 use actix::fut::{self, ActorFutureExt};
 use actix::prelude::*;
 use futures::future::LocalBoxFuture;
-use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::ListParams;
-use kube::runtime::events::{Event, EventType};
 use kube::Api;
 use kube::Resource;
 use pko_proto::core::hosted_cluster_package::{HostedClusterPackage, HostedClusterPackageStatus};
 use pko_proto::core::package::Package;
-use pko_proto::rollout_events::{RolloutEvent, RolloutEventKind, EVENT_VERSION};
+use pko_proto::rollout_events::{RolloutEvent, EVENT_VERSION};
 use tracing::warn;
 
 use crate::engine::hosted_cluster_package::{
     decide_rollout, desired_package, OwnedPackage, RolloutDecision, RolloutSnapshot, RolloutStep,
 };
-use crate::engine::rollout_events::{failure_note, rollout_steps, story_so_far, RolloutView};
-use crate::engine::rollout_plan::{RolloutInput, RolloutPlan, UNKNOWN_GROUP};
+use crate::engine::rollout_events::{rollout_steps, story_so_far, RolloutView};
+use crate::engine::rollout_plan::{RolloutInput, RolloutPlan};
 use crate::engine::rollout_status::PROGRESSING;
+use crate::engine::transition_events::rollout_transition;
+use crate::metrics::manager_metrics::ManagerMetrics;
 use crate::objects::object_meta::write_status_over;
 use crate::packages::package_object::PackageObject;
 use crate::rollout::hcp_namespace_actor::{HcpNamespaceActor, PackageCommand, PackageWritten};
 use crate::rollout::hosted_cluster_fleet::{FleetChanged, RolloutShared};
-use crate::runtime::context::{event_recorder, ManagerContext};
-use crate::runtime::object_actor::{done, work, Change, ObjectActor, Outcome, Reconcile, Work};
+use crate::runtime::context::ManagerContext;
+use crate::runtime::object_actor::publish_events;
+use crate::runtime::object_actor::{
+    done, work, Change, Notice, ObjectActor, Outcome, Reconcile, Work,
+};
 use crate::runtime::reconcile_gate::Backoff;
 use crate::runtime::registry::ObjectRef;
 
@@ -164,6 +167,22 @@ impl Reconcile for HostedClusterPackageController {
         )
     }
 
+    /// The rollout's gauges; its Events come from its rollout steps (see `carry_out`).
+    fn report(
+        _: Option<&HostedClusterPackage>,
+        hcpkg: &HostedClusterPackage,
+        metrics: &ManagerMetrics,
+    ) -> Option<Notice> {
+        metrics.rollouts.hosted_cluster_package(hcpkg);
+        None
+    }
+
+    fn forget(hcpkg: &HostedClusterPackage, metrics: &ManagerMetrics) {
+        metrics
+            .rollouts
+            .forget(hcpkg.metadata.name.as_deref().unwrap_or_default());
+    }
+
     fn gone(
         actor: &mut HostedClusterPackageActor,
         _: &mut Context<HostedClusterPackageActor>,
@@ -189,8 +208,10 @@ impl HostedClusterPackageActor {
         };
         let client = self.context.client.clone();
         let name = self.name();
-        let (status, writes, deletes, events, next) = match decision {
-            RolloutDecision::Invalid(status) => (status, Vec::new(), Vec::new(), Vec::new(), None),
+        let (status, writes, deletes, events, transitions, next) = match decision {
+            RolloutDecision::Invalid(status) => {
+                (status, Vec::new(), Vec::new(), Vec::new(), Vec::new(), None)
+            }
             RolloutDecision::Planned(step) => {
                 let RolloutStep {
                     input,
@@ -209,11 +230,12 @@ impl HostedClusterPackageActor {
                     input: &l.input,
                     plan: &l.plan,
                 });
-                let steps = match previous {
-                    Some(previous) => rollout_steps(Some(&previous), &view),
-                    // Taking over a rollout under way: what was told before is not known here.
-                    None if under_way(&hcpkg) => story_so_far(&view),
-                    None => rollout_steps(None, &view),
+                // Taking over a rollout under way: what was told before is not known here, so the
+                // stream gets the story so far (it drops what it holds) and no Event is raised again.
+                let (steps, retold) = match previous {
+                    Some(previous) => (rollout_steps(Some(&previous), &view), false),
+                    None if under_way(&hcpkg) => (story_so_far(&view), true),
+                    None => (rollout_steps(None, &view), false),
                 };
                 let events: Vec<RolloutEvent> = steps
                     .into_iter()
@@ -235,7 +257,12 @@ impl HostedClusterPackageActor {
                     input,
                     plan,
                 };
-                (status, writes, deletes, events, Some(next))
+                let transitions = if retold {
+                    Vec::new()
+                } else {
+                    events.iter().filter_map(rollout_transition).collect()
+                };
+                (status, writes, deletes, events, transitions, Some(next))
             }
         };
         let previous_status = hcpkg.status.clone().unwrap_or_default();
@@ -246,6 +273,7 @@ impl HostedClusterPackageActor {
         // reference to name that namespace.
         reference.namespace = Some("default".to_owned());
         let read_at = hcpkg.metadata.resource_version.clone();
+        let recorder = self.context.events.clone();
         let run = async move {
             // The in-flight set (and the rest of the status) goes first: a crash after this point
             // finds every update it was about to make already counted. It is written only over the
@@ -255,7 +283,7 @@ impl HostedClusterPackageActor {
             } else {
                 None
             };
-            record_failures(&client, &reference, &events).await;
+            publish_events(&recorder, &reference, transitions).await;
             if let Some(publisher) = publisher {
                 publisher.enqueue(events);
             }
@@ -320,40 +348,6 @@ async fn list_owned_packages(
         .map(OwnedPackage::from)
         .map(|p| (p.meta.namespace.clone().unwrap_or_default(), Arc::new(p)))
         .collect())
-}
-
-/// A Warning Event on the HostedClusterPackage for each Package that started failing, naming it and why.
-async fn record_failures(
-    client: &kube::Client,
-    reference: &ObjectReference,
-    events: &[RolloutEvent],
-) {
-    let failed: Vec<&RolloutEvent> = events
-        .iter()
-        .filter(|e| e.kind == RolloutEventKind::PackageFailed)
-        .collect();
-    if failed.is_empty() {
-        return;
-    }
-    let recorder = event_recorder(client);
-    for e in failed {
-        let note = failure_note(
-            e.namespace.as_deref().unwrap_or_default(),
-            &e.hosted_cluster_package,
-            e.group.as_deref().unwrap_or(UNKNOWN_GROUP),
-            &e.message,
-        );
-        let event = Event {
-            type_: EventType::Warning,
-            reason: "PackageFailed".into(),
-            note: Some(note),
-            action: "RolloutPackage".into(),
-            secondary: None,
-        };
-        if let Err(error) = recorder.publish(&event, reference).await {
-            warn!(%error, "cannot record an event on the HostedClusterPackage");
-        }
-    }
 }
 
 /// Whether the stored status says the current generation's rollout was under way: written for this

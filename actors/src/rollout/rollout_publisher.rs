@@ -20,7 +20,7 @@ use pko_proto::rollout_events::{
 use tokio::sync::Notify;
 use tracing::{info, warn};
 
-use crate::runtime::manager_metrics::ManagerMetrics;
+use crate::metrics::manager_metrics::ManagerMetrics;
 use crate::runtime::reconcile_gate::Backoff;
 
 /// Events the outbox holds at most when the manager does not say otherwise (about 3 MB).

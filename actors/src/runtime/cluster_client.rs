@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::Client;
 
+use crate::metrics::api_requests::{ApiRequestLayer, ApiRequestMetrics};
 use crate::runtime::write_fence::{WriteFence, WriteFenceLayer};
 
 /// A client could not be built.
@@ -34,6 +35,7 @@ pub async fn cluster_client(
         cluster_config(kubeconfig).await?,
         max_in_flight,
         &WriteFence::open(),
+        &ApiRequestMetrics::default(),
     )
 }
 
@@ -61,15 +63,19 @@ pub async fn cluster_config(kubeconfig: Option<&Path>) -> Result<kube::Config, C
 
 /// A client for `config` with at most `max_in_flight` requests in flight (see [`cluster_client`]) whose
 /// writes pass only while `fence` is open. The fence is checked after the queue, right before a request
-/// goes out, so a write that waited in the queue past the deadline is refused too.
+/// goes out, so a write that waited in the queue past the deadline is refused too. Requests that go out
+/// are counted and timed in `metrics` (the queue not included).
 pub fn limited_client(
     config: kube::Config,
     max_in_flight: usize,
     fence: &WriteFence,
+    metrics: &ApiRequestMetrics,
 ) -> Result<Client, ClientError> {
     let limit = tower::limit::ConcurrencyLimitLayer::new(max_in_flight.max(1));
+    // Each layer wraps the ones added before it: measured innermost, then fenced, then queued.
     Ok(kube::client::ClientBuilder::try_from(config)
         .map_err(ClientError::Client)?
+        .with_layer(&ApiRequestLayer(metrics.clone()))
         .with_layer(&WriteFenceLayer(fence.clone()))
         .with_layer(&limit)
         .build())

@@ -7,12 +7,15 @@ use kube::runtime::events::{Recorder, Reporter};
 use kube::Client;
 
 use crate::hypershift::connector_link::ConnectorLink;
+use crate::metrics::managed_cache::ManagedCacheCollector;
+use crate::metrics::manager_metrics::ManagerMetrics;
+use crate::metrics::package_images::ImageStoreCollector;
 use crate::objects::applier::Applier;
 use crate::objects::object_cache::ObjectCache;
 use crate::packages::pull_secrets::PullSecretSource;
 use crate::rollout::hosted_cluster_fleet::RolloutShared;
 use crate::rollout::rollout_publisher::RolloutPublisher;
-use crate::runtime::manager_metrics::ManagerMetrics;
+use crate::runtime::kind_feed::FeedSync;
 use pko_package::image::ImageStore;
 use pko_package::image_limits::ImageLimits;
 
@@ -31,28 +34,43 @@ pub struct ManagerContext {
     pub connectors: Option<ConnectorLink>,
     /// The HostedClusters and event publisher every HostedClusterPackage actor shares.
     pub rollouts: RolloutShared,
-    /// Counts and durations of every reconcile, by controller.
+    /// Every metric the manager exposes.
     pub metrics: ManagerMetrics,
+    /// Whether the watch feeds have listed their kinds (readiness).
+    pub feeds: FeedSync,
+    /// Records the Kubernetes Events the manager raises.
+    pub events: Recorder,
 }
 
 impl ManagerContext {
     /// `plain_http_registries` are reached over HTTP instead of HTTPS (local registries); package images
     /// are unpacked within `image_limits`.
+    /// `metrics` is the registry the process serves; the cache, the image store and the applier add
+    /// their metrics to it here.
     pub fn new(
         client: Client,
         plain_http_registries: Vec<String>,
         image_limits: ImageLimits,
         pull_secrets: PullSecretSource,
+        metrics: ManagerMetrics,
     ) -> Self {
+        let applier = Applier::new(client.clone());
+        let cache = ObjectCache::new(client.clone());
+        let images = Arc::new(ImageStore::with_limits(plain_http_registries, image_limits));
+        applier.register_metrics(&metrics);
+        metrics.add_collector(Box::new(ManagedCacheCollector(cache.clone())));
+        metrics.add_collector(Box::new(ImageStoreCollector(images.clone())));
         Self {
-            applier: Applier::new(client.clone()),
-            cache: ObjectCache::new(client.clone()),
-            images: Arc::new(ImageStore::with_limits(plain_http_registries, image_limits)),
+            applier,
+            cache,
+            images,
             pull_secrets,
+            events: event_recorder(&client),
             client,
             connectors: None,
             rollouts: RolloutShared::default(),
-            metrics: ManagerMetrics::default(),
+            metrics,
+            feeds: FeedSync::default(),
         }
     }
 
@@ -81,7 +99,7 @@ impl ManagerContext {
 }
 
 /// The recorder of Kubernetes Events the manager raises, as `pko-manager`.
-pub fn event_recorder(client: &Client) -> Recorder {
+fn event_recorder(client: &Client) -> Recorder {
     Recorder::new(
         client.clone(),
         Reporter {

@@ -8,6 +8,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fmt::Debug;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use actix::dev::ToEnvelope;
@@ -132,12 +133,38 @@ impl<O: Clone> KnownObjects<O> {
     }
 }
 
+/// Whether every feed of the manager has listed its kind once: until then its actors have not seen
+/// everything, and the manager does not call itself ready.
+#[derive(Debug, Clone, Default)]
+pub struct FeedSync {
+    feeds: Arc<AtomicUsize>,
+    synced: Arc<AtomicUsize>,
+}
+
+impl FeedSync {
+    /// Feeds created, and feeds that finished their first list.
+    pub fn progress(&self) -> (usize, usize) {
+        (
+            self.feeds.load(Ordering::SeqCst),
+            self.synced.load(Ordering::SeqCst),
+        )
+    }
+
+    /// Whether at least one feed runs and every feed listed once.
+    pub fn all_synced(&self) -> bool {
+        let (feeds, synced) = self.progress();
+        feeds > 0 && synced >= feeds
+    }
+}
+
 /// Feeds one kind `K` into the actors of type `A`.
 pub struct KindFeed<K, A: FeedTarget> {
     context: ManagerContext,
     registry: Arc<Registry<A>>,
     tap: Option<Tap<A::Object>>,
     known: KnownObjects<A::Object>,
+    /// Whether the first list finished (counted once in [`FeedSync`]).
+    synced: bool,
     _kind: std::marker::PhantomData<K>,
 }
 
@@ -154,11 +181,13 @@ where
         tap: Option<Tap<A::Object>>,
     ) -> Self {
         let known = KnownObjects::new(tap.is_some());
+        context.feeds.feeds.fetch_add(1, Ordering::SeqCst);
         Self {
             context,
             registry,
             tap,
             known,
+            synced: false,
             _kind: std::marker::PhantomData,
         }
     }
@@ -255,7 +284,12 @@ where
             Ok(Event::Apply(o)) | Ok(Event::InitApply(o)) => self.route(o, false),
             Ok(Event::Delete(o)) => self.route(o, true),
             Ok(Event::Init) => self.known.relist_started(),
-            Ok(Event::InitDone) => self.relisted(),
+            Ok(Event::InitDone) => {
+                self.relisted();
+                if !std::mem::replace(&mut self.synced, true) {
+                    self.context.feeds.synced.fetch_add(1, Ordering::SeqCst);
+                }
+            }
             Err(e) => warn!(kind = %K::kind(&()), error = %e, "watch error; retrying"),
         }
     }

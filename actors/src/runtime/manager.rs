@@ -141,6 +141,7 @@ pub fn start(context: ManagerContext) -> Engine {
             link.nats.clone(),
             link.connections.clone(),
             remote_phases.clone(),
+            context.metrics.connectors.clone(),
         )
         .start();
     }

@@ -9,7 +9,6 @@ pub mod context;
 pub mod kind_feed;
 pub mod leader_lease;
 pub mod manager;
-pub mod manager_metrics;
 pub mod object_actor;
 pub mod process_main;
 pub mod reconcile_gate;

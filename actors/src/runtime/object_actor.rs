@@ -5,6 +5,8 @@
 //! - runs one reconcile at a time, coalescing requests that arrive during a run ([`ReconcileGate`]);
 //! - opens the reconcile's span, measures its duration and result ([`ManagerMetrics`]);
 //! - retries a failed reconcile after a jittered exponential backoff, reset by a success or a new spec;
+//! - records what each observed version tells the outside (`Reconcile::report`: its metrics, and the
+//!   Kubernetes Events of its transitions) and drops the metrics when the object goes;
 //! - stops the actor when the object is gone, after the implementation's cleanup.
 //!
 //! It must not know any kind: everything kind-specific is behind the trait.
@@ -20,9 +22,13 @@ use actix::prelude::*;
 use futures::future::LocalBoxFuture;
 use tracing::{debug, info_span, warn, Span};
 
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::runtime::events::{Event, EventType, Recorder};
+
+use crate::engine::transition_events::TransitionEvent;
+use crate::metrics::manager_metrics::{ManagerMetrics, ReconcileResult};
 use crate::runtime::context::ManagerContext;
 use crate::runtime::kind_feed::{FeedTarget, Gone, Observed};
-use crate::runtime::manager_metrics::{ManagerMetrics, ReconcileResult};
 use crate::runtime::reconcile_gate::{Backoff, ReconcileGate};
 use crate::runtime::registry::ObjectRef;
 
@@ -123,6 +129,49 @@ pub trait Reconcile: Sized + Unpin + 'static {
     }
     /// The actor stopped (unregister routes).
     fn stopped(_actor: &mut ObjectActor<Self>) {}
+    /// What a newly observed version tells the outside, given the version before it (`None` the first
+    /// time this process sees it): records its metrics and returns the Events of its transitions, so an
+    /// Event is raised once per transition (a condition turning, a new revision), never per reconcile.
+    fn report(
+        _previous: Option<&Self::Object>,
+        _current: &Self::Object,
+        _metrics: &ManagerMetrics,
+    ) -> Option<Notice> {
+        None
+    }
+    /// The object is gone: its metrics go.
+    fn forget(_object: &Self::Object, _metrics: &ManagerMetrics) {}
+}
+
+/// Events to raise about one object.
+#[derive(Debug, Clone)]
+pub struct Notice {
+    pub reference: ObjectReference,
+    pub events: Vec<TransitionEvent>,
+}
+
+/// Raises `events` about `reference`; a failure is logged (an Event is not worth a retry).
+pub async fn publish_events(
+    recorder: &Recorder,
+    reference: &ObjectReference,
+    events: Vec<TransitionEvent>,
+) {
+    for transition in events {
+        let event = Event {
+            type_: if transition.warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: transition.reason.into(),
+            note: Some(transition.note),
+            action: transition.action.into(),
+            secondary: None,
+        };
+        if let Err(error) = recorder.publish(&event, reference).await {
+            warn!(%error, reason = transition.reason, "cannot record an event");
+        }
+    }
 }
 
 /// The actor that owns one object, reconciling it through `R`.
@@ -267,6 +316,14 @@ where
 impl<R: Reconcile> Handler<Observed<R::Object>> for ObjectActor<R> {
     type Result = ();
     fn handle(&mut self, Observed(object): Observed<R::Object>, ctx: &mut Context<Self>) {
+        let notice = R::report(self.object.as_ref(), &object, &self.metrics)
+            .filter(|n| !n.events.is_empty());
+        if let Some(Notice { reference, events }) = notice {
+            let recorder = self.context.events.clone();
+            ctx.spawn(fut::wrap_future(async move {
+                publish_events(&recorder, &reference, events).await;
+            }));
+        }
         let change = R::change(self.object.as_ref(), &object);
         self.object = Some(object);
         match R::observed(self, change, ctx) {
@@ -283,6 +340,9 @@ impl<R: Reconcile> Handler<Observed<R::Object>> for ObjectActor<R> {
 impl<R: Reconcile> Handler<Gone> for ObjectActor<R> {
     type Result = ();
     fn handle(&mut self, _: Gone, ctx: &mut Context<Self>) {
+        if let Some(object) = &self.object {
+            R::forget(object, &self.metrics);
+        }
         match R::gone(self, ctx) {
             Some(cleanup) => {
                 ctx.wait(fut::wrap_future::<_, Self>(cleanup).map(|(), _, ctx| ctx.stop()));

@@ -12,6 +12,7 @@ use async_nats::{ConnectOptions, Event};
 use clap::{Parser, ValueEnum};
 use futures::StreamExt;
 use pko_actors::hypershift::connector_actor::{ConnectorActor, ConnectorInput};
+use pko_actors::metrics::api_requests::ApiRequestMetrics;
 use pko_actors::objects::applier::Applier;
 use pko_actors::objects::object_cache::ObjectCache;
 use pko_actors::runtime::cluster_client::{
@@ -108,6 +109,8 @@ async fn run(args: Args) -> Result<(), ConnectorError> {
         cluster_config(Some(&args.hosted_kubeconfig)).await?,
         DEFAULT_MAX_IN_FLIGHT,
         &fence,
+        // The connector serves no metrics.
+        &ApiRequestMetrics::default(),
     )?;
     let lease = if args.leader_election {
         // In a pod: the ServiceAccount; elsewhere $KUBECONFIG.

@@ -1,89 +1,102 @@
-//! `/healthz`, `/readyz` and Prometheus `/metrics` on one small HTTP/1.1 listener. Deliberately minimal:
-//! three GET endpoints do not justify an HTTP framework in the dependency tree.
+//! `/healthz`, `/readyz` and `/metrics` over HTTP/1.1 (hyper, which the tree carries for the admission
+//! webhook). `/metrics` is the manager's registry in the OpenMetrics text format. `/readyz` is ready for
+//! a standby waiting for the leader Lease (it can take over at once, and a Deployment's rollout must not
+//! wait for it) and for the leader once every watch feed listed its kind; its body says which.
 
+use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
-use pko_actors::admission::webhook_server::ReviewCounts;
-use pko_actors::objects::applier::RequestCounts;
-use pko_actors::runtime::manager_metrics::ManagerMetrics;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use pko_actors::metrics::manager_metrics::ManagerMetrics;
+use pko_actors::runtime::kind_feed::FeedSync;
+use tokio::net::TcpListener;
 use tracing::{debug, warn};
 
-/// What the endpoints report.
+const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Where the process stands, for `/readyz`.
+#[derive(Debug, Clone)]
+pub enum Readiness {
+    Starting,
+    /// Waiting for the leader Lease.
+    Standby,
+    /// Reconciling; ready once the feeds listed their kinds.
+    Leading(FeedSync),
+    Stopping,
+}
+
+/// What the endpoints report; cheap to clone.
 #[derive(Clone)]
 pub struct HealthState {
-    ready: Arc<AtomicBool>,
-    counts: Arc<dyn Fn() -> Vec<(&'static str, &'static str, u64)> + Send + Sync>,
-    reconciles: ManagerMetrics,
+    readiness: Arc<RwLock<Readiness>>,
+    metrics: ManagerMetrics,
 }
 
 impl HealthState {
-    pub fn new(
-        metrics: impl Fn() -> Vec<(&'static str, &'static str, u64)> + Send + Sync + 'static,
-        reconciles: ManagerMetrics,
-    ) -> Self {
+    pub fn new(metrics: ManagerMetrics) -> Self {
         Self {
-            ready: Arc::default(),
-            counts: Arc::new(metrics),
-            reconciles,
+            readiness: Arc::new(RwLock::new(Readiness::Starting)),
+            metrics,
         }
     }
 
-    pub fn set_ready(&self, ready: bool) {
-        self.ready.store(ready, Ordering::SeqCst);
+    pub fn set(&self, readiness: Readiness) {
+        *self
+            .readiness
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = readiness;
     }
 
-    fn metrics_text(&self) -> String {
-        let mut out = String::new();
-        for (name, help, value) in (self.counts)() {
-            out.push_str(&format!(
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}\n"
-            ));
+    fn readyz(&self) -> (StatusCode, String) {
+        let readiness = self
+            .readiness
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone();
+        match readiness {
+            Readiness::Starting => (StatusCode::SERVICE_UNAVAILABLE, "starting\n".into()),
+            Readiness::Stopping => (StatusCode::SERVICE_UNAVAILABLE, "stopping\n".into()),
+            Readiness::Standby => (StatusCode::OK, "ok: standby\n".into()),
+            Readiness::Leading(feeds) if feeds.all_synced() => {
+                (StatusCode::OK, "ok: leader, caches synced\n".into())
+            }
+            Readiness::Leading(feeds) => {
+                let (all, synced) = feeds.progress();
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("leader, caches syncing ({synced}/{all} feeds listed)\n"),
+                )
+            }
         }
-        // Last: it ends with `# EOF`.
-        out.push_str(&self.reconciles.encode());
-        out
     }
-}
 
-/// Metric lines for the applier's request counters.
-pub fn request_metrics(counts: &RequestCounts) -> Vec<(&'static str, &'static str, u64)> {
-    vec![
-        (
-            "pko_object_reads_total",
-            "Reads of managed objects (GET).",
-            counts.reads(),
-        ),
-        (
-            "pko_object_writes_total",
-            "Writes to managed objects (apply, patch, delete).",
-            counts.writes(),
-        ),
-    ]
-}
-
-/// Metric lines for the admission webhook's reviews.
-pub fn review_metrics(counts: &ReviewCounts) -> Vec<(&'static str, &'static str, u64)> {
-    vec![
-        (
-            "pko_admission_reviews_allowed_total",
-            "Admission reviews the webhook allowed.",
-            counts.allowed(),
-        ),
-        (
-            "pko_admission_reviews_denied_total",
-            "Admission reviews the webhook denied (an immutable field changed).",
-            counts.denied(),
-        ),
-        (
-            "pko_admission_reviews_malformed_total",
-            "Admission requests the webhook could not read (too large or not an AdmissionReview).",
-            counts.malformed(),
-        ),
-    ]
+    fn respond(&self, request: &Request<Incoming>) -> Response<Full<Bytes>> {
+        let (status, content_type, body) = match (request.method(), request.uri().path()) {
+            (&Method::GET, "/healthz") => (StatusCode::OK, "text/plain", "ok\n".to_owned()),
+            (&Method::GET, "/readyz") => {
+                let (status, body) = self.readyz();
+                (status, "text/plain", body)
+            }
+            (&Method::GET, "/metrics") => (StatusCode::OK, OPENMETRICS, self.metrics.encode()),
+            _ => (
+                StatusCode::NOT_FOUND,
+                "text/plain",
+                "not found\n".to_owned(),
+            ),
+        };
+        let mut response = Response::new(Full::new(Bytes::from(body)));
+        *response.status_mut() = status;
+        if let Ok(value) = content_type.parse() {
+            response
+                .headers_mut()
+                .insert(hyper::header::CONTENT_TYPE, value);
+        }
+        response
+    }
 }
 
 /// Binds the listener; serving runs in the background until the process ends.
@@ -92,38 +105,27 @@ pub async fn serve(addr: SocketAddr, state: HealthState) -> std::io::Result<Sock
     let bound = listener.local_addr()?;
     tokio::spawn(async move {
         loop {
-            match listener.accept().await {
-                Ok((stream, _)) => {
-                    let state = state.clone();
-                    tokio::spawn(async move {
-                        if let Err(e) = respond(stream, &state).await {
-                            debug!(error = %e, "health connection failed");
-                        }
-                    });
+            let stream = match listener.accept().await {
+                Ok((stream, _)) => stream,
+                Err(error) => {
+                    warn!(%error, "health listener accept failed");
+                    continue;
                 }
-                Err(e) => warn!(error = %e, "health listener accept failed"),
-            }
+            };
+            let state = state.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |request: Request<Incoming>| {
+                    let response = state.respond(&request);
+                    async move { Ok::<_, Infallible>(response) }
+                });
+                if let Err(error) = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await
+                {
+                    debug!(%error, "health connection failed");
+                }
+            });
         }
     });
     Ok(bound)
-}
-
-async fn respond(mut stream: TcpStream, state: &HealthState) -> std::io::Result<()> {
-    let mut buf = vec![0u8; 2048];
-    let n = stream.read(&mut buf).await?;
-    let request = String::from_utf8_lossy(&buf[..n]);
-    let path = request.split_whitespace().nth(1).unwrap_or("/");
-    let (status, body) = match path {
-        "/healthz" => ("200 OK", "ok\n".to_owned()),
-        "/readyz" if state.ready.load(Ordering::SeqCst) => ("200 OK", "ok\n".to_owned()),
-        "/readyz" => ("503 Service Unavailable", "not ready\n".to_owned()),
-        "/metrics" => ("200 OK", state.metrics_text()),
-        _ => ("404 Not Found", "not found\n".to_owned()),
-    };
-    let response = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    stream.write_all(response.as_bytes()).await?;
-    stream.shutdown().await
 }

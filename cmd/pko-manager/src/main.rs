@@ -16,6 +16,8 @@ use pko_actors::admission::webhook_server::{self, ReviewCounts};
 use pko_actors::hypershift::connector_link::{
     ConnectorLink, LinkSetupError, DEFAULT_CREDENTIALS_VALIDITY, DEFAULT_TEARDOWN_TIMEOUT,
 };
+use pko_actors::metrics::api_requests::ApiRequestMetrics;
+use pko_actors::metrics::manager_metrics::ManagerMetrics;
 use pko_actors::packages::pull_secrets::PullSecretSource;
 use pko_actors::rollout::rollout_publisher::DEFAULT_OUTBOX_CAPACITY;
 use pko_actors::runtime::cluster_client::{
@@ -29,7 +31,7 @@ use pko_package::image_limits::ImageLimits;
 use pko_proto::nats_credentials::AccountSigner;
 use tracing::{info, warn};
 
-use crate::health::{request_metrics, review_metrics, HealthState};
+use crate::health::{HealthState, Readiness};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum LogFormat {
@@ -251,13 +253,21 @@ async fn run(args: Args) -> Result<(), ManagerError> {
     let kube_config = cluster_config(args.kubeconfig.as_deref()).await?;
     // What every replica does, leader or not (CRDs, the webhook's certificate), goes unfenced; the
     // engine's client writes only while this replica's leadership is confirmed.
+    let api_requests = ApiRequestMetrics::default();
     let client = limited_client(
         kube_config.clone(),
         args.max_in_flight_requests,
         &WriteFence::open(),
+        &api_requests,
     )?;
     let fence = WriteFence::for_leader_election(args.leader_election);
-    let engine_client = limited_client(kube_config.clone(), args.max_in_flight_requests, &fence)?;
+    let engine_client = limited_client(
+        kube_config.clone(),
+        args.max_in_flight_requests,
+        &fence,
+        &api_requests,
+    )?;
+    let metrics = ManagerMetrics::new(api_requests);
     if args.install_crds {
         crd_install::install_crds(&client).await?;
         info!("CRDs installed");
@@ -278,6 +288,7 @@ async fn run(args: Args) -> Result<(), ManagerError> {
             namespace: args.service_account_namespace.clone(),
             service_account: args.service_account.clone(),
         },
+        metrics.clone(),
     );
     if let Some(link) = connector_link(&args).await? {
         info!(url = ?args.nats_url, account = link.signer.account(), "delivering hosted-cluster phases over NATS");
@@ -285,18 +296,11 @@ async fn run(args: Args) -> Result<(), ManagerError> {
             context.with_connectors(link, args.cluster_name.clone(), args.rollout_event_outbox);
     }
     let reviews = Arc::new(ReviewCounts::default());
+    reviews.register_metrics(&metrics);
     if let Some(addr) = args.webhook_addr {
         serve_webhook(&args, addr, client.clone(), reviews.clone()).await?;
     }
-    let applier = context.applier.clone();
-    let health = HealthState::new(
-        move || {
-            let mut metrics = request_metrics(applier.counts());
-            metrics.extend(review_metrics(&reviews));
-            metrics
-        },
-        context.metrics.clone(),
-    );
+    let health = HealthState::new(metrics);
     let bound = health::serve(args.health_addr, health.clone())
         .await
         .map_err(|source| ManagerError::Health {
@@ -318,21 +322,22 @@ async fn run(args: Args) -> Result<(), ManagerError> {
             Duration::from_secs(args.lease_duration_seconds),
         );
         // Losing the Lease closes the fence and exits the process from the Lease's own thread.
+        health.set(Readiness::Standby);
         Some(LeaseHolder::acquire(kube_config, config, fence).await?)
     } else {
         None
     };
 
     let publisher = context.rollouts.publisher.clone();
+    health.set(Readiness::Leading(context.feeds.clone()));
     let engine = pko_actors::runtime::manager::start(context);
-    health.set_ready(true);
     info!("manager running");
 
     let outcome = shutdown_signal()
         .await
         .map(|s| info!(signal = s, "shutting down"))
         .map_err(ManagerError::Signal);
-    health.set_ready(false);
+    health.set(Readiness::Stopping);
     engine.stop();
     if let Some(publisher) = publisher {
         let left = publisher.flush(Duration::from_secs(5)).await;

@@ -1,11 +1,21 @@
-//! The manager's own metrics registry, exposed in the Prometheus text format on `/metrics`: reconcile
-//! counts and durations per controller (recorded by the reconcile shell only), the deletions the watch
-//! feeds found only by re-listing, the delivery of rollout events, and hosted teardowns given up. Labels
-//! are bounded: the controller name, the result, the kind or the reason, never an object's name. It
-//! records; it decides nothing.
+//! The manager's metrics registry, exposed in the OpenMetrics text format on `/metrics`. It holds the
+//! metric groups of each domain (apiserver requests, upstream's Package Operator metrics, rollouts,
+//! connectors, package images) and its own: reconcile counts and durations per controller (recorded
+//! by the reconcile shell only), the deletions the watch feeds found only by re-listing, the delivery
+//! of rollout events, and hosted teardowns given up. Labels of these are bounded: the controller name,
+//! the result, the kind or the reason, never an object's name. It records; it decides nothing.
 
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::registry::Metric;
+
+use super::api_requests::ApiRequestMetrics;
+use super::connector_metrics::ConnectorMetrics;
+use super::package_images::ImageFetchMetrics;
+use super::rollout_metrics::RolloutMetrics;
+use super::upstream_metrics::UpstreamMetrics;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -58,7 +68,15 @@ fn duration_histogram() -> Histogram {
 /// The metrics of one manager; cheap to clone.
 #[derive(Clone)]
 pub struct ManagerMetrics {
-    registry: Arc<Registry>,
+    /// Written only while the process starts (registration), read by each scrape.
+    registry: Arc<RwLock<Registry>>,
+    /// Requests to the apiserver; the layer on the clients records them.
+    pub api: ApiRequestMetrics,
+    /// Package Operator's own metric names.
+    pub upstream: UpstreamMetrics,
+    pub rollouts: RolloutMetrics,
+    pub connectors: ConnectorMetrics,
+    pub images: ImageFetchMetrics,
     total: Family<ResultLabels, Counter>,
     duration: Family<ControllerLabels, Histogram, fn() -> Histogram>,
     active: Family<ControllerLabels, Gauge>,
@@ -89,6 +107,13 @@ struct RolloutEventMetrics {
 
 impl Default for ManagerMetrics {
     fn default() -> Self {
+        Self::new(ApiRequestMetrics::default())
+    }
+}
+
+impl ManagerMetrics {
+    /// The registry with every group, `api` being the request metrics the process's clients record.
+    pub fn new(api: ApiRequestMetrics) -> Self {
         let total = Family::<ResultLabels, Counter>::default();
         let duration =
             Family::<ControllerLabels, Histogram, fn() -> Histogram>::new_with_constructor(
@@ -144,8 +169,22 @@ impl Default for ManagerMetrics {
             "Deleted hosted-cluster phases whose teardown was given up, by reason.",
             hosted_teardowns_skipped.clone(),
         );
+        let upstream = UpstreamMetrics::default();
+        let rollouts = RolloutMetrics::default();
+        let connectors = ConnectorMetrics::default();
+        let images = ImageFetchMetrics::default();
+        api.register(&mut registry);
+        upstream.register(&mut registry);
+        rollouts.register(&mut registry);
+        connectors.register(&mut registry);
+        images.register(&mut registry);
         Self {
-            registry: Arc::new(registry),
+            registry: Arc::new(RwLock::new(registry)),
+            api,
+            upstream,
+            rollouts,
+            connectors,
+            images,
             total,
             duration,
             active,
@@ -157,6 +196,22 @@ impl Default for ManagerMetrics {
 }
 
 impl ManagerMetrics {
+    /// Adds a metric owned elsewhere (registered once, while the process starts).
+    pub fn register(&self, name: &str, help: &str, metric: impl Metric) {
+        self.registry
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .register(name, help, metric);
+    }
+
+    /// Adds a collector that reads its values at each scrape.
+    pub fn add_collector(&self, collector: Box<dyn Collector>) {
+        self.registry
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .register_collector(collector);
+    }
+
     /// A reconcile of `controller` started.
     pub fn started(&self, controller: &'static str) {
         self.active
@@ -224,7 +279,11 @@ impl ManagerMetrics {
     /// The metrics in the Prometheus text format (ends with `# EOF`).
     pub fn encode(&self) -> String {
         let mut out = String::new();
-        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
+        let registry = self
+            .registry
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &registry) {
             tracing::warn!(error = %e, "cannot encode the manager metrics");
         }
         out

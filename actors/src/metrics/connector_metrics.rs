@@ -1,0 +1,178 @@
+//! The manager's side of the hosted-cluster connectors: whether each HCP namespace's connector answered
+//! the last request, how long requests take, and the reports and hellos connectors push. The connected
+//! gauge is the only pko metric labelled by HCP namespace (one series per hosted cluster, removed with
+//! it); the others carry fixed labels only.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct NamespaceLabels {
+    namespace: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct RequestLabels {
+    operation: &'static str,
+    result: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ResultLabels {
+    result: &'static str,
+}
+
+fn latency_histogram() -> Histogram {
+    // 1 ms .. ~32 s: the request timeout is far below the top bucket.
+    Histogram::new(exponential_buckets(0.001, 2.0, 16))
+}
+
+/// What became of a request to a connector.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestResult {
+    /// The connector answered (accepted or refused the phase).
+    Answered,
+    /// No connector listens on the namespace's subjects.
+    NoConnector,
+    TimedOut,
+    /// NATS or the message failed (too large, undecodable).
+    Failed,
+}
+
+impl RequestResult {
+    fn label(self) -> &'static str {
+        match self {
+            RequestResult::Answered => "answered",
+            RequestResult::NoConnector => "no_connector",
+            RequestResult::TimedOut => "timed_out",
+            RequestResult::Failed => "failed",
+        }
+    }
+}
+
+/// What the hub did with a pushed report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReportResult {
+    /// Handed to the phase it is about.
+    Accepted,
+    /// Not a report.
+    Malformed,
+    /// About another namespace than the subject it came on.
+    Foreign,
+    /// About a phase this manager does not know.
+    UnknownPhase,
+}
+
+impl ReportResult {
+    fn label(self) -> &'static str {
+        match self {
+            ReportResult::Accepted => "accepted",
+            ReportResult::Malformed => "malformed",
+            ReportResult::Foreign => "foreign",
+            ReportResult::UnknownPhase => "unknown_phase",
+        }
+    }
+}
+
+/// The connector metrics; cheap to clone.
+#[derive(Clone)]
+pub struct ConnectorMetrics {
+    connected: Family<NamespaceLabels, Gauge>,
+    requests: Family<RequestLabels, Histogram, fn() -> Histogram>,
+    reports: Family<ResultLabels, Counter>,
+    hellos: Counter,
+}
+
+impl Default for ConnectorMetrics {
+    fn default() -> Self {
+        Self {
+            connected: Family::default(),
+            requests: Family::new_with_constructor(latency_histogram),
+            reports: Family::default(),
+            hellos: Counter::default(),
+        }
+    }
+}
+
+impl ConnectorMetrics {
+    pub(crate) fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "pko_connector_connected",
+            "1 when the HCP namespace's connector answered the last request or said hello, 0 when \
+             the last request found no connector or timed out.",
+            self.connected.clone(),
+        );
+        registry.register(
+            "pko_connector_request_duration_seconds",
+            "Time from a request to a connector (apply, teardown) to its answer or failure, by result.",
+            self.requests.clone(),
+        );
+        registry.register(
+            "pko_connector_reports",
+            "Phase reports pushed by connectors, by what the manager did with them.",
+            self.reports.clone(),
+        );
+        registry.register(
+            "pko_connector_hellos",
+            "Hellos of (re)started connectors.",
+            self.hellos.clone(),
+        );
+    }
+
+    /// A request to the connector of `namespace` ended.
+    pub fn request(
+        &self,
+        namespace: &str,
+        operation: &'static str,
+        result: RequestResult,
+        seconds: f64,
+    ) {
+        self.requests
+            .get_or_create(&RequestLabels {
+                operation,
+                result: result.label(),
+            })
+            .observe(seconds);
+        let connected = match result {
+            RequestResult::Answered => 1,
+            RequestResult::NoConnector | RequestResult::TimedOut => 0,
+            // Says nothing about the connector.
+            RequestResult::Failed => return,
+        };
+        self.connected
+            .get_or_create(&NamespaceLabels {
+                namespace: namespace.to_owned(),
+            })
+            .set(connected);
+    }
+
+    /// A connector pushed a report.
+    pub fn report(&self, result: ReportResult) {
+        self.reports
+            .get_or_create(&ResultLabels {
+                result: result.label(),
+            })
+            .inc();
+    }
+
+    /// The connector of `namespace` said hello.
+    pub fn hello(&self, namespace: &str) {
+        self.hellos.inc();
+        self.connected
+            .get_or_create(&NamespaceLabels {
+                namespace: namespace.to_owned(),
+            })
+            .set(1);
+    }
+
+    /// The connector of `namespace` was removed (its HostedCluster went).
+    pub fn forget(&self, namespace: &str) {
+        self.connected.remove(&NamespaceLabels {
+            namespace: namespace.to_owned(),
+        });
+    }
+}

@@ -1,0 +1,13 @@
+//! What the manager exposes on `/metrics`: one prometheus-client registry ([`manager_metrics`]) holding
+//! pko's own metrics (reconciles, apiserver requests, applies, rollouts, connectors, package images) and
+//! Package Operator's metrics under their upstream names and labels ([`upstream_metrics`]), so existing
+//! dashboards and alerts keep working. These modules record and encode; they decide nothing, and the
+//! actors call them with what they observed.
+
+pub mod api_requests;
+pub mod connector_metrics;
+pub mod managed_cache;
+pub mod manager_metrics;
+pub mod package_images;
+pub mod rollout_metrics;
+pub mod upstream_metrics;

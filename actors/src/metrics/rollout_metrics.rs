@@ -1,0 +1,219 @@
+//! Per HostedClusterPackage: its Package counts fleet-wide and per partition group, the rollout's state,
+//! and when the running rollout started, all read off the status the apiserver holds (so a standby, or
+//! a restarted manager, exports the same). Labels: the HostedClusterPackage's name (cluster-scoped), the
+//! partition group's name and a fixed state; never a Package or namespace.
+
+use dashmap::DashMap;
+use pko_proto::core::hosted_cluster_package::{HostedClusterPackage, HostedClusterPackageCounts};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use std::sync::Arc;
+
+use crate::engine::rollout_status::{rollout_state, RolloutState, PROGRESSING};
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct CountLabels {
+    hostedclusterpackage: String,
+    state: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct PartitionLabels {
+    hostedclusterpackage: String,
+    partition: String,
+    state: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct NameLabels {
+    hostedclusterpackage: String,
+}
+
+/// Reads one count.
+type ReadCount = fn(&HostedClusterPackageCounts) -> i32;
+
+/// The count states, as label values, with how to read each from the counts.
+const COUNTS: [(&str, ReadCount); 7] = [
+    ("total", |c| c.total_packages),
+    ("updated", |c| c.updated_packages),
+    ("available", |c| c.available_packages),
+    ("unavailable", |c| c.unavailable_packages),
+    ("progressed", |c| c.progressed_packages),
+    ("in_flight", |c| c.in_flight_packages),
+    ("failed", |c| c.failed_packages),
+];
+
+/// The rollout metrics; cheap to clone.
+#[derive(Clone, Default)]
+pub struct RolloutMetrics {
+    packages: Family<CountLabels, Gauge>,
+    partition_packages: Family<PartitionLabels, Gauge>,
+    state: Family<CountLabels, Gauge>,
+    started: Family<NameLabels, Gauge>,
+    /// The partition groups each HostedClusterPackage exports, to drop those that went.
+    partitions: Arc<DashMap<String, Vec<String>>>,
+}
+
+impl RolloutMetrics {
+    pub(crate) fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "pko_hostedclusterpackage_packages",
+            "Packages of a HostedClusterPackage by state: total, updated, available, unavailable, \
+             progressed, in_flight, failed.",
+            self.packages.clone(),
+        );
+        registry.register(
+            "pko_hostedclusterpackage_partition_packages",
+            "Packages of one partition group of a HostedClusterPackage by state: total, updated, \
+             available, unavailable, progressed.",
+            self.partition_packages.clone(),
+        );
+        registry.register(
+            "pko_hostedclusterpackage_rollout_state",
+            "1 for the state the HostedClusterPackage's rollout is in (progressing, finished, \
+             blocked, paused), 0 for the others.",
+            self.state.clone(),
+        );
+        registry.register(
+            "pko_hostedclusterpackage_rollout_started_timestamp_seconds",
+            "When the running rollout started (Progressing turned True), Unix seconds; absent once \
+             it finished.",
+            self.started.clone(),
+        );
+    }
+
+    /// A HostedClusterPackage as observed.
+    pub fn hosted_cluster_package(&self, hcpkg: &HostedClusterPackage) {
+        let name = hcpkg.metadata.name.clone().unwrap_or_default();
+        let status = hcpkg.status.clone().unwrap_or_default();
+        for (state, read) in COUNTS {
+            self.packages
+                .get_or_create(&CountLabels {
+                    hostedclusterpackage: name.clone(),
+                    state,
+                })
+                .set(i64::from(read(&status.counts)));
+        }
+        let groups: Vec<String> = status.partitions.iter().map(|p| p.name.clone()).collect();
+        if let Some(old) = self.partitions.insert(name.clone(), groups.clone()) {
+            for gone in old.iter().filter(|g| !groups.contains(g)) {
+                self.remove_partition(&name, gone);
+            }
+        }
+        for partition in &status.partitions {
+            for (state, read) in &COUNTS[..5] {
+                self.partition_packages
+                    .get_or_create(&PartitionLabels {
+                        hostedclusterpackage: name.clone(),
+                        partition: partition.name.clone(),
+                        state,
+                    })
+                    .set(i64::from(read(&partition.counts)));
+            }
+        }
+        let current = rollout_state(&status);
+        for state in RolloutState::ALL {
+            self.state
+                .get_or_create(&CountLabels {
+                    hostedclusterpackage: name.clone(),
+                    state: state.label(),
+                })
+                .set(i64::from(state == current));
+        }
+        let started = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == PROGRESSING && c.status == "True")
+            .map(|c| c.last_transition_time.0.as_second());
+        let key = NameLabels {
+            hostedclusterpackage: name,
+        };
+        match started {
+            Some(at) => {
+                self.started.get_or_create(&key).set(at);
+            }
+            None => {
+                self.started.remove(&key);
+            }
+        }
+    }
+
+    /// A HostedClusterPackage is gone.
+    pub fn forget(&self, name: &str) {
+        for (state, _) in COUNTS {
+            self.packages.remove(&CountLabels {
+                hostedclusterpackage: name.to_owned(),
+                state,
+            });
+        }
+        if let Some((_, groups)) = self.partitions.remove(name) {
+            for group in groups {
+                self.remove_partition(name, &group);
+            }
+        }
+        for state in RolloutState::ALL {
+            self.state.remove(&CountLabels {
+                hostedclusterpackage: name.to_owned(),
+                state: state.label(),
+            });
+        }
+        self.started.remove(&NameLabels {
+            hostedclusterpackage: name.to_owned(),
+        });
+    }
+
+    fn remove_partition(&self, name: &str, partition: &str) {
+        for (state, _) in &COUNTS[..5] {
+            self.partition_packages.remove(&PartitionLabels {
+                hostedclusterpackage: name.to_owned(),
+                partition: partition.to_owned(),
+                state,
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_partitions_and_state_follow_the_status_and_go_with_the_object() {
+        let hcpkg: HostedClusterPackage = serde_json::from_value(serde_json::json!({
+            "apiVersion": "package-operator.run/v1alpha1", "kind": "HostedClusterPackage",
+            "metadata": {"name": "addon"},
+            "spec": {"template": {"spec": {"image": "r/p:v1"}}},
+            "status": {
+                "totalPackages": 3, "updatedPackages": 1, "inFlightPackages": 1,
+                "conditions": [{"type": "Progressing", "status": "True", "reason": "R", "message": "",
+                    "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+                "partitions": [{"name": "low", "order": 0, "totalPackages": 2, "updatedPackages": 1}],
+            },
+        }))
+        .unwrap_or_else(|e| panic!("{e}"));
+        let metrics = RolloutMetrics::default();
+        metrics.hosted_cluster_package(&hcpkg);
+        let mut registry = Registry::default();
+        metrics.register(&mut registry);
+        let encode = |registry: &Registry| {
+            let mut text = String::new();
+            prometheus_client::encoding::text::encode(&mut text, registry).unwrap_or_default();
+            text
+        };
+        let text = encode(&registry);
+        for line in [
+            r#"pko_hostedclusterpackage_packages{hostedclusterpackage="addon",state="total"} 3"#,
+            r#"pko_hostedclusterpackage_packages{hostedclusterpackage="addon",state="in_flight"} 1"#,
+            r#"pko_hostedclusterpackage_partition_packages{hostedclusterpackage="addon",partition="low",state="updated"} 1"#,
+            r#"pko_hostedclusterpackage_rollout_state{hostedclusterpackage="addon",state="progressing"} 1"#,
+            r#"pko_hostedclusterpackage_rollout_state{hostedclusterpackage="addon",state="finished"} 0"#,
+            r#"pko_hostedclusterpackage_rollout_started_timestamp_seconds{hostedclusterpackage="addon"} 1767225600"#,
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
+        metrics.forget("addon");
+        assert!(!encode(&registry).contains("addon"));
+    }
+}
