@@ -5,8 +5,9 @@
 //! permissions cover only that cluster's subjects; nats-server checks the user JWT's signature against the
 //! account, so new connectors need no server restart or reload. For environments that run their own
 //! nats-server (the dev launcher, the tests), [`OperatorSetup`] creates the operator and accounts and the
-//! server configuration that trusts them. Production NATS is set up by its operators (e.g. with `nsc`);
-//! pko only needs the account's signing seed.
+//! server configuration that trusts them; `pko-manager nats-bootstrap` does the same for a management
+//! cluster. NATS set up by its operators (e.g. with `nsc`) works as well: pko only needs a signing seed
+//! of the account.
 //!
 //! This module signs and formats; it must not talk to NATS.
 
@@ -171,7 +172,11 @@ impl AccountSigner {
     }
 }
 
-/// An operator with a system account and one application account, for a nats-server pko runs itself.
+/// An operator with a system account and one application account that has a signing key: what a
+/// nats-server in operator mode needs to trust pko's users. Generated once (`pko-manager nats-bootstrap`,
+/// the dev launcher, the tests) and kept as [`OperatorSetup::to_stored`] entries, from which the same
+/// JWTs and server configuration come back ([`OperatorSetup::from_stored`]).
+#[derive(Clone)]
 pub struct OperatorSetup {
     pub operator_jwt: String,
     pub system_account: String,
@@ -179,7 +184,10 @@ pub struct OperatorSetup {
     /// The application account's public key.
     pub account: String,
     account_jwt: String,
+    operator_seed: String,
+    system_seed: String,
     account_seed: String,
+    signing_seed: String,
 }
 
 impl std::fmt::Debug for OperatorSetup {
@@ -191,12 +199,25 @@ impl std::fmt::Debug for OperatorSetup {
     }
 }
 
+/// The names [`OperatorSetup::to_stored`] keeps each part under.
+const STORED: [&str; 7] = [
+    "operator.jwt",
+    "system-account.jwt",
+    "account.jwt",
+    "operator.seed",
+    "system-account.seed",
+    "account.seed",
+    "signing-key.seed",
+];
+
 impl OperatorSetup {
-    /// Fresh keys: an operator, its system account, and account `account_name` with unlimited JetStream.
+    /// Fresh keys: an operator, its system account, and account `account_name` with unlimited JetStream
+    /// and one signing key.
     pub fn generate(account_name: &str) -> Result<Self, CredentialsError> {
         let operator = KeyPair::new_operator();
         let system = KeyPair::new_account();
         let account = KeyPair::new_account();
+        let signing = KeyPair::new_account();
         let operator_jwt = sign_claims(
             &operator,
             "pko-operator",
@@ -208,14 +229,14 @@ impl OperatorSetup {
             &operator,
             "SYS",
             &system.public_key(),
-            account_nats(false),
+            account_nats(false, None),
             None,
         )?;
         let account_jwt = sign_claims(
             &operator,
             account_name,
             &account.public_key(),
-            account_nats(true),
+            account_nats(true, Some(&signing.public_key())),
             None,
         )?;
         Ok(Self {
@@ -224,20 +245,79 @@ impl OperatorSetup {
             system_account_jwt,
             account: account.public_key(),
             account_jwt,
+            operator_seed: operator.seed().map_err(key_error)?,
+            system_seed: system.seed().map_err(key_error)?,
             account_seed: account.seed().map_err(key_error)?,
+            signing_seed: signing.seed().map_err(key_error)?,
         })
     }
 
-    /// The application account's seed, which [`AccountSigner::from_seed`] takes.
+    /// Every part, by name: what a Secret keeps so later runs reproduce the same configuration.
+    pub fn to_stored(&self) -> Vec<(&'static str, String)> {
+        let parts = [
+            &self.operator_jwt,
+            &self.system_account_jwt,
+            &self.account_jwt,
+            &self.operator_seed,
+            &self.system_seed,
+            &self.account_seed,
+            &self.signing_seed,
+        ];
+        STORED
+            .iter()
+            .zip(parts)
+            .map(|(name, value)| (*name, value.clone()))
+            .collect()
+    }
+
+    /// The setup [`OperatorSetup::to_stored`] kept; `get` reads one part by name.
+    pub fn from_stored(get: impl Fn(&str) -> Option<String>) -> Result<Self, CredentialsError> {
+        let part = |name: &str| {
+            get(name).ok_or_else(|| CredentialsError::Key(format!("{name} is missing")))
+        };
+        let public = |name: &str| -> Result<String, CredentialsError> {
+            Ok(KeyPair::from_seed(part(name)?.trim())
+                .map_err(key_error)?
+                .public_key())
+        };
+        Ok(Self {
+            operator_jwt: part(STORED[0])?,
+            system_account_jwt: part(STORED[1])?,
+            account_jwt: part(STORED[2])?,
+            system_account: public(STORED[4])?,
+            account: public(STORED[5])?,
+            operator_seed: part(STORED[3])?,
+            system_seed: part(STORED[4])?,
+            account_seed: part(STORED[5])?,
+            signing_seed: part(STORED[6])?,
+        })
+    }
+
+    /// The application account's own seed, which [`AccountSigner::from_seed`] takes.
     pub fn account_seed(&self) -> &str {
         &self.account_seed
+    }
+
+    /// The seed of the application account's signing key: what the manager signs users with (with
+    /// [`OperatorSetup::account`] as the account they belong to).
+    pub fn signing_seed(&self) -> &str {
+        &self.signing_seed
     }
 
     /// The nats-server configuration lines that trust this operator (the operator JWT is read from
     /// `operator_jwt_path`, where the caller writes [`OperatorSetup::operator_jwt`]).
     pub fn server_config(&self, operator_jwt_path: &str) -> String {
+        self.resolver_config(&format!("\"{operator_jwt_path}\""))
+    }
+
+    /// Like [`OperatorSetup::server_config`] with the operator JWT inline: one file to include.
+    pub fn inline_server_config(&self) -> String {
+        self.resolver_config(&self.operator_jwt)
+    }
+
+    fn resolver_config(&self, operator: &str) -> String {
         format!(
-            "operator: \"{operator_jwt_path}\"\nsystem_account: {sys}\nresolver: MEMORY\n\
+            "operator: {operator}\nsystem_account: {sys}\nresolver: MEMORY\n\
              resolver_preload: {{\n  {sys}: \"{sys_jwt}\"\n  {acc}: \"{acc_jwt}\"\n}}\n",
             sys = self.system_account,
             sys_jwt = self.system_account_jwt,
@@ -247,10 +327,11 @@ impl OperatorSetup {
     }
 }
 
-/// Account limits: everything unlimited (-1; 0 would forbid), JetStream only where asked.
-fn account_nats(jetstream: bool) -> Value {
+/// Account limits: everything unlimited (-1; 0 would forbid), JetStream only where asked; users may be
+/// signed by `signing_key` too.
+fn account_nats(jetstream: bool, signing_key: Option<&str>) -> Value {
     let storage = if jetstream { -1 } else { 0 };
-    json!({
+    let mut nats = json!({
         "limits": {
             "subs": -1, "data": -1, "payload": -1, "imports": -1, "exports": -1,
             "wildcards": true, "conn": -1, "leaf": -1,
@@ -260,7 +341,11 @@ fn account_nats(jetstream: bool) -> Value {
         "default_permissions": { "pub": {}, "sub": {} },
         "type": "account",
         "version": 2,
-    })
+    });
+    if let Some(key) = signing_key {
+        nats["signing_keys"] = json!([key]);
+    }
+    nats
 }
 
 /// Signs a v2 JWT: `base64url(header).base64url(claims).base64url(ed25519 signature)`. `jti` is the
@@ -308,6 +393,31 @@ mod tests {
         let claims = serde_json::from_slice(&URL_SAFE_NO_PAD.decode(parts[1]).unwrap()).unwrap();
         let signature = URL_SAFE_NO_PAD.decode(parts[2]).unwrap();
         (claims, signature, format!("{}.{}", parts[0], parts[1]))
+    }
+
+    #[test]
+    fn a_stored_setup_comes_back_with_the_same_configuration_and_signs_through_its_signing_key() {
+        let setup = OperatorSetup::generate("PKO").unwrap();
+        let stored: std::collections::BTreeMap<&str, String> =
+            setup.to_stored().into_iter().collect();
+        let again = OperatorSetup::from_stored(|name| stored.get(name).cloned()).unwrap();
+        assert_eq!(again.inline_server_config(), setup.inline_server_config());
+        assert_eq!(again.account, setup.account);
+        let (account_claims, _, _) = decode(&setup.account_jwt);
+        let signer = AccountSigner::from_seed(setup.signing_seed(), Some(&setup.account)).unwrap();
+        let user = signer.issue_user("manager", None).unwrap();
+        let (claims, _, _) = decode(&user.jwt);
+        assert_eq!(account_claims["nats"]["signing_keys"][0], claims["iss"]);
+        assert_eq!(claims["nats"]["issuer_account"], setup.account);
+        let missing = OperatorSetup::from_stored(|name| {
+            (name != "signing-key.seed")
+                .then(|| stored.get(name).cloned())
+                .flatten()
+        });
+        assert!(missing
+            .unwrap_err()
+            .to_string()
+            .contains("signing-key.seed"));
     }
 
     #[test]

@@ -11,7 +11,16 @@ fn crd_dir() -> PathBuf {
 
 #[test]
 fn committed_crds_match_the_types() {
-    let rendered = pko_proto::crds::render().expect("CRDs render");
+    let mut rendered = pko_proto::crds::render().expect("CRDs render");
+    // `kubectl apply -k deploy/crds` (and deploy/manager, which includes it) installs them all.
+    let mut kustomization = String::from(
+        "# Generated with the CRDs (cargo test -p pko-proto --test crds): every CRD of pko.\n\
+         apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n",
+    );
+    for (file, _) in &rendered {
+        kustomization.push_str(&format!("- {file}\n"));
+    }
+    rendered.push(("kustomization.yaml".to_owned(), kustomization));
     let dir = crd_dir();
     if std::env::var_os("PKO_UPDATE_CRDS").is_some() {
         std::fs::create_dir_all(&dir).unwrap();

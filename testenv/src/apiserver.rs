@@ -83,6 +83,21 @@ impl ApiServer {
         kubeconfig::client(&self.kubeconfig, &self.name).await
     }
 
+    /// A kubeconfig for this apiserver with a token of the ServiceAccount `namespace/account`, written
+    /// beside the admin kubeconfig: to run a process with exactly that account's permissions.
+    pub async fn service_account_kubeconfig(
+        &self,
+        namespace: &str,
+        account: &str,
+    ) -> Result<std::path::PathBuf, TestEnvError> {
+        let path = self
+            .kubeconfig
+            .with_file_name(format!("{namespace}-{account}.kubeconfig"));
+        kubeconfig::for_service_account(&self.client().await?, &self.url(), namespace, account, &path)
+            .await?;
+        Ok(path)
+    }
+
     /// Creates a namespace named `<prefix>-<n>`, unique within this environment, for a test to work in.
     pub async fn create_namespace(&self, prefix: &str) -> Result<String, TestEnvError> {
         let number = self.namespaces_created.fetch_add(1, Ordering::Relaxed);

@@ -12,9 +12,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
-use kube::api::PostParams;
+use k8s_openapi::api::core::v1::Secret;
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Client};
@@ -279,26 +277,9 @@ impl Runner {
         namespace: &str,
         account: &str,
     ) -> Result<PathBuf, String> {
-        let accounts: Api<ServiceAccount> = Api::namespaced(self.client.clone(), namespace);
-        let request = TokenRequest {
-            spec: TokenRequestSpec {
-                expiration_seconds: Some(24 * 3600),
-                ..TokenRequestSpec::default()
-            },
-            ..TokenRequest::default()
-        };
-        let token = accounts
-            .create_token_request(account, &PostParams::default(), &request)
-            .await
-            .map_err(|e| format!("token for ServiceAccount {namespace}/{account}: {e}"))?
-            .status
-            .map(|s| s.token)
-            .ok_or("TokenRequest without a token")?;
         let path = self.dir.join(namespace).join("service-account.kubeconfig");
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
-        }
-        crate::kubeconfig::write(&path, namespace, &self.server, &token)
+        crate::kubeconfig::for_service_account(&self.client, &self.server, namespace, account, &path)
+            .await
             .map_err(|e| e.to_string())?;
         Ok(path)
     }

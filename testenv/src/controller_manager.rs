@@ -1,6 +1,7 @@
 //! kube-controller-manager for the management apiserver: only the controllers tests rely on (garbage
 //! collection of owned objects, namespace deletion, default ServiceAccounts, and Deployment/ReplicaSet
-//! status so packages can probe a Deployment's Available condition; there is no scheduler or kubelet).
+//! status so packages can probe a Deployment's Available condition; aggregated ClusterRoles, as pko's
+//! managed-objects role is; there is no scheduler or kubelet).
 
 use std::path::Path;
 use std::process::Command;
@@ -28,7 +29,7 @@ pub(crate) async fn start(
             management.kubeconfig_path().display()
         ))
         .arg("--leader-elect=false")
-        .arg("--controllers=garbagecollector,namespace,serviceaccount,deployment,replicaset")
+        .arg("--controllers=garbagecollector,namespace,serviceaccount,deployment,replicaset,clusterrole-aggregation")
         .arg("--port=0")
         .arg("--secure-port=0")
         .arg("--use-service-account-credentials=false");

@@ -84,3 +84,40 @@ pub(crate) fn with_server(from: &Path, to: &Path, server: &str) -> Result<(), Te
     let yaml = serde_saphyr::to_string(&config).map_err(|e| error(e.to_string().into()))?;
     std::fs::write(to, yaml).map_err(io_error("write kubeconfig", to))
 }
+
+/// Writes to `path` a kubeconfig for `server` with a token (valid a day) of the ServiceAccount
+/// `namespace/account`, asked of the apiserver through `client`: what a pod gets in-cluster.
+pub(crate) async fn for_service_account(
+    client: &kube::Client,
+    server: &str,
+    namespace: &str,
+    account: &str,
+    path: &Path,
+) -> Result<(), TestEnvError> {
+    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use kube::api::{Api, PostParams};
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            expiration_seconds: Some(24 * 3600),
+            ..TokenRequestSpec::default()
+        },
+        ..TokenRequest::default()
+    };
+    let kube_error = |error: kube::Error| TestEnvError::Kube {
+        server: format!("token for ServiceAccount {namespace}/{account}"),
+        source: Box::new(error),
+    };
+    let token = accounts
+        .create_token_request(account, &PostParams::default(), &request)
+        .await
+        .map_err(kube_error)?
+        .status
+        .map(|s| s.token)
+        .unwrap_or_default();
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(crate::error::io_error("create", parent))?;
+    }
+    write(path, namespace, server, &token)
+}

@@ -6,7 +6,8 @@
 //!   namespace deletion);
 //! - N hosted-cluster kube-apiservers, each standing in for a HyperShift guest cluster;
 //! - nats-server with JetStream;
-//! - an OCI registry (distribution).
+//! - an OCI registry (distribution);
+//! - Prometheus, on request, scraping what a test names.
 //!
 //! [`shared()`] gives every test of one test binary the same running set, so a binary pays the start-up
 //! once; tests isolate themselves with [`ApiServer::create_namespace`]. [`TestEnv::start`] gives an
@@ -43,6 +44,7 @@ cluster_only! {
     mod kubeconfig;
     mod manager;
     mod nats;
+    mod prometheus;
     mod stall_proxy;
     mod webhook;
 
@@ -52,8 +54,9 @@ cluster_only! {
     pub use crds::install_crds;
     pub use env::{shared, shared_with, EnvConfig, StartupTimings, TestEnv};
     pub use hypershift::{SimulatedHostedCluster, HOSTED_CLUSTERS_NAMESPACE, KUBECONFIG_SECRET};
-    pub use manager::ManagerProcess;
+    pub use manager::{ManagerLaunch, ManagerProcess};
     pub use nats::Nats;
+    pub use prometheus::{Prometheus, Sample};
     pub use stall_proxy::StallProxy;
 }
 

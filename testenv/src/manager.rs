@@ -1,12 +1,13 @@
 //! A pko-manager process against the environment's management apiserver, for tests and benchmarks that
 //! exercise the real binary (and can kill it).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crate::env::TestEnv;
+use crate::nats::Nats;
 use crate::error::{io_error, TestEnvError};
 use crate::net::{free_port, http_get};
 use crate::process::ManagedProcess;
@@ -109,6 +110,17 @@ impl ManagerProcess {
     }
 }
 
+/// How a manager is started when not as the environment's admin with its NATS.
+#[derive(Debug, Default, Clone)]
+pub struct ManagerLaunch<'a> {
+    /// Its kubeconfig (a ServiceAccount's, say); it then installs no CRDs.
+    pub kubeconfig: Option<PathBuf>,
+    /// Its namespace (POD_NAMESPACE), where its webhook certificate and Lease live.
+    pub namespace: Option<String>,
+    /// Another nats-server than the environment's.
+    pub nats: Option<&'a Nats>,
+}
+
 impl TestEnv {
     /// Starts `binary` (a pko-manager build) against the management apiserver and the environment's NATS
     /// with `--install-crds` plus `extra_args`, and waits until it reports ready.
@@ -122,10 +134,20 @@ impl TestEnv {
         Ok(manager)
     }
 
-    /// Like [`TestEnv::start_manager`] without waiting for readiness (a standby replica never gets ready).
+    /// Like [`TestEnv::start_manager`] without waiting for readiness (a standby replica never leads).
     pub fn spawn_manager(
         &self,
         binary: &Path,
+        extra_args: &[&str],
+    ) -> Result<ManagerProcess, TestEnvError> {
+        self.spawn_manager_with(binary, &ManagerLaunch::default(), extra_args)
+    }
+
+    /// Starts a manager as `launch` says (another identity, namespace or NATS), with `extra_args`.
+    pub fn spawn_manager_with(
+        &self,
+        binary: &Path,
+        launch: &ManagerLaunch,
         extra_args: &[&str],
     ) -> Result<ManagerProcess, TestEnvError> {
         static MANAGERS: AtomicUsize = AtomicUsize::new(0);
@@ -133,14 +155,35 @@ impl TestEnv {
         let dir = self.root_dir();
         let health_port = free_port().map_err(io_error("allocate port", dir))?;
         let mut command = Command::new(binary);
-        // A test may point the manager elsewhere (a proxy in front of the apiserver).
-        if !extra_args.contains(&"--kubeconfig") {
-            command
-                .arg("--kubeconfig")
-                .arg(self.management().kubeconfig_path());
+        match &launch.kubeconfig {
+            Some(kubeconfig) => {
+                // Its own identity installs nothing: the CRDs are the environment's.
+                command.arg("--kubeconfig").arg(kubeconfig);
+            }
+            // A test may point the manager elsewhere (a proxy in front of the apiserver).
+            None if extra_args.contains(&"--kubeconfig") => {
+                command.arg("--install-crds");
+            }
+            None => {
+                command
+                    .arg("--kubeconfig")
+                    .arg(self.management().kubeconfig_path())
+                    .arg("--install-crds");
+            }
         }
+        match &launch.namespace {
+            // The webhook certificate and the leader Lease go there (POD_NAMESPACE).
+            Some(namespace) => {
+                command.env("POD_NAMESPACE", namespace);
+            }
+            None => {
+                command
+                    .arg("--webhook-cert-namespace")
+                    .arg(crate::webhook::CERT_NAMESPACE);
+            }
+        }
+        let nats = launch.nats.unwrap_or_else(|| self.nats());
         command
-            .arg("--install-crds")
             .arg("--health-addr")
             .arg(format!("127.0.0.1:{health_port}"))
             // The environment's registries speak plain HTTP.
@@ -150,16 +193,14 @@ impl TestEnv {
                 self.registry().host(),
                 self.authenticated_registry().host()
             ))
-            // Hosted-cluster phases travel over the environment's NATS.
+            // Hosted-cluster phases travel over NATS.
             .arg("--nats-url")
-            .arg(self.nats().url())
+            .arg(nats.url())
             .arg("--nats-account-seed-file")
-            .arg(self.nats().account_seed_file())
+            .arg(nats.account_seed_file())
             // Every manager serves the webhook the environment registered (one shared port).
             .arg("--webhook-addr")
             .arg(format!("127.0.0.1:{}", self.webhook_port()))
-            .arg("--webhook-cert-namespace")
-            .arg(crate::webhook::CERT_NAMESPACE)
             .arg("--webhook-cert-names")
             .arg("127.0.0.1")
             .args(extra_args)
@@ -167,6 +208,9 @@ impl TestEnv {
                 "RUST_LOG",
                 std::env::var("PKO_MANAGER_LOG").unwrap_or_else(|_| "info".into()),
             );
+        if let Some(account) = nats.account() {
+            command.arg("--nats-account").arg(account);
+        }
         let process = ManagedProcess::spawn(
             "pko-manager",
             command,

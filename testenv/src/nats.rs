@@ -6,6 +6,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use crate::binaries::Binaries;
+use crate::env::TestEnv;
 use crate::error::{io_error, TestEnvError};
 use crate::net::free_port;
 use crate::process::{start_with_retries, ManagedProcess};
@@ -21,9 +22,26 @@ pub struct Nats {
     pub(crate) process: ManagedProcess,
     port: u16,
     config: PathBuf,
-    operator: OperatorSetup,
+    /// The command line after the binary (restarts reuse it).
+    args: Vec<String>,
+    signing: Signing,
     account_seed_file: PathBuf,
     binary: PathBuf,
+}
+
+/// The key users are signed with, and the account they belong to when it is a signing key.
+#[derive(Clone)]
+struct Signing {
+    seed: String,
+    account: Option<String>,
+}
+
+impl std::fmt::Debug for Signing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Signing")
+            .field("account", &self.account)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Nats {
@@ -46,9 +64,9 @@ impl Nats {
     /// waits until it answers.
     pub async fn restart(&self) -> Result<(), TestEnvError> {
         let mut command = Command::new(&self.binary);
-        command.arg("-c").arg(&self.config);
+        command.args(&self.args);
         self.process.respawn(command)?;
-        let probe_user = issue(&self.operator, "pko-testenv-ready", None)?;
+        let probe_user = issue(&self.signing, "pko-testenv-ready", None)?;
         let url = self.url();
         self.process
             .wait_ready(READY_TIMEOUT, || {
@@ -62,9 +80,15 @@ impl Nats {
             .await
     }
 
-    /// The application account's seed: what the manager signs connector users with.
+    /// The seed the manager signs connector users with: the application account's own (the
+    /// environment's server), or its signing key (a server started from a bootstrap's configuration).
     pub fn account_seed(&self) -> &str {
-        self.operator.account_seed()
+        &self.signing.seed
+    }
+
+    /// The account users belong to when [`Nats::account_seed`] is one of its signing keys.
+    pub fn account(&self) -> Option<&str> {
+        self.signing.account.as_deref()
     }
 
     /// A file holding [`Nats::account_seed`] (the manager's `--nats-account-seed-file`).
@@ -78,7 +102,7 @@ impl Nats {
         name: &str,
         permissions: Option<&NatsPermissions>,
     ) -> Result<UserCredentials, TestEnvError> {
-        issue(&self.operator, name, permissions)
+        issue(&self.signing, name, permissions)
     }
 
     /// Credentials as the manager mints them for the connector of HCP namespace `namespace`: only that
@@ -146,11 +170,14 @@ impl Nats {
 }
 
 fn issue(
-    operator: &OperatorSetup,
+    signing: &Signing,
     name: &str,
     permissions: Option<&NatsPermissions>,
 ) -> Result<UserCredentials, TestEnvError> {
-    Ok(AccountSigner::from_seed(operator.account_seed(), None)?.issue_user(name, permissions)?)
+    Ok(
+        AccountSigner::from_seed(&signing.seed, signing.account.as_deref())?
+            .issue_user(name, permissions)?,
+    )
 }
 
 async fn connect_as(
@@ -166,6 +193,7 @@ async fn connect_as(
         .map_err(|error| error.to_string())
 }
 
+/// The environment's server: a fresh operator, its configuration written to `dir`.
 pub(crate) async fn start(binaries: &Binaries, dir: &Path) -> Result<Nats, TestEnvError> {
     start_with_retries(|attempt| async move {
         let port = free_port().map_err(io_error("allocate port", dir))?;
@@ -173,9 +201,6 @@ pub(crate) async fn start(binaries: &Binaries, dir: &Path) -> Result<Nats, TestE
         let config = dir.join("nats.conf");
         let operator = OperatorSetup::generate("PKO")?;
         let operator_jwt = dir.join("operator.jwt");
-        let account_seed_file = dir.join("account.seed");
-        std::fs::write(&account_seed_file, operator.account_seed())
-            .map_err(io_error("write", &account_seed_file))?;
         std::fs::write(&operator_jwt, &operator.operator_jwt).map_err(io_error("write", &operator_jwt))?;
         let text = format!(
             "listen: 127.0.0.1:{port}\nmax_payload: 8MB\njetstream {{\n  store_dir: \"{}\"\n  max_memory_store: 256MB\n  max_file_store: 2GB\n}}\n{}",
@@ -183,40 +208,103 @@ pub(crate) async fn start(binaries: &Binaries, dir: &Path) -> Result<Nats, TestE
             operator.server_config(&operator_jwt.display().to_string()),
         );
         std::fs::write(&config, text).map_err(io_error("write", &config))?;
-        let mut command = Command::new(&binaries.nats_server);
-        command.arg("-c").arg(&config);
-        let process = ManagedProcess::spawn("nats-server", command, &dir.join("nats-server.log"))?;
-        let url = format!("nats://127.0.0.1:{port}");
-        let probe_user = issue(&operator, "pko-testenv-ready", None)?;
-        process
-            .wait_ready(READY_TIMEOUT, || {
-                let url = url.clone();
-                let probe_user = probe_user.clone();
-                async move {
-                    let client =
-                        connect_as(&url, &probe_user, async_nats::ConnectOptions::new()).await?;
-                    // A raw request: async-nats' typed account info needs fields nats-server 2.9 lacks.
-                    let reply = client
-                        .request("$JS.API.INFO", Vec::new().into())
-                        .await
-                        .map_err(|error| format!("JetStream: {error}"))?;
-                    let info: serde_json::Value =
-                        serde_json::from_slice(&reply.payload).map_err(|error| format!("JetStream: {error}"))?;
-                    match info.get("error") {
-                        None => Ok(()),
-                        Some(error) => Err(format!("JetStream: {error}")),
-                    }
-                }
-            })
-            .await?;
-        Ok(Nats {
-            process,
-            port,
-            config,
-            operator,
-            account_seed_file,
-            binary: binaries.nats_server.clone(),
-        })
+        let signing = Signing {
+            seed: operator.account_seed().to_owned(),
+            account: None,
+        };
+        launch(binaries, dir, "nats-server", port, config, Vec::new(), signing).await
     })
     .await
+}
+
+impl TestEnv {
+    /// Starts another nats-server from the configuration file `config` as an SRE would run it (on free
+    /// loopback ports and a JetStream store of its own, given on the command line), whose users are
+    /// signed with `seed`, a signing key of `account`. Its files and log go to a directory named `name`.
+    pub async fn start_nats_from(
+        &self,
+        name: &str,
+        config: &Path,
+        seed: &str,
+        account: &str,
+    ) -> Result<Nats, TestEnvError> {
+        let dir = self.root_dir().join(name);
+        std::fs::create_dir_all(&dir).map_err(io_error("create", &dir))?;
+        let binaries = Binaries::locate()?;
+        let signing = Signing {
+            seed: seed.trim().to_owned(),
+            account: Some(account.trim().to_owned()),
+        };
+        start_with_retries(|attempt| {
+            let (dir, binaries, signing) = (dir.clone(), binaries.clone(), signing.clone());
+            async move {
+                let port = free_port().map_err(io_error("allocate port", &dir))?;
+                let monitor = free_port().map_err(io_error("allocate port", &dir))?;
+                let store = dir.join(format!("jetstream-{attempt}"));
+                let args = vec![
+                    "-a".to_owned(),
+                    "127.0.0.1".to_owned(),
+                    "-p".to_owned(),
+                    port.to_string(),
+                    "-m".to_owned(),
+                    monitor.to_string(),
+                    "-sd".to_owned(),
+                    store.display().to_string(),
+                ];
+                launch(&binaries, &dir, "nats-server", port, config.to_owned(), args, signing).await
+            }
+        })
+        .await
+    }
+}
+
+/// Runs nats-server with `config` and `extra` arguments and waits until JetStream answers a user
+/// `signing` issued.
+async fn launch(
+    binaries: &Binaries,
+    dir: &Path,
+    name: &str,
+    port: u16,
+    config: PathBuf,
+    extra: Vec<String>,
+    signing: Signing,
+) -> Result<Nats, TestEnvError> {
+    let account_seed_file = dir.join("account.seed");
+    std::fs::write(&account_seed_file, &signing.seed).map_err(io_error("write", &account_seed_file))?;
+    let mut args = vec!["-c".to_owned(), config.display().to_string()];
+    args.extend(extra);
+    let mut command = Command::new(&binaries.nats_server);
+    command.args(&args);
+    let process = ManagedProcess::spawn(name, command, &dir.join(format!("{name}.log")))?;
+    let url = format!("nats://127.0.0.1:{port}");
+    let probe_user = issue(&signing, "pko-testenv-ready", None)?;
+    process
+        .wait_ready(READY_TIMEOUT, || {
+            let url = url.clone();
+            let probe_user = probe_user.clone();
+            async move {
+                let client = connect_as(&url, &probe_user, async_nats::ConnectOptions::new()).await?;
+                // A raw request: async-nats' typed account info needs fields nats-server 2.9 lacks.
+                let reply = client
+                    .request("$JS.API.INFO", Vec::new().into())
+                    .await
+                    .map_err(|error| format!("JetStream: {error}"))?;
+                let info: serde_json::Value =
+                    serde_json::from_slice(&reply.payload).map_err(|error| format!("JetStream: {error}"))?;
+                match info.get("error") {
+                    None => Ok(()),
+                    Some(error) => Err(format!("JetStream: {error}")),
+                }
+            }
+        })
+        .await?;
+    Ok(Nats {
+        process,
+        port,
+        config,
+        args,
+        signing,
+        account_seed_file,
+        binary: binaries.nats_server.clone(),
+    })
 }

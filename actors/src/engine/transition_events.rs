@@ -176,8 +176,10 @@ mod tests {
     use super::*;
 
     fn condition(type_: &str, status: &str, reason: &str) -> Condition {
-        serde_json::from_value(serde_json::json!({"type": type_, "status": status, "reason": reason,
-            "message": format!("{type_} {reason}"), "lastTransitionTime": "2026-01-01T00:00:00Z"}))
+        serde_json::from_value(
+            serde_json::json!({"type": type_, "status": status, "reason": reason,
+            "message": format!("{type_} {reason}"), "lastTransitionTime": "2026-01-01T00:00:00Z"}),
+        )
         .unwrap_or_else(|e| panic!("{e}"))
     }
 

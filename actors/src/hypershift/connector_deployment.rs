@@ -91,10 +91,19 @@ pub fn connector_objects(
                     },
                     "spec": {
                         "serviceAccountName": CONNECTOR_NAME,
+                        "securityContext": {
+                            "runAsNonRoot": true,
+                            "seccompProfile": {"type": "RuntimeDefault"},
+                        },
                         "containers": [{
                             "name": "connector",
                             "image": settings.image,
                             "command": ["pko-connector"],
+                            "securityContext": {
+                                "allowPrivilegeEscalation": false,
+                                "readOnlyRootFilesystem": true,
+                                "capabilities": {"drop": ["ALL"]},
+                            },
                             "args": [
                                 format!("--nats-url={}", settings.nats_url),
                                 format!("--nats-creds={NATS_MOUNT}/{CREDENTIALS_KEY}"),
@@ -193,6 +202,33 @@ mod tests {
             image: "quay.io/example/pko:v1".into(),
             nats_url: "nats://nats.pko:4222".into(),
         }
+    }
+
+    /// deploy/connector/connector-rbac.yaml shows SREs the RBAC the manager grants each connector: it
+    /// must be exactly what this code creates (`PKO_UPDATE_CONNECTOR_RBAC=1` rewrites it).
+    #[test]
+    fn the_documented_connector_rbac_is_what_the_manager_grants() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../deploy/connector/connector-rbac.yaml");
+        let mut text = String::from(
+            "# The RBAC pko-manager creates for the connector in every HCP namespace (shown for the\n\
+             # namespace HCP_NAMESPACE; generated from the code by the connector_deployment tests).\n\
+             # It is created by the manager; there is nothing to apply.\n",
+        );
+        for object in &connector_objects("HCP_NAMESPACE", "", &settings(), "")[..3] {
+            text.push_str("---\n");
+            text.push_str(&serde_saphyr::to_string(object).unwrap());
+        }
+        if std::env::var_os("PKO_UPDATE_CONNECTOR_RBAC").is_some() {
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, &text).unwrap();
+        }
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap_or_default(),
+            text,
+            "{} is stale; regenerate with PKO_UPDATE_CONNECTOR_RBAC=1 cargo test -p pko-actors connector_rbac",
+            path.display()
+        );
     }
 
     #[test]

@@ -52,6 +52,7 @@ pub struct RolloutMetrics {
     partition_packages: Family<PartitionLabels, Gauge>,
     state: Family<CountLabels, Gauge>,
     started: Family<NameLabels, Gauge>,
+    max_unavailable: Family<NameLabels, Gauge>,
     /// The partition groups each HostedClusterPackage exports, to drop those that went.
     partitions: Arc<DashMap<String, Vec<String>>>,
 }
@@ -75,6 +76,11 @@ impl RolloutMetrics {
             "1 for the state the HostedClusterPackage's rollout is in (progressing, finished, \
              blocked, paused), 0 for the others.",
             self.state.clone(),
+        );
+        registry.register(
+            "pko_hostedclusterpackage_max_unavailable",
+            "Packages the strategy lets be unavailable at once (0 for the instant strategy).",
+            self.max_unavailable.clone(),
         );
         registry.register(
             "pko_hostedclusterpackage_rollout_started_timestamp_seconds",
@@ -130,6 +136,15 @@ impl RolloutMetrics {
         let key = NameLabels {
             hostedclusterpackage: name,
         };
+        let budget = hcpkg
+            .spec
+            .strategy
+            .rolling_upgrade
+            .as_ref()
+            .map_or(0, |r| r.max_unavailable);
+        self.max_unavailable
+            .get_or_create(&key)
+            .set(i64::from(budget));
         match started {
             Some(at) => {
                 self.started.get_or_create(&key).set(at);
@@ -159,9 +174,11 @@ impl RolloutMetrics {
                 state: state.label(),
             });
         }
-        self.started.remove(&NameLabels {
+        let key = NameLabels {
             hostedclusterpackage: name.to_owned(),
-        });
+        };
+        self.started.remove(&key);
+        self.max_unavailable.remove(&key);
     }
 
     fn remove_partition(&self, name: &str, partition: &str) {

@@ -3,6 +3,7 @@
 
 mod crd_install;
 mod health;
+mod nats_bootstrap;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -39,10 +40,20 @@ enum LogFormat {
     Json,
 }
 
+/// What else the binary does besides running the manager.
+#[derive(Debug, clap::Subcommand)]
+enum Command {
+    /// Create (once) the NATS operator, system and pko accounts with a signing key, the Secret the
+    /// manager reads its account seed from, and the resolver configuration nats-server includes.
+    NatsBootstrap(nats_bootstrap::BootstrapArgs),
+}
+
 /// Reconciles package-operator.run objects on the cluster it runs against.
 #[derive(Debug, Parser)]
 #[command(version)]
 struct Args {
+    #[command(subcommand)]
+    command: Option<Command>,
     /// Kubeconfig to use; without it, $KUBECONFIG, ~/.kube/config or the in-cluster service account.
     #[arg(long, env = "PKO_KUBECONFIG")]
     kubeconfig: Option<PathBuf>,
@@ -180,6 +191,8 @@ pub enum ManagerError {
     Signal(#[source] std::io::Error),
     #[error("leader election: {0}")]
     Lease(#[from] LeaseError),
+    #[error("nats-bootstrap: {0}")]
+    Bootstrap(#[from] nats_bootstrap::BootstrapError),
 }
 
 async fn connector_link(args: &Args) -> Result<Option<ConnectorLink>, ManagerError> {
@@ -351,8 +364,27 @@ async fn run(args: Args) -> Result<(), ManagerError> {
     outcome
 }
 
+async fn bootstrap(
+    args: &Args,
+    bootstrap: &nats_bootstrap::BootstrapArgs,
+) -> Result<(), ManagerError> {
+    let config = cluster_config(args.kubeconfig.as_deref()).await?;
+    let client = limited_client(
+        config,
+        args.max_in_flight_requests,
+        &WriteFence::open(),
+        &ApiRequestMetrics::default(),
+    )?;
+    Ok(nats_bootstrap::run(client, bootstrap).await?)
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
     init_logging(matches!(args.log_format, LogFormat::Json));
-    run_system(run(args))
+    match &args.command {
+        Some(Command::NatsBootstrap(bootstrap_args)) => {
+            run_system(bootstrap(&args, bootstrap_args))
+        }
+        None => run_system(run(args)),
+    }
 }

@@ -1,0 +1,664 @@
+//! pko installed as an SRE installs it, on the real environment (RBAC on): `kubectl kustomize
+//! deploy/manager` applied with kubectl, NATS trust made by `pko-manager nats-bootstrap` and a
+//! nats-server run from `deploy/nats/nats.conf`, and the manager running with the token of the
+//! ServiceAccount the manifests create, with the Deployment's own arguments. It rolls a
+//! HostedClusterPackage with hosted-cluster phases across the hosted clusters while a real Prometheus
+//! scrapes it (with pko's alert rules loaded); the rollout gauges move and end at total = updated =
+//! available, every dashboard query returns data, and the Events tell the rollout in order. A second
+//! test asks the apiserver (SubjectAccessReview) what the manager's role allows and refuses; a third
+//! runs the alert rules' promtool unit tests.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::events::v1::Event as KubeEvent;
+use k8s_openapi::api::rbac::v1::ClusterRole;
+use kube::api::{ListParams, PostParams};
+use kube::Api;
+use pko_proto::core::hosted_cluster_package::HostedClusterPackage;
+use pko_testenv::{wait_until, ManagerLaunch, Prometheus};
+use serde_json::{json, Value};
+
+use common::rollout::{all_available, wait_status};
+use common::*;
+
+const NAMESPACE: &str = "package-operator-system";
+const SERVICE_ACCOUNT: &str = "pko-manager";
+
+fn deploy_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy")
+}
+
+/// `kubectl kustomize deploy/<dir>`, as YAML documents.
+fn kustomize(dir: &str) -> Vec<String> {
+    let out = Command::new("kubectl")
+        .arg("kustomize")
+        .arg(deploy_dir().join(dir))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .split("\n---\n")
+        .map(str::to_owned)
+        .collect()
+}
+
+fn parsed(document: &str) -> Value {
+    serde_saphyr::from_str(document).unwrap()
+}
+
+/// Applies deploy/manager with kubectl (server-side, as for CRDs too large for client-side apply),
+/// except the webhook configuration: the environment registered it with a loopback URL instead of the
+/// Service, which has no pods behind it here. Waits until the managed-objects role is aggregated.
+async fn install_manifests() {
+    let documents: Vec<String> = kustomize("manager")
+        .into_iter()
+        .filter(|d| parsed(d)["kind"] != "ValidatingWebhookConfiguration")
+        .collect();
+    let mut kubectl = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(env().management().kubeconfig_path())
+        .args(["apply", "--server-side", "--force-conflicts", "-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    kubectl
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(documents.join("\n---\n").as_bytes())
+        .unwrap();
+    let out = kubectl.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let client = env().management().client().await.unwrap();
+    let roles: Api<ClusterRole> = Api::all(client);
+    wait_until("managed-objects role aggregated", TIMEOUT, || async {
+        let role = roles
+            .get("pko-manager-managed-objects")
+            .await
+            .map_err(|e| e.to_string())?;
+        match role.rules {
+            Some(rules) if !rules.is_empty() => Ok(()),
+            _ => Err("no rules aggregated yet".to_owned()),
+        }
+    })
+    .await
+    .unwrap();
+}
+
+/// Runs `pko-manager nats-bootstrap` as an admin; returns its stdout.
+fn nats_bootstrap(resolver_file: &Path) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_pko-manager"))
+        .arg("--kubeconfig")
+        .arg(env().management().kubeconfig_path())
+        .arg("nats-bootstrap")
+        .arg("--resolver-file")
+        .arg(resolver_file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn secret_value(secret: &Secret, key: &str) -> String {
+    String::from_utf8(secret.data.as_ref().unwrap()[key].0.clone()).unwrap()
+}
+
+/// The manager container of the rendered Deployment.
+fn manager_container() -> Value {
+    let deployment = kustomize("manager")
+        .iter()
+        .map(|d| parsed(d))
+        .find(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == "pko-manager")
+        .unwrap();
+    deployment["spec"]["template"]["spec"]["containers"][0].clone()
+}
+
+#[tokio::test]
+async fn installed_from_its_manifests_pko_rolls_out_on_its_own_service_account_and_prometheus_sees_it(
+) {
+    let env = env();
+    install_manifests().await;
+    let client = env.management().client().await.unwrap();
+
+    // NATS trust, twice: the second run changes nothing, and no seed is printed.
+    let dir = env.root_dir().join("install-nats");
+    std::fs::create_dir_all(dir.join("config")).unwrap();
+    std::fs::create_dir_all(dir.join("resolver")).unwrap();
+    let resolver_file = dir.join("resolver").join("resolver.conf");
+    let first = nats_bootstrap(&resolver_file);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), NAMESPACE);
+    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), NAMESPACE);
+    let versions = || async {
+        let account = secrets.get("pko-nats-account").await.unwrap();
+        let operator = secrets.get("pko-nats-operator").await.unwrap();
+        let resolver = configmaps.get("pko-nats-resolver").await.unwrap();
+        [account, operator]
+            .iter()
+            .map(|s| s.metadata.resource_version.clone().unwrap())
+            .chain([resolver.metadata.resource_version.clone().unwrap()])
+            .collect::<Vec<_>>()
+    };
+    let before = versions().await;
+    let second = nats_bootstrap(&resolver_file);
+    assert_eq!(
+        versions().await,
+        before,
+        "a second bootstrap writes nothing"
+    );
+    assert_eq!(
+        second
+            .lines()
+            .filter(|l| l.ends_with(": unchanged"))
+            .count(),
+        4,
+        "first run:\n{first}\nsecond run:\n{second}"
+    );
+    let account_secret = secrets.get("pko-nats-account").await.unwrap();
+    let (seed, account) = (
+        secret_value(&account_secret, "account.seed"),
+        secret_value(&account_secret, "account"),
+    );
+    let operator_secret = secrets.get("pko-nats-operator").await.unwrap();
+    for printed in [&first, &second] {
+        for (key, value) in operator_secret.data.as_ref().unwrap() {
+            if key.ends_with(".seed") {
+                let value = String::from_utf8(value.0.clone()).unwrap();
+                assert!(!printed.contains(value.trim()), "{key} printed");
+            }
+        }
+    }
+    let resolver = configmaps.get("pko-nats-resolver").await.unwrap();
+    assert_eq!(
+        resolver.data.unwrap()["resolver.conf"],
+        std::fs::read_to_string(&resolver_file).unwrap()
+    );
+    // The shipped server configuration, laid out as its StatefulSet mounts it.
+    let config = dir.join("config").join("nats.conf");
+    std::fs::copy(deploy_dir().join("nats/nats.conf"), &config).unwrap();
+    let nats = env
+        .start_nats_from("install-nats", &config, &seed, &account)
+        .await
+        .unwrap();
+
+    // The manager, with its ServiceAccount's token and the Deployment's arguments.
+    let kubeconfig = env
+        .management()
+        .service_account_kubeconfig(NAMESPACE, SERVICE_ACCOUNT)
+        .await
+        .unwrap();
+    let container = manager_container();
+    let args: Vec<String> = container["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_owned())
+        .filter(|a| !a.starts_with("--health-addr") && !a.starts_with("--webhook-addr"))
+        .collect();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let launch = ManagerLaunch {
+        kubeconfig: Some(kubeconfig),
+        namespace: Some(NAMESPACE.to_owned()),
+        nats: Some(&nats),
+    };
+    let manager = env
+        .spawn_manager_with(Path::new(env!("CARGO_BIN_EXE_pko-manager")), &launch, &args)
+        .unwrap();
+    manager
+        .wait_ready(Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", manager.log_tail()));
+    let prometheus = Prometheus::start(
+        &env.root_dir().join("install-prometheus"),
+        "pko-manager",
+        &[format!("127.0.0.1:{}", manager.health_port())],
+        &[deploy_dir().join("monitoring/pko-alerts.yaml")],
+    )
+    .await
+    .unwrap();
+
+    // A fleet of the two hosted clusters; their connectors are not running yet.
+    let clusters = env.simulate_hypershift().await.unwrap();
+    let image = build_and_push("hosted-addon", "install-hosted-addon:v1");
+    let name = "install-addon";
+    let hcpkg: HostedClusterPackage = serde_json::from_value(json!({
+        "apiVersion": "package-operator.run/v1alpha1", "kind": "HostedClusterPackage",
+        "metadata": {"name": name},
+        "spec": {
+            "hostedClusterSelector": {},
+            "strategy": {"rollingUpgrade": {"maxUnavailable": 1}},
+            "template": {"spec": {"image": image}},
+        },
+    }))
+    .unwrap();
+    let api: Api<HostedClusterPackage> = Api::all(client.clone());
+    api.create(&PostParams::default(), &hcpkg).await.unwrap();
+
+    // Prometheus sees the gauges move and end at total = updated = available.
+    let total = clusters.len() as f64;
+    let gauge = |state: &str| {
+        format!(
+            r#"pko_hostedclusterpackage_packages{{hostedclusterpackage="{name}",state="{state}"}}"#
+        )
+    };
+    // Without connectors the new Packages (created at once: there is nothing to keep available yet)
+    // cannot become available, and Prometheus shows the rollout under way.
+    let value = |samples: Vec<pko_testenv::Sample>| samples.first().map(|s| s.value);
+    wait_until("Prometheus: every package created, none available", TIMEOUT, || async {
+        let counts = (
+            value(prometheus.query(&gauge("total")).await?),
+            value(prometheus.query(&gauge("updated")).await?),
+            value(prometheus.query(&gauge("available")).await?),
+        );
+        let progressing = value(prometheus.query(&format!(
+            r#"pko_hostedclusterpackage_rollout_state{{hostedclusterpackage="{name}",state="progressing"}}"#
+        )).await?);
+        if counts == (Some(total), Some(total), Some(0.0)) && progressing == Some(1.0) {
+            Ok(())
+        } else {
+            Err(format!("total, updated, available: {counts:?}, progressing {progressing:?}"))
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", manager.log_tail()));
+    // The connectors start (as a kubelet would run their Deployments, with their own ServiceAccounts).
+    let _runner = env
+        .start_connector_runner(&connector_binary())
+        .await
+        .unwrap();
+    wait_until(
+        "Prometheus: every package updated and available",
+        TIMEOUT,
+        || async {
+            let counts = (
+                value(prometheus.query(&gauge("total")).await?),
+                value(prometheus.query(&gauge("updated")).await?),
+                value(prometheus.query(&gauge("available")).await?),
+            );
+            if counts == (Some(total), Some(total), Some(total)) {
+                Ok(())
+            } else {
+                Err(format!("total, updated, available: {counts:?}"))
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", manager.log_tail()));
+    wait_status(
+        &api,
+        name,
+        || manager.log_tail(),
+        "all available",
+        |h| all_available(h, clusters.len() as i32),
+    )
+    .await;
+    for (expr, want) in [
+        (
+            format!(
+                r#"pko_hostedclusterpackage_rollout_state{{hostedclusterpackage="{name}",state="finished"}}"#
+            ),
+            1.0,
+        ),
+        (
+            format!(r#"pko_hostedclusterpackage_max_unavailable{{hostedclusterpackage="{name}"}}"#),
+            1.0,
+        ),
+        (
+            format!(
+                r#"package_operator_package_availability{{pko_name="{name}",pko_namespace="{}"}}"#,
+                clusters[0].hcp_namespace
+            ),
+            1.0,
+        ),
+        (
+            format!(
+                r#"pko_connector_connected{{namespace="{}"}}"#,
+                clusters[1].hcp_namespace
+            ),
+            1.0,
+        ),
+    ] {
+        wait_until(&expr, TIMEOUT, || async {
+            match prometheus.query(&expr).await?.first() {
+                Some(s) if s.value == want => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await
+        .unwrap();
+    }
+
+    // Every query of the dashboard parses and has data to draw.
+    let dashboard: Value = serde_json::from_str(
+        &std::fs::read_to_string(deploy_dir().join("monitoring/pko-dashboard.json")).unwrap(),
+    )
+    .unwrap();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().unwrap() {
+            let expr = target["expr"]
+                .as_str()
+                .unwrap()
+                .replace("$hostedclusterpackage", ".*")
+                .replace("$__rate_interval", "1m");
+            // As the panel draws it: a range query over the test's time.
+            wait_until(&format!("{}: {expr}", panel["title"]), TIMEOUT, || async {
+                match prometheus
+                    .query_range(&expr, Duration::from_secs(600))
+                    .await
+                {
+                    Ok(series) if series > 0 => Ok(()),
+                    Ok(_) => Err("no data".to_owned()),
+                    // A query Prometheus refuses fails at once.
+                    Err(error) => panic!("{error}"),
+                }
+            })
+            .await
+            .unwrap();
+        }
+    }
+
+    // The Events tell the rollout, once each, in order.
+    let events: Api<KubeEvent> = Api::namespaced(client.clone(), "default");
+    let reasons = wait_until("the rollout's Events", TIMEOUT, || async {
+        let mut about: Vec<KubeEvent> = events
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?
+            .items
+            .into_iter()
+            .filter(|e| {
+                e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+                    && e.regarding.as_ref().and_then(|r| r.kind.as_deref())
+                        == Some("HostedClusterPackage")
+            })
+            .collect();
+        about.sort_by_key(|e| e.event_time.clone().map(|t| t.0));
+        let reasons: Vec<String> = about.into_iter().filter_map(|e| e.reason).collect();
+        if reasons.last().map(String::as_str) == Some("RolloutFinished") {
+            Ok(reasons)
+        } else {
+            Err(format!("{reasons:?}"))
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        reasons,
+        [
+            "RolloutStarted",
+            "PartitionStarted",
+            "PartitionFinished",
+            "RolloutFinished"
+        ],
+        "{reasons:?}"
+    );
+    let package_events: Api<KubeEvent> =
+        Api::namespaced(client.clone(), &clusters[0].hcp_namespace);
+    let reasons: Vec<String> = package_events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|e| e.reason)
+        .collect();
+    for reason in ["Unpacked", "NewRevision"] {
+        assert_eq!(
+            reasons.iter().filter(|r| *r == reason).count(),
+            1,
+            "one {reason} Event in {}: {reasons:?}",
+            clusters[0].hcp_namespace
+        );
+    }
+}
+
+/// Verb, API group, resource (with `/subresource`), namespace, name.
+type Access<'a> = (&'a str, &'a str, &'a str, Option<&'a str>, Option<&'a str>);
+
+/// One question to the apiserver's authorizer about the manager's ServiceAccount.
+async fn allowed(
+    client: &kube::Client,
+    verb: &str,
+    group: &str,
+    resource: &str,
+    namespace: Option<&str>,
+    name: Option<&str>,
+) -> bool {
+    let (resource, subresource) = match resource.split_once('/') {
+        Some((r, s)) => (r, Some(s.to_owned())),
+        None => (resource, None),
+    };
+    let review = SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user: Some(format!(
+                "system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}"
+            )),
+            groups: Some(vec![
+                "system:serviceaccounts".to_owned(),
+                format!("system:serviceaccounts:{NAMESPACE}"),
+                "system:authenticated".to_owned(),
+            ]),
+            resource_attributes: Some(ResourceAttributes {
+                verb: Some(verb.to_owned()),
+                group: Some(group.to_owned()),
+                resource: Some(resource.to_owned()),
+                subresource,
+                namespace: namespace.map(str::to_owned),
+                name: name.map(str::to_owned),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    Api::<SubjectAccessReview>::all(client.clone())
+        .create(&PostParams::default(), &review)
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .allowed
+}
+
+#[tokio::test]
+async fn the_manager_role_allows_what_it_needs_and_nothing_more() {
+    // No wildcard anywhere in the roles the manifests grant.
+    for document in kustomize("manager").iter().map(|d| parsed(d)) {
+        if !["ClusterRole", "Role"].contains(&document["kind"].as_str().unwrap()) {
+            continue;
+        }
+        for rule in document["rules"].as_array().into_iter().flatten() {
+            for field in ["verbs", "resources", "apiGroups"] {
+                let values = rule[field].as_array().unwrap();
+                assert!(
+                    !values.iter().any(|v| v == "*"),
+                    "{} {}: {rule}",
+                    document["kind"],
+                    document["metadata"]["name"]
+                );
+            }
+        }
+    }
+    // The Deployment runs hardened, two replicas, probed and with requests.
+    let container = manager_container();
+    let security = &container["securityContext"];
+    assert_eq!(security["readOnlyRootFilesystem"], true);
+    assert_eq!(security["allowPrivilegeEscalation"], false);
+    assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
+    assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/healthz");
+    assert!(container["resources"]["requests"]["memory"].is_string());
+    let env_value = |name: &str| {
+        container["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == name)
+            .map(|e| e["value"].clone())
+    };
+    assert_eq!(
+        env_value("PKO_CONNECTOR_IMAGE"),
+        Some(container["image"].clone())
+    );
+
+    install_manifests().await;
+    let client = env().management().client().await.unwrap();
+    let hcp = Some("clusters-example");
+    let own = Some(NAMESPACE);
+    let pko = "package-operator.run";
+    let rbac = "rbac.authorization.k8s.io";
+    let allowed_cases: &[Access] = &[
+        ("patch", pko, "packages", hcp, None),
+        (
+            "update",
+            pko,
+            "hostedclusterpackages/status",
+            None,
+            Some("addon"),
+        ),
+        (
+            "watch",
+            "hypershift.openshift.io",
+            "hostedclusters",
+            None,
+            None,
+        ),
+        ("create", "events.k8s.io", "events", hcp, None),
+        ("patch", "", "configmaps", Some("anywhere"), Some("x")),
+        ("patch", "apps", "deployments", hcp, Some("operator")),
+        ("patch", "", "secrets", hcp, Some("pko-connector-nats")),
+        // Creating cannot be limited by name in RBAC; it makes new Secrets only.
+        ("create", "", "secrets", hcp, None),
+        ("create", rbac, "rolebindings", hcp, None),
+        ("patch", rbac, "roles", hcp, Some("pko-connector")),
+        ("escalate", rbac, "roles", hcp, Some("pko-connector")),
+        ("bind", rbac, "roles", hcp, Some("pko-connector")),
+        (
+            "update",
+            "coordination.k8s.io",
+            "leases",
+            own,
+            Some("pko-manager"),
+        ),
+        (
+            "update",
+            "",
+            "secrets",
+            own,
+            Some("pko-webhook-serving-cert"),
+        ),
+        (
+            "update",
+            "admissionregistration.k8s.io",
+            "validatingwebhookconfigurations",
+            None,
+            Some("pko-object-immutability"),
+        ),
+    ];
+    let denied_cases: &[Access] = &[
+        ("patch", "", "secrets", hcp, Some("other")),
+        ("get", "", "secrets", hcp, Some("other")),
+        ("watch", "", "secrets", hcp, None),
+        (
+            "delete",
+            "",
+            "secrets",
+            Some("kube-system"),
+            Some("bootstrap-token"),
+        ),
+        ("list", "", "secrets", None, None),
+        ("update", "", "secrets", own, Some("other")),
+        ("create", rbac, "clusterroles", None, None),
+        ("bind", rbac, "clusterroles", None, Some("cluster-admin")),
+        ("escalate", rbac, "roles", hcp, Some("other")),
+        ("patch", rbac, "rolebindings", hcp, Some("other")),
+        ("create", rbac, "clusterrolebindings", None, None),
+        ("impersonate", "", "users", None, Some("admin")),
+        ("create", "", "pods/exec", hcp, Some("x")),
+        ("get", "", "nodes", None, None),
+        (
+            "update",
+            "coordination.k8s.io",
+            "leases",
+            hcp,
+            Some("pko-connector"),
+        ),
+        (
+            "patch",
+            "apiextensions.k8s.io",
+            "customresourcedefinitions",
+            None,
+            Some("packages.package-operator.run"),
+        ),
+        (
+            "update",
+            "admissionregistration.k8s.io",
+            "validatingwebhookconfigurations",
+            None,
+            Some("other"),
+        ),
+        ("deletecollection", pko, "packages", hcp, None),
+    ];
+    let mut wrong = Vec::new();
+    for (verb, group, resource, namespace, name) in allowed_cases {
+        if !allowed(&client, verb, group, resource, *namespace, *name).await {
+            wrong.push(format!(
+                "denied but needed: {verb} {group}/{resource} {namespace:?} {name:?}"
+            ));
+        }
+    }
+    for (verb, group, resource, namespace, name) in denied_cases {
+        if allowed(&client, verb, group, resource, *namespace, *name).await {
+            wrong.push(format!(
+                "allowed but not needed: {verb} {group}/{resource} {namespace:?} {name:?}"
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// The alert rules load and their unit tests pass (`promtool`, from Debian's prometheus package).
+#[test]
+fn the_alert_rules_check_and_pass_their_unit_tests() {
+    let monitoring = deploy_dir().join("monitoring");
+    for args in [
+        ["check", "rules", "pko-alerts.yaml"],
+        ["test", "rules", "pko-alerts-test.yaml"],
+    ] {
+        let out = Command::new("promtool")
+            .args(args)
+            .current_dir(&monitoring)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "promtool {}: {}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
