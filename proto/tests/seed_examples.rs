@@ -1,4 +1,4 @@
-//! On a real kube-apiserver: `kubectl apply -f deploy/crds/` installs every CRD, every seed example is
+//! On a real kube-apiserver: `kubectl apply -k deploy/crds/` installs every CRD, every seed example is
 //! accepted as written (raw JSON, so the CRDs' own defaults apply) and reads back through the Rust types
 //! equal to the example as the types see it; invalid specs are rejected with the field named.
 
@@ -46,13 +46,14 @@ fn install_crds() {
         .get_or_init(|| {
             let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/crds");
             let dir = dir.display().to_string();
-            kubectl(&["apply", "-f", &dir])?;
+            kubectl(&["apply", "-k", &dir])?;
+            // `kubectl wait` takes no kustomization: every CRD of the (test) cluster.
             kubectl(&[
                 "wait",
                 "--for=condition=Established",
                 "--timeout=60s",
-                "-f",
-                &dir,
+                "crd",
+                "--all",
             ])
             .map(|_| ())
         })

@@ -38,6 +38,7 @@ cluster_only! {
     mod connector_runner;
     mod controller_manager;
     mod crds;
+    mod dashboard;
     mod env;
     mod etcd;
     mod hypershift;
@@ -52,11 +53,12 @@ cluster_only! {
     pub use connector::{ConnectorLaunch, ConnectorProcess};
     pub use connector_runner::ConnectorRunner;
     pub use crds::install_crds;
+    pub use dashboard::{Dashboard, PanelData};
     pub use env::{shared, shared_with, EnvConfig, StartupTimings, TestEnv};
     pub use hypershift::{SimulatedHostedCluster, HOSTED_CLUSTERS_NAMESPACE, KUBECONFIG_SECRET};
     pub use manager::{ManagerLaunch, ManagerProcess};
     pub use nats::Nats;
-    pub use prometheus::{Prometheus, Sample};
+    pub use prometheus::{Prometheus, Sample, Series};
     pub use stall_proxy::StallProxy;
 }
 

@@ -28,14 +28,22 @@ pub struct Sample {
     pub value: f64,
 }
 
+/// One series of a range query: its labels and `(unix seconds, value)` points.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Series {
+    pub labels: serde_json::Map<String, Value>,
+    pub points: Vec<(f64, f64)>,
+}
+
 impl Prometheus {
     /// Starts Prometheus in `dir`, scraping `targets` (`host:port`, path `/metrics`) as job `job` every
-    /// second, and waits until it is ready. `rule_files` are loaded as alerting/recording rules.
+    /// `interval`, and waits until it is ready. `rule_files` are loaded as alerting/recording rules.
     pub async fn start(
         dir: &Path,
         job: &str,
         targets: &[String],
         rule_files: &[PathBuf],
+        interval: Duration,
     ) -> Result<Self, TestEnvError> {
         std::fs::create_dir_all(dir).map_err(io_error("create", dir))?;
         let binary = which("prometheus")?;
@@ -45,8 +53,10 @@ impl Prometheus {
             .iter()
             .map(|r| format!("  - '{}'\n", r.display()))
             .collect();
+        let interval = format!("{}ms", interval.as_millis().max(10));
         let text = format!(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n{}\
+            "global:\n  scrape_interval: {interval}\n  scrape_timeout: {interval}\n  \
+             evaluation_interval: 1s\nrule_files:\n{}\
              scrape_configs:\n- job_name: '{job}'\n  static_configs:\n  - targets: [{}]\n",
             if rules.is_empty() { "  []\n".to_owned() } else { rules.concat() },
             targets.join(", ")
@@ -119,17 +129,19 @@ impl Prometheus {
         Ok(samples)
     }
 
-    /// Runs `expr` as a graph panel does: a range query over the last `window`, one step a second.
-    /// Returns the number of series with at least one point; an expression Prometheus refuses is an
-    /// error carrying its message.
-    pub async fn query_range(&self, expr: &str, window: Duration) -> Result<usize, String> {
+    /// Runs `expr` as a graph panel does: a range query over the last `window`, in 300 steps (at least
+    /// 100 ms each).
+    /// Returns every series with at least one point; an expression Prometheus refuses is an error
+    /// carrying its message.
+    pub async fn query_range(&self, expr: &str, window: Duration) -> Result<Vec<Series>, String> {
         let end = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_err(|e| e.to_string())?
-            .as_secs();
-        let start = end.saturating_sub(window.as_secs());
+            .as_secs_f64();
+        let start = end - window.as_secs_f64();
+        let step = (window.as_secs_f64() / 300.0).max(0.1);
         let path = format!(
-            "/api/v1/query_range?query={}&start={start}&end={end}&step=1",
+            "/api/v1/query_range?query={}&start={start:.3}&end={end:.3}&step={step:.3}",
             percent_encode(expr)
         );
         let (code, body) = http_get(self.port, &path).await?;
@@ -143,8 +155,20 @@ impl Prometheus {
             .map(|series| {
                 series
                     .iter()
-                    .filter(|s| s["values"].as_array().is_some_and(|v| !v.is_empty()))
-                    .count()
+                    .map(|s| Series {
+                        labels: s["metric"].as_object().cloned().unwrap_or_default(),
+                        points: s["values"]
+                            .as_array()
+                            .map(|values| {
+                                values
+                                    .iter()
+                                    .map(|p| (p[0].as_f64().unwrap_or_default(), parse_value(&p[1])))
+                                    .collect()
+                            })
+                            .unwrap_or_default(),
+                    })
+                    .filter(|s| !s.points.is_empty())
+                    .collect()
             })
             .unwrap_or_default())
     }

@@ -222,6 +222,7 @@ pub type HostedClusterActor = ObjectActor<HostedClusterController>;
 
 impl Reconcile for HostedClusterController {
     type Object = HostedCluster;
+    type Reported = ();
     const CONTROLLER: &'static str = "hosted_cluster";
     const BACKOFF: Backoff = Backoff::new(BACKOFF_MIN, Duration::from_secs(120));
 

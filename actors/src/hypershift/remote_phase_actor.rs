@@ -75,6 +75,7 @@ pub type RemotePhaseActor = ObjectActor<RemotePhaseController>;
 
 impl Reconcile for RemotePhaseController {
     type Object = SetObject;
+    type Reported = ();
     const CONTROLLER: &'static str = "remote_phase";
     const BACKOFF: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
     /// The connector repairs drift it sees; re-sending now and then covers what it cannot see (a

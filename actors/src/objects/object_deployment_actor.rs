@@ -24,7 +24,9 @@ use crate::objects::deployment_object::DeploymentObject;
 use crate::objects::object_meta::{event_reference, tombstone_meta, MetaView};
 use crate::objects::set_object::SetObject;
 use crate::runtime::context::ManagerContext;
-use crate::runtime::object_actor::{work, Change, Notice, ObjectActor, Outcome, Reconcile, Work};
+use crate::runtime::object_actor::{
+    work, Change, Notice, ObjectActor, Outcome, Reconcile, Report, Work,
+};
 use crate::runtime::reconcile_gate::Backoff;
 use crate::runtime::registry::ObjectRef;
 
@@ -220,6 +222,7 @@ pub type ObjectDeploymentActor = ObjectActor<ObjectDeploymentController>;
 
 impl Reconcile for ObjectDeploymentController {
     type Object = DeploymentObject;
+    type Reported = Option<i64>;
     const CONTROLLER: &'static str = "object_deployment";
     const BACKOFF: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
 
@@ -252,14 +255,17 @@ impl Reconcile for ObjectDeploymentController {
     }
 
     fn report(
-        previous: Option<&DeploymentObject>,
+        previous: Option<&Option<i64>>,
         od: &DeploymentObject,
         _: &ManagerMetrics,
-    ) -> Option<Notice> {
-        Some(Notice {
-            reference: event_reference(od.kind(), &od.meta),
-            events: deployment_transitions(previous?.status.revision, od.status.revision),
-        })
+    ) -> Report<Option<i64>> {
+        Report {
+            remember: od.status.revision,
+            notice: previous.map(|previous| Notice {
+                reference: event_reference(od.kind(), &od.meta),
+                events: deployment_transitions(*previous, od.status.revision),
+            }),
+        }
     }
 
     fn reconcile(

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use futures::future::LocalBoxFuture;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 use pko_proto::core::common::{ControlledObjectReference, LifecycleState, RemotePhaseReference};
 use pko_proto::core::object_set::ObjectSetStatus;
@@ -33,7 +34,9 @@ use crate::objects::phase_actor::{
 use crate::objects::phase_runner::{PhasePlan, PhaseReport};
 use crate::objects::set_object::{SetObject, DEFAULT_CLASS};
 use crate::runtime::context::ManagerContext;
-use crate::runtime::object_actor::{work, Change, Notice, ObjectActor, Outcome, Reconcile, Work};
+use crate::runtime::object_actor::{
+    work, Change, Notice, ObjectActor, Outcome, Reconcile, Report, Work,
+};
 use crate::runtime::reconcile_gate::Backoff;
 use crate::runtime::registry::ObjectRef;
 
@@ -430,6 +433,7 @@ impl ObjectSetActor {
 
 impl Reconcile for ObjectSetController {
     type Object = SetObject;
+    type Reported = Vec<Condition>;
     const CONTROLLER: &'static str = "object_set";
     /// Retries of a plan whose inputs could not be read.
     const BACKOFF: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
@@ -472,10 +476,10 @@ impl Reconcile for ObjectSetController {
     }
 
     fn report(
-        previous: Option<&SetObject>,
+        previous: Option<&Vec<Condition>>,
         set: &SetObject,
         metrics: &ManagerMetrics,
-    ) -> Option<Notice> {
+    ) -> Report<Vec<Condition>> {
         if set.kind.is_phase() {
             // Upstream's ObjectSet metrics are about revisions, not phases.
         } else if set.meta.deletion_timestamp.is_some() {
@@ -510,10 +514,13 @@ impl Reconcile for ObjectSetController {
                 archived: holds(ARCHIVED).is_some(),
             });
         }
-        Some(Notice {
-            reference: event_reference(set.kind.kind(), &set.meta),
-            events: object_set_transitions(&previous?.status.conditions, &set.status.conditions),
-        })
+        Report {
+            remember: set.status.conditions.clone(),
+            notice: previous.map(|previous| Notice {
+                reference: event_reference(set.kind.kind(), &set.meta),
+                events: object_set_transitions(previous, &set.status.conditions),
+            }),
+        }
     }
 
     fn forget(set: &SetObject, metrics: &ManagerMetrics) {

@@ -150,6 +150,7 @@ pub type ObjectTemplateActor = ObjectActor<ObjectTemplateController>;
 
 impl Reconcile for ObjectTemplateController {
     type Object = TemplateObject;
+    type Reported = ();
     const CONTROLLER: &'static str = "object_template";
     const BACKOFF: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
 

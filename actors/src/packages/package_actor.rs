@@ -7,6 +7,7 @@
 use std::time::Duration;
 
 use actix::prelude::*;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 use pko_proto::core::package::PackageStatus;
 
@@ -19,7 +20,9 @@ use crate::metrics::upstream_metrics::PackageFacts;
 use crate::objects::object_meta::{creation_seconds, event_reference, tombstone_meta, MetaView};
 use crate::packages::package_object::{environment_facts, PackageObject};
 use crate::runtime::context::ManagerContext;
-use crate::runtime::object_actor::{work, Change, Notice, ObjectActor, Outcome, Reconcile, Work};
+use crate::runtime::object_actor::{
+    work, Change, Notice, ObjectActor, Outcome, Reconcile, Report, Work,
+};
 use crate::runtime::reconcile_gate::Backoff;
 use crate::runtime::registry::ObjectRef;
 use pko_package::canonical_hash::value_hash;
@@ -136,6 +139,7 @@ pub type PackageActor = ObjectActor<PackageController>;
 
 impl Reconcile for PackageController {
     type Object = PackageObject;
+    type Reported = Vec<Condition>;
     const CONTROLLER: &'static str = "package";
     const BACKOFF: Backoff = Backoff::new(Duration::from_secs(10), Duration::from_secs(300));
 
@@ -174,10 +178,10 @@ impl Reconcile for PackageController {
     }
 
     fn report(
-        previous: Option<&PackageObject>,
+        previous: Option<&Vec<Condition>>,
         package: &PackageObject,
         metrics: &ManagerMetrics,
-    ) -> Option<Notice> {
+    ) -> Report<Vec<Condition>> {
         if package.meta.deletion_timestamp.is_some() {
             Self::forget(package, metrics);
         } else {
@@ -196,11 +200,13 @@ impl Reconcile for PackageController {
                 revision: package.status.revision,
             });
         }
-        let previous = previous?;
-        Some(Notice {
-            reference: event_reference(package.kind(), &package.meta),
-            events: package_transitions(&previous.status.conditions, &package.status.conditions),
-        })
+        Report {
+            remember: package.status.conditions.clone(),
+            notice: previous.map(|previous| Notice {
+                reference: event_reference(package.kind(), &package.meta),
+                events: package_transitions(previous, &package.status.conditions),
+            }),
+        }
     }
 
     fn forget(package: &PackageObject, metrics: &ManagerMetrics) {

@@ -37,7 +37,7 @@ use crate::rollout::hosted_cluster_fleet::{FleetChanged, RolloutShared};
 use crate::runtime::context::ManagerContext;
 use crate::runtime::object_actor::publish_events;
 use crate::runtime::object_actor::{
-    done, work, Change, Notice, ObjectActor, Outcome, Reconcile, Work,
+    done, work, Change, ObjectActor, Outcome, Reconcile, Report, Work,
 };
 use crate::runtime::reconcile_gate::Backoff;
 use crate::runtime::registry::ObjectRef;
@@ -75,6 +75,7 @@ pub type HostedClusterPackageActor = ObjectActor<HostedClusterPackageController>
 
 impl Reconcile for HostedClusterPackageController {
     type Object = HostedClusterPackage;
+    type Reported = ();
     const CONTROLLER: &'static str = "hosted_cluster_package";
     const BACKOFF: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
 
@@ -169,12 +170,12 @@ impl Reconcile for HostedClusterPackageController {
 
     /// The rollout's gauges; its Events come from its rollout steps (see `carry_out`).
     fn report(
-        _: Option<&HostedClusterPackage>,
+        _: Option<&()>,
         hcpkg: &HostedClusterPackage,
         metrics: &ManagerMetrics,
-    ) -> Option<Notice> {
+    ) -> Report<()> {
         metrics.rollouts.hosted_cluster_package(hcpkg);
-        None
+        Report::default()
     }
 
     fn forget(hcpkg: &HostedClusterPackage, metrics: &ManagerMetrics) {

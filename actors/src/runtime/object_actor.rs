@@ -81,6 +81,8 @@ pub trait Reconcile: Sized + Unpin + 'static {
     /// Names the controller in spans, metrics and logs.
     const CONTROLLER: &'static str;
     const BACKOFF: Backoff;
+    /// What [`Reconcile::report`] compares between watched versions (conditions, a revision).
+    type Reported: Default + Unpin + 'static;
     /// Whether a running reconcile holds the actor's other messages until it ends (`ctx.wait`), for
     /// actors whose messages must not see a half-installed reconcile.
     const EXCLUSIVE: bool = false;
@@ -129,18 +131,28 @@ pub trait Reconcile: Sized + Unpin + 'static {
     }
     /// The actor stopped (unregister routes).
     fn stopped(_actor: &mut ObjectActor<Self>) {}
-    /// What a newly observed version tells the outside, given the version before it (`None` the first
-    /// time this process sees it): records its metrics and returns the Events of its transitions, so an
-    /// Event is raised once per transition (a condition turning, a new revision), never per reconcile.
+    /// What a newly observed version tells the outside: records its metrics and returns the Events of
+    /// its transitions from `previous`, what this returned to remember of the version the watch
+    /// delivered before (`None` the first time this process sees the object). The shell keeps that
+    /// apart from `actor.object`, which the actor updates with its own writes, so every transition the
+    /// watch shows is seen once, and an Event is raised per transition, never per reconcile.
     fn report(
-        _previous: Option<&Self::Object>,
+        _previous: Option<&Self::Reported>,
         _current: &Self::Object,
         _metrics: &ManagerMetrics,
-    ) -> Option<Notice> {
-        None
+    ) -> Report<Self::Reported> {
+        Report::default()
     }
     /// The object is gone: its metrics go.
     fn forget(_object: &Self::Object, _metrics: &ManagerMetrics) {}
+}
+
+/// What [`Reconcile::report`] found in a watched version.
+#[derive(Debug, Default)]
+pub struct Report<T> {
+    /// What the next report compares with.
+    pub remember: T,
+    pub notice: Option<Notice>,
 }
 
 /// Events to raise about one object.
@@ -179,6 +191,8 @@ pub struct ObjectActor<R: Reconcile> {
     pub context: ManagerContext,
     /// The last observed object.
     pub object: Option<R::Object>,
+    /// What [`Reconcile::report`] kept of the last version the watch delivered.
+    reported: Option<R::Reported>,
     /// The implementation's own state.
     pub state: R,
     gate: ReconcileGate,
@@ -193,6 +207,7 @@ impl<R: Reconcile> ObjectActor<R> {
             metrics: context.metrics.clone(),
             context,
             object: None,
+            reported: None,
             gate: ReconcileGate::new(R::BACKOFF),
             resync: None,
         }
@@ -316,9 +331,9 @@ where
 impl<R: Reconcile> Handler<Observed<R::Object>> for ObjectActor<R> {
     type Result = ();
     fn handle(&mut self, Observed(object): Observed<R::Object>, ctx: &mut Context<Self>) {
-        let notice = R::report(self.object.as_ref(), &object, &self.metrics)
-            .filter(|n| !n.events.is_empty());
-        if let Some(Notice { reference, events }) = notice {
+        let report = R::report(self.reported.as_ref(), &object, &self.metrics);
+        self.reported = Some(report.remember);
+        if let Some(Notice { reference, events }) = report.notice.filter(|n| !n.events.is_empty()) {
             let recorder = self.context.events.clone();
             ctx.spawn(fut::wrap_future(async move {
                 publish_events(&recorder, &reference, events).await;

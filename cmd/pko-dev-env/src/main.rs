@@ -17,7 +17,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Patch, PatchParams};
 use kube::Api;
 use pko_proto::core::object_deployment::ObjectDeployment;
-use pko_testenv::{wait_until, EnvConfig, SimulatedHostedCluster, TestEnv};
+use pko_testenv::{wait_until, Dashboard, EnvConfig, Prometheus, SimulatedHostedCluster, TestEnv};
 use serde_json::json;
 use tokio::signal::unix::{signal, SignalKind};
 
@@ -41,6 +41,10 @@ struct Args {
     /// pko-manager binary (default: next to this binary, as `cargo build` puts it).
     #[arg(long)]
     manager: Option<PathBuf>,
+    /// Once the samples rolled out, draw deploy/monitoring/pko-dashboard.json's panels from this
+    /// environment's Prometheus to this file (SVG; PNG through rsvg-convert when it ends in .png).
+    #[arg(long)]
+    dashboard_picture: Option<PathBuf>,
 }
 
 /// The samples rolled out once the manager runs: local phases, then phases across a hosted cluster.
@@ -126,13 +130,47 @@ async fn run(args: Args) -> Result<(), LaunchError> {
         .start_manager(&manager_bin, &[])
         .await
         .map_err(|e| LaunchError::Manager(e.to_string()))?;
-    let env_file = write_env_file(&args.state_dir, &env)?;
+    // Prometheus scrapes the manager every second, with pko's alert rules loaded; for a picture of
+    // the dashboard every 100 ms, since the samples roll out in about a second, and from before
+    // they start.
+    let monitoring = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/monitoring");
+    let scrape_interval = if args.dashboard_picture.is_some() {
+        Duration::from_millis(100)
+    } else {
+        Duration::from_secs(1)
+    };
+    let prometheus = Prometheus::start(
+        &env.root_dir().join("prometheus"),
+        "pko-manager",
+        &[format!("127.0.0.1:{}", manager.health_port())],
+        &[monitoring.join("pko-alerts.yaml")],
+        scrape_interval,
+    )
+    .await
+    .map_err(LaunchError::Env)?;
+    let scraping_since = Instant::now();
+    if args.dashboard_picture.is_some() {
+        wait_until("Prometheus scrapes the manager", SAMPLE_TIMEOUT, || async {
+            match prometheus.query("up == 1").await?.len() {
+                0 => Err("no scrape yet".to_owned()),
+                _ => Ok(()),
+            }
+        })
+        .await
+        .map_err(LaunchError::Env)?;
+    }
+    let env_file = write_env_file(&args.state_dir, &env, &prometheus)?;
     print_summary(&env, &hosted, &env_file, started);
     println!(
         "pko-manager:       pid {}, log {}, metrics http://127.0.0.1:{}/metrics",
         manager.pid().unwrap_or_default(),
         manager.log_path().display(),
         manager.health_port()
+    );
+    println!(
+        "prometheus:        {}  e.g. {}/graph?g0.expr=pko_hostedclusterpackage_packages",
+        prometheus.url(),
+        prometheus.url()
     );
     // No kubelet here: the runner starts the connector Deployments the manager creates as processes.
     let _runner = env
@@ -168,6 +206,9 @@ async fn run(args: Args) -> Result<(), LaunchError> {
         }
         () = &mut stop => true,
     };
+    if let (false, Some(path)) = (stopped_early, &args.dashboard_picture) {
+        draw_dashboard(&prometheus, &monitoring, path, scraping_since.elapsed()).await?;
+    }
     if !stopped_early {
         println!("\nCtrl-C stops everything.");
         if args.exit_when_ready {
@@ -176,6 +217,7 @@ async fn run(args: Args) -> Result<(), LaunchError> {
         stop.await;
     }
     println!("Stopping...");
+    drop(prometheus);
     drop(manager);
     drop(env);
     let _ = std::fs::remove_file(&env_file);
@@ -283,7 +325,31 @@ impl ProgressLine {
     }
 }
 
-fn write_env_file(state_dir: &Path, env: &TestEnv) -> Result<PathBuf, LaunchError> {
+/// Draws the dashboard's panels over the last `window` (the whole run) to `path`.
+async fn draw_dashboard(
+    prometheus: &Prometheus,
+    monitoring: &Path,
+    path: &Path,
+    window: Duration,
+) -> Result<(), LaunchError> {
+    let dashboard =
+        Dashboard::load(&monitoring.join("pko-dashboard.json")).map_err(LaunchError::Env)?;
+    // Panels whose series lived between two scrapes stay empty (the sample rolls out in about a
+    // second); a query Prometheus refuses is an error.
+    let panels = dashboard
+        .fetch(prometheus, window, false)
+        .await
+        .map_err(LaunchError::Sample)?;
+    dashboard.draw(&panels, path).map_err(LaunchError::Env)?;
+    println!("\nDashboard drawn to {}", path.display());
+    Ok(())
+}
+
+fn write_env_file(
+    state_dir: &Path,
+    env: &TestEnv,
+    prometheus: &Prometheus,
+) -> Result<PathBuf, LaunchError> {
     std::fs::create_dir_all(state_dir)
         .map_err(|error| LaunchError::Io(format!("create {}", state_dir.display()), error))?;
     let hosted: Vec<String> = env
@@ -292,11 +358,12 @@ fn write_env_file(state_dir: &Path, env: &TestEnv) -> Result<PathBuf, LaunchErro
         .map(|server| server.kubeconfig_path().display().to_string())
         .collect();
     let text = format!(
-        "# written by pko-dev-env; valid while it runs\nexport KUBECONFIG={}\nexport PKO_HOSTED_KUBECONFIGS={}\nexport PKO_NATS_URL={}\nexport PKO_REGISTRY={}\n",
+        "# written by pko-dev-env; valid while it runs\nexport KUBECONFIG={}\nexport PKO_HOSTED_KUBECONFIGS={}\nexport PKO_NATS_URL={}\nexport PKO_REGISTRY={}\nexport PKO_PROMETHEUS_URL={}\n",
         env.management().kubeconfig_path().display(),
         hosted.join(":"),
         env.nats().url(),
         env.registry().host(),
+        prometheus.url(),
     );
     let path = state_dir.join("env.sh");
     std::fs::write(&path, text)

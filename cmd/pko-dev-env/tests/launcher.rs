@@ -52,10 +52,39 @@ async fn launcher_runs_until_terminated() {
     let kubeconfig = value("KUBECONFIG");
     assert!(value("PKO_NATS_URL").starts_with("nats://127.0.0.1:"));
     assert!(value("PKO_REGISTRY").starts_with("127.0.0.1:"));
+    // Prometheus scrapes the manager: the manager's own metrics can be queried.
+    let prometheus = value("PKO_PROMETHEUS_URL");
+    let port: u16 = prometheus.rsplit(':').next().unwrap().parse().unwrap();
+    wait_until(
+        "Prometheus has the manager's metrics",
+        Duration::from_secs(60),
+        || async move {
+            let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .map_err(|e| e.to_string())?;
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            stream
+                .write_all(b"GET /api/v1/query?query=pko_reconcile_active HTTP/1.0\r\n\r\n")
+                .await
+                .map_err(|e| e.to_string())?;
+            let mut answer = String::new();
+            stream
+                .read_to_string(&mut answer)
+                .await
+                .map_err(|e| e.to_string())?;
+            if answer.contains("\"controller\"") {
+                Ok(())
+            } else {
+                Err(answer)
+            }
+        },
+    )
+    .await
+    .unwrap();
     let hosted_kubeconfig = value("PKO_HOSTED_KUBECONFIGS");
 
     let crds = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../deploy/crds");
-    kubectl(&kubeconfig, &["apply", "-f", &crds.display().to_string()]);
+    kubectl(&kubeconfig, &["apply", "-k", &crds.display().to_string()]);
     let clusters = kubectl(
         &kubeconfig,
         &["get", "hostedclusters", "-A", "--no-headers"],

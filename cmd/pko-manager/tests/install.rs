@@ -25,7 +25,7 @@ use k8s_openapi::api::rbac::v1::ClusterRole;
 use kube::api::{ListParams, PostParams};
 use kube::Api;
 use pko_proto::core::hosted_cluster_package::HostedClusterPackage;
-use pko_testenv::{wait_until, ManagerLaunch, Prometheus};
+use pko_testenv::{wait_until, Dashboard, ManagerLaunch, Prometheus};
 use serde_json::{json, Value};
 
 use common::rollout::{all_available, wait_status};
@@ -237,6 +237,7 @@ async fn installed_from_its_manifests_pko_rolls_out_on_its_own_service_account_a
         "pko-manager",
         &[format!("127.0.0.1:{}", manager.health_port())],
         &[deploy_dir().join("monitoring/pko-alerts.yaml")],
+        Duration::from_secs(1),
     )
     .await
     .unwrap();
@@ -352,34 +353,13 @@ async fn installed_from_its_manifests_pko_rolls_out_on_its_own_service_account_a
         .unwrap();
     }
 
-    // Every query of the dashboard parses and has data to draw.
-    let dashboard: Value = serde_json::from_str(
-        &std::fs::read_to_string(deploy_dir().join("monitoring/pko-dashboard.json")).unwrap(),
-    )
+    // Every query of the dashboard parses and has data to draw (run as its panels run them).
+    let dashboard = Dashboard::load(&deploy_dir().join("monitoring/pko-dashboard.json")).unwrap();
+    wait_until("every dashboard panel has data", TIMEOUT, || {
+        dashboard.fetch(&prometheus, Duration::from_secs(600), true)
+    })
+    .await
     .unwrap();
-    for panel in dashboard["panels"].as_array().unwrap() {
-        for target in panel["targets"].as_array().unwrap() {
-            let expr = target["expr"]
-                .as_str()
-                .unwrap()
-                .replace("$hostedclusterpackage", ".*")
-                .replace("$__rate_interval", "1m");
-            // As the panel draws it: a range query over the test's time.
-            wait_until(&format!("{}: {expr}", panel["title"]), TIMEOUT, || async {
-                match prometheus
-                    .query_range(&expr, Duration::from_secs(600))
-                    .await
-                {
-                    Ok(series) if series > 0 => Ok(()),
-                    Ok(_) => Err("no data".to_owned()),
-                    // A query Prometheus refuses fails at once.
-                    Err(error) => panic!("{error}"),
-                }
-            })
-            .await
-            .unwrap();
-        }
-    }
 
     // The Events tell the rollout, once each, in order.
     let events: Api<KubeEvent> = Api::namespaced(client.clone(), "default");
