@@ -63,8 +63,14 @@ fn parsed(document: &str) -> Value {
 
 /// Applies deploy/manager with kubectl (server-side, as for CRDs too large for client-side apply),
 /// except the webhook configuration: the environment registered it with a loopback URL instead of the
-/// Service, which has no pods behind it here. Waits until the managed-objects role is aggregated.
+/// Service, which has no pods behind it here. Waits until the managed-objects role is aggregated. Once
+/// per test binary: two applies at once race to create the same objects.
 async fn install_manifests() {
+    static INSTALLED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    INSTALLED.get_or_init(apply_manifests).await;
+}
+
+async fn apply_manifests() {
     let documents: Vec<String> = kustomize("manager")
         .into_iter()
         .filter(|d| parsed(d)["kind"] != "ValidatingWebhookConfiguration")
