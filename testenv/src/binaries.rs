@@ -68,7 +68,7 @@ fn in_dir(dir: &Path, binary: &'static str) -> Result<PathBuf, TestEnvError> {
     }
 }
 
-fn on_path(binary: &'static str) -> Result<PathBuf, TestEnvError> {
+pub(crate) fn on_path(binary: &'static str) -> Result<PathBuf, TestEnvError> {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
         .map(|dir| dir.join(binary))

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use crate::binaries::on_path;
 use crate::error::{io_error, TestEnvError};
 use crate::net::{free_port, http_get};
 use crate::process::{start_with_retries, ManagedProcess};
@@ -46,7 +47,7 @@ impl Prometheus {
         interval: Duration,
     ) -> Result<Self, TestEnvError> {
         std::fs::create_dir_all(dir).map_err(io_error("create", dir))?;
-        let binary = which("prometheus")?;
+        let binary = on_path("prometheus")?;
         let config = dir.join("prometheus.yml");
         let targets: Vec<String> = targets.iter().map(|t| format!("'{t}'")).collect();
         let rules: Vec<String> = rule_files
@@ -196,16 +197,4 @@ fn percent_encode(text: &str) -> String {
             _ => format!("%{b:02X}"),
         })
         .collect()
-}
-
-fn which(binary: &'static str) -> Result<PathBuf, TestEnvError> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .map(|dir| dir.join(binary))
-        .find(|candidate| candidate.is_file())
-        .ok_or(TestEnvError::MissingBinary {
-            binary,
-            looked: "not on PATH (deploy/install-test-components.sh installs Debian's prometheus)"
-                .to_owned(),
-        })
 }

@@ -359,6 +359,32 @@ async fn installed_from_its_manifests_pko_rolls_out_on_its_own_service_account_a
         .unwrap();
     }
 
+    // Upstream's revision and managed-cache metrics, with upstream's labels.
+    let hcp0 = &clusters[0].hcp_namespace;
+    for expr in [
+        format!(
+            r#"package_operator_object_set_created_timestamp_seconds{{pko_namespace="{hcp0}",pko_package_instance="{name}"}} > 0"#
+        ),
+        format!(
+            r#"package_operator_object_set_succeeded_timestamp_seconds{{pko_namespace="{hcp0}",pko_package_instance="{name}"}} > 0"#
+        ),
+        r#"package_operator_managed_cache_objects_total{gvk="apps/v1, Kind=Deployment"} >= 1"#
+            .to_owned(),
+        r#"package_operator_managed_cache_informers_total >= 1"#.to_owned(),
+        format!(
+            r#"package_operator_package_revision{{pko_name="{name}",pko_namespace="{hcp0}"}} == 1"#
+        ),
+    ] {
+        wait_until(&expr, TIMEOUT, || async {
+            match prometheus.query(&expr).await?.len() {
+                0 => Err("no series".to_owned()),
+                _ => Ok(()),
+            }
+        })
+        .await
+        .unwrap();
+    }
+
     // Every query of the dashboard parses and has data to draw (run as its panels run them).
     let dashboard = Dashboard::load(&deploy_dir().join("monitoring/pko-dashboard.json")).unwrap();
     wait_until("every dashboard panel has data", TIMEOUT, || {
