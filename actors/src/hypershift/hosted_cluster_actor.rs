@@ -163,7 +163,7 @@ async fn ensure_connector(
 }
 
 /// An event on the HostedCluster for what changed; repeats are not recorded.
-async fn record(context: &ManagerContext, cluster: &HostedCluster, outcome: &InstallOutcome) {
+fn record(context: &ManagerContext, cluster: &HostedCluster, outcome: &InstallOutcome) {
     let (type_, reason, note) = match outcome {
         InstallOutcome::Unchanged => return,
         InstallOutcome::Installed(_) => (
@@ -176,7 +176,6 @@ async fn record(context: &ManagerContext, cluster: &HostedCluster, outcome: &Ins
         ),
         InstallOutcome::Failed(message) => (EventType::Warning, "ConnectorFailed", message.clone()),
     };
-    let recorder = &context.events;
     let event = Event {
         type_,
         reason: reason.into(),
@@ -184,9 +183,7 @@ async fn record(context: &ManagerContext, cluster: &HostedCluster, outcome: &Ins
         action: "InstallConnector".into(),
         secondary: None,
     };
-    if let Err(e) = recorder.publish(&event, &cluster.object_ref(&())).await {
-        warn!(error = %e, "cannot record an event on the HostedCluster");
-    }
+    context.events.raise(event, cluster.object_ref(&()));
 }
 
 /// Deletes the connector objects of a deleted HostedCluster's HCP namespace.
@@ -269,7 +266,7 @@ impl Reconcile for HostedClusterController {
         let applied = actor.state.applied;
         let run = async move {
             let outcome = ensure_connector(&context, &cluster, applied).await;
-            record(&context, &cluster, &outcome).await;
+            record(&context, &cluster, &outcome);
             outcome
         };
         work(

@@ -292,7 +292,7 @@ async fn teardown(
         "giving up the hosted teardown"
     );
     context.metrics.hosted_teardown_skipped(skip.reason());
-    record_skipped_teardown(context, phase, skip.reason(), &message).await;
+    record_skipped_teardown(context, phase, skip.reason(), &message);
     match phase
         .set_finalizer(context.client.clone(), HOSTED_TEARDOWN_FINALIZER, false)
         .await
@@ -305,13 +305,12 @@ async fn teardown(
 
 /// A Warning Event on the ObjectSetPhase. In a namespace being deleted no Event can be created; the log
 /// line and `pko_hosted_teardowns_skipped_total` say it then.
-async fn record_skipped_teardown(
+fn record_skipped_teardown(
     context: &ManagerContext,
     phase: &SetObject,
     reason: &str,
     message: &str,
 ) {
-    let recorder = &context.events;
     let event = Event {
         type_: EventType::Warning,
         reason: reason.into(),
@@ -327,9 +326,7 @@ async fn record_skipped_teardown(
         uid: Some(phase.uid().to_owned()),
         ..ObjectReference::default()
     };
-    if let Err(error) = recorder.publish(&event, &regarding).await {
-        warn!(%error, "cannot record the skipped teardown as an Event");
-    }
+    context.events.raise(event, regarding);
 }
 
 fn phase_ref(phase: &SetObject) -> PhaseRef {

@@ -35,7 +35,6 @@ use crate::packages::package_object::PackageObject;
 use crate::rollout::hcp_namespace_actor::{HcpNamespaceActor, PackageCommand, PackageWritten};
 use crate::rollout::hosted_cluster_fleet::{FleetChanged, RolloutShared};
 use crate::runtime::context::ManagerContext;
-use crate::runtime::object_actor::publish_events;
 use crate::runtime::object_actor::{
     done, work, Change, ObjectActor, Outcome, Reconcile, Report, Work,
 };
@@ -274,7 +273,7 @@ impl HostedClusterPackageActor {
         // reference to name that namespace.
         reference.namespace = Some("default".to_owned());
         let read_at = hcpkg.metadata.resource_version.clone();
-        let recorder = self.context.events.clone();
+        let events_sink = self.context.events.clone();
         let run = async move {
             // The in-flight set (and the rest of the status) goes first: a crash after this point
             // finds every update it was about to make already counted. It is written only over the
@@ -284,7 +283,7 @@ impl HostedClusterPackageActor {
             } else {
                 None
             };
-            publish_events(&recorder, &reference, transitions).await;
+            events_sink.raise_transitions(&reference, transitions);
             if let Some(publisher) = publisher {
                 publisher.enqueue(events);
             }

@@ -3,7 +3,6 @@
 
 use std::sync::Arc;
 
-use kube::runtime::events::{Recorder, Reporter};
 use kube::Client;
 
 use crate::hypershift::connector_link::ConnectorLink;
@@ -15,6 +14,7 @@ use crate::objects::object_cache::ObjectCache;
 use crate::packages::pull_secrets::PullSecretSource;
 use crate::rollout::hosted_cluster_fleet::RolloutShared;
 use crate::rollout::rollout_publisher::RolloutPublisher;
+use crate::runtime::event_sink::EventSink;
 use crate::runtime::kind_feed::FeedSync;
 use pko_package::image::ImageStore;
 use pko_package::image_limits::ImageLimits;
@@ -38,8 +38,8 @@ pub struct ManagerContext {
     pub metrics: ManagerMetrics,
     /// Whether the watch feeds have listed their kinds (readiness).
     pub feeds: FeedSync,
-    /// Records the Kubernetes Events the manager raises.
-    pub events: Recorder,
+    /// Where the Kubernetes Events the manager raises go.
+    pub events: EventSink,
 }
 
 impl ManagerContext {
@@ -65,7 +65,7 @@ impl ManagerContext {
             cache,
             images,
             pull_secrets,
-            events: event_recorder(&client),
+            events: EventSink::start(client.clone()),
             client,
             connectors: None,
             rollouts: RolloutShared::default(),
@@ -96,15 +96,4 @@ impl ManagerContext {
             ..self
         }
     }
-}
-
-/// The recorder of Kubernetes Events the manager raises, as `pko-manager`.
-fn event_recorder(client: &Client) -> Recorder {
-    Recorder::new(
-        client.clone(),
-        Reporter {
-            controller: "pko-manager".into(),
-            instance: None,
-        },
-    )
 }

@@ -1,11 +1,13 @@
 //! The actor runtime the domains share: the manager context, watch feeds and their routing registry,
 //! the reconcile shell every object actor runs in (`object_actor`: gate, span, metrics, backoff), the
+//! one task Kubernetes Events leave through (`event_sink`), the
 //! leader Lease and the write fence it keeps open, the rate-limited apiserver client, process
 //! start-up, and `manager.rs`, which wires every domain's feeds and actors together. It holds no
 //! reconcile rules of any kind.
 
 pub mod cluster_client;
 pub mod context;
+pub mod event_sink;
 pub mod kind_feed;
 pub mod leader_lease;
 pub mod manager;

@@ -23,7 +23,6 @@ use futures::future::LocalBoxFuture;
 use tracing::{debug, info_span, warn, Span};
 
 use k8s_openapi::api::core::v1::ObjectReference;
-use kube::runtime::events::{Event, EventType, Recorder};
 
 use crate::engine::transition_events::TransitionEvent;
 use crate::metrics::manager_metrics::{ManagerMetrics, ReconcileResult};
@@ -160,30 +159,6 @@ pub struct Report<T> {
 pub struct Notice {
     pub reference: ObjectReference,
     pub events: Vec<TransitionEvent>,
-}
-
-/// Raises `events` about `reference`; a failure is logged (an Event is not worth a retry).
-pub async fn publish_events(
-    recorder: &Recorder,
-    reference: &ObjectReference,
-    events: Vec<TransitionEvent>,
-) {
-    for transition in events {
-        let event = Event {
-            type_: if transition.warning {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            },
-            reason: transition.reason.into(),
-            note: Some(transition.note),
-            action: transition.action.into(),
-            secondary: None,
-        };
-        if let Err(error) = recorder.publish(&event, reference).await {
-            warn!(%error, reason = transition.reason, "cannot record an event");
-        }
-    }
 }
 
 /// The actor that owns one object, reconciling it through `R`.
@@ -333,11 +308,8 @@ impl<R: Reconcile> Handler<Observed<R::Object>> for ObjectActor<R> {
     fn handle(&mut self, Observed(object): Observed<R::Object>, ctx: &mut Context<Self>) {
         let report = R::report(self.reported.as_ref(), &object, &self.metrics);
         self.reported = Some(report.remember);
-        if let Some(Notice { reference, events }) = report.notice.filter(|n| !n.events.is_empty()) {
-            let recorder = self.context.events.clone();
-            ctx.spawn(fut::wrap_future(async move {
-                publish_events(&recorder, &reference, events).await;
-            }));
+        if let Some(Notice { reference, events }) = report.notice {
+            self.context.events.raise_transitions(&reference, events);
         }
         let change = R::change(self.object.as_ref(), &object);
         self.object = Some(object);
