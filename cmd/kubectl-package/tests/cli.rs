@@ -778,3 +778,94 @@ fn an_interrupted_command_exits_one() {
     assert_eq!(text(&out.stderr), "Error: context canceled\n");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Each command's `--help` opens with its own summary and usage, and no other command's summary: the
+/// doc comments of neighbouring commands must not run together.
+#[test]
+fn every_command_help_says_what_that_command_does() {
+    let commands: &[(&[&str], &str)] = &[
+        (
+            &["build"],
+            "Build a package image from a folder; validates it first",
+        ),
+        (
+            &["validate"],
+            "Validate a package folder or, with --pull, a package image",
+        ),
+        (
+            &["tree"],
+            "Print the phases and objects a package renders to",
+        ),
+        (
+            &["update"],
+            "Resolve the digests of the manifest's images into manifest.lock.yaml",
+        ),
+        (
+            &["kickstart"],
+            "Create a package folder from existing Kubernetes objects (experimental)",
+        ),
+        (&["version"], "Print version information"),
+        (
+            &["rollout"],
+            "Inspect the rollouts of a (Cluster)Package or (Cluster)ObjectDeployment",
+        ),
+        (
+            &["rollout", "history"],
+            "List the revisions (ObjectSets) of a (Cluster)Package or (Cluster)ObjectDeployment",
+        ),
+        (
+            &["clustertree"],
+            "Print the phases and objects of an installed (Cluster)Package",
+        ),
+        (
+            &["repository"],
+            "Manage a package repository index and its image",
+        ),
+        (&["repository", "init"], "Start an empty index: FILE NAME"),
+        (
+            &["repository", "add"],
+            "Add a package image's versions: FILE PKGREF VERSION...",
+        ),
+        (
+            &["repository", "remove"],
+            "Remove a package image: FILE PKGREF",
+        ),
+        (
+            &["repository", "pull"],
+            "Write the index held by an image to FILE: FILE TAG",
+        ),
+        (
+            &["repository", "push"],
+            "Push FILE as an index image: FILE TAG",
+        ),
+        (
+            &["completion"],
+            "Print a shell completion script: bash, zsh, fish or powershell",
+        ),
+        (
+            &["pause"],
+            "Pause a (Cluster)Package: pko stops reconciling its objects",
+        ),
+        (&["unpause"], "Unpause a (Cluster)Package"),
+    ];
+    for (path, summary) in commands {
+        let mut args = path.to_vec();
+        args.push("--help");
+        let out = run(&args);
+        assert_eq!(out.status.code(), Some(0), "{args:?}");
+        let help = text(&out.stdout);
+        assert_eq!(help.lines().next(), Some(*summary), "{args:?}:\n{help}");
+        assert!(
+            help.contains(&format!("Usage: kubectl-package {}", path.join(" "))),
+            "{args:?}:\n{help}"
+        );
+        for (other, other_summary) in commands.iter().filter(|(p, _)| p != path) {
+            // A parent lists its subcommands' summaries; nothing else may appear.
+            let listed = other.len() == path.len() + 1 && other.starts_with(path);
+            assert!(
+                listed || !help.contains(other_summary),
+                "{args:?} shows the summary of {other:?}:\n{help}"
+            );
+        }
+    }
+}
