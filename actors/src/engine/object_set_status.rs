@@ -156,7 +156,7 @@ pub fn object_set_conditions(
             );
         }
         (None, Some((name, reason, message))) => {
-            let msg = format!("Phase {name:?} failed: {message}");
+            let msg = format!("Phase {name:?} failed: {}", bounded_message(message));
             set(
                 &mut conditions,
                 ConditionUpdate::new(AVAILABLE, false, reason.as_str(), msg),
@@ -303,6 +303,28 @@ pub fn phase_reach(progress: &[Option<&PhaseProgress>]) -> PhaseReach {
         frontier: progress.len(),
         next: None,
     }
+}
+
+/// A phase's message in a condition keeps at most this many bytes of its `; `-separated findings.
+const CONDITION_MESSAGE_BYTES: usize = 4096;
+
+/// `message` (findings joined by `; `) cut after the last whole finding within
+/// [`CONDITION_MESSAGE_BYTES`], with how many more there are: a phase of thousands of failing objects
+/// must not write a status of megabytes. A first finding longer than that is cut itself.
+fn bounded_message(message: &str) -> String {
+    if message.len() <= CONDITION_MESSAGE_BYTES {
+        return message.to_owned();
+    }
+    let mut end = CONDITION_MESSAGE_BYTES;
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    let (kept, rest) = match message[..end].rfind("; ") {
+        Some(at) => (&message[..at], &message[at + 2..]),
+        None => (&message[..end], &message[end..]),
+    };
+    let more = rest.split("; ").count();
+    format!("{kept}… and {more} more")
 }
 
 #[cfg(test)]
@@ -493,5 +515,29 @@ mod tests {
         let d = object_set_conditions(&[], &p, at(1));
         assert!(is_true_for(&d.conditions, PAUSED, 1));
         assert_eq!(d.phase, "Paused");
+    }
+    #[test]
+    fn a_long_phase_message_keeps_whole_findings_and_counts_the_rest() {
+        let findings: Vec<String> = (0..1000)
+            .map(|i| format!("cm/{i}: {}", "x".repeat(40)))
+            .collect();
+        let message = bounded_message(&findings.join("; "));
+        assert!(
+            message.len() <= CONDITION_MESSAGE_BYTES + 32,
+            "{}",
+            message.len()
+        );
+        let kept = message.matches("cm/").count();
+        assert!(
+            message.ends_with(&format!("… and {} more", 1000 - kept)),
+            "{message}"
+        );
+        assert!(
+            message.contains(&format!("cm/{}: {}…", kept - 1, "x".repeat(40))),
+            "{message}"
+        );
+        let one = "é".repeat(5000);
+        assert!(bounded_message(&one).ends_with("… and 1 more"));
+        assert_eq!(bounded_message("short; list"), "short; list");
     }
 }
