@@ -64,5 +64,6 @@ cluster_only! {
 
 pub use binaries::Binaries;
 pub use error::TestEnvError;
+pub use net::http_get;
 pub use registry::{shared_registries, Registries, Registry, REGISTRY_PASSWORD, REGISTRY_USER};
 pub use wait::wait_until;

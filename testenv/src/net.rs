@@ -1,4 +1,4 @@
-//! Loopback ports and the plain-HTTP health probe used for etcd and the registry.
+//! Loopback ports and the plain-HTTP GET used to probe servers (etcd, the registry, managers, Prometheus).
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 
@@ -12,7 +12,7 @@ pub(crate) fn free_port() -> std::io::Result<u16> {
 }
 
 /// `GET path` over plain HTTP/1.0 on loopback; returns the status code and body.
-pub(crate) async fn http_get(port: u16, path: &str) -> Result<(u16, String), String> {
+pub async fn http_get(port: u16, path: &str) -> Result<(u16, String), String> {
     let mut stream = tokio::net::TcpStream::connect((Ipv4Addr::LOCALHOST, port))
         .await
         .map_err(|error| format!("connect 127.0.0.1:{port}: {error}"))?;

@@ -100,15 +100,11 @@ impl Prometheus {
     /// Runs the instant query `expr` through the HTTP API. An expression Prometheus cannot parse or
     /// evaluate is an error carrying its message.
     pub async fn query(&self, expr: &str) -> Result<Vec<Sample>, String> {
-        let path = format!("/api/v1/query?query={}", percent_encode(expr));
-        let (code, body) = http_get(self.port, &path).await?;
-        let answer: Value =
-            serde_json::from_str(&body).map_err(|e| format!("{expr}: {code} {e}: {body}"))?;
-        if answer["status"] != "success" {
-            return Err(format!("{expr}: {}", answer["error"]));
-        }
-        let result = &answer["data"]["result"];
-        let samples = match answer["data"]["resultType"].as_str() {
+        let data = self
+            .api(expr, &format!("/api/v1/query?query={}", percent_encode(expr)))
+            .await?;
+        let result = &data["result"];
+        let samples = match data["resultType"].as_str() {
             Some("vector") => result
                 .as_array()
                 .map(|series| {
@@ -145,13 +141,8 @@ impl Prometheus {
             "/api/v1/query_range?query={}&start={start:.3}&end={end:.3}&step={step:.3}",
             percent_encode(expr)
         );
-        let (code, body) = http_get(self.port, &path).await?;
-        let answer: Value =
-            serde_json::from_str(&body).map_err(|e| format!("{expr}: {code} {e}: {body}"))?;
-        if answer["status"] != "success" {
-            return Err(format!("{expr}: {}", answer["error"]));
-        }
-        Ok(answer["data"]["result"]
+        let data = self.api(expr, &path).await?;
+        Ok(data["result"]
             .as_array()
             .map(|series| {
                 series
@@ -172,6 +163,17 @@ impl Prometheus {
                     .collect()
             })
             .unwrap_or_default())
+    }
+
+    /// The `data` of the HTTP API's answer to `path` (a query of `expr`), or the error it names.
+    async fn api(&self, expr: &str, path: &str) -> Result<Value, String> {
+        let (code, body) = http_get(self.port, path).await?;
+        let mut answer: Value =
+            serde_json::from_str(&body).map_err(|e| format!("{expr}: {code} {e}: {body}"))?;
+        if answer["status"] != "success" {
+            return Err(format!("{expr}: {}", answer["error"]));
+        }
+        Ok(answer["data"].take())
     }
 
     /// The tail of Prometheus' log.

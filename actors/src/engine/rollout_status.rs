@@ -4,7 +4,7 @@
 //! (`NoPackagePaused` False / `AtLeastOnePackagePaused` True). While updated Packages fail, Progressing
 //! names them and why, and says which group the rollout is halted in. Pure.
 
-use super::conditions::ConditionUpdate;
+use super::conditions::{find_condition, ConditionUpdate};
 use super::rollout_plan::{RolloutInput, RolloutPlan, RolloutStrategy, UNKNOWN_GROUP};
 use pko_proto::core::hosted_cluster_package::HostedClusterPackageStatus;
 
@@ -146,12 +146,8 @@ impl RolloutState {
 
 /// The state of the rollout `status` describes.
 pub fn rollout_state(status: &HostedClusterPackageStatus) -> RolloutState {
-    let holds = |type_: &str| {
-        status
-            .conditions
-            .iter()
-            .any(|c| c.type_ == type_ && c.status == "True")
-    };
+    let holds =
+        |type_: &str| find_condition(&status.conditions, type_).is_some_and(|c| c.status == "True");
     let c = &status.counts;
     let moving = c.in_flight_packages > 0 || !status.processing.is_empty();
     if !holds(PROGRESSING) {

@@ -5,6 +5,7 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use pko_proto::rollout_events::{RolloutEvent, RolloutEventKind};
 
+use super::conditions::find_condition;
 use super::object_set_status::{BlockReason, AVAILABLE};
 
 /// The apiserver keeps an Event's note to 1 KiB.
@@ -34,18 +35,14 @@ pub fn event_note(mut text: String) -> String {
     text
 }
 
-fn find<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
-    conditions.iter().find(|c| c.type_ == type_)
-}
-
 /// The condition `type_` of `current` if it differs in status or reason from the one in `previous`.
 fn turned<'a>(
     previous: &[Condition],
     current: &'a [Condition],
     type_: &str,
 ) -> Option<&'a Condition> {
-    let now = find(current, type_)?;
-    let before = find(previous, type_);
+    let now = find_condition(current, type_)?;
+    let before = find_condition(previous, type_);
     let same = before.is_some_and(|b| b.status == now.status && b.reason == now.reason);
     (!same).then_some(now)
 }

@@ -230,10 +230,7 @@ mod tests {
         for method in [Method::GET, Method::GET, Method::PATCH] {
             let _ = service.clone().oneshot(request(method)).await;
         }
-        let mut registry = Registry::default();
-        metrics.register(&mut registry);
-        let mut text = String::new();
-        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap_or_default();
+        let text = crate::metrics::encoded(|registry| metrics.register(registry));
         assert!(
             text.contains(r#"pko_apiserver_requests_total{verb="get",code="200"} 2"#),
             "{text}"

@@ -95,10 +95,9 @@ mod tests {
                 (String::new(), BTreeMap::new()),
             ]),
         };
-        let mut registry = prometheus_client::registry::Registry::default();
-        registry.register_collector(Box::new(Fixed(census)));
-        let mut text = String::new();
-        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap_or_default();
+        let text = crate::metrics::encoded(|registry| {
+            registry.register_collector(Box::new(Fixed(census)))
+        });
         for line in [
             r#"package_operator_managed_cache_informers_total{owner="uid-1"} 2"#,
             r#"package_operator_managed_cache_objects_total{owner="uid-1",gvk="/v1, Kind=ConfigMap"} 2"#,

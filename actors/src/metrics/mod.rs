@@ -11,3 +11,13 @@ pub mod manager_metrics;
 pub mod package_images;
 pub mod rollout_metrics;
 pub mod upstream_metrics;
+
+/// The text a registry filled by `register` encodes to: what the groups' unit tests read.
+#[cfg(test)]
+fn encoded(register: impl FnOnce(&mut prometheus_client::registry::Registry)) -> String {
+    let mut registry = prometheus_client::registry::Registry::default();
+    register(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap_or_default();
+    text
+}

@@ -11,6 +11,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use std::sync::Arc;
 
+use crate::engine::conditions::find_condition;
 use crate::engine::rollout_status::{rollout_state, RolloutState, PROGRESSING};
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -128,10 +129,8 @@ impl RolloutMetrics {
                 })
                 .set(i64::from(state == current));
         }
-        let started = status
-            .conditions
-            .iter()
-            .find(|c| c.type_ == PROGRESSING && c.status == "True")
+        let started = find_condition(&status.conditions, PROGRESSING)
+            .filter(|c| c.status == "True")
             .map(|c| c.last_transition_time.0.as_second());
         let key = NameLabels {
             hostedclusterpackage: name,
@@ -212,14 +211,8 @@ mod tests {
         .unwrap_or_else(|e| panic!("{e}"));
         let metrics = RolloutMetrics::default();
         metrics.hosted_cluster_package(&hcpkg);
-        let mut registry = Registry::default();
-        metrics.register(&mut registry);
-        let encode = |registry: &Registry| {
-            let mut text = String::new();
-            prometheus_client::encoding::text::encode(&mut text, registry).unwrap_or_default();
-            text
-        };
-        let text = encode(&registry);
+        let encode = || crate::metrics::encoded(|registry| metrics.register(registry));
+        let text = encode();
         for line in [
             r#"pko_hostedclusterpackage_packages{hostedclusterpackage="addon",state="total"} 3"#,
             r#"pko_hostedclusterpackage_packages{hostedclusterpackage="addon",state="in_flight"} 1"#,
@@ -231,6 +224,6 @@ mod tests {
             assert!(text.contains(line), "{line} in {text}");
         }
         metrics.forget("addon");
-        assert!(!encode(&registry).contains("addon"));
+        assert!(!encode().contains("addon"));
     }
 }

@@ -244,11 +244,7 @@ mod tests {
     use super::*;
 
     fn encode(metrics: &UpstreamMetrics) -> String {
-        let mut registry = Registry::default();
-        metrics.register(&mut registry);
-        let mut text = String::new();
-        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap_or_default();
-        text
+        crate::metrics::encoded(|registry| metrics.register(registry))
     }
 
     #[test]

@@ -18,6 +18,7 @@ use serde_json::Value;
 use tracing::{info_span, warn, Instrument};
 
 use crate::engine::adoption::revision_of;
+use crate::engine::conditions::find_condition;
 use crate::engine::object_ref::ObjectKey;
 use crate::engine::object_set_status::{
     object_set_conditions, phase_reach, PhaseProgress, PhaseReach, SetObservation, ARCHIVED,
@@ -486,10 +487,7 @@ impl Reconcile for ObjectSetController {
             Self::forget(set, metrics);
         } else {
             let holds = |type_: &str| {
-                set.status
-                    .conditions
-                    .iter()
-                    .find(|c| c.type_ == type_ && c.status == "True")
+                find_condition(&set.status.conditions, type_).filter(|c| c.status == "True")
             };
             let label = |key: &str| {
                 set.meta

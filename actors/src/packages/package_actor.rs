@@ -11,6 +11,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 use pko_proto::core::package::PackageStatus;
 
+use crate::engine::conditions::find_condition;
 use crate::engine::package_deployment::{
     package_conditions, package_deployment, scope_error, UnpackOutcome,
 };
@@ -185,11 +186,8 @@ impl Reconcile for PackageController {
         if package.meta.deletion_timestamp.is_some() {
             Self::forget(package, metrics);
         } else {
-            let available = package
-                .status
-                .conditions
-                .iter()
-                .find(|c| c.type_ == "Available" && c.status != "Unknown")
+            let available = find_condition(&package.status.conditions, "Available")
+                .filter(|c| c.status != "Unknown")
                 .map(|c| c.status == "True");
             metrics.upstream.package(&PackageFacts {
                 name: package.name(),

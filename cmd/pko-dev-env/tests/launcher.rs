@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use pko_testenv::wait_until;
+use pko_testenv::{http_get, wait_until};
 
 fn kubectl(kubeconfig: &str, args: &[&str]) -> String {
     let output = Command::new("kubectl")
@@ -59,19 +59,7 @@ async fn launcher_runs_until_terminated() {
         "Prometheus has the manager's metrics",
         Duration::from_secs(60),
         || async move {
-            let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-                .await
-                .map_err(|e| e.to_string())?;
-            use tokio::io::{AsyncReadExt, AsyncWriteExt};
-            stream
-                .write_all(b"GET /api/v1/query?query=pko_reconcile_active HTTP/1.0\r\n\r\n")
-                .await
-                .map_err(|e| e.to_string())?;
-            let mut answer = String::new();
-            stream
-                .read_to_string(&mut answer)
-                .await
-                .map_err(|e| e.to_string())?;
+            let (_, answer) = http_get(port, "/api/v1/query?query=pko_reconcile_active").await?;
             if answer.contains("\"controller\"") {
                 Ok(())
             } else {
