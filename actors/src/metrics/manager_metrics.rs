@@ -70,8 +70,6 @@ fn duration_histogram() -> Histogram {
 pub struct ManagerMetrics {
     /// Written only while the process starts (registration), read by each scrape.
     registry: Arc<RwLock<Registry>>,
-    /// Requests to the apiserver; the layer on the clients records them.
-    pub api: ApiRequestMetrics,
     /// Package Operator's own metric names.
     pub upstream: UpstreamMetrics,
     pub rollouts: RolloutMetrics,
@@ -180,7 +178,6 @@ impl ManagerMetrics {
         images.register(&mut registry);
         Self {
             registry: Arc::new(RwLock::new(registry)),
-            api,
             upstream,
             rollouts,
             connectors,

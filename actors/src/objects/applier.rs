@@ -92,7 +92,7 @@ pub struct ResolvedKind {
 
 /// Request counts since start, and how long applies take.
 #[derive(Debug, Clone)]
-pub struct RequestCounts {
+struct RequestCounts {
     reads: Counter,
     writes: Counter,
     apply_duration: Histogram,
@@ -106,15 +106,6 @@ impl Default for RequestCounts {
             // 1 ms .. ~16 s.
             apply_duration: Histogram::new(exponential_buckets(0.001, 2.0, 15)),
         }
-    }
-}
-
-impl RequestCounts {
-    pub fn writes(&self) -> u64 {
-        self.writes.get()
-    }
-    pub fn reads(&self) -> u64 {
-        self.reads.get()
     }
 }
 
@@ -156,10 +147,6 @@ impl Applier {
 
     pub fn client(&self) -> &Client {
         &self.client
-    }
-
-    pub fn counts(&self) -> &RequestCounts {
-        &self.counts
     }
 
     /// Looks up how the apiserver serves a kind (cached for the process lifetime).
