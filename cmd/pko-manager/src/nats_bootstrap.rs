@@ -159,20 +159,14 @@ async fn ensure<K>(
     same: impl Fn(&K, &K) -> bool,
 ) -> Result<Written, BootstrapError>
 where
-    K: kube::Resource
+    K: kube::Resource<DynamicType = ()>
         + Clone
         + k8s_openapi::serde::Serialize
         + k8s_openapi::serde::de::DeserializeOwned
         + std::fmt::Debug,
 {
     let name = desired.meta().name.clone().unwrap_or_default();
-    let what = format!(
-        "{} {name}",
-        std::any::type_name::<K>()
-            .rsplit("::")
-            .next()
-            .unwrap_or("object")
-    );
+    let what = format!("{} {name}", K::kind(&()));
     match api.get_opt(&name).await.map_err(kube_error(&what))? {
         None => {
             api.create(&PostParams::default(), &desired)
