@@ -113,7 +113,7 @@ impl ManagerProcess {
 /// How a manager is started when not as the environment's admin with its NATS.
 #[derive(Debug, Default, Clone)]
 pub struct ManagerLaunch<'a> {
-    /// Its kubeconfig (a ServiceAccount's, say); it then installs no CRDs.
+    /// Its kubeconfig (a ServiceAccount's, or a proxy's in front of the apiserver); it then installs no CRDs.
     pub kubeconfig: Option<PathBuf>,
     /// Its namespace (POD_NAMESPACE), where its webhook certificate and Lease live.
     pub namespace: Option<String>,
@@ -156,13 +156,10 @@ impl TestEnv {
         let health_port = free_port().map_err(io_error("allocate port", dir))?;
         let mut command = Command::new(binary);
         match &launch.kubeconfig {
+            // Another identity or route (a ServiceAccount's token, a proxy in front of the apiserver)
+            // installs nothing: the CRDs are the environment's.
             Some(kubeconfig) => {
-                // Its own identity installs nothing: the CRDs are the environment's.
                 command.arg("--kubeconfig").arg(kubeconfig);
-            }
-            // A test may point the manager elsewhere (a proxy in front of the apiserver).
-            None if extra_args.contains(&"--kubeconfig") => {
-                command.arg("--install-crds");
             }
             None => {
                 command

@@ -15,7 +15,7 @@ use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::runtime::watcher::{self, Event};
 use kube::Api;
-use pko_testenv::{wait_until, ManagerProcess};
+use pko_testenv::{wait_until, ManagerLaunch, ManagerProcess};
 
 use common::*;
 use serde_json::json;
@@ -97,10 +97,11 @@ async fn one_leader_at_a_time_even_when_the_leader_stalls() {
         .stall_proxy("leader-proxy")
         .await
         .unwrap();
-    let proxied = proxy.kubeconfig_path().to_str().unwrap().to_owned();
-    let mut proxied_args = args.to_vec();
-    proxied_args.extend(["--kubeconfig", proxied.as_str()]);
-    let second = env().spawn_manager(binary, &proxied_args).unwrap();
+    let proxied = ManagerLaunch {
+        kubeconfig: Some(proxy.kubeconfig_path().to_owned()),
+        ..ManagerLaunch::default()
+    };
+    let second = env().spawn_manager_with(binary, &proxied, &args).unwrap();
     wait_until("standby serves /healthz", TIMEOUT, || async {
         match second.get("/healthz").await? {
             (200, _) => Ok(()),
