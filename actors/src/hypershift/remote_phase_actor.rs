@@ -14,7 +14,6 @@ use pko_proto::well_known::HOSTED_TEARDOWN_FINALIZER;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::events::{Event, EventType};
 use pko_proto::connector_wire::{
@@ -32,7 +31,7 @@ use crate::engine::object_set_status::{
 use crate::hypershift::connector_link::LinkError;
 use crate::hypershift::hosted_phase::{mapped_of_report, progress_of_report};
 use crate::metrics::connector_metrics::RequestResult;
-use crate::objects::object_meta::MetaView;
+use crate::objects::object_meta::{event_reference, MetaView};
 use crate::objects::object_set_plan::phase_object_name;
 use crate::objects::set_object::{SetObject, HOSTED_CLUSTER_CLASS};
 use crate::runtime::context::ManagerContext;
@@ -318,15 +317,9 @@ fn record_skipped_teardown(
         action: "HostedTeardownSkipped".into(),
         secondary: None,
     };
-    let regarding = ObjectReference {
-        api_version: Some(format!("{}/{}", pko_proto::GROUP, pko_proto::VERSION)),
-        kind: Some(phase.kind.kind().to_owned()),
-        namespace: Some(phase.namespace().to_owned()),
-        name: Some(phase.name().to_owned()),
-        uid: Some(phase.uid().to_owned()),
-        ..ObjectReference::default()
-    };
-    context.events.raise(event, regarding);
+    context
+        .events
+        .raise(event, event_reference(phase.kind.kind(), &phase.meta));
 }
 
 fn phase_ref(phase: &SetObject) -> PhaseRef {

@@ -23,7 +23,7 @@ pub fn creation_seconds(meta: &ObjectMeta) -> i64 {
 /// so too).
 pub fn event_reference(kind: &str, meta: &ObjectMeta) -> ObjectReference {
     ObjectReference {
-        api_version: Some("package-operator.run/v1alpha1".to_owned()),
+        api_version: Some(format!("{}/{}", pko_proto::GROUP, pko_proto::VERSION)),
         kind: Some(kind.to_owned()),
         name: meta.name.clone(),
         namespace: Some(

@@ -16,7 +16,6 @@ use futures::future::LocalBoxFuture;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::ListParams;
 use kube::Api;
-use kube::Resource;
 use pko_proto::core::hosted_cluster_package::{HostedClusterPackage, HostedClusterPackageStatus};
 use pko_proto::core::package::Package;
 use pko_proto::rollout_events::{RolloutEvent, EVENT_VERSION};
@@ -30,7 +29,7 @@ use crate::engine::rollout_plan::{RolloutInput, RolloutPlan};
 use crate::engine::rollout_status::PROGRESSING;
 use crate::engine::transition_events::rollout_transition;
 use crate::metrics::manager_metrics::ManagerMetrics;
-use crate::objects::object_meta::write_status_over;
+use crate::objects::object_meta::{event_reference, write_status_over};
 use crate::packages::package_object::PackageObject;
 use crate::rollout::hcp_namespace_actor::{HcpNamespaceActor, PackageCommand, PackageWritten};
 use crate::rollout::hosted_cluster_fleet::{FleetChanged, RolloutShared};
@@ -268,10 +267,7 @@ impl HostedClusterPackageActor {
         let previous_status = hcpkg.status.clone().unwrap_or_default();
         let status_changed = status != previous_status;
         let publisher = self.state.shared.publisher.clone();
-        let mut reference = hcpkg.object_ref(&());
-        // Events of a cluster-scoped object live in "default"; apiservers before 1.22 also want the
-        // reference to name that namespace.
-        reference.namespace = Some("default".to_owned());
+        let reference = event_reference("HostedClusterPackage", &hcpkg.metadata);
         let read_at = hcpkg.metadata.resource_version.clone();
         let events_sink = self.context.events.clone();
         let run = async move {
