@@ -10,7 +10,7 @@ use crate::env::TestEnv;
 use crate::nats::Nats;
 use crate::error::{io_error, TestEnvError};
 use crate::net::{free_port, http_get};
-use crate::process::ManagedProcess;
+use crate::process::{start_with_retries, ManagedProcess};
 
 const READY_TIMEOUT: Duration = Duration::from_secs(90);
 
@@ -129,9 +129,14 @@ impl TestEnv {
         binary: &Path,
         extra_args: &[&str],
     ) -> Result<ManagerProcess, TestEnvError> {
-        let manager = self.spawn_manager(binary, extra_args)?;
-        manager.wait_ready(READY_TIMEOUT).await?;
-        Ok(manager)
+        // Its health port is picked free, then bound by the manager: another process may take it in
+        // between, and the manager exits; it is started again on a new port, as the servers are.
+        start_with_retries(|_| async {
+            let manager = self.spawn_manager(binary, extra_args)?;
+            manager.wait_ready(READY_TIMEOUT).await?;
+            Ok(manager)
+        })
+        .await
     }
 
     /// Like [`TestEnv::start_manager`] without waiting for readiness (a standby replica never leads).
