@@ -1,16 +1,18 @@
 //! pko's manager and connector: the engine's rules and the actors that drive them, a folder per domain.
 //!
-//! `engine/` is the functional core (probes, adoption, desired objects, status, rollout plans, hashing):
+//! The functional core lives in its own crate, `pko-engine` (re-exported here as `engine`, so the CLI can
+//! run the same rollout planner without the actor runtime): (probes, adoption, desired objects, status, rollout plans, hashing):
 //! plain functions, tested without a server. The domains do the I/O, timers and messages around it:
 //! `objects/` (ObjectSet, phases, ObjectDeployment, ObjectTemplate), `packages/` (Package actors),
 //! `hypershift/` (HostedClusters, connectors, remote phases), `rollout/` (HostedClusterPackage),
 //! `admission/` (the validating webhook), `metrics/` (what /metrics exposes), all on `runtime/` (context, feeds, gate, Lease, wiring).
 
 pub mod admission;
-pub mod engine;
 pub mod hypershift;
 pub mod metrics;
 pub mod objects;
 pub mod packages;
 pub mod rollout;
 pub mod runtime;
+
+pub use pko_engine as engine;

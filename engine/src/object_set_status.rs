@@ -392,7 +392,7 @@ mod tests {
             }
         );
     }
-    use crate::engine::conditions::is_true_for;
+    use crate::conditions::is_true_for;
 
     fn obs(phases: Vec<(String, PhaseProgress)>, delay: i32) -> SetObservation {
         SetObservation {

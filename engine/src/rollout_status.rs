@@ -168,7 +168,7 @@ pub fn rollout_state(status: &HostedClusterPackageStatus) -> RolloutState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::rollout_plan::{plan_rollout, PackageState, RolloutInput, Target};
+    use crate::rollout_plan::{plan_rollout, PackageState, RolloutInput, Target};
 
     fn fleet(states: &[(bool, bool, bool)]) -> RolloutInput {
         RolloutInput {

@@ -18,14 +18,14 @@ use pko_proto::core::package::{Package, PackageSpec, PackageStatus, PackageTempl
 use pko_proto::hypershift::HostedCluster;
 use serde_json::{json, Value};
 
-use crate::engine::conditions::{is_true_for, set_condition, ConditionUpdate};
-use crate::engine::deployment_plan::LATEST_REVISION_UNAVAILABLE;
-use crate::engine::label_selector::selector_matches;
-use crate::engine::rollout_plan::{
+use crate::conditions::{is_true_for, set_condition, ConditionUpdate};
+use crate::deployment_plan::LATEST_REVISION_UNAVAILABLE;
+use crate::label_selector::selector_matches;
+use crate::rollout_plan::{
     plan_rollout, Counts, PackageState, PartitionOrder, RolloutInput, RolloutPlan, RolloutStrategy,
     Target, UNKNOWN_GROUP,
 };
-use crate::engine::rollout_status::rollout_conditions;
+use crate::rollout_status::rollout_conditions;
 
 /// What the rollout reads of a Package it owns.
 #[derive(Debug, Clone, PartialEq)]

@@ -9,7 +9,7 @@ use pko_proto::manifests::PackageManifestScope;
 use pko_proto::well_known::{INSTANCE_LABEL, PACKAGE_LABEL, SOURCE_IMAGE_ANNOTATION};
 use serde_json::{json, Value};
 
-use crate::engine::conditions::{
+use crate::conditions::{
     is_mapped, mirror_conditions, remove_condition, set_condition, ConditionUpdate,
 };
 

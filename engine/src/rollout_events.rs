@@ -224,7 +224,7 @@ pub fn story_so_far(next: &RolloutView<'_>) -> Vec<RolloutStep> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::rollout_plan::{plan_rollout, PartitionOrder, RolloutStrategy, Target};
+    use crate::rollout_plan::{plan_rollout, PartitionOrder, RolloutStrategy, Target};
     use std::collections::BTreeSet;
 
     fn input(states: &[(&str, &str, bool, bool)]) -> RolloutInput {
