@@ -91,6 +91,13 @@ pub struct RolloutEvent {
     /// Which management cluster published it.
     #[serde(default)]
     pub source: String,
+    /// The OpenTelemetry trace of the step (32 hex digits), when traces are exported: a
+    /// `packageUpdated` names the trace of that Package's update, the others the trace of the decision.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<String>,
+    /// The W3C `traceparent` of the step: sent as the message's `traceparent` header, not in the body.
+    #[serde(skip)]
+    pub traceparent: Option<String>,
 }
 
 impl RolloutEvent {
@@ -140,6 +147,8 @@ mod tests {
             namespace: Some("clusters-a".into()),
             message: String::new(),
             source: "mc-1".into(),
+            trace_id: None,
+            traceparent: None,
         }
     }
 

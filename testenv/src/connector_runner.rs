@@ -61,6 +61,8 @@ struct Runner {
     server: String,
     dir: PathBuf,
     binary: PathBuf,
+    /// Set on every connector after the Deployment's own variables (overriding them).
+    env_overrides: Vec<(String, String)>,
     running: HashMap<(String, String), Running>,
 }
 
@@ -69,6 +71,16 @@ impl TestEnv {
     pub async fn start_connector_runner(
         &self,
         binary: &Path,
+    ) -> Result<ConnectorRunner, TestEnvError> {
+        self.start_connector_runner_with(binary, Vec::new()).await
+    }
+
+    /// Like [`TestEnv::start_connector_runner`], with environment variables that override what the
+    /// Deployments set (another trace endpoint or protocol, say).
+    pub async fn start_connector_runner_with(
+        &self,
+        binary: &Path,
+        env_overrides: Vec<(String, String)>,
     ) -> Result<ConnectorRunner, TestEnvError> {
         let dir = self.root_dir().join("connector-runner");
         std::fs::create_dir_all(&dir).map_err(crate::error::io_error("create", &dir))?;
@@ -103,6 +115,7 @@ impl TestEnv {
                         server,
                         dir,
                         binary,
+                        env_overrides,
                         running: HashMap::new(),
                     };
                     runner.run(stopped).await;
@@ -254,7 +267,15 @@ impl Runner {
                 *arg = arg.replace(&mount.mount_path, &host);
             }
         }
-        let mut env = Vec::new();
+        // Plain values as a kubelet would set them (the Downward API ones are set by the launch).
+        let mut env: Vec<(String, String)> = container
+            .env
+            .iter()
+            .flatten()
+            .filter_map(|var| Some((var.name.clone(), var.value.clone()?)))
+            .filter(|(name, _)| !self.env_overrides.iter().any(|(n, _)| n == name))
+            .chain(self.env_overrides.iter().cloned())
+            .collect();
         if let Some(account) = &pod.service_account_name {
             let kubeconfig = self.service_account_kubeconfig(&namespace, account).await?;
             env.push(("KUBECONFIG".to_owned(), kubeconfig.display().to_string()));

@@ -7,7 +7,8 @@
 //! - N hosted-cluster kube-apiservers, each standing in for a HyperShift guest cluster;
 //! - nats-server with JetStream;
 //! - an OCI registry (distribution);
-//! - Prometheus, on request, scraping what a test names.
+//! - Prometheus, on request, scraping what a test names;
+//! - an OTLP trace receiver (gRPC and HTTP/protobuf), on request.
 //!
 //! [`shared()`] gives every test of one test binary the same running set, so a binary pays the start-up
 //! once; tests isolate themselves with [`ApiServer::create_namespace`]. [`TestEnv::start`] gives an
@@ -45,6 +46,7 @@ cluster_only! {
     mod kubeconfig;
     mod manager;
     mod nats;
+    mod otlp_receiver;
     mod prometheus;
     mod stall_proxy;
     mod webhook;
@@ -58,6 +60,7 @@ cluster_only! {
     pub use hypershift::{SimulatedHostedCluster, HOSTED_CLUSTERS_NAMESPACE, KUBECONFIG_SECRET};
     pub use manager::{ManagerLaunch, ManagerProcess};
     pub use nats::Nats;
+    pub use otlp_receiver::{span_tree, OtlpReceiver, ReceivedSpan};
     pub use prometheus::{Prometheus, Sample, Series};
     pub use stall_proxy::StallProxy;
 }

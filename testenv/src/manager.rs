@@ -119,6 +119,8 @@ pub struct ManagerLaunch<'a> {
     pub namespace: Option<String>,
     /// Another nats-server than the environment's.
     pub nats: Option<&'a Nats>,
+    /// More environment variables (`OTEL_*` for trace export).
+    pub env: Vec<(String, String)>,
 }
 
 impl TestEnv {
@@ -213,6 +215,7 @@ impl TestEnv {
         if let Some(account) = nats.account() {
             command.arg("--nats-account").arg(account);
         }
+        command.envs(launch.env.iter().map(|(k, v)| (k, v)));
         let process = ManagedProcess::spawn(
             "pko-manager",
             command,

@@ -11,14 +11,15 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use actix::prelude::*;
-use async_nats::{HeaderMap, Message as NatsMessage, Subject};
+use async_nats::{Message as NatsMessage, Subject};
 use pko_proto::connector_wire::{
     decode, encode, ApplyPhase, ErrorReply, Hello, HostedClusterSubjects, PhaseRef, PhaseReport,
-    TeardownPhase, WireError, TRACEPARENT_HEADER, WIRE_VERSION,
+    TeardownPhase, WireError, WIRE_VERSION,
 };
 use serde::Serialize;
 use tokio::sync::mpsc;
-use tracing::{debug, info, info_span, warn};
+use tracing::{debug, info, info_span, warn, Span};
+use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::hypershift::hosted_phase::{plan_apply, plan_teardown, refused, report_of_run};
 use crate::objects::applier::Applier;
@@ -27,6 +28,7 @@ use crate::objects::phase_actor::{
     PhaseActor, PhaseCommand, PhaseFinished, PhaseOutcome, UpdatePlan,
 };
 use crate::objects::phase_runner::PhasePlan;
+use crate::runtime::telemetry::{remote_context, CapturedTrace};
 
 /// What arrives from NATS.
 #[derive(Debug, Message)]
@@ -181,6 +183,7 @@ impl ConnectorActor {
             plan: Arc::new(plan),
             paused,
             version,
+            cause: CapturedTrace::current(),
         };
         let uid = phase.uid.clone();
         let entry = match self.phases.remove(&uid) {
@@ -254,9 +257,7 @@ impl ConnectorActor {
         let Some(apply) = self.accept::<ApplyPhase>(&request, |m| &m.phase) else {
             return;
         };
-        let span = info_span!("connector_apply", namespace = %apply.phase.namespace,
-            phase = %apply.phase.name, generation = apply.phase.generation,
-            traceparent = trace_parent(request.headers.as_ref()));
+        let span = consumer_span(&request, &apply.phase);
         let _entered = span.enter();
         if self.is_stale(&apply.phase) {
             return self.answer_stale(&apply.phase, request.reply);
@@ -283,9 +284,7 @@ impl ConnectorActor {
         let Some(teardown) = self.accept::<TeardownPhase>(&request, |m| &m.phase) else {
             return;
         };
-        let span = info_span!("connector_teardown", namespace = %teardown.phase.namespace,
-            phase = %teardown.phase.name,
-            traceparent = trace_parent(request.headers.as_ref()));
+        let span = consumer_span(&request, &teardown.phase);
         let _entered = span.enter();
         match plan_teardown(&teardown) {
             Ok(plan) => self.submit(
@@ -318,11 +317,29 @@ impl ConnectorActor {
     }
 }
 
-fn trace_parent(headers: Option<&HeaderMap>) -> String {
-    headers
-        .and_then(|h| h.get(TRACEPARENT_HEADER))
-        .map(|v| v.as_str().to_owned())
-        .unwrap_or_default()
+/// The span of handling one request: a consumer span in the manager's trace, its parent taken from the
+/// request's W3C trace-context headers.
+fn consumer_span(request: &NatsMessage, phase: &PhaseRef) -> Span {
+    let operation = request.subject.rsplit('.').next().unwrap_or_default();
+    let span = info_span!(
+        "connector request",
+        otel.kind = "consumer",
+        otel.name = %format_args!("process {operation}"),
+        messaging.system = "nats",
+        messaging.operation = "process",
+        messaging.destination.name = %request.subject,
+        k8s.namespace.name = %phase.namespace,
+        pko.phase = %phase.name,
+        pko.object.uid = %phase.uid,
+        generation = phase.generation,
+    );
+    let headers = request.headers.as_ref();
+    if let Some(parent) = remote_context(|key| headers.and_then(|h| h.get(key)).map(|v| v.as_str()))
+    {
+        // Only fails when the span was already started, which a new span is not.
+        let _ = span.set_parent(parent);
+    }
+    span
 }
 
 impl Actor for ConnectorActor {
@@ -372,6 +389,9 @@ impl Handler<PhaseFinished> for ConnectorActor {
         let Some(entry) = self.phases.get_mut(&uid) else {
             return;
         };
+        let report_span = info_span!("report phase", pko.phase = %entry.phase.name);
+        finished.run.parent(&report_span);
+        let _entered = report_span.enter();
         let report = report_of_run(&entry.phase, &finished.outcome);
         let (answered, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut entry.replies)
             .into_iter()

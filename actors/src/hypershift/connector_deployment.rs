@@ -35,6 +35,9 @@ pub struct ConnectorSettings {
     pub image: String,
     /// NATS URL the connectors connect to.
     pub nats_url: String,
+    /// The trace-export settings connectors get (`telemetry::connector_trace_env`): they trace where the
+    /// manager traces.
+    pub trace_env: Vec<(String, String)>,
 }
 
 fn metadata(namespace: &str, name: &str) -> Value {
@@ -55,6 +58,18 @@ pub fn connector_objects(
     credentials_hash: &str,
 ) -> Vec<Value> {
     let labels = json!({ CONNECTOR_LABEL: "True", "app.kubernetes.io/name": CONNECTOR_NAME });
+    let mut env = vec![
+        json!({"name": "POD_NAMESPACE",
+               "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}),
+        json!({"name": "POD_NAME",
+               "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}),
+    ];
+    env.extend(
+        settings
+            .trace_env
+            .iter()
+            .map(|(name, value)| json!({"name": name, "value": value})),
+    );
     vec![
         json!({
             "apiVersion": "v1", "kind": "ServiceAccount",
@@ -111,12 +126,7 @@ pub fn connector_objects(
                                 format!("--hosted-cluster-uid={cluster_uid}"),
                                 "--leader-election".to_owned(),
                             ],
-                            "env": [
-                                {"name": "POD_NAMESPACE",
-                                 "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-                                {"name": "POD_NAME",
-                                 "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-                            ],
+                            "env": env,
                             "volumeMounts": [
                                 {"name": "nats", "mountPath": NATS_MOUNT, "readOnly": true},
                                 {"name": "hosted-kubeconfig", "mountPath": KUBECONFIG_MOUNT,
@@ -201,6 +211,7 @@ mod tests {
         ConnectorSettings {
             image: "quay.io/example/pko:v1".into(),
             nats_url: "nats://nats.pko:4222".into(),
+            trace_env: Vec::new(),
         }
     }
 

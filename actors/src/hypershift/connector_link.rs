@@ -5,16 +5,17 @@
 //! It must not interpret reports; the remote phase actors do.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use async_nats::client::RequestErrorKind;
 use async_nats::{ConnectOptions, HeaderMap, Request};
-use pko_proto::connector_wire::{decode, encode, Reply, WireError, TRACEPARENT_HEADER};
+use pko_proto::connector_wire::{decode, encode, Reply, WireError};
 use pko_proto::nats_credentials::{AccountSigner, CredentialsError};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use sha2::{Digest, Sha256};
-use tracing::{info, instrument, warn, Span};
+use tracing::{info, instrument, warn};
+
+use crate::runtime::telemetry::inject_current;
 
 /// How long a request waits for a connector's reply.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -129,7 +130,17 @@ impl ConnectorLink {
     }
 
     /// Sends `message` on `subject` and decodes the answer; the connector's refusal is `Ok(Refused)`.
-    #[instrument(skip(self, message), fields(traceparent))]
+    #[instrument(
+        name = "nats request",
+        skip(self, message),
+        fields(
+            otel.kind = "producer",
+            otel.name = %format_args!("send {}", subject_kind(&subject)),
+            messaging.system = "nats",
+            messaging.operation = "send",
+            messaging.destination.name = %subject,
+        )
+    )]
     pub async fn request<T: Serialize, R: DeserializeOwned>(
         &self,
         subject: String,
@@ -149,10 +160,9 @@ impl ConnectorLink {
                 limit,
             });
         }
-        let traceparent = new_traceparent(&subject);
-        Span::current().record("traceparent", traceparent.as_str());
+        // The connector's span continues this one: W3C traceparent/tracestate of the producer span.
         let mut headers = HeaderMap::new();
-        headers.insert(TRACEPARENT_HEADER, traceparent.as_str());
+        inject_current(|key, value| headers.insert(key, value.as_str()));
         let request = Request::new()
             .payload(payload.into())
             .headers(headers)
@@ -180,32 +190,7 @@ impl ConnectorLink {
     }
 }
 
-/// A W3C traceparent for one request: a fresh trace and span id (there is no OTel context to continue
-/// yet); the connector records it on its span so both logs can be joined.
-fn new_traceparent(subject: &str) -> String {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or_default();
-    let digest = Sha256::digest(format!("{subject}/{nanos}/{}", std::process::id()));
-    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-    format!("00-{}-{}-01", &hex[..32], &hex[32..48])
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn traceparents_are_w3c_shaped_and_fresh() {
-        let a = new_traceparent("pko.v1.hc.ns.phase.apply");
-        let b = new_traceparent("pko.v1.hc.ns.phase.apply");
-        let parts: Vec<&str> = a.split('-').collect();
-        assert_eq!(parts.len(), 4, "{a}");
-        assert_eq!(
-            (parts[0], parts[1].len(), parts[2].len(), parts[3]),
-            ("00", 32, 16, "01")
-        );
-        assert_ne!(a, b);
-    }
+/// The last token of a subject (`apply`, `teardown`): span names stay few, the full subject is an attribute.
+fn subject_kind(subject: &str) -> &str {
+    subject.rsplit('.').next().unwrap_or(subject)
 }

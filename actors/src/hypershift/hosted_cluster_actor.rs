@@ -6,6 +6,7 @@
 //!
 //! It must not touch the phases themselves; the remote phase actors deliver those.
 
+use crate::runtime::telemetry::connector_trace_env;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use actix::prelude::*;
@@ -52,6 +53,7 @@ fn settings(context: &ManagerContext) -> Option<ConnectorSettings> {
     Some(ConnectorSettings {
         image: link.connector_image.clone(),
         nats_url: link.connector_nats_url.clone(),
+        trace_env: connector_trace_env(),
     })
 }
 

@@ -1,6 +1,7 @@
 //! One view of ObjectDeployment and ClusterObjectDeployment, with the apiserver calls their actor makes
 //! on the ObjectSets they own.
 
+use crate::runtime::telemetry::{current_traceparent, TRACE_PARENT_ANNOTATION};
 use pko_proto::well_known::{DEPLOYMENT_LABEL, HASH_ANNOTATION, REVISION_ANNOTATION};
 use std::collections::BTreeMap;
 
@@ -112,6 +113,10 @@ impl DeploymentObject {
             template.metadata.annotations.clone().unwrap_or_default();
         annotations.insert(HASH_ANNOTATION.to_owned(), hash.to_owned());
         annotations.insert(REVISION_ANNOTATION.to_owned(), revision.to_string());
+        // The new ObjectSet's reconcile continues the trace of this one.
+        if let Some(traceparent) = current_traceparent() {
+            annotations.insert(TRACE_PARENT_ANNOTATION.to_owned(), traceparent);
+        }
         let meta = ObjectMeta {
             name: Some(name.to_owned()),
             namespace: self

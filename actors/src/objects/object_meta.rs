@@ -134,6 +134,15 @@ pub trait MetaView {
         self.meta().generation.unwrap_or_default()
     }
 
+    /// The `traceparent` of the write that made this version (`telemetry::TRACE_PARENT_ANNOTATION`).
+    fn traceparent(&self) -> Option<&str> {
+        self.meta()
+            .annotations
+            .as_ref()?
+            .get(crate::runtime::telemetry::TRACE_PARENT_ANNOTATION)
+            .map(String::as_str)
+    }
+
     /// The owner reference marked as controller, if any.
     fn controller(&self) -> Option<&OwnerReference> {
         self.meta()
@@ -141,6 +150,18 @@ pub trait MetaView {
             .iter()
             .flatten()
             .find(|r| r.controller == Some(true))
+    }
+}
+
+impl MetaView for pko_proto::core::hosted_cluster_package::HostedClusterPackage {
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+}
+
+impl MetaView for pko_proto::hypershift::HostedCluster {
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
     }
 }
 

@@ -40,6 +40,7 @@ use crate::runtime::object_actor::{
 };
 use crate::runtime::reconcile_gate::Backoff;
 use crate::runtime::registry::ObjectRef;
+use crate::runtime::telemetry::CapturedTrace;
 
 /// A managed object controlled by this set changed.
 #[derive(Debug, Message)]
@@ -237,6 +238,7 @@ impl ObjectSetActor {
                 plan: Arc::new(plan),
                 paused,
                 version: self.state.plan_version,
+                cause: CapturedTrace::current(),
             };
             if same_shape {
                 self.state.phases[index].actor.do_send(update);

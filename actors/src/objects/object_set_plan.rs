@@ -1,6 +1,7 @@
 //! Planning an ObjectSet: from its spec (with slice contents resolved) to one [`PhasePlan`] per phase, or
 //! the first problem in the spec, named by field. Pure; the actor fetches slices and previous revisions.
 
+use crate::runtime::telemetry::TRACE_PARENT_ANNOTATION;
 use pko_proto::well_known::PHASE_CLASS_LABEL;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -67,7 +68,7 @@ fn phase_object(
     revision: i64,
 ) -> serde_json::Value {
     let kind = set.kind.phase_kind();
-    json!({
+    let mut object = json!({
         "apiVersion": format!("{}/{}", pko_proto::GROUP, pko_proto::VERSION),
         "kind": kind.kind(),
         "metadata": {
@@ -82,7 +83,14 @@ fn phase_object(
             "objects": objects,
             "externalObjects": phase.external_objects,
         },
-    })
+    });
+    // The phase's own reconciler (a connector's, through the remote phase actor) continues the trace of
+    // the write that made this set: the set's annotation is stable, so the ObjectSetPhase is not
+    // rewritten for it.
+    if let Some(traceparent) = set.traceparent() {
+        object["metadata"]["annotations"] = json!({ TRACE_PARENT_ANNOTATION: traceparent });
+    }
+    object
 }
 
 /// A delegated phase is available when its ObjectSetPhase reports Available for its current generation.

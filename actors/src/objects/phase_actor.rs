@@ -15,6 +15,8 @@ use crate::objects::phase_runner::{
     reconcile_phase, teardown_phase, AppliedHashes, PhasePlan, PhaseReport, TeardownReport,
 };
 use crate::runtime::reconcile_gate::{Backoff, ReconcileGate};
+use crate::runtime::telemetry::{CapturedTrace, TraceCause};
+use tracing::{info_span, Instrument};
 
 const BACKOFF: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
 
@@ -33,6 +35,9 @@ pub struct UpdatePlan {
     pub plan: Arc<PhasePlan>,
     pub paused: bool,
     pub version: u64,
+    /// The span that asked for it (the owner's reconcile, or a connector's request): the runs of this
+    /// plan continue its trace.
+    pub cause: CapturedTrace,
 }
 
 /// Result of one run, sent to the owner.
@@ -42,6 +47,8 @@ pub struct PhaseFinished {
     pub index: usize,
     pub version: u64,
     pub outcome: PhaseOutcome,
+    /// The run's span, for what the owner does with the result (a connector's reply).
+    pub run: CapturedTrace,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,6 +70,7 @@ pub struct PhaseActor {
     command: PhaseCommand,
     gate: ReconcileGate,
     owner: Recipient<PhaseFinished>,
+    cause: TraceCause,
 }
 
 impl PhaseActor {
@@ -73,7 +81,10 @@ impl PhaseActor {
         update: UpdatePlan,
         owner: Recipient<PhaseFinished>,
     ) -> Self {
+        let mut cause = TraceCause::default();
+        cause.adopt(update.cause);
         Self {
+            cause,
             index,
             applier,
             cache,
@@ -99,6 +110,15 @@ impl PhaseActor {
         let paused = self.paused;
         let version = self.version;
         let mut applied = std::mem::take(&mut self.applied);
+        let span = info_span!(
+            "phase",
+            otel.name = %format_args!("phase {}", plan.name),
+            pko.phase = %plan.name,
+            pko.revision = plan.revision,
+            mode = ?command,
+        );
+        self.cause.attach(&span);
+        let run = span.in_scope(CapturedTrace::current);
         let work = async move {
             let outcome = match command {
                 PhaseCommand::Reconcile => PhaseOutcome::Reconciled(
@@ -109,7 +129,8 @@ impl PhaseActor {
                 }
             };
             (outcome, applied)
-        };
+        }
+        .instrument(span);
         ctx.spawn(
             work.into_actor(self)
                 .map(move |(outcome, applied), act, ctx| {
@@ -120,10 +141,15 @@ impl PhaseActor {
                         PhaseOutcome::Reconciled(r) => r.transient_error || waits_on_probes(r),
                         PhaseOutcome::TornDown(t) => !t.errors.is_empty(),
                     };
+                    if !retry {
+                        // Settled: later runs (an object changed) are not this cause's work.
+                        act.cause.settle();
+                    }
                     act.owner.do_send(PhaseFinished {
                         index: act.index,
                         version,
                         outcome,
+                        run,
                     });
                     if act.gate.finish(ctx, retry, Self::run) {
                         act.run(ctx);
@@ -151,6 +177,7 @@ impl Handler<UpdatePlan> for PhaseActor {
         self.plan = update.plan;
         self.paused = update.paused;
         self.version = update.version;
+        self.cause.adopt(update.cause);
     }
 }
 

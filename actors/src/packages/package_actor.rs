@@ -26,11 +26,13 @@ use crate::runtime::object_actor::{
 };
 use crate::runtime::reconcile_gate::Backoff;
 use crate::runtime::registry::ObjectRef;
+use crate::runtime::telemetry::{current_traceparent, TRACE_PARENT_ANNOTATION};
 use pko_package::canonical_hash::value_hash;
 use pko_package::chunking::{chunk, ChunkingStrategy};
 use pko_package::environment::{environment_value, package_environment};
 use pko_package::loader::load_installable;
 use pko_proto::well_known::CHUNKING_ANNOTATION;
+use tracing::{info_span, Instrument};
 
 /// The package's ObjectDeployment changed.
 #[derive(Debug, Message)]
@@ -66,7 +68,11 @@ async fn unpack(
         .auth_for(&context.client, &package.spec.image)
         .await?;
     let started = std::time::Instant::now();
-    let fetched = context.images.fetch(&package.spec.image, &auth).await;
+    let fetched = context
+        .images
+        .fetch(&package.spec.image, &auth)
+        .instrument(info_span!("pull image", pko.image = %package.spec.image))
+        .await;
     context
         .metrics
         .images
@@ -90,7 +96,9 @@ async fn unpack(
     // (`pko_package::render_budget`), run on the blocking pool so no template stalls the actors or the
     // leader Lease, and a panic in it is this Package's problem only.
     let for_render = package.clone();
+    let render = info_span!("render package");
     let loaded = tokio::task::spawn_blocking(move || {
+        let _entered = render.enter();
         load_installable(
             &files,
             Some(for_render.spec.component.as_str()),
@@ -118,11 +126,13 @@ async fn unpack(
     package
         .apply_slices(context.client.clone(), &slices)
         .await?;
+    let mut deployment = package_deployment(&reference, &loaded);
+    // The ObjectDeployment's reconcile continues this trace (written only when the package changed).
+    if let Some(traceparent) = current_traceparent() {
+        deployment["metadata"]["annotations"][TRACE_PARENT_ANNOTATION] = traceparent.into();
+    }
     package
-        .apply_deployment(
-            context.client.clone(),
-            &package_deployment(&reference, &loaded),
-        )
+        .apply_deployment(context.client.clone(), &deployment)
         .await?;
     package
         .prune_slices(context.client.clone(), &slices)

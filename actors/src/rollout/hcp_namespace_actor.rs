@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use serde_json::Value;
-use tracing::{info_span, warn, Instrument};
+use tracing::{info_span, warn, Instrument, Span};
 
 use crate::engine::object_ref::ObjectKey;
 use crate::runtime::context::ManagerContext;
@@ -19,8 +19,8 @@ const BACKOFF: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_sec
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "()")]
 pub enum PackageCommand {
-    /// Server-side apply this Package.
-    Apply(Value),
+    /// Server-side apply this Package, in this span (the rollout step's write).
+    Apply(Value, Span),
     /// Delete the Package.
     Delete,
 }
@@ -82,10 +82,15 @@ impl HcpNamespaceActor {
         }
         let applier = self.context.applier.clone();
         let key = self.key();
-        let span = info_span!("write_package", namespace = %self.namespace, name = %self.name);
+        let span = match &command {
+            PackageCommand::Apply(_, write) => write.clone(),
+            PackageCommand::Delete => {
+                info_span!("delete Package", k8s.namespace.name = %self.namespace, pko.object.name = %self.name)
+            }
+        };
         let work = async move {
             match &command {
-                PackageCommand::Apply(body) => applier
+                PackageCommand::Apply(body, _) => applier
                     .apply(&key, body)
                     .await
                     .map(Some)

@@ -16,16 +16,19 @@ use futures::future::LocalBoxFuture;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::ListParams;
 use kube::Api;
+use opentelemetry::trace::TraceContextExt;
 use pko_proto::core::hosted_cluster_package::{HostedClusterPackage, HostedClusterPackageStatus};
 use pko_proto::core::package::Package;
+use pko_proto::rollout_events::RolloutEventKind;
 use pko_proto::rollout_events::{RolloutEvent, EVENT_VERSION};
-use tracing::warn;
+use tracing::{info_span, warn, Span};
+use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::engine::hosted_cluster_package::{
     decide_rollout, desired_package, OwnedPackage, RolloutDecision, RolloutSnapshot, RolloutStep,
 };
 use crate::engine::rollout_events::{rollout_steps, story_so_far, RolloutView};
-use crate::engine::rollout_plan::{RolloutInput, RolloutPlan};
+use crate::engine::rollout_plan::{group_key, RolloutInput, RolloutPlan, UNKNOWN_GROUP};
 use crate::engine::rollout_status::PROGRESSING;
 use crate::engine::transition_events::rollout_transition;
 use crate::metrics::manager_metrics::ManagerMetrics;
@@ -39,6 +42,25 @@ use crate::runtime::object_actor::{
 };
 use crate::runtime::reconcile_gate::Backoff;
 use crate::runtime::registry::ObjectRef;
+use crate::runtime::telemetry::{current_trace_id, current_traceparent, TRACE_PARENT_ANNOTATION};
+
+/// The root span of one rollout step (the decision to create or update one Package), linked to the
+/// reconcile that decided it.
+fn rollout_step_span(name: &str, generation: i64, namespace: &str, group: Option<String>) -> Span {
+    let span = info_span!(
+        parent: None,
+        "rollout step",
+        pko.hostedclusterpackage = %name,
+        pko.revision = generation,
+        pko.partition = group.as_deref().unwrap_or(UNKNOWN_GROUP),
+        k8s.namespace.name = %namespace,
+    );
+    let decided_in = Span::current().context().span().span_context().clone();
+    if decided_in.is_valid() {
+        span.add_link(decided_in);
+    }
+    span
+}
 
 /// A Package this HostedClusterPackage owns changed or was deleted.
 #[derive(Debug, Message)]
@@ -208,9 +230,14 @@ impl HostedClusterPackageActor {
         let client = self.context.client.clone();
         let name = self.name();
         let (status, writes, deletes, events, transitions, next) = match decision {
-            RolloutDecision::Invalid(status) => {
-                (status, Vec::new(), Vec::new(), Vec::new(), Vec::new(), None)
-            }
+            RolloutDecision::Invalid(status) => (
+                status,
+                BTreeMap::new(),
+                Vec::new(),
+                Vec::new(),
+                Vec::new(),
+                None,
+            ),
             RolloutDecision::Planned(step) => {
                 let RolloutStep {
                     input,
@@ -236,21 +263,50 @@ impl HostedClusterPackageActor {
                     None if under_way(&hcpkg) => (story_so_far(&view), true),
                     None => (rollout_steps(None, &view), false),
                 };
-                let events: Vec<RolloutEvent> = steps
-                    .into_iter()
-                    .map(|s| RolloutEvent {
-                        version: EVENT_VERSION,
-                        kind: s.kind,
-                        hosted_cluster_package: name.clone(),
-                        uid: hcpkg.metadata.uid.clone().unwrap_or_default(),
-                        generation,
-                        group: s.group,
-                        namespace: s.namespace,
-                        message: s.message,
-                        source: self.state.shared.source.clone(),
+                let writes: Vec<String> = plan.create.iter().chain(&plan.update).cloned().collect();
+                // Each Package update is a trace of its own, from this decision to the hosted cluster.
+                let steps_traced: BTreeMap<String, Span> = writes
+                    .iter()
+                    .map(|namespace| {
+                        let group = input
+                            .targets
+                            .iter()
+                            .find(|t| t.namespace == *namespace)
+                            .and_then(|t| group_key(t.label.as_deref(), input.partition.as_ref()));
+                        let span = rollout_step_span(&name, generation, namespace, group);
+                        (namespace.clone(), span)
                     })
                     .collect();
-                let writes: Vec<String> = plan.create.iter().chain(&plan.update).cloned().collect();
+                let decision = (current_trace_id(), current_traceparent());
+                let events: Vec<RolloutEvent> = steps
+                    .into_iter()
+                    .map(|s| {
+                        let traced = s
+                            .namespace
+                            .as_ref()
+                            .filter(|_| s.kind == RolloutEventKind::PackageUpdated)
+                            .and_then(|namespace| steps_traced.get(namespace));
+                        let (trace_id, traceparent) = match traced {
+                            Some(span) => {
+                                span.in_scope(|| (current_trace_id(), current_traceparent()))
+                            }
+                            None => decision.clone(),
+                        };
+                        RolloutEvent {
+                            version: EVENT_VERSION,
+                            kind: s.kind,
+                            hosted_cluster_package: name.clone(),
+                            uid: hcpkg.metadata.uid.clone().unwrap_or_default(),
+                            generation,
+                            group: s.group,
+                            namespace: s.namespace,
+                            message: s.message,
+                            source: self.state.shared.source.clone(),
+                            trace_id,
+                            traceparent,
+                        }
+                    })
+                    .collect();
                 let next = LastPlan {
                     generation,
                     input,
@@ -261,7 +317,14 @@ impl HostedClusterPackageActor {
                 } else {
                     events.iter().filter_map(rollout_transition).collect()
                 };
-                (status, writes, deletes, events, transitions, Some(next))
+                (
+                    status,
+                    steps_traced,
+                    deletes,
+                    events,
+                    transitions,
+                    Some(next),
+                )
             }
         };
         let previous_status = hcpkg.status.clone().unwrap_or_default();
@@ -296,11 +359,18 @@ impl HostedClusterPackageActor {
                         h.metadata.resource_version = written_at;
                     }
                 }
-                for namespace in &writes {
-                    let body = desired_package(&hcpkg, namespace);
+                for (namespace, step) in writes {
+                    let write =
+                        info_span!(parent: &step, "write Package", k8s.namespace.name = %namespace);
+                    let mut body = desired_package(&hcpkg, &namespace);
+                    // The Package's reconcile continues this trace from the annotation it is written with.
+                    if let Some(traceparent) = write.in_scope(current_traceparent) {
+                        body["metadata"]["annotations"][TRACE_PARENT_ANNOTATION] =
+                            traceparent.into();
+                    }
                     act.state.writing.insert(namespace.clone());
-                    act.child(namespace, ctx)
-                        .do_send(PackageCommand::Apply(body));
+                    act.child(&namespace, ctx)
+                        .do_send(PackageCommand::Apply(body, write));
                 }
                 for namespace in &deletes {
                     act.child(namespace, ctx).do_send(PackageCommand::Delete);

@@ -20,6 +20,8 @@ use pko_proto::rollout_events::{
 use tokio::sync::Notify;
 use tracing::{info, warn};
 
+use pko_proto::connector_wire::TRACEPARENT_HEADER;
+
 use crate::metrics::manager_metrics::ManagerMetrics;
 use crate::runtime::reconcile_gate::Backoff;
 
@@ -217,9 +219,12 @@ async fn ensure_stream(jetstream: &jetstream::Context) -> Result<(), String> {
 /// Publishes one event with its message id; `Ok(true)` when the stream already held it.
 async fn publish(jetstream: &jetstream::Context, event: &RolloutEvent) -> Result<bool, String> {
     let payload = serde_json::to_vec(event).map_err(|e| format!("encoding the event: {e}"))?;
-    let message = PublishMessage::build()
+    let mut message = PublishMessage::build()
         .payload(payload.into())
         .message_id(event.message_id());
+    if let Some(traceparent) = &event.traceparent {
+        message = message.header(TRACEPARENT_HEADER, traceparent.as_str());
+    }
     let ack = jetstream
         .send_publish(event.subject(), message)
         .await
@@ -245,6 +250,8 @@ mod tests {
             namespace: Some(namespace.into()),
             message: String::new(),
             source: "mc".into(),
+            trace_id: None,
+            traceparent: None,
         }
     }
 

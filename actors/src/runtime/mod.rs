@@ -15,4 +15,5 @@ pub mod object_actor;
 pub mod process_main;
 pub mod reconcile_gate;
 pub mod registry;
+pub mod telemetry;
 pub mod write_fence;

@@ -3,7 +3,8 @@
 //! and the reconcile itself) plus the messages only it has; the shell does the rest, once:
 //! - keeps the last observed object and filters echoes (`Reconcile::change`);
 //! - runs one reconcile at a time, coalescing requests that arrive during a run ([`ReconcileGate`]);
-//! - opens the reconcile's span, measures its duration and result ([`ManagerMetrics`]);
+//! - opens the reconcile's span, continuing the trace of the write that caused it (the object's
+//!   trace-parent annotation, [`TraceCause`]), and measures its duration and result ([`ManagerMetrics`]);
 //! - retries a failed reconcile after a jittered exponential backoff, reset by a success or a new spec;
 //! - records what each observed version tells the outside (`Reconcile::report`: its metrics, and the
 //!   Kubernetes Events of its transitions) and drops the metrics when the object goes;
@@ -26,10 +27,12 @@ use k8s_openapi::api::core::v1::ObjectReference;
 
 use crate::engine::transition_events::TransitionEvent;
 use crate::metrics::manager_metrics::{ManagerMetrics, ReconcileResult};
+use crate::objects::object_meta::MetaView;
 use crate::runtime::context::ManagerContext;
 use crate::runtime::kind_feed::{FeedTarget, Gone, Observed};
 use crate::runtime::reconcile_gate::{Backoff, ReconcileGate};
 use crate::runtime::registry::ObjectRef;
+use crate::runtime::telemetry::TraceCause;
 
 /// What a newly observed version of the object asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,7 +79,7 @@ pub fn done<R: Reconcile>() -> Work<R> {
 /// The kind-specific part of an object actor.
 pub trait Reconcile: Sized + Unpin + 'static {
     /// The engine's view of the owned object.
-    type Object: Clone + Unpin + Send + 'static;
+    type Object: Clone + Unpin + Send + MetaView + 'static;
     /// Names the controller in spans, metrics and logs.
     const CONTROLLER: &'static str;
     const BACKOFF: Backoff;
@@ -173,6 +176,8 @@ pub struct ObjectActor<R: Reconcile> {
     gate: ReconcileGate,
     metrics: ManagerMetrics,
     resync: Option<SpawnHandle>,
+    /// The write whose trace the reconciles continue.
+    cause: TraceCause,
 }
 
 impl<R: Reconcile> ObjectActor<R> {
@@ -185,6 +190,7 @@ impl<R: Reconcile> ObjectActor<R> {
             reported: None,
             gate: ReconcileGate::new(R::BACKOFF),
             resync: None,
+            cause: TraceCause::default(),
         }
     }
 
@@ -203,11 +209,13 @@ impl<R: Reconcile> ObjectActor<R> {
         // Every reconcile's span: a field added here is on all of them.
         let span = info_span!(
             "reconcile",
+            otel.name = %format_args!("reconcile {}", key.kind),
             controller = R::CONTROLLER,
-            kind = key.kind,
-            namespace = %key.namespace,
-            name = %key.name,
+            k8s.namespace.name = %key.namespace,
+            pko.object.kind = key.kind,
+            pko.object.name = %key.name,
         );
+        self.cause.attach(&span);
         let started = Instant::now();
         self.metrics.started(R::CONTROLLER);
         let work = {
@@ -312,6 +320,7 @@ impl<R: Reconcile> Handler<Observed<R::Object>> for ObjectActor<R> {
             self.context.events.raise_transitions(&reference, events);
         }
         let change = R::change(self.object.as_ref(), &object);
+        self.cause.observe(object.traceparent());
         self.object = Some(object);
         match R::observed(self, change, ctx) {
             Change::Echo => {}

@@ -1,4 +1,4 @@
-//! What both binaries (pko-manager, pko-connector) do around their actor system: logging, the actix System
+//! What both binaries (pko-manager, pko-connector) do around their actor system: logs and traces, the actix System
 //! on a multi-thread tokio runtime (kube futures and watches run on its workers), the exit code, and
 //! waiting for SIGTERM or SIGINT. Nothing here knows what the process does.
 
@@ -8,23 +8,21 @@ use std::process::ExitCode;
 
 use tracing::error;
 
-/// Logs to stderr, as JSON lines or text, filtered by `RUST_LOG` (default `info`).
-pub fn init_logging(json: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if json {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
+use super::telemetry;
+
+/// How the process logs and traces.
+#[derive(Debug, Clone, Copy)]
+pub struct Telemetry {
+    /// `service.name` of its spans unless `OTEL_SERVICE_NAME` says otherwise.
+    pub service: &'static str,
+    /// JSON log lines (with `trace_id`/`span_id`) instead of text.
+    pub json_logs: bool,
 }
 
-/// Runs `run` on an actix System backed by a multi-thread tokio runtime; a returned error is logged and
-/// makes the exit code a failure.
-pub fn run_system<F, E>(run: F) -> ExitCode
+/// Runs `run` on an actix System backed by a multi-thread tokio runtime, with logging (stderr, filtered by
+/// `RUST_LOG`, default `info`) and OTLP trace export set up first and flushed last; a returned error is
+/// logged and makes the exit code a failure.
+pub fn run_system<F, E>(telemetry: Telemetry, run: F) -> ExitCode
 where
     F: Future<Output = Result<(), E>>,
     E: Display,
@@ -38,13 +36,27 @@ where
                 std::process::exit(1)
             })
     });
-    match system.block_on(run) {
+    // Inside the runtime: the gRPC exporter's channel spawns its worker task on it.
+    let traces = match system
+        .block_on(async { telemetry::Telemetry::install(telemetry.service, telemetry.json_logs) })
+    {
+        Ok(traces) => traces,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let code = match system.block_on(run) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             error!("{e}");
             ExitCode::FAILURE
         }
-    }
+    };
+    // Out of the System (its worker threads still run the exporter's channel): flushing inside it would
+    // block the thread the System needs.
+    traces.shutdown();
+    code
 }
 
 /// Resolves with the name of the first of SIGTERM and SIGINT to arrive.

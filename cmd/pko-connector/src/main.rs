@@ -19,7 +19,7 @@ use pko_actors::runtime::cluster_client::{
     cluster_config, limited_client, ClientError, DEFAULT_MAX_IN_FLIGHT,
 };
 use pko_actors::runtime::leader_lease::{LeaseConfig, LeaseError, LeaseHolder};
-use pko_actors::runtime::process_main::{init_logging, run_system, shutdown_signal};
+use pko_actors::runtime::process_main::{run_system, shutdown_signal, Telemetry};
 use pko_actors::runtime::write_fence::WriteFence;
 use pko_proto::connector_wire::{HostedClusterSubjects, WireError};
 use tokio::sync::mpsc;
@@ -196,6 +196,9 @@ async fn run(args: Args) -> Result<(), ConnectorError> {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    init_logging(matches!(args.log_format, LogFormat::Json));
-    run_system(run(args))
+    let telemetry = Telemetry {
+        service: "pko-connector",
+        json_logs: matches!(args.log_format, LogFormat::Json),
+    };
+    run_system(telemetry, run(args))
 }

@@ -26,7 +26,7 @@ use pko_actors::runtime::cluster_client::{
 };
 use pko_actors::runtime::context::ManagerContext;
 use pko_actors::runtime::leader_lease::{LeaseConfig, LeaseError, LeaseHolder};
-use pko_actors::runtime::process_main::{init_logging, run_system, shutdown_signal};
+use pko_actors::runtime::process_main::{run_system, shutdown_signal, Telemetry};
 use pko_actors::runtime::write_fence::WriteFence;
 use pko_package::image_limits::ImageLimits;
 use pko_proto::nats_credentials::AccountSigner;
@@ -380,11 +380,14 @@ async fn bootstrap(
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    init_logging(matches!(args.log_format, LogFormat::Json));
+    let telemetry = Telemetry {
+        service: "pko-manager",
+        json_logs: matches!(args.log_format, LogFormat::Json),
+    };
     match &args.command {
         Some(Command::NatsBootstrap(bootstrap_args)) => {
-            run_system(bootstrap(&args, bootstrap_args))
+            run_system(telemetry, bootstrap(&args, bootstrap_args))
         }
-        None => run_system(run(args)),
+        None => run_system(telemetry, run(args)),
     }
 }

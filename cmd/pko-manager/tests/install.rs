@@ -230,6 +230,7 @@ async fn installed_from_its_manifests_pko_rolls_out_on_its_own_service_account_a
         kubeconfig: Some(kubeconfig),
         namespace: Some(NAMESPACE.to_owned()),
         nats: Some(&nats),
+        ..ManagerLaunch::default()
     };
     let manager = env
         .spawn_manager_with(Path::new(env!("CARGO_BIN_EXE_pko-manager")), &launch, &args)

@@ -1,0 +1,318 @@
+//! One rollout step is one trace (issue 19). The manager exports over OTLP/gRPC and the connectors over
+//! OTLP/HTTP (protobuf) to a receiver speaking the collector's real protocol; a HostedClusterPackage rolls
+//! the `hosted-addon` package (a hosted-cluster phase first) over the two hosted clusters. The trace whose
+//! id the `packageUpdated` event carries holds, linked parent to child: the rollout decision, the Package
+//! write and reconcile (with the image pull), the ObjectDeployment and ObjectSet reconciles, the NATS
+//! request (producer), the connector's handling of it (consumer, another service), and the phase run with
+//! its applies against the hosted apiserver. The event's message header carries the same trace, and the
+//! manager's JSON log lines name it. This binary runs its own manager with export on.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+
+use async_nats::jetstream::{self, consumer::pull};
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::api::PostParams;
+use kube::Api;
+use pko_proto::core::hosted_cluster_package::HostedClusterPackage;
+use pko_proto::rollout_events::{RolloutEvent, RolloutEventKind};
+use pko_testenv::{span_tree, wait_until, ManagerLaunch, OtlpReceiver, ReceivedSpan};
+use serde_json::json;
+
+use common::rollout::*;
+use common::*;
+
+/// The events of `name` in the stream with their `traceparent` headers.
+async fn events_with_traceparents(name: &str) -> Vec<(RolloutEvent, Option<String>)> {
+    let js = jetstream::new(env().nats().client().await.unwrap());
+    let Ok(stream) = js.get_stream("PKO_ROLLOUTS").await else {
+        return Vec::new();
+    };
+    let consumer = stream
+        .create_consumer(pull::Config {
+            filter_subject: format!("pko.v1.rollout.{name}.>"),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let pending = consumer.clone().info().await.unwrap().num_pending;
+    if pending == 0 {
+        return Vec::new();
+    }
+    let mut messages = consumer
+        .fetch()
+        .max_messages(usize::try_from(pending).unwrap())
+        .messages()
+        .await
+        .unwrap();
+    let mut events = Vec::new();
+    while let Some(message) = messages.next().await {
+        let message = message.unwrap();
+        let traceparent = message
+            .headers
+            .as_ref()
+            .and_then(|h| h.get("traceparent"))
+            .map(|v| v.to_string());
+        events.push((
+            serde_json::from_slice(&message.payload).unwrap(),
+            traceparent,
+        ));
+    }
+    events
+}
+
+/// The span's ancestors, nearest first, as far as the trace holds them.
+fn ancestors<'a>(spans: &'a [ReceivedSpan], span: &ReceivedSpan) -> Vec<&'a ReceivedSpan> {
+    let by_id: HashMap<&str, &ReceivedSpan> =
+        spans.iter().map(|s| (s.span_id.as_str(), s)).collect();
+    let mut chain = Vec::new();
+    let mut parent = span.parent_span_id.as_str();
+    while let Some(next) = by_id.get(parent) {
+        chain.push(*next);
+        parent = next.parent_span_id.as_str();
+    }
+    chain
+}
+
+fn find<'a>(
+    spans: &'a [ReceivedSpan],
+    service: &str,
+    name: &str,
+) -> Result<&'a ReceivedSpan, String> {
+    spans
+        .iter()
+        .find(|s| s.service == service && s.name == name)
+        .ok_or_else(|| format!("no {service} span {name:?} yet"))
+}
+
+#[tokio::test]
+async fn a_rollout_step_is_one_trace_from_the_decision_to_the_hosted_apply() {
+    let env = env();
+    let receiver = OtlpReceiver::start().await.unwrap();
+    let launch = ManagerLaunch {
+        env: vec![
+            (
+                "OTEL_EXPORTER_OTLP_ENDPOINT".into(),
+                receiver.grpc_endpoint(),
+            ),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL".into(), "grpc".into()),
+            // Batches leave every 200 ms instead of 5 s.
+            ("OTEL_BSP_SCHEDULE_DELAY".into(), "200".into()),
+            // Debug lines inside the reconciles, so some log lines are in traced spans.
+            ("RUST_LOG".into(), "info,pko_actors=debug".into()),
+        ],
+        ..ManagerLaunch::default()
+    };
+    let manager = env
+        .spawn_manager_with(
+            Path::new(env!("CARGO_BIN_EXE_pko-manager")),
+            &launch,
+            &["--log-format", "json"],
+        )
+        .unwrap();
+    manager
+        .wait_ready(TIMEOUT)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", manager.log_tail()));
+    let clusters = env.simulate_hypershift().await.unwrap();
+    // The connectors export over OTLP/HTTP: the same receiver, the other protocol.
+    let _runner = env
+        .start_connector_runner_with(
+            &connector_binary(),
+            vec![
+                (
+                    "OTEL_EXPORTER_OTLP_ENDPOINT".into(),
+                    receiver.http_endpoint(),
+                ),
+                ("OTEL_EXPORTER_OTLP_PROTOCOL".into(), "http/protobuf".into()),
+            ],
+        )
+        .await
+        .unwrap();
+    let client = env.management().client().await.unwrap();
+
+    let image = build_and_push("hosted-addon", "traced-hosted-addon:v1");
+    let name = "traced-addon";
+    let hcpkg: HostedClusterPackage = serde_json::from_value(json!({
+        "apiVersion": "package-operator.run/v1alpha1", "kind": "HostedClusterPackage",
+        "metadata": {"name": name},
+        "spec": {
+            "hostedClusterSelector": {},
+            "strategy": {"rollingUpgrade": {"maxUnavailable": 1}},
+            "template": {"spec": {"image": image}},
+        },
+    }))
+    .unwrap();
+    let api: Api<HostedClusterPackage> = Api::all(client.clone());
+    api.create(&PostParams::default(), &hcpkg).await.unwrap();
+    let total = i32::try_from(clusters.len()).unwrap();
+    wait_status(
+        &api,
+        name,
+        || manager.log_tail(),
+        "every Package available",
+        |h| all_available(h, total),
+    )
+    .await;
+
+    // The connector Deployments carry the manager's export settings (the runner overrode them here).
+    let deployment = Api::<Deployment>::namespaced(client.clone(), &clusters[0].hcp_namespace)
+        .get("pko-connector")
+        .await
+        .unwrap();
+    let container_env = deployment.spec.unwrap().template.spec.unwrap().containers[0]
+        .env
+        .clone()
+        .unwrap();
+    assert!(container_env
+        .iter()
+        .any(|v| v.name == "OTEL_EXPORTER_OTLP_ENDPOINT"
+            && v.value.as_deref() == Some(receiver.grpc_endpoint().as_str())));
+
+    // The packageUpdated event of the first HCP namespace names the step's trace, in body and header.
+    let hcp = &clusters[0].hcp_namespace;
+    let (event, traceparent) = wait_until("packageUpdated in the stream", TIMEOUT, || async {
+        events_with_traceparents(name)
+            .await
+            .into_iter()
+            .find(|(e, _)| {
+                e.kind == RolloutEventKind::PackageUpdated && e.namespace.as_ref() == Some(hcp)
+            })
+            .ok_or_else(|| "not yet".to_owned())
+    })
+    .await
+    .unwrap();
+    let trace_id = event.trace_id.clone().expect("the event names its trace");
+    let traceparent = traceparent.expect("the event's traceparent header");
+    assert_eq!(traceparent.split('-').nth(1), Some(trace_id.as_str()));
+
+    // Every span of the chain arrives in that one trace.
+    let spans = wait_until(
+        "the step's trace, down to the hosted apply",
+        TIMEOUT,
+        || async {
+            let spans = receiver.trace(&trace_id);
+            for (service, span) in [
+                ("pko-manager", "rollout step"),
+                ("pko-manager", "write Package"),
+                ("pko-manager", "reconcile Package"),
+                ("pko-manager", "pull image"),
+                ("pko-manager", "render package"),
+                ("pko-manager", "reconcile ObjectDeployment"),
+                ("pko-manager", "reconcile ObjectSet"),
+                ("pko-manager", "reconcile ObjectSetPhase"),
+                ("pko-manager", "send apply"),
+                ("pko-connector", "process apply"),
+                ("pko-connector", "reconcile_phase"),
+                ("pko-connector", "report phase"),
+            ] {
+                find(&spans, service, span)?;
+            }
+            Ok(spans)
+        },
+    )
+    .await
+    .unwrap_or_else(|e| {
+        panic!(
+            "{e}\nreceived in the trace:\n{}\nmanager log:\n{}",
+            span_tree(&receiver.trace(&trace_id)),
+            manager.log_tail()
+        )
+    });
+    let tree = span_tree(&spans);
+    println!("{tree}");
+    let span = |service, name| find(&spans, service, name).unwrap();
+    let root = span("pko-manager", "rollout step");
+    assert!(root.parent_span_id.is_empty(), "{tree}");
+    assert_eq!(
+        root.attribute("pko.hostedclusterpackage"),
+        Some(name),
+        "{tree}"
+    );
+    assert_eq!(
+        root.attribute("k8s.namespace.name"),
+        Some(hcp.as_str()),
+        "{tree}"
+    );
+    assert_eq!(
+        root.links.len(),
+        1,
+        "linked to the reconcile that decided it\n{tree}"
+    );
+
+    // The producer and consumer spans follow the messaging conventions and meet across processes.
+    let producer = span("pko-manager", "send apply");
+    let consumer = span("pko-connector", "process apply");
+    assert_eq!(producer.kind, "producer");
+    assert_eq!(consumer.kind, "consumer");
+    assert_eq!(consumer.parent_span_id, producer.span_id, "{tree}");
+    assert_eq!(producer.attribute("messaging.system"), Some("nats"));
+    assert!(producer
+        .attribute("messaging.destination.name")
+        .is_some_and(|s| s.ends_with(".apply")));
+    assert_eq!(consumer.attribute("k8s.namespace.name"), Some(hcp.as_str()));
+
+    // The hosted apply descends from the connector's handling, which descends from the decision through
+    // each hop, across both watches and the NATS request.
+    let apply = spans
+        .iter()
+        .find(|s| {
+            s.service == "pko-connector"
+                && s.name == "reconcile_phase"
+                && ancestors(&spans, s)
+                    .iter()
+                    .any(|a| a.span_id == consumer.span_id)
+        })
+        .unwrap_or_else(|| panic!("no hosted apply under the consumer span\n{tree}"));
+    let chain: Vec<&str> = ancestors(&spans, apply)
+        .iter()
+        .map(|s| s.name.as_str())
+        .collect();
+    for hop in [
+        "process apply",
+        "send apply",
+        "reconcile ObjectSetPhase",
+        "reconcile ObjectDeployment",
+        "reconcile Package",
+        "write Package",
+        "rollout step",
+    ] {
+        assert!(
+            chain.contains(&hop),
+            "{hop} is not an ancestor: {chain:?}\n{tree}"
+        );
+    }
+    let pull = span("pko-manager", "pull image");
+    assert!(
+        ancestors(&spans, pull)
+            .iter()
+            .any(|a| a.name == "reconcile Package"),
+        "{tree}"
+    );
+
+    // JSON log lines inside traced spans carry ids of traces the receiver holds.
+    let log = std::fs::read_to_string(manager.log_path()).unwrap();
+    let received: HashSet<String> = receiver.spans().into_iter().map(|s| s.trace_id).collect();
+    let logged: Vec<String> = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|l| {
+            Some((
+                l["trace_id"].as_str()?.to_owned(),
+                l["span_id"].as_str()?.len(),
+            ))
+        })
+        .filter(|(_, span_id_len)| *span_id_len == 16)
+        .map(|(trace, _)| trace)
+        .collect();
+    assert!(
+        logged.iter().any(|t| received.contains(t)),
+        "no JSON log line names a received trace ({} lines with a trace_id)",
+        logged.len()
+    );
+    manager.kill();
+}
