@@ -57,7 +57,7 @@ pub enum Command {
     Kickstart(KickstartArgs),
     /// Print version information.
     Version(Positionals),
-    /// Inspect the rollouts of a (Cluster)Package or (Cluster)ObjectDeployment.
+    /// Inspect and follow the rollouts of HostedClusterPackages, (Cluster)Packages and (Cluster)ObjectDeployments.
     #[command(subcommand_required = false, arg_required_else_help = true)]
     Rollout {
         #[command(subcommand)]
@@ -87,6 +87,39 @@ pub enum Command {
 pub enum RolloutCommand {
     /// List the revisions (ObjectSets) of a (Cluster)Package or (Cluster)ObjectDeployment.
     History(HistoryArgs),
+    /// Show where a HostedClusterPackage, (Cluster)Package or (Cluster)ObjectDeployment rollout stands and
+    /// follow it until it finishes (exit 0), fails, or times out.
+    Status(RolloutStatusArgs),
+    /// Show the next steps of a HostedClusterPackage rollout: groups in order, the next wave, and why the
+    /// other Packages wait (the manager's own planner).
+    Plan(RolloutPlanArgs),
+}
+
+#[derive(Debug, ClapArgs)]
+pub struct RolloutStatusArgs {
+    #[command(flatten)]
+    pub positionals: Positionals,
+    #[arg(short = 'n', long, default_value = "")]
+    pub namespace: String,
+    /// Follow the rollout until it ends (default: when stdout is a terminal).
+    #[arg(short = 'w', long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub watch: Option<bool>,
+    /// Give up after this long (30s, 5m, 1h); 0 waits forever.
+    #[arg(long, default_value = "0")]
+    pub timeout: String,
+    /// Follow a HostedClusterPackage on the rollout event stream of this NATS server instead of the
+    /// apiserver.
+    #[arg(long)]
+    pub nats_url: Option<String>,
+    /// NATS credentials file for --nats-url.
+    #[arg(long)]
+    pub nats_creds: Option<PathBuf>,
+}
+
+#[derive(Debug, ClapArgs)]
+pub struct RolloutPlanArgs {
+    #[command(flatten)]
+    pub positionals: Positionals,
 }
 
 #[derive(Debug, Subcommand)]

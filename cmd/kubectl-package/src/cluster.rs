@@ -18,7 +18,7 @@ use serde_json::Value;
 use crate::args::{ClusterTreeArgs, HistoryArgs, PauseArgs};
 
 /// Cluster access: `--kubeconfig`, `$KUBECONFIG`, the in-cluster account, `~/.kube/config`.
-async fn client(kubeconfig: Option<&PathBuf>) -> Result<Client, String> {
+pub(crate) async fn client(kubeconfig: Option<&PathBuf>) -> Result<Client, String> {
     let config = match kubeconfig {
         Some(path) => {
             let file = Kubeconfig::read_from(path).map_err(|e| e.to_string())?;
@@ -40,7 +40,7 @@ fn api(client: Client, resource: &ApiResource, namespace: &str) -> Api<DynamicOb
 }
 
 /// `RES NAME` or `RES/NAME`.
-fn resource_and_name(args: &[String]) -> Result<(String, String), String> {
+pub(crate) fn resource_and_name(args: &[String]) -> Result<(String, String), String> {
     match args {
         [res, name] => Ok((res.to_lowercase(), name.clone())),
         [both] => match both.split_once('/') {

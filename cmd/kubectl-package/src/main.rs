@@ -12,6 +12,7 @@ mod kickstart;
 mod olm_bundle;
 mod registry_auth;
 mod repository;
+mod rollout_follow;
 mod tree;
 mod validation;
 
@@ -156,6 +157,18 @@ fn run(cli: Cli) -> Outcome {
         } => {
             range_args(&args.positionals.args, 1, 2)?;
             on_cluster(cluster::history(&args, kubeconfig))
+        }
+        Command::Rollout {
+            command: Some(RolloutCommand::Status(args)),
+        } => {
+            range_args(&args.positionals.args, 1, 2)?;
+            on_cluster(rollout_follow::status(&args, kubeconfig))
+        }
+        Command::Rollout {
+            command: Some(RolloutCommand::Plan(args)),
+        } => {
+            range_args(&args.positionals.args, 1, 2)?;
+            on_cluster(rollout_follow::plan(&args, kubeconfig))
         }
         Command::Repository { command: None } => Ok(help()),
         Command::Repository {

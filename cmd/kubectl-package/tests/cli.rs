@@ -807,7 +807,15 @@ fn every_command_help_says_what_that_command_does() {
         (&["version"], "Print version information"),
         (
             &["rollout"],
-            "Inspect the rollouts of a (Cluster)Package or (Cluster)ObjectDeployment",
+            "Inspect and follow the rollouts of HostedClusterPackages, (Cluster)Packages and (Cluster)ObjectDeployments",
+        ),
+        (
+            &["rollout", "status"],
+            "Show where a HostedClusterPackage, (Cluster)Package or (Cluster)ObjectDeployment rollout stands and follow it until it finishes (exit 0), fails, or times out",
+        ),
+        (
+            &["rollout", "plan"],
+            "Show the next steps of a HostedClusterPackage rollout: groups in order, the next wave, and why the other Packages wait (the manager's own planner)",
         ),
         (
             &["rollout", "history"],

@@ -17,7 +17,10 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Patch, PatchParams};
 use kube::Api;
 use pko_proto::core::object_deployment::ObjectDeployment;
-use pko_testenv::{wait_until, Dashboard, EnvConfig, Prometheus, SimulatedHostedCluster, TestEnv};
+use pko_testenv::{
+    span_tree, wait_until, Dashboard, EnvConfig, ManagerLaunch, OtlpReceiver, Prometheus,
+    SimulatedHostedCluster, TestEnv,
+};
 use serde_json::json;
 use tokio::signal::unix::{signal, SignalKind};
 
@@ -126,10 +129,36 @@ async fn run(args: Args) -> Result<(), LaunchError> {
     tokio::pin!(stop);
 
     let manager_bin = manager_path(args.manager.clone())?;
+    // Traces go to OTEL_EXPORTER_OTLP_ENDPOINT when set, else to a receiver of our own that prints a
+    // rollout step's span tree at the end (connectors get the manager's settings through their Deployments).
+    let receiver = if std::env::var_os("OTEL_EXPORTER_OTLP_ENDPOINT").is_some() {
+        None
+    } else {
+        Some(OtlpReceiver::start().await.map_err(LaunchError::Env)?)
+    };
+    let launch = ManagerLaunch {
+        env: receiver
+            .iter()
+            .flat_map(|r| {
+                [
+                    ("OTEL_EXPORTER_OTLP_ENDPOINT".to_owned(), r.http_endpoint()),
+                    (
+                        "OTEL_EXPORTER_OTLP_PROTOCOL".to_owned(),
+                        "http/protobuf".to_owned(),
+                    ),
+                    ("OTEL_BSP_SCHEDULE_DELAY".to_owned(), "200".to_owned()),
+                ]
+            })
+            .collect(),
+        ..ManagerLaunch::default()
+    };
     let manager = env
-        .start_manager(&manager_bin, &[])
-        .await
+        .spawn_manager_with(&manager_bin, &launch, &[])
         .map_err(|e| LaunchError::Manager(e.to_string()))?;
+    manager
+        .wait_ready(SAMPLE_TIMEOUT)
+        .await
+        .map_err(|e| LaunchError::Manager(format!("{e}\n{}", manager.log_tail())))?;
     // Prometheus scrapes the manager every second, with pko's alert rules loaded; for a picture of
     // the dashboard every 100 ms, since the samples roll out in about a second, and from before
     // they start.
@@ -206,6 +235,9 @@ async fn run(args: Args) -> Result<(), LaunchError> {
         }
         () = &mut stop => true,
     };
+    if let (false, Some(receiver), true) = (stopped_early, &receiver, args.fleet > 0) {
+        print_rollout_trace(receiver).await;
+    }
     if let (false, Some(path)) = (stopped_early, &args.dashboard_picture) {
         draw_dashboard(&prometheus, &monitoring, path, scraping_since.elapsed()).await?;
     }
@@ -402,4 +434,34 @@ fn print_summary(
     println!("  etcd                  {}", env.etcd_url());
     println!("  logs and data         {}", env.root_dir().display());
     println!("\nIn another shell:\n  source {}\n  kubectl get objectdeployments,objectsets -n pko-sample\n  kubectl get hostedclusters -A\n", env_file.display());
+}
+
+/// The span tree of one rollout step of the sample fleet rollout, as the receiver got it.
+async fn print_rollout_trace(receiver: &OtlpReceiver) {
+    let found = wait_until(
+        "a rollout step's trace",
+        Duration::from_secs(10),
+        || async {
+            let spans = receiver.spans();
+            let step = spans
+                .iter()
+                .filter(|s| s.name == "rollout step")
+                .max_by_key(|s| s.start_unix_nanos)
+                .ok_or("no rollout step traced yet")?;
+            let trace = receiver.trace(&step.trace_id);
+            if trace.iter().any(|s| s.name == "reconcile ObjectSet") {
+                Ok((step.trace_id.clone(), trace))
+            } else {
+                Err("the step's trace has not reached its ObjectSet yet".to_owned())
+            }
+        },
+    )
+    .await;
+    match found {
+        Ok((trace_id, spans)) => {
+            println!("\nOne rollout step as a trace (trace id {trace_id}):");
+            print!("{}", span_tree(&spans));
+        }
+        Err(e) => println!("\nNo rollout step trace to show: {e}"),
+    }
 }

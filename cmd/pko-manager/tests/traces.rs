@@ -5,7 +5,9 @@
 //! write and reconcile (with the image pull), the ObjectDeployment and ObjectSet reconciles, the NATS
 //! request (producer), the connector's handling of it (consumer, another service), and the phase run with
 //! its applies against the hosted apiserver. The event's message header carries the same trace, and the
-//! manager's JSON log lines name it. This binary runs its own manager with export on.
+//! manager's JSON log lines name it. `kubectl package rollout status` follows the rollout live from the
+//! apiserver and from the event stream, gives up at its timeout, and `rollout plan` shows the planner's
+//! view. This binary runs its own manager with export on.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -63,6 +65,34 @@ async fn events_with_traceparents(name: &str) -> Vec<(RolloutEvent, Option<Strin
         ));
     }
     events
+}
+
+fn kubectl_package_command(args: &[&str]) -> std::process::Command {
+    let mut command = std::process::Command::new(kubectl_package());
+    command
+        .args(args)
+        .env("KUBECONFIG", env().management().kubeconfig_path());
+    command
+}
+
+fn kubectl_package_run(args: &[&str]) -> std::process::Output {
+    kubectl_package_command(args).output().unwrap()
+}
+
+fn spawn_kubectl_package(args: &[&str]) -> std::process::Child {
+    kubectl_package_command(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn text(out: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
 }
 
 /// The span's ancestors, nearest first, as far as the trace holds them.
@@ -149,6 +179,54 @@ async fn a_rollout_step_is_one_trace_from_the_decision_to_the_hosted_apply() {
     .unwrap();
     let api: Api<HostedClusterPackage> = Api::all(client.clone());
     api.create(&PostParams::default(), &hcpkg).await.unwrap();
+
+    let plan = kubectl_package_run(&["rollout", "plan", &format!("hostedclusterpackage/{name}")]);
+    assert_eq!(plan.status.code(), Some(0), "{}", text(&plan));
+    assert!(
+        text(&plan).contains("rollingUpgrade, maxUnavailable 1"),
+        "{}",
+        text(&plan)
+    );
+
+    // Followed live from both sources while the connectors start and the rollout runs.
+    let creds = env.root_dir().join("traces-cli.creds");
+    std::fs::write(
+        &creds,
+        env.nats().credentials("cli", None).unwrap().creds_file(),
+    )
+    .unwrap();
+    let follow_apiserver = spawn_kubectl_package(&[
+        "rollout",
+        "status",
+        &format!("hostedclusterpackage/{name}"),
+        "--watch",
+        "--timeout=180s",
+    ]);
+    let follow_stream = spawn_kubectl_package(&[
+        "rollout",
+        "status",
+        &format!("hostedclusterpackage/{name}"),
+        "--watch",
+        "--timeout=180s",
+        "--nats-url",
+        &env.nats().url(),
+        "--nats-creds",
+        creds.to_str().unwrap(),
+    ]);
+    // The connectors export over OTLP/HTTP: the same receiver, the other protocol.
+    let _runner = env
+        .start_connector_runner_with(
+            &connector_binary(),
+            vec![
+                (
+                    "OTEL_EXPORTER_OTLP_ENDPOINT".into(),
+                    receiver.http_endpoint(),
+                ),
+                ("OTEL_EXPORTER_OTLP_PROTOCOL".into(), "http/protobuf".into()),
+            ],
+        )
+        .await
+        .unwrap();
     let total = i32::try_from(clusters.len()).unwrap();
     wait_status(
         &api,
@@ -158,6 +236,36 @@ async fn a_rollout_step_is_one_trace_from_the_decision_to_the_hosted_apply() {
         |h| all_available(h, total),
     )
     .await;
+
+    for (source, follower) in [("apiserver", follow_apiserver), ("stream", follow_stream)] {
+        let out = tokio::task::spawn_blocking(move || follower.wait_with_output().unwrap())
+            .await
+            .unwrap();
+        let shown = text(&out);
+        assert_eq!(out.status.code(), Some(0), "{source}: {shown}");
+        assert!(
+            shown.trim_end().ends_with(&format!(
+                "hostedclusterpackage/{name} successfully rolled out (generation 1)"
+            )),
+            "{source}: {shown}"
+        );
+        match source {
+            "apiserver" => assert!(
+                shown.contains("updated") && shown.contains("available"),
+                "{shown}"
+            ),
+            _ => assert!(
+                shown.contains("generation 1 package_updated namespace="),
+                "{shown}"
+            ),
+        }
+    }
+    let plan = kubectl_package_run(&["rollout", "plan", &format!("hostedclusterpackage/{name}")]);
+    assert!(
+        text(&plan).contains("next wave: nothing to write now"),
+        "{}",
+        text(&plan)
+    );
 
     // The connector Deployments carry the manager's export settings (the runner overrode them here).
     let deployment = Api::<Deployment>::namespaced(client.clone(), &clusters[0].hcp_namespace)
