@@ -20,6 +20,10 @@ use clap::{Parser, Subcommand};
 struct Args {
     #[command(subcommand)]
     command: Measurement,
+    /// Managers export every span (sampling 100 %) over OTLP/gRPC to a receiver in this process: run a
+    /// measurement with and without it to see what tracing costs.
+    #[arg(long, global = true)]
+    traces: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -93,7 +97,9 @@ enum Measurement {
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    match Args::parse().command {
+    let args = Args::parse();
+    object_set_bench::TRACES.store(args.traces, std::sync::atomic::Ordering::Relaxed);
+    let code = match args.command {
         Measurement::EnvStartup {
             hosted_clusters,
             runs,
@@ -119,7 +125,11 @@ async fn main() -> std::process::ExitCode {
             fleet,
             manager,
         } => rollout_bench::run(handoff_clusters, rollouts, fleet, manager).await,
+    };
+    if let Some(spans) = object_set_bench::spans_received() {
+        println!("traces: {spans} spans received over OTLP/gRPC");
     }
+    code
 }
 
 /// Resident memory of a process in KiB (0 if it is gone).

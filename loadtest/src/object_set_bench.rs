@@ -14,7 +14,7 @@ use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
 use pko_proto::core::object_set::ObjectSet;
-use pko_testenv::{wait_until, EnvConfig, ManagerProcess, TestEnv};
+use pko_testenv::{wait_until, EnvConfig, ManagerLaunch, ManagerProcess, OtlpReceiver, TestEnv};
 use serde_json::{json, Value};
 
 const TIMEOUT: Duration = Duration::from_secs(600);
@@ -100,11 +100,43 @@ pub async fn start_with_manager(
     .await
     .map_err(|e| e.to_string())?;
     let client = env.management().client().await.map_err(|e| e.to_string())?;
+    let launch = ManagerLaunch {
+        env: trace_export().await?,
+        ..ManagerLaunch::default()
+    };
     let pko = env
-        .start_manager(manager, &[])
+        .start_manager_with(manager, &launch, &[])
         .await
         .map_err(|e| e.to_string())?;
     Ok((env, client, pko))
+}
+
+/// `--traces`: every manager exports all its spans (always-on sampling) over OTLP/gRPC to a receiver
+/// in this process, which counts them; otherwise export stays off.
+pub static TRACES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static RECEIVER: tokio::sync::OnceCell<OtlpReceiver> = tokio::sync::OnceCell::const_new();
+
+async fn trace_export() -> Result<Vec<(String, String)>, String> {
+    if !TRACES.load(std::sync::atomic::Ordering::Relaxed) {
+        return Ok(Vec::new());
+    }
+    let receiver = RECEIVER
+        .get_or_try_init(OtlpReceiver::start)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(vec![
+        (
+            "OTEL_EXPORTER_OTLP_ENDPOINT".into(),
+            receiver.grpc_endpoint(),
+        ),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL".into(), "grpc".into()),
+        ("OTEL_TRACES_SAMPLER".into(), "always_on".into()),
+    ])
+}
+
+/// Spans received from the managers so far (`--traces`), for the report.
+pub fn spans_received() -> Option<usize> {
+    RECEIVER.get().map(|r| r.spans().len())
 }
 
 pub fn percentile(sorted: &[Duration], p: f64) -> Duration {

@@ -131,10 +131,21 @@ impl TestEnv {
         binary: &Path,
         extra_args: &[&str],
     ) -> Result<ManagerProcess, TestEnvError> {
+        self.start_manager_with(binary, &ManagerLaunch::default(), extra_args)
+            .await
+    }
+
+    /// Like [`TestEnv::start_manager`], started as `launch` says.
+    pub async fn start_manager_with(
+        &self,
+        binary: &Path,
+        launch: &ManagerLaunch<'_>,
+        extra_args: &[&str],
+    ) -> Result<ManagerProcess, TestEnvError> {
         // Its health port is picked free, then bound by the manager: another process may take it in
         // between, and the manager exits; it is started again on a new port, as the servers are.
         start_with_retries(|_| async {
-            let manager = self.spawn_manager(binary, extra_args)?;
+            let manager = self.spawn_manager_with(binary, launch, extra_args)?;
             manager.wait_ready(READY_TIMEOUT).await?;
             Ok(manager)
         })

@@ -21,14 +21,14 @@ use kube::runtime::watcher;
 use kube::{Api, Client};
 use pko_engine::conditions::find_condition;
 use pko_engine::hosted_cluster_package::{
-    decide_rollout, OwnedPackage, RolloutDecision, RolloutSnapshot,
+    decide_rollout, package_state, OwnedPackage, RolloutDecision, RolloutSnapshot,
 };
 use pko_engine::label_selector::selector_matches;
 use pko_engine::rollout_plan::{RolloutStrategy, UNKNOWN_GROUP};
 use pko_engine::rollout_status::{rollout_state, RolloutState};
 use pko_proto::core::hosted_cluster_package::{HostedClusterPackage, HostedClusterPackageStatus};
 use pko_proto::core::object_deployment::{ClusterObjectDeployment, ObjectDeployment};
-use pko_proto::core::package::{ClusterPackage, Package};
+use pko_proto::core::package::{ClusterPackage, Package, PackageTemplateSpec};
 use pko_proto::hypershift::HostedCluster;
 use pko_proto::rollout_events::{RolloutEvent, RolloutEventKind, STREAM};
 use pko_proto::well_known::HOSTED_CLUSTER_PACKAGE_LABEL;
@@ -228,7 +228,14 @@ async fn follow_hosted_cluster_package(
             .await
             .map_err(|e| format!("listing the Packages of {name}: {e}"))?
             .items;
-        let report = status_report(name, generation, &status, &owned, Timestamp::now());
+        let report = status_report(
+            name,
+            generation,
+            &hcpkg.spec.template,
+            &status,
+            &owned,
+            Timestamp::now(),
+        );
         if report != last {
             say(&report);
             last = report;
@@ -259,11 +266,12 @@ async fn follow_hosted_cluster_package(
     Err(format!("the watch of hostedclusterpackage/{name} ended"))
 }
 
-/// The status as lines: the rollout's state, each partition in order, the Packages in flight with their
-/// state and age, and why it is blocked.
+/// The status as lines: the rollout's state, each partition in order, the Packages in flight or failing
+/// with their phase and age, and why it is blocked.
 fn status_report(
     name: &str,
     generation: i64,
+    template: &PackageTemplateSpec,
     status: &HostedClusterPackageStatus,
     owned: &[Package],
     now: Timestamp,
@@ -292,28 +300,25 @@ fn status_report(
             pc.total_packages
         ));
     }
-    for entry in &status.processing {
-        let package = owned.iter().find(|p| {
-            p.metadata.namespace.as_deref() == Some(entry.namespace.as_str())
-                && p.metadata.name.as_deref() == Some(entry.name.as_str())
-        });
-        let (phase, since) = match package {
-            Some(p) => {
-                let status = p.status.clone().unwrap_or_default();
-                let since = find_condition(&status.conditions, "Progressing")
-                    .map(|c| c.last_transition_time.0);
-                (status.phase.unwrap_or_else(|| "Pending".to_owned()), since)
-            }
-            None => ("not created yet".to_owned(), None),
-        };
+    // The manager's own rule says which of its Packages are in flight or failing.
+    for package in owned {
+        let owned = OwnedPackage::from(package.clone());
+        let (state, failure) = package_state(template, &owned);
+        if !state.updated || state.live || state.paused {
+            continue;
+        }
+        let namespace = owned.meta.namespace.as_deref().unwrap_or_default();
+        let since = find_condition(&owned.status.conditions, "Progressing")
+            .map(|c| c.last_transition_time.0);
         let age = since
             .and_then(|t| now.duration_since(t).try_into().ok())
             .map(|d: Duration| format!(", {}s", d.as_secs()))
             .unwrap_or_default();
-        lines.push(format!(
-            "  in flight: {}/{} ({phase}{age})",
-            entry.namespace, entry.name
-        ));
+        let phase = owned.status.phase.as_deref().unwrap_or("Pending");
+        match failure {
+            Some(why) => lines.push(format!("  failing: {namespace} ({phase}{age}): {why}")),
+            None => lines.push(format!("  in flight: {namespace} ({phase}{age})")),
+        }
     }
     if let Some(progressing) = find_condition(&status.conditions, "Progressing") {
         if status.observed_generation == generation

@@ -153,12 +153,9 @@ async fn run(args: Args) -> Result<(), LaunchError> {
         ..ManagerLaunch::default()
     };
     let manager = env
-        .spawn_manager_with(&manager_bin, &launch, &[])
-        .map_err(|e| LaunchError::Manager(e.to_string()))?;
-    manager
-        .wait_ready(SAMPLE_TIMEOUT)
+        .start_manager_with(&manager_bin, &launch, &[])
         .await
-        .map_err(|e| LaunchError::Manager(format!("{e}\n{}", manager.log_tail())))?;
+        .map_err(|e| LaunchError::Manager(e.to_string()))?;
     // Prometheus scrapes the manager every second, with pko's alert rules loaded; for a picture of
     // the dashboard every 100 ms, since the samples roll out in about a second, and from before
     // they start.

@@ -138,31 +138,14 @@ async fn a_rollout_step_is_one_trace_from_the_decision_to_the_hosted_apply() {
         ..ManagerLaunch::default()
     };
     let manager = env
-        .spawn_manager_with(
+        .start_manager_with(
             Path::new(env!("CARGO_BIN_EXE_pko-manager")),
             &launch,
             &["--log-format", "json"],
         )
-        .unwrap();
-    manager
-        .wait_ready(TIMEOUT)
         .await
-        .unwrap_or_else(|e| panic!("{e}\n{}", manager.log_tail()));
+        .unwrap();
     let clusters = env.simulate_hypershift().await.unwrap();
-    // The connectors export over OTLP/HTTP: the same receiver, the other protocol.
-    let _runner = env
-        .start_connector_runner_with(
-            &connector_binary(),
-            vec![
-                (
-                    "OTEL_EXPORTER_OTLP_ENDPOINT".into(),
-                    receiver.http_endpoint(),
-                ),
-                ("OTEL_EXPORTER_OTLP_PROTOCOL".into(), "http/protobuf".into()),
-            ],
-        )
-        .await
-        .unwrap();
     let client = env.management().client().await.unwrap();
 
     let image = build_and_push("hosted-addon", "traced-hosted-addon:v1");
@@ -179,6 +162,23 @@ async fn a_rollout_step_is_one_trace_from_the_decision_to_the_hosted_apply() {
     .unwrap();
     let api: Api<HostedClusterPackage> = Api::all(client.clone());
     api.create(&PostParams::default(), &hcpkg).await.unwrap();
+
+    // Without connectors the hosted phases cannot become available: `rollout status` gives up at its
+    // timeout, and `rollout plan` shows the planner's view.
+    let timed_out = kubectl_package_run(&[
+        "rollout",
+        "status",
+        &format!("hostedclusterpackage/{name}"),
+        "--watch",
+        "--timeout=3s",
+    ]);
+    assert_eq!(timed_out.status.code(), Some(1), "{}", text(&timed_out));
+    let shown = text(&timed_out);
+    assert!(shown.contains("timed out after 3s"), "{shown}");
+    assert!(
+        shown.contains("in flight: "),
+        "the Packages in flight are listed: {shown}"
+    );
 
     let plan = kubectl_package_run(&["rollout", "plan", &format!("hostedclusterpackage/{name}")]);
     assert_eq!(plan.status.code(), Some(0), "{}", text(&plan));
@@ -353,11 +353,18 @@ async fn a_rollout_step_is_one_trace_from_the_decision_to_the_hosted_apply() {
     );
 
     // The producer and consumer spans follow the messaging conventions and meet across processes.
-    let producer = span("pko-manager", "send apply");
     let consumer = span("pko-connector", "process apply");
+    let producer = spans
+        .iter()
+        .find(|s| s.span_id == consumer.parent_span_id)
+        .unwrap_or_else(|| panic!("the consumer's parent is not in the trace\n{tree}"));
+    assert_eq!(
+        (producer.service.as_str(), producer.name.as_str()),
+        ("pko-manager", "send apply"),
+        "{tree}"
+    );
     assert_eq!(producer.kind, "producer");
     assert_eq!(consumer.kind, "consumer");
-    assert_eq!(consumer.parent_span_id, producer.span_id, "{tree}");
     assert_eq!(producer.attribute("messaging.system"), Some("nats"));
     assert!(producer
         .attribute("messaging.destination.name")
@@ -422,5 +429,53 @@ async fn a_rollout_step_is_one_trace_from_the_decision_to_the_hosted_apply() {
         "no JSON log line names a received trace ({} lines with a trace_id)",
         logged.len()
     );
+    // A release whose image does not exist: the first Package fails, and both followers say so and
+    // exit non-zero.
+    let missing = format!("{}/examples/does-not-exist:v9", env.registry().host());
+    api.patch(
+        name,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&json!({"spec": {"template": {"spec": {"image": missing}}}})),
+    )
+    .await
+    .unwrap();
+    let followers = [
+        (
+            "apiserver",
+            spawn_kubectl_package(&[
+                "rollout",
+                "status",
+                &format!("hostedclusterpackage/{name}"),
+                "--watch",
+                "--timeout=120s",
+            ]),
+        ),
+        (
+            "stream",
+            spawn_kubectl_package(&[
+                "rollout",
+                "status",
+                &format!("hostedclusterpackage/{name}"),
+                "--watch",
+                "--timeout=120s",
+                "--nats-url",
+                &env.nats().url(),
+                "--nats-creds",
+                creds.to_str().unwrap(),
+            ]),
+        ),
+    ];
+    for (source, follower) in followers {
+        let out = tokio::task::spawn_blocking(move || follower.wait_with_output().unwrap())
+            .await
+            .unwrap();
+        let shown = text(&out);
+        assert_eq!(out.status.code(), Some(1), "{source}: {shown}");
+        assert!(shown.contains("generation 2"), "{source}: {shown}");
+        assert!(
+            shown.contains("blocked by failing Package"),
+            "{source}: {shown}"
+        );
+    }
     manager.kill();
 }
