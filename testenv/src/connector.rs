@@ -52,6 +52,14 @@ impl ConnectorProcess {
     pub fn kill(&self) {
         self.process.stop();
     }
+
+    /// Stops the process as a kubelet does (SIGTERM, then SIGKILL after `grace`); how it ended.
+    pub async fn terminate(
+        &self,
+        grace: std::time::Duration,
+    ) -> Result<std::process::ExitStatus, TestEnvError> {
+        self.process.terminate(grace).await
+    }
 }
 
 impl TestEnv {

@@ -25,9 +25,10 @@ use crate::error::TestEnvError;
 /// How often dead processes are noticed and restarted.
 const LIVENESS_INTERVAL: Duration = Duration::from_millis(500);
 
-/// Runs connector Deployments as host processes until dropped.
+/// Runs connector Deployments as host processes until dropped (which kills them) or stopped.
 pub struct ConnectorRunner {
-    stop: Option<oneshot::Sender<()>>,
+    /// `Some(grace)`: terminate the connectors as a kubelet would; `None`: kill them.
+    stop: Option<oneshot::Sender<Option<Duration>>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -37,14 +38,26 @@ impl std::fmt::Debug for ConnectorRunner {
     }
 }
 
-impl Drop for ConnectorRunner {
-    fn drop(&mut self) {
+impl ConnectorRunner {
+    /// Stops every connector as a kubelet deleting its pod would (SIGTERM, SIGKILL after `grace`), so they
+    /// shut down cleanly (release their Lease, flush their traces), and stops the runner.
+    pub fn stop(mut self, grace: Duration) {
+        self.finish(Some(grace));
+    }
+
+    fn finish(&mut self, grace: Option<Duration>) {
         if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
+            let _ = stop.send(grace);
         }
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
+    }
+}
+
+impl Drop for ConnectorRunner {
+    fn drop(&mut self) {
+        self.finish(None);
     }
 }
 
@@ -152,14 +165,23 @@ impl From<&str> for NotRun {
 }
 
 impl Runner {
-    async fn run(&mut self, mut stopped: oneshot::Receiver<()>) {
+    async fn run(&mut self, mut stopped: oneshot::Receiver<Option<Duration>>) {
         let api: Api<Deployment> = Api::all(self.client.clone());
         let config = watcher::Config::default().labels(&format!("{CONNECTOR_LABEL}=True"));
         let mut events = watcher::watcher(api, config).default_backoff().boxed();
         let mut liveness = tokio::time::interval(LIVENESS_INTERVAL);
         loop {
             tokio::select! {
-                _ = &mut stopped => return,
+                stop = &mut stopped => {
+                    if let Ok(Some(grace)) = stop {
+                        let running = std::mem::take(&mut self.running);
+                        futures::future::join_all(
+                            running.values().map(|r| r.process.terminate(grace)),
+                        )
+                        .await;
+                    }
+                    return;
+                }
                 event = events.next() => match event {
                     Some(Ok(Event::Apply(d))) | Some(Ok(Event::InitApply(d))) => self.ensure(&d).await,
                     Some(Ok(Event::Delete(d))) => {

@@ -108,6 +108,14 @@ impl ManagerProcess {
     pub fn kill(&self) {
         self.process.stop();
     }
+
+    /// Stops the process as a kubelet does (SIGTERM, then SIGKILL after `grace`); how it ended.
+    pub async fn terminate(
+        &self,
+        grace: Duration,
+    ) -> Result<std::process::ExitStatus, TestEnvError> {
+        self.process.terminate(grace).await
+    }
 }
 
 /// How a manager is started when not as the environment's admin with its NATS.

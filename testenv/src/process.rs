@@ -195,6 +195,25 @@ impl ManagedProcess {
         })
     }
 
+    /// Asks the process to stop (SIGTERM) as a kubelet does, and waits up to `grace` for it to exit; kills
+    /// it after that. Returns how it ended.
+    #[cfg(feature = "cluster")]
+    pub(crate) async fn terminate(
+        &self,
+        grace: Duration,
+    ) -> Result<std::process::ExitStatus, TestEnvError> {
+        let pid = self.pid().unwrap_or_default().to_string();
+        let sent = std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .map_err(crate::error::io_error("run kill", Path::new("kill")))?;
+        let ended = self.wait_exit(grace).await;
+        if !sent.success() || ended.is_err() {
+            self.stop();
+        }
+        ended
+    }
+
     /// Waits until `check` passes, failing at once if the process exits and with its log tail on timeout.
     pub(crate) async fn wait_ready<F, Fut>(
         &self,

@@ -11,7 +11,7 @@
 use std::fmt;
 
 use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
-use opentelemetry::trace::{SpanContext, TraceContextExt, TracerProvider as _};
+use opentelemetry::trace::{TraceContextExt, TracerProvider as _};
 use opentelemetry::Context;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::SdkTracerProvider;
@@ -194,12 +194,6 @@ pub fn remote_context<'a>(get: impl Fn(&str) -> Option<&'a str>) -> Option<Conte
     context.span().span_context().is_valid().then_some(context)
 }
 
-/// The span context a `traceparent` value names, for a span link.
-pub fn span_context_of(traceparent: &str) -> Option<SpanContext> {
-    remote_context(|key| (key == "traceparent").then_some(traceparent))
-        .map(|context| context.span().span_context().clone())
-}
-
 /// How many runs one cause may parent: a write's trace holds the work it caused until that work settles,
 /// but an object that never settles (a probe that never passes) must not grow one trace forever; later
 /// runs start their own trace, linked to the cause.
@@ -278,7 +272,7 @@ impl TraceCause {
 }
 
 /// Injects W3C headers into any string map a message type offers.
-pub struct HeaderWriter<'a, F: FnMut(&str, String)>(pub &'a mut F);
+struct HeaderWriter<'a, F: FnMut(&str, String)>(&'a mut F);
 
 impl<F: FnMut(&str, String)> Injector for HeaderWriter<'_, F> {
     fn set(&mut self, key: &str, value: String) {
@@ -379,6 +373,10 @@ mod tests {
     #[test]
     fn a_traceparent_names_its_span_context_and_garbage_names_none() {
         let parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+        let span_context_of = |traceparent: &str| {
+            remote_context(|key| (key == "traceparent").then_some(traceparent))
+                .map(|context| context.span().span_context().clone())
+        };
         let context = span_context_of(parent).expect("valid traceparent");
         assert_eq!(
             context.trace_id().to_string(),
@@ -401,5 +399,71 @@ mod tests {
         let _entered = span.enter();
         assert!(current_traceparent().is_none());
         assert!(current_trace_id().is_none());
+    }
+
+    /// Spans made by `runs` under `cause`, as the SDK exports them.
+    fn traced(runs: impl FnOnce()) -> Vec<opentelemetry_sdk::trace::SpanData> {
+        let exporter = opentelemetry_sdk::trace::InMemorySpanExporter::default();
+        let provider = SdkTracerProvider::builder()
+            .with_simple_exporter(exporter.clone())
+            .build();
+        let subscriber = tracing_subscriber::registry()
+            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
+        tracing::subscriber::with_default(subscriber, runs);
+        exporter.get_finished_spans().unwrap_or_default()
+    }
+
+    #[test]
+    fn a_cause_parents_its_first_runs_then_is_only_linked() {
+        let write = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+        let spans = traced(|| {
+            let mut cause = TraceCause::default();
+            cause.observe(Some(write));
+            for _ in 0..=RUNS_PER_CAUSE {
+                let span = tracing::info_span!("run");
+                cause.attach(&span);
+                // The same annotation seen again is not a new cause.
+                cause.observe(Some(write));
+            }
+        });
+        assert_eq!(spans.len(), RUNS_PER_CAUSE as usize + 1);
+        let (continued, later) = spans.split_at(RUNS_PER_CAUSE as usize);
+        for span in continued {
+            assert_eq!(
+                span.span_context.trace_id().to_string(),
+                "0af7651916cd43dd8448eb211c80319c"
+            );
+            assert_eq!(span.parent_span_id.to_string(), "b7ad6b7169203331");
+        }
+        let last = &later[0];
+        assert_ne!(
+            last.span_context.trace_id().to_string(),
+            "0af7651916cd43dd8448eb211c80319c"
+        );
+        assert_eq!(last.links.links.len(), 1, "linked to its cause");
+    }
+
+    #[test]
+    fn a_settled_cause_parents_nothing_and_a_new_write_starts_over() {
+        let first = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+        let second = "00-11111111111111111111111111111111-2222222222222222-01";
+        let spans = traced(|| {
+            let mut cause = TraceCause::default();
+            cause.observe(Some(first));
+            cause.settle();
+            cause.attach(&tracing::info_span!("after settling"));
+            cause.observe(Some(second));
+            cause.attach(&tracing::info_span!("after a new write"));
+        });
+        assert_eq!(spans.len(), 2);
+        assert_ne!(
+            spans[0].span_context.trace_id().to_string(),
+            "0af7651916cd43dd8448eb211c80319c"
+        );
+        assert!(spans[0].links.links.is_empty());
+        assert_eq!(
+            spans[1].span_context.trace_id().to_string(),
+            "11111111111111111111111111111111"
+        );
     }
 }

@@ -4,7 +4,8 @@
 //! id the `packageUpdated` event carries holds, linked parent to child: the rollout decision, the Package
 //! write and reconcile (with the image pull), the ObjectDeployment and ObjectSet reconciles, the NATS
 //! request (producer), the connector's handling of it (consumer, another service), and the phase run with
-//! its applies against the hosted apiserver. The event's message header carries the same trace, and the
+//! its applies against the hosted apiserver (the connectors' spans arrive only through the flush when they
+//! are stopped). The event's message header carries the same trace, and the
 //! manager's JSON log lines name it. `kubectl package rollout status` follows the rollout live from the
 //! apiserver and from the event stream, gives up at its timeout, and `rollout plan` shows the planner's
 //! view. This binary runs its own manager with export on.
@@ -213,8 +214,9 @@ async fn a_rollout_step_is_one_trace_from_the_decision_to_the_hosted_apply() {
         "--nats-creds",
         creds.to_str().unwrap(),
     ]);
-    // The connectors export over OTLP/HTTP: the same receiver, the other protocol.
-    let _runner = env
+    // The connectors export over OTLP/HTTP: the same receiver, the other protocol. Their batches leave
+    // only every hour: what the trace holds of them below they sent when stopped (flushed at shutdown).
+    let runner = env
         .start_connector_runner_with(
             &connector_binary(),
             vec![
@@ -223,6 +225,7 @@ async fn a_rollout_step_is_one_trace_from_the_decision_to_the_hosted_apply() {
                     receiver.http_endpoint(),
                 ),
                 ("OTEL_EXPORTER_OTLP_PROTOCOL".into(), "http/protobuf".into()),
+                ("OTEL_BSP_SCHEDULE_DELAY".into(), "3600000".into()),
             ],
         )
         .await
@@ -266,6 +269,16 @@ async fn a_rollout_step_is_one_trace_from_the_decision_to_the_hosted_apply() {
         "{}",
         text(&plan)
     );
+
+    // The connectors stop as a kubelet stops them (SIGTERM) and flush their spans.
+    assert!(
+        !receiver
+            .spans()
+            .iter()
+            .any(|s| s.service == "pko-connector"),
+        "connector spans left before the connectors stopped (hourly batches)"
+    );
+    runner.stop(std::time::Duration::from_secs(20));
 
     // The connector Deployments carry the manager's export settings (the runner overrode them here).
     let deployment = Api::<Deployment>::namespaced(client.clone(), &clusters[0].hcp_namespace)
