@@ -26,9 +26,10 @@ use kube::api::{ListParams, PostParams};
 use kube::Api;
 use pko_proto::core::hosted_cluster_package::HostedClusterPackage;
 use pko_testenv::{wait_until, Dashboard, ManagerLaunch, Prometheus};
-use serde_json::{json, Value};
+use serde_json::Value;
 
-use common::rollout::{all_available, wait_status};
+use common::rollout::{all_available, hcpkg_over_all, wait_status};
+
 use common::*;
 
 const NAMESPACE: &str = "package-operator-system";
@@ -253,16 +254,7 @@ async fn installed_from_its_manifests_pko_rolls_out_on_its_own_service_account_a
     let clusters = env.simulate_hypershift().await.unwrap();
     let image = build_and_push("hosted-addon", "install-hosted-addon:v1");
     let name = "install-addon";
-    let hcpkg: HostedClusterPackage = serde_json::from_value(json!({
-        "apiVersion": "package-operator.run/v1alpha1", "kind": "HostedClusterPackage",
-        "metadata": {"name": name},
-        "spec": {
-            "hostedClusterSelector": {},
-            "strategy": {"rollingUpgrade": {"maxUnavailable": 1}},
-            "template": {"spec": {"image": image}},
-        },
-    }))
-    .unwrap();
+    let hcpkg = hcpkg_over_all(name, &image);
     let api: Api<HostedClusterPackage> = Api::all(client.clone());
     api.create(&PostParams::default(), &hcpkg).await.unwrap();
 

@@ -16,8 +16,6 @@ mod common;
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
-use async_nats::jetstream::{self, consumer::pull};
-use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::PostParams;
 use kube::Api;
@@ -31,41 +29,17 @@ use common::*;
 
 /// The events of `name` in the stream with their `traceparent` headers.
 async fn events_with_traceparents(name: &str) -> Vec<(RolloutEvent, Option<String>)> {
-    let js = jetstream::new(env().nats().client().await.unwrap());
-    let Ok(stream) = js.get_stream("PKO_ROLLOUTS").await else {
-        return Vec::new();
-    };
-    let consumer = stream
-        .create_consumer(pull::Config {
-            filter_subject: format!("pko.v1.rollout.{name}.>"),
-            ..Default::default()
+    stored_rollout_messages(name)
+        .await
+        .into_iter()
+        .map(|(headers, event)| {
+            let traceparent = headers
+                .as_ref()
+                .and_then(|h| h.get("traceparent"))
+                .map(|v| v.to_string());
+            (serde_json::from_value(event).unwrap(), traceparent)
         })
-        .await
-        .unwrap();
-    let pending = consumer.clone().info().await.unwrap().num_pending;
-    if pending == 0 {
-        return Vec::new();
-    }
-    let mut messages = consumer
-        .fetch()
-        .max_messages(usize::try_from(pending).unwrap())
-        .messages()
-        .await
-        .unwrap();
-    let mut events = Vec::new();
-    while let Some(message) = messages.next().await {
-        let message = message.unwrap();
-        let traceparent = message
-            .headers
-            .as_ref()
-            .and_then(|h| h.get("traceparent"))
-            .map(|v| v.to_string());
-        events.push((
-            serde_json::from_slice(&message.payload).unwrap(),
-            traceparent,
-        ));
-    }
-    events
+        .collect()
 }
 
 fn kubectl_package_command(args: &[&str]) -> std::process::Command {
@@ -86,6 +60,18 @@ fn spawn_kubectl_package(args: &[&str]) -> std::process::Child {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap()
+}
+
+/// `rollout status --watch` of HostedClusterPackage `name` as a child process: from the apiserver, or
+/// from the event stream with `creds`.
+fn follow_rollout(name: &str, creds: Option<&Path>) -> std::process::Child {
+    let target = format!("hostedclusterpackage/{name}");
+    let mut args = vec!["rollout", "status", &target, "--watch", "--timeout=180s"];
+    let url = env().nats().url();
+    if let Some(creds) = creds {
+        args.extend(["--nats-url", &url, "--nats-creds", creds.to_str().unwrap()]);
+    }
+    spawn_kubectl_package(&args)
 }
 
 fn text(out: &std::process::Output) -> String {
@@ -151,16 +137,7 @@ async fn a_rollout_step_is_one_trace_from_the_decision_to_the_hosted_apply() {
 
     let image = build_and_push("hosted-addon", "traced-hosted-addon:v1");
     let name = "traced-addon";
-    let hcpkg: HostedClusterPackage = serde_json::from_value(json!({
-        "apiVersion": "package-operator.run/v1alpha1", "kind": "HostedClusterPackage",
-        "metadata": {"name": name},
-        "spec": {
-            "hostedClusterSelector": {},
-            "strategy": {"rollingUpgrade": {"maxUnavailable": 1}},
-            "template": {"spec": {"image": image}},
-        },
-    }))
-    .unwrap();
+    let hcpkg = hcpkg_over_all(name, &image);
     let api: Api<HostedClusterPackage> = Api::all(client.clone());
     api.create(&PostParams::default(), &hcpkg).await.unwrap();
 
@@ -196,24 +173,8 @@ async fn a_rollout_step_is_one_trace_from_the_decision_to_the_hosted_apply() {
         env.nats().credentials("cli", None).unwrap().creds_file(),
     )
     .unwrap();
-    let follow_apiserver = spawn_kubectl_package(&[
-        "rollout",
-        "status",
-        &format!("hostedclusterpackage/{name}"),
-        "--watch",
-        "--timeout=180s",
-    ]);
-    let follow_stream = spawn_kubectl_package(&[
-        "rollout",
-        "status",
-        &format!("hostedclusterpackage/{name}"),
-        "--watch",
-        "--timeout=180s",
-        "--nats-url",
-        &env.nats().url(),
-        "--nats-creds",
-        creds.to_str().unwrap(),
-    ]);
+    let follow_apiserver = follow_rollout(name, None);
+    let follow_stream = follow_rollout(name, Some(&creds));
     // The connectors export over OTLP/HTTP: the same receiver, the other protocol. Their batches leave
     // only every hour: what the trace holds of them below they sent when stopped (flushed at shutdown).
     let runner = env
@@ -453,30 +414,8 @@ async fn a_rollout_step_is_one_trace_from_the_decision_to_the_hosted_apply() {
     .await
     .unwrap();
     let followers = [
-        (
-            "apiserver",
-            spawn_kubectl_package(&[
-                "rollout",
-                "status",
-                &format!("hostedclusterpackage/{name}"),
-                "--watch",
-                "--timeout=120s",
-            ]),
-        ),
-        (
-            "stream",
-            spawn_kubectl_package(&[
-                "rollout",
-                "status",
-                &format!("hostedclusterpackage/{name}"),
-                "--watch",
-                "--timeout=120s",
-                "--nats-url",
-                &env.nats().url(),
-                "--nats-creds",
-                creds.to_str().unwrap(),
-            ]),
-        ),
+        ("apiserver", follow_rollout(name, None)),
+        ("stream", follow_rollout(name, Some(&creds))),
     ];
     for (source, follower) in followers {
         let out = tokio::task::spawn_blocking(move || follower.wait_with_output().unwrap())

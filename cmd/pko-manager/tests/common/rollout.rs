@@ -359,9 +359,9 @@ pub async fn rollout_events(name: &str) -> Vec<Value> {
         .collect()
 }
 
-/// Every event of the HostedClusterPackage `name` in the PKO_ROLLOUTS stream, in order, with its
-/// `Nats-Msg-Id`; none while the stream does not exist yet.
-pub async fn stored_rollout_events(name: &str) -> Vec<(String, Value)> {
+/// Every message of the HostedClusterPackage `name` in the PKO_ROLLOUTS stream, in order, as headers
+/// and JSON event; none while the stream does not exist yet.
+pub async fn stored_rollout_messages(name: &str) -> Vec<(Option<async_nats::HeaderMap>, Value)> {
     use async_nats::jetstream::{self, consumer::pull};
     let js = jetstream::new(env().nats().client().await.unwrap());
     let Ok(stream) = js.get_stream("PKO_ROLLOUTS").await else {
@@ -387,17 +387,40 @@ pub async fn stored_rollout_events(name: &str) -> Vec<(String, Value)> {
     let mut events = Vec::new();
     while let Some(message) = messages.next().await {
         let message = message.unwrap();
-        let id = message
-            .headers
-            .as_ref()
-            .and_then(|h| h.get("Nats-Msg-Id"))
-            .map(|v| v.to_string())
-            .unwrap_or_default();
-        events.push((
-            id,
-            serde_json::from_slice::<Value>(&message.payload).unwrap(),
-        ));
+        let event = serde_json::from_slice::<Value>(&message.payload).unwrap();
+        events.push((message.headers.clone(), event));
     }
     assert_eq!(events.len() as u64, pending);
     events
+}
+
+/// Every event of the HostedClusterPackage `name` in the PKO_ROLLOUTS stream, in order, with its
+/// `Nats-Msg-Id`; none while the stream does not exist yet.
+pub async fn stored_rollout_events(name: &str) -> Vec<(String, Value)> {
+    stored_rollout_messages(name)
+        .await
+        .into_iter()
+        .map(|(headers, event)| {
+            let id = headers
+                .as_ref()
+                .and_then(|h| h.get("Nats-Msg-Id"))
+                .map(|v| v.to_string())
+                .unwrap_or_default();
+            (id, event)
+        })
+        .collect()
+}
+
+/// A HostedClusterPackage over every HostedCluster rolling `image` one Package at a time.
+pub fn hcpkg_over_all(name: &str, image: &str) -> HostedClusterPackage {
+    serde_json::from_value(json!({
+        "apiVersion": "package-operator.run/v1alpha1", "kind": "HostedClusterPackage",
+        "metadata": {"name": name},
+        "spec": {
+            "hostedClusterSelector": {},
+            "strategy": {"rollingUpgrade": {"maxUnavailable": 1}},
+            "template": {"spec": {"image": image}},
+        },
+    }))
+    .unwrap()
 }
