@@ -614,4 +614,50 @@ mod tests {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }
     }
+
+    #[test]
+    fn a_plan_names_the_next_wave_and_why_the_others_wait() {
+        use pko_engine::hosted_cluster_package::RolloutStep;
+        use pko_engine::rollout_plan::{
+            plan_rollout, PackageState, PartitionOrder, RolloutInput, Target,
+        };
+        let target = |namespace: &str, label: &str, updated: bool, live: bool| Target {
+            namespace: namespace.into(),
+            label: Some(label.into()),
+            package: Some(PackageState {
+                updated,
+                available: live || !updated,
+                live,
+                progressed: live,
+                ..PackageState::default()
+            }),
+            failure: None,
+        };
+        let input = RolloutInput {
+            targets: vec![
+                target("a-1", "a", true, false),
+                target("a-2", "a", false, false),
+                target("b-1", "b", false, false),
+            ],
+            partition: Some(PartitionOrder::Static(vec!["a".into(), "b".into()])),
+            strategy: RolloutStrategy::RollingUpgrade { max_unavailable: 1 },
+            processing: ["a-1".to_owned()].into(),
+        };
+        let plan = plan_rollout(&input);
+        let decision = RolloutDecision::Planned(Box::new(RolloutStep {
+            input,
+            plan,
+            status: HostedClusterPackageStatus::default(),
+            deletes: Vec::new(),
+        }));
+        let text = plan_text("addon", &decision);
+        assert!(text.contains("1. a: rolling out, 1/2 updated"), "{text}");
+        assert!(text.contains("2. b: waiting, 0/1 updated"), "{text}");
+        assert!(text.contains("next wave: nothing to write now"), "{text}");
+        assert!(
+            text.contains("a-2: maxUnavailable 1 is used by a-1"),
+            "{text}"
+        );
+        assert!(text.contains("b-1: group b waits for group a"), "{text}");
+    }
 }

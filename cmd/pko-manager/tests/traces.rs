@@ -403,6 +403,25 @@ async fn a_rollout_step_is_one_trace_from_the_decision_to_the_hosted_apply() {
         "no JSON log line names a received trace ({} lines with a trace_id)",
         logged.len()
     );
+    // A Package and its ObjectDeployment: finished for their current generation.
+    for kind in ["package", "objectdeployment"] {
+        let out = kubectl_package_run(&[
+            "rollout",
+            "status",
+            &format!("{kind}/{name}"),
+            "-n",
+            hcp,
+            "--watch",
+            "--timeout=60s",
+        ]);
+        assert_eq!(out.status.code(), Some(0), "{kind}: {}", text(&out));
+        assert!(
+            text(&out).contains(&format!("{kind}/{name} successfully rolled out")),
+            "{}",
+            text(&out)
+        );
+    }
+
     // A release whose image does not exist: the first Package fails, and both followers say so and
     // exit non-zero.
     let missing = format!("{}/examples/does-not-exist:v9", env.registry().host());
