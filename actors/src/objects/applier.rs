@@ -225,7 +225,7 @@ impl Applier {
     }
 
     /// Reads an object; `None` when it does not exist.
-    #[instrument(skip(self), fields(object = %key))]
+    #[instrument(skip(self), fields(pko.object.kind = %key.kind, pko.object.name = %key.name, k8s.namespace.name = %key.namespace))]
     pub async fn get(&self, key: &ObjectKey) -> Result<Option<Value>, ApplyError> {
         let api = self.api(key).await?;
         self.counts.reads.inc();
@@ -234,7 +234,7 @@ impl Applier {
     }
 
     /// Lists every object of `key`'s kind in `key`'s namespace (cluster-wide for cluster-scoped kinds).
-    #[instrument(skip(self), fields(kind = %key.kind, namespace = %key.namespace))]
+    #[instrument(skip(self), fields(pko.object.kind = %key.kind, k8s.namespace.name = %key.namespace))]
     pub async fn list_like(&self, key: &ObjectKey) -> Result<Vec<Value>, ApplyError> {
         let api = self.api(key).await?;
         self.counts.reads.inc();
@@ -249,7 +249,7 @@ impl Applier {
     }
 
     /// Server-side applies `body` (force, field owner `package-operator`) and returns the stored object.
-    #[instrument(skip(self, body), fields(object = %key))]
+    #[instrument(skip(self, body), fields(pko.object.kind = %key.kind, pko.object.name = %key.name, k8s.namespace.name = %key.namespace))]
     pub async fn apply(&self, key: &ObjectKey, body: &Value) -> Result<Value, ApplyError> {
         let api = self.api(key).await?;
         self.counts.writes.inc();
@@ -277,7 +277,7 @@ impl Applier {
 
     /// Turns the controller reference with `controller_uid` into a plain owner reference, so another owner
     /// can become controller. Guarded by the observed resourceVersion: a concurrent change makes it fail.
-    #[instrument(skip(self, observed), fields(object = %key))]
+    #[instrument(skip(self, observed), fields(pko.object.kind = %key.kind, pko.object.name = %key.name, k8s.namespace.name = %key.namespace))]
     pub async fn demote_controller(
         &self,
         key: &ObjectKey,
@@ -293,7 +293,7 @@ impl Applier {
 
     /// Drops the owner reference to `owner_uid`, so the garbage collector does not delete the object with
     /// an owner that no longer controls it. Guarded by the observed resourceVersion.
-    #[instrument(skip(self, observed), fields(object = %key))]
+    #[instrument(skip(self, observed), fields(pko.object.kind = %key.kind, pko.object.name = %key.name, k8s.namespace.name = %key.namespace))]
     pub async fn release_owner(
         &self,
         key: &ObjectKey,
@@ -362,7 +362,7 @@ impl Applier {
 
     /// Deletes the object only if it still has this UID and resourceVersion. `Ok(false)` when it was
     /// already gone.
-    #[instrument(skip(self), fields(object = %key))]
+    #[instrument(skip(self), fields(pko.object.kind = %key.kind, pko.object.name = %key.name, k8s.namespace.name = %key.namespace))]
     pub async fn delete_exact(
         &self,
         key: &ObjectKey,

@@ -375,6 +375,22 @@ async fn a_rollout_step_is_one_trace_from_the_decision_to_the_hosted_apply() {
             "{hop} is not an ancestor: {chain:?}\n{tree}"
         );
     }
+    // The hosted apiserver's writes are spans of their own, naming the object.
+    let hosted_writes: Vec<&str> = spans
+        .iter()
+        .filter(|s| {
+            s.service == "pko-connector"
+                && s.name == "apply"
+                && ancestors(&spans, s)
+                    .iter()
+                    .any(|a| a.span_id == consumer.span_id)
+        })
+        .filter_map(|s| s.attribute("pko.object.kind"))
+        .collect();
+    assert!(
+        !hosted_writes.is_empty(),
+        "no hosted apply naming its object\n{tree}"
+    );
     let pull = span("pko-manager", "pull image");
     assert!(
         ancestors(&spans, pull)
