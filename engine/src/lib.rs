@@ -18,5 +18,6 @@ pub mod probe;
 pub mod rollout_events;
 pub mod rollout_plan;
 pub mod rollout_status;
+pub mod shard_assignment;
 pub mod template_hash;
 pub mod transition_events;
