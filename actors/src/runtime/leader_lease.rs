@@ -37,6 +37,8 @@ pub struct LeaseConfig {
     pub renew_deadline: Duration,
     /// Time between renewals (and between attempts to acquire).
     pub retry_period: Duration,
+    /// Labels the Lease is created with (a shard member's Lease is found by them).
+    pub labels: std::collections::BTreeMap<String, String>,
 }
 
 /// The Lease could not be held.
@@ -66,6 +68,7 @@ impl LeaseConfig {
             duration,
             renew_deadline: duration * 2 / 3,
             retry_period: duration * 2 / 15,
+            labels: std::collections::BTreeMap::new(),
         }
     }
 
@@ -132,6 +135,8 @@ impl LeaseClient {
                     metadata: ObjectMeta {
                         name: Some(self.config.name.clone()),
                         namespace: Some(self.config.namespace.clone()),
+                        labels: (!self.config.labels.is_empty())
+                            .then(|| self.config.labels.clone()),
                         ..ObjectMeta::default()
                     },
                     spec: Some(self.spec(None)),

@@ -1,0 +1,95 @@
+//! Shard membership against a real apiserver (issue 20): replicas joining appear in every member's view,
+//! one leaving disappears at once, and a member Lease that is no longer renewed drops out when it runs out.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::PostParams;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::Api;
+use pko_actors::runtime::shard_membership::{ShardMembership, MEMBER_LABEL};
+use pko_actors::runtime::write_fence::WriteFence;
+use pko_testenv::wait_until;
+use tokio::sync::watch;
+
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+async fn kube_config() -> kube::Config {
+    let env = pko_testenv::shared().unwrap();
+    let file = Kubeconfig::read_from(env.management().kubeconfig_path()).unwrap();
+    kube::Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
+        .await
+        .unwrap()
+}
+
+async fn wait_members(view: &watch::Receiver<BTreeSet<String>>, want: &[&str]) {
+    let want: BTreeSet<String> = want.iter().map(|s| (*s).to_owned()).collect();
+    wait_until(&format!("members {want:?}"), TIMEOUT, || async {
+        let now = view.borrow().clone();
+        if now == want {
+            Ok(())
+        } else {
+            Err(format!("members {now:?}"))
+        }
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn members_join_leave_and_run_out() {
+    let env = pko_testenv::shared().unwrap();
+    let namespace = env.management().create_namespace("shards").await.unwrap();
+    let client = env.management().client().await.unwrap();
+    let join = |identity: &'static str| {
+        let client = client.clone();
+        let namespace = namespace.clone();
+        async move {
+            ShardMembership::join(
+                kube_config().await,
+                client,
+                &namespace,
+                identity,
+                Duration::from_secs(3),
+                WriteFence::open(),
+            )
+            .await
+            .unwrap()
+        }
+    };
+    let a = join("replica-a").await;
+    let b = join("replica-b").await;
+    wait_members(&a.members(), &["replica-a", "replica-b"]).await;
+    wait_members(&b.members(), &["replica-a", "replica-b"]).await;
+
+    // Leaving releases the Lease: the others see it at once, not after it runs out.
+    let view = b.members();
+    a.leave().await;
+    wait_members(&view, &["replica-b"]).await;
+
+    // A member that stopped renewing (a crashed replica) drops out when its Lease runs out.
+    let stale = Lease {
+        metadata: ObjectMeta {
+            name: Some("pko-shard-crashed".into()),
+            labels: Some([(MEMBER_LABEL.to_owned(), "true".to_owned())].into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some("crashed".into()),
+            lease_duration_seconds: Some(2),
+            renew_time: Some(MicroTime(Timestamp::now())),
+            ..LeaseSpec::default()
+        }),
+    };
+    Api::<Lease>::namespaced(client.clone(), &namespace)
+        .create(&PostParams::default(), &stale)
+        .await
+        .unwrap();
+    wait_members(&view, &["crashed", "replica-b"]).await;
+    wait_members(&view, &["replica-b"]).await;
+    b.leave().await;
+}
