@@ -95,65 +95,69 @@ pub fn owner<'a>(key: &ShardKey, members: &'a BTreeSet<Member>) -> Option<&'a Me
     })
 }
 
-/// The shard labels of one key's objects as observed.
+/// The shard labels of one object as observed.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Placement {
-    /// The replica the objects are labelled for, if any.
+    /// The replica the object is labelled for, if any.
     pub holder: Option<Member>,
     /// The coordinator asked the holder to let go.
     pub draining: bool,
 }
 
-/// What the coordinator does to a key's labels.
+/// What the coordinator writes to one object's labels.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LabelAction {
-    /// Labelled as it should be, or waiting for the holder to let go.
-    Keep,
-    /// Label the objects for this member (and clear any drain mark).
+    /// Label the object for this member (and clear any drain mark).
     Assign(Member),
     /// Ask the live holder to let go.
     Drain,
 }
 
-/// The coordinator's rule for one key: assign it to its owner directly when nobody live holds it, and
-/// through a drain when a live replica does. Without members nothing is assigned.
-pub fn label_action(
+/// The coordinator's rule for the objects of one key (all of a namespace's objects move together), one
+/// action or none per object, in order:
+/// - while a live replica other than the owner holds any of them, or two live replicas do, every object a
+///   live replica holds is drained and nothing is labelled: the owner starts only once nobody else works
+///   on the key (a replica that drains stops its actors before it clears the label);
+/// - otherwise every object not labelled for the owner (new, released, or held by a replica whose Lease
+///   ran out, which stopped when it did) is labelled for it, and a drain mark the owner carries is lifted.
+///
+/// Without members nothing changes.
+pub fn coordinate(
     key: &ShardKey,
-    placement: &Placement,
+    objects: &[Placement],
     members: &BTreeSet<Member>,
-) -> LabelAction {
+) -> Vec<Option<LabelAction>> {
     let Some(wanted) = owner(key, members) else {
-        return LabelAction::Keep;
+        return vec![None; objects.len()];
     };
-    match &placement.holder {
-        Some(holder) if holder == wanted => {
-            if placement.draining {
-                // Drained towards another owner, then the membership changed back: keep it where it is.
-                LabelAction::Assign(wanted.clone())
-            } else {
-                LabelAction::Keep
+    let live_holders: BTreeSet<&Member> = objects
+        .iter()
+        .filter_map(|o| o.holder.as_ref())
+        .filter(|h| members.contains(*h))
+        .collect();
+    let settled = live_holders.iter().all(|h| *h == wanted);
+    objects
+        .iter()
+        .map(|object| {
+            let live = object.holder.as_ref().filter(|h| members.contains(*h));
+            match (settled, live) {
+                (false, Some(_)) if !object.draining => Some(LabelAction::Drain),
+                (false, _) => None,
+                (true, Some(h)) if h == wanted && !object.draining => None,
+                (true, _) => Some(LabelAction::Assign(wanted.clone())),
             }
-        }
-        Some(holder) if members.contains(holder) => {
-            if placement.draining {
-                LabelAction::Keep
-            } else {
-                LabelAction::Drain
-            }
-        }
-        // Unlabelled, or held by a replica whose Lease ran out (it stopped when it did).
-        _ => LabelAction::Assign(wanted.clone()),
-    }
+        })
+        .collect()
 }
 
-/// Whether `me` works on a key with this placement: it is labelled for `me` and not draining. A replica
-/// that sees its key draining stops its actors for it and then clears the label ([`release`]).
+/// Whether `me` works on an object with this placement: it is labelled for `me` and not draining. A
+/// replica that sees its object draining stops its actor for it and then clears the label ([`release`]).
 pub fn works_on(me: &str, placement: &Placement) -> bool {
     placement.holder.as_deref() == Some(me) && !placement.draining
 }
 
-/// The placement after its holder let go of a draining key: unlabelled, ready for the new owner. A key
-/// that is not draining stays as it is (a holder lets go only when asked).
+/// The placement after its holder let go of a draining object: unlabelled, ready for the new owner. An
+/// object that is not draining stays as it is (a holder lets go only when asked).
 pub fn release(placement: &Placement) -> Placement {
     if placement.draining {
         Placement::default()
@@ -222,45 +226,56 @@ mod tests {
         }
     }
 
+    fn held(holder: &str, draining: bool) -> Placement {
+        Placement {
+            holder: Some(holder.into()),
+            draining,
+        }
+    }
+
     #[test]
-    fn a_drained_key_is_relabelled_only_after_its_holder_let_go() {
+    fn a_key_moves_only_after_every_live_holder_let_go() {
         let key = ShardKey::Namespace("clusters-x".into());
-        let before = members(&["a"]);
-        let mut after = members(&["a", "b"]);
-        // Find a membership where the key moves to the newcomer.
+        // A membership where the key moves from "a" to the newcomer.
         let newcomer = (0..100)
             .map(|i| format!("b{i}"))
-            .find(|b| {
-                after = members(&["a", b]);
-                owner(&key, &after) == Some(b)
-            })
+            .find(|b| owner(&key, &members(&["a", b])) == Some(b))
             .unwrap_or_else(|| unreachable!("some name takes the key"));
-        let held = Placement {
-            holder: Some("a".into()),
-            draining: false,
-        };
-        assert_eq!(label_action(&key, &held, &before), LabelAction::Keep);
-        assert_eq!(label_action(&key, &held, &after), LabelAction::Drain);
-        let draining = Placement {
-            draining: true,
-            ..held.clone()
-        };
-        assert!(!works_on("a", &draining));
-        assert_eq!(label_action(&key, &draining, &after), LabelAction::Keep);
+        let before = members(&["a"]);
+        let after = members(&["a", &newcomer]);
+        let objects = [held("a", false), held("a", false), Placement::default()];
+        // Settled on "a": the new, unlabelled object joins it.
         assert_eq!(
-            label_action(&key, &release(&draining), &after),
-            LabelAction::Assign(newcomer.clone())
+            coordinate(&key, &objects, &before),
+            [None, None, Some(LabelAction::Assign("a".into()))]
         );
-        // The holder's Lease ran out instead: relabelled at once.
+        // The newcomer owns it now: "a" is asked to let go of both; the new object waits.
+        assert_eq!(
+            coordinate(&key, &objects, &after),
+            [Some(LabelAction::Drain), Some(LabelAction::Drain), None]
+        );
+        let draining = [held("a", true), held("a", true), Placement::default()];
+        assert!(!works_on("a", &draining[0]));
+        assert_eq!(coordinate(&key, &draining, &after), [None, None, None]);
+        // One released, one not yet: still nothing for the newcomer.
+        let half = [Placement::default(), held("a", true), Placement::default()];
+        assert_eq!(coordinate(&key, &half, &after), [None, None, None]);
+        let released: Vec<Placement> = draining.iter().map(release).collect();
+        let assign = Some(LabelAction::Assign(newcomer.clone()));
+        assert_eq!(
+            coordinate(&key, &released, &after),
+            [assign.clone(), assign.clone(), assign.clone()]
+        );
+        // "a"'s Lease ran out instead: relabelled at once.
         let without_a: BTreeSet<Member> = [newcomer.clone()].into();
         assert_eq!(
-            label_action(&key, &held, &without_a),
-            LabelAction::Assign(newcomer)
+            coordinate(&key, &objects, &without_a),
+            [assign.clone(), assign.clone(), assign]
         );
         // Nobody to assign to.
         assert_eq!(
-            label_action(&key, &held, &BTreeSet::new()),
-            LabelAction::Keep
+            coordinate(&key, &objects, &BTreeSet::new()),
+            [None, None, None]
         );
     }
 
@@ -268,7 +283,8 @@ mod tests {
         prop::collection::btree_set("[a-z]{1,6}-[0-9]{1,2}", 1..8)
     }
 
-    /// One step of the world: the coordinator labels, a replica lets go, or membership changes.
+    /// One step of the world: the coordinator labels, a replica lets go, membership changes, or an
+    /// object of some key is created.
     #[derive(Debug, Clone)]
     enum Step {
         Coordinate,
@@ -276,6 +292,7 @@ mod tests {
         Join(String),
         /// A member's Lease runs out (it stopped working when it could not renew).
         Expire(usize),
+        Create(usize),
     }
 
     fn step() -> impl Strategy<Value = Step> {
@@ -284,7 +301,39 @@ mod tests {
             3 => (0usize..8).prop_map(Step::Release),
             1 => "[a-z]{1,6}-[0-9]{1,2}".prop_map(Step::Join),
             1 => (0usize..8).prop_map(Step::Expire),
+            2 => (0usize..KEYS).prop_map(Step::Create),
         ]
+    }
+
+    const KEYS: usize = 12;
+
+    /// Each key's objects.
+    type World = BTreeMap<ShardKey, Vec<Placement>>;
+
+    fn coordinate_all(live: &BTreeSet<Member>, world: &mut World) {
+        for (key, objects) in world.iter_mut() {
+            let actions = coordinate(key, objects, live);
+            for (object, action) in objects.iter_mut().zip(actions) {
+                match action {
+                    None => {}
+                    Some(LabelAction::Drain) => object.draining = true,
+                    Some(LabelAction::Assign(member)) => {
+                        *object = Placement {
+                            holder: Some(member),
+                            draining: false,
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn release_all(member: &str, world: &mut World) {
+        for object in world.values_mut().flatten() {
+            if object.holder.as_deref() == Some(member) {
+                *object = release(object);
+            }
+        }
     }
 
     proptest! {
@@ -322,43 +371,23 @@ mod tests {
             }
         }
 
-        /// Random interleavings of coordination, releases and membership changes never let two live
-        /// replicas work on a key at once, and once membership settles and the coordinator and the
-        /// replicas have done their part, every key is labelled for its owner.
+        /// Random interleavings of coordination, releases, new objects and membership changes never let
+        /// two live replicas work on objects of one key at once, and once membership settles and the
+        /// coordinator and the replicas have done their part, every object is labelled for its key's owner.
         #[test]
         fn hand_offs_never_overlap_and_converge(
             initial in membership(),
-            steps in prop::collection::vec(step(), 0..60),
+            steps in prop::collection::vec(step(), 0..80),
         ) {
-            let keys = keys(24);
+            let keys = keys(KEYS);
             let mut live = initial;
-            let mut placements: BTreeMap<ShardKey, Placement> =
-                keys.iter().map(|k| (k.clone(), Placement::default())).collect();
-            let coordinate = |live: &BTreeSet<Member>, placements: &mut BTreeMap<ShardKey, Placement>| {
-                for (key, placement) in placements.iter_mut() {
-                    match label_action(key, placement, live) {
-                        LabelAction::Keep => {}
-                        LabelAction::Drain => placement.draining = true,
-                        LabelAction::Assign(member) => {
-                            *placement = Placement { holder: Some(member), draining: false }
-                        }
-                    }
-                }
-            };
-            let release_all = |member: &str, placements: &mut BTreeMap<ShardKey, Placement>| {
-                for placement in placements.values_mut() {
-                    if placement.holder.as_deref() == Some(member) {
-                        *placement = release(placement);
-                    }
-                }
-            };
+            let mut world: World = keys.iter().map(|k| (k.clone(), vec![Placement::default()])).collect();
             for step in steps {
-                let before = placements.clone();
                 match step {
-                    Step::Coordinate => coordinate(&live, &mut placements),
+                    Step::Coordinate => coordinate_all(&live, &mut world),
                     Step::Release(i) => {
                         if let Some(member) = live.iter().nth(i % live.len().max(1)).cloned() {
-                            release_all(&member, &mut placements);
+                            release_all(&member, &mut world);
                         }
                     }
                     Step::Join(name) => {
@@ -371,33 +400,34 @@ mod tests {
                             }
                         }
                     }
-                }
-                // A key goes from one replica straight to another only when the first is gone (its
-                // Lease ran out, so it stopped); otherwise it passes through "released" first, which the
-                // holder writes after stopping its actors.
-                for (key, placement) in &placements {
-                    let was = &before[key];
-                    if let (Some(old), Some(new)) = (&was.holder, &placement.holder) {
-                        if old != new {
-                            prop_assert!(!live.contains(old), "{key:?} moved from live {old} to {new}");
+                    Step::Create(k) => {
+                        if let Some(objects) = world.get_mut(&keys[k]) {
+                            objects.push(Placement::default());
                         }
                     }
-                    let working: Vec<&Member> = live.iter().filter(|m| works_on(m, placement)).collect();
-                    prop_assert!(working.len() <= 1);
+                }
+                for (key, objects) in &world {
+                    let working: BTreeSet<&Member> = live
+                        .iter()
+                        .filter(|m| objects.iter().any(|o| works_on(m, o)))
+                        .collect();
+                    prop_assert!(working.len() <= 1, "{key:?} worked on by {working:?}");
                 }
             }
             // Settle: the coordinator and every live replica do their part until nothing changes.
             for _ in 0..4 {
-                coordinate(&live, &mut placements);
+                coordinate_all(&live, &mut world);
                 for member in live.clone() {
-                    release_all(&member, &mut placements);
+                    release_all(&member, &mut world);
                 }
             }
-            for (key, placement) in &placements {
+            coordinate_all(&live, &mut world);
+            for (key, objects) in &world {
                 let wanted = owner(key, &live);
-                prop_assert_eq!(placement.holder.as_ref(), wanted);
-                prop_assert!(!placement.draining);
-                prop_assert!(wanted.is_some_and(|w| works_on(w, placement)));
+                for object in objects {
+                    prop_assert_eq!(object.holder.as_ref(), wanted);
+                    prop_assert!(wanted.is_some_and(|w| works_on(w, object)));
+                }
             }
         }
     }
