@@ -81,3 +81,10 @@ pub const WEBHOOK_CERT_NOT_AFTER_ANNOTATION: &str = "package-operator.run/servin
 /// Annotation on the admission webhook's certificate Secret: the names the serving certificate was issued
 /// for, comma-separated.
 pub const WEBHOOK_CERT_NAMES_ANNOTATION: &str = "package-operator.run/serving-cert-names";
+
+/// On every object a sharded manager reconciles: the replica (its member Lease's holder) that works on it.
+pub const SHARD_OWNER_LABEL: &str = "shard.package-operator.run/owner";
+
+/// Set by the shard coordinator when the owner is to let the object go; the owner stops its actor for it
+/// and removes both shard labels.
+pub const SHARD_DRAIN_LABEL: &str = "shard.package-operator.run/drain";

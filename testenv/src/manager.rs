@@ -55,14 +55,16 @@ impl ManagerProcess {
             .ok_or_else(|| format!("metric {name} not found in:\n{body}"))
     }
 
-    /// Waits until /readyz says the manager leads with its caches synced (a standby is ready too, but
-    /// reconciles nothing).
+    /// Waits until /readyz says the manager works with its caches synced: it leads, or it is a shard
+    /// member (a standby is ready too, but reconciles nothing).
     pub async fn wait_ready(&self, timeout: Duration) -> Result<(), TestEnvError> {
         let port = self.health_port;
         self.process
             .wait_ready(timeout, || async move {
                 match http_get(port, "/readyz").await? {
-                    (200, body) if body.contains("leader") => Ok(()),
+                    (200, body) if body.contains("leader") || body.contains("shard member") => {
+                        Ok(())
+                    }
                     (code, body) => Err(format!("/readyz answered {code}: {body}")),
                 }
             })

@@ -67,6 +67,9 @@ impl HyperShiftDetector {
                     )
                     // A cluster deleted before the feed's own first list leaves the fleet then.
                     .knowing(list.items)
+                    // Sharded, every replica's fleet holds every HostedCluster; each runs the actors
+                    // of its own.
+                    .gated()
                     .start(),
                 );
             }

@@ -79,6 +79,7 @@ pub struct ManagerMetrics {
     duration: Family<ControllerLabels, Histogram, fn() -> Histogram>,
     active: Family<ControllerLabels, Gauge>,
     watch_gap_deletions: Family<KindLabels, Counter>,
+    shard_releases: Family<KindLabels, Counter>,
     rollout_events: RolloutEventMetrics,
     hosted_teardowns_skipped: Family<ReasonLabels, Counter>,
 }
@@ -119,6 +120,7 @@ impl ManagerMetrics {
             );
         let active = Family::<ControllerLabels, Gauge>::default();
         let watch_gap_deletions = Family::<KindLabels, Counter>::default();
+        let shard_releases = Family::<KindLabels, Counter>::default();
         let rollout_events = RolloutEventMetrics::default();
         let hosted_teardowns_skipped = Family::<ReasonLabels, Counter>::default();
         let mut registry = Registry::default();
@@ -141,6 +143,11 @@ impl ManagerMetrics {
             "pko_watch_gap_deletions",
             "Objects found deleted by a watch re-list (their delete event was missed), by kind.",
             watch_gap_deletions.clone(),
+        );
+        registry.register(
+            "pko_shard_releases",
+            "Objects this replica let go of to another replica when sharded (hand-offs), by kind.",
+            shard_releases.clone(),
         );
         registry.register(
             "pko_rollout_events_published",
@@ -186,6 +193,7 @@ impl ManagerMetrics {
             duration,
             active,
             watch_gap_deletions,
+            shard_releases,
             rollout_events,
             hosted_teardowns_skipped,
         }
@@ -232,6 +240,13 @@ impl ManagerMetrics {
     }
 
     /// A watch feed of `kind` found an object deleted only by re-listing.
+    /// An object was handed to another replica (sharded mode).
+    pub fn shard_released(&self, kind: &'static str) {
+        self.shard_releases
+            .get_or_create(&KindLabels { kind })
+            .inc();
+    }
+
     pub fn deleted_in_watch_gap(&self, kind: &'static str) {
         self.watch_gap_deletions
             .get_or_create(&KindLabels { kind })

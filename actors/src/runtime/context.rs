@@ -40,6 +40,9 @@ pub struct ManagerContext {
     pub feeds: FeedSync,
     /// Where the Kubernetes Events the manager raises go.
     pub events: EventSink,
+    /// This replica's member name when the manager runs sharded: it works only on objects labelled for
+    /// it (`SHARD_OWNER_LABEL`); `None` in leader-election mode, where the leader works on everything.
+    pub shard: Option<Arc<str>>,
 }
 
 impl ManagerContext {
@@ -71,6 +74,15 @@ impl ManagerContext {
             rollouts: RolloutShared::default(),
             metrics,
             feeds: FeedSync::default(),
+            shard: None,
+        }
+    }
+
+    /// This context for a sharded replica named `member`.
+    pub fn sharded(self, member: &str) -> Self {
+        Self {
+            shard: Some(Arc::from(member)),
+            ..self
         }
     }
 

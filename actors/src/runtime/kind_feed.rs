@@ -17,6 +17,7 @@ use futures::StreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Resource};
+use pko_proto::well_known::{SHARD_DRAIN_LABEL, SHARD_OWNER_LABEL};
 use serde::de::DeserializeOwned;
 use tracing::{info, warn};
 
@@ -33,9 +34,25 @@ pub struct Observed<T>(pub T);
 #[rtype(result = "()")]
 pub struct Gone;
 
+/// The object moves to another replica (sharded mode): the actor stops without cleaning anything up,
+/// once its running work is done, and then answers through the sender.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct Release(pub tokio::sync::oneshot::Sender<()>);
+
+/// Whether this replica works on an object (always, unless sharded).
+enum ShardState {
+    Ours,
+    /// Labelled for another replica, or not yet labelled; `drained` when it was ours and the coordinator
+    /// asked us to let it go.
+    NotOurs {
+        drained: bool,
+    },
+}
+
 /// An actor that owns one object of a watched kind.
 pub trait FeedTarget:
-    Actor<Context = Context<Self>> + Handler<Observed<Self::Object>> + Handler<Gone>
+    Actor<Context = Context<Self>> + Handler<Observed<Self::Object>> + Handler<Gone> + Handler<Release>
 {
     /// The engine's view of the object (both the namespaced and the Cluster kind map to it).
     type Object: Send + 'static;
@@ -165,6 +182,12 @@ pub struct KindFeed<K, A: FeedTarget> {
     known: KnownObjects<A::Object>,
     /// Whether the first list finished (counted once in [`FeedSync`]).
     synced: bool,
+    /// Sharded: watch every object (the taps need them all) and start actors only for this replica's;
+    /// otherwise a sharded feed watches only the objects labelled for this replica.
+    gated: bool,
+    /// Objects this replica let go of whose departure from its label-selected watch is still to come (a
+    /// delete event that is not a deletion).
+    released: HashSet<ObjectRef>,
     _kind: std::marker::PhantomData<K>,
 }
 
@@ -188,8 +211,17 @@ where
             tap,
             known,
             synced: false,
+            gated: false,
+            released: HashSet::new(),
             _kind: std::marker::PhantomData,
         }
+    }
+
+    /// Sharded, this feed watches every object (its tap follows them all) and starts actors only for the
+    /// objects labelled for this replica.
+    pub fn gated(mut self) -> Self {
+        self.gated = true;
+        self
     }
 
     /// Objects the feed's owner already knows of (read by a LIST before the feed starts): the watch's first
@@ -206,11 +238,39 @@ where
 
     fn route(&mut self, object: K, deleted: bool) {
         let uid = object.meta().uid.clone().unwrap_or_default();
+        let shard = self.shard_of(object.meta());
+        let (name, namespace) = (object.meta().name.clone(), object.meta().namespace.clone());
         let object = A::Object::from(object);
         let key = A::key(&object);
         if deleted {
+            if self.released.remove(&key) {
+                // It left this replica's watch when we let it go; its new owner has it.
+                return;
+            }
             self.known.deleted(&key);
             self.deliver_gone(&key, Some(&object));
+            return;
+        }
+        if let ShardState::NotOurs { drained } = shard {
+            if self.gated {
+                self.known.seen(&key, &uid, || A::tombstone(&object));
+                if let Some(tap) = &self.tap {
+                    tap(&object, false);
+                }
+            } else {
+                self.known.deleted(&key);
+                self.released.insert(key.clone());
+            }
+            let actor = self.registry.remove(&key);
+            if actor.is_some() || (drained && A::wants(&object)) {
+                self.release(
+                    actor,
+                    key.kind,
+                    name.unwrap_or_default(),
+                    namespace,
+                    drained,
+                );
+            }
             return;
         }
         if let Some(former) = self.known.seen(&key, &uid, || A::tombstone(&object)) {
@@ -227,6 +287,72 @@ where
             .registry
             .get_or_start(&key, || A::start_for(&self.context));
         addr.do_send(Observed(object));
+    }
+
+    /// Whether this replica works on an object with these labels.
+    fn shard_of(&self, meta: &kube::api::ObjectMeta) -> ShardState {
+        let Some(me) = &self.context.shard else {
+            return ShardState::Ours;
+        };
+        let label = |name: &str| {
+            meta.labels
+                .as_ref()
+                .and_then(|l| l.get(name))
+                .map(String::as_str)
+        };
+        let mine = label(SHARD_OWNER_LABEL) == Some(me);
+        let draining = label(SHARD_DRAIN_LABEL) == Some("true");
+        if mine && !draining {
+            ShardState::Ours
+        } else {
+            ShardState::NotOurs {
+                drained: mine && draining,
+            }
+        }
+    }
+
+    /// Lets an object go: its actor (if any) stops once its running reconcile is done, then, when the
+    /// coordinator asked for it (`drained`), the shard labels are removed so the new owner may start.
+    fn release(
+        &self,
+        actor: Option<Addr<A>>,
+        kind: &'static str,
+        name: String,
+        namespace: Option<String>,
+        drained: bool,
+    ) {
+        let resource = kube::api::ApiResource::erase::<K>(&());
+        let api: Api<kube::api::DynamicObject> = match &namespace {
+            Some(ns) => Api::namespaced_with(self.context.client.clone(), ns, &resource),
+            None => Api::all_with(self.context.client.clone(), &resource),
+        };
+        let metrics = self.context.metrics.clone();
+        actix::spawn(async move {
+            if let Some(actor) = actor {
+                let (done, stopped) = tokio::sync::oneshot::channel();
+                if actor.send(Release(done)).await.is_ok() {
+                    let _ = stopped.await;
+                }
+            }
+            if !drained {
+                return;
+            }
+            let patch = serde_json::json!({"metadata": {"labels": {
+                SHARD_OWNER_LABEL: null, SHARD_DRAIN_LABEL: null,
+            }}});
+            match api
+                .patch(
+                    &name,
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Merge(&patch),
+                )
+                .await
+            {
+                Ok(_) => metrics.shard_released(kind),
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(error) => warn!(%kind, %name, %error, "releasing to another replica failed"),
+            }
+        });
     }
 
     /// The object last seen under `key` is deleted: the tap hears of it (when its state is known) and its
@@ -264,11 +390,14 @@ where
 
     fn started(&mut self, ctx: &mut Context<Self>) {
         let api: Api<K> = Api::all(self.context.client.clone());
-        ctx.add_stream(
-            watcher::watcher(api, watcher::Config::default())
-                .default_backoff()
-                .boxed(),
-        );
+        let config = match (&self.context.shard, self.gated) {
+            // Only this replica's share is watched: the cache holds only what it works on.
+            (Some(me), false) => {
+                watcher::Config::default().labels(&format!("{SHARD_OWNER_LABEL}={me}"))
+            }
+            _ => watcher::Config::default(),
+        };
+        ctx.add_stream(watcher::watcher(api, config).default_backoff().boxed());
     }
 }
 

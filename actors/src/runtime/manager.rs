@@ -159,7 +159,10 @@ pub fn start(context: ManagerContext) -> Engine {
     KindFeed::<ClusterObjectDeployment, _>::new(context.clone(), deployments.clone(), od_tap)
         .start();
     let owned_tap = Some(owned_package_tap(rollouts.clone()));
-    KindFeed::<Package, _>::new(context.clone(), packages.clone(), owned_tap).start();
+    // Sharded, the HostedClusterPackages here follow Packages in every replica's namespaces.
+    KindFeed::<Package, _>::new(context.clone(), packages.clone(), owned_tap)
+        .gated()
+        .start();
     KindFeed::<ClusterPackage, _>::new(context.clone(), packages.clone(), None).start();
     let templates: Arc<Registry<ObjectTemplateActor>> = Arc::default();
     KindFeed::<ObjectTemplate, _>::new(context.clone(), templates.clone(), None).start();

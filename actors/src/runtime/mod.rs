@@ -15,6 +15,7 @@ pub mod object_actor;
 pub mod process_main;
 pub mod reconcile_gate;
 pub mod registry;
+pub mod shard_coordinator;
 pub mod shard_membership;
 pub mod telemetry;
 pub mod write_fence;

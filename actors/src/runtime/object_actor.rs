@@ -29,7 +29,7 @@ use crate::engine::transition_events::TransitionEvent;
 use crate::metrics::manager_metrics::{ManagerMetrics, ReconcileResult};
 use crate::objects::object_meta::MetaView;
 use crate::runtime::context::ManagerContext;
-use crate::runtime::kind_feed::{FeedTarget, Gone, Observed};
+use crate::runtime::kind_feed::{FeedTarget, Gone, Observed, Release};
 use crate::runtime::reconcile_gate::{Backoff, ReconcileGate};
 use crate::runtime::registry::ObjectRef;
 use crate::runtime::telemetry::TraceCause;
@@ -178,6 +178,8 @@ pub struct ObjectActor<R: Reconcile> {
     resync: Option<SpawnHandle>,
     /// The write whose trace the reconciles continue.
     cause: TraceCause,
+    /// Set when the object moves to another replica: answered once the running reconcile is done.
+    releasing: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 impl<R: Reconcile> ObjectActor<R> {
@@ -191,11 +193,15 @@ impl<R: Reconcile> ObjectActor<R> {
             gate: ReconcileGate::new(R::BACKOFF),
             resync: None,
             cause: TraceCause::default(),
+            releasing: None,
         }
     }
 
     /// Reconciles now, or right after the running reconcile.
     pub fn request_reconcile(&mut self, ctx: &mut Context<Self>) {
+        if self.releasing.is_some() {
+            return;
+        }
         let Some(object) = self.object.clone() else {
             return;
         };
@@ -237,6 +243,11 @@ impl<R: Reconcile> ObjectActor<R> {
             act.metrics
                 .finished(R::CONTROLLER, result, started.elapsed());
             let failed = result != ReconcileResult::Success;
+            if act.releasing.is_some() {
+                act.gate.finish(ctx, false, Self::request_reconcile);
+                act.stop_released(ctx);
+                return;
+            }
             if let (false, Some(period)) = (failed, R::resync(&act.context)) {
                 act.resync =
                     Some(ctx.run_later(Backoff::jittered(period), Self::request_reconcile));
@@ -249,6 +260,18 @@ impl<R: Reconcile> ObjectActor<R> {
             ctx.wait(work);
         } else {
             ctx.spawn(work);
+        }
+    }
+
+    /// Stops after a release: no cleanup (the object lives on with another replica), metrics dropped, the
+    /// feed told.
+    fn stop_released(&mut self, ctx: &mut Context<Self>) {
+        if let Some(object) = &self.object {
+            R::forget(object, &self.metrics);
+        }
+        ctx.stop();
+        if let Some(released) = self.releasing.take() {
+            let _ = released.send(());
         }
     }
 
@@ -329,6 +352,19 @@ impl<R: Reconcile> Handler<Observed<R::Object>> for ObjectActor<R> {
                 self.reset_backoff();
                 self.request_reconcile(ctx);
             }
+        }
+    }
+}
+
+impl<R: Reconcile> Handler<Release> for ObjectActor<R> {
+    type Result = ();
+    fn handle(&mut self, Release(released): Release, ctx: &mut Context<Self>) {
+        self.releasing = Some(released);
+        if let Some(handle) = self.resync.take() {
+            ctx.cancel_future(handle);
+        }
+        if !self.gate.is_running() {
+            self.stop_released(ctx);
         }
     }
 }

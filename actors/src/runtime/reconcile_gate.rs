@@ -58,6 +58,11 @@ impl ReconcileGate {
         }
     }
 
+    /// Whether a run is under way.
+    pub fn is_running(&self) -> bool {
+        self.running
+    }
+
     /// True when a run may start now (a pending retry is cancelled); false when one is running, in which
     /// case another run follows it.
     pub fn try_start<A>(&mut self, ctx: &mut Context<A>) -> bool

@@ -26,6 +26,8 @@ pub enum Readiness {
     Standby,
     /// Reconciling; ready once the feeds listed their kinds.
     Leading(FeedSync),
+    /// Sharded: reconciling this replica's share; ready once the feeds listed it.
+    ShardMember(FeedSync),
     Stopping,
 }
 
@@ -69,6 +71,16 @@ impl HealthState {
                 (
                     StatusCode::SERVICE_UNAVAILABLE,
                     format!("leader, caches syncing ({synced}/{all} feeds listed)\n"),
+                )
+            }
+            Readiness::ShardMember(feeds) if feeds.all_synced() => {
+                (StatusCode::OK, "ok: shard member, caches synced\n".into())
+            }
+            Readiness::ShardMember(feeds) => {
+                let (all, synced) = feeds.progress();
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("shard member, caches syncing ({synced}/{all} feeds listed)\n"),
                 )
             }
         }

@@ -27,6 +27,8 @@ use pko_actors::runtime::cluster_client::{
 use pko_actors::runtime::context::ManagerContext;
 use pko_actors::runtime::leader_lease::{LeaseConfig, LeaseError, LeaseHolder};
 use pko_actors::runtime::process_main::{run_system, shutdown_signal, Telemetry};
+use pko_actors::runtime::shard_coordinator;
+use pko_actors::runtime::shard_membership::ShardMembership;
 use pko_actors::runtime::write_fence::WriteFence;
 use pko_package::image_limits::ImageLimits;
 use pko_proto::nats_credentials::AccountSigner;
@@ -66,8 +68,12 @@ struct Args {
     #[arg(long)]
     install_crds: bool,
     /// Only reconcile while holding the leader Lease.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "sharding")]
     leader_election: bool,
+    /// Every replica works, each on its share (docs/sharding.md): a member Lease per replica, the
+    /// replica holding the manager's Lease (`--lease-name`) labels objects with their owner.
+    #[arg(long, env = "PKO_SHARDING")]
+    sharding: bool,
     /// Namespace of the leader Lease.
     #[arg(long, env = "POD_NAMESPACE", default_value = "package-operator-system")]
     leader_election_namespace: String,
@@ -273,7 +279,7 @@ async fn run(args: Args) -> Result<(), ManagerError> {
         &WriteFence::open(),
         &api_requests,
     )?;
-    let fence = WriteFence::for_leader_election(args.leader_election);
+    let fence = WriteFence::for_leader_election(args.leader_election || args.sharding);
     let engine_client = limited_client(
         kube_config.clone(),
         args.max_in_flight_requests,
@@ -322,27 +328,60 @@ async fn run(args: Args) -> Result<(), ManagerError> {
         })?;
     info!(addr = %bound, "serving /healthz, /readyz, /metrics");
 
-    let lease = if args.leader_election {
-        let identity = format!(
-            "{}-{}",
-            std::env::var("HOSTNAME").unwrap_or_else(|_| "pko-manager".to_owned()),
-            std::process::id()
-        );
-        let config = LeaseConfig::new(
+    let identity = format!(
+        "{}-{}",
+        std::env::var("HOSTNAME").unwrap_or_else(|_| "pko-manager".to_owned()),
+        std::process::id()
+    );
+    let leader_config = LeaseConfig::new(
+        &args.leader_election_namespace,
+        &args.lease_name,
+        &identity,
+        Duration::from_secs(args.lease_duration_seconds),
+    );
+    let (lease, membership) = if args.sharding {
+        // Every replica works on its share from the start; the Lease holder also coordinates.
+        let membership = ShardMembership::join(
+            kube_config.clone(),
+            client.clone(),
             &args.leader_election_namespace,
-            &args.lease_name,
             &identity,
             Duration::from_secs(args.lease_duration_seconds),
-        );
+            fence.clone(),
+        )
+        .await?;
+        info!(member = %identity, "sharded: working on this replica's share");
+        context = context.sharded(&identity);
+        let members = membership.members();
+        let coordinator_client = context.client.clone();
+        let (kube_config, fence) = (kube_config.clone(), fence.clone());
+        tokio::spawn(async move {
+            match LeaseHolder::acquire(kube_config, leader_config, fence).await {
+                Ok(holder) => {
+                    shard_coordinator::run(coordinator_client, members).await;
+                    holder.release().await;
+                }
+                Err(error) => warn!(%error, "cannot take part in electing the shard coordinator"),
+            }
+        });
+        (None, Some(membership))
+    } else if args.leader_election {
         // Losing the Lease closes the fence and exits the process from the Lease's own thread.
         health.set(Readiness::Standby);
-        Some(LeaseHolder::acquire(kube_config, config, fence).await?)
+        (
+            Some(LeaseHolder::acquire(kube_config, leader_config, fence).await?),
+            None,
+        )
     } else {
-        None
+        (None, None)
     };
 
     let publisher = context.rollouts.publisher.clone();
-    health.set(Readiness::Leading(context.feeds.clone()));
+    health.set(if args.sharding {
+        Readiness::ShardMember(context.feeds.clone())
+    } else {
+        Readiness::Leading(context.feeds.clone())
+    });
     let engine = pko_actors::runtime::manager::start(context);
     info!("manager running");
 
@@ -360,6 +399,9 @@ async fn run(args: Args) -> Result<(), ManagerError> {
     }
     if let Some(lease) = lease {
         lease.release().await;
+    }
+    if let Some(membership) = membership {
+        membership.leave().await;
     }
     outcome
 }
