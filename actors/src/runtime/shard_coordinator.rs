@@ -73,6 +73,9 @@ fn kinds() -> Vec<ShardedKind> {
 
 type Meta = PartialObjectMeta<DynamicObject>;
 
+/// One watch event of the kind at this index into [`kinds`].
+type KindEvent = (usize, Result<Event<Meta>, watcher::Error>);
+
 /// The objects of each key and their labels.
 #[derive(Default)]
 struct Placements {
@@ -124,7 +127,7 @@ impl Placements {
 /// Runs the coordinator until the process ends.
 pub async fn run(client: Client, members: watch::Receiver<BTreeSet<Member>>) {
     let kinds = kinds();
-    let streams: Vec<BoxStream<'static, (usize, Result<Event<Meta>, watcher::Error>)>> = kinds
+    let streams: Vec<BoxStream<'static, KindEvent>> = kinds
         .iter()
         .enumerate()
         .map(|(index, kind)| {
