@@ -1,6 +1,9 @@
 //! Horizontal sharding (issue 20): three replicas with `--sharding` share the namespaces, each works
 //! only on the objects labelled for it, and when one is killed its namespaces move to the others once its
-//! member Lease ran out. This binary runs its own managers.
+//! member Lease ran out. Then HostedClusterPackage rollouts over 24 HostedClusters: one spread over every
+//! replica with one of them killed mid-way, one while a replica joins and two leave; an independent
+//! observer checks the budget and every Package ends done. This binary runs its own managers (one shard
+//! group: another group's coordinator would relabel the same objects).
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -8,13 +11,16 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-use kube::api::ListParams;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::Api;
+use pko_proto::core::hosted_cluster_package::HostedClusterPackage;
 use pko_proto::core::object_set::ObjectSet;
-use pko_proto::well_known::SHARD_OWNER_LABEL;
+use pko_proto::core::package::Package;
+use pko_proto::well_known::{HOSTED_CLUSTER_PACKAGE_LABEL, SHARD_OWNER_LABEL};
 use pko_testenv::wait_until;
 use serde_json::json;
 
+use common::rollout::{all_available, condition, fleet, hcpkg, wait_status, RolloutObserver};
 use common::*;
 
 const LEASE_SECONDS: &str = "3";
@@ -70,7 +76,7 @@ async fn replicas_share_namespaces_and_take_over_a_killed_one() {
         LEASE_SECONDS,
     ];
     let binary = Path::new(env!("CARGO_BIN_EXE_pko-manager"));
-    let mut replicas = Vec::new();
+    let mut replicas: Vec<pko_testenv::ManagerProcess> = Vec::new();
     for _ in 0..3 {
         replicas.push(env.start_manager(binary, &args).await.unwrap());
     }
@@ -122,4 +128,130 @@ async fn replicas_share_namespaces_and_take_over_a_killed_one() {
     );
     create_set(&client, ns, &after).await;
     wait_condition(&client, ns, "after-kill", "Available", "True", None).await;
+    replicas.remove(victim);
+    replicas.push(env.start_manager(binary, &args).await.unwrap());
+
+    // A fleet of 24: its Packages spread over all three replicas.
+    let risks = [None; 24];
+    let (fleet_ns, clusters) = fleet("shard-fleet", &risks).await;
+    let group_of: BTreeMap<String, usize> = clusters
+        .iter()
+        .map(|c| (c.hcp_namespace.clone(), 0))
+        .collect();
+    let v1 = build_and_push("handlebars", "shard-roll:v1");
+    let v2 = build_and_push("handlebars", "shard-roll:v2");
+    let v3 = build_and_push("handlebars", "shard-roll:v3");
+    let api: Api<HostedClusterPackage> = Api::all(client.clone());
+    let name = format!("{fleet_ns}-roll");
+    let strategy = json!({"rollingUpgrade": {"maxUnavailable": 3}});
+    api.create(
+        &PostParams::default(),
+        &hcpkg(&name, &fleet_ns, &v1, strategy, None),
+    )
+    .await
+    .unwrap();
+    let log = || String::new();
+    wait_status(&api, &name, log, "24/24 available on v1", |h| {
+        all_available(h, 24)
+    })
+    .await;
+    let packages = package_owners(&client, &name).await;
+    let live: BTreeSet<String> = replicas
+        .iter()
+        .map(|r| r.pid().unwrap().to_string())
+        .collect();
+    let working: BTreeSet<String> = packages
+        .values()
+        .filter_map(|owner| owner.rsplit('-').next().map(str::to_owned))
+        .collect();
+    assert_eq!(
+        working, live,
+        "every replica works on some namespaces: {packages:?}"
+    );
+
+    // v2, with one replica killed once a few Packages took it.
+    let rolled = roll(&client, &api, &name, &v2, &group_of, || {
+        let victim = replicas.remove(0);
+        victim.kill();
+    })
+    .await;
+    assert_eq!(rolled.len(), 24);
+
+    // Back to three; v3 starts as a fourth replica joins, and two leave mid-way (one stopped cleanly, one
+    // killed): 3 -> 4 -> 2.
+    replicas.push(env.start_manager(binary, &args).await.unwrap());
+    assert_eq!(replicas.len(), 3);
+    replicas.push(env.start_manager(binary, &args).await.unwrap());
+    let rolled = roll(&client, &api, &name, &v3, &group_of, || {
+        let stopped = replicas.remove(0);
+        let killed = replicas.remove(0);
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let _ = runtime.block_on(stopped.terminate(std::time::Duration::from_secs(20)));
+        });
+        killed.kill();
+    })
+    .await;
+    assert_eq!(rolled.len(), 24);
+    assert_eq!(replicas.len(), 2);
+}
+
+/// Each Package of HostedClusterPackage `name` by namespace, with the replica labelled as its owner.
+async fn package_owners(client: &kube::Client, name: &str) -> BTreeMap<String, String> {
+    Api::<Package>::all(client.clone())
+        .list(&ListParams::default().labels(&format!("{HOSTED_CLUSTER_PACKAGE_LABEL}={name}")))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|p| {
+            let owner = p.metadata.labels.as_ref()?.get(SHARD_OWNER_LABEL)?.clone();
+            Some((p.metadata.namespace?, owner))
+        })
+        .collect()
+}
+
+/// Rolls HostedClusterPackage `name` to `image` under an independent observer (budget 3, every Package
+/// updated once); `meanwhile` runs once a third of the fleet took the new image.
+async fn roll(
+    client: &kube::Client,
+    api: &Api<HostedClusterPackage>,
+    name: &str,
+    image: &str,
+    group_of: &BTreeMap<String, usize>,
+    meanwhile: impl FnOnce(),
+) -> Vec<String> {
+    let spec = json!({"image": image, "config": {"greeting": "hi"}});
+    let observer = RolloutObserver::start(client, name, &spec, group_of.clone()).await;
+    let patch = json!({"spec": {"template": {"spec": spec}}});
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    wait_until("a third of the fleet updated", TIMEOUT, || async {
+        let n = observer.observed.lock().unwrap().update_order.len();
+        if n >= group_of.len() / 3 {
+            Ok(())
+        } else {
+            Err(format!("{n} updated"))
+        }
+    })
+    .await
+    .unwrap();
+    meanwhile();
+    let total = i32::try_from(group_of.len()).unwrap();
+    wait_status(
+        api,
+        name,
+        String::new,
+        "every Package done on the new image",
+        |h| {
+            all_available(h, total)
+                && condition(h, "Progressing").is_some_and(|c| c.status == "False")
+        },
+    )
+    .await;
+    observer.finish(3)
 }
