@@ -15,6 +15,7 @@ use super::api_requests::ApiRequestMetrics;
 use super::connector_metrics::ConnectorMetrics;
 use super::package_images::ImageFetchMetrics;
 use super::rollout_metrics::RolloutMetrics;
+use super::shard_metrics::ShardMetrics;
 use super::upstream_metrics::UpstreamMetrics;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -74,6 +75,7 @@ pub struct ManagerMetrics {
     pub upstream: UpstreamMetrics,
     pub rollouts: RolloutMetrics,
     pub connectors: ConnectorMetrics,
+    pub shards: ShardMetrics,
     pub images: ImageFetchMetrics,
     total: Family<ResultLabels, Counter>,
     duration: Family<ControllerLabels, Histogram, fn() -> Histogram>,
@@ -177,17 +179,20 @@ impl ManagerMetrics {
         let upstream = UpstreamMetrics::default();
         let rollouts = RolloutMetrics::default();
         let connectors = ConnectorMetrics::default();
+        let shards = ShardMetrics::default();
         let images = ImageFetchMetrics::default();
         api.register(&mut registry);
         upstream.register(&mut registry);
         rollouts.register(&mut registry);
         connectors.register(&mut registry);
+        shards.register(&mut registry);
         images.register(&mut registry);
         Self {
             registry: Arc::new(RwLock::new(registry)),
             upstream,
             rollouts,
             connectors,
+            shards,
             images,
             total,
             duration,

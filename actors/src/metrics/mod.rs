@@ -10,6 +10,7 @@ pub mod managed_cache;
 pub mod manager_metrics;
 pub mod package_images;
 pub mod rollout_metrics;
+pub mod shard_metrics;
 pub mod upstream_metrics;
 
 /// The text a registry filled by `register` encodes to: what the groups' unit tests read.

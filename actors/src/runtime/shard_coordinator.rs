@@ -6,7 +6,7 @@
 //! alone; the replicas' feeds follow them.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::stream::{self, BoxStream, StreamExt};
 use futures::FutureExt;
@@ -27,6 +27,7 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::engine::shard_assignment::{coordinate, LabelAction, Member, Placement, ShardKey};
+use crate::metrics::shard_metrics::ShardMetrics;
 
 /// Label writes in flight at once.
 const WRITE_CONCURRENCY: usize = 16;
@@ -109,6 +110,19 @@ impl Placements {
         Some(key)
     }
 
+    /// Keys labelled for each member (a key counts for every member one of its objects is labelled for).
+    fn held_by_member(&self) -> BTreeMap<Member, usize> {
+        let mut held = BTreeMap::new();
+        for objects in self.keys.values() {
+            let holders: BTreeSet<&Member> =
+                objects.values().filter_map(|p| p.holder.as_ref()).collect();
+            for holder in holders {
+                *held.entry(holder.clone()).or_default() += 1;
+            }
+        }
+        held
+    }
+
     /// Ends a kind's re-list: what it did not list is gone.
     fn relist_done(&mut self, kind: usize) -> Vec<ShardKey> {
         let Some(listed) = self.relisted.remove(&kind) else {
@@ -125,7 +139,11 @@ impl Placements {
 }
 
 /// Runs the coordinator until the process ends.
-pub async fn run(client: Client, members: watch::Receiver<BTreeSet<Member>>) {
+pub async fn run(
+    client: Client,
+    members: watch::Receiver<BTreeSet<Member>>,
+    metrics: ShardMetrics,
+) {
     let kinds = kinds();
     let streams: Vec<BoxStream<'static, KindEvent>> = kinds
         .iter()
@@ -143,6 +161,9 @@ pub async fn run(client: Client, members: watch::Receiver<BTreeSet<Member>>) {
     let mut members = members;
     let mut placements = Placements::default();
     let mut dirty: BTreeSet<ShardKey> = BTreeSet::new();
+    let mut known_members = members.borrow().clone();
+    // Members that left, since when: their take-over ends when no key is labelled for them any more.
+    let mut departed: BTreeMap<Member, Instant> = BTreeMap::new();
     info!("coordinating shards");
     loop {
         tokio::select! {
@@ -158,7 +179,15 @@ pub async fn run(client: Client, members: watch::Receiver<BTreeSet<Member>>) {
                 if changed.is_err() {
                     return;
                 }
-                info!(members = ?*members.borrow(), "shard members changed");
+                let now = members.borrow().clone();
+                info!(members = ?now, "shard members changed");
+                for gone in known_members.difference(&now) {
+                    departed.insert(gone.clone(), Instant::now());
+                }
+                for back in &now {
+                    departed.remove(back);
+                }
+                known_members = now;
                 dirty.extend(placements.keys.keys().cloned());
             }
         }
@@ -180,7 +209,16 @@ pub async fn run(client: Client, members: watch::Receiver<BTreeSet<Member>>) {
             })
             .flatten()
             .collect();
-        write_labels(&client, &kinds, writes).await;
+        write_labels(&client, &kinds, writes, &metrics).await;
+        let held = placements.held_by_member();
+        metrics.keys_held(&held);
+        departed.retain(|member, since| {
+            let still_held = held.contains_key(member);
+            if !still_held {
+                metrics.taken_over(since.elapsed().as_secs_f64());
+            }
+            still_held
+        });
     }
 }
 
@@ -258,6 +296,7 @@ async fn write_labels(
     client: &Client,
     kinds: &[ShardedKind],
     writes: Vec<(ObjectId, LabelAction)>,
+    metrics: &ShardMetrics,
 ) {
     stream::iter(writes)
         .for_each_concurrent(WRITE_CONCURRENCY, |(id, action)| async move {
@@ -279,7 +318,7 @@ async fn write_labels(
             )
             .await;
             match written {
-                Ok(Ok(_)) => {}
+                Ok(Ok(_)) => metrics.label_written(matches!(action, LabelAction::Drain)),
                 // Deleted meanwhile.
                 Ok(Err(kube::Error::Api(e))) if e.code == 404 => {}
                 Ok(Err(error)) => warn!(object = %id.name, %error, "writing shard labels"),

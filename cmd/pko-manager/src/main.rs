@@ -354,11 +354,12 @@ async fn run(args: Args) -> Result<(), ManagerError> {
         context = context.sharded(&identity);
         let members = membership.members();
         let coordinator_client = context.client.clone();
+        let shard_metrics = context.metrics.shards.clone();
         let (kube_config, fence) = (kube_config.clone(), fence.clone());
         tokio::spawn(async move {
             match LeaseHolder::acquire(kube_config, leader_config, fence).await {
                 Ok(holder) => {
-                    shard_coordinator::run(coordinator_client, members).await;
+                    shard_coordinator::run(coordinator_client, members, shard_metrics).await;
                     holder.release().await;
                 }
                 Err(error) => warn!(%error, "cannot take part in electing the shard coordinator"),

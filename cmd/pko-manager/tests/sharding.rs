@@ -11,6 +11,7 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
+use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::Api;
 use pko_proto::core::hosted_cluster_package::HostedClusterPackage;
@@ -101,9 +102,27 @@ async fn replicas_share_namespaces_and_take_over_a_killed_one() {
     let distinct: BTreeSet<&String> = spread.values().collect();
     assert!(distinct.len() >= 2, "all on one replica: {spread:?}");
 
-    // The replica owning the first namespace is killed: its namespaces move after its Lease runs out and
-    // are reconciled there (a new ObjectSet in such a namespace becomes Available).
-    let victim_owner = spread[&namespaces[0]].clone();
+    // A replica other than the coordinator (the Lease holder) is killed: its namespaces move after its
+    // Lease runs out and are reconciled there (a new ObjectSet in such a namespace becomes Available).
+    let coordinator_identity = Api::<Lease>::namespaced(client.clone(), &lease_ns)
+        .get("pko-shard-coordinator")
+        .await
+        .unwrap()
+        .spec
+        .and_then(|s| s.holder_identity)
+        .unwrap();
+    let of_replica = |identity: &str| {
+        replicas
+            .iter()
+            .position(|r| identity.ends_with(&format!("-{}", r.pid().unwrap())))
+            .unwrap()
+    };
+    let coordinator = of_replica(&coordinator_identity);
+    let (victim_ns, victim_owner) = spread
+        .iter()
+        .find(|(_, owner)| **owner != coordinator_identity)
+        .map(|(ns, owner)| (ns.clone(), owner.clone()))
+        .unwrap();
     let victim = replicas
         .iter()
         .position(|r| victim_owner.ends_with(&format!("-{}", r.pid().unwrap())))
@@ -120,7 +139,13 @@ async fn replicas_share_namespaces_and_take_over_a_killed_one() {
     .await
     .unwrap();
     assert!(moved.values().all(|o| *o != victim_owner));
-    let ns = &namespaces[0];
+    // The coordinator timed the take-over.
+    let takeovers = replicas[coordinator]
+        .metric("pko_shard_takeover_seconds_count")
+        .await
+        .unwrap();
+    assert!(takeovers >= 1, "take-over not measured");
+    let ns = &victim_ns;
     let after = object_set(
         "after-kill",
         &[("config", vec![configmap("after-kill-cm", json!({}))])],

@@ -1,0 +1,115 @@
+//! Sharded mode, as the coordinator sees it: how many shard keys (HCP namespaces, cluster-scoped
+//! objects) are labelled for each member, the label writes it makes, and how long a departed member's
+//! keys took to be labelled for the others. Labelled by member name only (one series per replica). The
+//! replicas' own hand-offs are counted by `pko_shard_releases` (manager_metrics).
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct MemberLabels {
+    member: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ActionLabels {
+    action: &'static str,
+}
+
+fn takeover_histogram() -> Histogram {
+    // 10 ms .. ~160 s: a take-over after a crash waits for the Lease to run out (15 s by default).
+    Histogram::new(exponential_buckets(0.01, 2.0, 15))
+}
+
+/// The coordinator's metrics; cheap to clone.
+#[derive(Clone)]
+pub struct ShardMetrics {
+    keys: Family<MemberLabels, Gauge>,
+    label_writes: Family<ActionLabels, Counter>,
+    takeover: Histogram,
+}
+
+impl Default for ShardMetrics {
+    fn default() -> Self {
+        Self {
+            keys: Family::default(),
+            label_writes: Family::default(),
+            takeover: takeover_histogram(),
+        }
+    }
+}
+
+impl ShardMetrics {
+    pub(crate) fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "pko_shard_keys",
+            "Shard keys (HCP namespaces and cluster-scoped objects) labelled for each member, as the \
+             coordinator sees them.",
+            self.keys.clone(),
+        );
+        registry.register(
+            "pko_shard_label_writes",
+            "Shard label writes of the coordinator: assign (label for the owner) or drain.",
+            self.label_writes.clone(),
+        );
+        registry.register(
+            "pko_shard_takeover_seconds",
+            "From a member leaving the member set (Lease released or run out) to every key it held \
+             being labelled for another member.",
+            self.takeover.clone(),
+        );
+    }
+
+    /// The keys labelled for each member now; members not listed are dropped.
+    pub fn keys_held(&self, held: &std::collections::BTreeMap<String, usize>) {
+        self.keys.clear();
+        for (member, keys) in held {
+            let value = i64::try_from(*keys).unwrap_or(i64::MAX);
+            self.keys
+                .get_or_create(&MemberLabels {
+                    member: member.clone(),
+                })
+                .set(value);
+        }
+    }
+
+    pub fn label_written(&self, drain: bool) {
+        let action = if drain { "drain" } else { "assign" };
+        self.label_writes
+            .get_or_create(&ActionLabels { action })
+            .inc();
+    }
+
+    pub fn taken_over(&self, seconds: f64) {
+        self.takeover.observe(seconds);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_per_member_follow_the_last_count_only() {
+        let metrics = ShardMetrics::default();
+        metrics.keys_held(&[("a".to_owned(), 3), ("b".to_owned(), 1)].into());
+        metrics.keys_held(&[("b".to_owned(), 4)].into());
+        metrics.label_written(true);
+        metrics.taken_over(0.5);
+        let text = crate::metrics::encoded(|r| metrics.register(r));
+        assert!(text.contains("pko_shard_keys{member=\"b\"} 4"), "{text}");
+        assert!(!text.contains("member=\"a\""), "{text}");
+        assert!(
+            text.contains("pko_shard_label_writes_total{action=\"drain\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("pko_shard_takeover_seconds_count 1"),
+            "{text}"
+        );
+    }
+}
