@@ -77,6 +77,11 @@ impl ApiServer {
         wait_api_ready(&self.process, &client).await
     }
 
+    /// The apiserver's audit log (JSON lines): every write to pko's kinds, with its user agent.
+    pub fn audit_log_path(&self) -> std::path::PathBuf {
+        self.kubeconfig.with_file_name(AUDIT_LOG)
+    }
+
     /// A new admin client. Clients are bound to the async runtime that uses them first, so each test
     /// takes its own.
     pub async fn client(&self) -> Result<kube::Client, TestEnvError> {
@@ -129,6 +134,21 @@ impl ApiServer {
     }
 }
 
+/// The audit log's file name beside the kubeconfig.
+const AUDIT_LOG: &str = "audit.log";
+
+/// Writes to pko's kinds (who, what, when; no bodies): tests audit which process wrote what.
+const AUDIT_POLICY: &str = r#"apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived", "ResponseStarted"]
+rules:
+- level: Metadata
+  verbs: ["create", "update", "patch", "delete"]
+  resources:
+  - group: package-operator.run
+- level: None
+"#;
+
 pub(crate) async fn start(
     shared: &Shared<'_>,
     name: &str,
@@ -136,10 +156,13 @@ pub(crate) async fn start(
 ) -> Result<ApiServer, TestEnvError> {
     std::fs::create_dir_all(dir).map_err(io_error("create directory", dir))?;
     let kubeconfig_path = dir.join("kubeconfig");
+    let audit_policy = dir.join("audit-policy.yaml");
+    std::fs::write(&audit_policy, AUDIT_POLICY).map_err(io_error("write", &audit_policy))?;
     let etcd_url = format!("http://127.0.0.1:{}", shared.etcd_port);
     start_with_retries(|_| {
         let kubeconfig_path = kubeconfig_path.clone();
         let etcd_url = etcd_url.clone();
+        let audit_policy = audit_policy.clone();
         async move {
             let port = free_port().map_err(io_error("allocate port", dir))?;
             let mut command = Command::new(&shared.binaries.kube_apiserver);
@@ -165,7 +188,9 @@ pub(crate) async fn start(
                 // Loopback cannot be advertised in Endpoints; nothing here needs the kubernetes Service.
                 .arg("--endpoint-reconciler-type=none")
                 .arg("--enable-priority-and-fairness=false")
-                .arg("--profiling=false");
+                .arg("--profiling=false")
+                .arg(format!("--audit-policy-file={}", audit_policy.display()))
+                .arg(format!("--audit-log-path={}", dir.join(AUDIT_LOG).display()));
             let command_line = (
                 shared.binaries.kube_apiserver.clone(),
                 command.get_args().map(ToOwned::to_owned).collect(),

@@ -269,7 +269,14 @@ async fn serve_webhook(
 }
 
 async fn run(args: Args) -> Result<(), ManagerError> {
-    let kube_config = cluster_config(args.kubeconfig.as_deref()).await?;
+    let identity = format!(
+        "{}-{}",
+        std::env::var("HOSTNAME").unwrap_or_else(|_| "pko-manager".to_owned()),
+        std::process::id()
+    );
+    let mut kube_config = cluster_config(args.kubeconfig.as_deref()).await?;
+    // Every request names the replica, so the apiserver's audit log tells which one wrote what.
+    kube_config.headers.push(user_agent(&identity, None));
     // What every replica does, leader or not (CRDs, the webhook's certificate), goes unfenced; the
     // engine's client writes only while this replica's leadership is confirmed.
     let api_requests = ApiRequestMetrics::default();
@@ -286,7 +293,7 @@ async fn run(args: Args) -> Result<(), ManagerError> {
         &fence,
         &api_requests,
     )?;
-    let metrics = ManagerMetrics::new(api_requests);
+    let metrics = ManagerMetrics::new(api_requests.clone());
     if args.install_crds {
         crd_install::install_crds(&client).await?;
         info!("CRDs installed");
@@ -328,11 +335,6 @@ async fn run(args: Args) -> Result<(), ManagerError> {
         })?;
     info!(addr = %bound, "serving /healthz, /readyz, /metrics");
 
-    let identity = format!(
-        "{}-{}",
-        std::env::var("HOSTNAME").unwrap_or_else(|_| "pko-manager".to_owned()),
-        std::process::id()
-    );
     let leader_config = LeaseConfig::new(
         &args.leader_election_namespace,
         &args.lease_name,
@@ -353,7 +355,15 @@ async fn run(args: Args) -> Result<(), ManagerError> {
         info!(member = %identity, "sharded: working on this replica's share");
         context = context.sharded(&identity);
         let members = membership.members();
-        let coordinator_client = context.client.clone();
+        // Its own client and user agent: its label writes are told apart from the replica's work.
+        let mut coordinator_config = kube_config.clone();
+        coordinator_config.headers = vec![user_agent(&identity, Some("shard-coordinator"))];
+        let coordinator_client = limited_client(
+            coordinator_config,
+            args.max_in_flight_requests,
+            &fence,
+            &api_requests,
+        )?;
         let shard_metrics = context.metrics.shards.clone();
         let (kube_config, fence) = (kube_config.clone(), fence.clone());
         tokio::spawn(async move {
@@ -405,6 +415,20 @@ async fn run(args: Args) -> Result<(), ManagerError> {
         membership.leave().await;
     }
     outcome
+}
+
+/// `pko-manager/<version> (<identity>[; <role>])`.
+fn user_agent(identity: &str, role: Option<&str>) -> (http::HeaderName, http::HeaderValue) {
+    let text = match role {
+        Some(role) => format!(
+            "pko-manager/{} ({identity}; {role})",
+            env!("CARGO_PKG_VERSION")
+        ),
+        None => format!("pko-manager/{} ({identity})", env!("CARGO_PKG_VERSION")),
+    };
+    let value = http::HeaderValue::from_str(&text)
+        .unwrap_or_else(|_| http::HeaderValue::from_static("pko-manager"));
+    (http::header::USER_AGENT, value)
 }
 
 async fn bootstrap(
