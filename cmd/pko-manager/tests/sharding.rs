@@ -231,6 +231,9 @@ async fn replicas_share_namespaces_and_take_over_a_killed_one() {
     );
 }
 
+/// When, and by which replica (`None`: the coordinator's label write).
+type AuditedWrite = (String, Option<String>);
+
 /// From the apiserver's audit log: shard keys (a namespace, or one cluster-scoped object) whose objects
 /// of pko's kinds were written by two manager replicas between two consecutive shard-label writes of the
 /// coordinator (a tenure; a hand-off is always a label write). Package specs are left out: the
@@ -238,7 +241,7 @@ async fn replicas_share_namespaces_and_take_over_a_killed_one() {
 fn overlapping_writers(audit_log: &Path) -> Vec<String> {
     let text = std::fs::read_to_string(audit_log).unwrap();
     // Per object, in order: Some(writer) for a replica's write, None for the coordinator's.
-    let mut writes: BTreeMap<(String, String), Vec<(String, Option<String>)>> = BTreeMap::new();
+    let mut writes: BTreeMap<(String, String), Vec<AuditedWrite>> = BTreeMap::new();
     let mut counted = 0;
     for line in text.lines() {
         let Ok(event) = serde_json::from_str::<serde_json::Value>(line) else {
