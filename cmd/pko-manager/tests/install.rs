@@ -667,3 +667,42 @@ fn the_alert_rules_check_and_pass_their_unit_tests() {
         );
     }
 }
+
+/// deploy/manager-sharded is deploy/manager with every replica working on its share: three replicas
+/// with --sharding (not --leader-election, which excludes it), and the RBAC sharding adds (member Leases
+/// listed and renewed, HostedClusters labelled).
+#[test]
+fn the_sharded_install_runs_three_sharded_replicas_with_what_sharding_needs() {
+    let documents: Vec<Value> = kustomize("manager-sharded")
+        .iter()
+        .map(|d| parsed(d))
+        .collect();
+    let deployment = documents
+        .iter()
+        .find(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == "pko-manager")
+        .unwrap();
+    assert_eq!(deployment["spec"]["replicas"], 3);
+    let args: Vec<&str> = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(args.contains(&"--sharding"), "{args:?}");
+    assert!(!args.contains(&"--leader-election"), "{args:?}");
+    let rule_of = |kind: &str| {
+        documents
+            .iter()
+            .find(|d| d["kind"] == kind && d["metadata"]["name"] == "pko-manager-sharding")
+            .map(|d| d["rules"].clone())
+            .unwrap()
+    };
+    assert_eq!(
+        rule_of("Role")[0]["verbs"],
+        serde_json::json!(["get", "list", "watch", "update"])
+    );
+    assert_eq!(
+        rule_of("ClusterRole")[0]["resources"],
+        serde_json::json!(["hostedclusters"])
+    );
+}
