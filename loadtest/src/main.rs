@@ -3,13 +3,15 @@
 //! counts of an unchanged set, and status-change latency. `package`: Package created to Available with a
 //! cold and a warm image, and package render time. `hosted-phase`: what a hosted-cluster phase adds over a
 //! local one, and objects per second through one connector. `rollout`: HostedClusterPackage hand-off
-//! latency, and the manager's CPU time and memory for a fleet of HostedClusters.
+//! latency, and the manager's CPU time and memory for a fleet of HostedClusters. `sharding`: the same
+//! rollout under 1, 2 and 4 sharded replicas, take-over time and the write audit.
 
 mod env_startup;
 mod hosted_phase_bench;
 mod object_set_bench;
 mod package_bench;
 mod rollout_bench;
+mod sharding_bench;
 
 use std::path::PathBuf;
 
@@ -93,6 +95,19 @@ enum Measurement {
         #[arg(long)]
         manager: Option<PathBuf>,
     },
+    /// Sharded managers: a fleet's rollout under 1, 2 and 4 `--sharding` replicas (CPU and memory per
+    /// replica, wall time), take-over time after a replica is killed, and keys written by two replicas.
+    Sharding {
+        /// HostedClusters in the fleet.
+        #[arg(long, default_value_t = 1000)]
+        hosted_clusters: usize,
+        /// Replica counts to measure, comma-separated.
+        #[arg(long, value_delimiter = ',', default_values_t = [1usize, 2, 4])]
+        replicas: Vec<usize>,
+        /// pko-manager binary (default: next to this binary; pko-connector must be next to it).
+        #[arg(long)]
+        manager: Option<PathBuf>,
+    },
 }
 
 #[tokio::main]
@@ -125,6 +140,11 @@ async fn main() -> std::process::ExitCode {
             fleet,
             manager,
         } => rollout_bench::run(handoff_clusters, rollouts, fleet, manager).await,
+        Measurement::Sharding {
+            hosted_clusters,
+            replicas,
+            manager,
+        } => sharding_bench::run(hosted_clusters, replicas, manager).await,
     };
     if let Some(spans) = object_set_bench::spans_received() {
         println!("traces: {spans} spans received over OTLP/gRPC");

@@ -64,13 +64,13 @@ async fn measure(
 }
 
 /// Package images of distinct digests, pushed on demand.
-struct Images {
+pub(crate) struct Images {
     store: ImageStore,
     host: String,
 }
 
 impl Images {
-    fn new(env: &TestEnv) -> Self {
+    pub(crate) fn new(env: &TestEnv) -> Self {
         let host = env.registry().host();
         Self {
             store: ImageStore::new(vec![host.clone()]),
@@ -78,7 +78,7 @@ impl Images {
         }
     }
 
-    async fn push(&self, tag: &str, nonce: usize) -> Result<String, String> {
+    pub(crate) async fn push(&self, tag: &str, nonce: usize) -> Result<String, String> {
         let image = format!("{}/bench/rollout:{tag}", self.host);
         self.store
             .push(&image, &package_files(nonce), &RegistryAuth::Anonymous)
@@ -89,7 +89,7 @@ impl Images {
 }
 
 /// `count` Available HostedClusters labelled `fleet=<namespace>` in a new namespace.
-async fn fleet(env: &TestEnv, prefix: &str, count: usize) -> Result<String, String> {
+pub(crate) async fn fleet(env: &TestEnv, prefix: &str, count: usize) -> Result<String, String> {
     let ns = env
         .management()
         .create_namespace(prefix)
@@ -114,7 +114,7 @@ async fn fleet(env: &TestEnv, prefix: &str, count: usize) -> Result<String, Stri
 }
 
 /// Creates a HostedClusterPackage over the HostedClusters labelled `fleet=<fleet>`: starts a rollout.
-async fn create_hcpkg(
+pub(crate) async fn create_hcpkg(
     api: &Api<HostedClusterPackage>,
     name: &str,
     fleet: &str,
@@ -138,7 +138,11 @@ async fn create_hcpkg(
 }
 
 /// Points the template of HostedClusterPackage `name` at `image`: starts a rollout.
-async fn set_image(api: &Api<HostedClusterPackage>, name: &str, image: &str) -> Result<(), String> {
+pub(crate) async fn set_image(
+    api: &Api<HostedClusterPackage>,
+    name: &str,
+    image: &str,
+) -> Result<(), String> {
     let patch = json!({"spec": {"template": {"spec": {"image": image}}}});
     api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
@@ -159,13 +163,13 @@ fn live(p: &Package) -> bool {
 
 /// When each Package of a rollout to `image` first showed it, and first was live with it.
 #[derive(Default)]
-struct Timeline {
+pub(crate) struct Timeline {
     updated: HashMap<String, Instant>,
     available: HashMap<String, Instant>,
 }
 
 /// Follows the Packages of `owner` until all `total` are live on `image`.
-async fn follow_rollout(
+pub(crate) async fn follow_rollout(
     client: &Client,
     owner: &str,
     image: &str,
@@ -263,13 +267,13 @@ async fn handoff(
 }
 
 /// CPU time (user + system, all threads) and memory of a process, from /proc.
-struct Usage {
-    cpu: Duration,
-    rss_kib: u64,
-    peak_rss_kib: u64,
+pub(crate) struct Usage {
+    pub(crate) cpu: Duration,
+    pub(crate) rss_kib: u64,
+    pub(crate) peak_rss_kib: u64,
 }
 
-fn usage(pid: u32) -> Result<Usage, String> {
+pub(crate) fn usage(pid: u32) -> Result<Usage, String> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).map_err(|e| e.to_string())?;
     // Fields after the command (which may hold spaces) start at the state, field 3; utime and stime are
     // fields 14 and 15, in clock ticks.
@@ -326,7 +330,11 @@ fn step(label: &str, pid: u32, before: &Usage, started: Instant) -> Result<Usage
 }
 
 /// Waits until `count` connector Deployments exist in the fleet's HCP namespaces.
-async fn wait_connectors(client: &Client, fleet: &str, count: usize) -> Result<(), String> {
+pub(crate) async fn wait_connectors(
+    client: &Client,
+    fleet: &str,
+    count: usize,
+) -> Result<(), String> {
     let deployments: Api<Deployment> = Api::all(client.clone());
     let selector = ListParams::default().labels(&format!("{CONNECTOR_LABEL}=True"));
     let prefix = format!("{fleet}-");

@@ -50,6 +50,7 @@ cluster_only! {
     mod prometheus;
     mod stall_proxy;
     mod webhook;
+    mod write_audit;
 
     pub use apiserver::ApiServer;
     pub use connector::{ConnectorLaunch, ConnectorProcess};
@@ -63,6 +64,7 @@ cluster_only! {
     pub use otlp_receiver::{span_tree, OtlpReceiver, ReceivedSpan};
     pub use prometheus::{Prometheus, Sample, Series};
     pub use stall_proxy::StallProxy;
+    pub use write_audit::{shard_write_audit, WriteAudit};
 }
 
 pub use binaries::Binaries;

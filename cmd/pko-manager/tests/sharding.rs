@@ -224,76 +224,17 @@ async fn replicas_share_namespaces_and_take_over_a_killed_one() {
     assert_eq!(replicas.len(), 2);
 
     // No object was written by two replicas in one tenure (between two label writes of the coordinator).
-    let overlaps = overlapping_writers(&env.management().audit_log_path());
+    let audit = pko_testenv::shard_write_audit(&env.management().audit_log_path()).unwrap();
     assert!(
-        overlaps.is_empty(),
-        "written by two replicas at once: {overlaps:#?}"
+        audit.writes > 100,
+        "the audit log holds only {} manager writes",
+        audit.writes
     );
-}
-
-/// When, and by which replica (`None`: the coordinator's label write).
-type AuditedWrite = (String, Option<String>);
-
-/// From the apiserver's audit log: shard keys (a namespace, or one cluster-scoped object) whose objects
-/// of pko's kinds were written by two manager replicas between two consecutive shard-label writes of the
-/// coordinator (a tenure; a hand-off is always a label write). Package specs are left out: the
-/// HostedClusterPackage's supervisor writes them from whichever replica owns the HostedClusterPackage.
-fn overlapping_writers(audit_log: &Path) -> Vec<String> {
-    let text = std::fs::read_to_string(audit_log).unwrap();
-    // Per object, in order: Some(writer) for a replica's write, None for the coordinator's.
-    let mut writes: BTreeMap<(String, String), Vec<AuditedWrite>> = BTreeMap::new();
-    let mut counted = 0;
-    for line in text.lines() {
-        let Ok(event) = serde_json::from_str::<serde_json::Value>(line) else {
-            continue;
-        };
-        let agent = event["userAgent"].as_str().unwrap_or_default();
-        let code = event["responseStatus"]["code"].as_i64().unwrap_or_default();
-        if event["stage"] != "ResponseComplete" || !agent.starts_with("pko-manager/") || code >= 300
-        {
-            continue;
-        }
-        let object = &event["objectRef"];
-        let resource = object["resource"].as_str().unwrap_or_default().to_owned();
-        let coordinator = agent.contains("shard-coordinator");
-        if resource == "packages" && object["subresource"].is_null() && !coordinator {
-            continue;
-        }
-        let name = object["name"].as_str().unwrap_or_default().to_owned();
-        let key = match object["namespace"].as_str() {
-            Some(namespace) if !namespace.is_empty() => (String::new(), namespace.to_owned()),
-            _ => (resource, name),
-        };
-        let at = event["stageTimestamp"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned();
-        let writer = (!coordinator).then(|| agent.to_owned());
-        counted += 1;
-        writes.entry(key).or_default().push((at, writer));
-    }
     assert!(
-        counted > 100,
-        "the audit log holds only {counted} manager writes"
+        audit.overlaps.is_empty(),
+        "written by two replicas at once: {:#?}",
+        audit.overlaps
     );
-    let mut overlaps = Vec::new();
-    for (key, mut events) in writes {
-        events.sort();
-        let mut tenure: BTreeSet<String> = BTreeSet::new();
-        for (_, writer) in events {
-            match writer {
-                None => tenure.clear(),
-                Some(writer) => {
-                    tenure.insert(writer);
-                    if tenure.len() > 1 {
-                        overlaps.push(format!("{key:?}: {tenure:?}"));
-                        break;
-                    }
-                }
-            }
-        }
-    }
-    overlaps
 }
 
 /// Each Package of HostedClusterPackage `name` by namespace, with the replica labelled as its owner.

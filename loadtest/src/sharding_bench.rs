@@ -1,0 +1,219 @@
+//! `sharding`: the issue-20 figures. For each replica count, a fresh environment with that many
+//! `--sharding` managers, a fleet of simulated HostedClusters (their HCP namespaces, connector objects and
+//! Packages of a real package), a HostedClusterPackage creating every Package and a rolling update across
+//! them: wall time, and CPU and memory of each replica. With two replicas or more, one (not the
+//! coordinator) is killed and the time until its keys are labelled for the others is taken, against the
+//! Lease duration. Then the apiserver's audit log is checked for keys written by two replicas in one
+//! tenure.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::ListParams;
+use kube::{Api, Client};
+use pko_proto::core::hosted_cluster_package::HostedClusterPackage;
+use pko_proto::core::package::Package;
+use pko_proto::well_known::{HOSTED_CLUSTER_PACKAGE_LABEL, SHARD_OWNER_LABEL};
+use pko_testenv::{EnvConfig, ManagerProcess, TestEnv};
+
+use crate::object_set_bench::manager_path;
+use crate::rollout_bench::{
+    create_hcpkg, fleet, follow_rollout, set_image, usage, wait_connectors, Images, Usage,
+};
+
+/// The member and coordinator Leases' duration (the manager's default).
+const LEASE_SECONDS: u64 = 15;
+const TAKEOVER_TIMEOUT: Duration = Duration::from_secs(120);
+
+pub async fn run(
+    hosted_clusters: usize,
+    replicas: Vec<usize>,
+    manager: Option<PathBuf>,
+) -> ExitCode {
+    let manager = match manager_path(manager) {
+        Ok(path) => path,
+        Err(e) => {
+            eprintln!("pko-loadtest sharding: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    for count in replicas {
+        if let Err(e) = measure(hosted_clusters, count, &manager).await {
+            eprintln!("pko-loadtest sharding ({count} replicas): {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+async fn measure(size: usize, count: usize, manager: &std::path::Path) -> Result<(), String> {
+    let env = TestEnv::start(EnvConfig {
+        hosted_clusters: 0,
+        controller_manager: false,
+    })
+    .await
+    .map_err(|e| e.to_string())?;
+    let client = env.management().client().await.map_err(|e| e.to_string())?;
+    env.simulate_hypershift().await.map_err(|e| e.to_string())?;
+    let lease_ns = env
+        .management()
+        .create_namespace("shard-leases")
+        .await
+        .map_err(|e| e.to_string())?;
+    let lease_seconds = LEASE_SECONDS.to_string();
+    let args = [
+        "--sharding",
+        "--leader-election-namespace",
+        lease_ns.as_str(),
+        "--lease-name",
+        "pko-shard-coordinator",
+        "--lease-duration-seconds",
+        lease_seconds.as_str(),
+    ];
+    let mut replicas = Vec::new();
+    for _ in 0..count {
+        replicas.push(
+            env.start_manager(manager, &args)
+                .await
+                .map_err(|e| e.to_string())?,
+        );
+    }
+    let before = usages(&replicas)?;
+    let images = Images::new(&env);
+    let started = Instant::now();
+    let ns = fleet(&env, "bench-shard", size).await?;
+    wait_connectors(&client, &ns, size).await?;
+    let arrived = started.elapsed();
+    let api: Api<HostedClusterPackage> = Api::all(client.clone());
+    let name = format!("{ns}-shard");
+    let max_unavailable = (size / 10).max(1);
+    let v1 = images.push("shard-1", 3_001).await?;
+    let started = Instant::now();
+    follow_rollout(
+        &client,
+        &name,
+        &v1,
+        size,
+        create_hcpkg(&api, &name, &ns, &v1, max_unavailable),
+    )
+    .await?;
+    let created = started.elapsed();
+    let v2 = images.push("shard-2", 3_002).await?;
+    let started = Instant::now();
+    follow_rollout(&client, &name, &v2, size, set_image(&api, &name, &v2)).await?;
+    let updated = started.elapsed();
+    let after = usages(&replicas)?;
+    let owned = owned_namespaces(&client, &name).await?;
+    println!(
+        "{count} replica(s), {size} HostedClusters: arrive with connectors {:.1} s, {size} Packages created and live {:.1} s, rolling update (maxUnavailable {max_unavailable}) {:.1} s",
+        arrived.as_secs_f64(),
+        created.as_secs_f64(),
+        updated.as_secs_f64()
+    );
+    let mut total_cpu = Duration::ZERO;
+    for (replica, (start, end)) in replicas.iter().zip(before.iter().zip(&after)) {
+        let pid = replica.pid().unwrap_or_default();
+        let cpu = end.cpu.saturating_sub(start.cpu);
+        total_cpu += cpu;
+        let namespaces = owned
+            .iter()
+            .filter(|(owner, _)| owner.ends_with(&format!("-{pid}")))
+            .map(|(_, n)| *n)
+            .sum::<usize>();
+        println!(
+            "  replica {pid}: {namespaces} namespaces, CPU {:.1} s, RSS {:.0} MiB, peak RSS {:.0} MiB",
+            cpu.as_secs_f64(),
+            end.rss_kib as f64 / 1024.0,
+            end.peak_rss_kib as f64 / 1024.0
+        );
+    }
+    println!("  all replicas: CPU {:.1} s", total_cpu.as_secs_f64());
+
+    if count >= 2 {
+        let took = takeover(&client, &lease_ns, &name, &replicas).await?;
+        println!(
+            "  take-over after SIGKILL of a replica: {:.1} s (Lease {LEASE_SECONDS} s + {:.1} s)",
+            took.as_secs_f64(),
+            took.as_secs_f64() - LEASE_SECONDS as f64
+        );
+    }
+    let audit = pko_testenv::shard_write_audit(&env.management().audit_log_path())
+        .map_err(|e| e.to_string())?;
+    println!(
+        "  keys written by two replicas in one tenure: {} (of {} audited writes)",
+        audit.overlaps.len(),
+        audit.writes
+    );
+    Ok(())
+}
+
+fn usages(replicas: &[ManagerProcess]) -> Result<Vec<Usage>, String> {
+    replicas
+        .iter()
+        .map(|r| usage(r.pid().ok_or("a replica has no pid")?))
+        .collect()
+}
+
+/// Namespaces of HostedClusterPackage `name`'s Packages per owner label.
+async fn owned_namespaces(client: &Client, name: &str) -> Result<BTreeMap<String, usize>, String> {
+    let packages = Api::<Package>::all(client.clone())
+        .list(&ListParams::default().labels(&format!("{HOSTED_CLUSTER_PACKAGE_LABEL}={name}")))
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut owned = BTreeMap::new();
+    for p in packages.items {
+        let owner = p
+            .metadata
+            .labels
+            .and_then(|l| l.get(SHARD_OWNER_LABEL).cloned())
+            .unwrap_or_else(|| "(unlabelled)".to_owned());
+        *owned.entry(owner).or_default() += 1;
+    }
+    Ok(owned)
+}
+
+/// Kills a replica that does not coordinate and times until none of the fleet's Packages is labelled
+/// for it any more (each labelled for a live replica).
+async fn takeover(
+    client: &Client,
+    lease_ns: &str,
+    name: &str,
+    replicas: &[ManagerProcess],
+) -> Result<Duration, String> {
+    let coordinator = Api::<Lease>::namespaced(client.clone(), lease_ns)
+        .get("pko-shard-coordinator")
+        .await
+        .map_err(|e| e.to_string())?
+        .spec
+        .and_then(|s| s.holder_identity)
+        .unwrap_or_default();
+    let victim = replicas
+        .iter()
+        .find(|r| {
+            r.pid()
+                .is_some_and(|pid| !coordinator.ends_with(&format!("-{pid}")))
+        })
+        .ok_or("no replica besides the coordinator")?;
+    let suffix = format!("-{}", victim.pid().unwrap_or_default());
+    let started = Instant::now();
+    victim.kill();
+    loop {
+        let owned = owned_namespaces(client, name).await?;
+        if !owned
+            .keys()
+            .any(|o| o.ends_with(&suffix) || o == "(unlabelled)")
+        {
+            return Ok(started.elapsed());
+        }
+        if started.elapsed() > TAKEOVER_TIMEOUT {
+            return Err(format!(
+                "not taken over after {TAKEOVER_TIMEOUT:?}: {owned:?}"
+            ));
+        }
+        // The measurement's own pace: a list every 100 ms is the resolution of the figure.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
