@@ -10,11 +10,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use actix::fut::{self, ActorFutureExt};
 use actix::prelude::*;
 use futures::future::LocalBoxFuture;
+use futures::StreamExt;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::ListParams;
+use kube::runtime::watcher;
+use kube::runtime::WatchStreamExt;
 use kube::Api;
 use opentelemetry::trace::TraceContextExt;
 use pko_proto::core::hosted_cluster_package::{HostedClusterPackage, HostedClusterPackageStatus};
@@ -33,7 +34,6 @@ use crate::engine::rollout_status::PROGRESSING;
 use crate::engine::transition_events::rollout_transition;
 use crate::metrics::manager_metrics::ManagerMetrics;
 use crate::objects::object_meta::{event_reference, write_status_over};
-use crate::packages::package_object::PackageObject;
 use crate::rollout::hcp_namespace_actor::{HcpNamespaceActor, PackageCommand, PackageWritten};
 use crate::rollout::hosted_cluster_fleet::{FleetChanged, RolloutShared};
 use crate::runtime::context::ManagerContext;
@@ -62,14 +62,6 @@ fn rollout_step_span(name: &str, generation: i64, namespace: &str, group: Option
     span
 }
 
-/// A Package this HostedClusterPackage owns changed or was deleted.
-#[derive(Debug, Message)]
-#[rtype(result = "()")]
-pub struct OwnedPackageChanged {
-    pub package: PackageObject,
-    pub deleted: bool,
-}
-
 /// The previous plan, for the events between it and the next.
 struct LastPlan {
     generation: i64,
@@ -80,9 +72,13 @@ struct LastPlan {
 /// The HostedClusterPackage controller's own state.
 pub struct HostedClusterPackageController {
     shared: RolloutShared,
-    /// Owned Packages by namespace; `None` until the first LIST.
+    /// Owned Packages by namespace, from this supervisor's own watch of them; `None` until its first
+    /// list is complete (planning on a partial view could recreate existing Packages past the budget).
     /// Shared, not copied: every reconcile snapshots the whole fleet's Packages.
     packages: Option<BTreeMap<String, Arc<OwnedPackage>>>,
+    /// Whether the watch of the owned Packages runs; what its current re-list found so far.
+    watching: bool,
+    listing: BTreeMap<String, Arc<OwnedPackage>>,
     children: BTreeMap<String, Addr<HcpNamespaceActor>>,
     /// Writes handed to children and not answered yet: planned as updated and unavailable.
     writing: BTreeSet<String>,
@@ -103,6 +99,8 @@ impl Reconcile for HostedClusterPackageController {
         Self {
             shared: context.rollouts.clone(),
             packages: None,
+            watching: false,
+            listing: BTreeMap::new(),
             children: BTreeMap::new(),
             writing: BTreeSet::new(),
             failures: BTreeMap::new(),
@@ -141,51 +139,35 @@ impl Reconcile for HostedClusterPackageController {
             &hcpkg.spec.hosted_cluster_selector,
             ctx.address().recipient(),
         );
+        if !actor.state.watching {
+            // Its own watch of the Packages it owns, wherever they live (sharded: on any replica);
+            // it ends with the actor. Its first complete list wakes this actor.
+            actor.state.watching = true;
+            let api: Api<Package> = Api::all(actor.context.client.clone());
+            let owned = format!("{HOSTED_CLUSTER_PACKAGE_LABEL}={name}");
+            ctx.add_stream(
+                watcher::watcher(api, watcher::Config::default().labels(&owned))
+                    .default_backoff()
+                    .boxed(),
+            );
+        }
         if !actor.state.shared.fleet.is_ready() {
             // Woken by the fleet once it is complete.
             return done();
         }
-        let context = actor.context.clone();
-        let known = actor.state.packages.clone();
-        let writing = actor.state.writing.clone();
-        let gather = async move {
-            // The first reconcile reads the owned Packages itself: planning on a partial view could
-            // recreate existing Packages past the budget.
-            let packages = match known {
-                Some(p) => p,
-                None => list_owned_packages(&context, &name).await?,
-            };
-            Ok::<RolloutSnapshot, String>(RolloutSnapshot {
-                hcpkg,
-                packages,
-                writing,
-                clusters: Vec::new(),
-                failures: BTreeMap::new(),
-            })
+        let Some(packages) = actor.state.packages.clone() else {
+            return done();
         };
-        Box::pin(
-            fut::wrap_future::<_, HostedClusterPackageActor>(gather).then(|gathered, act, _| {
-                match gathered {
-                    Ok(mut snapshot) => {
-                        let state = &mut act.state;
-                        // Changes that arrived while gathering are in the live map: it wins.
-                        match &state.packages {
-                            Some(live) => snapshot.packages = live.clone(),
-                            None => state.packages = Some(snapshot.packages.clone()),
-                        }
-                        snapshot.writing = state.writing.clone();
-                        let selector = &snapshot.hcpkg.spec.hosted_cluster_selector;
-                        snapshot.clusters = state.shared.fleet.selected(selector);
-                        snapshot.failures = state.failures.clone();
-                        let decision = decide_rollout(&snapshot, Timestamp::now());
-                        act.carry_out(decision)
-                    }
-                    Err(error) => Box::pin(fut::ready(Outcome::Retry(format!(
-                        "cannot plan the rollout: {error}"
-                    )))),
-                }
-            }),
-        )
+        let selector = &hcpkg.spec.hosted_cluster_selector;
+        let snapshot = RolloutSnapshot {
+            clusters: actor.state.shared.fleet.selected(selector),
+            hcpkg,
+            packages,
+            writing: actor.state.writing.clone(),
+            failures: actor.state.failures.clone(),
+        };
+        let decision = decide_rollout(&snapshot, Timestamp::now());
+        actor.carry_out(decision)
     }
 
     /// The rollout's gauges; its Events come from its rollout steps (see `carry_out`).
@@ -400,22 +382,6 @@ impl HostedClusterPackageActor {
     }
 }
 
-async fn list_owned_packages(
-    context: &ManagerContext,
-    name: &str,
-) -> Result<BTreeMap<String, Arc<OwnedPackage>>, String> {
-    let list = Api::<Package>::all(context.client.clone())
-        .list(&ListParams::default().labels(&format!("{HOSTED_CLUSTER_PACKAGE_LABEL}={name}")))
-        .await
-        .map_err(|e| format!("listing owned Packages: {e}"))?;
-    Ok(list
-        .items
-        .into_iter()
-        .map(OwnedPackage::from)
-        .map(|p| (p.meta.namespace.clone().unwrap_or_default(), Arc::new(p)))
-        .collect())
-}
-
 /// Whether the stored status says the current generation's rollout was under way: written for this
 /// generation with Progressing=True (by this manager before a restart, or by another replica).
 fn under_way(hcpkg: &HostedClusterPackage) -> bool {
@@ -461,22 +427,53 @@ impl Handler<FleetChanged> for HostedClusterPackageActor {
     }
 }
 
-impl Handler<OwnedPackageChanged> for HostedClusterPackageActor {
-    type Result = ();
-    fn handle(&mut self, changed: OwnedPackageChanged, ctx: &mut Context<Self>) {
-        let namespace = changed.package.meta.namespace.clone().unwrap_or_default();
-        if let Some(packages) = self.state.packages.as_mut() {
-            if changed.deleted {
-                packages.remove(&namespace);
-            } else {
-                let PackageObject {
-                    meta, spec, status, ..
-                } = changed.package;
-                packages.insert(namespace, Arc::new(OwnedPackage { meta, spec, status }));
+impl StreamHandler<Result<watcher::Event<Package>, watcher::Error>> for HostedClusterPackageActor {
+    fn handle(
+        &mut self,
+        event: Result<watcher::Event<Package>, watcher::Error>,
+        ctx: &mut Context<Self>,
+    ) {
+        let owned = |package: Package| {
+            let owned = OwnedPackage::from(package);
+            (
+                owned.meta.namespace.clone().unwrap_or_default(),
+                Arc::new(owned),
+            )
+        };
+        let state = &mut self.state;
+        match event {
+            Ok(watcher::Event::Init) => state.listing.clear(),
+            Ok(watcher::Event::InitApply(package)) => {
+                let (namespace, package) = owned(package);
+                state.listing.insert(namespace, package);
+                return;
+            }
+            // A complete list replaces what was known: Packages deleted meanwhile are gone.
+            Ok(watcher::Event::InitDone) => {
+                state.packages = Some(std::mem::take(&mut state.listing));
+            }
+            Ok(watcher::Event::Apply(package)) => {
+                let (namespace, package) = owned(package);
+                if let Some(packages) = state.packages.as_mut() {
+                    packages.insert(namespace, package);
+                }
+            }
+            Ok(watcher::Event::Delete(package)) => {
+                let (namespace, _) = owned(package);
+                if let Some(packages) = state.packages.as_mut() {
+                    packages.remove(&namespace);
+                }
+            }
+            Err(error) => {
+                warn!(%error, "watching the owned Packages; retrying");
+                return;
             }
         }
         self.request_reconcile(ctx);
     }
+
+    /// The watch ends only with the actor.
+    fn finished(&mut self, _: &mut Context<Self>) {}
 }
 
 impl Handler<PackageWritten> for HostedClusterPackageActor {

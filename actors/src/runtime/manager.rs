@@ -1,6 +1,5 @@
 //! Starts the manager's actor tree: the feeds for each kind pko reconciles and the registries behind them.
 
-use pko_proto::well_known::HOSTED_CLUSTER_PACKAGE_LABEL;
 use std::sync::Arc;
 
 use actix::{Actor, System};
@@ -15,9 +14,7 @@ use pko_proto::hypershift::HostedCluster;
 use crate::hypershift::connector_hub::ConnectorHub;
 use crate::hypershift::hosted_cluster_actor::HostedClusterActor;
 use crate::objects::deployment_object::DeploymentObject;
-use crate::rollout::hosted_cluster_package_actor::{
-    HostedClusterPackageActor, OwnedPackageChanged,
-};
+use crate::rollout::hosted_cluster_package_actor::HostedClusterPackageActor;
 use crate::runtime::context::ManagerContext;
 
 use crate::hypershift::hypershift_detector::HyperShiftDetector;
@@ -28,7 +25,6 @@ use crate::objects::object_set_actor::ObjectSetActor;
 use crate::objects::object_template_actor::ObjectTemplateActor;
 use crate::objects::set_object::{SetKind, SetObject};
 use crate::packages::package_actor::{DeploymentChanged, PackageActor};
-use crate::packages::package_object::PackageObject;
 use crate::runtime::kind_feed::{KindFeed, Tap};
 use crate::runtime::registry::{ObjectRef, Registry};
 
@@ -94,34 +90,6 @@ fn package_tap(packages: Arc<Registry<PackageActor>>) -> Tap<DeploymentObject> {
     })
 }
 
-/// Tells the HostedClusterPackage that owns a Package (by label) about its changes.
-fn owned_package_tap(registry: Arc<Registry<HostedClusterPackageActor>>) -> Tap<PackageObject> {
-    Arc::new(move |package: &PackageObject, deleted| {
-        if package.cluster {
-            return;
-        }
-        let Some(owner) = package
-            .meta
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(HOSTED_CLUSTER_PACKAGE_LABEL))
-        else {
-            return;
-        };
-        let key = ObjectRef {
-            kind: "HostedClusterPackage",
-            namespace: String::new(),
-            name: owner.clone(),
-        };
-        if let Some(addr) = registry.get(&key) {
-            addr.do_send(OwnedPackageChanged {
-                package: package.clone(),
-                deleted,
-            });
-        }
-    })
-}
-
 /// Starts the feeds on the current actix System.
 pub fn start(context: ManagerContext) -> Engine {
     let sets: Arc<Registry<ObjectSetActor>> = Arc::default();
@@ -158,11 +126,7 @@ pub fn start(context: ManagerContext) -> Engine {
         .start();
     KindFeed::<ClusterObjectDeployment, _>::new(context.clone(), deployments.clone(), od_tap)
         .start();
-    let owned_tap = Some(owned_package_tap(rollouts.clone()));
-    // Sharded, the HostedClusterPackages here follow Packages in every replica's namespaces.
-    KindFeed::<Package, _>::new(context.clone(), packages.clone(), owned_tap)
-        .gated()
-        .start();
+    KindFeed::<Package, _>::new(context.clone(), packages.clone(), None).start();
     KindFeed::<ClusterPackage, _>::new(context.clone(), packages.clone(), None).start();
     let templates: Arc<Registry<ObjectTemplateActor>> = Arc::default();
     KindFeed::<ObjectTemplate, _>::new(context.clone(), templates.clone(), None).start();
