@@ -2,6 +2,7 @@
 //! on the ObjectSets they own.
 
 use crate::runtime::telemetry::{current_traceparent, TRACE_PARENT_ANNOTATION};
+use pko_proto::well_known::SHARD_OWNER_LABEL;
 use pko_proto::well_known::{DEPLOYMENT_LABEL, HASH_ANNOTATION, REVISION_ANNOTATION};
 use std::collections::BTreeMap;
 
@@ -104,11 +105,16 @@ impl DeploymentObject {
         hash: &str,
         revision: i64,
         previous: &[String],
+        shard_owner: Option<&str>,
     ) -> Result<(), kube::Error> {
         let template = &self.spec.template;
         let mut labels: BTreeMap<String, String> =
             template.metadata.labels.clone().unwrap_or_default();
         labels.insert(DEPLOYMENT_LABEL.to_owned(), self.name().to_owned());
+        // Sharded: the replica creating it works on it; its watch sees the set at once.
+        if let Some(owner) = shard_owner {
+            labels.insert(SHARD_OWNER_LABEL.to_owned(), owner.to_owned());
+        }
         let mut annotations: BTreeMap<String, String> =
             template.metadata.annotations.clone().unwrap_or_default();
         annotations.insert(HASH_ANNOTATION.to_owned(), hash.to_owned());

@@ -108,7 +108,14 @@ async fn reconcile_deployment(
                 previous,
             } => {
                 match od
-                    .create_set(client.clone(), name, &hash, *revision, previous)
+                    .create_set(
+                        client.clone(),
+                        name,
+                        &hash,
+                        *revision,
+                        previous,
+                        context.shard.as_ref().map(|s| &*s.member),
+                    )
                     .await
                 {
                     Ok(()) => {}

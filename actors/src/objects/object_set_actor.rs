@@ -88,6 +88,7 @@ enum Unplannable {
 async fn gather_plan(
     client: kube::Client,
     set: SetObject,
+    shard_owner: Option<String>,
 ) -> Result<(i64, i64, Vec<PhasePlan>), Unplannable> {
     let api = set
         .kind
@@ -96,7 +97,10 @@ async fn gather_plan(
     let phase_api = set.kind.phase_kind().api(client.clone(), set.namespace());
     // An ObjectSetPhase named <set>-<phase> adopts from <previous>-<phase>, which controls the objects.
     let phase_suffix = set.delegated_phase_name();
-    let mut inputs = PlanInputs::default();
+    let mut inputs = PlanInputs {
+        shard_owner,
+        ..PlanInputs::default()
+    };
     let mut highest_previous = 0;
     for previous in &set.spec.previous {
         if let Some(suffix) = &phase_suffix {
@@ -576,7 +580,8 @@ impl Reconcile for ObjectSetController {
         set: SetObject,
         _: &mut Context<ObjectSetActor>,
     ) -> Work<Self> {
-        let gather = gather_plan(actor.context.client.clone(), set);
+        let shard_owner = actor.context.shard.as_ref().map(|s| s.member.to_string());
+        let gather = gather_plan(actor.context.client.clone(), set, shard_owner);
         work(
             gather,
             |result, act: &mut ObjectSetActor, ctx| match result {

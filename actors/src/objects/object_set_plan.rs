@@ -3,6 +3,7 @@
 
 use crate::runtime::telemetry::TRACE_PARENT_ANNOTATION;
 use pko_proto::well_known::PHASE_CLASS_LABEL;
+use pko_proto::well_known::SHARD_OWNER_LABEL;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -38,6 +39,8 @@ pub struct PlanInputs {
     pub previous_uids: Vec<String>,
     /// Objects of each referenced ObjectSlice, by slice name.
     pub slices: BTreeMap<String, Vec<ObjectSetObject>>,
+    /// Sharded: the replica working on the set, which its ObjectSetPhases are labelled for from the start.
+    pub shard_owner: Option<String>,
 }
 
 /// The objects of a phase: its own plus those of its slices, in order.
@@ -65,8 +68,9 @@ fn phase_object(
     set: &SetObject,
     phase: &ObjectSetTemplatePhase,
     objects: &[ObjectSetObject],
-    revision: i64,
+    inputs: &PlanInputs,
 ) -> serde_json::Value {
+    let revision = inputs.revision;
     let kind = set.kind.phase_kind();
     let mut object = json!({
         "apiVersion": format!("{}/{}", pko_proto::GROUP, pko_proto::VERSION),
@@ -89,6 +93,9 @@ fn phase_object(
     // rewritten for it.
     if let Some(traceparent) = set.traceparent() {
         object["metadata"]["annotations"] = json!({ TRACE_PARENT_ANNOTATION: traceparent });
+    }
+    if let Some(owner) = &inputs.shard_owner {
+        object["metadata"]["labels"][SHARD_OWNER_LABEL] = owner.as_str().into();
     }
     object
 }
@@ -158,7 +165,7 @@ pub fn plan_object_set(set: &SetObject, inputs: &PlanInputs) -> Result<Vec<Phase
             }
         } else {
             let delegate = ObjectSetObject {
-                object: phase_object(set, phase, &objects, inputs.revision),
+                object: phase_object(set, phase, &objects, inputs),
                 collision_protection: CollisionProtection::Prevent,
                 condition_mappings: Vec::new(),
             };

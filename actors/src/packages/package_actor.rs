@@ -31,7 +31,7 @@ use pko_package::canonical_hash::value_hash;
 use pko_package::chunking::{chunk, ChunkingStrategy};
 use pko_package::environment::{environment_value, package_environment};
 use pko_package::loader::load_installable;
-use pko_proto::well_known::CHUNKING_ANNOTATION;
+use pko_proto::well_known::{CHUNKING_ANNOTATION, SHARD_OWNER_LABEL};
 use tracing::{info_span, Instrument};
 
 /// The package's ObjectDeployment changed.
@@ -130,6 +130,10 @@ async fn unpack(
     // The ObjectDeployment's reconcile continues this trace (written only when the package changed).
     if let Some(traceparent) = current_traceparent() {
         deployment["metadata"]["annotations"][TRACE_PARENT_ANNOTATION] = traceparent.into();
+    }
+    // Sharded: this replica works on the Package's key, so on its ObjectDeployment too.
+    if let Some(shard) = &context.shard {
+        deployment["metadata"]["labels"][SHARD_OWNER_LABEL] = (*shard.member).into();
     }
     package
         .apply_deployment(context.client.clone(), &deployment)

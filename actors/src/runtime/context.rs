@@ -40,9 +40,15 @@ pub struct ManagerContext {
     pub feeds: FeedSync,
     /// Where the Kubernetes Events the manager raises go.
     pub events: EventSink,
-    /// This replica's member name when the manager runs sharded: it works only on objects labelled for
+    /// This replica's membership when the manager runs sharded: it works only on objects labelled for
     /// it (`SHARD_OWNER_LABEL`); `None` in leader-election mode, where the leader works on everything.
-    pub shard: Option<Arc<str>>,
+    pub shard: Option<ShardContext>,
+}
+
+/// A sharded replica: its member name, which its owner label carries.
+#[derive(Clone)]
+pub struct ShardContext {
+    pub member: Arc<str>,
 }
 
 impl ManagerContext {
@@ -81,7 +87,9 @@ impl ManagerContext {
     /// This context for a sharded replica named `member`.
     pub fn sharded(self, member: &str) -> Self {
         Self {
-            shard: Some(Arc::from(member)),
+            shard: Some(ShardContext {
+                member: Arc::from(member),
+            }),
             ..self
         }
     }

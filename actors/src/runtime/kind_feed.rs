@@ -291,16 +291,17 @@ where
 
     /// Whether this replica works on an object with these labels.
     fn shard_of(&self, meta: &kube::api::ObjectMeta) -> ShardState {
-        let Some(me) = &self.context.shard else {
+        let Some(shard) = &self.context.shard else {
             return ShardState::Ours;
         };
+        let me = &shard.member;
         let label = |name: &str| {
             meta.labels
                 .as_ref()
                 .and_then(|l| l.get(name))
                 .map(String::as_str)
         };
-        let mine = label(SHARD_OWNER_LABEL) == Some(me);
+        let mine = label(SHARD_OWNER_LABEL) == Some(&**me);
         let draining = label(SHARD_DRAIN_LABEL) == Some("true");
         if mine && !draining {
             ShardState::Ours
@@ -392,8 +393,8 @@ where
         let api: Api<K> = Api::all(self.context.client.clone());
         let config = match (&self.context.shard, self.gated) {
             // Only this replica's share is watched: the cache holds only what it works on.
-            (Some(me), false) => {
-                watcher::Config::default().labels(&format!("{SHARD_OWNER_LABEL}={me}"))
+            (Some(shard), false) => {
+                watcher::Config::default().labels(&format!("{SHARD_OWNER_LABEL}={}", shard.member))
             }
             _ => watcher::Config::default(),
         };

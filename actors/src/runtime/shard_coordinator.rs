@@ -29,8 +29,9 @@ use tracing::{info, warn};
 use crate::engine::shard_assignment::{coordinate, LabelAction, Member, Placement, ShardKey};
 use crate::metrics::shard_metrics::ShardMetrics;
 
-/// Label writes in flight at once.
-const WRITE_CONCURRENCY: usize = 16;
+/// Label writes in flight at once: a take-over relabels a departed replica's whole share, and the
+/// manager's client allows 32 requests at once (`--max-in-flight-requests`).
+const WRITE_CONCURRENCY: usize = 32;
 
 /// One object the coordinator keeps labelled.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
