@@ -17,7 +17,9 @@ use kube::{Api, Client};
 use pko_proto::core::hosted_cluster_package::HostedClusterPackage;
 use pko_proto::core::package::Package;
 use pko_proto::well_known::{HOSTED_CLUSTER_PACKAGE_LABEL, SHARD_OWNER_LABEL};
-use pko_testenv::{EnvConfig, ManagerProcess, TestEnv};
+use pko_testenv::{
+    sharded_manager_args, EnvConfig, ManagerProcess, TestEnv, SHARD_COORDINATOR_LEASE,
+};
 
 use crate::object_set_bench::manager_path;
 use crate::rollout_bench::{
@@ -63,16 +65,8 @@ async fn measure(size: usize, count: usize, manager: &std::path::Path) -> Result
         .create_namespace("shard-leases")
         .await
         .map_err(|e| e.to_string())?;
-    let lease_seconds = LEASE_SECONDS.to_string();
-    let args = [
-        "--sharding",
-        "--leader-election-namespace",
-        lease_ns.as_str(),
-        "--lease-name",
-        "pko-shard-coordinator",
-        "--lease-duration-seconds",
-        lease_seconds.as_str(),
-    ];
+    let args = sharded_manager_args(&lease_ns, LEASE_SECONDS);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut replicas = Vec::new();
     for _ in 0..count {
         replicas.push(
@@ -184,7 +178,7 @@ async fn takeover(
     replicas: &[ManagerProcess],
 ) -> Result<Duration, String> {
     let coordinator = Api::<Lease>::namespaced(client.clone(), lease_ns)
-        .get("pko-shard-coordinator")
+        .get(SHARD_COORDINATOR_LEASE)
         .await
         .map_err(|e| e.to_string())?
         .spec

@@ -59,7 +59,9 @@ cluster_only! {
     pub use dashboard::{Dashboard, PanelData};
     pub use env::{shared, shared_with, EnvConfig, StartupTimings, TestEnv};
     pub use hypershift::{SimulatedHostedCluster, HOSTED_CLUSTERS_NAMESPACE, KUBECONFIG_SECRET};
-    pub use manager::{ManagerLaunch, ManagerProcess};
+    pub use manager::{
+        sharded_manager_args, ManagerLaunch, ManagerProcess, SHARD_COORDINATOR_LEASE,
+    };
     pub use nats::Nats;
     pub use otlp_receiver::{span_tree, OtlpReceiver, ReceivedSpan};
     pub use prometheus::{Prometheus, Sample, Series};

@@ -120,6 +120,25 @@ impl ManagerProcess {
     }
 }
 
+/// The coordinator Lease of managers started with [`sharded_manager_args`].
+pub const SHARD_COORDINATOR_LEASE: &str = "pko-shard-coordinator";
+
+/// The arguments of a `--sharding` replica whose member Leases and coordinator Lease live in
+/// `lease_namespace` and last `lease_seconds`.
+pub fn sharded_manager_args(lease_namespace: &str, lease_seconds: u64) -> Vec<String> {
+    [
+        "--sharding",
+        "--leader-election-namespace",
+        lease_namespace,
+        "--lease-name",
+        SHARD_COORDINATOR_LEASE,
+        "--lease-duration-seconds",
+        &lease_seconds.to_string(),
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
 /// How a manager is started when not as the environment's admin with its NATS.
 #[derive(Debug, Default, Clone)]
 pub struct ManagerLaunch<'a> {

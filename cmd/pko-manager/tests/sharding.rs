@@ -18,13 +18,13 @@ use pko_proto::core::hosted_cluster_package::HostedClusterPackage;
 use pko_proto::core::object_set::ObjectSet;
 use pko_proto::core::package::Package;
 use pko_proto::well_known::{HOSTED_CLUSTER_PACKAGE_LABEL, SHARD_OWNER_LABEL};
-use pko_testenv::wait_until;
+use pko_testenv::{sharded_manager_args, wait_until, SHARD_COORDINATOR_LEASE};
 use serde_json::json;
 
 use common::rollout::{all_available, condition, fleet, hcpkg, wait_status, RolloutObserver};
 use common::*;
 
-const LEASE_SECONDS: &str = "3";
+const LEASE_SECONDS: u64 = 3;
 
 /// An ObjectSet with one ConfigMap in a new namespace, Available.
 async fn set_in_new_namespace(client: &kube::Client, prefix: &str) -> String {
@@ -67,15 +67,8 @@ async fn replicas_share_namespaces_and_take_over_a_killed_one() {
         .create_namespace("shard-leases")
         .await
         .unwrap();
-    let args = [
-        "--sharding",
-        "--leader-election-namespace",
-        lease_ns.as_str(),
-        "--lease-name",
-        "pko-shard-coordinator",
-        "--lease-duration-seconds",
-        LEASE_SECONDS,
-    ];
+    let args = sharded_manager_args(&lease_ns, LEASE_SECONDS);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let binary = Path::new(env!("CARGO_BIN_EXE_pko-manager"));
     let mut replicas: Vec<pko_testenv::ManagerProcess> = Vec::new();
     for _ in 0..3 {
@@ -105,7 +98,7 @@ async fn replicas_share_namespaces_and_take_over_a_killed_one() {
     // A replica other than the coordinator (the Lease holder) is killed: its namespaces move after its
     // Lease runs out and are reconciled there (a new ObjectSet in such a namespace becomes Available).
     let coordinator_identity = Api::<Lease>::namespaced(client.clone(), &lease_ns)
-        .get("pko-shard-coordinator")
+        .get(SHARD_COORDINATOR_LEASE)
         .await
         .unwrap()
         .spec
