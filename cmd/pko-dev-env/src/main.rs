@@ -446,10 +446,11 @@ async fn print_rollout_trace(receiver: &OtlpReceiver) {
                 .max_by_key(|s| s.start_unix_nanos)
                 .ok_or("no rollout step traced yet")?;
             let trace = receiver.trace(&step.trace_id);
-            if trace.iter().any(|s| s.name == "reconcile ObjectSet") {
+            // A phase span ends after its applies, so once it is here the path down to them is.
+            if trace.iter().any(|s| s.attribute("pko.phase").is_some()) {
                 Ok((step.trace_id.clone(), trace))
             } else {
-                Err("the step's trace has not reached its ObjectSet yet".to_owned())
+                Err("the step's trace has not reached its phases yet".to_owned())
             }
         },
     )
