@@ -154,6 +154,11 @@ impl HostedClusterSubjects {
         }
     }
 
+    /// The operation a subject names: its last token (`apply`, `teardown`, `status`, `hello`).
+    pub fn operation_of(subject: &str) -> &str {
+        subject.rsplit('.').next().unwrap_or(subject)
+    }
+
     /// The HCP namespace of a subject under [`SUBJECT_PREFIX`], if it is one (bound or not).
     pub fn namespace_of(subject: &str) -> Option<&str> {
         let rest = subject.strip_prefix(SUBJECT_PREFIX)?.strip_prefix('.')?;
@@ -375,6 +380,8 @@ mod tests {
             HostedClusterSubjects::namespace_of(&s.status()),
             Some("clusters-hosted-0")
         );
+        assert_eq!(HostedClusterSubjects::operation_of(&s.apply()), "apply");
+        assert_eq!(HostedClusterSubjects::operation_of(&s.hello()), "hello");
         let bound = s.clone().bound_to("0a1b-2c3d").unwrap();
         assert_eq!(
             bound.apply(),

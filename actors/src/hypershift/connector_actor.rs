@@ -320,7 +320,7 @@ impl ConnectorActor {
 /// The span of handling one request: a consumer span in the manager's trace, its parent taken from the
 /// request's W3C trace-context headers.
 fn consumer_span(request: &NatsMessage, phase: &PhaseRef) -> Span {
-    let operation = request.subject.rsplit('.').next().unwrap_or_default();
+    let operation = HostedClusterSubjects::operation_of(&request.subject);
     let span = info_span!(
         "connector request",
         otel.kind = "consumer",

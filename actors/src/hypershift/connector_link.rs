@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use async_nats::client::RequestErrorKind;
 use async_nats::{ConnectOptions, HeaderMap, Request};
-use pko_proto::connector_wire::{decode, encode, Reply, WireError};
+use pko_proto::connector_wire::{decode, encode, HostedClusterSubjects, Reply, WireError};
 use pko_proto::nats_credentials::{AccountSigner, CredentialsError};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -135,7 +135,7 @@ impl ConnectorLink {
         skip(self, message),
         fields(
             otel.kind = "producer",
-            otel.name = %format_args!("send {}", subject_kind(&subject)),
+            otel.name = %format_args!("send {}", HostedClusterSubjects::operation_of(&subject)),
             messaging.system = "nats",
             messaging.operation = "send",
             messaging.destination.name = %subject,
@@ -188,9 +188,4 @@ impl ConnectorLink {
             wire(source)
         })
     }
-}
-
-/// The last token of a subject (`apply`, `teardown`): span names stay few, the full subject is an attribute.
-fn subject_kind(subject: &str) -> &str {
-    subject.rsplit('.').next().unwrap_or(subject)
 }
