@@ -19,7 +19,6 @@ use pko_proto::connector_wire::{
 use serde::Serialize;
 use tokio::sync::mpsc;
 use tracing::{debug, info, info_span, warn, Span};
-use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::hypershift::hosted_phase::{plan_apply, plan_teardown, refused, report_of_run};
 use crate::objects::applier::Applier;
@@ -28,7 +27,7 @@ use crate::objects::phase_actor::{
     PhaseActor, PhaseCommand, PhaseFinished, PhaseOutcome, UpdatePlan,
 };
 use crate::objects::phase_runner::PhasePlan;
-use crate::runtime::telemetry::{remote_context, CapturedTrace};
+use crate::runtime::telemetry::CapturedTrace;
 
 /// What arrives from NATS.
 #[derive(Debug, Message)]
@@ -334,11 +333,8 @@ fn consumer_span(request: &NatsMessage, phase: &PhaseRef) -> Span {
         generation = phase.generation,
     );
     let headers = request.headers.as_ref();
-    if let Some(parent) = remote_context(|key| headers.and_then(|h| h.get(key)).map(|v| v.as_str()))
-    {
-        // Only fails when the span was already started, which a new span is not.
-        let _ = span.set_parent(parent);
-    }
+    CapturedTrace::from_headers(|key| headers.and_then(|h| h.get(key)).map(|v| v.as_str()))
+        .parent(&span);
     span
 }
 

@@ -42,7 +42,7 @@ use crate::runtime::object_actor::{
 };
 use crate::runtime::reconcile_gate::Backoff;
 use crate::runtime::registry::ObjectRef;
-use crate::runtime::telemetry::{current_trace_id, current_traceparent, TRACE_PARENT_ANNOTATION};
+use crate::runtime::telemetry::{current_traceparent, trace_id_of, TRACE_PARENT_ANNOTATION};
 
 /// The root span of one rollout step (the decision to create or update one Package), linked to the
 /// reconcile that decided it.
@@ -259,7 +259,7 @@ impl HostedClusterPackageActor {
                         (namespace.clone(), span)
                     })
                     .collect();
-                let decision = (current_trace_id(), current_traceparent());
+                let decision = current_traceparent();
                 let events: Vec<RolloutEvent> = steps
                     .into_iter()
                     .map(|s| {
@@ -268,12 +268,14 @@ impl HostedClusterPackageActor {
                             .as_ref()
                             .filter(|_| s.kind == RolloutEventKind::PackageUpdated)
                             .and_then(|namespace| steps_traced.get(namespace));
-                        let (trace_id, traceparent) = match traced {
-                            Some(span) => {
-                                span.in_scope(|| (current_trace_id(), current_traceparent()))
-                            }
+                        let traceparent = match traced {
+                            Some(span) => span.in_scope(current_traceparent),
                             None => decision.clone(),
                         };
+                        let trace_id = traceparent
+                            .as_deref()
+                            .and_then(trace_id_of)
+                            .map(str::to_owned);
                         RolloutEvent {
                             version: EVENT_VERSION,
                             kind: s.kind,
@@ -442,7 +444,10 @@ impl StreamHandler<Result<watcher::Event<Package>, watcher::Error>> for HostedCl
         };
         let state = &mut self.state;
         match event {
-            Ok(watcher::Event::Init) => state.listing.clear(),
+            Ok(watcher::Event::Init) => {
+                state.listing.clear();
+                return;
+            }
             Ok(watcher::Event::InitApply(package)) => {
                 let (namespace, package) = owned(package);
                 state.listing.insert(namespace, package);

@@ -37,9 +37,9 @@ where
             })
     });
     // Inside the runtime: the gRPC exporter's channel spawns its worker task on it.
-    let traces = match system
-        .block_on(async { telemetry::Telemetry::install(telemetry.service, telemetry.json_logs) })
-    {
+    let traces = match system.block_on(async {
+        telemetry::TracePipeline::install(telemetry.service, telemetry.json_logs)
+    }) {
         Ok(traces) => traces,
         Err(e) => {
             eprintln!("{e}");

@@ -38,11 +38,11 @@ pub struct TelemetryError {
 }
 
 /// The installed trace pipeline; `shutdown` flushes what is still buffered.
-pub struct Telemetry {
+pub struct TracePipeline {
     provider: Option<SdkTracerProvider>,
 }
 
-impl Telemetry {
+impl TracePipeline {
     /// Installs the global subscriber: logs to stderr (JSON lines carrying `trace_id`/`span_id` when
     /// `json`), plus OTLP export when an endpoint is configured. Must run inside the tokio runtime (the gRPC
     /// channel spawns its worker there). `service` is `service.name` unless the environment names one.
@@ -60,10 +60,12 @@ impl Telemetry {
                 .with_writer(std::io::stderr)
                 .boxed()
         };
-        let provider = match export_endpoint() {
-            Some(endpoint) => Some(
-                tracer_provider(service).map_err(|source| TelemetryError { endpoint, source })?,
-            ),
+        let endpoint = export_endpoint();
+        let provider = match &endpoint {
+            Some(endpoint) => Some(tracer_provider(service).map_err(|source| TelemetryError {
+                endpoint: endpoint.clone(),
+                source,
+            })?),
             None => None,
         };
         let traces = provider.as_ref().map(|provider| {
@@ -76,7 +78,7 @@ impl Telemetry {
             .with(logs.with_filter(filter()))
             .with(traces)
             .init();
-        if let Some(endpoint) = export_endpoint().filter(|_| provider.is_some()) {
+        if let Some(endpoint) = endpoint {
             tracing::info!(endpoint, "exporting traces over OTLP");
         }
         Ok(Self { provider })
@@ -168,18 +170,13 @@ pub fn current_traceparent() -> Option<String> {
     traceparent
 }
 
-/// The current span's trace id as 32 hex digits, if it has a valid OTel context.
-pub fn current_trace_id() -> Option<String> {
-    let context = Span::current().context();
-    let span = context.span();
-    let span_context = span.span_context();
-    span_context
-        .is_valid()
-        .then(|| span_context.trace_id().to_string())
+/// The trace id (32 hex digits) a W3C `traceparent` names.
+pub fn trace_id_of(traceparent: &str) -> Option<&str> {
+    traceparent.split('-').nth(1).filter(|id| id.len() == 32)
 }
 
 /// The remote context a set of W3C headers names (read through `get`), or None when they name none.
-pub fn remote_context<'a>(get: impl Fn(&str) -> Option<&'a str>) -> Option<Context> {
+fn remote_context<'a>(get: impl Fn(&str) -> Option<&'a str>) -> Option<Context> {
     // The marker ties the values' lifetime to the struct, so a borrow of it never outlives them.
     struct Headers<'a, F>(F, std::marker::PhantomData<&'a str>);
     impl<'a, F: Fn(&str) -> Option<&'a str>> Extractor for Headers<'a, F> {
@@ -209,6 +206,11 @@ impl CapturedTrace {
     pub fn current() -> Self {
         let context = Span::current().context();
         Self(context.span().span_context().is_valid().then_some(context))
+    }
+
+    /// The context a message's W3C trace-context headers (read through `get`) name, if any.
+    pub fn from_headers<'a>(get: impl Fn(&str) -> Option<&'a str>) -> Self {
+        Self(remote_context(get))
     }
 
     /// Makes `span` a child of the captured context.
@@ -383,6 +385,11 @@ mod tests {
             "0af7651916cd43dd8448eb211c80319c"
         );
         assert_eq!(context.span_id().to_string(), "b7ad6b7169203331");
+        assert_eq!(
+            trace_id_of(parent),
+            Some("0af7651916cd43dd8448eb211c80319c")
+        );
+        assert_eq!(trace_id_of("00-short-b7ad6b7169203331-01"), None);
         assert!(context.is_remote());
         for bad in [
             "",
@@ -398,7 +405,6 @@ mod tests {
         let span = tracing::info_span!("untraced");
         let _entered = span.enter();
         assert!(current_traceparent().is_none());
-        assert!(current_trace_id().is_none());
     }
 
     /// Spans made by `runs` under `cause`, as the SDK exports them.
