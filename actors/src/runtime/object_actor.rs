@@ -244,7 +244,6 @@ impl<R: Reconcile> ObjectActor<R> {
                 .finished(R::CONTROLLER, result, started.elapsed());
             let failed = result != ReconcileResult::Success;
             if act.releasing.is_some() {
-                act.gate.finish(ctx, false, Self::request_reconcile);
                 act.stop_released(ctx);
                 return;
             }
