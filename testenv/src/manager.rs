@@ -81,29 +81,12 @@ impl ManagerProcess {
 
     /// Freezes the process (SIGSTOP): it holds its connections but neither reads nor writes.
     pub fn pause(&self) -> Result<(), TestEnvError> {
-        self.signal("-STOP")
+        self.process.signal("-STOP")
     }
 
     /// Lets a paused process run again (SIGCONT).
     pub fn resume(&self) -> Result<(), TestEnvError> {
-        self.signal("-CONT")
-    }
-
-    fn signal(&self, signal: &str) -> Result<(), TestEnvError> {
-        let pid = self.pid().unwrap_or_default().to_string();
-        let status = Command::new("kill")
-            .args([signal, &pid])
-            .status()
-            .map_err(io_error("run kill", Path::new("kill")))?;
-        if status.success() {
-            Ok(())
-        } else {
-            Err(TestEnvError::Exited {
-                name: format!("pko-manager (kill {signal} {pid})"),
-                status: status.to_string(),
-                log_tail: self.log_tail(),
-            })
-        }
+        self.process.signal("-CONT")
     }
 
     /// Kills the process (SIGKILL) and reaps it.

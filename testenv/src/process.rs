@@ -195,6 +195,25 @@ impl ManagedProcess {
         })
     }
 
+    /// Sends `signal` (as `kill` spells it: `-STOP`, `-TERM`, …) to the process.
+    #[cfg(feature = "cluster")]
+    pub(crate) fn signal(&self, signal: &str) -> Result<(), TestEnvError> {
+        let pid = self.pid().unwrap_or_default().to_string();
+        let status = std::process::Command::new("kill")
+            .args([signal, &pid])
+            .status()
+            .map_err(crate::error::io_error("run kill", Path::new("kill")))?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(TestEnvError::Exited {
+                name: format!("{} (kill {signal} {pid})", self.name),
+                status: status.to_string(),
+                log_tail: self.log_tail(),
+            })
+        }
+    }
+
     /// Asks the process to stop (SIGTERM) as a kubelet does, and waits up to `grace` for it to exit; kills
     /// it after that. Returns how it ended.
     #[cfg(feature = "cluster")]
@@ -202,13 +221,9 @@ impl ManagedProcess {
         &self,
         grace: Duration,
     ) -> Result<std::process::ExitStatus, TestEnvError> {
-        let pid = self.pid().unwrap_or_default().to_string();
-        let sent = std::process::Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .map_err(crate::error::io_error("run kill", Path::new("kill")))?;
+        let sent = self.signal("-TERM");
         let ended = self.wait_exit(grace).await;
-        if !sent.success() || ended.is_err() {
+        if sent.is_err() || ended.is_err() {
             self.stop();
         }
         ended
