@@ -31,7 +31,7 @@ pub(crate) async fn client(kubeconfig: Option<&PathBuf>) -> Result<Client, Strin
     Client::try_from(config).map_err(|e| e.to_string())
 }
 
-fn api(client: Client, resource: &ApiResource, namespace: &str) -> Api<DynamicObject> {
+pub(crate) fn api(client: Client, resource: &ApiResource, namespace: &str) -> Api<DynamicObject> {
     if namespace.is_empty() {
         Api::all_with(client, resource)
     } else {
@@ -53,16 +53,19 @@ pub(crate) fn resource_and_name(args: &[String]) -> Result<(String, String), Str
     }
 }
 
-/// `rollout history`: the table, YAML or JSON.
-pub async fn history(args: &HistoryArgs, kubeconfig: Option<&PathBuf>) -> Result<String, String> {
-    let (res, name) = resource_and_name(&args.positionals.args)?;
-    let output = args.output.to_lowercase();
-    if !matches!(output.as_str(), "" | "json" | "yaml") {
-        return Err(format!("invalid output format: {:?}", args.output));
-    }
-    // Upstream's quirk, kept: without a namespace the cluster-scoped kind is read.
-    let cluster = res.starts_with("cluster") || args.namespace.is_empty();
-    let (kind, set_kind) = match (res.trim_start_matches("cluster"), cluster) {
+/// A kind whose revisions are ObjectSets, and where to read it.
+pub(crate) struct RevisionedKind {
+    pub owner: ApiResource,
+    pub revisions: ApiResource,
+    /// Empty for the cluster-scoped kinds.
+    pub namespace: String,
+}
+
+/// What `res` (`package`, `objectdeployment`, or their `cluster…` kinds) names in `namespace`. Upstream's
+/// quirk, kept: without a namespace the cluster-scoped kind is read.
+pub(crate) fn revisioned_kind(res: &str, namespace: &str) -> Option<RevisionedKind> {
+    let cluster = res.starts_with("cluster") || namespace.is_empty();
+    let (owner, revisions) = match (res.trim_start_matches("cluster"), cluster) {
         ("package", false) => (
             ApiResource::erase::<Package>(&()),
             ApiResource::erase::<ObjectSet>(&()),
@@ -79,11 +82,33 @@ pub async fn history(args: &HistoryArgs, kubeconfig: Option<&PathBuf>) -> Result
             ApiResource::erase::<ClusterObjectDeployment>(&()),
             ApiResource::erase::<ClusterObjectSet>(&()),
         ),
-        _ => return Err("invalid resource type".to_owned()),
+        _ => return None,
     };
-    let namespace = if cluster { "" } else { args.namespace.as_str() };
+    Some(RevisionedKind {
+        owner,
+        revisions,
+        namespace: if cluster {
+            String::new()
+        } else {
+            namespace.to_owned()
+        },
+    })
+}
+
+/// `rollout history`: the table, YAML or JSON.
+pub async fn history(args: &HistoryArgs, kubeconfig: Option<&PathBuf>) -> Result<String, String> {
+    let (res, name) = resource_and_name(&args.positionals.args)?;
+    let output = args.output.to_lowercase();
+    if !matches!(output.as_str(), "" | "json" | "yaml") {
+        return Err(format!("invalid output format: {:?}", args.output));
+    }
+    let RevisionedKind {
+        owner: kind,
+        revisions: set_kind,
+        namespace,
+    } = revisioned_kind(&res, &args.namespace).ok_or("invalid resource type")?;
     let client = client(kubeconfig).await?;
-    let owner = api(client.clone(), &kind, namespace)
+    let owner = api(client.clone(), &kind, &namespace)
         .get(&name)
         .await
         .map_err(|e| format!("getting resource {res}/{name}: getting package object: {e}"))?;
@@ -99,7 +124,7 @@ pub async fn history(args: &HistoryArgs, kubeconfig: Option<&PathBuf>) -> Result
             .collect::<Vec<_>>()
             .join(",")
     };
-    let mut sets = api(client, &set_kind, namespace)
+    let mut sets = api(client, &set_kind, &namespace)
         .list(&ListParams::default().labels(&selector))
         .await
         .map_err(|e| format!("listing revisions of {res}/{name}: {e}"))?

@@ -16,7 +16,7 @@ use std::time::Duration;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{ApiResource, DynamicObject, ListParams};
+use kube::api::ListParams;
 use kube::runtime::watcher;
 use kube::{Api, Client};
 use pko_engine::conditions::find_condition;
@@ -27,14 +27,13 @@ use pko_engine::label_selector::selector_matches;
 use pko_engine::rollout_plan::{RolloutStrategy, UNKNOWN_GROUP};
 use pko_engine::rollout_status::{rollout_state, RolloutState};
 use pko_proto::core::hosted_cluster_package::{HostedClusterPackage, HostedClusterPackageStatus};
-use pko_proto::core::object_deployment::{ClusterObjectDeployment, ObjectDeployment};
-use pko_proto::core::package::{ClusterPackage, Package, PackageTemplateSpec};
+use pko_proto::core::package::{Package, PackageTemplateSpec};
 use pko_proto::hypershift::HostedCluster;
 use pko_proto::rollout_events::{RolloutEvent, RolloutEventKind, STREAM};
 use pko_proto::well_known::HOSTED_CLUSTER_PACKAGE_LABEL;
 
 use crate::args::{RolloutPlanArgs, RolloutStatusArgs};
-use crate::cluster::{client, resource_and_name};
+use crate::cluster::{api, client, resource_and_name, revisioned_kind, RevisionedKind};
 
 /// Where a followed rollout ended.
 enum Verdict {
@@ -58,23 +57,20 @@ pub async fn status(
     });
     let follow = async {
         match (res.as_str(), &args.nats_url) {
-            ("hostedclusterpackage" | "hostedclusterpackages" | "hcpkg", Some(url)) => {
+            (kind, Some(url)) if is_hosted_cluster_package(kind) => {
                 follow_stream(url, args.nats_creds.as_ref(), &name, watch).await
             }
-            ("hostedclusterpackage" | "hostedclusterpackages" | "hcpkg", None) => {
+            (kind, None) if is_hosted_cluster_package(kind) => {
                 follow_hosted_cluster_package(&client(kubeconfig).await?, &name, watch).await
             }
             (_, Some(_)) => Err("--nats-url follows HostedClusterPackages only".to_owned()),
             (kind, None) => {
-                let resource = object_resource(kind, &args.namespace)?;
-                follow_object(
-                    &client(kubeconfig).await?,
-                    &resource,
-                    &args.namespace,
-                    &name,
-                    watch,
-                )
-                .await
+                let kind = revisioned_kind(kind.trim_end_matches('s'), &args.namespace).ok_or_else(|| {
+                    format!(
+                        "rollout status takes hostedclusterpackage, package or objectdeployment, not {kind:?}"
+                    )
+                })?;
+                follow_object(&client(kubeconfig).await?, &kind, &name, watch).await
             }
         }
     };
@@ -127,36 +123,24 @@ fn say(line: &str) {
     let _ = out.flush();
 }
 
-fn object_resource(kind: &str, namespace: &str) -> Result<ApiResource, String> {
-    let cluster = kind.starts_with("cluster") || namespace.is_empty();
-    Ok(match (kind.trim_start_matches("cluster").trim_end_matches('s'), cluster) {
-        ("package", false) => ApiResource::erase::<Package>(&()),
-        ("package", true) => ApiResource::erase::<ClusterPackage>(&()),
-        ("objectdeployment", false) => ApiResource::erase::<ObjectDeployment>(&()),
-        ("objectdeployment", true) => ApiResource::erase::<ClusterObjectDeployment>(&()),
-        _ => {
-            return Err(format!(
-                "rollout status takes hostedclusterpackage, package or objectdeployment, not {kind:?}"
-            ))
-        }
-    })
+/// Whether `res` names a HostedClusterPackage (singular, plural or short).
+fn is_hosted_cluster_package(res: &str) -> bool {
+    matches!(
+        res,
+        "hostedclusterpackage" | "hostedclusterpackages" | "hcpkg"
+    )
 }
 
 /// A (Cluster)Package or (Cluster)ObjectDeployment: done when its current generation is Available and
 /// no longer Progressing; failing when a Package cannot unpack its image.
 async fn follow_object(
     client: &Client,
-    resource: &ApiResource,
-    namespace: &str,
+    kind: &RevisionedKind,
     name: &str,
     watch: bool,
 ) -> Result<Verdict, String> {
-    let api: Api<DynamicObject> = if namespace.is_empty() {
-        Api::all_with(client.clone(), resource)
-    } else {
-        Api::namespaced_with(client.clone(), namespace, resource)
-    };
-    let what = format!("{}/{name}", resource.kind.to_lowercase());
+    let api = api(client.clone(), &kind.owner, &kind.namespace);
+    let what = format!("{}/{name}", kind.owner.kind.to_lowercase());
     let mut last = String::new();
     let mut objects = watcher::watch_object(api, name).boxed();
     while let Some(object) = objects.try_next().await.map_err(|e| e.to_string())? {
