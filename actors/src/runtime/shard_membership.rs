@@ -3,14 +3,13 @@
 //! before the Lease runs out), and the set of live members, read from every member Lease in the namespace.
 //! It owns no assignment: which replica works on what is the engine's rule over this set.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::Timestamp;
-use kube::runtime::watcher::{self, Event};
-use kube::runtime::WatchStreamExt;
+use kube::runtime::{reflector, watcher, WatchStreamExt};
 use kube::{Api, Client};
 use tokio::sync::watch;
 use tracing::warn;
@@ -89,55 +88,41 @@ impl ShardMembership {
     }
 }
 
-fn member_lease(lease: &Lease) -> Option<(String, MemberLease)> {
-    let name = lease.metadata.name.clone()?;
+fn member_lease(lease: &Lease) -> Option<MemberLease> {
     let spec = lease.spec.as_ref()?;
     let renewed: Timestamp = spec.renew_time.as_ref()?.0;
-    Some((
-        name,
-        MemberLease {
-            holder: spec.holder_identity.clone().unwrap_or_default(),
-            renewed_at_ms: renewed.as_millisecond(),
-            duration_ms: i64::from(spec.lease_duration_seconds.unwrap_or(15)) * 1000,
-        },
-    ))
+    Some(MemberLease {
+        holder: spec.holder_identity.clone().unwrap_or_default(),
+        renewed_at_ms: renewed.as_millisecond(),
+        duration_ms: i64::from(spec.lease_duration_seconds.unwrap_or(15)) * 1000,
+    })
 }
 
-/// Keeps `members` equal to the holders of the live member Leases.
+/// Keeps `members` equal to the holders of the live member Leases (a reflector keeps the Leases,
+/// re-lists included).
 async fn follow_members(api: Api<Lease>, members: watch::Sender<BTreeSet<Member>>) {
     let config = watcher::Config::default().labels(&format!("{MEMBER_LABEL}=true"));
-    let mut events = watcher::watcher(api, config).default_backoff().boxed();
-    let mut leases: BTreeMap<String, MemberLease> = BTreeMap::new();
-    let mut listing: BTreeMap<String, MemberLease> = BTreeMap::new();
+    let (leases, writer) = reflector::store();
+    let mut events = reflector(writer, watcher::watcher(api, config))
+        .default_backoff()
+        .boxed();
     let mut tick = tokio::time::interval(EXPIRY_CHECK);
     loop {
         tokio::select! {
             event = events.next() => match event {
-                Some(Ok(Event::Apply(lease))) => {
-                    if let Some((name, member)) = member_lease(&lease) {
-                        leases.insert(name, member);
-                    }
-                }
-                Some(Ok(Event::Delete(lease))) => {
-                    if let Some(name) = lease.metadata.name {
-                        leases.remove(&name);
-                    }
-                }
-                Some(Ok(Event::Init)) => listing.clear(),
-                Some(Ok(Event::InitApply(lease))) => {
-                    if let Some((name, member)) = member_lease(&lease) {
-                        listing.insert(name, member);
-                    }
-                }
-                // A re-list replaces what was known: Leases deleted meanwhile are gone.
-                Some(Ok(Event::InitDone)) => leases = std::mem::take(&mut listing),
+                Some(Ok(_)) => {}
                 Some(Err(error)) => warn!(%error, "watching member Leases"),
                 None => return,
             },
             _ = tick.tick() => {}
         }
         let now = Timestamp::now().as_millisecond();
-        let live = live_members(&leases.values().cloned().collect::<Vec<_>>(), now);
+        let known: Vec<MemberLease> = leases
+            .state()
+            .iter()
+            .filter_map(|l| member_lease(l))
+            .collect();
+        let live = live_members(&known, now);
         members.send_if_modified(|current| {
             let changed = *current != live;
             if changed {
