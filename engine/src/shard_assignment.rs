@@ -20,6 +20,8 @@
 
 use std::collections::BTreeSet;
 
+use pko_proto::well_known::{SHARD_DRAIN_LABEL, SHARD_OWNER_LABEL};
+
 /// A replica's name: its Lease's holder identity.
 pub type Member = String;
 
@@ -102,6 +104,17 @@ pub struct Placement {
     pub holder: Option<Member>,
     /// The coordinator asked the holder to let go.
     pub draining: bool,
+}
+
+impl Placement {
+    /// The placement an object's labels say (`SHARD_OWNER_LABEL`, `SHARD_DRAIN_LABEL`).
+    pub fn from_labels(labels: Option<&std::collections::BTreeMap<String, String>>) -> Self {
+        let label = |name: &str| labels.and_then(|l| l.get(name));
+        Self {
+            holder: label(SHARD_OWNER_LABEL).cloned(),
+            draining: label(SHARD_DRAIN_LABEL).is_some_and(|v| v == "true"),
+        }
+    }
 }
 
 /// What the coordinator writes to one object's labels.
@@ -196,6 +209,18 @@ mod tests {
             ShardKey::of("ClusterPackage", None, "a"),
             ShardKey::of("HostedClusterPackage", None, "a")
         );
+    }
+
+    #[test]
+    fn labels_name_the_holder_and_the_drain() {
+        let labels: BTreeMap<String, String> = [
+            (SHARD_OWNER_LABEL.to_owned(), "a".to_owned()),
+            (SHARD_DRAIN_LABEL.to_owned(), "true".to_owned()),
+        ]
+        .into();
+        assert_eq!(Placement::from_labels(Some(&labels)), held("a", true));
+        assert!(!works_on("a", &Placement::from_labels(Some(&labels))));
+        assert_eq!(Placement::from_labels(None), Placement::default());
     }
 
     #[test]

@@ -21,6 +21,8 @@ use pko_proto::well_known::{SHARD_DRAIN_LABEL, SHARD_OWNER_LABEL};
 use serde::de::DeserializeOwned;
 use tracing::{info, warn};
 
+use crate::engine::shard_assignment::{works_on, Placement};
+
 use crate::runtime::context::ManagerContext;
 use crate::runtime::registry::{ObjectRef, Registry};
 
@@ -289,25 +291,17 @@ where
         addr.do_send(Observed(object));
     }
 
-    /// Whether this replica works on an object with these labels.
+    /// Whether this replica works on an object with these labels (the engine's `works_on`).
     fn shard_of(&self, meta: &kube::api::ObjectMeta) -> ShardState {
         let Some(shard) = &self.context.shard else {
             return ShardState::Ours;
         };
-        let me = &shard.member;
-        let label = |name: &str| {
-            meta.labels
-                .as_ref()
-                .and_then(|l| l.get(name))
-                .map(String::as_str)
-        };
-        let mine = label(SHARD_OWNER_LABEL) == Some(&**me);
-        let draining = label(SHARD_DRAIN_LABEL) == Some("true");
-        if mine && !draining {
+        let placement = Placement::from_labels(meta.labels.as_ref());
+        if works_on(&shard.member, &placement) {
             ShardState::Ours
         } else {
             ShardState::NotOurs {
-                drained: mine && draining,
+                drained: placement.draining && placement.holder.as_deref() == Some(&*shard.member),
             }
         }
     }

@@ -278,10 +278,7 @@ fn observed(
             name: name.clone(),
         },
     };
-    let placement = Placement {
-        holder: label(SHARD_OWNER_LABEL),
-        draining: label(SHARD_DRAIN_LABEL).as_deref() == Some("true"),
-    };
+    let placement = Placement::from_labels(labels);
     Some((
         ObjectId {
             kind,
