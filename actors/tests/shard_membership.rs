@@ -1,5 +1,6 @@
 //! Shard membership against a real apiserver (issue 20): replicas joining appear in every member's view,
-//! one leaving disappears at once, and a member Lease that is no longer renewed drops out when it runs out.
+//! one leaving disappears at once, and a member Lease that is no longer renewed drops out when it runs out;
+//! a take-over record on a departed member's Lease shows in every view.
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeSet;
@@ -8,10 +9,11 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::PostParams;
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::Api;
-use pko_actors::runtime::shard_membership::{ShardMembership, MEMBER_LABEL};
+use pko_actors::engine::shard_assignment::ShardView;
+use pko_actors::runtime::shard_membership::{ShardMembership, MEMBER_LABEL, SUCCESSORS_ANNOTATION};
 use pko_actors::runtime::write_fence::WriteFence;
 use pko_testenv::wait_until;
 use tokio::sync::watch;
@@ -26,18 +28,30 @@ async fn kube_config() -> kube::Config {
         .unwrap()
 }
 
-async fn wait_members(view: &watch::Receiver<BTreeSet<String>>, want: &[&str]) {
-    let want: BTreeSet<String> = want.iter().map(|s| (*s).to_owned()).collect();
-    wait_until(&format!("members {want:?}"), TIMEOUT, || async {
+fn names(names: &[&str]) -> BTreeSet<String> {
+    names.iter().map(|s| (*s).to_owned()).collect()
+}
+
+async fn wait_view(
+    view: &watch::Receiver<ShardView>,
+    what: &str,
+    holds: impl Fn(&ShardView) -> bool,
+) {
+    wait_until(what, TIMEOUT, || async {
         let now = view.borrow().clone();
-        if now == want {
+        if holds(&now) {
             Ok(())
         } else {
-            Err(format!("members {now:?}"))
+            Err(format!("view {now:?}"))
         }
     })
     .await
     .unwrap();
+}
+
+async fn wait_members(view: &watch::Receiver<ShardView>, want: &[&str]) {
+    let want = names(want);
+    wait_view(view, &format!("members {want:?}"), |v| v.live == want).await;
 }
 
 #[tokio::test]
@@ -63,19 +77,36 @@ async fn members_join_leave_and_run_out() {
     };
     let a = join("replica-a").await;
     let b = join("replica-b").await;
-    wait_members(&a.members(), &["replica-a", "replica-b"]).await;
-    wait_members(&b.members(), &["replica-a", "replica-b"]).await;
+    wait_members(&a.view(), &["replica-a", "replica-b"]).await;
+    wait_members(&b.view(), &["replica-a", "replica-b"]).await;
 
-    // Leaving releases the Lease: the others see it at once, not after it runs out.
-    let view = b.members();
+    // Leaving releases the Lease: the others see it at once, not after it runs out, as departed.
+    let view = b.view();
     a.leave().await;
     wait_members(&view, &["replica-b"]).await;
+    assert!(view.borrow().departed.contains("replica-a"));
+    // The coordinator's take-over record shows in the view.
+    let leases = Api::<Lease>::namespaced(client.clone(), &namespace);
+    leases
+        .patch(
+            "pko-shard-replica-a",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"annotations": {
+                SUCCESSORS_ANNOTATION: "replica-b",
+            }}})),
+        )
+        .await
+        .unwrap();
+    wait_view(&view, "replica-a taken over by replica-b", |v| {
+        v.takeovers.get("replica-a") == Some(&names(&["replica-b"]))
+    })
+    .await;
 
     // A member that stopped renewing (a crashed replica) drops out when its Lease runs out.
     let stale = Lease {
         metadata: ObjectMeta {
             name: Some("pko-shard-crashed".into()),
-            labels: Some([(MEMBER_LABEL.to_owned(), "true".to_owned())].into()),
+            labels: Some([(MEMBER_LABEL.to_owned(), "crashed".to_owned())].into()),
             ..ObjectMeta::default()
         },
         spec: Some(LeaseSpec {

@@ -15,10 +15,17 @@
 //!   select on it). The coordinator never relabels a key a live replica holds: it first marks it draining;
 //!   the holder stops its actors for it and clears the label; only then is the new owner labelled. A key
 //!   whose holder is no longer a member is relabelled at once (the holder stopped when its Lease ran out).
+//! - A departed member's keys are taken over before they are relabelled: the coordinator writes a
+//!   take-over record (the members live when it saw the departure) onto the departed member's Lease, and
+//!   each successor at once works on the objects still labelled for the departed member whose key it owns
+//!   among those members ([`ShardView::worker`]). Relabelling then proceeds in the background without
+//!   moving any work; the record goes (with the Lease) once no object carries the departed member's label.
+//!   A member name is one process's (a restarted replica is a new member), so a departed member never
+//!   comes back to keys its successors hold.
 //!
 //! Pure: no I/O, no clock; times come in as arguments.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use pko_proto::well_known::{SHARD_DRAIN_LABEL, SHARD_OWNER_LABEL};
 
@@ -46,6 +53,20 @@ impl ShardKey {
         }
     }
 
+    /// The key of an object of `kind`: a HostedCluster's is its HCP namespace's, any other's
+    /// [`ShardKey::of`].
+    pub fn of_kind(kind: &str, namespace: Option<&str>, name: &str) -> Self {
+        match namespace.filter(|ns| !ns.is_empty()) {
+            Some(namespace) if kind == "HostedCluster" => Self::of_hosted_cluster(namespace, name),
+            _ => Self::of(kind, namespace, name),
+        }
+    }
+
+    /// The key of a HostedCluster: its HCP namespace (`<namespace>-<name>`), whose objects it goes with.
+    fn of_hosted_cluster(namespace: &str, name: &str) -> Self {
+        Self::Namespace(format!("{namespace}-{name}"))
+    }
+
     /// Bytes the rendezvous hash reads; distinct for distinct keys.
     fn hashed(&self) -> String {
         match self {
@@ -58,19 +79,93 @@ impl ShardKey {
 /// What a replica's Lease says, as read from the apiserver.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MemberLease {
+    /// The member the Lease belongs to (its member label; the holder is cleared when it leaves).
+    pub member: Member,
     pub holder: Member,
     /// renewTime, in milliseconds since the epoch.
     pub renewed_at_ms: i64,
     pub duration_ms: i64,
+    /// The take-over record the coordinator wrote once the member had left.
+    pub successors: Option<BTreeSet<Member>>,
+}
+
+impl MemberLease {
+    fn live(&self, now_ms: i64) -> bool {
+        !self.holder.is_empty()
+            && self.holder == self.member
+            && self.renewed_at_ms.saturating_add(self.duration_ms) > now_ms
+    }
 }
 
 /// The members at `now_ms`: holders whose Lease has not run out.
 pub fn live_members(leases: &[MemberLease], now_ms: i64) -> BTreeSet<Member> {
     leases
         .iter()
-        .filter(|l| !l.holder.is_empty() && l.renewed_at_ms.saturating_add(l.duration_ms) > now_ms)
-        .map(|l| l.holder.clone())
+        .filter(|l| l.live(now_ms))
+        .map(|l| l.member.clone())
         .collect()
+}
+
+/// The members as a replica sees them at one moment.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ShardView {
+    /// Members whose Lease is live.
+    pub live: BTreeSet<Member>,
+    /// Members whose Lease ran out or was given up, and is still there.
+    pub departed: BTreeSet<Member>,
+    /// For departed members whose keys are being taken over: the members live when the coordinator saw
+    /// the departure, among which each of its keys goes to its rendezvous owner.
+    pub takeovers: BTreeMap<Member, BTreeSet<Member>>,
+}
+
+impl ShardView {
+    /// The view of the member Leases at `now_ms`.
+    pub fn of(leases: &[MemberLease], now_ms: i64) -> Self {
+        let mut view = Self::default();
+        for lease in leases {
+            if lease.live(now_ms) {
+                view.live.insert(lease.member.clone());
+                continue;
+            }
+            view.departed.insert(lease.member.clone());
+            if let Some(successors) = &lease.successors {
+                view.takeovers
+                    .insert(lease.member.clone(), successors.clone());
+            }
+        }
+        view
+    }
+
+    /// A view with these live members and nothing departed.
+    pub fn live(members: BTreeSet<Member>) -> Self {
+        Self {
+            live: members,
+            ..Self::default()
+        }
+    }
+
+    /// The member that works on `key`'s objects labelled for `holder`: the holder while it is live; for a
+    /// departed holder with a take-over record, the successor owning the key (following successors that
+    /// departed in turn); nobody otherwise (a departed holder whose take-over is not recorded yet).
+    pub fn worker<'a>(&'a self, key: &ShardKey, holder: Option<&'a Member>) -> Option<&'a Member> {
+        let mut holder = holder?;
+        // Each record is followed at most once: successors are chosen among members live at the time,
+        // so a chain cannot loop, but a hostile or corrupt record must not spin.
+        for _ in 0..=self.takeovers.len() {
+            if self.live.contains(holder) {
+                return Some(holder);
+            }
+            holder = owner(key, self.takeovers.get(holder)?)?;
+        }
+        None
+    }
+
+    /// Departed members whose keys nobody takes over yet: the coordinator records their successors.
+    pub fn unrecorded_departures(&self) -> impl Iterator<Item = &Member> {
+        self.departed
+            .iter()
+            .filter(|m| !self.takeovers.contains_key(*m))
+    }
 }
 
 /// 64-bit FNV-1a over `parts` (with a separator), then a SplitMix64 finish so that members differing in
@@ -127,46 +222,61 @@ pub enum LabelAction {
 }
 
 /// The coordinator's rule for the objects of one key (all of a namespace's objects move together), one
-/// action or none per object, in order:
-/// - while a live replica other than the owner holds any of them, or two live replicas do, every object a
-///   live replica holds is drained and nothing is labelled: the owner starts only once nobody else works
-///   on the key (a replica that drains stops its actors before it clears the label);
-/// - otherwise every object not labelled for the owner (new, released, or held by a replica whose Lease
-///   ran out, which stopped when it did) is labelled for it, and a drain mark the owner carries is lifted.
+/// action or none per object, in order. An object's worker is its holder, or the successor taking it over
+/// when the holder departed ([`ShardView::worker`]).
+/// - while a member other than the owner works on any of them, or two members do, every object a member
+///   works on is drained and nothing is labelled: the owner starts only once nobody else works on the key
+///   (a replica that drains stops its actors before it clears the label);
+/// - otherwise every object not labelled for the owner (new, released, taken over from a departed member,
+///   or held by a departed member nobody took over, which stopped when its Lease ran out) is labelled for
+///   it, and a drain mark the owner carries is lifted.
 ///
-/// Without members nothing changes.
+/// Without live members nothing changes.
 pub fn coordinate(
     key: &ShardKey,
     objects: &[Placement],
-    members: &BTreeSet<Member>,
+    view: &ShardView,
 ) -> Vec<Option<LabelAction>> {
-    let Some(wanted) = owner(key, members) else {
+    let Some(wanted) = owner(key, &view.live) else {
         return vec![None; objects.len()];
     };
-    let live_holders: BTreeSet<&Member> = objects
+    let settled = objects
         .iter()
-        .filter_map(|o| o.holder.as_ref())
-        .filter(|h| members.contains(*h))
-        .collect();
-    let settled = live_holders.iter().all(|h| *h == wanted);
+        .filter_map(|o| view.worker(key, o.holder.as_ref()))
+        .all(|w| w == wanted);
     objects
         .iter()
         .map(|object| {
-            let live = object.holder.as_ref().filter(|h| members.contains(*h));
-            match (settled, live) {
+            let worker = view.worker(key, object.holder.as_ref());
+            match (settled, worker) {
                 (false, Some(_)) if !object.draining => Some(LabelAction::Drain),
                 (false, _) => None,
-                (true, Some(h)) if h == wanted && !object.draining => None,
+                (true, _) if object.holder.as_ref() == Some(wanted) && !object.draining => None,
                 (true, _) => Some(LabelAction::Assign(wanted.clone())),
             }
         })
         .collect()
 }
 
-/// Whether `me` works on an object with this placement: it is labelled for `me` and not draining. A
-/// replica that sees its object draining stops its actor for it and then clears the label ([`release`]).
-pub fn works_on(me: &str, placement: &Placement) -> bool {
-    placement.holder.as_deref() == Some(me) && !placement.draining
+/// Whether `me` works on an object of `key` with this placement: `me` is its worker (its holder, or the
+/// successor taking it over) and it is not draining. A replica that sees its object draining stops its
+/// actor for it and then clears the label ([`release`]).
+pub fn works_on(me: &str, key: &ShardKey, placement: &Placement, view: &ShardView) -> bool {
+    !placement.draining
+        && view
+            .worker(key, placement.holder.as_ref())
+            .map(String::as_str)
+            == Some(me)
+}
+
+/// Whether `me` must let go of an object of `key`: the coordinator marked it draining while `me` works on
+/// it.
+pub fn drained(me: &str, key: &ShardKey, placement: &Placement, view: &ShardView) -> bool {
+    placement.draining
+        && view
+            .worker(key, placement.holder.as_ref())
+            .map(String::as_str)
+            == Some(me)
 }
 
 /// The placement after its holder let go of a draining object: unlabelled, ready for the new owner. An
@@ -205,6 +315,10 @@ mod tests {
             ShardKey::of("HostedClusterPackage", None, "a"),
             ShardKey::of("HostedClusterPackage", None, "b")
         );
+        assert_eq!(
+            ShardKey::of_kind("HostedCluster", Some("clusters"), "a"),
+            ShardKey::of_kind("Package", Some("clusters-a"), "addon")
+        );
         assert_ne!(
             ShardKey::of("ClusterPackage", None, "a"),
             ShardKey::of("HostedClusterPackage", None, "a")
@@ -219,21 +333,105 @@ mod tests {
         ]
         .into();
         assert_eq!(Placement::from_labels(Some(&labels)), held("a", true));
-        assert!(!works_on("a", &Placement::from_labels(Some(&labels))));
+        let key = ShardKey::Namespace("clusters-a".into());
+        let view = ShardView::live(members(&["a"]));
+        assert!(!works_on(
+            "a",
+            &key,
+            &Placement::from_labels(Some(&labels)),
+            &view
+        ));
+        assert!(drained(
+            "a",
+            &key,
+            &Placement::from_labels(Some(&labels)),
+            &view
+        ));
         assert_eq!(Placement::from_labels(None), Placement::default());
     }
 
     #[test]
     fn members_are_the_holders_of_live_leases() {
-        let lease = |holder: &str, renewed_at_ms| MemberLease {
+        let lease = |member: &str, holder: &str, renewed_at_ms| MemberLease {
+            member: member.into(),
             holder: holder.into(),
             renewed_at_ms,
             duration_ms: 15_000,
+            successors: None,
         };
-        let leases = [lease("a", 100_000), lease("b", 84_000), lease("", 100_000)];
+        let leases = [
+            lease("a", "a", 100_000),
+            lease("b", "b", 84_000),
+            lease("c", "", 100_000),
+        ];
         assert_eq!(live_members(&leases, 98_999), members(&["a", "b"]));
         assert_eq!(live_members(&leases, 99_000), members(&["a"]));
         assert!(live_members(&leases, 115_000).is_empty());
+        let mut recorded = lease("b", "b", 84_000);
+        recorded.successors = Some(members(&["a"]));
+        let view = ShardView::of(&[leases[0].clone(), recorded, leases[2].clone()], 99_000);
+        assert_eq!(view.live, members(&["a"]));
+        assert_eq!(view.departed, members(&["b", "c"]));
+        assert_eq!(view.takeovers.len(), 1);
+        assert_eq!(
+            view.unrecorded_departures().collect::<Vec<_>>(),
+            vec![&"c".to_owned()]
+        );
+    }
+
+    #[test]
+    fn a_departed_members_keys_are_worked_on_by_its_successors_before_any_relabel() {
+        let view = ShardView {
+            live: members(&["b", "c"]),
+            departed: members(&["a"]),
+            takeovers: [("a".to_owned(), members(&["b", "c"]))].into(),
+        };
+        let a = "a".to_owned();
+        let mut workers: BTreeMap<Member, usize> = BTreeMap::new();
+        for key in keys(100) {
+            let worker = view
+                .worker(&key, Some(&a))
+                .unwrap_or_else(|| unreachable!("every key has a successor"));
+            assert_eq!(Some(worker), owner(&key, &view.live));
+            assert!(works_on(worker, &key, &held("a", false), &view));
+            // Relabelling it for its worker is all the coordinator does: no drain, no gap.
+            assert_eq!(
+                coordinate(&key, &[held("a", false)], &view),
+                [Some(LabelAction::Assign(worker.clone()))]
+            );
+            *workers.entry(worker.clone()).or_default() += 1;
+        }
+        assert_eq!(workers.len(), 2, "{workers:?}");
+        // Unrecorded, nobody works on them; a successor that departed in turn hands on through its own
+        // record.
+        let unrecorded = ShardView {
+            takeovers: BTreeMap::new(),
+            ..view.clone()
+        };
+        let key = ShardKey::Namespace("clusters-x".into());
+        assert_eq!(unrecorded.worker(&key, Some(&a)), None);
+        let chained = ShardView {
+            live: members(&["d"]),
+            departed: members(&["a", "b", "c"]),
+            takeovers: [
+                ("a".to_owned(), members(&["b", "c"])),
+                ("b".to_owned(), members(&["c", "d"])),
+                ("c".to_owned(), members(&["d"])),
+            ]
+            .into(),
+        };
+        assert_eq!(chained.worker(&key, Some(&a)), Some(&"d".to_owned()));
+        // A corrupt record naming each other does not spin.
+        let looped = ShardView {
+            live: members(&["z"]),
+            departed: members(&["a", "b"]),
+            takeovers: [
+                ("a".to_owned(), members(&["b"])),
+                ("b".to_owned(), members(&["a"])),
+            ]
+            .into(),
+        };
+        assert_eq!(looped.worker(&key, Some(&a)), None);
     }
 
     #[test]
@@ -266,8 +464,8 @@ mod tests {
             .map(|i| format!("b{i}"))
             .find(|b| owner(&key, &members(&["a", b])) == Some(b))
             .unwrap_or_else(|| unreachable!("some name takes the key"));
-        let before = members(&["a"]);
-        let after = members(&["a", &newcomer]);
+        let before = ShardView::live(members(&["a"]));
+        let after = ShardView::live(members(&["a", &newcomer]));
         let objects = [held("a", false), held("a", false), Placement::default()];
         // Settled on "a": the new, unlabelled object joins it.
         assert_eq!(
@@ -280,7 +478,7 @@ mod tests {
             [Some(LabelAction::Drain), Some(LabelAction::Drain), None]
         );
         let draining = [held("a", true), held("a", true), Placement::default()];
-        assert!(!works_on("a", &draining[0]));
+        assert!(!works_on("a", &key, &draining[0], &after));
         assert_eq!(coordinate(&key, &draining, &after), [None, None, None]);
         // One released, one not yet: still nothing for the newcomer.
         let half = [Placement::default(), held("a", true), Placement::default()];
@@ -292,14 +490,14 @@ mod tests {
             [assign.clone(), assign.clone(), assign.clone()]
         );
         // "a"'s Lease ran out instead: relabelled at once.
-        let without_a: BTreeSet<Member> = [newcomer.clone()].into();
+        let without_a = ShardView::live([newcomer.clone()].into());
         assert_eq!(
             coordinate(&key, &objects, &without_a),
             [assign.clone(), assign.clone(), assign]
         );
         // Nobody to assign to.
         assert_eq!(
-            coordinate(&key, &objects, &BTreeSet::new()),
+            coordinate(&key, &objects, &ShardView::default()),
             [None, None, None]
         );
     }
@@ -317,6 +515,10 @@ mod tests {
         Join(String),
         /// A member's Lease runs out (it stopped working when it could not renew).
         Expire(usize),
+        /// The coordinator records who takes over the departed members.
+        Record,
+        /// The coordinator removes the Leases of departed members no object is labelled for.
+        Retire,
         Create(usize),
     }
 
@@ -326,6 +528,8 @@ mod tests {
             3 => (0usize..8).prop_map(Step::Release),
             1 => "[a-z]{1,6}-[0-9]{1,2}".prop_map(Step::Join),
             1 => (0usize..8).prop_map(Step::Expire),
+            2 => Just(Step::Record),
+            1 => Just(Step::Retire),
             2 => (0usize..KEYS).prop_map(Step::Create),
         ]
     }
@@ -335,14 +539,21 @@ mod tests {
     /// Each key's objects.
     type World = BTreeMap<ShardKey, Vec<Placement>>;
 
-    fn coordinate_all(live: &BTreeSet<Member>, world: &mut World) {
+    /// Applies the coordinator's actions; returns the objects whose label moved away from a member that
+    /// worked on them (it would keep working until it saw the label change: two at once).
+    fn coordinate_all(view: &ShardView, world: &mut World) -> Vec<String> {
+        let mut taken_from_a_worker = Vec::new();
         for (key, objects) in world.iter_mut() {
-            let actions = coordinate(key, objects, live);
+            let actions = coordinate(key, objects, view);
             for (object, action) in objects.iter_mut().zip(actions) {
                 match action {
                     None => {}
                     Some(LabelAction::Drain) => object.draining = true,
                     Some(LabelAction::Assign(member)) => {
+                        let worker = view.worker(key, object.holder.as_ref());
+                        if worker.is_some_and(|w| *w != member) && !object.draining {
+                            taken_from_a_worker.push(format!("{key:?}: {object:?} -> {member}"));
+                        }
                         *object = Placement {
                             holder: Some(member),
                             draining: false,
@@ -351,13 +562,42 @@ mod tests {
                 }
             }
         }
+        taken_from_a_worker
     }
 
-    fn release_all(member: &str, world: &mut World) {
-        for object in world.values_mut().flatten() {
-            if object.holder.as_deref() == Some(member) {
-                *object = release(object);
+    /// `member` lets go of what it was asked to drain.
+    fn release_all(member: &str, view: &ShardView, world: &mut World) {
+        for (key, objects) in world.iter_mut() {
+            for object in objects {
+                if drained(member, key, object, view) {
+                    *object = release(object);
+                }
             }
+        }
+    }
+
+    fn record(view: &mut ShardView) {
+        let unrecorded: Vec<Member> = view.unrecorded_departures().cloned().collect();
+        for member in unrecorded {
+            view.takeovers.insert(member, view.live.clone());
+        }
+    }
+
+    fn retire(view: &mut ShardView, world: &World) {
+        let labelled: BTreeSet<&Member> = world
+            .values()
+            .flatten()
+            .filter_map(|o| o.holder.as_ref())
+            .collect();
+        let retired: Vec<Member> = view
+            .departed
+            .iter()
+            .filter(|m| view.takeovers.contains_key(*m) && !labelled.contains(m))
+            .cloned()
+            .collect();
+        for member in retired {
+            view.departed.remove(&member);
+            view.takeovers.remove(&member);
         }
     }
 
@@ -405,26 +645,35 @@ mod tests {
             steps in prop::collection::vec(step(), 0..80),
         ) {
             let keys = keys(KEYS);
-            let mut live = initial;
+            let mut view = ShardView::live(initial);
             let mut world: World = keys.iter().map(|k| (k.clone(), vec![Placement::default()])).collect();
             for step in steps {
                 match step {
-                    Step::Coordinate => coordinate_all(&live, &mut world),
+                    Step::Coordinate => {
+                        let moved = coordinate_all(&view, &mut world);
+                        prop_assert!(moved.is_empty(), "relabelled under a worker: {moved:?}");
+                    }
                     Step::Release(i) => {
-                        if let Some(member) = live.iter().nth(i % live.len().max(1)).cloned() {
-                            release_all(&member, &mut world);
+                        if let Some(member) = view.live.iter().nth(i % view.live.len().max(1)).cloned() {
+                            release_all(&member, &view, &mut world);
                         }
                     }
+                    // Member names are one process's: a departed member never joins again.
                     Step::Join(name) => {
-                        live.insert(name);
+                        if !view.departed.contains(&name) {
+                            view.live.insert(name);
+                        }
                     }
                     Step::Expire(i) => {
-                        if live.len() > 1 {
-                            if let Some(member) = live.iter().nth(i % live.len()).cloned() {
-                                live.remove(&member);
+                        if view.live.len() > 1 {
+                            if let Some(member) = view.live.iter().nth(i % view.live.len()).cloned() {
+                                view.live.remove(&member);
+                                view.departed.insert(member);
                             }
                         }
                     }
+                    Step::Record => record(&mut view),
+                    Step::Retire => retire(&mut view, &world),
                     Step::Create(k) => {
                         if let Some(objects) = world.get_mut(&keys[k]) {
                             objects.push(Placement::default());
@@ -432,26 +681,42 @@ mod tests {
                     }
                 }
                 for (key, objects) in &world {
-                    let working: BTreeSet<&Member> = live
+                    let working: BTreeSet<&Member> = view
+                        .live
                         .iter()
-                        .filter(|m| objects.iter().any(|o| works_on(m, o)))
+                        .filter(|m| objects.iter().any(|o| works_on(m, key, o, &view)))
                         .collect();
                     prop_assert!(working.len() <= 1, "{key:?} worked on by {working:?}");
+                    // Once recorded, a departed member's objects have a live worker at once.
+                    for object in objects {
+                        let recorded_chain = object.holder.as_ref().is_some_and(|h| {
+                            view.takeovers.contains_key(h)
+                                && view.takeovers.values().flatten().all(|s| {
+                                    view.live.contains(s) || view.takeovers.contains_key(s)
+                                })
+                        });
+                        if recorded_chain && !object.draining {
+                            prop_assert!(view.worker(key, object.holder.as_ref()).is_some(), "{key:?}: {object:?} in {view:?}");
+                        }
+                    }
                 }
             }
             // Settle: the coordinator and every live replica do their part until nothing changes.
+            record(&mut view);
             for _ in 0..4 {
-                coordinate_all(&live, &mut world);
-                for member in live.clone() {
-                    release_all(&member, &mut world);
+                prop_assert!(coordinate_all(&view, &mut world).is_empty());
+                for member in view.live.clone() {
+                    release_all(&member, &view, &mut world);
                 }
             }
-            coordinate_all(&live, &mut world);
+            prop_assert!(coordinate_all(&view, &mut world).is_empty());
+            retire(&mut view, &world);
+            prop_assert!(view.departed.is_empty(), "{view:?}");
             for (key, objects) in &world {
-                let wanted = owner(key, &live);
+                let wanted = owner(key, &view.live);
                 for object in objects {
                     prop_assert_eq!(object.holder.as_ref(), wanted);
-                    prop_assert!(wanted.is_some_and(|w| works_on(w, object)));
+                    prop_assert!(wanted.is_some_and(|w| works_on(w, key, object, &view)));
                 }
             }
         }

@@ -137,7 +137,8 @@ impl ApiServer {
 /// The audit log's file name beside the kubeconfig.
 const AUDIT_LOG: &str = "audit.log";
 
-/// Writes to pko's kinds (who, what, when; no bodies): tests audit which process wrote what.
+/// Writes to pko's kinds (who, what, when; no bodies), and the patches of Leases that record a shard
+/// take-over (renewals are updates, left out): tests audit which process wrote what.
 const AUDIT_POLICY: &str = r#"apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: ["RequestReceived", "ResponseStarted"]
@@ -146,6 +147,11 @@ rules:
   verbs: ["create", "update", "patch", "delete"]
   resources:
   - group: package-operator.run
+- level: Metadata
+  verbs: ["patch"]
+  resources:
+  - group: coordination.k8s.io
+    resources: ["leases"]
 - level: None
 "#;
 

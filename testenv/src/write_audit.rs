@@ -2,8 +2,10 @@
 //! managers are held to. Each manager replica names itself in its User-Agent (`pko-manager/<version>
 //! (<identity>)`, the shard coordinator `(<identity>; shard-coordinator)`). A tenure of a shard key (a
 //! namespace, or one cluster-scoped object) runs between two label writes of the coordinator on the key's
-//! objects; within one, at most one replica may write. Package specs are left out: a HostedClusterPackage's
-//! supervisor writes them from whichever replica owns the HostedClusterPackage.
+//! objects; within one, at most one replica may write. The coordinator's take-over record for a departed
+//! replica (a patch of its member Lease) ends that replica's tenures everywhere: its successors start on
+//! its keys from then on. Package specs are left out: a HostedClusterPackage's supervisor writes them from
+//! whichever replica owns the HostedClusterPackage.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -26,6 +28,8 @@ type AuditedWrite = (String, Option<String>);
 pub fn shard_write_audit(audit_log: &Path) -> Result<WriteAudit, TestEnvError> {
     let text = std::fs::read_to_string(audit_log).map_err(io_error("read", audit_log))?;
     let mut writes: BTreeMap<(String, String), Vec<AuditedWrite>> = BTreeMap::new();
+    // When the coordinator recorded a take-over, and of which member Lease.
+    let mut takeovers: Vec<(String, String)> = Vec::new();
     let mut audit = WriteAudit::default();
     for line in text.lines() {
         let Ok(event) = serde_json::from_str::<serde_json::Value>(line) else {
@@ -39,6 +43,14 @@ pub fn shard_write_audit(audit_log: &Path) -> Result<WriteAudit, TestEnvError> {
         let object = &event["objectRef"];
         let resource = object["resource"].as_str().unwrap_or_default().to_owned();
         let coordinator = agent.contains("shard-coordinator");
+        if resource == "leases" {
+            if coordinator {
+                let lease = object["name"].as_str().unwrap_or_default().to_owned();
+                let at = event["stageTimestamp"].as_str().unwrap_or_default().to_owned();
+                takeovers.push((at, lease));
+            }
+            continue;
+        }
         if resource == "packages" && object["subresource"].is_null() && !coordinator {
             continue;
         }
@@ -54,10 +66,15 @@ pub fn shard_write_audit(audit_log: &Path) -> Result<WriteAudit, TestEnvError> {
             .or_default()
             .push((at, (!coordinator).then(|| agent.to_owned())));
     }
+    takeovers.sort();
     for (key, mut events) in writes {
         events.sort();
         let mut tenure: BTreeSet<String> = BTreeSet::new();
-        for (_, writer) in events {
+        let mut recorded = takeovers.iter().peekable();
+        for (at, writer) in events {
+            while let Some((_, lease)) = recorded.next_if(|(recorded_at, _)| *recorded_at <= at) {
+                tenure.retain(|agent| member_lease(agent) != *lease);
+            }
             match writer {
                 None => tenure.clear(),
                 Some(writer) => {
@@ -71,4 +88,64 @@ pub fn shard_write_audit(audit_log: &Path) -> Result<WriteAudit, TestEnvError> {
         }
     }
     Ok(audit)
+}
+
+/// The member Lease of the replica behind a user agent `pko-manager/<version> (<identity>)`: the
+/// manager's naming (`pko-shard-` and the identity in lower-case letters, digits and '-').
+fn member_lease(agent: &str) -> String {
+    let identity = agent
+        .split_once('(')
+        .map(|(_, rest)| rest.trim_end_matches(')'))
+        .and_then(|rest| rest.split(';').next())
+        .unwrap_or_default();
+    let name: String = identity
+        .chars()
+        .map(|c| match c.to_ascii_lowercase() {
+            c @ ('a'..='z' | '0'..='9' | '-') => c,
+            _ => '-',
+        })
+        .collect();
+    format!("pko-shard-{name}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(at: &str, agent: &str, resource: &str, namespace: &str, name: &str) -> String {
+        serde_json::json!({
+            "stage": "ResponseComplete",
+            "userAgent": agent,
+            "responseStatus": {"code": 200},
+            "stageTimestamp": at,
+            "objectRef": {"resource": resource, "namespace": namespace, "name": name},
+        })
+        .to_string()
+    }
+
+    #[test]
+    fn a_recorded_take_over_ends_the_departed_replicas_tenure_and_nothing_else_does() {
+        let a = "pko-manager/0.1.0 (host-a-1)";
+        let b = "pko-manager/0.1.0 (host-b-2)";
+        let coordinator = "pko-manager/0.1.0 (host-b-2; shard-coordinator)";
+        let dir = std::env::temp_dir().join(format!("pko-audit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = dir.join("audit.log");
+        let lines = [
+            line("2026-01-01T00:00:01Z", a, "objectsets", "ns-1", "x"),
+            line("2026-01-01T00:00:02Z", coordinator, "leases", "leases", "pko-shard-host-a-1"),
+            line("2026-01-01T00:00:03Z", b, "objectsets", "ns-1", "x"),
+            line("2026-01-01T00:00:01Z", a, "objectsets", "ns-2", "y"),
+            line("2026-01-01T00:00:03Z", b, "objectsets", "ns-2", "y"),
+        ];
+        std::fs::write(&log, lines.join("\n")).unwrap();
+        let audit = shard_write_audit(&log).unwrap();
+        // ns-1 and ns-2 alike: the record came before b's writes; so both pass.
+        assert!(audit.overlaps.is_empty(), "{:?}", audit.overlaps);
+        assert_eq!(audit.writes, 4);
+        // Without the record, b writing after a is an overlap.
+        std::fs::write(&log, [lines[0].clone(), lines[2].clone()].join("\n")).unwrap();
+        assert_eq!(shard_write_audit(&log).unwrap().overlaps.len(), 1);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -82,6 +82,7 @@ pub struct ManagerMetrics {
     active: Family<ControllerLabels, Gauge>,
     watch_gap_deletions: Family<KindLabels, Counter>,
     shard_releases: Family<KindLabels, Counter>,
+    shard_objects: Family<KindLabels, Gauge>,
     rollout_events: RolloutEventMetrics,
     hosted_teardowns_skipped: Family<ReasonLabels, Counter>,
 }
@@ -123,6 +124,7 @@ impl ManagerMetrics {
         let active = Family::<ControllerLabels, Gauge>::default();
         let watch_gap_deletions = Family::<KindLabels, Counter>::default();
         let shard_releases = Family::<KindLabels, Counter>::default();
+        let shard_objects = Family::<KindLabels, Gauge>::default();
         let rollout_events = RolloutEventMetrics::default();
         let hosted_teardowns_skipped = Family::<ReasonLabels, Counter>::default();
         let mut registry = Registry::default();
@@ -150,6 +152,12 @@ impl ManagerMetrics {
             "pko_shard_releases",
             "Objects this replica let go of to another replica when sharded (hand-offs), by kind.",
             shard_releases.clone(),
+        );
+        registry.register(
+            "pko_shard_objects",
+            "Objects this replica works on when sharded (its own and those it takes over from a departed \
+             replica), by kind.",
+            shard_objects.clone(),
         );
         registry.register(
             "pko_rollout_events_published",
@@ -199,6 +207,7 @@ impl ManagerMetrics {
             active,
             watch_gap_deletions,
             shard_releases,
+            shard_objects,
             rollout_events,
             hosted_teardowns_skipped,
         }
@@ -246,6 +255,13 @@ impl ManagerMetrics {
 
     /// A watch feed of `kind` found an object deleted only by re-listing.
     /// An object was handed to another replica (sharded mode).
+    /// This replica took an object of `kind` on (`1`) or let it go (`-1`), sharded.
+    pub fn shard_objects(&self, kind: &'static str, delta: i64) {
+        self.shard_objects
+            .get_or_create(&KindLabels { kind })
+            .inc_by(delta);
+    }
+
     pub fn shard_released(&self, kind: &'static str) {
         self.shard_releases
             .get_or_create(&KindLabels { kind })

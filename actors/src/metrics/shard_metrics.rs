@@ -1,6 +1,7 @@
 //! Sharded mode, as the coordinator sees it: how many shard keys (HCP namespaces, cluster-scoped
-//! objects) are labelled for each member, the label writes it makes, and how long a departed member's
-//! keys took to be labelled for the others. Labelled by member name only (one series per replica). The
+//! objects) are labelled for each member, the label writes it makes, how long after a member departed its
+//! successors were recorded (they work on its keys from then on) and how long until every one of its
+//! keys was labelled for them. Labelled by member name only (one series per replica). The
 //! replicas' own hand-offs are counted by `pko_shard_releases` (manager_metrics).
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -31,6 +32,7 @@ pub struct ShardMetrics {
     keys: Family<MemberLabels, Gauge>,
     label_writes: Family<ActionLabels, Counter>,
     takeover: Histogram,
+    relabel: Histogram,
 }
 
 impl Default for ShardMetrics {
@@ -39,6 +41,7 @@ impl Default for ShardMetrics {
             keys: Family::default(),
             label_writes: Family::default(),
             takeover: takeover_histogram(),
+            relabel: takeover_histogram(),
         }
     }
 }
@@ -58,9 +61,15 @@ impl ShardMetrics {
         );
         registry.register(
             "pko_shard_takeover_seconds",
-            "From a member leaving the member set (Lease released or run out) to every key it held \
-             being labelled for another member.",
+            "From the coordinator seeing a member leave (Lease released or run out) to the take-over \
+             record naming its successors, who work on its keys from then on.",
             self.takeover.clone(),
+        );
+        registry.register(
+            "pko_shard_relabel_seconds",
+            "From the coordinator seeing a member leave to every key it held being labelled for \
+             another member.",
+            self.relabel.clone(),
         );
     }
 
@@ -87,6 +96,10 @@ impl ShardMetrics {
     pub fn taken_over(&self, seconds: f64) {
         self.takeover.observe(seconds);
     }
+
+    pub fn relabelled(&self, seconds: f64) {
+        self.relabel.observe(seconds);
+    }
 }
 
 #[cfg(test)]
@@ -100,6 +113,7 @@ mod tests {
         metrics.keys_held(&[("b".to_owned(), 4)].into());
         metrics.label_written(true);
         metrics.taken_over(0.5);
+        metrics.relabelled(4.0);
         let text = crate::metrics::encoded(|r| metrics.register(r));
         assert!(text.contains("pko_shard_keys{member=\"b\"} 4"), "{text}");
         assert!(!text.contains("member=\"a\""), "{text}");
@@ -111,5 +125,6 @@ mod tests {
             text.contains("pko_shard_takeover_seconds_count 1"),
             "{text}"
         );
+        assert!(text.contains("pko_shard_relabel_seconds_sum 4.0"), "{text}");
     }
 }

@@ -45,10 +45,12 @@ pub struct ManagerContext {
     pub shard: Option<ShardContext>,
 }
 
-/// A sharded replica: its member name, which its owner label carries.
+/// A sharded replica: its member name, which its owner label carries, and the members as it sees them
+/// (who works on a departed member's objects).
 #[derive(Clone)]
 pub struct ShardContext {
     pub member: Arc<str>,
+    pub view: tokio::sync::watch::Receiver<crate::engine::shard_assignment::ShardView>,
 }
 
 impl ManagerContext {
@@ -84,11 +86,16 @@ impl ManagerContext {
         }
     }
 
-    /// This context for a sharded replica named `member`.
-    pub fn sharded(self, member: &str) -> Self {
+    /// This context for a sharded replica named `member`, seeing the members through `view`.
+    pub fn sharded(
+        self,
+        member: &str,
+        view: tokio::sync::watch::Receiver<crate::engine::shard_assignment::ShardView>,
+    ) -> Self {
         Self {
             shard: Some(ShardContext {
                 member: Arc::from(member),
+                view,
             }),
             ..self
         }

@@ -5,8 +5,12 @@
 //! sends no delete event, and one deleted and created again under its name shows up as an update. The
 //! feed keeps what it routed (key and UID) so it can tell both: after a re-list every object missing from
 //! it is gone, and an object with a new UID is a new object whose predecessor is gone.
+//!
+//! Sharded, a feed works on the objects the engine's `works_on` gives this replica under the current
+//! [`ShardView`]: those labelled for it, and those of departed members it takes over. Its watch selects
+//! both labels; when the take-overs change, the watch starts again with the new selection.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt::Debug;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -14,14 +18,14 @@ use std::sync::Arc;
 use actix::dev::ToEnvelope;
 use actix::prelude::*;
 use futures::StreamExt;
-use kube::runtime::watcher::{self, Event};
+use kube::runtime::watcher::{self, Event, ListSemantic};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Resource};
 use pko_proto::well_known::{SHARD_DRAIN_LABEL, SHARD_OWNER_LABEL};
 use serde::de::DeserializeOwned;
 use tracing::{info, warn};
 
-use crate::engine::shard_assignment::{works_on, Placement};
+use crate::engine::shard_assignment::{drained, works_on, Member, Placement, ShardKey, ShardView};
 
 use crate::runtime::context::ManagerContext;
 use crate::runtime::registry::{ObjectRef, Registry};
@@ -190,8 +194,23 @@ pub struct KindFeed<K, A: FeedTarget> {
     /// Objects this replica let go of whose departure from its label-selected watch is still to come (a
     /// delete event that is not a deletion).
     released: HashSet<ObjectRef>,
+    /// The members as this replica sees them (sharded).
+    view: ShardView,
+    /// The departed members whose objects the running watch selects besides this replica's.
+    adopting: BTreeSet<Member>,
+    /// The running watch.
+    watching: Option<SpawnHandle>,
+    /// When the running watch was restarted, until its list is done.
+    restarted_at: Option<std::time::Instant>,
+    /// The objects this replica works on (sharded; counted in `pko_shard_objects`).
+    working: HashSet<ObjectRef>,
     _kind: std::marker::PhantomData<K>,
 }
+
+/// The members changed (sharded).
+#[derive(Message)]
+#[rtype(result = "()")]
+struct ViewChanged(ShardView);
 
 impl<K, A> KindFeed<K, A>
 where
@@ -215,6 +234,11 @@ where
             synced: false,
             gated: false,
             released: HashSet::new(),
+            view: ShardView::default(),
+            adopting: BTreeSet::new(),
+            watching: None,
+            restarted_at: None,
+            working: HashSet::new(),
             _kind: std::marker::PhantomData,
         }
     }
@@ -264,6 +288,7 @@ where
                 self.released.insert(key.clone());
             }
             let actor = self.registry.remove(&key);
+            self.stop_working(&key);
             if actor.is_some() || (drained && A::wants(&object)) {
                 self.release(
                     actor,
@@ -285,6 +310,9 @@ where
         if !A::wants(&object) {
             return;
         }
+        if self.context.shard.is_some() && self.working.insert(key.clone()) {
+            self.context.metrics.shard_objects(key.kind, 1);
+        }
         let addr = self
             .registry
             .get_or_start(&key, || A::start_for(&self.context));
@@ -296,14 +324,53 @@ where
         let Some(shard) = &self.context.shard else {
             return ShardState::Ours;
         };
+        let key = ShardKey::of_kind(
+            &K::kind(&()),
+            meta.namespace.as_deref(),
+            meta.name.as_deref().unwrap_or_default(),
+        );
         let placement = Placement::from_labels(meta.labels.as_ref());
-        if works_on(&shard.member, &placement) {
+        if works_on(&shard.member, &key, &placement, &self.view) {
             ShardState::Ours
         } else {
             ShardState::NotOurs {
-                drained: placement.draining && placement.holder.as_deref() == Some(&*shard.member),
+                drained: drained(&shard.member, &key, &placement, &self.view),
             }
         }
+    }
+
+    /// (Re)starts the watch: sharded and not gated, on the objects labelled for this replica or for a
+    /// departed member it may take over from. A restart that selects less than before (`narrowed`) lists
+    /// consistently (`MostRecent`): an object relabelled from a departed member to this replica just
+    /// before must show in the list, or it would look deleted. A wider selection lists from the
+    /// apiserver's watch cache (cheap while a take-over loads it): whatever a stale list misses arrives
+    /// as a watch event, and everything it lacks is still selected.
+    fn watch(&mut self, ctx: &mut Context<Self>, restart: bool, narrowed: bool) {
+        if let Some(running) = self.watching.take() {
+            ctx.cancel_future(running);
+        }
+        // What a departure event would have told is in the new list.
+        self.released.clear();
+        let api: Api<K> = Api::all(self.context.client.clone());
+        let mut config = match (&self.context.shard, self.gated) {
+            // Only this replica's share is watched: the cache holds only what it works on.
+            (Some(shard), false) => {
+                let holders: Vec<&str> = std::iter::once(&*shard.member)
+                    .chain(self.adopting.iter().map(String::as_str))
+                    .collect();
+                watcher::Config::default()
+                    .labels(&format!("{SHARD_OWNER_LABEL} in ({})", holders.join(",")))
+            }
+            _ => watcher::Config::default(),
+        };
+        if narrowed {
+            config.list_semantic = ListSemantic::MostRecent;
+        }
+        if restart {
+            self.restarted_at = Some(std::time::Instant::now());
+        }
+        self.watching =
+            Some(ctx.add_stream(watcher::watcher(api, config).default_backoff().boxed()));
     }
 
     /// Lets an object go: its actor (if any) stops once its running reconcile is done, then, when the
@@ -352,15 +419,22 @@ where
 
     /// The object last seen under `key` is deleted: the tap hears of it (when its state is known) and its
     /// actor stops.
-    fn deliver_gone(&self, key: &ObjectRef, object: Option<&A::Object>) {
+    fn deliver_gone(&mut self, key: &ObjectRef, object: Option<&A::Object>) {
         if let (Some(tap), Some(object)) = (&self.tap, object) {
             tap(object, true);
         }
         if object.is_some_and(|o| !A::wants(o)) {
             return;
         }
+        self.stop_working(key);
         if let Some(addr) = self.registry.remove(key) {
             addr.do_send(Gone);
+        }
+    }
+
+    fn stop_working(&mut self, key: &ObjectRef) {
+        if self.working.remove(key) {
+            self.context.metrics.shard_objects(key.kind, -1);
         }
     }
 
@@ -384,16 +458,42 @@ where
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
-        let api: Api<K> = Api::all(self.context.client.clone());
-        let config = match (&self.context.shard, self.gated) {
-            // Only this replica's share is watched: the cache holds only what it works on.
-            (Some(shard), false) => {
-                watcher::Config::default().labels(&format!("{SHARD_OWNER_LABEL}={}", shard.member))
-            }
-            _ => watcher::Config::default(),
-        };
-        ctx.add_stream(watcher::watcher(api, config).default_backoff().boxed());
+        if let Some(shard) = &self.context.shard {
+            let view = shard.view.clone();
+            self.view = view.borrow().clone();
+            self.adopting = self.view.takeovers.keys().cloned().collect();
+            let changes = futures::stream::unfold(view, |mut view| async move {
+                view.changed().await.ok()?;
+                let seen = view.borrow_and_update().clone();
+                Some((ViewChanged(seen), view))
+            });
+            ctx.add_stream(changes);
+        }
+        self.watch(ctx, false, false);
     }
+}
+
+impl<K, A> StreamHandler<ViewChanged> for KindFeed<K, A>
+where
+    A: FeedTarget,
+    A::Object: From<K> + Clone + Unpin,
+    K: WatchedKind,
+    A::Context: ToEnvelope<A, Observed<A::Object>> + ToEnvelope<A, Gone>,
+{
+    fn handle(&mut self, ViewChanged(view): ViewChanged, ctx: &mut Context<Self>) {
+        self.view = view;
+        let adopting: BTreeSet<Member> = self.view.takeovers.keys().cloned().collect();
+        if adopting != self.adopting {
+            info!(kind = %K::kind(&()), departed = ?adopting, "take-overs changed; watching again");
+            let narrowed = !self.adopting.is_subset(&adopting);
+            self.adopting = adopting;
+            // A gated feed watches everything already; its re-list routes every object under the new view.
+            self.watch(ctx, true, narrowed);
+        }
+    }
+
+    /// The view ends only when the process does; the feed keeps its last view until then.
+    fn finished(&mut self, _: &mut Context<Self>) {}
 }
 
 impl<K, A> StreamHandler<Result<Event<K>, watcher::Error>> for KindFeed<K, A>
@@ -410,6 +510,9 @@ where
             Ok(Event::Init) => self.known.relist_started(),
             Ok(Event::InitDone) => {
                 self.relisted();
+                if let Some(since) = self.restarted_at.take() {
+                    info!(kind = %K::kind(&()), seconds = since.elapsed().as_secs_f64(), working = self.working.len(), "listed again");
+                }
                 if !std::mem::replace(&mut self.synced, true) {
                     self.context.feeds.synced.fetch_add(1, Ordering::SeqCst);
                 }

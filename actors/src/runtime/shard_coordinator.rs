@@ -4,13 +4,18 @@
 //! them for the new owner once the old one let go. It reads metadata only (no specs or statuses in its
 //! cache) and writes nothing but the two shard labels. Which replica works on what is decided by the labels
 //! alone; the replicas' feeds follow them.
+//!
+//! When a member departs it records the take-over first (the live members, onto the departed member's
+//! Lease): the successors start on the departed member's objects at once, and the relabelling that
+//! follows moves no work. Once no object carries the departed member's label, its Lease is deleted.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::{Duration, Instant};
 
 use futures::stream::{self, BoxStream, StreamExt};
 use futures::FutureExt;
-use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::{ApiResource, DeleteParams, DynamicObject, Patch, PatchParams};
 use kube::core::PartialObjectMeta;
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
@@ -26,12 +31,21 @@ use pko_proto::well_known::{PHASE_CLASS_LABEL, SHARD_DRAIN_LABEL, SHARD_OWNER_LA
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::engine::shard_assignment::{coordinate, LabelAction, Member, Placement, ShardKey};
+use crate::engine::shard_assignment::{
+    coordinate, LabelAction, Member, Placement, ShardKey, ShardView,
+};
 use crate::metrics::shard_metrics::ShardMetrics;
+use crate::runtime::shard_membership::{lease_name, SUCCESSORS_ANNOTATION};
 
-/// Label writes in flight at once: a take-over relabels a departed replica's whole share, and the
+/// Label writes in flight at once for what waits on them (new objects, drains, released objects); the
 /// manager's client allows 32 requests at once (`--max-in-flight-requests`).
 const WRITE_CONCURRENCY: usize = 32;
+/// Relabels of taken-over objects in flight at once: they move no work (the successor already works on
+/// them), so they yield the apiserver to the successors' re-lists and reconciles.
+const RELABEL_CONCURRENCY: usize = 4;
+/// Every key is coordinated again this often, whatever the events: a label write that failed is retried
+/// even when nothing else touches its key.
+const RESYNC: Duration = Duration::from_secs(30);
 
 /// One object the coordinator keeps labelled.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -42,18 +56,13 @@ struct ObjectId {
     name: String,
 }
 
-/// A kind whose objects are sharded, and how an object of it maps to its shard key.
+/// A kind whose objects are sharded.
 struct ShardedKind {
     resource: ApiResource,
-    /// HostedClusters belong to their HCP namespace's key, not to their own namespace's.
-    hosted_cluster: bool,
 }
 
 fn kinds() -> Vec<ShardedKind> {
-    let kind = |resource: ApiResource| ShardedKind {
-        resource,
-        hosted_cluster: false,
-    };
+    let kind = |resource: ApiResource| ShardedKind { resource };
     vec![
         kind(ApiResource::erase::<Package>(&())),
         kind(ApiResource::erase::<ClusterPackage>(&())),
@@ -66,10 +75,7 @@ fn kinds() -> Vec<ShardedKind> {
         kind(ApiResource::erase::<ObjectTemplate>(&())),
         kind(ApiResource::erase::<ClusterObjectTemplate>(&())),
         kind(ApiResource::erase::<HostedClusterPackage>(&())),
-        ShardedKind {
-            resource: ApiResource::erase::<HostedCluster>(&()),
-            hosted_cluster: true,
-        },
+        kind(ApiResource::erase::<HostedCluster>(&())),
     ]
 }
 
@@ -85,6 +91,8 @@ struct Placements {
     by_object: BTreeMap<ObjectId, ShardKey>,
     /// Objects listed since a kind's re-list began.
     relisted: BTreeMap<usize, HashSet<ObjectId>>,
+    /// Kinds listed at least once: until all are, an absent label proves nothing.
+    listed: BTreeSet<usize>,
 }
 
 impl Placements {
@@ -124,8 +132,13 @@ impl Placements {
         held
     }
 
+    fn synced(&self, kinds: usize) -> bool {
+        self.listed.len() >= kinds
+    }
+
     /// Ends a kind's re-list: what it did not list is gone.
     fn relist_done(&mut self, kind: usize) -> Vec<ShardKey> {
+        self.listed.insert(kind);
         let Some(listed) = self.relisted.remove(&kind) else {
             return Vec::new();
         };
@@ -139,10 +152,11 @@ impl Placements {
     }
 }
 
-/// Runs the coordinator until the process ends.
+/// Runs the coordinator until the process ends; member Leases live in `lease_namespace`.
 pub async fn run(
     client: Client,
-    members: watch::Receiver<BTreeSet<Member>>,
+    lease_namespace: &str,
+    view: watch::Receiver<ShardView>,
     metrics: ShardMetrics,
 ) {
     let kinds = kinds();
@@ -158,68 +172,202 @@ pub async fn run(
                 .boxed()
         })
         .collect();
+    let leases: Api<Lease> = Api::namespaced(client.clone(), lease_namespace);
     let mut events = stream::select_all(streams);
-    let mut members = members;
+    let mut view = view;
     let mut placements = Placements::default();
     let mut dirty: BTreeSet<ShardKey> = BTreeSet::new();
-    let mut known_members = members.borrow().clone();
-    // Members that left, since when: their take-over ends when no key is labelled for them any more.
-    let mut departed: BTreeMap<Member, Instant> = BTreeMap::new();
+    let mut members = Takeovers::new(view.borrow().clone());
+    let relabel = BackgroundRelabel::start(client.clone(), metrics.clone());
+    let mut resync = tokio::time::interval(RESYNC);
     info!("coordinating shards");
     loop {
         tokio::select! {
+            _ = resync.tick() => dirty.extend(placements.keys.keys().cloned()),
             event = events.next() => {
                 let Some((kind, event)) = event else { return };
-                absorb(&kinds, &mut placements, &mut dirty, kind, event);
+                absorb(&kinds, &mut placements, &mut dirty, &relabel, kind, event);
                 // A burst of events (a re-list, a rollout) is coordinated in one pass.
                 while let Some(Some((kind, event))) = events.next().now_or_never() {
-                    absorb(&kinds, &mut placements, &mut dirty, kind, event);
+                    absorb(&kinds, &mut placements, &mut dirty, &relabel, kind, event);
                 }
             }
-            changed = members.changed() => {
+            changed = view.changed() => {
                 if changed.is_err() {
                     return;
                 }
-                let now = members.borrow().clone();
-                info!(members = ?now, "shard members changed");
-                for gone in known_members.difference(&now) {
-                    departed.insert(gone.clone(), Instant::now());
-                }
-                for back in &now {
-                    departed.remove(back);
-                }
-                known_members = now;
+                let seen = view.borrow_and_update().clone();
+                members.observe(seen);
                 dirty.extend(placements.keys.keys().cloned());
             }
         }
-        let live = members.borrow().clone();
-        let writes: Vec<(ObjectId, LabelAction)> = std::mem::take(&mut dirty)
-            .into_iter()
-            .filter_map(|key| {
-                let objects = placements.keys.get(&key)?;
-                let current: Vec<Placement> = objects.values().cloned().collect();
-                let actions = coordinate(&key, &current, &live);
-                Some(
-                    objects
-                        .keys()
-                        .cloned()
-                        .zip(actions)
-                        .filter_map(|(id, action)| Some((id, action?)))
-                        .collect::<Vec<_>>(),
-                )
-            })
-            .flatten()
-            .collect();
+        // Successors are recorded before any label moves, so the labels follow who already works.
+        members.record(&leases, &metrics).await;
+        let current = members.current();
+        let mut writes: Vec<(ObjectId, LabelAction)> = Vec::new();
+        for key in std::mem::take(&mut dirty) {
+            let Some(objects) = placements.keys.get(&key) else {
+                continue;
+            };
+            let placed: Vec<Placement> = objects.values().cloned().collect();
+            let actions = coordinate(&key, &placed, &current);
+            for ((id, placement), action) in objects.iter().zip(actions) {
+                match action {
+                    // Labelled for a departed member and worked on by its successor: the label follows
+                    // the work in the background.
+                    Some(LabelAction::Assign(member))
+                        if placement
+                            .holder
+                            .as_ref()
+                            .is_some_and(|h| !current.live.contains(h))
+                            && current.worker(&key, placement.holder.as_ref()) == Some(&member) =>
+                    {
+                        relabel.queue(id, &kinds[id.kind].resource, member);
+                    }
+                    Some(action) => {
+                        relabel.settled(id);
+                        writes.push((id.clone(), action));
+                    }
+                    None => relabel.settled(id),
+                }
+            }
+        }
         write_labels(&client, &kinds, writes, &metrics).await;
         let held = placements.held_by_member();
         metrics.keys_held(&held);
-        departed.retain(|member, since| {
-            let still_held = held.contains_key(member);
-            if !still_held {
-                metrics.taken_over(since.elapsed().as_secs_f64());
+        if placements.synced(kinds.len()) {
+            members.retire(&held, &leases, &metrics).await;
+        }
+    }
+}
+
+/// The members as the coordinator sees them, with the take-over records it wrote and has not seen back
+/// yet, and when each departure was seen (for the metrics).
+struct Takeovers {
+    view: ShardView,
+    /// Records written by this coordinator, until the view shows them.
+    written: BTreeMap<Member, BTreeSet<Member>>,
+    /// Departures seen, since when; until their keys are all relabelled.
+    departed_at: BTreeMap<Member, Instant>,
+    /// Leases deleted, until the view drops them.
+    retired: BTreeSet<Member>,
+}
+
+impl Takeovers {
+    fn new(view: ShardView) -> Self {
+        Self {
+            view,
+            written: BTreeMap::new(),
+            departed_at: BTreeMap::new(),
+            retired: BTreeSet::new(),
+        }
+    }
+
+    fn observe(&mut self, seen: ShardView) {
+        for gone in self.view.live.difference(&seen.live) {
+            info!(member = %gone, "shard member left");
+            self.departed_at.insert(gone.clone(), Instant::now());
+        }
+        info!(live = ?seen.live, departed = ?seen.departed, "shard members changed");
+        self.written
+            .retain(|m, _| seen.departed.contains(m) && !seen.takeovers.contains_key(m));
+        self.retired.retain(|m| seen.departed.contains(m));
+        self.view = seen;
+    }
+
+    /// The view with this coordinator's own records in it.
+    fn current(&self) -> ShardView {
+        let mut current = self.view.clone();
+        for (member, successors) in &self.written {
+            current
+                .takeovers
+                .entry(member.clone())
+                .or_insert_with(|| successors.clone());
+        }
+        current
+    }
+
+    /// Writes a take-over record for every departed member without one: its keys go to the members live
+    /// now.
+    async fn record(&mut self, leases: &Api<Lease>, metrics: &ShardMetrics) {
+        let current = self.current();
+        if current.live.is_empty() {
+            return;
+        }
+        let successors = current.live.iter().cloned().collect::<Vec<_>>().join(",");
+        for member in current.unrecorded_departures() {
+            if self.retired.contains(member) {
+                continue;
             }
-            still_held
-        });
+            let patch = serde_json::json!({"metadata": {"annotations": {
+                SUCCESSORS_ANNOTATION: successors,
+            }}});
+            let written = tokio::time::timeout(
+                Duration::from_secs(10),
+                leases.patch(
+                    &lease_name(member),
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                ),
+            )
+            .await;
+            match written {
+                Ok(Ok(_)) => {
+                    let seconds = self
+                        .departed_at
+                        .get(member)
+                        .map(|since| since.elapsed().as_secs_f64());
+                    info!(%member, %successors, ?seconds, "taking over the departed member's keys");
+                    if let Some(seconds) = seconds {
+                        metrics.taken_over(seconds);
+                    }
+                    self.written.insert(member.clone(), current.live.clone());
+                }
+                // Gone meanwhile (or named unlike its member): nothing to record on, nothing to retry.
+                Ok(Err(kube::Error::Api(e))) if e.code == 404 => {
+                    self.retired.insert(member.clone());
+                }
+                Ok(Err(error)) => warn!(%member, %error, "recording a take-over"),
+                Err(_) => warn!(%member, "recording a take-over timed out"),
+            }
+        }
+    }
+
+    /// Deletes the Lease (and so the take-over record) of every departed member no object is labelled
+    /// for any more.
+    async fn retire(
+        &mut self,
+        held: &BTreeMap<Member, usize>,
+        leases: &Api<Lease>,
+        metrics: &ShardMetrics,
+    ) {
+        let current = self.current();
+        for member in current.departed.iter() {
+            if held.contains_key(member) {
+                continue;
+            }
+            if let Some(since) = self.departed_at.remove(member) {
+                let seconds = since.elapsed().as_secs_f64();
+                info!(%member, seconds, "every key of the departed member relabelled");
+                metrics.relabelled(seconds);
+            }
+            if !current.takeovers.contains_key(member) || self.retired.contains(member) {
+                continue;
+            }
+            match leases
+                .delete(&lease_name(member), &DeleteParams::default())
+                .await
+            {
+                Ok(_) => {
+                    info!(%member, "departed member's Lease deleted");
+                    self.retired.insert(member.clone());
+                }
+                Err(kube::Error::Api(e)) if e.code == 404 => {
+                    self.retired.insert(member.clone());
+                }
+                Err(error) => warn!(%member, %error, "deleting a departed member's Lease"),
+            }
+        }
     }
 }
 
@@ -228,6 +376,7 @@ fn absorb(
     kinds: &[ShardedKind],
     placements: &mut Placements,
     dirty: &mut BTreeSet<ShardKey>,
+    relabel: &BackgroundRelabel,
     kind: usize,
     event: Result<Event<Meta>, watcher::Error>,
 ) {
@@ -239,6 +388,7 @@ fn absorb(
         }
         Ok(Event::Delete(meta)) => {
             if let Some((id, _, _)) = observed(kinds, kind, &meta) {
+                relabel.settled(&id);
                 dirty.extend(placements.remove(&id));
             }
         }
@@ -246,6 +396,10 @@ fn absorb(
             placements.relisted.insert(kind, HashSet::new());
         }
         Ok(Event::InitDone) => dirty.extend(placements.relist_done(kind)),
+        // A kind the apiserver does not serve (HyperShift's CRD not installed) has no objects to label.
+        Err(watcher::Error::InitialListFailed(kube::Error::Api(e))) if e.code == 404 => {
+            placements.listed.insert(kind);
+        }
         Err(error) => warn!(%error, "shard coordinator watch"),
     }
 }
@@ -270,14 +424,8 @@ fn observed(
     {
         return None;
     }
-    let key = match (&namespace, sharded.hosted_cluster) {
-        (Some(ns), true) => ShardKey::Namespace(format!("{ns}-{name}")),
-        (Some(ns), false) => ShardKey::Namespace(ns.clone()),
-        (None, _) => ShardKey::Cluster {
-            kind: sharded.resource.kind.clone(),
-            name: name.clone(),
-        },
-    };
+    // A HostedCluster goes with its HCP namespace's objects.
+    let key = ShardKey::of_kind(&sharded.resource.kind, namespace.as_deref(), &name);
     let placement = Placement::from_labels(labels);
     Some((
         ObjectId {
@@ -298,30 +446,115 @@ async fn write_labels(
 ) {
     stream::iter(writes)
         .for_each_concurrent(WRITE_CONCURRENCY, |(id, action)| async move {
-            let resource = &kinds[id.kind].resource;
-            let api: Api<DynamicObject> = match &id.namespace {
-                Some(ns) => Api::namespaced_with(client.clone(), ns, resource),
-                None => Api::all_with(client.clone(), resource),
-            };
-            let labels = match &action {
-                LabelAction::Assign(member) => {
-                    serde_json::json!({SHARD_OWNER_LABEL: member, SHARD_DRAIN_LABEL: null})
-                }
-                LabelAction::Drain => serde_json::json!({SHARD_DRAIN_LABEL: "true"}),
-            };
-            let patch = serde_json::json!({"metadata": {"labels": labels}});
-            let written = tokio::time::timeout(
-                Duration::from_secs(10),
-                api.patch(&id.name, &PatchParams::default(), &Patch::Merge(&patch)),
-            )
-            .await;
-            match written {
-                Ok(Ok(_)) => metrics.label_written(matches!(action, LabelAction::Drain)),
-                // Deleted meanwhile.
-                Ok(Err(kube::Error::Api(e))) if e.code == 404 => {}
-                Ok(Err(error)) => warn!(object = %id.name, %error, "writing shard labels"),
-                Err(_) => warn!(object = %id.name, "writing shard labels timed out"),
-            }
+            write_label(client, &kinds[id.kind].resource, id, action, metrics).await;
         })
         .await;
+}
+
+/// Writes one object's shard labels; false when the write failed (an object deleted meanwhile needs none).
+async fn write_label(
+    client: &Client,
+    resource: &ApiResource,
+    id: ObjectId,
+    action: LabelAction,
+    metrics: &ShardMetrics,
+) -> bool {
+    let api: Api<DynamicObject> = match &id.namespace {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, resource),
+        None => Api::all_with(client.clone(), resource),
+    };
+    let labels = match &action {
+        LabelAction::Assign(member) => {
+            serde_json::json!({SHARD_OWNER_LABEL: member, SHARD_DRAIN_LABEL: null})
+        }
+        LabelAction::Drain => serde_json::json!({SHARD_DRAIN_LABEL: "true"}),
+    };
+    let patch = serde_json::json!({"metadata": {"labels": labels}});
+    let written = tokio::time::timeout(
+        Duration::from_secs(10),
+        api.patch(&id.name, &PatchParams::default(), &Patch::Merge(&patch)),
+    )
+    .await;
+    match written {
+        Ok(Ok(_)) => {
+            metrics.label_written(matches!(action, LabelAction::Drain));
+            true
+        }
+        // Deleted meanwhile.
+        Ok(Err(kube::Error::Api(e))) if e.code == 404 => true,
+        Ok(Err(error)) => {
+            warn!(object = %id.name, %error, "writing shard labels");
+            false
+        }
+        Err(_) => {
+            warn!(object = %id.name, "writing shard labels timed out");
+            false
+        }
+    }
+}
+
+/// Relabels taken-over objects for their successor, a few at a time, off the coordinator's loop (so new
+/// objects and drains are labelled meanwhile). An object is queued once, until the coordinator sees its
+/// label settled (or its write failed: then the next pass over its key queues it again). Relabelling for the member that works on
+/// an object never moves work, whatever happens meanwhile: a label naming a successor that departed in
+/// turn resolves to the same worker through that successor's own record.
+struct BackgroundRelabel {
+    queue: tokio::sync::mpsc::UnboundedSender<(ObjectId, ApiResource, Member)>,
+    queued: std::sync::Arc<std::sync::Mutex<HashSet<ObjectId>>>,
+}
+
+impl BackgroundRelabel {
+    fn start(client: Client, metrics: ShardMetrics) -> Self {
+        let (queue, receiver) = tokio::sync::mpsc::unbounded_channel();
+        let queued = std::sync::Arc::new(std::sync::Mutex::new(HashSet::new()));
+        let done = queued.clone();
+        let items = stream::unfold(receiver, |mut receiver| async move {
+            let item = receiver.recv().await?;
+            Some((item, receiver))
+        });
+        tokio::spawn(items.for_each_concurrent(
+            RELABEL_CONCURRENCY,
+            move |(id, resource, member): (ObjectId, ApiResource, Member)| {
+                let (client, metrics, done) = (client.clone(), metrics.clone(), done.clone());
+                async move {
+                    let key = id.clone();
+                    let written = write_label(
+                        &client,
+                        &resource,
+                        id,
+                        LabelAction::Assign(member),
+                        &metrics,
+                    )
+                    .await;
+                    if !written {
+                        if let Ok(mut queued) = done.lock() {
+                            queued.remove(&key);
+                        }
+                    }
+                }
+            },
+        ));
+        Self { queue, queued }
+    }
+
+    /// The coordinator saw `id` needing no background relabel (any more).
+    fn settled(&self, id: &ObjectId) {
+        if let Ok(mut queued) = self.queued.lock() {
+            queued.remove(id);
+        }
+    }
+
+    fn queue(&self, id: &ObjectId, resource: &ApiResource, member: Member) {
+        let Ok(mut queued) = self.queued.lock() else {
+            return;
+        };
+        if queued.insert(id.clone())
+            && self
+                .queue
+                .send((id.clone(), resource.clone(), member))
+                .is_err()
+        {
+            queued.remove(id);
+        }
+    }
 }

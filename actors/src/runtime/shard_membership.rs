@@ -1,10 +1,11 @@
 //! Shard membership (docs in `engine::shard_assignment`): this replica's own Lease, held and renewed by a
 //! [`LeaseHolder`] like the leader Lease (so a replica that cannot renew closes its write fence and exits
-//! before the Lease runs out), and the set of live members, read from every member Lease in the namespace.
-//! It owns no assignment: which replica works on what is the engine's rule over this set.
+//! before the Lease runs out), and the [`ShardView`] read from every member Lease in the namespace: the
+//! live members, the departed ones, and the take-over records the coordinator wrote onto departed
+//! members' Leases. It owns no assignment: which replica works on what is the engine's rule over the view.
 
 use std::collections::BTreeSet;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -14,27 +15,56 @@ use kube::{Api, Client};
 use tokio::sync::watch;
 use tracing::warn;
 
-use crate::engine::shard_assignment::{live_members, Member, MemberLease};
+use crate::engine::shard_assignment::{Member, MemberLease, ShardView};
 use crate::runtime::leader_lease::{LeaseConfig, LeaseError, LeaseHolder};
 use crate::runtime::write_fence::WriteFence;
 
-/// Label on every member Lease.
+/// Label on every member Lease; its value is the member's name (the holder is cleared when it leaves).
 pub const MEMBER_LABEL: &str = "package-operator.run/shard-member";
+/// Annotation the coordinator writes onto a departed member's Lease: the members, comma-separated, among
+/// which its keys are taken over.
+pub const SUCCESSORS_ANNOTATION: &str = "shard.package-operator.run/successors";
 /// Member Leases are named this plus the replica's identity.
 const LEASE_PREFIX: &str = "pko-shard-";
-/// How often the member set is recomputed without a Lease event: Leases expire by time, not by event.
-const EXPIRY_CHECK: Duration = Duration::from_millis(500);
+/// The longest the view goes without being recomputed; it is recomputed sooner when a Lease runs out
+/// (Leases expire by time, not by event).
+const EXPIRY_CHECK: Duration = Duration::from_secs(5);
 
 /// This replica's membership; the member set follows every member's Lease.
 pub struct ShardMembership {
     identity: Member,
     holder: LeaseHolder,
-    members: watch::Receiver<BTreeSet<Member>>,
+    view: watch::Receiver<ShardView>,
     follower: tokio::task::JoinHandle<()>,
 }
 
-/// A Lease name for `identity`: lower-case letters, digits and '-' only.
-fn lease_name(identity: &str) -> String {
+/// A sharded replica's name: the host (the pod), a nonce of this process's start and the pid. Unique per
+/// process, so a restarted container is a new member and never comes back to keys its successors took
+/// over; valid as a label value (at most 63 characters of letters, digits, '-', starting and ending
+/// with a letter or digit).
+pub fn member_identity(host: &str, pid: u32) -> Member {
+    let started = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    identity_of(host, pid, started)
+}
+
+fn identity_of(host: &str, pid: u32, started_nanos: u128) -> Member {
+    let host: String = host
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .take(40)
+        .collect();
+    let host = host.trim_matches('-');
+    let host = if host.is_empty() { "pko-manager" } else { host };
+    // 24 bits of the start time: two incarnations of one pod a few milliseconds apart still differ.
+    let nonce = (started_nanos / 1_000) & 0xff_ffff;
+    format!("{host}-{nonce:06x}-{pid}")
+}
+
+/// The Lease name of member `identity`: lower-case letters, digits and '-' only.
+pub fn lease_name(identity: &str) -> String {
     let suffix: String = identity
         .chars()
         .map(|c| match c.to_ascii_lowercase() {
@@ -59,14 +89,14 @@ impl ShardMembership {
         let mut config = LeaseConfig::new(namespace, &lease_name(identity), identity, duration);
         config
             .labels
-            .insert(MEMBER_LABEL.to_owned(), "true".to_owned());
+            .insert(MEMBER_LABEL.to_owned(), identity.to_owned());
         let holder = LeaseHolder::acquire(kube, config, fence).await?;
-        let (sender, members) = watch::channel(BTreeSet::new());
+        let (sender, view) = watch::channel(ShardView::default());
         let follower = tokio::spawn(follow_members(Api::namespaced(client, namespace), sender));
         Ok(Self {
             identity: identity.to_owned(),
             holder,
-            members,
+            view,
             follower,
         })
     }
@@ -75,9 +105,9 @@ impl ShardMembership {
         &self.identity
     }
 
-    /// The live members, updated as Leases come, go and run out.
-    pub fn members(&self) -> watch::Receiver<BTreeSet<Member>> {
-        self.members.clone()
+    /// The members, updated as Leases come, go, run out and carry take-over records.
+    pub fn view(&self) -> watch::Receiver<ShardView> {
+        self.view.clone()
     }
 
     /// Gives the member Lease up (on shutdown), so the others take this replica's share without waiting
@@ -89,24 +119,44 @@ impl ShardMembership {
 }
 
 fn member_lease(lease: &Lease) -> Option<MemberLease> {
+    let member = lease.metadata.labels.as_ref()?.get(MEMBER_LABEL)?.clone();
     let spec = lease.spec.as_ref()?;
-    let renewed: Timestamp = spec.renew_time.as_ref()?.0;
+    let successors = lease
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(SUCCESSORS_ANNOTATION))
+        .map(|list| parse_successors(list));
     Some(MemberLease {
+        member,
         holder: spec.holder_identity.clone().unwrap_or_default(),
-        renewed_at_ms: renewed.as_millisecond(),
+        renewed_at_ms: spec
+            .renew_time
+            .as_ref()
+            .map(|t| t.0.as_millisecond())
+            .unwrap_or_default(),
         duration_ms: i64::from(spec.lease_duration_seconds.unwrap_or(15)) * 1000,
+        successors,
     })
 }
 
-/// Keeps `members` equal to the holders of the live member Leases (a reflector keeps the Leases,
-/// re-lists included).
-async fn follow_members(api: Api<Lease>, members: watch::Sender<BTreeSet<Member>>) {
-    let config = watcher::Config::default().labels(&format!("{MEMBER_LABEL}=true"));
+/// The members of a successors annotation.
+pub fn parse_successors(list: &str) -> BTreeSet<Member> {
+    list.split(',')
+        .map(str::trim)
+        .filter(|m| !m.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Keeps `view` equal to what the member Leases say (a reflector keeps the Leases, re-lists included).
+async fn follow_members(api: Api<Lease>, view: watch::Sender<ShardView>) {
+    let config = watcher::Config::default().labels(MEMBER_LABEL);
     let (leases, writer) = reflector::store();
     let mut events = reflector(writer, watcher::watcher(api, config))
         .default_backoff()
         .boxed();
-    let mut tick = tokio::time::interval(EXPIRY_CHECK);
+    let mut next_expiry = EXPIRY_CHECK;
     loop {
         tokio::select! {
             event = events.next() => match event {
@@ -114,7 +164,7 @@ async fn follow_members(api: Api<Lease>, members: watch::Sender<BTreeSet<Member>
                 Some(Err(error)) => warn!(%error, "watching member Leases"),
                 None => return,
             },
-            _ = tick.tick() => {}
+            _ = tokio::time::sleep(next_expiry) => {}
         }
         let now = Timestamp::now().as_millisecond();
         let known: Vec<MemberLease> = leases
@@ -122,11 +172,21 @@ async fn follow_members(api: Api<Lease>, members: watch::Sender<BTreeSet<Member>
             .iter()
             .filter_map(|l| member_lease(l))
             .collect();
-        let live = live_members(&known, now);
-        members.send_if_modified(|current| {
-            let changed = *current != live;
+        let seen = ShardView::of(&known, now);
+        // Wake just after the first live Lease would run out unrenewed.
+        next_expiry = known
+            .iter()
+            .map(|l| l.renewed_at_ms.saturating_add(l.duration_ms))
+            .filter(|expiry| *expiry > now)
+            .min()
+            .and_then(|expiry| u64::try_from(expiry - now + 1).ok())
+            .map_or(EXPIRY_CHECK, |ms| {
+                Duration::from_millis(ms).min(EXPIRY_CHECK)
+            });
+        view.send_if_modified(|current| {
+            let changed = *current != seen;
             if changed {
-                *current = live;
+                *current = seen;
             }
             changed
         });
@@ -144,5 +204,27 @@ mod tests {
             "pko-shard-pko-manager-7d9f-x2"
         );
         assert_eq!(lease_name("Host_Name.1-42"), "pko-shard-host-name-1-42");
+    }
+
+    #[test]
+    fn member_names_are_unique_per_process_and_valid_label_values() {
+        let a = identity_of("pko-manager-7d9f8c6b5d-x2abc", 1, 1_000_000_000);
+        let b = identity_of("pko-manager-7d9f8c6b5d-x2abc", 1, 1_000_005_000);
+        assert_ne!(a, b, "a restarted container is a new member");
+        assert!(a.ends_with("-1"), "{a}");
+        let long = identity_of(&format!("{}_", "h".repeat(80)), 4_194_304, u128::MAX);
+        assert!(long.len() <= 63, "{long}");
+        assert!(long.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'));
+        assert!(long.starts_with('h') && long.ends_with('4'), "{long}");
+        assert!(identity_of("--", 7, 0).starts_with("pko-manager-"));
+    }
+
+    #[test]
+    fn successors_are_read_from_a_comma_separated_list() {
+        assert_eq!(
+            parse_successors("b-1, c-2,,"),
+            ["b-1".to_owned(), "c-2".to_owned()].into()
+        );
+        assert!(parse_successors("").is_empty());
     }
 }

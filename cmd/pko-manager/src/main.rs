@@ -28,7 +28,7 @@ use pko_actors::runtime::context::ManagerContext;
 use pko_actors::runtime::leader_lease::{LeaseConfig, LeaseError, LeaseHolder};
 use pko_actors::runtime::process_main::{run_system, shutdown_signal, Telemetry};
 use pko_actors::runtime::shard_coordinator;
-use pko_actors::runtime::shard_membership::ShardMembership;
+use pko_actors::runtime::shard_membership::{member_identity, ShardMembership};
 use pko_actors::runtime::write_fence::WriteFence;
 use pko_package::image_limits::ImageLimits;
 use pko_proto::nats_credentials::AccountSigner;
@@ -269,11 +269,14 @@ async fn serve_webhook(
 }
 
 async fn run(args: Args) -> Result<(), ManagerError> {
-    let identity = format!(
-        "{}-{}",
-        std::env::var("HOSTNAME").unwrap_or_else(|_| "pko-manager".to_owned()),
-        std::process::id()
-    );
+    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "pko-manager".to_owned());
+    // A shard member's name is one process's, so a restarted replica never returns to keys taken over
+    // from it (engine::shard_assignment).
+    let identity = if args.sharding {
+        member_identity(&host, std::process::id())
+    } else {
+        format!("{host}-{}", std::process::id())
+    };
     let mut kube_config = cluster_config(args.kubeconfig.as_deref()).await?;
     // Every request names the replica, so the apiserver's audit log tells which one wrote what.
     kube_config.headers.push(user_agent(&identity, None));
@@ -353,8 +356,9 @@ async fn run(args: Args) -> Result<(), ManagerError> {
         )
         .await?;
         info!(member = %identity, "sharded: working on this replica's share");
-        context = context.sharded(&identity);
-        let members = membership.members();
+        let view = membership.view();
+        context = context.sharded(&identity, view.clone());
+        let lease_namespace = args.leader_election_namespace.clone();
         // Its own client and user agent: its label writes are told apart from the replica's work.
         let mut coordinator_config = kube_config.clone();
         coordinator_config.headers = vec![user_agent(&identity, Some("shard-coordinator"))];
@@ -369,7 +373,13 @@ async fn run(args: Args) -> Result<(), ManagerError> {
         tokio::spawn(async move {
             match LeaseHolder::acquire(kube_config, leader_config, fence).await {
                 Ok(holder) => {
-                    shard_coordinator::run(coordinator_client, members, shard_metrics).await;
+                    shard_coordinator::run(
+                        coordinator_client,
+                        &lease_namespace,
+                        view,
+                        shard_metrics,
+                    )
+                    .await;
                     holder.release().await;
                 }
                 Err(error) => warn!(%error, "cannot take part in electing the shard coordinator"),

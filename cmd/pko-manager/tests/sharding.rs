@@ -1,6 +1,6 @@
 //! Horizontal sharding (issue 20): three replicas with `--sharding` share the namespaces, each works
 //! only on the objects labelled for it, and when one is killed its namespaces move to the others once its
-//! member Lease ran out. Then HostedClusterPackage rollouts over 24 HostedClusters: one spread over every
+//! member Lease ran out (the take-over recorded and timed, the labels following, the Lease retired). Then HostedClusterPackage rollouts over 24 HostedClusters: one spread over every
 //! replica with one of them killed mid-way, one while a replica joins and two leave; an independent
 //! observer checks the budget and every Package ends done. This binary runs its own managers (one shard
 //! group: another group's coordinator would relabel the same objects).
@@ -14,6 +14,7 @@ use std::path::Path;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::Api;
+use pko_actors::runtime::shard_membership::MEMBER_LABEL;
 use pko_proto::core::hosted_cluster_package::HostedClusterPackage;
 use pko_proto::core::object_set::ObjectSet;
 use pko_proto::core::package::Package;
@@ -138,6 +139,31 @@ async fn replicas_share_namespaces_and_take_over_a_killed_one() {
         .await
         .unwrap();
     assert!(takeovers >= 1, "take-over not measured");
+    // Once every object is relabelled, the departed member's Lease (with its take-over record) goes.
+    let leases = Api::<Lease>::namespaced(client.clone(), &lease_ns);
+    wait_until("the killed replica's Lease retired", TIMEOUT, || async {
+        let left: Vec<String> = leases
+            .list(&Default::default())
+            .await
+            .map_err(|e| e.to_string())?
+            .items
+            .into_iter()
+            .filter_map(|l| l.metadata.labels?.get(MEMBER_LABEL).cloned())
+            .filter(|member| *member == victim_owner)
+            .collect();
+        if left.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("still there: {left:?}"))
+        }
+    })
+    .await
+    .unwrap();
+    let relabels = replicas[coordinator]
+        .metric("pko_shard_relabel_seconds_count")
+        .await
+        .unwrap();
+    assert!(relabels >= 1, "relabelling not measured");
     let ns = &victim_ns;
     let after = object_set(
         "after-kill",
