@@ -2,9 +2,10 @@
 //! `--sharding` managers, a fleet of simulated HostedClusters (their HCP namespaces, connector objects and
 //! Packages of a real package), a HostedClusterPackage creating every Package and a rolling update across
 //! them: wall time, and CPU and memory of each replica. With two replicas or more, one (not the
-//! coordinator) is killed and the time until its keys are labelled for the others is taken, against the
-//! Lease duration. Then the apiserver's audit log is checked for keys written by two replicas in one
-//! tenure.
+//! coordinator) is killed, and two times are taken against its Lease running out: until the live
+//! replicas work on every Package of the fleet again (their `pko_shard_objects`), and until no Package is
+//! labelled for the killed one any more. Then the apiserver's audit log is checked for keys written by two
+//! replicas in one tenure.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -127,11 +128,24 @@ async fn measure(size: usize, count: usize, manager: &std::path::Path) -> Result
     println!("  all replicas: CPU {:.1} s", total_cpu.as_secs_f64());
 
     if count >= 2 {
-        let took = takeover(&client, &lease_ns, &name, &replicas).await?;
+        let took = takeover(&client, &lease_ns, &name, size, &replicas).await?;
         println!(
-            "  take-over after SIGKILL of a replica: {:.1} s (Lease {LEASE_SECONDS} s + {:.1} s)",
-            took.as_secs_f64(),
-            took.as_secs_f64() - LEASE_SECONDS as f64
+            "  take-over after SIGKILL of a replica: every Package worked on again {:.1} s after the kill (Lease {LEASE_SECONDS} s + {:.1} s), {:.1} s after its Lease ran out",
+            took.working.as_secs_f64(),
+            took.working.as_secs_f64() - LEASE_SECONDS as f64,
+            took.working_after_expiry.as_secs_f64(),
+        );
+        println!(
+            "  every object of every kind worked on again {:.1} s after the kill (Lease {LEASE_SECONDS} s + {:.1} s), {:.1} s after its Lease ran out",
+            took.all_working.as_secs_f64(),
+            took.all_working.as_secs_f64() - LEASE_SECONDS as f64,
+            took.all_working_after_expiry.as_secs_f64(),
+        );
+        println!(
+            "  relabelled in the background: {:.1} s after the kill, {:.1} s after the Lease ran out ({} label writes)",
+            took.relabelled.as_secs_f64(),
+            took.relabelled_after_expiry.as_secs_f64(),
+            took.label_writes
         );
     }
     let audit = pko_testenv::shard_write_audit(&env.management().audit_log_path())
@@ -169,21 +183,48 @@ async fn owned_namespaces(client: &Client, name: &str) -> Result<BTreeMap<String
     Ok(owned)
 }
 
+/// A take-over's figures.
+struct Takeover {
+    /// From the SIGKILL until the live replicas work on every Package of the fleet.
+    working: Duration,
+    /// From the killed replica's Lease running out (its last renewTime + duration) to the same end.
+    working_after_expiry: Duration,
+    /// From the SIGKILL until the live replicas work on as many objects of all kinds as all replicas did.
+    all_working: Duration,
+    all_working_after_expiry: Duration,
+    /// From the SIGKILL until no Package is labelled for the killed replica.
+    relabelled: Duration,
+    relabelled_after_expiry: Duration,
+    /// Label writes the coordinator made meanwhile.
+    label_writes: u64,
+}
+
 /// Kills a replica that does not coordinate and times until none of the fleet's Packages is labelled
 /// for it any more (each labelled for a live replica).
 async fn takeover(
     client: &Client,
     lease_ns: &str,
     name: &str,
+    size: usize,
     replicas: &[ManagerProcess],
-) -> Result<Duration, String> {
-    let coordinator = Api::<Lease>::namespaced(client.clone(), lease_ns)
+) -> Result<Takeover, String> {
+    let leases = Api::<Lease>::namespaced(client.clone(), lease_ns);
+    let coordinator = leases
         .get(SHARD_COORDINATOR_LEASE)
         .await
         .map_err(|e| e.to_string())?
         .spec
         .and_then(|s| s.holder_identity)
         .unwrap_or_default();
+    let coordinating = replicas
+        .iter()
+        .find(|r| {
+            r.pid()
+                .is_some_and(|pid| coordinator.ends_with(&format!("-{pid}")))
+        })
+        .ok_or("no replica coordinates")?;
+    let writes = || coordinating.metric("pko_shard_label_writes_total{action=\"assign\"}");
+    let writes_before = writes().await.unwrap_or(0);
     let victim = replicas
         .iter()
         .find(|r| {
@@ -191,16 +232,50 @@ async fn takeover(
                 .is_some_and(|pid| !coordinator.ends_with(&format!("-{pid}")))
         })
         .ok_or("no replica besides the coordinator")?;
+    let survivors: Vec<&ManagerProcess> = replicas
+        .iter()
+        .filter(|r| r.pid() != victim.pid())
+        .collect();
     let suffix = format!("-{}", victim.pid().unwrap_or_default());
+    let mut objects_before = 0;
+    for replica in replicas {
+        objects_before += objects_worked_on(replica, None).await?;
+    }
     let started = Instant::now();
+    let killed_at = k8s_openapi::jiff::Timestamp::now();
     victim.kill();
+    // Its last renewal, read once it cannot renew any more (and long before the coordinator deletes it).
+    let expiry = lease_expiry(victim_lease(&leases, &suffix).await?);
+    let mut working = None;
+    let mut all_working = None;
     loop {
+        if working.is_none() && worked_on(&survivors, Some("Package")).await? >= size {
+            working = Some(started.elapsed());
+        }
+        if all_working.is_none() && worked_on(&survivors, None).await? >= objects_before {
+            all_working = Some(started.elapsed());
+        }
         let owned = owned_namespaces(client, name).await?;
-        if !owned
+        let relabelled = !owned
             .keys()
-            .any(|o| o.ends_with(&suffix) || o == "(unlabelled)")
-        {
-            return Ok(started.elapsed());
+            .any(|o| o.ends_with(&suffix) || o == "(unlabelled)");
+        if let (Some(working), Some(all_working), true) = (working, all_working, relabelled) {
+            let relabelled = started.elapsed();
+            let after = |d: Duration| -> Duration {
+                (killed_at + d)
+                    .duration_since(expiry)
+                    .try_into()
+                    .unwrap_or_default()
+            };
+            return Ok(Takeover {
+                working,
+                working_after_expiry: after(working),
+                all_working,
+                all_working_after_expiry: after(all_working),
+                relabelled,
+                relabelled_after_expiry: after(relabelled),
+                label_writes: writes().await?.saturating_sub(writes_before),
+            });
         }
         if started.elapsed() > TAKEOVER_TIMEOUT {
             return Err(format!(
@@ -210,4 +285,57 @@ async fn takeover(
         // The measurement's own pace: a list every 100 ms is the resolution of the figure.
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// The objects the replicas work on (of `kind`, or of all kinds), by their `pko_shard_objects`.
+async fn worked_on(replicas: &[&ManagerProcess], kind: Option<&str>) -> Result<usize, String> {
+    let mut total = 0;
+    for replica in replicas {
+        total += objects_worked_on(replica, kind).await?;
+    }
+    Ok(total)
+}
+
+async fn objects_worked_on(replica: &ManagerProcess, kind: Option<&str>) -> Result<usize, String> {
+    let (_, body) = replica.get("/metrics").await?;
+    let series = match kind {
+        Some(kind) => format!("pko_shard_objects{{kind=\"{kind}\"}} "),
+        None => "pko_shard_objects{".to_owned(),
+    };
+    Ok(body
+        .lines()
+        .filter(|line| line.starts_with(&series))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<usize>().ok())
+        .sum())
+}
+
+/// The member Lease of the replica whose identity ends in `suffix`.
+async fn victim_lease(leases: &Api<Lease>, suffix: &str) -> Result<Lease, String> {
+    let list = leases
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    list.items
+        .into_iter()
+        .find(|lease| {
+            lease
+                .spec
+                .as_ref()
+                .and_then(|s| s.holder_identity.as_deref())
+                .is_some_and(|h| h.ends_with(suffix))
+        })
+        .ok_or_else(|| format!("no member Lease held by a replica ending in {suffix}"))
+}
+
+/// When a Lease that is no longer renewed runs out: its last renewTime plus its duration.
+fn lease_expiry(lease: Lease) -> k8s_openapi::jiff::Timestamp {
+    let spec = lease.spec.unwrap_or_default();
+    let renewed = spec
+        .renew_time
+        .map(|t| t.0)
+        .unwrap_or_else(k8s_openapi::jiff::Timestamp::now);
+    let seconds = i64::from(spec.lease_duration_seconds.unwrap_or(LEASE_SECONDS as i32));
+    renewed
+        .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(seconds))
+        .unwrap_or(renewed)
 }
