@@ -670,7 +670,7 @@ fn the_alert_rules_check_and_pass_their_unit_tests() {
 
 /// deploy/manager-sharded is deploy/manager with every replica working on its share: three replicas
 /// with --sharding (not --leader-election, which excludes it), and the RBAC sharding adds (member Leases
-/// listed and renewed, HostedClusters labelled).
+/// listed and renewed, patched with take-over records and deleted once retired, HostedClusters labelled).
 #[test]
 fn the_sharded_install_runs_three_sharded_replicas_with_what_sharding_needs() {
     let documents: Vec<Value> = kustomize("manager-sharded")
@@ -699,7 +699,7 @@ fn the_sharded_install_runs_three_sharded_replicas_with_what_sharding_needs() {
     };
     assert_eq!(
         rule_of("Role")[0]["verbs"],
-        serde_json::json!(["get", "list", "watch", "update"])
+        serde_json::json!(["get", "list", "watch", "update", "patch", "delete"])
     );
     assert_eq!(
         rule_of("ClusterRole")[0]["resources"],
