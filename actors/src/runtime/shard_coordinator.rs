@@ -9,7 +9,7 @@
 //! Lease): the successors start on the departed member's objects at once, and the relabelling that
 //! follows moves no work. Once no object carries the departed member's label, its Lease is deleted.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use futures::stream::{self, BoxStream, StreamExt};
@@ -43,6 +43,10 @@ const WRITE_CONCURRENCY: usize = 32;
 /// Relabels of taken-over objects in flight at once: they move no work (the successor already works on
 /// them), so they yield the apiserver to the successors' re-lists and reconciles.
 const RELABEL_CONCURRENCY: usize = 4;
+/// How long a label write waits for its echo before it is written again. Events the watch delivers
+/// after a write may predate it (a backlog of status updates): they must not trigger the same write
+/// again and again.
+const ECHO_WAIT: Duration = Duration::from_secs(10);
 /// Every key is coordinated again this often, whatever the events: a label write that failed is retried
 /// even when nothing else touches its key.
 const RESYNC: Duration = Duration::from_secs(30);
@@ -179,6 +183,8 @@ pub async fn run(
     let mut dirty: BTreeSet<ShardKey> = BTreeSet::new();
     let mut members = Takeovers::new(view.borrow().clone());
     let relabel = BackgroundRelabel::start(client.clone(), metrics.clone());
+    // Label writes made whose echo the watch has not delivered yet.
+    let mut unechoed: HashMap<ObjectId, (LabelAction, Instant)> = HashMap::new();
     let mut resync = tokio::time::interval(RESYNC);
     info!("coordinating shards");
     loop {
@@ -186,10 +192,10 @@ pub async fn run(
             _ = resync.tick() => dirty.extend(placements.keys.keys().cloned()),
             event = events.next() => {
                 let Some((kind, event)) = event else { return };
-                absorb(&kinds, &mut placements, &mut dirty, &relabel, kind, event);
+                absorb(&kinds, &mut placements, &mut dirty, &relabel, &mut unechoed, kind, event);
                 // A burst of events (a re-list, a rollout) is coordinated in one pass.
                 while let Some(Some((kind, event))) = events.next().now_or_never() {
-                    absorb(&kinds, &mut placements, &mut dirty, &relabel, kind, event);
+                    absorb(&kinds, &mut placements, &mut dirty, &relabel, &mut unechoed, kind, event);
                 }
             }
             changed = view.changed() => {
@@ -226,13 +232,25 @@ pub async fn run(
                     }
                     Some(action) => {
                         relabel.settled(id);
-                        writes.push((id.clone(), action));
+                        let awaiting_echo = unechoed.get(id).is_some_and(|(written, at)| {
+                            *written == action && at.elapsed() < ECHO_WAIT
+                        });
+                        if !awaiting_echo {
+                            writes.push((id.clone(), action));
+                        }
                     }
-                    None => relabel.settled(id),
+                    None => {
+                        relabel.settled(id);
+                        unechoed.remove(id);
+                    }
                 }
             }
         }
-        write_labels(&client, &kinds, writes, &metrics).await;
+        let now = Instant::now();
+        unechoed.retain(|_, (_, at)| at.elapsed() < ECHO_WAIT);
+        for written in write_labels(&client, &kinds, writes, &metrics).await {
+            unechoed.insert(written.0, (written.1, now));
+        }
         let held = placements.held_by_member();
         metrics.keys_held(&held);
         if placements.synced(kinds.len()) {
@@ -377,6 +395,7 @@ fn absorb(
     placements: &mut Placements,
     dirty: &mut BTreeSet<ShardKey>,
     relabel: &BackgroundRelabel,
+    unechoed: &mut HashMap<ObjectId, (LabelAction, Instant)>,
     kind: usize,
     event: Result<Event<Meta>, watcher::Error>,
 ) {
@@ -389,6 +408,7 @@ fn absorb(
         Ok(Event::Delete(meta)) => {
             if let Some((id, _, _)) = observed(kinds, kind, &meta) {
                 relabel.settled(&id);
+                unechoed.remove(&id);
                 dirty.extend(placements.remove(&id));
             }
         }
@@ -438,17 +458,29 @@ fn observed(
     ))
 }
 
+/// Writes the labels; returns the writes made.
 async fn write_labels(
     client: &Client,
     kinds: &[ShardedKind],
     writes: Vec<(ObjectId, LabelAction)>,
     metrics: &ShardMetrics,
-) {
+) -> Vec<(ObjectId, LabelAction)> {
     stream::iter(writes)
-        .for_each_concurrent(WRITE_CONCURRENCY, |(id, action)| async move {
-            write_label(client, &kinds[id.kind].resource, id, action, metrics).await;
+        .map(|(id, action)| async move {
+            let written = write_label(
+                client,
+                &kinds[id.kind].resource,
+                id.clone(),
+                action.clone(),
+                metrics,
+            )
+            .await;
+            written.then_some((id, action))
         })
-        .await;
+        .buffer_unordered(WRITE_CONCURRENCY)
+        .filter_map(|written| async move { written })
+        .collect()
+        .await
 }
 
 /// Writes one object's shard labels; false when the write failed (an object deleted meanwhile needs none).
