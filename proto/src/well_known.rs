@@ -88,3 +88,33 @@ pub const SHARD_OWNER_LABEL: &str = "shard.package-operator.run/owner";
 /// Set by the shard coordinator when the owner is to let the object go; the owner stops its actor for it
 /// and removes both shard labels.
 pub const SHARD_DRAIN_LABEL: &str = "shard.package-operator.run/drain";
+
+/// The name of a sharded replica's member Lease: `pko-shard-` and its identity in lower-case letters,
+/// digits and '-' (the manager creates it; the write audit of the tests reads it).
+pub fn shard_member_lease(identity: &str) -> String {
+    let suffix: String = identity
+        .chars()
+        .map(|c| match c.to_ascii_lowercase() {
+            c @ ('a'..='z' | '0'..='9' | '-') => c,
+            _ => '-',
+        })
+        .collect();
+    format!("pko-shard-{suffix}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn member_lease_names_are_valid_object_names() {
+        assert_eq!(
+            shard_member_lease("pko-manager-7d9f-x2"),
+            "pko-shard-pko-manager-7d9f-x2"
+        );
+        assert_eq!(
+            shard_member_lease("Host_Name.1-42"),
+            "pko-shard-host-name-1-42"
+        );
+    }
+}

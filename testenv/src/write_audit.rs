@@ -90,22 +90,14 @@ pub fn shard_write_audit(audit_log: &Path) -> Result<WriteAudit, TestEnvError> {
     Ok(audit)
 }
 
-/// The member Lease of the replica behind a user agent `pko-manager/<version> (<identity>)`: the
-/// manager's naming (`pko-shard-` and the identity in lower-case letters, digits and '-').
+/// The member Lease of the replica behind a user agent `pko-manager/<version> (<identity>)`.
 fn member_lease(agent: &str) -> String {
     let identity = agent
         .split_once('(')
         .map(|(_, rest)| rest.trim_end_matches(')'))
         .and_then(|rest| rest.split(';').next())
         .unwrap_or_default();
-    let name: String = identity
-        .chars()
-        .map(|c| match c.to_ascii_lowercase() {
-            c @ ('a'..='z' | '0'..='9' | '-') => c,
-            _ => '-',
-        })
-        .collect();
-    format!("pko-shard-{name}")
+    pko_proto::well_known::shard_member_lease(identity)
 }
 
 #[cfg(test)]

@@ -27,7 +27,9 @@ use pko_proto::core::object_set_phase::{ClusterObjectSetPhase, ObjectSetPhase};
 use pko_proto::core::object_template::{ClusterObjectTemplate, ObjectTemplate};
 use pko_proto::core::package::{ClusterPackage, Package};
 use pko_proto::hypershift::HostedCluster;
-use pko_proto::well_known::{PHASE_CLASS_LABEL, SHARD_DRAIN_LABEL, SHARD_OWNER_LABEL};
+use pko_proto::well_known::{
+    shard_member_lease, PHASE_CLASS_LABEL, SHARD_DRAIN_LABEL, SHARD_OWNER_LABEL,
+};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
@@ -35,7 +37,7 @@ use crate::engine::shard_assignment::{
     coordinate, LabelAction, Member, Placement, ShardKey, ShardView,
 };
 use crate::metrics::shard_metrics::ShardMetrics;
-use crate::runtime::shard_membership::{lease_name, SUCCESSORS_ANNOTATION};
+use crate::runtime::shard_membership::SUCCESSORS_ANNOTATION;
 
 /// Label writes in flight at once for what waits on them (new objects, drains, released objects); the
 /// manager's client allows 32 requests at once (`--max-in-flight-requests`).
@@ -323,7 +325,7 @@ impl Takeovers {
             let written = tokio::time::timeout(
                 Duration::from_secs(10),
                 leases.patch(
-                    &lease_name(member),
+                    &shard_member_lease(member),
                     &PatchParams::default(),
                     &Patch::Merge(&patch),
                 ),
@@ -373,7 +375,7 @@ impl Takeovers {
                 continue;
             }
             match leases
-                .delete(&lease_name(member), &DeleteParams::default())
+                .delete(&shard_member_lease(member), &DeleteParams::default())
                 .await
             {
                 Ok(_) => {

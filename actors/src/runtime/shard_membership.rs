@@ -12,6 +12,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::{reflector, watcher, WatchStreamExt};
 use kube::{Api, Client};
+use pko_proto::well_known::shard_member_lease;
 use tokio::sync::watch;
 use tracing::warn;
 
@@ -24,8 +25,6 @@ pub const MEMBER_LABEL: &str = "package-operator.run/shard-member";
 /// Annotation the coordinator writes onto a departed member's Lease: the members, comma-separated, among
 /// which its keys are taken over.
 pub const SUCCESSORS_ANNOTATION: &str = "shard.package-operator.run/successors";
-/// Member Leases are named this plus the replica's identity.
-const LEASE_PREFIX: &str = "pko-shard-";
 /// The longest the view goes without being recomputed; it is recomputed sooner when a Lease runs out
 /// (Leases expire by time, not by event).
 const EXPIRY_CHECK: Duration = Duration::from_secs(5);
@@ -63,18 +62,6 @@ fn identity_of(host: &str, pid: u32, started_nanos: u128) -> Member {
     format!("{host}-{nonce:06x}-{pid}")
 }
 
-/// The Lease name of member `identity`: lower-case letters, digits and '-' only.
-pub fn lease_name(identity: &str) -> String {
-    let suffix: String = identity
-        .chars()
-        .map(|c| match c.to_ascii_lowercase() {
-            c @ ('a'..='z' | '0'..='9' | '-') => c,
-            _ => '-',
-        })
-        .collect();
-    format!("{LEASE_PREFIX}{suffix}")
-}
-
 impl ShardMembership {
     /// Takes this replica's member Lease in `namespace` (`kube` for the Lease thread's own client) and
     /// starts following the members through `client`. Returns once the Lease is held.
@@ -86,7 +73,8 @@ impl ShardMembership {
         duration: Duration,
         fence: WriteFence,
     ) -> Result<Self, LeaseError> {
-        let mut config = LeaseConfig::new(namespace, &lease_name(identity), identity, duration);
+        let mut config =
+            LeaseConfig::new(namespace, &shard_member_lease(identity), identity, duration);
         config
             .labels
             .insert(MEMBER_LABEL.to_owned(), identity.to_owned());
@@ -196,15 +184,6 @@ async fn follow_members(api: Api<Lease>, view: watch::Sender<ShardView>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn lease_names_are_valid_object_names() {
-        assert_eq!(
-            lease_name("pko-manager-7d9f-x2"),
-            "pko-shard-pko-manager-7d9f-x2"
-        );
-        assert_eq!(lease_name("Host_Name.1-42"), "pko-shard-host-name-1-42");
-    }
 
     #[test]
     fn member_names_are_unique_per_process_and_valid_label_values() {
