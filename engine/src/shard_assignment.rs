@@ -217,6 +217,9 @@ impl Placement {
 pub enum LabelAction {
     /// Label the object for this member (and clear any drain mark).
     Assign(Member),
+    /// Label an object taken over from a departed member for the successor already working on it (and
+    /// clear any drain mark): the label catches up with the work and moves none, so it may wait.
+    Follow(Member),
     /// Ask the live holder to let go.
     Drain,
 }
@@ -227,9 +230,10 @@ pub enum LabelAction {
 /// - while a member other than the owner works on any of them, or two members do, every object a member
 ///   works on is drained and nothing is labelled: the owner starts only once nobody else works on the key
 ///   (a replica that drains stops its actors before it clears the label);
-/// - otherwise every object not labelled for the owner (new, released, taken over from a departed member,
-///   or held by a departed member nobody took over, which stopped when its Lease ran out) is labelled for
-///   it, and a drain mark the owner carries is lifted.
+/// - otherwise every object not labelled for the owner (new, released, or held by a departed member nobody
+///   took over, which stopped when its Lease ran out) is labelled for it, one the owner already works on
+///   as a departed member's successor follows it ([`LabelAction::Follow`]), and a drain mark the owner
+///   carries is lifted.
 ///
 /// Without live members nothing changes.
 pub fn coordinate(
@@ -252,6 +256,15 @@ pub fn coordinate(
                 (false, Some(_)) if !object.draining => Some(LabelAction::Drain),
                 (false, _) => None,
                 (true, _) if object.holder.as_ref() == Some(wanted) && !object.draining => None,
+                // Settled: the worker is the owner.
+                (true, Some(_))
+                    if object
+                        .holder
+                        .as_ref()
+                        .is_some_and(|h| !view.live.contains(h)) =>
+                {
+                    Some(LabelAction::Follow(wanted.clone()))
+                }
                 (true, _) => Some(LabelAction::Assign(wanted.clone())),
             }
         })
@@ -397,7 +410,7 @@ mod tests {
             // Relabelling it for its worker is all the coordinator does: no drain, no gap.
             assert_eq!(
                 coordinate(&key, &[held("a", false)], &view),
-                [Some(LabelAction::Assign(worker.clone()))]
+                [Some(LabelAction::Follow(worker.clone()))]
             );
             *workers.entry(worker.clone()).or_default() += 1;
         }
@@ -549,7 +562,7 @@ mod tests {
                 match action {
                     None => {}
                     Some(LabelAction::Drain) => object.draining = true,
-                    Some(LabelAction::Assign(member)) => {
+                    Some(LabelAction::Assign(member) | LabelAction::Follow(member)) => {
                         let worker = view.worker(key, object.holder.as_ref());
                         if worker.is_some_and(|w| *w != member) && !object.draining {
                             taken_from_a_worker.push(format!("{key:?}: {object:?} -> {member}"));

@@ -219,17 +219,10 @@ pub async fn run(
             };
             let placed: Vec<Placement> = objects.values().cloned().collect();
             let actions = coordinate(&key, &placed, &current);
-            for ((id, placement), action) in objects.iter().zip(actions) {
+            for (id, action) in objects.keys().zip(actions) {
                 match action {
-                    // Labelled for a departed member and worked on by its successor: the label follows
-                    // the work in the background.
-                    Some(LabelAction::Assign(member))
-                        if placement
-                            .holder
-                            .as_ref()
-                            .is_some_and(|h| !current.live.contains(h))
-                            && current.worker(&key, placement.holder.as_ref()) == Some(&member) =>
-                    {
+                    // The label follows the work in the background.
+                    Some(LabelAction::Follow(member)) => {
                         relabel.queue(id, &kinds[id.kind].resource, member);
                     }
                     Some(action) => {
@@ -498,7 +491,7 @@ async fn write_label(
         None => Api::all_with(client.clone(), resource),
     };
     let labels = match &action {
-        LabelAction::Assign(member) => {
+        LabelAction::Assign(member) | LabelAction::Follow(member) => {
             serde_json::json!({SHARD_OWNER_LABEL: member, SHARD_DRAIN_LABEL: null})
         }
         LabelAction::Drain => serde_json::json!({SHARD_DRAIN_LABEL: "true"}),
@@ -556,7 +549,7 @@ impl BackgroundRelabel {
                         &client,
                         &resource,
                         id,
-                        LabelAction::Assign(member),
+                        LabelAction::Follow(member),
                         &metrics,
                     )
                     .await;
