@@ -10,7 +10,7 @@
 //! [`ShardView`]: those labelled for it, and those of departed members it takes over. Its watch selects
 //! both labels; when the take-overs change, the watch starts again with the new selection.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::fmt::Debug;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -194,10 +194,9 @@ pub struct KindFeed<K, A: FeedTarget> {
     /// Objects this replica let go of whose departure from its label-selected watch is still to come (a
     /// delete event that is not a deletion).
     released: HashSet<ObjectRef>,
-    /// The members as this replica sees them (sharded).
+    /// The members as this replica sees them (sharded); the running watch selects the objects of the
+    /// departed members taken over in it besides this replica's.
     view: ShardView,
-    /// The departed members whose objects the running watch selects besides this replica's.
-    adopting: BTreeSet<Member>,
     /// The running watch.
     watching: Option<SpawnHandle>,
     /// When the running watch was restarted, until its list is done.
@@ -235,7 +234,6 @@ where
             gated: false,
             released: HashSet::new(),
             view: ShardView::default(),
-            adopting: BTreeSet::new(),
             watching: None,
             restarted_at: None,
             working: HashSet::new(),
@@ -356,7 +354,7 @@ where
             // Only this replica's share is watched: the cache holds only what it works on.
             (Some(shard), false) => {
                 let holders: Vec<&str> = std::iter::once(&*shard.member)
-                    .chain(self.adopting.iter().map(String::as_str))
+                    .chain(self.view.takeovers.keys().map(String::as_str))
                     .collect();
                 watcher::Config::default()
                     .labels(&format!("{SHARD_OWNER_LABEL} in ({})", holders.join(",")))
@@ -461,7 +459,6 @@ where
         if let Some(shard) = &self.context.shard {
             let view = shard.view.clone();
             self.view = view.borrow().clone();
-            self.adopting = self.view.takeovers.keys().cloned().collect();
             let changes = futures::stream::unfold(view, |mut view| async move {
                 view.changed().await.ok()?;
                 let seen = view.borrow_and_update().clone();
@@ -481,12 +478,16 @@ where
     A::Context: ToEnvelope<A, Observed<A::Object>> + ToEnvelope<A, Gone>,
 {
     fn handle(&mut self, ViewChanged(view): ViewChanged, ctx: &mut Context<Self>) {
+        let changed = !self.view.takeovers.keys().eq(view.takeovers.keys());
+        let narrowed = self
+            .view
+            .takeovers
+            .keys()
+            .any(|m| !view.takeovers.contains_key(m));
         self.view = view;
-        let adopting: BTreeSet<Member> = self.view.takeovers.keys().cloned().collect();
-        if adopting != self.adopting {
-            info!(kind = %K::kind(&()), departed = ?adopting, "take-overs changed; watching again");
-            let narrowed = !self.adopting.is_subset(&adopting);
-            self.adopting = adopting;
+        if changed {
+            let departed: Vec<&Member> = self.view.takeovers.keys().collect();
+            info!(kind = %K::kind(&()), ?departed, "take-overs changed; watching again");
             // A gated feed watches everything already; its re-list routes every object under the new view.
             self.watch(ctx, true, narrowed);
         }
