@@ -31,7 +31,6 @@ const EXPIRY_CHECK: Duration = Duration::from_secs(5);
 
 /// This replica's membership; the member set follows every member's Lease.
 pub struct ShardMembership {
-    identity: Member,
     holder: LeaseHolder,
     view: watch::Receiver<ShardView>,
     follower: tokio::task::JoinHandle<()>,
@@ -82,15 +81,10 @@ impl ShardMembership {
         let (sender, view) = watch::channel(ShardView::default());
         let follower = tokio::spawn(follow_members(Api::namespaced(client, namespace), sender));
         Ok(Self {
-            identity: identity.to_owned(),
             holder,
             view,
             follower,
         })
-    }
-
-    pub fn identity(&self) -> &str {
-        &self.identity
     }
 
     /// The members, updated as Leases come, go, run out and carry take-over records.
