@@ -167,8 +167,11 @@ fn usages(replicas: &[ManagerProcess]) -> Result<Vec<Usage>, String> {
 
 /// Namespaces of HostedClusterPackage `name`'s Packages per owner label.
 async fn owned_namespaces(client: &Client, name: &str) -> Result<BTreeMap<String, usize>, String> {
+    // Metadata only: the take-over loop polls this, and must not load the apiserver it measures.
     let packages = Api::<Package>::all(client.clone())
-        .list(&ListParams::default().labels(&format!("{HOSTED_CLUSTER_PACKAGE_LABEL}={name}")))
+        .list_metadata(
+            &ListParams::default().labels(&format!("{HOSTED_CLUSTER_PACKAGE_LABEL}={name}")),
+        )
         .await
         .map_err(|e| e.to_string())?;
     let mut owned = BTreeMap::new();
@@ -255,10 +258,15 @@ async fn takeover(
         if all_working.is_none() && worked_on(&survivors, None).await? >= objects_before {
             all_working = Some(started.elapsed());
         }
-        let owned = owned_namespaces(client, name).await?;
-        let relabelled = !owned
-            .keys()
-            .any(|o| o.ends_with(&suffix) || o == "(unlabelled)");
+        // Labels are read only once the work is back (they follow it in the background).
+        let owned = match (working, all_working) {
+            (Some(_), Some(_)) => owned_namespaces(client, name).await?,
+            _ => BTreeMap::new(),
+        };
+        let relabelled = !owned.is_empty()
+            && !owned
+                .keys()
+                .any(|o| o.ends_with(&suffix) || o == "(unlabelled)");
         if let (Some(working), Some(all_working), true) = (working, all_working, relabelled) {
             let relabelled = started.elapsed();
             let after = |d: Duration| -> Duration {
