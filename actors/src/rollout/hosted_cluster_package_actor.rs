@@ -143,7 +143,7 @@ impl Reconcile for HostedClusterPackageController {
             // Its own watch of the Packages it owns, wherever they live (sharded: on any replica);
             // it ends with the actor. Its first complete list wakes this actor.
             actor.state.watching = true;
-            let api: Api<Package> = Api::all(actor.context.client.clone());
+            let api: Api<Package> = Api::all(actor.context.watch_client.clone());
             let owned = format!("{HOSTED_CLUSTER_PACKAGE_LABEL}={name}");
             ctx.add_stream(
                 watcher::watcher(api, watcher::Config::default().labels(&owned))

@@ -23,6 +23,9 @@ use pko_package::image_limits::ImageLimits;
 #[derive(Clone)]
 pub struct ManagerContext {
     pub client: Client,
+    /// The watch feeds' lists and watches: a queue of their own, so the lists of a take-over never wait
+    /// behind the reconciles the objects listed before them start.
+    pub watch_client: Client,
     pub applier: Applier,
     pub cache: ObjectCache,
     /// Package images, cached by digest for the whole manager.
@@ -77,12 +80,21 @@ impl ManagerContext {
             images,
             pull_secrets,
             events: EventSink::start(client.clone()),
+            watch_client: client.clone(),
             client,
             connectors: None,
             rollouts: RolloutShared::default(),
             metrics,
             feeds: FeedSync::default(),
             shard: None,
+        }
+    }
+
+    /// This context, listing and watching through `client` (by default the actors' client).
+    pub fn with_watch_client(self, client: Client) -> Self {
+        Self {
+            watch_client: client,
+            ..self
         }
     }
 

@@ -61,7 +61,7 @@ struct Args {
     kubeconfig: Option<PathBuf>,
     /// Requests to the apiserver in flight at once (awaiting their response headers); more queue. Bounds
     /// the manager's connections and memory, and the load it puts on the apiserver when many objects
-    /// change together.
+    /// change together. The watch feeds' lists and watches have a queue of their own of this size.
     #[arg(long, env = "PKO_MAX_IN_FLIGHT_REQUESTS", default_value_t = DEFAULT_MAX_IN_FLIGHT)]
     max_in_flight_requests: usize,
     /// Install or upgrade pko's CRDs before starting.
@@ -318,7 +318,13 @@ async fn run(args: Args) -> Result<(), ManagerError> {
             service_account: args.service_account.clone(),
         },
         metrics.clone(),
-    );
+    )
+    .with_watch_client(limited_client(
+        kube_config.clone(),
+        args.max_in_flight_requests,
+        &fence,
+        &api_requests,
+    )?);
     if let Some(link) = connector_link(&args).await? {
         info!(url = ?args.nats_url, account = link.signer.account(), "delivering hosted-cluster phases over NATS");
         context =
