@@ -7,8 +7,12 @@
 //! it is gone, and an object with a new UID is a new object whose predecessor is gone.
 //!
 //! Sharded, a feed works on the objects the engine's `works_on` gives this replica under the current
-//! [`ShardView`]: those labelled for it, and those of departed members it takes over. Its watch selects
-//! both labels; when the take-overs change, the watch starts again with the new selection.
+//! [`ShardView`]: those labelled for it, and those of departed members it takes over. One watch selects
+//! its own label and keeps running through a take-over; each departed member taken over from gets a watch
+//! of its own, so a take-over lists only the departed member's objects. Such a watch cannot tell an
+//! object relabelled from one deleted (both leave its selection), so unless the own watch has the object
+//! already, a read decides. When a take-over ends (every object relabelled) its watch stops and the own
+//! watch lists again. A gated feed sees every object and routes what it holds under the new view.
 
 use std::collections::{HashMap, HashSet};
 use std::fmt::Debug;
@@ -95,13 +99,28 @@ impl<K> WatchedKind for K where
 /// follow a kind).
 pub type Tap<T> = Arc<dyn Fn(&T, bool) + Send + Sync>;
 
-/// What one feed has routed, by key: the UID it last saw there and, when a tap follows the kind, the last
+/// Which watch of a feed saw an object: the one on this replica's label (on every object unsharded or
+/// gated), or one on a departed member's label for as long as this replica takes over from it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum WatchSource {
+    Own,
+    Departed(Member),
+}
+
+/// The last sighting of an object: its UID, the watch that saw it and, when a tap follows the kind, its
 /// state (a deletion found by a re-list has no event to hand the tap).
+struct Sighting<O> {
+    uid: String,
+    source: WatchSource,
+    state: Option<O>,
+}
+
+/// What one feed has routed, by key.
 struct KnownObjects<O> {
-    objects: HashMap<ObjectRef, (String, Option<O>)>,
+    objects: HashMap<ObjectRef, Sighting<O>>,
     keep_state: bool,
-    /// The keys listed since the current re-list began; `None` outside a re-list.
-    relisted: Option<HashSet<ObjectRef>>,
+    /// For each watch re-listing now, the keys it listed so far.
+    relisting: HashMap<WatchSource, HashSet<ObjectRef>>,
 }
 
 impl<O: Clone> KnownObjects<O> {
@@ -109,21 +128,53 @@ impl<O: Clone> KnownObjects<O> {
         Self {
             objects: HashMap::new(),
             keep_state,
-            relisted: None,
+            relisting: HashMap::new(),
         }
     }
 
-    /// Records a sighting. Returns the former incarnation when `key` held an object of another UID (it
-    /// was deleted and created again while the watch looked away): `Some(None)` when no state was kept.
-    fn seen(&mut self, key: &ObjectRef, uid: &str, state: impl FnOnce() -> O) -> Option<Option<O>> {
-        if let Some(relisted) = &mut self.relisted {
-            relisted.insert(key.clone());
+    /// Records a sighting by `source`. Returns the former incarnation when `key` held an object of another
+    /// UID (it was deleted and created again while the watch looked away): `Some(None)` when no state was
+    /// kept.
+    fn seen(
+        &mut self,
+        key: &ObjectRef,
+        uid: &str,
+        source: &WatchSource,
+        state: impl FnOnce() -> O,
+    ) -> Option<Option<O>> {
+        if let Some(listed) = self.relisting.get_mut(source) {
+            listed.insert(key.clone());
         }
         // Made only for feeds whose taps need it: this runs on every watch event.
-        let state = self.keep_state.then(state);
-        match self.objects.insert(key.clone(), (uid.to_owned(), state)) {
-            Some((former_uid, former)) if former_uid != uid => Some(former),
+        let sighting = Sighting {
+            uid: uid.to_owned(),
+            source: source.clone(),
+            state: self.keep_state.then(state),
+        };
+        match self.objects.insert(key.clone(), sighting) {
+            Some(former) if former.uid != uid => Some(former.state),
             _ => None,
+        }
+    }
+
+    fn sighting(&self, key: &ObjectRef) -> Option<&Sighting<O>> {
+        self.objects.get(key)
+    }
+
+    /// The object under `key` is now followed by `source`'s watch.
+    fn moved(&mut self, key: &ObjectRef, source: WatchSource) {
+        if let Some(sighting) = self.objects.get_mut(key) {
+            sighting.source = source;
+        }
+    }
+
+    /// `from`'s watch ends: the own watch's next re-list answers for what it saw.
+    fn hand_to_own(&mut self, from: &WatchSource) {
+        self.relisting.remove(from);
+        for sighting in self.objects.values_mut() {
+            if sighting.source == *from {
+                sighting.source = WatchSource::Own;
+            }
         }
     }
 
@@ -131,26 +182,27 @@ impl<O: Clone> KnownObjects<O> {
         self.objects.remove(key);
     }
 
-    fn relist_started(&mut self) {
-        self.relisted = Some(HashSet::new());
+    fn relist_started(&mut self, source: &WatchSource) {
+        self.relisting.insert(source.clone(), HashSet::new());
     }
 
-    /// Ends a re-list: the objects it did not list, forgotten, with their last state if kept.
-    fn relist_done(&mut self) -> Vec<(ObjectRef, Option<O>)> {
-        let Some(listed) = self.relisted.take() else {
+    /// Ends `source`'s re-list: the objects it saw before and did not list now, forgotten, with their
+    /// last state if kept.
+    fn relist_done(&mut self, source: &WatchSource) -> Vec<(ObjectRef, Option<O>)> {
+        let Some(listed) = self.relisting.remove(source) else {
             return Vec::new();
         };
         let vanished: Vec<ObjectRef> = self
             .objects
-            .keys()
-            .filter(|key| !listed.contains(*key))
-            .cloned()
+            .iter()
+            .filter(|(key, sighting)| sighting.source == *source && !listed.contains(*key))
+            .map(|(key, _)| key.clone())
             .collect();
         vanished
             .into_iter()
             .filter_map(|key| {
-                let (_, state) = self.objects.remove(&key)?;
-                Some((key, state))
+                let sighting = self.objects.remove(&key)?;
+                Some((key, sighting.state))
             })
             .collect()
     }
@@ -191,25 +243,35 @@ pub struct KindFeed<K, A: FeedTarget> {
     /// Sharded: watch every object (the taps need them all) and start actors only for this replica's;
     /// otherwise a sharded feed watches only the objects labelled for this replica.
     gated: bool,
-    /// Objects this replica let go of whose departure from its label-selected watch is still to come (a
-    /// delete event that is not a deletion).
-    released: HashSet<ObjectRef>,
-    /// The members as this replica sees them (sharded); the running watch selects the objects of the
-    /// departed members taken over in it besides this replica's.
+    /// Gated: the latest state of every object, routed again when the take-overs change (a gated feed
+    /// sees every object already; what changes is which of them this replica works on).
+    latest: HashMap<ObjectRef, K>,
+    /// Objects this replica let go of whose departure from a label-selected watch is still to come (a
+    /// delete event that is not a deletion), with the watch that will tell it.
+    released: HashMap<ObjectRef, WatchSource>,
+    /// The members as this replica sees them (sharded).
     view: ShardView,
-    /// The running watch.
+    /// The watch on this replica's label (on every object unsharded or gated).
     watching: Option<SpawnHandle>,
-    /// When the running watch was restarted, until its list is done.
-    restarted_at: Option<std::time::Instant>,
+    /// Sharded and not gated: a watch on each departed member's label this replica takes over from. The
+    /// own watch keeps running meanwhile, so a take-over lists only the departed member's objects.
+    departed: HashMap<Member, SpawnHandle>,
+    /// When a watch started that is still listing.
+    listing_since: HashMap<WatchSource, std::time::Instant>,
     /// The objects this replica works on (sharded; counted in `pko_shard_objects`).
     working: HashSet<ObjectRef>,
-    _kind: std::marker::PhantomData<K>,
 }
+
+/// How long a feed waits before reading again an object whose read failed.
+const LOST_READ_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The members changed (sharded).
 #[derive(Message)]
 #[rtype(result = "()")]
 struct ViewChanged(ShardView);
+
+/// An event of one of the feed's watches.
+type WatchEvent<K> = (WatchSource, Result<Event<K>, watcher::Error>);
 
 impl<K, A> KindFeed<K, A>
 where
@@ -232,12 +294,13 @@ where
             known,
             synced: false,
             gated: false,
-            released: HashSet::new(),
+            latest: HashMap::new(),
+            released: HashMap::new(),
             view: ShardView::default(),
             watching: None,
-            restarted_at: None,
+            departed: HashMap::new(),
+            listing_since: HashMap::new(),
             working: HashSet::new(),
-            _kind: std::marker::PhantomData,
         }
     }
 
@@ -255,20 +318,33 @@ where
             let uid = object.meta().uid.clone().unwrap_or_default();
             let object = A::Object::from(object);
             self.known
-                .seen(&A::key(&object), &uid, || A::tombstone(&object));
+                .seen(&A::key(&object), &uid, &WatchSource::Own, || {
+                    A::tombstone(&object)
+                });
         }
         self
     }
 
-    fn route(&mut self, object: K, deleted: bool) {
+    fn route(&mut self, ctx: &mut Context<Self>, source: &WatchSource, object: K, deleted: bool) {
         let uid = object.meta().uid.clone().unwrap_or_default();
         let shard = self.shard_of(object.meta());
         let (name, namespace) = (object.meta().name.clone(), object.meta().namespace.clone());
+        let latest = (self.gated && !deleted).then(|| object.clone());
         let object = A::Object::from(object);
         let key = A::key(&object);
+        if self.gated {
+            match latest {
+                Some(latest) => self.latest.insert(key.clone(), latest),
+                None => self.latest.remove(&key),
+            };
+        }
         if deleted {
-            if self.released.remove(&key) {
+            if self.released.remove(&key).is_some() {
                 // It left this replica's watch when we let it go; its new owner has it.
+                return;
+            }
+            if let WatchSource::Departed(_) = source {
+                self.departed_watch_lost(ctx, source, key, uid, object);
                 return;
             }
             self.known.deleted(&key);
@@ -277,28 +353,22 @@ where
         }
         if let ShardState::NotOurs { drained } = shard {
             if self.gated {
-                self.known.seen(&key, &uid, || A::tombstone(&object));
+                self.known
+                    .seen(&key, &uid, source, || A::tombstone(&object));
                 if let Some(tap) = &self.tap {
                     tap(&object, false);
                 }
             } else {
                 self.known.deleted(&key);
-                self.released.insert(key.clone());
+                self.released.insert(key.clone(), source.clone());
             }
-            let actor = self.registry.remove(&key);
-            self.stop_working(&key);
-            if actor.is_some() || (drained && A::wants(&object)) {
-                self.release(
-                    actor,
-                    key.kind,
-                    name.unwrap_or_default(),
-                    namespace,
-                    drained,
-                );
-            }
+            self.let_go(&key, &object, name, namespace, drained);
             return;
         }
-        if let Some(former) = self.known.seen(&key, &uid, || A::tombstone(&object)) {
+        if let Some(former) = self
+            .known
+            .seen(&key, &uid, source, || A::tombstone(&object))
+        {
             info!(kind = %K::kind(&()), object = ?key, "object replaced by a new one of the same name");
             self.deliver_gone(&key, Some(former.as_ref().unwrap_or(&object)));
         }
@@ -315,6 +385,110 @@ where
             .registry
             .get_or_start(&key, || A::start_for(&self.context));
         addr.do_send(Observed(object));
+    }
+
+    /// An object this replica works on is labelled for another: its actor stops, and when the coordinator
+    /// drained it, the labels go so the new owner may start.
+    fn let_go(
+        &mut self,
+        key: &ObjectRef,
+        object: &A::Object,
+        name: Option<String>,
+        namespace: Option<String>,
+        drained: bool,
+    ) {
+        let actor = self.registry.remove(key);
+        self.stop_working(key);
+        if actor.is_some() || (drained && A::wants(object)) {
+            self.release(
+                actor,
+                key.kind,
+                name.unwrap_or_default(),
+                namespace,
+                drained,
+            );
+        }
+    }
+
+    /// A departed member's watch lost an object. Relabelled for this replica (the label follows the work)
+    /// or for another, or deleted: the watch cannot tell, and the own watch's event for a relabelling may
+    /// come before or after. Unless the own watch has it already, a read of the object decides.
+    fn departed_watch_lost(
+        &mut self,
+        ctx: &mut Context<Self>,
+        source: &WatchSource,
+        key: ObjectRef,
+        uid: String,
+        object: A::Object,
+    ) {
+        match self.known.sighting(&key) {
+            Some(sighting) if sighting.source == *source && sighting.uid == uid => {}
+            // Seen since by another watch of this feed, or not followed here at all.
+            _ => return,
+        }
+        self.check_lost(ctx, source.clone(), key, uid, object);
+    }
+
+    fn check_lost(
+        &self,
+        ctx: &mut Context<Self>,
+        source: WatchSource,
+        key: ObjectRef,
+        uid: String,
+        object: A::Object,
+    ) {
+        let namespace = (!key.namespace.is_empty()).then_some(key.namespace.as_str());
+        let api = self.dynamic_api(&self.context.watch_client, namespace);
+        let name = key.name.clone();
+        let read = async move { api.get_opt(&name).await };
+        // Answered on the feed, in order with its watch events.
+        ctx.spawn(read.into_actor(self).map(move |found, feed, ctx| match found {
+            Ok(found) => feed.lost_checked(source, key, uid, object, found),
+            Err(error) => {
+                // Until a read answers, the object keeps its actor.
+                warn!(kind = %K::kind(&()), object = ?key, %error, "reading an object a departed member's watch lost failed; reading again");
+                ctx.run_later(LOST_READ_RETRY, move |feed, ctx| {
+                    feed.check_lost(ctx, source, key, uid, object)
+                });
+            }
+        }));
+    }
+
+    /// What a read after a departed watch's delete found: the object itself (moved: it stays with this
+    /// replica if labelled for it, else its actor stops) or nothing of that UID (deleted).
+    fn lost_checked(
+        &mut self,
+        source: WatchSource,
+        key: ObjectRef,
+        uid: String,
+        object: A::Object,
+        found: Option<kube::api::DynamicObject>,
+    ) {
+        match self.known.sighting(&key) {
+            Some(sighting) if sighting.source == source && sighting.uid == uid => {}
+            // Another event about it came meanwhile and was routed.
+            _ => return,
+        }
+        match found {
+            Some(found) if found.metadata.uid.as_deref() == Some(uid.as_str()) => {
+                match self.shard_of(&found.metadata) {
+                    ShardState::Ours => {
+                        // Labelled for this replica now: its own watch delivers it (or did).
+                        self.known.moved(&key, WatchSource::Own);
+                    }
+                    ShardState::NotOurs { drained } => {
+                        self.known.deleted(&key);
+                        let (name, namespace) = (found.metadata.name, found.metadata.namespace);
+                        self.let_go(&key, &object, name, namespace, drained);
+                    }
+                }
+            }
+            _ => {
+                info!(kind = %K::kind(&()), object = ?key, "deleted while taken over");
+                self.known.deleted(&key);
+                self.deliver_gone(&key, Some(&object));
+            }
+        }
     }
 
     /// Whether this replica works on an object with these labels (the engine's `works_on`).
@@ -337,38 +511,117 @@ where
         }
     }
 
-    /// (Re)starts the watch: sharded and not gated, on the objects labelled for this replica or for a
-    /// departed member it may take over from. A restart that selects less than before (`narrowed`) lists
-    /// consistently (`MostRecent`): an object relabelled from a departed member to this replica just
-    /// before must show in the list, or it would look deleted. A wider selection lists from the
-    /// apiserver's watch cache (cheap while a take-over loads it): whatever a stale list misses arrives
-    /// as a watch event, and everything it lacks is still selected.
-    fn watch(&mut self, ctx: &mut Context<Self>, restart: bool, narrowed: bool) {
+    /// (Re)starts the own watch: sharded and not gated, on the objects labelled for this replica. A
+    /// restart lists consistently (`MostRecent`): it follows the end of a take-over, and an object
+    /// relabelled from the departed member to this replica just before must show in the list, or it
+    /// would look deleted.
+    fn watch_own(&mut self, ctx: &mut Context<Self>, restart: bool) {
         if let Some(running) = self.watching.take() {
             ctx.cancel_future(running);
         }
         // What a departure event would have told is in the new list.
-        self.released.clear();
-        let api: Api<K> = Api::all(self.context.client.clone());
+        self.released
+            .retain(|_, source| *source != WatchSource::Own);
         let mut config = match (&self.context.shard, self.gated) {
             // Only this replica's share is watched: the cache holds only what it works on.
             (Some(shard), false) => {
-                let holders: Vec<&str> = std::iter::once(&*shard.member)
-                    .chain(self.view.takeovers.keys().map(String::as_str))
-                    .collect();
-                watcher::Config::default()
-                    .labels(&format!("{SHARD_OWNER_LABEL} in ({})", holders.join(",")))
+                watcher::Config::default().labels(&format!("{SHARD_OWNER_LABEL}={}", shard.member))
             }
             _ => watcher::Config::default(),
         };
-        if narrowed {
-            config.list_semantic = ListSemantic::MostRecent;
-        }
         if restart {
-            self.restarted_at = Some(std::time::Instant::now());
+            config.list_semantic = ListSemantic::MostRecent;
+            self.listing_since
+                .insert(WatchSource::Own, std::time::Instant::now());
         }
-        self.watching =
-            Some(ctx.add_stream(watcher::watcher(api, config).default_backoff().boxed()));
+        self.watching = Some(self.start_watch(ctx, WatchSource::Own, config));
+    }
+
+    /// Starts a watch of the objects labelled for `departed`, which this replica takes over from. Its list
+    /// may come from the apiserver's watch cache: whatever a stale list misses arrives as an event.
+    fn watch_departed(&mut self, ctx: &mut Context<Self>, departed: &Member) {
+        let source = WatchSource::Departed(departed.clone());
+        let config = watcher::Config::default().labels(&format!("{SHARD_OWNER_LABEL}={departed}"));
+        self.listing_since
+            .insert(source.clone(), std::time::Instant::now());
+        let handle = self.start_watch(ctx, source, config);
+        self.departed.insert(departed.clone(), handle);
+    }
+
+    fn start_watch(
+        &self,
+        ctx: &mut Context<Self>,
+        source: WatchSource,
+        config: watcher::Config,
+    ) -> SpawnHandle {
+        let api: Api<K> = Api::all(self.context.watch_client.clone());
+        let events = watcher::watcher(api, config)
+            .default_backoff()
+            .map(move |event| (source.clone(), event));
+        ctx.add_stream(events.boxed())
+    }
+
+    /// The take-overs changed: a watch for each departed member newly taken over from; for each whose
+    /// record went (every object relabelled), its watch stops and the own watch lists again, which
+    /// tells what of its objects went elsewhere. A gated feed routes what it holds under the new view.
+    fn takeovers_changed(&mut self, ctx: &mut Context<Self>) {
+        if self.gated {
+            let moved: Vec<K> = self
+                .latest
+                .iter()
+                .filter(|(key, object)| {
+                    matches!(self.shard_of(object.meta()), ShardState::Ours)
+                        != self.working.contains(*key)
+                })
+                .map(|(_, object)| object.clone())
+                .collect();
+            info!(kind = %K::kind(&()), objects = moved.len(), "take-overs changed; routing what moved");
+            for object in moved {
+                self.route(ctx, &WatchSource::Own, object, false);
+            }
+            return;
+        }
+        let ended: Vec<Member> = self
+            .departed
+            .keys()
+            .filter(|m| !self.view.takeovers.contains_key(*m))
+            .cloned()
+            .collect();
+        for member in &ended {
+            if let Some(handle) = self.departed.remove(member) {
+                ctx.cancel_future(handle);
+            }
+            let source = WatchSource::Departed(member.clone());
+            self.known.hand_to_own(&source);
+            self.released.retain(|_, s| *s != source);
+            self.listing_since.remove(&source);
+        }
+        let started: Vec<Member> = self
+            .view
+            .takeovers
+            .keys()
+            .filter(|m| !self.departed.contains_key(*m))
+            .cloned()
+            .collect();
+        for member in &started {
+            self.watch_departed(ctx, member);
+        }
+        info!(kind = %K::kind(&()), ?started, ?ended, "take-overs changed");
+        if !ended.is_empty() {
+            self.watch_own(ctx, true);
+        }
+    }
+
+    fn dynamic_api(
+        &self,
+        client: &kube::Client,
+        namespace: Option<&str>,
+    ) -> Api<kube::api::DynamicObject> {
+        let resource = kube::api::ApiResource::erase::<K>(&());
+        match namespace {
+            Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
+            None => Api::all_with(client.clone(), &resource),
+        }
     }
 
     /// Lets an object go: its actor (if any) stops once its running reconcile is done, then, when the
@@ -381,11 +634,7 @@ where
         namespace: Option<String>,
         drained: bool,
     ) {
-        let resource = kube::api::ApiResource::erase::<K>(&());
-        let api: Api<kube::api::DynamicObject> = match &namespace {
-            Some(ns) => Api::namespaced_with(self.context.client.clone(), ns, &resource),
-            None => Api::all_with(self.context.client.clone(), &resource),
-        };
+        let api = self.dynamic_api(&self.context.client, namespace.as_deref());
         let metrics = self.context.metrics.clone();
         actix::spawn(async move {
             if let Some(actor) = actor {
@@ -436,10 +685,12 @@ where
         }
     }
 
-    /// A re-list ended: whatever it did not list was deleted while the watch was down.
-    fn relisted(&mut self) {
-        for (key, state) in self.known.relist_done() {
+    /// `source`'s re-list ended: whatever it saw before and did not list now was deleted while the watch
+    /// was down.
+    fn relisted(&mut self, source: &WatchSource) {
+        for (key, state) in self.known.relist_done(source) {
             info!(kind = %K::kind(&()), object = ?key, "deleted while the watch was down");
+            self.latest.remove(&key);
             self.context.metrics.deleted_in_watch_gap(key.kind);
             self.deliver_gone(&key, state.as_ref());
         }
@@ -466,7 +717,13 @@ where
             });
             ctx.add_stream(changes);
         }
-        self.watch(ctx, false, false);
+        self.watch_own(ctx, false);
+        if !self.gated {
+            let departed: Vec<Member> = self.view.takeovers.keys().cloned().collect();
+            for member in &departed {
+                self.watch_departed(ctx, member);
+            }
+        }
     }
 }
 
@@ -479,17 +736,9 @@ where
 {
     fn handle(&mut self, ViewChanged(view): ViewChanged, ctx: &mut Context<Self>) {
         let changed = !self.view.takeovers.keys().eq(view.takeovers.keys());
-        let narrowed = self
-            .view
-            .takeovers
-            .keys()
-            .any(|m| !view.takeovers.contains_key(m));
         self.view = view;
         if changed {
-            let departed: Vec<&Member> = self.view.takeovers.keys().collect();
-            info!(kind = %K::kind(&()), ?departed, "take-overs changed; watching again");
-            // A gated feed watches everything already; its re-list routes every object under the new view.
-            self.watch(ctx, true, narrowed);
+            self.takeovers_changed(ctx);
         }
     }
 
@@ -497,30 +746,33 @@ where
     fn finished(&mut self, _: &mut Context<Self>) {}
 }
 
-impl<K, A> StreamHandler<Result<Event<K>, watcher::Error>> for KindFeed<K, A>
+impl<K, A> StreamHandler<WatchEvent<K>> for KindFeed<K, A>
 where
     A: FeedTarget,
     A::Object: From<K> + Clone + Unpin,
     K: WatchedKind,
     A::Context: ToEnvelope<A, Observed<A::Object>> + ToEnvelope<A, Gone>,
 {
-    fn handle(&mut self, event: Result<Event<K>, watcher::Error>, _: &mut Context<Self>) {
+    fn handle(&mut self, (source, event): WatchEvent<K>, ctx: &mut Context<Self>) {
         match event {
-            Ok(Event::Apply(o)) | Ok(Event::InitApply(o)) => self.route(o, false),
-            Ok(Event::Delete(o)) => self.route(o, true),
-            Ok(Event::Init) => self.known.relist_started(),
+            Ok(Event::Apply(o)) | Ok(Event::InitApply(o)) => self.route(ctx, &source, o, false),
+            Ok(Event::Delete(o)) => self.route(ctx, &source, o, true),
+            Ok(Event::Init) => self.known.relist_started(&source),
             Ok(Event::InitDone) => {
-                self.relisted();
-                if let Some(since) = self.restarted_at.take() {
-                    info!(kind = %K::kind(&()), seconds = since.elapsed().as_secs_f64(), working = self.working.len(), "listed again");
+                self.relisted(&source);
+                if let Some(since) = self.listing_since.remove(&source) {
+                    info!(kind = %K::kind(&()), ?source, seconds = since.elapsed().as_secs_f64(), working = self.working.len(), "listed");
                 }
-                if !std::mem::replace(&mut self.synced, true) {
+                if source == WatchSource::Own && !std::mem::replace(&mut self.synced, true) {
                     self.context.feeds.synced.fetch_add(1, Ordering::SeqCst);
                 }
             }
-            Err(e) => warn!(kind = %K::kind(&()), error = %e, "watch error; retrying"),
+            Err(e) => warn!(kind = %K::kind(&()), ?source, error = %e, "watch error; retrying"),
         }
     }
+
+    /// A watch ends only when the feed cancels it; the feed goes on with its other watches.
+    fn finished(&mut self, _: &mut Context<Self>) {}
 }
 
 #[cfg(test)]
@@ -535,31 +787,61 @@ mod tests {
         }
     }
 
+    const OWN: WatchSource = WatchSource::Own;
+
     #[test]
     fn a_relist_reports_exactly_the_objects_it_did_not_list() {
         let mut known = KnownObjects::new(true);
-        known.seen(&key("a"), "uid-a", || "a1");
-        known.seen(&key("b"), "uid-b", || "b1");
-        known.seen(&key("c"), "uid-c", || "c1");
+        known.seen(&key("a"), "uid-a", &OWN, || "a1");
+        known.seen(&key("b"), "uid-b", &OWN, || "b1");
+        known.seen(&key("c"), "uid-c", &OWN, || "c1");
         known.deleted(&key("c"));
-        known.relist_started();
-        assert_eq!(known.seen(&key("a"), "uid-a", || "a2"), None);
-        assert_eq!(known.relist_done(), vec![(key("b"), Some("b1"))]);
+        known.relist_started(&OWN);
+        assert_eq!(known.seen(&key("a"), "uid-a", &OWN, || "a2"), None);
+        assert_eq!(known.relist_done(&OWN), vec![(key("b"), Some("b1"))]);
         // Outside a re-list nothing vanishes, and b is forgotten.
-        assert!(known.relist_done().is_empty());
-        known.relist_started();
-        assert!(known.relist_done() == vec![(key("a"), Some("a2"))]);
+        assert!(known.relist_done(&OWN).is_empty());
+        known.relist_started(&OWN);
+        assert!(known.relist_done(&OWN) == vec![(key("a"), Some("a2"))]);
     }
 
     #[test]
     fn a_new_uid_under_a_known_name_is_a_replacement() {
         let mut known = KnownObjects::new(false);
-        assert_eq!(known.seen(&key("a"), "uid-1", || ()), None);
-        assert_eq!(known.seen(&key("a"), "uid-1", || ()), None);
-        assert_eq!(known.seen(&key("a"), "uid-2", || ()), Some(None));
-        assert_eq!(known.seen(&key("a"), "uid-2", || ()), None);
+        assert_eq!(known.seen(&key("a"), "uid-1", &OWN, || ()), None);
+        assert_eq!(known.seen(&key("a"), "uid-1", &OWN, || ()), None);
+        assert_eq!(known.seen(&key("a"), "uid-2", &OWN, || ()), Some(None));
+        assert_eq!(known.seen(&key("a"), "uid-2", &OWN, || ()), None);
         let mut kept = KnownObjects::new(true);
-        kept.seen(&key("a"), "uid-1", || "old");
-        assert_eq!(kept.seen(&key("a"), "uid-2", || "new"), Some(Some("old")));
+        kept.seen(&key("a"), "uid-1", &OWN, || "old");
+        assert_eq!(
+            kept.seen(&key("a"), "uid-2", &OWN, || "new"),
+            Some(Some("old"))
+        );
+    }
+
+    #[test]
+    fn a_watch_relists_only_for_what_it_saw_last() {
+        let departed = WatchSource::Departed("b-1".to_owned());
+        let mut known = KnownObjects::new(false);
+        known.seen(&key("own"), "uid-own", &OWN, || ());
+        known.seen(&key("taken"), "uid-taken", &departed, || ());
+        known.seen(&key("moved"), "uid-moved", &departed, || ());
+        // Relabelled for this replica: its own watch saw it after the departed member's.
+        known.seen(&key("moved"), "uid-moved", &OWN, || ());
+        // The departed member's watch lists again and finds nothing: only what it saw last is gone.
+        known.relist_started(&departed);
+        assert_eq!(known.relist_done(&departed), vec![(key("taken"), None)]);
+        // The own watch listing meanwhile does not answer for the departed member's objects.
+        known.seen(&key("taken"), "uid-taken", &departed, || ());
+        known.relist_started(&OWN);
+        known.seen(&key("own"), "uid-own", &OWN, || ());
+        assert_eq!(known.relist_done(&OWN), vec![(key("moved"), None)]);
+        assert!(known.sighting(&key("taken")).is_some());
+        // When its watch ends the own watch answers for it.
+        known.hand_to_own(&departed);
+        known.relist_started(&OWN);
+        known.seen(&key("own"), "uid-own", &OWN, || ());
+        assert_eq!(known.relist_done(&OWN), vec![(key("taken"), None)]);
     }
 }

@@ -122,6 +122,13 @@ async fn replicas_share_namespaces_and_take_over_a_killed_one() {
         .position(|r| victim_owner.ends_with(&format!("-{}", r.pid().unwrap())))
         .unwrap();
     replicas[victim].kill();
+    // One of its objects is deleted before the take-over: its successor finalizes it, though the
+    // departed member's watch cannot tell a deletion from a relabelling.
+    let victim_sets: Api<ObjectSet> = Api::namespaced(client.clone(), &victim_ns);
+    victim_sets
+        .delete("shared", &Default::default())
+        .await
+        .unwrap();
     let moved = wait_until("the killed replica's namespaces moved", TIMEOUT, || async {
         let owners = owners(&client, &namespaces).await;
         if owners.values().all(|o| *o != victim_owner) && owners.len() == namespaces.len() {
@@ -172,6 +179,34 @@ async fn replicas_share_namespaces_and_take_over_a_killed_one() {
     );
     create_set(&client, ns, &after).await;
     wait_condition(&client, ns, "after-kill", "Available", "True", None).await;
+    wait_until("the deleted set finalized", TIMEOUT, || async {
+        match victim_sets.get_opt("shared").await {
+            Ok(None) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await
+    .unwrap();
+    // Relabelled to the replicas working on them, no set lost its worker: the live replicas work on
+    // every set there is (11 left of the first 12, and the new one), each once.
+    wait_until("every set worked on once", TIMEOUT, || async {
+        let mut working = 0;
+        for (i, replica) in replicas.iter().enumerate() {
+            if i != victim {
+                working += replica
+                    .metric("pko_shard_objects{kind=\"ObjectSet\"}")
+                    .await
+                    .unwrap_or(0);
+            }
+        }
+        if working == namespaces.len() as u64 {
+            Ok(())
+        } else {
+            Err(format!("{working} sets worked on"))
+        }
+    })
+    .await
+    .unwrap();
     replicas.remove(victim);
     replicas.push(env.start_manager(binary, &args).await.unwrap());
 
