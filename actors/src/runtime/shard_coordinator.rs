@@ -45,6 +45,9 @@ const WRITE_CONCURRENCY: usize = 32;
 /// Relabels of taken-over objects in flight at once: they move no work (the successor already works on
 /// them), so they yield the apiserver to the successors' re-lists and reconciles.
 const RELABEL_CONCURRENCY: usize = 4;
+/// How long a relabel waits after it is queued: a take-over queues the departed member's whole share at
+/// once, while the successors list that share; their lists come first (`takeover_lists`).
+const RELABEL_DELAY: Duration = Duration::from_secs(10);
 /// How long a label write waits for its echo before it is written again. Events the watch delivers
 /// after a write may predate it (a backlog of status updates): they must not trigger the same write
 /// again and again.
@@ -526,7 +529,7 @@ async fn write_label(
 /// an object never moves work, whatever happens meanwhile: a label naming a successor that departed in
 /// turn resolves to the same worker through that successor's own record.
 struct BackgroundRelabel {
-    queue: tokio::sync::mpsc::UnboundedSender<(ObjectId, ApiResource, Member)>,
+    queue: tokio::sync::mpsc::UnboundedSender<(ObjectId, ApiResource, Member, Instant)>,
     queued: std::sync::Arc<std::sync::Mutex<HashSet<ObjectId>>>,
 }
 
@@ -541,9 +544,10 @@ impl BackgroundRelabel {
         });
         tokio::spawn(items.for_each_concurrent(
             RELABEL_CONCURRENCY,
-            move |(id, resource, member): (ObjectId, ApiResource, Member)| {
+            move |(id, resource, member, queued): (ObjectId, ApiResource, Member, Instant)| {
                 let (client, metrics, done) = (client.clone(), metrics.clone(), done.clone());
                 async move {
+                    tokio::time::sleep_until((queued + RELABEL_DELAY).into()).await;
                     let key = id.clone();
                     let written = write_label(
                         &client,
@@ -578,7 +582,7 @@ impl BackgroundRelabel {
         if queued.insert(id.clone())
             && self
                 .queue
-                .send((id.clone(), resource.clone(), member))
+                .send((id.clone(), resource.clone(), member, Instant::now()))
                 .is_err()
         {
             queued.remove(id);
