@@ -1,8 +1,9 @@
 //! Sharded mode, as the coordinator sees it: how many shard keys (HCP namespaces, cluster-scoped
 //! objects) are labelled for each member, the label writes it makes, how long after a member departed its
 //! successors were recorded (they work on its keys from then on) and how long until every one of its
-//! keys was labelled for them. Labelled by member name only (one series per replica). The
-//! replicas' own hand-offs are counted by `pko_shard_releases` (manager_metrics).
+//! keys was labelled for them; and, on every replica, how long its feeds took to list a departed member's
+//! objects. Labelled by member name only (one series per replica). The replicas' own hand-offs are
+//! counted by `pko_shard_releases` (manager_metrics).
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -33,6 +34,7 @@ pub struct ShardMetrics {
     label_writes: Family<ActionLabels, Counter>,
     takeover: Histogram,
     relabel: Histogram,
+    takeover_listed: Histogram,
 }
 
 impl Default for ShardMetrics {
@@ -42,6 +44,7 @@ impl Default for ShardMetrics {
             label_writes: Family::default(),
             takeover: takeover_histogram(),
             relabel: takeover_histogram(),
+            takeover_listed: takeover_histogram(),
         }
     }
 }
@@ -70,6 +73,12 @@ impl ShardMetrics {
             "From the coordinator seeing a member leave to every key it held being labelled for \
              another member.",
             self.relabel.clone(),
+        );
+        registry.register(
+            "pko_shard_takeover_listed_seconds",
+            "On a successor: from its first watch of a departed member's label to every feed having \
+             listed that member's objects (their actors start then).",
+            self.takeover_listed.clone(),
         );
     }
 
@@ -100,6 +109,10 @@ impl ShardMetrics {
     pub fn relabelled(&self, seconds: f64) {
         self.relabel.observe(seconds);
     }
+
+    pub fn takeover_listed(&self, seconds: f64) {
+        self.takeover_listed.observe(seconds);
+    }
 }
 
 #[cfg(test)]
@@ -114,6 +127,7 @@ mod tests {
         metrics.label_written(true);
         metrics.taken_over(0.5);
         metrics.relabelled(4.0);
+        metrics.takeover_listed(1.5);
         let text = crate::metrics::encoded(|r| metrics.register(r));
         assert!(text.contains("pko_shard_keys{member=\"b\"} 4"), "{text}");
         assert!(!text.contains("member=\"a\""), "{text}");
@@ -126,5 +140,9 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("pko_shard_relabel_seconds_sum 4.0"), "{text}");
+        assert!(
+            text.contains("pko_shard_takeover_listed_seconds_sum 1.5"),
+            "{text}"
+        );
     }
 }

@@ -16,6 +16,7 @@ use crate::rollout::hosted_cluster_fleet::RolloutShared;
 use crate::rollout::rollout_publisher::RolloutPublisher;
 use crate::runtime::event_sink::EventSink;
 use crate::runtime::kind_feed::FeedSync;
+use crate::runtime::takeover_lists::TakeoverLists;
 use pko_package::image::ImageStore;
 use pko_package::image_limits::ImageLimits;
 
@@ -54,6 +55,8 @@ pub struct ManagerContext {
 pub struct ShardContext {
     pub member: Arc<str>,
     pub view: tokio::sync::watch::Receiver<crate::engine::shard_assignment::ShardView>,
+    /// Which take-overs the feeds have listed.
+    pub lists: TakeoverLists,
 }
 
 impl ManagerContext {
@@ -108,6 +111,7 @@ impl ManagerContext {
             shard: Some(ShardContext {
                 member: Arc::from(member),
                 view,
+                lists: TakeoverLists::new(self.metrics.shards.clone()),
             }),
             ..self
         }

@@ -12,7 +12,10 @@
 //! of its own, so a take-over lists only the departed member's objects. Such a watch cannot tell an
 //! object relabelled from one deleted (both leave its selection), so unless the own watch has the object
 //! already, a read decides. When a take-over ends (every object relabelled) its watch stops and the own
-//! watch lists again. A gated feed sees every object and routes what it holds under the new view.
+//! watch lists again. A gated feed sees every object and routes what it holds under the new view. Both
+//! wait until every feed of the replica listed the departed member's objects
+//! ([`TakeoverLists`](crate::runtime::takeover_lists::TakeoverLists)), so
+//! the adopted objects' reconciles do not slow the lists still loading.
 
 use std::collections::{HashMap, HashSet};
 use std::fmt::Debug;
@@ -33,6 +36,7 @@ use crate::engine::shard_assignment::{drained, works_on, Member, Placement, Shar
 
 use crate::runtime::context::ManagerContext;
 use crate::runtime::registry::{ObjectRef, Registry};
+use crate::runtime::takeover_lists::HOLD_LIMIT;
 
 /// The latest state of an object, from its watch.
 #[derive(Debug, Message)]
@@ -258,6 +262,13 @@ pub struct KindFeed<K, A: FeedTarget> {
     departed: HashMap<Member, SpawnHandle>,
     /// When a watch started that is still listing.
     listing_since: HashMap<WatchSource, std::time::Instant>,
+    /// The events of departed members' watches held until every feed listed their objects (or
+    /// [`HOLD_LIMIT`] passed): the adopted objects' reconciles start after the take-over's lists.
+    held: HashMap<Member, Vec<Result<Event<K>, watcher::Error>>>,
+    /// Departed members whose objects this feed listed once (told to the take-over lists).
+    counted: HashSet<Member>,
+    /// Gated: routing under a new view waits for the take-overs' lists.
+    reroute_pending: bool,
     /// The objects this replica works on (sharded; counted in `pko_shard_objects`).
     working: HashSet<ObjectRef>,
 }
@@ -269,6 +280,9 @@ const LOST_READ_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 #[derive(Message)]
 #[rtype(result = "()")]
 struct ViewChanged(ShardView);
+
+/// Every feed listed a departed member's objects (sharded).
+struct TakeoverListed;
 
 /// An event of one of the feed's watches.
 type WatchEvent<K> = (WatchSource, Result<Event<K>, watcher::Error>);
@@ -287,6 +301,9 @@ where
     ) -> Self {
         let known = KnownObjects::new(tap.is_some());
         context.feeds.feeds.fetch_add(1, Ordering::SeqCst);
+        if let Some(shard) = &context.shard {
+            shard.lists.register_feed();
+        }
         Self {
             context,
             registry,
@@ -300,6 +317,9 @@ where
             watching: None,
             departed: HashMap::new(),
             listing_since: HashMap::new(),
+            held: HashMap::new(),
+            counted: HashSet::new(),
+            reroute_pending: false,
             working: HashSet::new(),
         }
     }
@@ -307,6 +327,10 @@ where
     /// Sharded, this feed watches every object (its tap follows them all) and starts actors only for the
     /// objects labelled for this replica.
     pub fn gated(mut self) -> Self {
+        if let (Some(shard), false) = (&self.context.shard, self.gated) {
+            // It watches no departed member's label.
+            shard.lists.unregister_feed();
+        }
         self.gated = true;
         self
     }
@@ -540,6 +564,14 @@ where
     /// Starts a watch of the objects labelled for `departed`, which this replica takes over from. Its list
     /// may come from the apiserver's watch cache: whatever a stale list misses arrives as an event.
     fn watch_departed(&mut self, ctx: &mut Context<Self>, departed: &Member) {
+        if let Some(shard) = &self.context.shard {
+            shard.lists.watching(departed);
+            if !shard.lists.complete(departed) {
+                self.held.insert(departed.clone(), Vec::new());
+                let member = departed.clone();
+                ctx.run_later(HOLD_LIMIT, move |feed, ctx| feed.replay(ctx, &member));
+            }
+        }
         let source = WatchSource::Departed(departed.clone());
         let config = watcher::Config::default().labels(&format!("{SHARD_OWNER_LABEL}={departed}"));
         self.listing_since
@@ -566,18 +598,11 @@ where
     /// tells what of its objects went elsewhere. A gated feed routes what it holds under the new view.
     fn takeovers_changed(&mut self, ctx: &mut Context<Self>) {
         if self.gated {
-            let moved: Vec<K> = self
-                .latest
-                .iter()
-                .filter(|(key, object)| {
-                    matches!(self.shard_of(object.meta()), ShardState::Ours)
-                        != self.working.contains(*key)
-                })
-                .map(|(_, object)| object.clone())
-                .collect();
-            info!(kind = %K::kind(&()), objects = moved.len(), "take-overs changed; routing what moved");
-            for object in moved {
-                self.route(ctx, &WatchSource::Own, object, false);
+            self.reroute_pending = true;
+            if self.takeovers_listed() {
+                self.reroute(ctx);
+            } else {
+                ctx.run_later(HOLD_LIMIT, |feed, ctx| feed.reroute(ctx));
             }
             return;
         }
@@ -595,6 +620,12 @@ where
             self.known.hand_to_own(&source);
             self.released.retain(|_, s| *s != source);
             self.listing_since.remove(&source);
+            // The own watch's list answers for whatever was still held.
+            self.held.remove(member);
+            self.counted.remove(member);
+            if let Some(shard) = &self.context.shard {
+                shard.lists.ended(member);
+            }
         }
         let started: Vec<Member> = self
             .view
@@ -609,6 +640,76 @@ where
         info!(kind = %K::kind(&()), ?started, ?ended, "take-overs changed");
         if !ended.is_empty() {
             self.watch_own(ctx, true);
+        }
+    }
+
+    /// Whether every feed listed the objects of every departed member taken over from.
+    fn takeovers_listed(&self) -> bool {
+        let Some(shard) = &self.context.shard else {
+            return true;
+        };
+        self.view
+            .takeovers
+            .keys()
+            .all(|member| shard.lists.complete(member))
+    }
+
+    /// Gated: routes what the feed holds under the current view, where that changes who works on it.
+    fn reroute(&mut self, ctx: &mut Context<Self>) {
+        if !std::mem::take(&mut self.reroute_pending) {
+            // Done already, when the lists completed.
+            return;
+        }
+        {
+            let moved: Vec<K> = self
+                .latest
+                .iter()
+                .filter(|(key, object)| {
+                    matches!(self.shard_of(object.meta()), ShardState::Ours)
+                        != self.working.contains(*key)
+                })
+                .map(|(_, object)| object.clone())
+                .collect();
+            info!(kind = %K::kind(&()), objects = moved.len(), "take-overs changed; routing what moved");
+            for object in moved {
+                self.route(ctx, &WatchSource::Own, object, false);
+            }
+        }
+    }
+
+    /// Routes the held events of `departed`'s watch, in order (every feed listed its objects, or the
+    /// hold's limit passed); from then on its events are routed as they come.
+    fn replay(&mut self, ctx: &mut Context<Self>, departed: &Member) {
+        let Some(events) = self.held.remove(departed) else {
+            return;
+        };
+        let source = WatchSource::Departed(departed.clone());
+        for event in events {
+            self.dispatch(ctx, &source, event);
+        }
+    }
+
+    /// Handles one watch event (after any hold).
+    fn dispatch(
+        &mut self,
+        ctx: &mut Context<Self>,
+        source: &WatchSource,
+        event: Result<Event<K>, watcher::Error>,
+    ) {
+        match event {
+            Ok(Event::Apply(o)) | Ok(Event::InitApply(o)) => self.route(ctx, source, o, false),
+            Ok(Event::Delete(o)) => self.route(ctx, source, o, true),
+            Ok(Event::Init) => self.known.relist_started(source),
+            Ok(Event::InitDone) => {
+                self.relisted(source);
+                if let Some(since) = self.listing_since.remove(source) {
+                    info!(kind = %K::kind(&()), ?source, seconds = since.elapsed().as_secs_f64(), working = self.working.len(), "listed");
+                }
+                if *source == WatchSource::Own && !std::mem::replace(&mut self.synced, true) {
+                    self.context.feeds.synced.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+            Err(e) => warn!(kind = %K::kind(&()), ?source, error = %e, "watch error; retrying"),
         }
     }
 
@@ -716,6 +817,11 @@ where
                 Some((ViewChanged(seen), view))
             });
             ctx.add_stream(changes);
+            let listed = futures::stream::unfold(shard.lists.subscribe(), |mut lists| async move {
+                lists.changed().await.ok()?;
+                Some((TakeoverListed, lists))
+            });
+            ctx.add_stream(listed);
         }
         self.watch_own(ctx, false);
         if !self.gated {
@@ -725,6 +831,34 @@ where
             }
         }
     }
+}
+
+impl<K, A> StreamHandler<TakeoverListed> for KindFeed<K, A>
+where
+    A: FeedTarget,
+    A::Object: From<K> + Clone + Unpin,
+    K: WatchedKind,
+    A::Context: ToEnvelope<A, Observed<A::Object>> + ToEnvelope<A, Gone>,
+{
+    fn handle(&mut self, _: TakeoverListed, ctx: &mut Context<Self>) {
+        let Some(shard) = self.context.shard.clone() else {
+            return;
+        };
+        let listed: Vec<Member> = self
+            .held
+            .keys()
+            .filter(|member| shard.lists.complete(member))
+            .cloned()
+            .collect();
+        for member in &listed {
+            self.replay(ctx, member);
+        }
+        if self.reroute_pending && self.takeovers_listed() {
+            self.reroute(ctx);
+        }
+    }
+
+    fn finished(&mut self, _: &mut Context<Self>) {}
 }
 
 impl<K, A> StreamHandler<ViewChanged> for KindFeed<K, A>
@@ -754,21 +888,20 @@ where
     A::Context: ToEnvelope<A, Observed<A::Object>> + ToEnvelope<A, Gone>,
 {
     fn handle(&mut self, (source, event): WatchEvent<K>, ctx: &mut Context<Self>) {
-        match event {
-            Ok(Event::Apply(o)) | Ok(Event::InitApply(o)) => self.route(ctx, &source, o, false),
-            Ok(Event::Delete(o)) => self.route(ctx, &source, o, true),
-            Ok(Event::Init) => self.known.relist_started(&source),
-            Ok(Event::InitDone) => {
-                self.relisted(&source);
-                if let Some(since) = self.listing_since.remove(&source) {
-                    info!(kind = %K::kind(&()), ?source, seconds = since.elapsed().as_secs_f64(), working = self.working.len(), "listed");
-                }
-                if source == WatchSource::Own && !std::mem::replace(&mut self.synced, true) {
-                    self.context.feeds.synced.fetch_add(1, Ordering::SeqCst);
-                }
+        if let (WatchSource::Departed(member), Some(shard)) = (&source, &self.context.shard) {
+            if matches!(event, Ok(Event::InitDone)) && self.counted.insert(member.clone()) {
+                shard.lists.listed(member);
             }
-            Err(e) => warn!(kind = %K::kind(&()), ?source, error = %e, "watch error; retrying"),
+            if let Some(held) = self.held.get_mut(member) {
+                held.push(event);
+                if shard.lists.complete(member) {
+                    let member = member.clone();
+                    self.replay(ctx, &member);
+                }
+                return;
+            }
         }
+        self.dispatch(ctx, &source, event);
     }
 
     /// A watch ends only when the feed cancels it; the feed goes on with its other watches.

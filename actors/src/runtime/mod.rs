@@ -17,5 +17,6 @@ pub mod reconcile_gate;
 pub mod registry;
 pub mod shard_coordinator;
 pub mod shard_membership;
+pub mod takeover_lists;
 pub mod telemetry;
 pub mod write_fence;

@@ -121,12 +121,19 @@ async fn replicas_share_namespaces_and_take_over_a_killed_one() {
         .iter()
         .position(|r| victim_owner.ends_with(&format!("-{}", r.pid().unwrap())))
         .unwrap();
-    replicas[victim].kill();
     // One of its objects is deleted before the take-over: its successor finalizes it, though the
     // departed member's watch cannot tell a deletion from a relabelling.
+    let doomed = object_set(
+        "doomed",
+        &[("config", vec![configmap("doomed-cm", json!({}))])],
+        json!({}),
+    );
+    create_set(&client, &victim_ns, &doomed).await;
+    wait_condition(&client, &victim_ns, "doomed", "Available", "True", None).await;
+    replicas[victim].kill();
     let victim_sets: Api<ObjectSet> = Api::namespaced(client.clone(), &victim_ns);
     victim_sets
-        .delete("shared", &Default::default())
+        .delete("doomed", &Default::default())
         .await
         .unwrap();
     let moved = wait_until("the killed replica's namespaces moved", TIMEOUT, || async {
@@ -146,6 +153,16 @@ async fn replicas_share_namespaces_and_take_over_a_killed_one() {
         .await
         .unwrap();
     assert!(takeovers >= 1, "take-over not measured");
+    // Every live replica listed the departed member's objects with all its feeds, and timed it.
+    for (i, replica) in replicas.iter().enumerate() {
+        if i != victim {
+            let listed = replica
+                .metric("pko_shard_takeover_listed_seconds_count")
+                .await
+                .unwrap();
+            assert!(listed >= 1, "replica {i}: take-over lists not measured");
+        }
+    }
     // Once every object is relabelled, the departed member's Lease (with its take-over record) goes.
     let leases = Api::<Lease>::namespaced(client.clone(), &lease_ns);
     wait_until("the killed replica's Lease retired", TIMEOUT, || async {
@@ -180,7 +197,7 @@ async fn replicas_share_namespaces_and_take_over_a_killed_one() {
     create_set(&client, ns, &after).await;
     wait_condition(&client, ns, "after-kill", "Available", "True", None).await;
     wait_until("the deleted set finalized", TIMEOUT, || async {
-        match victim_sets.get_opt("shared").await {
+        match victim_sets.get_opt("doomed").await {
             Ok(None) => Ok(()),
             other => Err(format!("{other:?}")),
         }
@@ -188,7 +205,7 @@ async fn replicas_share_namespaces_and_take_over_a_killed_one() {
     .await
     .unwrap();
     // Relabelled to the replicas working on them, no set lost its worker: the live replicas work on
-    // every set there is (11 left of the first 12, and the new one), each once.
+    // every set there is (the first 12 and the new one), each once.
     wait_until("every set worked on once", TIMEOUT, || async {
         let mut working = 0;
         for (i, replica) in replicas.iter().enumerate() {
@@ -199,7 +216,7 @@ async fn replicas_share_namespaces_and_take_over_a_killed_one() {
                     .unwrap_or(0);
             }
         }
-        if working == namespaces.len() as u64 {
+        if working == namespaces.len() as u64 + 1 {
             Ok(())
         } else {
             Err(format!("{working} sets worked on"))
