@@ -276,13 +276,13 @@ pub struct KindFeed<K, A: FeedTarget> {
 /// How long a feed waits before reading again an object whose read failed.
 const LOST_READ_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// The members changed (sharded).
-#[derive(Message)]
-#[rtype(result = "()")]
-struct ViewChanged(ShardView);
-
-/// Every feed listed a departed member's objects (sharded).
-struct TakeoverListed;
+/// What a sharded feed hears of the replica besides its watches.
+enum ShardSignal {
+    /// The members changed.
+    ViewChanged(ShardView),
+    /// Every feed listed a departed member's objects.
+    TakeoverListed,
+}
 
 /// An event of one of the feed's watches.
 type WatchEvent<K> = (WatchSource, Result<Event<K>, watcher::Error>);
@@ -643,6 +643,26 @@ where
         }
     }
 
+    /// Some take-over was listed by every feed: the events held for it are routed, and a gated feed
+    /// waiting for the lists routes what it holds.
+    fn takeovers_listed_by_all(&mut self, ctx: &mut Context<Self>) {
+        let Some(shard) = self.context.shard.clone() else {
+            return;
+        };
+        let listed: Vec<Member> = self
+            .held
+            .keys()
+            .filter(|member| shard.lists.complete(member))
+            .cloned()
+            .collect();
+        for member in &listed {
+            self.replay(ctx, member);
+        }
+        if self.reroute_pending && self.takeovers_listed() {
+            self.reroute(ctx);
+        }
+    }
+
     /// Whether every feed listed the objects of every departed member taken over from.
     fn takeovers_listed(&self) -> bool {
         let Some(shard) = &self.context.shard else {
@@ -814,14 +834,13 @@ where
             let changes = futures::stream::unfold(view, |mut view| async move {
                 view.changed().await.ok()?;
                 let seen = view.borrow_and_update().clone();
-                Some((ViewChanged(seen), view))
+                Some((ShardSignal::ViewChanged(seen), view))
             });
-            ctx.add_stream(changes);
             let listed = futures::stream::unfold(shard.lists.subscribe(), |mut lists| async move {
                 lists.changed().await.ok()?;
-                Some((TakeoverListed, lists))
+                Some((ShardSignal::TakeoverListed, lists))
             });
-            ctx.add_stream(listed);
+            ctx.add_stream(futures::stream::select(changes, listed));
         }
         self.watch_own(ctx, false);
         if !self.gated {
@@ -833,46 +852,23 @@ where
     }
 }
 
-impl<K, A> StreamHandler<TakeoverListed> for KindFeed<K, A>
+impl<K, A> StreamHandler<ShardSignal> for KindFeed<K, A>
 where
     A: FeedTarget,
     A::Object: From<K> + Clone + Unpin,
     K: WatchedKind,
     A::Context: ToEnvelope<A, Observed<A::Object>> + ToEnvelope<A, Gone>,
 {
-    fn handle(&mut self, _: TakeoverListed, ctx: &mut Context<Self>) {
-        let Some(shard) = self.context.shard.clone() else {
-            return;
-        };
-        let listed: Vec<Member> = self
-            .held
-            .keys()
-            .filter(|member| shard.lists.complete(member))
-            .cloned()
-            .collect();
-        for member in &listed {
-            self.replay(ctx, member);
-        }
-        if self.reroute_pending && self.takeovers_listed() {
-            self.reroute(ctx);
-        }
-    }
-
-    fn finished(&mut self, _: &mut Context<Self>) {}
-}
-
-impl<K, A> StreamHandler<ViewChanged> for KindFeed<K, A>
-where
-    A: FeedTarget,
-    A::Object: From<K> + Clone + Unpin,
-    K: WatchedKind,
-    A::Context: ToEnvelope<A, Observed<A::Object>> + ToEnvelope<A, Gone>,
-{
-    fn handle(&mut self, ViewChanged(view): ViewChanged, ctx: &mut Context<Self>) {
-        let changed = !self.view.takeovers.keys().eq(view.takeovers.keys());
-        self.view = view;
-        if changed {
-            self.takeovers_changed(ctx);
+    fn handle(&mut self, signal: ShardSignal, ctx: &mut Context<Self>) {
+        match signal {
+            ShardSignal::ViewChanged(view) => {
+                let changed = !self.view.takeovers.keys().eq(view.takeovers.keys());
+                self.view = view;
+                if changed {
+                    self.takeovers_changed(ctx);
+                }
+            }
+            ShardSignal::TakeoverListed => self.takeovers_listed_by_all(ctx),
         }
     }
 
