@@ -141,6 +141,32 @@ async fn a_rollout_step_is_one_trace_from_the_decision_to_the_hosted_apply() {
     let api: Api<HostedClusterPackage> = Api::all(client.clone());
     api.create(&PostParams::default(), &hcpkg).await.unwrap();
 
+    // The follower below lists the Packages when the rollout's status changes: they are all written
+    // before it starts (the status may count a write still under way), so its first report has them.
+    let total = i32::try_from(clusters.len()).unwrap();
+    wait_status(&api, name, String::new, "every Package updated", |h| {
+        h.status
+            .as_ref()
+            .is_some_and(|s| s.counts.updated_packages == total)
+    })
+    .await;
+    let packages: Api<pko_proto::core::package::Package> = Api::all(client.clone());
+    let owned =
+        kube::api::ListParams::default().labels(&format!("{HOSTED_CLUSTER_PACKAGE_LABEL}={name}"));
+    wait_until("every Package written", TIMEOUT, || async {
+        let listed = packages.list(&owned).await.map_err(|e| e.to_string())?;
+        if listed.items.len() == clusters.len() {
+            Ok(())
+        } else {
+            Err(format!(
+                "{} of {} Packages",
+                listed.items.len(),
+                clusters.len()
+            ))
+        }
+    })
+    .await
+    .unwrap();
     // Without connectors the hosted phases cannot become available: `rollout status` gives up at its
     // timeout, and `rollout plan` shows the planner's view.
     let timed_out = kubectl_package_run(&[
@@ -191,7 +217,6 @@ async fn a_rollout_step_is_one_trace_from_the_decision_to_the_hosted_apply() {
         )
         .await
         .unwrap();
-    let total = i32::try_from(clusters.len()).unwrap();
     wait_status(
         &api,
         name,
