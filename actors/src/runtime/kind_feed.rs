@@ -368,7 +368,12 @@ where
                 return;
             }
             if let WatchSource::Departed(_) = source {
-                self.departed_watch_lost(ctx, source, key, uid, object);
+                // Relabelled for this replica (the label follows the work) or for another, or deleted:
+                // the departed member's watch cannot tell, and the own watch's event for a relabelling
+                // may come before or after. Unless another watch saw it since, a read decides.
+                if self.last_seen_by(&key, source, &uid) {
+                    self.check_lost(ctx, source.clone(), key, uid, object);
+                }
                 return;
             }
             self.known.deleted(&key);
@@ -434,23 +439,12 @@ where
         }
     }
 
-    /// A departed member's watch lost an object. Relabelled for this replica (the label follows the work)
-    /// or for another, or deleted: the watch cannot tell, and the own watch's event for a relabelling may
-    /// come before or after. Unless the own watch has it already, a read of the object decides.
-    fn departed_watch_lost(
-        &mut self,
-        ctx: &mut Context<Self>,
-        source: &WatchSource,
-        key: ObjectRef,
-        uid: String,
-        object: A::Object,
-    ) {
-        match self.known.sighting(&key) {
-            Some(sighting) if sighting.source == *source && sighting.uid == uid => {}
-            // Seen since by another watch of this feed, or not followed here at all.
-            _ => return,
-        }
-        self.check_lost(ctx, source.clone(), key, uid, object);
+    /// Whether the object under `key` was last seen by `source`'s watch as `uid` (not seen since by
+    /// another watch of this feed, and followed here at all).
+    fn last_seen_by(&self, key: &ObjectRef, source: &WatchSource, uid: &str) -> bool {
+        self.known
+            .sighting(key)
+            .is_some_and(|sighting| sighting.source == *source && sighting.uid == uid)
     }
 
     fn check_lost(
@@ -488,10 +482,9 @@ where
         object: A::Object,
         found: Option<kube::api::DynamicObject>,
     ) {
-        match self.known.sighting(&key) {
-            Some(sighting) if sighting.source == source && sighting.uid == uid => {}
+        if !self.last_seen_by(&key, &source, &uid) {
             // Another event about it came meanwhile and was routed.
-            _ => return,
+            return;
         }
         match found {
             Some(found) if found.metadata.uid.as_deref() == Some(uid.as_str()) => {
@@ -680,20 +673,18 @@ where
             // Done already, when the lists completed.
             return;
         }
-        {
-            let moved: Vec<K> = self
-                .latest
-                .iter()
-                .filter(|(key, object)| {
-                    matches!(self.shard_of(object.meta()), ShardState::Ours)
-                        != self.working.contains(*key)
-                })
-                .map(|(_, object)| object.clone())
-                .collect();
-            info!(kind = %K::kind(&()), objects = moved.len(), "take-overs changed; routing what moved");
-            for object in moved {
-                self.route(ctx, &WatchSource::Own, object, false);
-            }
+        let moved: Vec<K> = self
+            .latest
+            .iter()
+            .filter(|(key, object)| {
+                matches!(self.shard_of(object.meta()), ShardState::Ours)
+                    != self.working.contains(*key)
+            })
+            .map(|(_, object)| object.clone())
+            .collect();
+        info!(kind = %K::kind(&()), objects = moved.len(), "take-overs changed; routing what moved");
+        for object in moved {
+            self.route(ctx, &WatchSource::Own, object, false);
         }
     }
 
@@ -888,12 +879,10 @@ where
             if matches!(event, Ok(Event::InitDone)) && self.counted.insert(member.clone()) {
                 shard.lists.listed(member);
             }
+            // Routed when every feed listed the member's objects (a `TakeoverListed` signal, this
+            // feed's own last list included) or the hold's limit passed.
             if let Some(held) = self.held.get_mut(member) {
                 held.push(event);
-                if shard.lists.complete(member) {
-                    let member = member.clone();
-                    self.replay(ctx, &member);
-                }
                 return;
             }
         }

@@ -77,10 +77,10 @@ impl TakeoverLists {
             let Ok(mut progress) = self.progress.lock() else {
                 return;
             };
-            let entry = progress.entry(departed.clone()).or_insert(Progress {
-                since: Instant::now(),
-                feeds: 0,
-            });
+            // Counted from the first `watching`; a take-over that ended counts nothing more.
+            let Some(entry) = progress.get_mut(departed) else {
+                return;
+            };
             entry.feeds += 1;
             (entry.feeds == feeds).then(|| entry.since.elapsed())
         };
