@@ -276,6 +276,18 @@ pub struct KindFeed<K, A: FeedTarget> {
 /// How long a feed waits before reading again an object whose read failed.
 const LOST_READ_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// The watch on a departed member's label. Its list is served from the apiserver's watch cache (whatever
+/// a stale list misses arrives as an event): a consistent list of a label selection reads every object of
+/// the kind from etcd and filters after, seconds for thousands of ObjectSets with every successor listing
+/// at once. The client sends `resourceVersion=0` only on an unpaged list, hence no page size.
+fn departed_watch_config(departed: &str) -> watcher::Config {
+    let mut config = watcher::Config::default()
+        .labels(&format!("{SHARD_OWNER_LABEL}={departed}"))
+        .any_semantic();
+    config.page_size = None;
+    config
+}
+
 /// What a sharded feed hears of the replica besides its watches.
 enum ShardSignal {
     /// The members changed.
@@ -554,8 +566,7 @@ where
         self.watching = Some(self.start_watch(ctx, WatchSource::Own, config));
     }
 
-    /// Starts a watch of the objects labelled for `departed`, which this replica takes over from. Its list
-    /// may come from the apiserver's watch cache: whatever a stale list misses arrives as an event.
+    /// Starts a watch of the objects labelled for `departed`, which this replica takes over from.
     fn watch_departed(&mut self, ctx: &mut Context<Self>, departed: &Member) {
         if let Some(shard) = &self.context.shard {
             shard.lists.watching(departed);
@@ -566,7 +577,7 @@ where
             }
         }
         let source = WatchSource::Departed(departed.clone());
-        let config = watcher::Config::default().labels(&format!("{SHARD_OWNER_LABEL}={departed}"));
+        let config = departed_watch_config(departed);
         self.listing_since
             .insert(source.clone(), std::time::Instant::now());
         let handle = self.start_watch(ctx, source, config);
@@ -906,6 +917,18 @@ mod tests {
     }
 
     const OWN: WatchSource = WatchSource::Own;
+
+    #[test]
+    fn a_departed_watch_lists_from_the_watch_cache() {
+        let config = departed_watch_config("b-1");
+        // kube sends resourceVersion=0 (the watch cache) only with Any and no page size.
+        assert_eq!(config.list_semantic, ListSemantic::Any);
+        assert_eq!(config.page_size, None);
+        assert_eq!(
+            config.label_selector.as_deref(),
+            Some(format!("{SHARD_OWNER_LABEL}=b-1").as_str())
+        );
+    }
 
     #[test]
     fn a_relist_reports_exactly_the_objects_it_did_not_list() {
