@@ -11,6 +11,7 @@
 pub mod connector_wire;
 pub mod core;
 pub mod crds;
+pub mod fleet;
 pub mod hypershift;
 pub mod manifests;
 pub mod nats_credentials;

@@ -49,6 +49,11 @@ pub enum RolloutEventKind {
     Blocked,
     /// Every Package is updated and live (or paused).
     RolloutFinished,
+    /// The promotion gate holds the template back: the message names the management clusters it waits
+    /// for and why (pko extension `spec.promotion`).
+    PromotionWaiting,
+    /// The promotion gate opened for the template: the rollout may start.
+    PromotionOpened,
 }
 
 impl RolloutEventKind {
@@ -64,6 +69,8 @@ impl RolloutEventKind {
             Self::PackagePaused => "package_paused",
             Self::Blocked => "blocked",
             Self::RolloutFinished => "rollout_finished",
+            Self::PromotionWaiting => "promotion_waiting",
+            Self::PromotionOpened => "promotion_opened",
         }
     }
 }
@@ -103,7 +110,8 @@ pub struct RolloutEvent {
 impl RolloutEvent {
     /// The `Nats-Msg-Id` of the event: the same step of the same rollout always gets the same id, so
     /// the stream stores it once however often it is published. A `blocked` step names who holds the
-    /// budget, which changes within one rollout, so its message is part of its id.
+    /// budget, and a `promotionWaiting` step whom the gate waits for; both change within one rollout, so
+    /// their message is part of their id.
     pub fn message_id(&self) -> String {
         let part = |p: &Option<String>| p.clone().unwrap_or_else(|| "-".to_owned());
         let mut id = format!(
@@ -114,7 +122,10 @@ impl RolloutEvent {
             part(&self.group),
             part(&self.namespace)
         );
-        if self.kind == RolloutEventKind::Blocked {
+        if matches!(
+            self.kind,
+            RolloutEventKind::Blocked | RolloutEventKind::PromotionWaiting
+        ) {
             id.push('/');
             id.push_str(&self.message);
         }

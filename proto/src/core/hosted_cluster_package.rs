@@ -26,6 +26,34 @@ pub struct HostedClusterPackageSpec {
     /// Groups of HostedClusters updated one group after another.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub partition: Option<HostedClusterPackagePartitionSpec>,
+    /// pko extension: start rolling out a template only once other management clusters of the fleet
+    /// rolled it out and kept it available for a soak time (read through the fleet's hub NATS).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub promotion: Option<HostedClusterPackagePromotion>,
+}
+
+/// A promotion gate: the management clusters that go first, and how long they soak. Named clusters and
+/// selected ones both count; at least one of the two is set.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("minProperties" = 1))]
+pub struct HostedClusterPackagePromotion {
+    /// Management clusters (their `--cluster-name`) that must have settled on the template first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(
+        length(max = 50),
+        inner(length(min = 1, max = 63), regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")),
+        extend("x-kubernetes-list-type" = "set")
+    )]
+    pub management_clusters: Vec<String>,
+    /// Management clusters selected by the labels their managers announce (`--cluster-labels`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub management_cluster_selector: Option<LabelSelector>,
+    /// Seconds each of them must have stayed settled (every Package updated and live, the rollout
+    /// Available) on the template before this rollout starts (default 0).
+    #[serde(default, skip_serializing_if = "crate::schema::is_default")]
+    #[schemars(range(min = 0))]
+    pub soak_seconds: i64,
 }
 
 /// Rollout strategy: exactly one of the fields is set.
@@ -159,6 +187,20 @@ pub struct HostedClusterPackageStatus {
     /// Packages being updated right now; written before the updates so a restart never exceeds the budget.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub processing: Vec<HostedClusterPackageRefStatus>,
+    /// pko: the template whose promotion gate opened. The rollout of that template goes on whatever the
+    /// fleet reports after.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub promotion: Option<HostedClusterPackagePromotionStatus>,
+}
+
+/// A promotion gate that opened.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HostedClusterPackagePromotionStatus {
+    /// The hash of the Package template the gate opened for.
+    pub template_hash: String,
+    /// When it opened (RFC 3339).
+    pub opened_at: String,
 }
 
 /// Counts of one partition group.

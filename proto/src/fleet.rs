@@ -1,0 +1,168 @@
+//! The fleet of management clusters (version 1): what every management cluster's manager shares at the
+//! hub NATS, and how it is named there.
+//!
+//! Each management cluster runs its own NATS, a leaf node of the hub with the JetStream domain named after
+//! the cluster. Its rollout events stay in its own stream ([`crate::rollout_events::STREAM`]); the hub's
+//! stream [`AGGREGATE_STREAM`] sources every cluster's, so the hub reads them all in one place, in each
+//! cluster's order. The hub's key-value bucket [`STATE_BUCKET`] holds one [`ManagementClusterRecord`] per
+//! cluster and one [`FleetRolloutRecord`] per cluster and HostedClusterPackage: promotion gates and
+//! `kubectl package fleet status` read them. Values are JSON with `version`; readers ignore fields they
+//! do not know.
+
+use k8s_openapi::jiff::Timestamp;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// The JetStream domain of the hub when the manager is not told otherwise.
+pub const DEFAULT_HUB_DOMAIN: &str = "hub";
+/// The hub's stream that sources every management cluster's rollout events.
+pub const AGGREGATE_STREAM: &str = "PKO_FLEET_ROLLOUTS";
+/// The hub's key-value bucket of cluster and rollout records.
+pub const STATE_BUCKET: &str = "PKO_FLEET";
+/// The version of the records this build writes.
+pub const RECORD_VERSION: u32 = 1;
+/// How long the hub keeps a record nobody writes again: a management cluster gone for good drops out.
+pub const RECORD_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(7 * 24 * 60 * 60);
+
+/// The longest management cluster name: it is a JetStream domain and a key token.
+pub const MAX_CLUSTER_NAME: usize = 63;
+
+/// Whether `name` can name a management cluster in the fleet: lowercase letters, digits and `-`, starting
+/// and ending with a letter or digit (a JetStream domain and one key token).
+pub fn check_cluster_name(name: &str) -> Result<(), String> {
+    let valid_char = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-';
+    if name.is_empty() || name.len() > MAX_CLUSTER_NAME {
+        return Err(format!(
+            "management cluster name {name:?}: 1 to {MAX_CLUSTER_NAME} characters"
+        ));
+    }
+    if !name.chars().all(valid_char) || name.starts_with('-') || name.ends_with('-') {
+        return Err(format!(
+            "management cluster name {name:?}: lowercase letters, digits and '-', starting and ending with a letter or digit"
+        ));
+    }
+    Ok(())
+}
+
+/// The JetStream API prefix of a management cluster's domain: the hub sources its events through it.
+pub fn domain_api_prefix(domain: &str) -> String {
+    format!("$JS.{domain}.API")
+}
+
+/// The key of a management cluster's record.
+pub fn cluster_key(cluster: &str) -> String {
+    format!("cluster.{cluster}")
+}
+
+/// The key of a management cluster's record of a HostedClusterPackage's rollout. Dots in the name become
+/// `_` (Kubernetes names have no `_`), so a rollout's records are `rollout.<name>.*`.
+pub fn rollout_key(hosted_cluster_package: &str, cluster: &str) -> String {
+    format!("{}.{cluster}", rollout_key_prefix(hosted_cluster_package))
+}
+
+/// The keys of every cluster's record of one HostedClusterPackage's rollout, without the last token.
+pub fn rollout_key_prefix(hosted_cluster_package: &str) -> String {
+    format!("rollout.{}", hosted_cluster_package.replace('.', "_"))
+}
+
+/// A management cluster in the fleet, written by its manager while it runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ManagementClusterRecord {
+    pub version: u32,
+    pub name: String,
+    /// What promotion gates select management clusters by (`--cluster-labels`).
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// When the manager last wrote it.
+    pub updated_at: Timestamp,
+}
+
+/// Where one management cluster's rollout of a HostedClusterPackage stands, written by the manager that
+/// runs it whenever it changes and at least every heartbeat.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FleetRolloutRecord {
+    pub version: u32,
+    /// The management cluster.
+    pub cluster: String,
+    pub hosted_cluster_package: String,
+    pub generation: i64,
+    /// The hash of the Package template being rolled out: the same release has the same hash in every
+    /// management cluster.
+    pub template_hash: String,
+    /// The partition group being rolled out, when the rollout is partitioned and under way.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<String>,
+    pub total: i32,
+    pub updated: i32,
+    pub available: i32,
+    pub failed: i32,
+    /// Every Package is updated to the template and live (or paused), and the rollout is Available.
+    pub settled: bool,
+    /// Since when it has been settled on this template without interruption.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settled_since: Option<Timestamp>,
+    /// The cluster's own promotion gate, when it has one: open, or what it waits for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gate: Option<String>,
+    /// When the manager last published a rollout event of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_event_at: Option<Timestamp>,
+    /// When the manager last wrote it.
+    pub updated_at: Timestamp,
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn cluster_names_are_domain_and_key_safe() {
+        assert!(check_cluster_name("prod-a").is_ok());
+        assert!(check_cluster_name("canary1").is_ok());
+        for bad in ["", "Prod", "prod.a", "-a", "a-", "a_b", &"a".repeat(64)] {
+            let error = check_cluster_name(bad).unwrap_err();
+            assert!(error.contains("management cluster name"), "{error}");
+        }
+    }
+
+    #[test]
+    fn rollout_keys_keep_one_token_per_name() {
+        assert_eq!(
+            rollout_key("metrics.addon", "prod-a"),
+            "rollout.metrics_addon.prod-a"
+        );
+        assert!(rollout_key("metrics.addon", "prod-a")
+            .starts_with(&format!("{}.", rollout_key_prefix("metrics.addon"))));
+        assert_eq!(cluster_key("canary"), "cluster.canary");
+        assert_eq!(domain_api_prefix("canary"), "$JS.canary.API");
+    }
+
+    #[test]
+    fn records_round_trip_and_tolerate_unknown_fields() {
+        let record = FleetRolloutRecord {
+            version: RECORD_VERSION,
+            cluster: "canary".into(),
+            hosted_cluster_package: "addon".into(),
+            generation: 3,
+            template_hash: "bcdf".into(),
+            partition: None,
+            total: 10,
+            updated: 10,
+            available: 10,
+            failed: 0,
+            settled: true,
+            settled_since: Some(Timestamp::from_second(1_700_000_000).unwrap()),
+            gate: None,
+            last_event_at: None,
+            updated_at: Timestamp::from_second(1_700_000_100).unwrap(),
+        };
+        let mut value = serde_json::to_value(&record).unwrap();
+        assert_eq!(value["settledSince"], "2023-11-14T22:13:20Z");
+        value["somethingNew"] = serde_json::json!(1);
+        let back: FleetRolloutRecord = serde_json::from_value(value).unwrap();
+        assert_eq!(back, record);
+    }
+}
