@@ -21,6 +21,7 @@ use serde_json::{json, Value};
 use crate::conditions::{is_true_for, set_condition, ConditionUpdate};
 use crate::deployment_plan::LATEST_REVISION_UNAVAILABLE;
 use crate::label_selector::selector_matches;
+use crate::promotion_gate::{package_template_hash, promotion_gate, GateVerdict, HubView};
 use crate::rollout_plan::{
     plan_rollout, Counts, PackageState, PartitionOrder, RolloutInput, RolloutPlan, RolloutStrategy,
     Target, UNKNOWN_GROUP,
@@ -229,6 +230,7 @@ pub fn rollout_status(
                 counts: counts(&g.counts),
             })
             .collect(),
+        promotion: None,
         processing: plan
             .processing
             .iter()
@@ -288,6 +290,21 @@ pub struct RolloutSnapshot {
     pub clusters: Vec<Arc<HostedCluster>>,
     /// Namespaces whose last Package write failed, with why.
     pub failures: BTreeMap<String, String>,
+    /// How a promotion gate (`spec.promotion`) is decided.
+    pub gate: GateInput,
+}
+
+/// What a promotion gate is decided on.
+#[derive(Debug, Clone)]
+pub enum GateInput {
+    /// In management cluster `cluster`, on what the fleet's hub reports (`None`: the manager is in no
+    /// fleet).
+    Fleet {
+        cluster: String,
+        hub: Option<HubView>,
+    },
+    /// Not decided: the plan is what happens once the gate is open (previews).
+    Preview,
 }
 
 /// What a rollout decision says to do.
@@ -306,6 +323,10 @@ pub struct RolloutStep {
     pub status: HostedClusterPackageStatus,
     /// Namespaces whose Package goes: their HostedCluster is gone or no longer selected.
     pub deletes: Vec<String>,
+    /// The promotion gate: while closed the plan creates and updates nothing.
+    pub gate: GateVerdict,
+    /// The hash of the Package template (what gates across the fleet compare).
+    pub template_hash: String,
 }
 
 /// The rollout step for `snapshot` at `now`: which Packages to create, update and delete (through
@@ -370,7 +391,22 @@ pub fn decide_rollout(snapshot: &RolloutSnapshot, now: Timestamp) -> RolloutDeci
             .map(|p| p.namespace.clone())
             .collect(),
     };
-    let plan = plan_rollout(&input);
+    let template_hash = package_template_hash(&hcpkg.spec);
+    let gate = match &snapshot.gate {
+        GateInput::Fleet { cluster, hub } => promotion_gate(
+            hcpkg.spec.promotion.as_ref(),
+            &template_hash,
+            previous.promotion.as_ref(),
+            cluster,
+            hub.as_ref(),
+            now,
+        ),
+        GateInput::Preview => GateVerdict::Ungated,
+    };
+    let mut plan = plan_rollout(&input);
+    if gate.is_closed() {
+        hold_at_gate(&mut plan);
+    }
     let mut status = rollout_status(
         &previous.conditions,
         generation,
@@ -380,6 +416,28 @@ pub fn decide_rollout(snapshot: &RolloutSnapshot, now: Timestamp) -> RolloutDeci
         &snapshot.packages,
         now,
     );
+    if let Some(condition) = gate.condition() {
+        set_condition(&mut status.conditions, condition, generation, now);
+    }
+    status.promotion = match &gate {
+        GateVerdict::Ungated => None,
+        GateVerdict::Open {
+            opened: Some(opened),
+        } => Some(opened.clone()),
+        GateVerdict::Open { opened: None } | GateVerdict::Closed(_) => previous.promotion.clone(),
+    };
+    if let GateVerdict::Closed(closed) = &gate {
+        if let Some(c) = status
+            .conditions
+            .iter_mut()
+            .find(|c| c.type_ == "Progressing")
+        {
+            c.message = format!(
+                "{} Held at the promotion gate: {}",
+                c.message, closed.message
+            );
+        }
+    }
     if !failures.is_empty() {
         let failing: Vec<String> = failures
             .iter()
@@ -408,13 +466,24 @@ pub fn decide_rollout(snapshot: &RolloutSnapshot, now: Timestamp) -> RolloutDeci
         plan,
         status,
         deletes,
+        gate,
+        template_hash,
     }))
+}
+
+/// A closed gate: no Package is created or updated; what is in flight already stays counted.
+fn hold_at_gate(plan: &mut RolloutPlan) {
+    plan.create.clear();
+    let held: BTreeSet<String> = plan.update.drain(..).collect();
+    plan.processing.retain(|ns| !held.contains(ns));
+    plan.blocked = None;
 }
 
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use crate::conditions::find_condition;
 
     fn hcpkg(spec: Value) -> HostedClusterPackage {
         serde_json::from_value(json!({
@@ -680,6 +749,7 @@ mod tests {
             writing: BTreeSet::new(),
             clusters,
             failures: BTreeMap::new(),
+            gate: GateInput::Preview,
         }
     }
 
@@ -738,6 +808,37 @@ mod tests {
         assert_eq!(step.plan.create, ["clusters-a"]);
         assert_eq!(step.plan.update, ["clusters-c"]);
         assert_eq!(step.status.observed_generation, 2);
+    }
+
+    #[test]
+    fn a_closed_promotion_gate_writes_nothing_and_says_why() {
+        let spec = json!({"template": template(), "promotion": {"managementClusters": ["canary"]}});
+        let mut s = snapshot(spec, vec![cluster("a", true), cluster("b", true)]);
+        s.packages.insert(
+            "clusters-b".into(),
+            owned("clusters-b", "registry/addon:v1"),
+        );
+        s.gate = GateInput::Fleet {
+            cluster: "prod".into(),
+            hub: None,
+        };
+        let RolloutDecision::Planned(step) = decide_rollout(&s, now()) else {
+            panic!("expected a plan");
+        };
+        assert!(step.plan.create.is_empty() && step.plan.update.is_empty());
+        assert!(step.status.processing.is_empty());
+        let gate = find_condition(&step.status.conditions, "PromotionGateOpen").unwrap();
+        assert_eq!(
+            (gate.status.as_str(), gate.reason.as_str()),
+            ("False", "NotInFleet")
+        );
+        // Previews plan as if it were open.
+        s.gate = GateInput::Preview;
+        let RolloutDecision::Planned(step) = decide_rollout(&s, now()) else {
+            panic!("expected a plan");
+        };
+        assert_eq!(step.plan.create, ["clusters-a"]);
+        assert_eq!(step.plan.update, ["clusters-b"]);
     }
 
     #[test]

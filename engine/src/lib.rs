@@ -15,6 +15,7 @@ pub mod object_template;
 pub mod package_deployment;
 pub mod phase_verdict;
 pub mod probe;
+pub mod promotion_gate;
 pub mod rollout_events;
 pub mod rollout_plan;
 pub mod rollout_status;

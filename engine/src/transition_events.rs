@@ -134,6 +134,12 @@ pub fn rollout_transition(event: &RolloutEvent) -> Option<TransitionEvent> {
             format!("Group {group} finished."),
         ),
         RolloutEventKind::Blocked => (true, "RolloutBlocked", event.message.clone()),
+        RolloutEventKind::PromotionWaiting => (false, "PromotionWaiting", event.message.clone()),
+        RolloutEventKind::PromotionOpened => (
+            false,
+            "PromotionOpened",
+            format!("Promotion gate opened for generation {}.", event.generation),
+        ),
         RolloutEventKind::RolloutFinished => (
             false,
             "RolloutFinished",
