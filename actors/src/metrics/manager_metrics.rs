@@ -13,6 +13,7 @@ use prometheus_client::registry::Metric;
 
 use super::api_requests::ApiRequestMetrics;
 use super::connector_metrics::ConnectorMetrics;
+use super::fleet_metrics::FleetMetrics;
 use super::package_images::ImageFetchMetrics;
 use super::rollout_metrics::RolloutMetrics;
 use super::shard_metrics::ShardMetrics;
@@ -76,6 +77,7 @@ pub struct ManagerMetrics {
     pub rollouts: RolloutMetrics,
     pub connectors: ConnectorMetrics,
     pub shards: ShardMetrics,
+    pub fleet: FleetMetrics,
     pub images: ImageFetchMetrics,
     total: Family<ResultLabels, Counter>,
     duration: Family<ControllerLabels, Histogram, fn() -> Histogram>,
@@ -188,12 +190,14 @@ impl ManagerMetrics {
         let rollouts = RolloutMetrics::default();
         let connectors = ConnectorMetrics::default();
         let shards = ShardMetrics::default();
+        let fleet = FleetMetrics::default();
         let images = ImageFetchMetrics::default();
         api.register(&mut registry);
         upstream.register(&mut registry);
         rollouts.register(&mut registry);
         connectors.register(&mut registry);
         shards.register(&mut registry);
+        fleet.register(&mut registry);
         images.register(&mut registry);
         Self {
             registry: Arc::new(RwLock::new(registry)),
@@ -201,6 +205,7 @@ impl ManagerMetrics {
             rollouts,
             connectors,
             shards,
+            fleet,
             images,
             total,
             duration,

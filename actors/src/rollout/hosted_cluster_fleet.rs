@@ -17,6 +17,7 @@ use actix::prelude::*;
 
 use crate::engine::hosted_teardown::HostedClusterPresence;
 use crate::engine::label_selector::selector_matches;
+use crate::fleet::hub_link::HubLink;
 use crate::rollout::rollout_publisher::RolloutPublisher;
 
 /// A selected HostedCluster changed (or the fleet became complete).
@@ -31,6 +32,9 @@ pub struct RolloutShared {
     pub publisher: Option<Arc<RolloutPublisher>>,
     /// Names this management cluster in events.
     pub source: String,
+    /// The fleet's hub, when this management cluster is in a fleet: promotion gates read it and the
+    /// rollouts report to it.
+    pub hub: Option<Arc<HubLink>>,
 }
 
 /// What one supervisor selects, and where to tell it that its selection changed.

@@ -26,10 +26,13 @@ use tracing::{info_span, warn, Span};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::engine::hosted_cluster_package::{
-    decide_rollout, desired_package, OwnedPackage, RolloutDecision, RolloutSnapshot, RolloutStep,
+    decide_rollout, desired_package, GateInput, OwnedPackage, RolloutDecision, RolloutSnapshot,
+    RolloutStep,
 };
+use crate::engine::promotion_gate::{record_changed, rollout_record, GateVerdict, OwnRollout};
 use crate::engine::rollout_events::{rollout_steps, story_so_far, RolloutView};
 use crate::engine::rollout_plan::{group_key, RolloutInput, RolloutPlan, UNKNOWN_GROUP};
+use crate::engine::rollout_status::AVAILABLE;
 use crate::engine::rollout_status::PROGRESSING;
 use crate::engine::transition_events::rollout_transition;
 use crate::metrics::manager_metrics::ManagerMetrics;
@@ -85,7 +88,19 @@ pub struct HostedClusterPackageController {
     /// Namespaces whose last write failed, with why.
     failures: BTreeMap<String, String>,
     last: Option<LastPlan>,
+    /// Whether this supervisor follows the fleet's hub (its spec has a promotion gate).
+    following_hub: bool,
+    /// What the last `promotionWaiting` event said, for the generation it was about: told again only
+    /// when whom the gate waits for changes.
+    gate_told: Option<(i64, String)>,
+    /// When this supervisor last published a rollout event (for the fleet's records).
+    last_event_at: Option<Timestamp>,
 }
+
+/// What the fleet's hub reports changed.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+struct HubChanged;
 
 pub type HostedClusterPackageActor = ObjectActor<HostedClusterPackageController>;
 
@@ -105,6 +120,9 @@ impl Reconcile for HostedClusterPackageController {
             writing: BTreeSet::new(),
             failures: BTreeMap::new(),
             last: None,
+            following_hub: false,
+            gate_told: None,
+            last_event_at: None,
         }
     }
 
@@ -158,6 +176,22 @@ impl Reconcile for HostedClusterPackageController {
         let Some(packages) = actor.state.packages.clone() else {
             return done();
         };
+        let hub = actor.state.shared.hub.clone();
+        if let (Some(hub), Some(_), false) =
+            (&hub, &hcpkg.spec.promotion, actor.state.following_hub)
+        {
+            // A gated rollout decides again whenever the hub's records or reachability change.
+            actor.state.following_hub = true;
+            let changes = hub_changes(hub.subscribe());
+            ctx.add_stream(changes);
+        }
+        let gate = GateInput::Fleet {
+            cluster: actor.state.shared.source.clone(),
+            hub: hub
+                .as_ref()
+                .filter(|_| hcpkg.spec.promotion.is_some())
+                .map(|hub| hub.view(&name)),
+        };
         let selector = &hcpkg.spec.hosted_cluster_selector;
         let snapshot = RolloutSnapshot {
             clusters: actor.state.shared.fleet.selected(selector),
@@ -165,6 +199,7 @@ impl Reconcile for HostedClusterPackageController {
             packages,
             writing: actor.state.writing.clone(),
             failures: actor.state.failures.clone(),
+            gate,
         };
         let decision = decide_rollout(&snapshot, Timestamp::now());
         actor.carry_out(decision)
@@ -192,6 +227,10 @@ impl Reconcile for HostedClusterPackageController {
     ) -> Option<LocalBoxFuture<'static, ()>> {
         // Its Packages go with it through their owner references.
         actor.state.shared.fleet.remove_selector(&actor.name());
+        if let Some(hub) = &actor.state.shared.hub {
+            hub.forget(&actor.name());
+            hub.metrics().gate(&actor.name(), None);
+        }
         None
     }
 }
@@ -211,13 +250,14 @@ impl HostedClusterPackageActor {
         };
         let client = self.context.client.clone();
         let name = self.name();
-        let (status, writes, deletes, events, transitions, next) = match decision {
+        let (status, writes, deletes, events, transitions, next, fleet) = match decision {
             RolloutDecision::Invalid(status) => (
                 status,
                 BTreeMap::new(),
                 Vec::new(),
                 Vec::new(),
                 Vec::new(),
+                None,
                 None,
             ),
             RolloutDecision::Planned(step) => {
@@ -226,6 +266,8 @@ impl HostedClusterPackageActor {
                     plan,
                     status,
                     deletes,
+                    gate,
+                    template_hash,
                 } = *step;
                 let generation = hcpkg.metadata.generation.unwrap_or_default();
                 let view = RolloutView {
@@ -240,11 +282,16 @@ impl HostedClusterPackageActor {
                 });
                 // Taking over a rollout under way: what was told before is not known here, so the
                 // stream gets the story so far (it drops what it holds) and no Event is raised again.
-                let (steps, retold) = match previous {
-                    Some(previous) => (rollout_steps(Some(&previous), &view), false),
-                    None if under_way(&hcpkg) => (story_so_far(&view), true),
-                    None => (rollout_steps(None, &view), false),
+                let (mut steps, retold) = match (&gate, previous) {
+                    // Held at the gate: nothing of the new template happens; the steps are told
+                    // against the last plan once it opens.
+                    (GateVerdict::Closed(_), _) => (Vec::new(), false),
+                    (_, Some(previous)) => (rollout_steps(Some(&previous), &view), false),
+                    (_, None) if under_way(&hcpkg) => (story_so_far(&view), true),
+                    (_, None) => (rollout_steps(None, &view), false),
                 };
+                let gate_step = self.gate_step(&gate, generation);
+                steps.splice(0..0, gate_step);
                 let writes: Vec<String> = plan.create.iter().chain(&plan.update).cloned().collect();
                 // Each Package update is a trace of its own, from this decision to the hosted cluster.
                 let steps_traced: BTreeMap<String, Span> = writes
@@ -291,11 +338,17 @@ impl HostedClusterPackageActor {
                         }
                     })
                     .collect();
-                let next = LastPlan {
+                let counts = plan.counts;
+                let partition = plan
+                    .current_group
+                    .and_then(|i| plan.groups.get(i))
+                    .map(|g| g.name.clone().unwrap_or_else(|| UNKNOWN_GROUP.to_owned()));
+                let fleet = Some((gate.clone(), template_hash, counts, partition));
+                let next = (!gate.is_closed()).then_some(LastPlan {
                     generation,
                     input,
                     plan,
-                };
+                });
                 let transitions = if retold {
                     Vec::new()
                 } else {
@@ -307,10 +360,14 @@ impl HostedClusterPackageActor {
                     deletes,
                     events,
                     transitions,
-                    Some(next),
+                    next,
+                    fleet,
                 )
             }
         };
+        if !events.is_empty() {
+            self.state.last_event_at = Some(Timestamp::now());
+        }
         let previous_status = hcpkg.status.clone().unwrap_or_default();
         let status_changed = status != previous_status;
         let publisher = self.state.shared.publisher.clone();
@@ -336,6 +393,15 @@ impl HostedClusterPackageActor {
             Ok((status, written_at)) => {
                 if let Some(next) = next {
                     act.state.last = Some(next);
+                }
+                if let Some((gate, template_hash, counts, partition)) = fleet {
+                    act.report_to_hub(&status, &gate, &template_hash, &counts, partition);
+                    if let GateVerdict::Closed(closed) = &gate {
+                        if let Some(after) = closed.recheck_after {
+                            // A soak ends by itself: decide again then.
+                            ctx.run_later(after, |act, ctx| act.request_reconcile(ctx));
+                        }
+                    }
                 }
                 if let Some(h) = act.object.as_mut() {
                     h.status = Some(status);
@@ -368,6 +434,84 @@ impl HostedClusterPackageActor {
                 Outcome::Retry(format!("{error}; no Package is written before the status"))
             }
         })
+    }
+
+    /// The promotion gate's own step: `promotionOpened` when it opened now, `promotionWaiting` when whom
+    /// it waits for changed.
+    fn gate_step(
+        &mut self,
+        gate: &GateVerdict,
+        generation: i64,
+    ) -> Option<crate::engine::rollout_events::RolloutStep> {
+        let (kind, message) = match gate {
+            GateVerdict::Ungated | GateVerdict::Open { opened: None } => return None,
+            GateVerdict::Open { opened: Some(_) } => {
+                self.state.gate_told = None;
+                (RolloutEventKind::PromotionOpened, String::new())
+            }
+            GateVerdict::Closed(closed) => {
+                let told = (
+                    generation,
+                    format!("{}: {}", closed.reason, closed.waiting_for),
+                );
+                if self.state.gate_told.as_ref() == Some(&told) {
+                    return None;
+                }
+                self.state.gate_told = Some(told);
+                (RolloutEventKind::PromotionWaiting, closed.message.clone())
+            }
+        };
+        Some(crate::engine::rollout_events::RolloutStep {
+            kind,
+            group: None,
+            namespace: None,
+            message,
+        })
+    }
+
+    /// Tells the fleet's hub (when in a fleet) where this rollout stands.
+    fn report_to_hub(
+        &self,
+        status: &HostedClusterPackageStatus,
+        gate: &GateVerdict,
+        template_hash: &str,
+        counts: &crate::engine::rollout_plan::Counts,
+        partition: Option<String>,
+    ) {
+        let Some(hub) = &self.state.shared.hub else {
+            return;
+        };
+        let name = self.name();
+        let generation = self
+            .object
+            .as_ref()
+            .and_then(|h| h.metadata.generation)
+            .unwrap_or_default();
+        let available = status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == AVAILABLE && c.status == "True");
+        let own = OwnRollout {
+            cluster: hub.cluster(),
+            name: &name,
+            generation,
+            template_hash,
+            partition,
+            counts,
+            available,
+            gate,
+            last_event_at: self.state.last_event_at,
+        };
+        let previous = hub.own_record(&name);
+        let record = rollout_record(&own, previous.as_ref(), Timestamp::now());
+        let changed = previous.as_ref().is_none_or(|p| record_changed(p, &record));
+        hub.report(record, changed);
+        let open = match gate {
+            GateVerdict::Ungated => None,
+            GateVerdict::Open { .. } => Some(true),
+            GateVerdict::Closed(_) => Some(false),
+        };
+        hub.metrics().gate(&name, open);
     }
 
     fn child(&mut self, namespace: &str, ctx: &mut Context<Self>) -> Addr<HcpNamespaceActor> {
@@ -420,6 +564,25 @@ async fn write_status(
         Err(kube::Error::Api(e)) if e.code == 409 => Err(StatusWriteError::Conflict),
         Err(e) => Err(StatusWriteError::Failed(format!("writing the status: {e}"))),
     }
+}
+
+/// The hub's changes as a stream of [`HubChanged`].
+fn hub_changes(
+    changes: tokio::sync::watch::Receiver<u64>,
+) -> impl futures::Stream<Item = HubChanged> {
+    futures::stream::unfold(changes, |mut changes| async move {
+        changes.changed().await.ok()?;
+        Some((HubChanged, changes))
+    })
+}
+
+impl StreamHandler<HubChanged> for HostedClusterPackageActor {
+    fn handle(&mut self, _: HubChanged, ctx: &mut Context<Self>) {
+        self.request_reconcile(ctx);
+    }
+
+    /// The hub link lives as long as the manager.
+    fn finished(&mut self, _: &mut Context<Self>) {}
 }
 
 impl Handler<FleetChanged> for HostedClusterPackageActor {

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use kube::Client;
 
+use crate::fleet::hub_link::{FleetMember, HubLink};
 use crate::hypershift::connector_link::ConnectorLink;
 use crate::metrics::managed_cache::ManagedCacheCollector;
 use crate::metrics::manager_metrics::ManagerMetrics;
@@ -138,5 +139,19 @@ impl ManagerContext {
             rollouts,
             ..self
         }
+    }
+
+    /// This context in a fleet of management clusters: `member` names it, and its NATS (the connectors'
+    /// one, a leaf node of the fleet's hub) reaches the hub. Call after [`ManagerContext::with_connectors`].
+    pub fn in_fleet(self, member: FleetMember) -> Self {
+        let Some(link) = &self.connectors else {
+            return self;
+        };
+        let hub = HubLink::start(link.nats.clone(), member, self.metrics.fleet.clone());
+        let rollouts = RolloutShared {
+            hub: Some(hub),
+            ..self.rollouts
+        };
+        Self { rollouts, ..self }
     }
 }

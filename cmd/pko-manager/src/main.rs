@@ -14,6 +14,7 @@ use std::time::Duration;
 use clap::{Parser, ValueEnum};
 use pko_actors::admission::serving_cert::{ServingCert, ServingCertConfig, ServingCertError};
 use pko_actors::admission::webhook_server::{self, ReviewCounts};
+use pko_actors::fleet::hub_link::FleetMember;
 use pko_actors::hypershift::connector_link::{
     ConnectorLink, LinkSetupError, DEFAULT_CREDENTIALS_VALIDITY, DEFAULT_TEARDOWN_TIMEOUT,
 };
@@ -31,6 +32,7 @@ use pko_actors::runtime::shard_coordinator;
 use pko_actors::runtime::shard_membership::{member_identity, ShardMembership};
 use pko_actors::runtime::write_fence::WriteFence;
 use pko_package::image_limits::ImageLimits;
+use pko_proto::fleet::check_cluster_name;
 use pko_proto::nats_credentials::AccountSigner;
 use tracing::{info, warn};
 
@@ -140,6 +142,20 @@ struct Args {
     /// Names this management cluster in the rollout events it publishes.
     #[arg(long, env = "PKO_CLUSTER_NAME", default_value = "management")]
     cluster_name: String,
+    /// Joins the fleet of management clusters whose hub NATS has this JetStream domain (this manager's
+    /// NATS is a leaf node of it, with the JetStream domain named like --cluster-name): the hub then
+    /// aggregates this cluster's rollout events, and promotion gates read and write rollout records there.
+    #[arg(long, env = "PKO_FLEET_HUB_DOMAIN", requires = "nats_url")]
+    fleet_hub_domain: Option<String>,
+    /// Labels of this management cluster that promotion gates elsewhere select it by, as key=value pairs,
+    /// comma-separated (with --fleet-hub-domain).
+    #[arg(
+        long,
+        env = "PKO_CLUSTER_LABELS",
+        value_delimiter = ',',
+        requires = "fleet_hub_domain"
+    )]
+    cluster_labels: Vec<String>,
     /// Rollout events held while NATS does not acknowledge them (about 300 bytes each); beyond it the
     /// newest are dropped and counted in pko_rollout_events_dropped_total.
     #[arg(long, default_value_t = DEFAULT_OUTBOX_CAPACITY)]
@@ -199,6 +215,31 @@ pub enum ManagerError {
     Lease(#[from] LeaseError),
     #[error("nats-bootstrap: {0}")]
     Bootstrap(#[from] nats_bootstrap::BootstrapError),
+    #[error("--cluster-name: {0}")]
+    ClusterName(String),
+    #[error("--cluster-labels: {0:?} is not key=value")]
+    ClusterLabel(String),
+}
+
+/// Who this manager is in the fleet of management clusters, when it joins one.
+fn fleet_member(args: &Args) -> Result<Option<FleetMember>, ManagerError> {
+    let Some(hub_domain) = &args.fleet_hub_domain else {
+        return Ok(None);
+    };
+    check_cluster_name(&args.cluster_name).map_err(ManagerError::ClusterName)?;
+    let labels = args
+        .cluster_labels
+        .iter()
+        .map(|pair| match pair.split_once('=') {
+            Some((key, value)) if !key.is_empty() => Ok((key.to_owned(), value.to_owned())),
+            _ => Err(ManagerError::ClusterLabel(pair.clone())),
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(Some(FleetMember {
+        cluster: args.cluster_name.clone(),
+        labels,
+        hub_domain: hub_domain.clone(),
+    }))
 }
 
 async fn connector_link(args: &Args) -> Result<Option<ConnectorLink>, ManagerError> {
@@ -329,6 +370,10 @@ async fn run(args: Args) -> Result<(), ManagerError> {
         info!(url = ?args.nats_url, account = link.signer.account(), "delivering hosted-cluster phases over NATS");
         context =
             context.with_connectors(link, args.cluster_name.clone(), args.rollout_event_outbox);
+        if let Some(member) = fleet_member(&args)? {
+            info!(cluster = %member.cluster, hub = %member.hub_domain, "in a fleet of management clusters");
+            context = context.in_fleet(member);
+        }
     }
     let reviews = Arc::new(ReviewCounts::default());
     reviews.register_metrics(&metrics);

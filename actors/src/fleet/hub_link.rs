@@ -1,0 +1,547 @@
+//! This manager's link to the fleet's hub NATS, through its own NATS (a leaf node of the hub): it keeps
+//! the hub's aggregate stream sourcing this cluster's rollout events, announces the cluster (name and
+//! labels), writes the records of the rollouts it runs, and follows every cluster's records for the
+//! promotion gates. Nothing here decides a gate (`engine::promotion_gate` does) or blocks a rollout on
+//! the hub: readers get a snapshot of what was last read and whether the hub answers now.
+//!
+//! Everything goes through JetStream's domain prefix (`$JS.<hub>.API`), so the manager needs no
+//! connection of its own to the hub: when the leaf's link to the hub is down, the rollout events still go
+//! to the local stream and the hub's aggregate catches up from it once the link is back.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, kv, stream};
+use futures::StreamExt;
+use k8s_openapi::jiff::Timestamp;
+use pko_proto::fleet::{
+    cluster_key, domain_api_prefix, rollout_key, FleetRolloutRecord, ManagementClusterRecord,
+    AGGREGATE_STREAM, RECORD_MAX_AGE, RECORD_VERSION, STATE_BUCKET,
+};
+use pko_proto::rollout_events::{STREAM, STREAM_MAX_AGE, STREAM_MAX_BYTES};
+use tokio::sync::{watch, Notify};
+use tracing::{info, warn};
+
+use crate::engine::promotion_gate::{HubState, HubView, RECORD_HEARTBEAT};
+use crate::metrics::fleet_metrics::FleetMetrics;
+
+/// How often the hub is asked whether it answers.
+const PROBE_INTERVAL: Duration = Duration::from_secs(2);
+/// How long one answer may take.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often the aggregate stream is checked for this cluster's source (another manager updating the
+/// stream at the same moment may have dropped it).
+const AGGREGATE_CHECK: Duration = Duration::from_secs(60);
+
+/// Who this manager is in the fleet.
+#[derive(Debug, Clone)]
+pub struct FleetMember {
+    /// The management cluster's name: its JetStream domain and its name in every record and event.
+    pub cluster: String,
+    /// What promotion gates elsewhere select it by.
+    pub labels: BTreeMap<String, String>,
+    /// The hub's JetStream domain.
+    pub hub_domain: String,
+}
+
+/// What was last read from the hub.
+struct HubRecords {
+    state: HubState,
+    clusters: BTreeMap<String, ManagementClusterRecord>,
+    /// By (HostedClusterPackage, cluster).
+    rollouts: BTreeMap<(String, String), FleetRolloutRecord>,
+}
+
+/// A record this manager keeps at the hub, and when it was last written there.
+struct OwnRecord {
+    record: FleetRolloutRecord,
+    written: Option<Instant>,
+    /// The newest record is not at the hub yet.
+    dirty: bool,
+}
+
+/// Shared by every HostedClusterPackage supervisor of the manager.
+pub struct HubLink {
+    member: FleetMember,
+    records: Mutex<HubRecords>,
+    own: Mutex<BTreeMap<String, OwnRecord>>,
+    /// Bumped whenever what the gates read changes.
+    changed: watch::Sender<u64>,
+    /// A record was reported or forgotten.
+    reported: Notify,
+    metrics: FleetMetrics,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every change under these locks is one call: a panic elsewhere cannot leave them half-changed.
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl HubLink {
+    /// Starts following the hub over `nats` (this cluster's own NATS) on the current runtime.
+    pub fn start(
+        nats: async_nats::Client,
+        member: FleetMember,
+        metrics: FleetMetrics,
+    ) -> Arc<Self> {
+        let (changed, _) = watch::channel(0);
+        let link = Arc::new(Self {
+            member,
+            records: Mutex::new(HubRecords {
+                state: HubState::Unreachable {
+                    since: Timestamp::now(),
+                    error: "not reached yet".to_owned(),
+                },
+                clusters: BTreeMap::new(),
+                rollouts: BTreeMap::new(),
+            }),
+            own: Mutex::new(BTreeMap::new()),
+            changed,
+            reported: Notify::new(),
+            metrics,
+        });
+        link.metrics.hub_reachable(false);
+        tokio::spawn(link.clone().follow(nats.clone()));
+        tokio::spawn(link.clone().write_records(nats));
+        link
+    }
+
+    pub fn cluster(&self) -> &str {
+        &self.member.cluster
+    }
+
+    pub fn metrics(&self) -> &FleetMetrics {
+        &self.metrics
+    }
+
+    /// What the hub holds of `hosted_cluster_package`'s rollouts, and whether it answers.
+    pub fn view(&self, hosted_cluster_package: &str) -> HubView {
+        let records = lock(&self.records);
+        HubView {
+            state: records.state.clone(),
+            clusters: records.clusters.clone(),
+            rollouts: records
+                .rollouts
+                .iter()
+                .filter(|((name, _), _)| name == hosted_cluster_package)
+                .map(|((_, cluster), record)| (cluster.clone(), record.clone()))
+                .collect(),
+        }
+    }
+
+    /// Wakes on every change of what [`HubLink::view`] returns.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
+    /// This manager's last record of `hosted_cluster_package`: at the hub, or reported and not there yet.
+    pub fn own_record(&self, hosted_cluster_package: &str) -> Option<FleetRolloutRecord> {
+        if let Some(own) = lock(&self.own).get(hosted_cluster_package) {
+            return Some(own.record.clone());
+        }
+        lock(&self.records)
+            .rollouts
+            .get(&(
+                hosted_cluster_package.to_owned(),
+                self.member.cluster.clone(),
+            ))
+            .cloned()
+    }
+
+    /// Keeps `record` at the hub: written at once when it says something new, else at the heartbeat.
+    pub fn report(&self, record: FleetRolloutRecord, changed: bool) {
+        let mut own = lock(&self.own);
+        let entry = own
+            .entry(record.hosted_cluster_package.clone())
+            .or_insert(OwnRecord {
+                record: record.clone(),
+                written: None,
+                dirty: true,
+            });
+        entry.dirty |= changed;
+        entry.record = record;
+        drop(own);
+        self.reported.notify_one();
+    }
+
+    /// The HostedClusterPackage is gone here: its record is no longer written (it ages out at the hub).
+    pub fn forget(&self, hosted_cluster_package: &str) {
+        lock(&self.own).remove(hosted_cluster_package);
+    }
+
+    fn notify(&self) {
+        self.changed
+            .send_modify(|version| *version = version.wrapping_add(1));
+    }
+
+    fn set_state(&self, state: HubState) {
+        let mut records = lock(&self.records);
+        let was_reachable = records.state == HubState::Reachable;
+        let reachable = state == HubState::Reachable;
+        if was_reachable == reachable {
+            if !reachable {
+                // Keep when it became unreachable; take the newest error.
+                if let (
+                    HubState::Unreachable { error: last, .. },
+                    HubState::Unreachable { error, .. },
+                ) = (&mut records.state, state)
+                {
+                    *last = error;
+                }
+            }
+            return;
+        }
+        records.state = state;
+        drop(records);
+        self.metrics.hub_reachable(reachable);
+        self.notify();
+    }
+
+    fn unreachable(&self, error: String) {
+        let told = match &lock(&self.records).state {
+            HubState::Reachable => false,
+            HubState::Unreachable { error: last, .. } => *last == error,
+        };
+        if !told {
+            warn!(hub = %self.member.hub_domain, %error, "the fleet's hub does not answer; promotion gates stay closed until it does");
+        }
+        self.set_state(HubState::Unreachable {
+            since: Timestamp::now(),
+            error,
+        });
+    }
+
+    /// Probes the hub; while it answers, keeps the aggregate stream's source and follows the records.
+    async fn follow(self: Arc<Self>, nats: async_nats::Client) {
+        let hub = jetstream::with_domain(nats.clone(), &self.member.hub_domain);
+        let mut watching: Option<tokio::task::JoinHandle<()>> = None;
+        let mut aggregate_checked: Option<Instant> = None;
+        loop {
+            match probe(&nats, &self.member.hub_domain).await {
+                Ok(()) => {
+                    let back = lock(&self.records).state != HubState::Reachable;
+                    if back || watching.as_ref().is_none_or(|w| w.is_finished()) {
+                        if let Some(old) = watching.take() {
+                            old.abort();
+                        }
+                        match bucket(&hub).await {
+                            Ok(store) => {
+                                info!(hub = %self.member.hub_domain, "following the fleet's records at the hub");
+                                self.set_state(HubState::Reachable);
+                                watching = Some(tokio::spawn(self.clone().watch_records(store)));
+                            }
+                            Err(error) => self.unreachable(error),
+                        }
+                    }
+                    if aggregate_checked.is_none_or(|at| at.elapsed() >= AGGREGATE_CHECK) || back {
+                        match ensure_source(&hub, &self.member.cluster).await {
+                            Ok(()) => aggregate_checked = Some(Instant::now()),
+                            Err(error) => {
+                                warn!(%error, "keeping this cluster's events in the hub's aggregate stream")
+                            }
+                        }
+                    }
+                }
+                Err(error) => {
+                    if let Some(old) = watching.take() {
+                        old.abort();
+                    }
+                    self.unreachable(error);
+                }
+            }
+            tokio::time::sleep(PROBE_INTERVAL).await;
+        }
+    }
+
+    /// Follows every record in the bucket (the last of each key first).
+    async fn watch_records(self: Arc<Self>, store: kv::Store) {
+        let mut entries = match store.watch_with_history(">").await {
+            Ok(entries) => entries,
+            Err(error) => {
+                warn!(%error, "watching the fleet's records");
+                return;
+            }
+        };
+        while let Some(entry) = entries.next().await {
+            match entry {
+                Ok(entry) => self.record_seen(&entry),
+                Err(error) => {
+                    // The probe starts a new watch.
+                    warn!(%error, "the watch of the fleet's records ended");
+                    return;
+                }
+            }
+        }
+    }
+
+    fn record_seen(&self, entry: &kv::Entry) {
+        let deleted = !matches!(entry.operation, kv::Operation::Put);
+        let mut records = lock(&self.records);
+        if let Some(cluster) = entry.key.strip_prefix("cluster.") {
+            if deleted {
+                records.clusters.remove(cluster);
+            } else {
+                match serde_json::from_slice::<ManagementClusterRecord>(&entry.value) {
+                    Ok(record) => {
+                        records.clusters.insert(cluster.to_owned(), record);
+                    }
+                    Err(error) => {
+                        warn!(key = %entry.key, %error, "ignoring a cluster record that does not parse")
+                    }
+                }
+            }
+        } else if entry.key.starts_with("rollout.") {
+            if deleted {
+                records
+                    .rollouts
+                    .retain(|(name, cluster), _| rollout_key(name, cluster) != entry.key);
+            } else {
+                match serde_json::from_slice::<FleetRolloutRecord>(&entry.value) {
+                    Ok(record) => {
+                        records.rollouts.insert(
+                            (
+                                record.hosted_cluster_package.clone(),
+                                record.cluster.clone(),
+                            ),
+                            record,
+                        );
+                    }
+                    Err(error) => {
+                        warn!(key = %entry.key, %error, "ignoring a rollout record that does not parse")
+                    }
+                }
+            }
+        }
+        drop(records);
+        self.notify();
+    }
+
+    /// Writes this cluster's record and the rollout records when they change and at every heartbeat;
+    /// what fails is written again at the next turn.
+    async fn write_records(self: Arc<Self>, nats: async_nats::Client) {
+        let hub = jetstream::with_domain(nats, &self.member.hub_domain);
+        let mut announced: Option<Instant> = None;
+        loop {
+            let due = announced.is_none_or(|at| at.elapsed() >= RECORD_HEARTBEAT);
+            if lock(&self.records).state == HubState::Reachable {
+                match bucket(&hub).await {
+                    Ok(store) => {
+                        if due {
+                            let ok = self.announce(&store).await;
+                            if ok {
+                                announced = Some(Instant::now());
+                            }
+                        }
+                        self.write_rollouts(&store).await;
+                    }
+                    Err(error) => warn!(%error, "writing the fleet's records"),
+                }
+            }
+            let reported = self.reported.notified();
+            let _ = tokio::time::timeout(PROBE_INTERVAL, reported).await;
+        }
+    }
+
+    async fn announce(&self, store: &kv::Store) -> bool {
+        let record = ManagementClusterRecord {
+            version: RECORD_VERSION,
+            name: self.member.cluster.clone(),
+            labels: self.member.labels.clone(),
+            updated_at: Timestamp::now(),
+        };
+        self.put(store, &cluster_key(&self.member.cluster), &record)
+            .await
+    }
+
+    async fn write_rollouts(&self, store: &kv::Store) {
+        let due: Vec<FleetRolloutRecord> = lock(&self.own)
+            .values()
+            .filter(|own| {
+                own.dirty
+                    || own
+                        .written
+                        .is_none_or(|at| at.elapsed() >= RECORD_HEARTBEAT)
+            })
+            .map(|own| own.record.clone())
+            .collect();
+        for mut record in due {
+            let name = record.hosted_cluster_package.clone();
+            record.updated_at = Timestamp::now();
+            let key = rollout_key(&name, &self.member.cluster);
+            if self.put(store, &key, &record).await {
+                if let Some(own) = lock(&self.own).get_mut(&name) {
+                    own.written = Some(Instant::now());
+                    own.dirty = false;
+                }
+            }
+        }
+    }
+
+    async fn put<T: serde::Serialize>(&self, store: &kv::Store, key: &str, record: &T) -> bool {
+        let body = match serde_json::to_vec(record) {
+            Ok(body) => body,
+            Err(error) => {
+                warn!(%key, %error, "encoding a fleet record");
+                return false;
+            }
+        };
+        let written = tokio::time::timeout(REQUEST_TIMEOUT, store.put(key, body.into())).await;
+        let ok = matches!(written, Ok(Ok(_)));
+        self.metrics.record_written(ok);
+        if !ok {
+            let error = match written {
+                Ok(Err(error)) => error.to_string(),
+                _ => "timed out".to_owned(),
+            };
+            warn!(%key, %error, "writing a fleet record to the hub; trying again");
+        }
+        ok
+    }
+}
+
+/// Asks the hub's JetStream whether it answers (a raw request: the typed account info needs fields older
+/// servers lack).
+async fn probe(nats: &async_nats::Client, hub_domain: &str) -> Result<(), String> {
+    let subject = format!("{}.INFO", domain_api_prefix(hub_domain));
+    let reply = tokio::time::timeout(REQUEST_TIMEOUT, nats.request(subject, Vec::new().into()))
+        .await
+        .map_err(|_| "no answer within 2s".to_owned())?
+        .map_err(|e| e.to_string())?;
+    let info: serde_json::Value =
+        serde_json::from_slice(&reply.payload).map_err(|e| format!("answer: {e}"))?;
+    match info.get("error") {
+        None => Ok(()),
+        Some(error) => Err(format!("JetStream: {error}")),
+    }
+}
+
+/// The hub's bucket of records, created if it is not there yet (by whichever manager comes first).
+async fn bucket(hub: &jetstream::Context) -> Result<kv::Store, String> {
+    let found = tokio::time::timeout(REQUEST_TIMEOUT, hub.get_key_value(STATE_BUCKET)).await;
+    if let Ok(Ok(store)) = found {
+        return Ok(store);
+    }
+    // The bucket's stream, made as a key-value bucket's is: the client's own bucket creation first
+    // reads the account's limits in a form servers before 2.10 do not answer.
+    let created = tokio::time::timeout(
+        REQUEST_TIMEOUT,
+        hub.create_stream(stream::Config {
+            name: format!("KV_{STATE_BUCKET}"),
+            subjects: vec![format!("$KV.{STATE_BUCKET}.>")],
+            max_messages_per_subject: 1,
+            max_age: RECORD_MAX_AGE,
+            storage: stream::StorageType::File,
+            discard: stream::DiscardPolicy::New,
+            allow_rollup: true,
+            deny_delete: true,
+            duplicate_window: Duration::from_secs(120),
+            ..Default::default()
+        }),
+    )
+    .await
+    .map_err(|_| format!("creating bucket {STATE_BUCKET}: no answer within 2s"))?;
+    if let Err(error) = created {
+        // Another manager created it meanwhile, or the hub refused: the read says which.
+        info!(%error, "creating bucket {STATE_BUCKET}; reading it again");
+    }
+    tokio::time::timeout(REQUEST_TIMEOUT, hub.get_key_value(STATE_BUCKET))
+        .await
+        .map_err(|_| format!("reading bucket {STATE_BUCKET}: no answer within 2s"))?
+        .map_err(|e| format!("bucket {STATE_BUCKET}: {e}"))
+}
+
+/// This cluster's rollout stream as a source of the hub's aggregate.
+fn own_source(cluster: &str) -> stream::Source {
+    stream::Source {
+        name: STREAM.to_owned(),
+        external: Some(stream::External {
+            api_prefix: domain_api_prefix(cluster),
+            delivery_prefix: None,
+        }),
+        ..Default::default()
+    }
+}
+
+fn is_own_source(source: &stream::Source, cluster: &str) -> bool {
+    source.name == STREAM
+        && source
+            .external
+            .as_ref()
+            .is_some_and(|e| e.api_prefix == domain_api_prefix(cluster))
+}
+
+/// Makes sure the hub's aggregate stream exists and sources this cluster's events. Managers add their
+/// own source each; an update that raced another's is seen when read back, and made again.
+async fn ensure_source(hub: &jetstream::Context, cluster: &str) -> Result<(), String> {
+    let timed = |what: &'static str| move |_| format!("{what}: no answer within 2s");
+    for _ in 0..5 {
+        let found = tokio::time::timeout(REQUEST_TIMEOUT, hub.get_stream(AGGREGATE_STREAM))
+            .await
+            .map_err(timed("reading the aggregate stream"))?;
+        match found {
+            Ok(stream) => {
+                let mut config = stream.cached_info().config.clone();
+                if config
+                    .sources
+                    .iter()
+                    .flatten()
+                    .any(|s| is_own_source(s, cluster))
+                {
+                    return Ok(());
+                }
+                config
+                    .sources
+                    .get_or_insert_with(Vec::new)
+                    .push(own_source(cluster));
+                tokio::time::timeout(REQUEST_TIMEOUT, hub.update_stream(config))
+                    .await
+                    .map_err(timed("updating the aggregate stream"))?
+                    .map_err(|e| format!("adding this cluster to {AGGREGATE_STREAM}: {e}"))?;
+                info!(%cluster, stream = AGGREGATE_STREAM, "the hub's aggregate stream sources this cluster's rollout events");
+            }
+            Err(_) => {
+                let created = tokio::time::timeout(
+                    REQUEST_TIMEOUT,
+                    hub.create_stream(stream::Config {
+                        name: AGGREGATE_STREAM.to_owned(),
+                        sources: Some(vec![own_source(cluster)]),
+                        max_age: STREAM_MAX_AGE,
+                        max_bytes: STREAM_MAX_BYTES,
+                        discard: stream::DiscardPolicy::Old,
+                        storage: stream::StorageType::File,
+                        ..Default::default()
+                    }),
+                )
+                .await
+                .map_err(timed("creating the aggregate stream"))?;
+                if let Err(error) = created {
+                    // Created by another manager meanwhile: read it again.
+                    info!(%error, "creating the aggregate stream; reading it again");
+                }
+            }
+        }
+    }
+    Err(format!(
+        "{AGGREGATE_STREAM} does not keep this cluster's source after 5 updates"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cluster_recognises_its_own_source() {
+        let source = own_source("canary");
+        assert!(is_own_source(&source, "canary"));
+        assert!(!is_own_source(&source, "prod-a"));
+        let local = stream::Source {
+            name: STREAM.to_owned(),
+            ..Default::default()
+        };
+        assert!(!is_own_source(&local, "canary"));
+    }
+}
