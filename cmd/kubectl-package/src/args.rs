@@ -65,6 +65,12 @@ pub enum Command {
     },
     /// Print the phases and objects of an installed (Cluster)Package.
     Clustertree(ClusterTreeArgs),
+    /// The fleet of management clusters, from its hub NATS.
+    #[command(subcommand_required = false, arg_required_else_help = true)]
+    Fleet {
+        #[command(subcommand)]
+        command: Option<FleetCommand>,
+    },
     /// Manage a package repository index and its image.
     #[command(
         alias = "repo",
@@ -114,6 +120,28 @@ pub struct RolloutStatusArgs {
     /// NATS credentials file for --nats-url.
     #[arg(long)]
     pub nats_creds: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum FleetCommand {
+    /// Every management cluster's rollout of HostedClusterPackages (all, or `hostedclusterpackage NAME`):
+    /// template, partition, counts, promotion gate, age of the last event and of the report.
+    Status(FleetStatusArgs),
+}
+
+#[derive(Debug, ClapArgs)]
+pub struct FleetStatusArgs {
+    #[command(flatten)]
+    pub positionals: Positionals,
+    /// The fleet's hub NATS.
+    #[arg(long)]
+    pub nats_url: String,
+    /// NATS credentials file for --nats-url.
+    #[arg(long)]
+    pub nats_creds: Option<PathBuf>,
+    /// Print the table again whenever a management cluster reports, until interrupted.
+    #[arg(short = 'w', long)]
+    pub watch: bool,
 }
 
 #[derive(Debug, ClapArgs)]

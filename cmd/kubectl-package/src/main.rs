@@ -8,6 +8,7 @@ mod args;
 mod build;
 mod cluster;
 mod fixtures;
+mod fleet_status;
 mod kickstart;
 mod olm_bundle;
 mod registry_auth;
@@ -24,8 +25,8 @@ use clap::{CommandFactory, Parser};
 use pko_package::image::{ImageError, ImageStore};
 
 use args::{
-    exact_args, minimum_args, range_args, Cli, Command, ParseOutcome, RepositoryCommand,
-    RolloutCommand,
+    exact_args, minimum_args, range_args, Cli, Command, FleetCommand, ParseOutcome,
+    RepositoryCommand, RolloutCommand,
 };
 
 /// What a command prints on success (exactly, no newline added).
@@ -169,6 +170,13 @@ fn run(cli: Cli) -> Outcome {
         } => {
             range_args(&args.positionals.args, 1, 2)?;
             on_cluster(rollout_follow::plan(&args, kubeconfig))
+        }
+        Command::Fleet { command: None } => Ok(help()),
+        Command::Fleet {
+            command: Some(FleetCommand::Status(args)),
+        } => {
+            range_args(&args.positionals.args, 0, 2)?;
+            on_cluster(fleet_status::status(&args))
         }
         Command::Repository { command: None } => Ok(help()),
         Command::Repository {

@@ -21,7 +21,7 @@ use kube::runtime::watcher;
 use kube::{Api, Client};
 use pko_engine::conditions::find_condition;
 use pko_engine::hosted_cluster_package::{
-    decide_rollout, package_state, OwnedPackage, RolloutDecision, RolloutSnapshot,
+    decide_rollout, package_state, GateInput, OwnedPackage, RolloutDecision, RolloutSnapshot,
 };
 use pko_engine::label_selector::selector_matches;
 use pko_engine::rollout_plan::{RolloutStrategy, UNKNOWN_GROUP};
@@ -124,7 +124,7 @@ fn say(line: &str) {
 }
 
 /// Whether `res` names a HostedClusterPackage (singular, plural or short).
-fn is_hosted_cluster_package(res: &str) -> bool {
+pub(crate) fn is_hosted_cluster_package(res: &str) -> bool {
     matches!(
         res,
         "hostedclusterpackage" | "hostedclusterpackages" | "hcpkg"
@@ -466,6 +466,8 @@ pub async fn plan(args: &RolloutPlanArgs, kubeconfig: Option<&PathBuf>) -> Resul
         writing: Default::default(),
         clusters: selected,
         failures: BTreeMap::new(),
+        // The plan is what happens once a promotion gate (if any) is open.
+        gate: GateInput::Preview,
     };
     Ok(plan_text(
         &name,
@@ -633,6 +635,8 @@ mod tests {
             plan,
             status: HostedClusterPackageStatus::default(),
             deletes: Vec::new(),
+            gate: pko_engine::promotion_gate::GateVerdict::Ungated,
+            template_hash: String::new(),
         }));
         let text = plan_text("addon", &decision);
         assert!(text.contains("1. a: rolling out, 1/2 updated"), "{text}");
