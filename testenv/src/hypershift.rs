@@ -9,6 +9,7 @@ use kube::api::{Api, ObjectMeta, Patch, PatchParams};
 use pko_proto::hypershift::{HostedCluster, HostedClusterCondition, HostedClusterStatus};
 use serde_json::json;
 
+use crate::apiserver::ApiServer;
 use crate::crds::install_crds;
 use crate::env::TestEnv;
 use crate::error::{io_error, TestEnvError};
@@ -127,55 +128,76 @@ impl TestEnv {
         labels: std::collections::BTreeMap<String, String>,
         available: bool,
     ) -> Result<SimulatedHostedCluster, TestEnvError> {
-        let management = self.management();
-        let client = management.client().await?;
-        let kube_error = |error: kube::Error| TestEnvError::Kube {
-            server: management.name().to_owned(),
-            source: Box::new(error),
-        };
-        let params = PatchParams::apply("pko-testenv").force();
-        let namespaces: Api<Namespace> = Api::all(client.clone());
-        apply_namespace(&namespaces, &params, namespace)
-            .await
-            .map_err(kube_error)?;
-        let mut cluster = HostedCluster {
-            metadata: ObjectMeta {
-                name: Some(name.to_owned()),
-                namespace: Some(namespace.to_owned()),
-                labels: Some(labels),
-                ..Default::default()
-            },
-            spec: Some(json!({ "release": { "image": "simulated" } })),
-            status: None,
-        };
-        let api: Api<HostedCluster> = Api::namespaced(client.clone(), namespace);
-        api.patch(name, &params, &Patch::Apply(&cluster))
-            .await
-            .map_err(kube_error)?;
-        cluster.status = Some(HostedClusterStatus {
-            conditions: vec![HostedClusterCondition {
-                type_: pko_proto::hypershift::AVAILABLE.to_owned(),
-                status: if available { "True" } else { "False" }.to_owned(),
-                reason: Some("Simulated".to_owned()),
-                message: Some("simulated by pko-testenv".to_owned()),
-                observed_generation: None,
-                last_transition_time: None,
-            }],
-            other: Default::default(),
-        });
-        api.patch_status(name, &params, &Patch::Apply(&cluster))
-            .await
-            .map_err(kube_error)?;
-        let hcp_namespace = pko_proto::hypershift::hosted_control_plane_namespace(namespace, name);
-        apply_namespace(&namespaces, &params, &hcp_namespace)
-            .await
-            .map_err(kube_error)?;
-        Ok(SimulatedHostedCluster {
-            name: name.to_owned(),
-            namespace: namespace.to_owned(),
-            hcp_namespace,
-        })
+        add_hosted_cluster_to(self.management(), namespace, name, labels, available).await
     }
+}
+
+/// Installs the HostedCluster stand-in CRD into `server` (another apiserver playing a management
+/// cluster of a fleet).
+pub async fn install_hosted_cluster_crd(server: &ApiServer) -> Result<(), TestEnvError> {
+    let client = server.client().await?;
+    let crd = pko_proto::hypershift::stand_in_crd().map_err(|error| TestEnvError::Kube {
+        server: server.name().to_owned(),
+        source: Box::new(error),
+    })?;
+    install_crds(&client, &[crd]).await
+}
+
+/// Like [`TestEnv::add_hosted_cluster`], on the apiserver `management` (needs the CRD there).
+pub async fn add_hosted_cluster_to(
+    management: &ApiServer,
+    namespace: &str,
+    name: &str,
+    labels: std::collections::BTreeMap<String, String>,
+    available: bool,
+) -> Result<SimulatedHostedCluster, TestEnvError> {
+    let client = management.client().await?;
+    let kube_error = |error: kube::Error| TestEnvError::Kube {
+        server: management.name().to_owned(),
+        source: Box::new(error),
+    };
+    let params = PatchParams::apply("pko-testenv").force();
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    apply_namespace(&namespaces, &params, namespace)
+        .await
+        .map_err(kube_error)?;
+    let mut cluster = HostedCluster {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            namespace: Some(namespace.to_owned()),
+            labels: Some(labels),
+            ..Default::default()
+        },
+        spec: Some(json!({ "release": { "image": "simulated" } })),
+        status: None,
+    };
+    let api: Api<HostedCluster> = Api::namespaced(client.clone(), namespace);
+    api.patch(name, &params, &Patch::Apply(&cluster))
+        .await
+        .map_err(kube_error)?;
+    cluster.status = Some(HostedClusterStatus {
+        conditions: vec![HostedClusterCondition {
+            type_: pko_proto::hypershift::AVAILABLE.to_owned(),
+            status: if available { "True" } else { "False" }.to_owned(),
+            reason: Some("Simulated".to_owned()),
+            message: Some("simulated by pko-testenv".to_owned()),
+            observed_generation: None,
+            last_transition_time: None,
+        }],
+        other: Default::default(),
+    });
+    api.patch_status(name, &params, &Patch::Apply(&cluster))
+        .await
+        .map_err(kube_error)?;
+    let hcp_namespace = pko_proto::hypershift::hosted_control_plane_namespace(namespace, name);
+    apply_namespace(&namespaces, &params, &hcp_namespace)
+        .await
+        .map_err(kube_error)?;
+    Ok(SimulatedHostedCluster {
+        name: name.to_owned(),
+        namespace: namespace.to_owned(),
+        hcp_namespace,
+    })
 }
 
 async fn apply_namespace(

@@ -58,11 +58,14 @@ cluster_only! {
     pub use crds::install_crds;
     pub use dashboard::{Dashboard, PanelData};
     pub use env::{shared, shared_with, EnvConfig, StartupTimings, TestEnv};
-    pub use hypershift::{SimulatedHostedCluster, HOSTED_CLUSTERS_NAMESPACE, KUBECONFIG_SECRET};
+    pub use hypershift::{
+        add_hosted_cluster_to, install_hosted_cluster_crd, SimulatedHostedCluster,
+        HOSTED_CLUSTERS_NAMESPACE, KUBECONFIG_SECRET,
+    };
     pub use manager::{
         sharded_manager_args, ManagerLaunch, ManagerProcess, SHARD_COORDINATOR_LEASE,
     };
-    pub use nats::Nats;
+    pub use nats::{FleetNats, Nats};
     pub use otlp_receiver::{span_tree, OtlpReceiver, ReceivedSpan};
     pub use prometheus::{Prometheus, Sample, Series};
     pub use stall_proxy::StallProxy;

@@ -6,6 +6,7 @@ use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use crate::apiserver::ApiServer;
 use crate::env::TestEnv;
 use crate::nats::Nats;
 use crate::error::{io_error, TestEnvError};
@@ -133,6 +134,10 @@ pub struct ManagerLaunch<'a> {
     pub nats: Option<&'a Nats>,
     /// More environment variables (`OTEL_*` for trace export).
     pub env: Vec<(String, String)>,
+    /// Another apiserver than the management one, as its admin (installing the CRDs): a management
+    /// cluster of a fleet. The environment's webhook is registered only at the management apiserver, so
+    /// such a manager serves none.
+    pub apiserver: Option<&'a ApiServer>,
 }
 
 impl TestEnv {
@@ -194,7 +199,7 @@ impl TestEnv {
             None => {
                 command
                     .arg("--kubeconfig")
-                    .arg(self.management().kubeconfig_path())
+                    .arg(launch.apiserver.unwrap_or(self.management()).kubeconfig_path())
                     .arg("--install-crds");
             }
         }
@@ -225,16 +230,19 @@ impl TestEnv {
             .arg(nats.url())
             .arg("--nats-account-seed-file")
             .arg(nats.account_seed_file())
-            // Every manager serves the webhook the environment registered (one shared port).
-            .arg("--webhook-addr")
-            .arg(format!("127.0.0.1:{}", self.webhook_port()))
-            .arg("--webhook-cert-names")
-            .arg("127.0.0.1")
             .args(extra_args)
             .env(
                 "RUST_LOG",
                 std::env::var("PKO_MANAGER_LOG").unwrap_or_else(|_| "info".into()),
             );
+        if launch.apiserver.is_none() {
+            // Every manager serves the webhook the environment registered (one shared port).
+            command
+                .arg("--webhook-addr")
+                .arg(format!("127.0.0.1:{}", self.webhook_port()))
+                .arg("--webhook-cert-names")
+                .arg("127.0.0.1");
+        }
         if let Some(account) = nats.account() {
             command.arg("--nats-account").arg(account);
         }

@@ -24,6 +24,8 @@ pub struct Nats {
     config: PathBuf,
     /// The command line after the binary (restarts reuse it).
     args: Vec<String>,
+    /// The environment its configuration reads (restarts reuse it).
+    env: Vec<(String, String)>,
     signing: Signing,
     account_seed_file: PathBuf,
     binary: PathBuf,
@@ -64,7 +66,7 @@ impl Nats {
     /// waits until it answers.
     pub async fn restart(&self) -> Result<(), TestEnvError> {
         let mut command = Command::new(&self.binary);
-        command.args(&self.args);
+        command.args(&self.args).envs(self.env.iter().cloned());
         self.process.respawn(command)?;
         let probe_user = issue(&self.signing, "pko-testenv-ready", None)?;
         let url = self.url();
@@ -212,7 +214,7 @@ pub(crate) async fn start(binaries: &Binaries, dir: &Path) -> Result<Nats, TestE
             seed: operator.account_seed().to_owned(),
             account: None,
         };
-        launch(binaries, dir, "nats-server", port, config, Vec::new(), signing).await
+        launch(binaries, dir, "nats-server", port, config, Vec::new(), Vec::new(), signing).await
     })
     .await
 }
@@ -228,15 +230,28 @@ impl TestEnv {
         seed: &str,
         account: &str,
     ) -> Result<Nats, TestEnvError> {
-        let dir = self.root_dir().join(name);
-        std::fs::create_dir_all(&dir).map_err(io_error("create", &dir))?;
-        let binaries = Binaries::locate()?;
         let signing = Signing {
             seed: seed.trim().to_owned(),
             account: Some(account.trim().to_owned()),
         };
+        self.start_configured_nats(name, config, signing, Vec::new()).await
+    }
+
+    /// Starts nats-server from `config` with `env` (what the configuration reads), signing users as
+    /// `signing` says.
+    async fn start_configured_nats(
+        &self,
+        name: &str,
+        config: &Path,
+        signing: Signing,
+        env: Vec<(String, String)>,
+    ) -> Result<Nats, TestEnvError> {
+        let dir = self.root_dir().join(name);
+        std::fs::create_dir_all(&dir).map_err(io_error("create", &dir))?;
+        let binaries = Binaries::locate()?;
         start_with_retries(|attempt| {
-            let (dir, binaries, signing) = (dir.clone(), binaries.clone(), signing.clone());
+            let (dir, binaries, signing, env) =
+                (dir.clone(), binaries.clone(), signing.clone(), env.clone());
             async move {
                 let port = free_port().map_err(io_error("allocate port", &dir))?;
                 let monitor = free_port().map_err(io_error("allocate port", &dir))?;
@@ -251,15 +266,16 @@ impl TestEnv {
                     "-sd".to_owned(),
                     store.display().to_string(),
                 ];
-                launch(&binaries, &dir, "nats-server", port, config.to_owned(), args, signing).await
+                launch(&binaries, &dir, "nats-server", port, config.to_owned(), args, env, signing).await
             }
         })
         .await
     }
 }
 
-/// Runs nats-server with `config` and `extra` arguments and waits until JetStream answers a user
+/// Runs nats-server with `config`, `extra` arguments and `env`, and waits until JetStream answers a user
 /// `signing` issued.
+#[allow(clippy::too_many_arguments)]
 async fn launch(
     binaries: &Binaries,
     dir: &Path,
@@ -267,6 +283,7 @@ async fn launch(
     port: u16,
     config: PathBuf,
     extra: Vec<String>,
+    env: Vec<(String, String)>,
     signing: Signing,
 ) -> Result<Nats, TestEnvError> {
     let account_seed_file = dir.join("account.seed");
@@ -274,7 +291,7 @@ async fn launch(
     let mut args = vec!["-c".to_owned(), config.display().to_string()];
     args.extend(extra);
     let mut command = Command::new(&binaries.nats_server);
-    command.args(&args);
+    command.args(&args).envs(env.iter().cloned());
     let process = ManagedProcess::spawn(name, command, &dir.join(format!("{name}.log")))?;
     let url = format!("nats://127.0.0.1:{port}");
     let probe_user = issue(&signing, "pko-testenv-ready", None)?;
@@ -303,8 +320,111 @@ async fn launch(
         port,
         config,
         args,
+        env,
         signing,
         account_seed_file,
         binary: binaries.nats_server.clone(),
     })
+}
+
+/// A fleet's NATS: the hub and a leaf node per management cluster, each from the configuration
+/// `deploy/nats/fleet` ships, all trusting one operator.
+#[derive(Debug)]
+pub struct FleetNats {
+    hub: Nats,
+    leaves: Vec<(String, Nats)>,
+    leaf_credentials: PathBuf,
+}
+
+impl FleetNats {
+    pub fn hub(&self) -> &Nats {
+        &self.hub
+    }
+
+    /// The NATS of management cluster `cluster`.
+    pub fn leaf(&self, cluster: &str) -> Option<&Nats> {
+        self.leaves
+            .iter()
+            .find(|(name, _)| name == cluster)
+            .map(|(_, nats)| nats)
+    }
+
+    /// A credentials file of a user of the fleet's account (what leaves and `kubectl package fleet`
+    /// connect to the hub with).
+    pub fn credentials_file(&self) -> &Path {
+        &self.leaf_credentials
+    }
+}
+
+impl TestEnv {
+    /// Starts a hub NATS from `deploy_dir/nats/fleet/hub.conf` and, for each of `clusters`, a NATS from
+    /// `leaf.conf` with that cluster's JetStream domain, joined to the hub as a leaf node.
+    pub async fn start_fleet_nats(
+        &self,
+        name: &str,
+        deploy_dir: &Path,
+        clusters: &[&str],
+    ) -> Result<FleetNats, TestEnvError> {
+        let dir = self.root_dir().join(name);
+        let (config_dir, resolver_dir) = (dir.join("config"), dir.join("resolver"));
+        for d in [&config_dir, &resolver_dir] {
+            std::fs::create_dir_all(d).map_err(io_error("create", d))?;
+        }
+        let operator = OperatorSetup::generate("PKO")?;
+        let resolver = resolver_dir.join("resolver.conf");
+        std::fs::write(&resolver, operator.inline_server_config())
+            .map_err(io_error("write", &resolver))?;
+        let mut configs = Vec::new();
+        for file in ["hub.conf", "leaf.conf"] {
+            let (from, to) = (deploy_dir.join("nats/fleet").join(file), config_dir.join(file));
+            std::fs::copy(&from, &to).map_err(io_error("copy", &from))?;
+            configs.push(to);
+        }
+        let signing = Signing {
+            seed: operator.account_seed().to_owned(),
+            account: None,
+        };
+        let leaf_user = issue(&signing, "pko-fleet-leaf", None)?;
+        let leaf_credentials = dir.join("leaf.creds");
+        std::fs::write(&leaf_credentials, leaf_user.creds_file())
+            .map_err(io_error("write", &leaf_credentials))?;
+        let leaf_port = free_port().map_err(io_error("allocate port", &dir))?;
+        let hub = self
+            .start_configured_nats(
+                &format!("{name}-hub"),
+                &configs[0],
+                signing.clone(),
+                vec![("PKO_FLEET_LEAF_PORT".to_owned(), leaf_port.to_string())],
+            )
+            .await?;
+        let mut leaves = Vec::new();
+        for cluster in clusters {
+            let env = vec![
+                ("PKO_CLUSTER_NAME".to_owned(), (*cluster).to_owned()),
+                (
+                    "PKO_FLEET_HUB_URL".to_owned(),
+                    format!("nats-leaf://127.0.0.1:{leaf_port}"),
+                ),
+                (
+                    "PKO_FLEET_LEAF_CREDENTIALS".to_owned(),
+                    leaf_credentials.display().to_string(),
+                ),
+                ("PKO_NATS_ACCOUNT".to_owned(), operator.account.clone()),
+            ];
+            let leaf = self
+                .start_configured_nats(
+                    &format!("{name}-{cluster}"),
+                    &configs[1],
+                    signing.clone(),
+                    env,
+                )
+                .await?;
+            leaves.push(((*cluster).to_owned(), leaf));
+        }
+        Ok(FleetNats {
+            hub,
+            leaves,
+            leaf_credentials,
+        })
+    }
 }

@@ -1,0 +1,441 @@
+//! A fleet of management clusters (issue 21): `canary`, `prod-a` and `prod-b`, each its own apiserver (one
+//! etcd, a prefix each), its own NATS (a leaf node of the hub, JetStream domain = its name, from
+//! deploy/nats/fleet) and its own pko-manager, under one hub NATS.
+//!
+//! A release that fails in the canary keeps both prod clusters' promotion gates closed; the fixed release
+//! reaches prod only after the canary finished it and soaked (timestamps of the events in each cluster's
+//! own stream). The hub is killed as soon as prod-a's gate opens: prod-a's rollout goes on, its events
+//! wait in its own stream, and once the hub is back the hub's aggregate stream holds every event of every
+//! cluster exactly once, in each cluster's order. `kubectl package fleet status` shows the three clusters.
+//! This binary kills the hub, so it has its own environment.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use async_nats::jetstream;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::Api;
+use pko_proto::core::hosted_cluster_package::HostedClusterPackage;
+use pko_proto::core::package::Package;
+use pko_proto::fleet::{rollout_key, FleetRolloutRecord, AGGREGATE_STREAM, STATE_BUCKET};
+use pko_proto::rollout_events::{RolloutEvent, RolloutEventKind, STREAM};
+use pko_testenv::{
+    add_hosted_cluster_to, install_hosted_cluster_crd, wait_until, ApiServer, ManagerLaunch,
+    ManagerProcess, Nats,
+};
+use serde_json::json;
+
+use common::rollout::*;
+use common::*;
+
+const SOAK_SECONDS: i64 = 5;
+const CLUSTERS: [&str; 3] = ["canary", "prod-a", "prod-b"];
+const HOSTED_CLUSTERS: usize = 3;
+
+fn deploy_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy")
+}
+
+/// One management cluster of the fleet.
+struct ManagementCluster {
+    name: &'static str,
+    server: &'static ApiServer,
+    manager: ManagerProcess,
+    api: Api<HostedClusterPackage>,
+    hosted_clusters_namespace: String,
+}
+
+impl ManagementCluster {
+    fn log(&self) -> impl Fn() -> String + '_ {
+        || self.manager.log_tail()
+    }
+}
+
+async fn start_cluster(
+    name: &'static str,
+    server: &'static ApiServer,
+    leaf: &Nats,
+    labels: &str,
+) -> ManagementCluster {
+    install_hosted_cluster_crd(server).await.unwrap();
+    let ns = server.create_namespace("fleet").await.unwrap();
+    for i in 0..HOSTED_CLUSTERS {
+        let labels = BTreeMap::from([("fleet".to_owned(), ns.clone())]);
+        add_hosted_cluster_to(server, &ns, &format!("hc-{i}"), labels, true)
+            .await
+            .unwrap();
+    }
+    let launch = ManagerLaunch {
+        apiserver: Some(server),
+        nats: Some(leaf),
+        ..Default::default()
+    };
+    let manager = env()
+        .start_manager_with(
+            Path::new(env!("CARGO_BIN_EXE_pko-manager")),
+            &launch,
+            &[
+                "--cluster-name",
+                name,
+                "--fleet-hub-domain",
+                "hub",
+                "--cluster-labels",
+                labels,
+            ],
+        )
+        .await
+        .unwrap();
+    ManagementCluster {
+        name,
+        server,
+        manager,
+        api: Api::all(server.client().await.unwrap()),
+        hosted_clusters_namespace: ns,
+    }
+}
+
+/// The HostedClusterPackage `name` of `cluster`, gated on the canary unless it is the canary.
+fn release(cluster: &ManagementCluster, name: &str, image: &str) -> HostedClusterPackage {
+    let mut h = hcpkg(
+        name,
+        &cluster.hosted_clusters_namespace,
+        image,
+        json!({"rollingUpgrade": {"maxUnavailable": 1}}),
+        None,
+    );
+    if cluster.name != "canary" {
+        h.spec.promotion = Some(
+            serde_json::from_value(json!({
+                "managementClusters": ["canary"],
+                "soakSeconds": SOAK_SECONDS,
+            }))
+            .unwrap(),
+        );
+    }
+    h
+}
+
+async fn hub_record(hub: &Nats, name: &str, cluster: &str) -> Option<FleetRolloutRecord> {
+    let js = jetstream::new(hub.client().await.ok()?);
+    let store = js.get_key_value(STATE_BUCKET).await.ok()?;
+    let value = store.get(rollout_key(name, cluster)).await.ok()??;
+    serde_json::from_slice(&value).ok()
+}
+
+/// One message of a rollout stream.
+struct Stored {
+    id: String,
+    /// Unix nanoseconds the stream stored it at.
+    time: i128,
+    /// The sequence in the stream it was sourced from (the aggregate's messages).
+    source_sequence: Option<u64>,
+    event: RolloutEvent,
+}
+
+/// Every message of `stream` at `nats` (its own domain), in order.
+async fn stored(nats: &Nats, stream: &str) -> Vec<Stored> {
+    let js = jetstream::new(nats.client().await.unwrap());
+    let Ok(mut stream) = js.get_stream(stream).await else {
+        return Vec::new();
+    };
+    let state = stream.info().await.unwrap().state.clone();
+    let mut messages = Vec::new();
+    if state.messages == 0 {
+        return messages;
+    }
+    for sequence in state.first_sequence..=state.last_sequence {
+        let message = stream.get_raw_message(sequence).await.unwrap();
+        let header = |name: &str| message.headers.get(name).map(|v| v.to_string());
+        messages.push(Stored {
+            id: header("Nats-Msg-Id").unwrap_or_default(),
+            time: message.time.unix_timestamp_nanos(),
+            source_sequence: header("Nats-Stream-Source")
+                .and_then(|s| s.split_whitespace().nth(1)?.parse().ok()),
+            event: serde_json::from_slice(&message.payload).unwrap(),
+        });
+    }
+    messages
+}
+
+/// When `cluster`'s own stream stored the first event of `kind` of generation `generation`.
+fn first(messages: &[Stored], kind: RolloutEventKind, generation: i64) -> Option<i128> {
+    messages
+        .iter()
+        .find(|m| m.event.kind == kind && m.event.generation == generation)
+        .map(|m| m.time)
+}
+
+#[tokio::test]
+async fn a_release_reaches_prod_only_after_the_canary_finished_and_soaked() {
+    let env = env();
+    let fleet = env
+        .start_fleet_nats("fleet-nats", &deploy_dir(), &CLUSTERS)
+        .await
+        .unwrap();
+    let servers = [
+        env.management(),
+        &env.hosted_clusters()[0],
+        &env.hosted_clusters()[1],
+    ];
+    let mut clusters = Vec::new();
+    for (name, server) in CLUSTERS.into_iter().zip(servers) {
+        let labels = if name == "canary" {
+            "env=canary"
+        } else {
+            "env=prod"
+        };
+        clusters.push(start_cluster(name, server, fleet.leaf(name).unwrap(), labels).await);
+    }
+    let (canary, prod_a) = (&clusters[0], &clusters[1]);
+    let name = format!("{}-addon", canary.hosted_clusters_namespace);
+
+    // A release whose image does not exist: the canary's Packages fail, prod stays closed.
+    let broken = format!("{}/examples/fleet-missing:v0", env.registry().host());
+    for cluster in &clusters {
+        cluster
+            .api
+            .create(&PostParams::default(), &release(cluster, &name, &broken))
+            .await
+            .unwrap();
+    }
+    wait_until(
+        "the canary reports its failing Packages at the hub",
+        TIMEOUT,
+        || async {
+            match hub_record(fleet.hub(), &name, "canary").await {
+                Some(r) if r.failed > 0 && !r.settled => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await
+    .unwrap();
+    for cluster in &clusters[1..] {
+        let h = wait_status(
+            &cluster.api,
+            &name,
+            cluster.log(),
+            "gate closed on the canary",
+            |h| {
+                condition(h, "PromotionGateOpen").is_some_and(|c| {
+                    c.status == "False"
+                        && c.reason == "WaitingForClusters"
+                        && c.message.contains("canary: not settled")
+                })
+            },
+        )
+        .await;
+        assert!(h.status.unwrap().promotion.is_none());
+        let packages = Api::<Package>::all(cluster.server.client().await.unwrap())
+            .list(&ListParams::default().labels(&format!("{HOSTED_CLUSTER_PACKAGE_LABEL}={name}")))
+            .await
+            .unwrap();
+        assert!(
+            packages.items.is_empty(),
+            "{}: Packages behind a closed gate",
+            cluster.name
+        );
+    }
+
+    // The fixed release, in every cluster at once: prod waits for the canary to finish and soak.
+    let image = build_and_push("handlebars", "fleet-addon:v1");
+    let fixed = json!({"spec": {"template": {"spec": {"image": image}}}});
+    for cluster in &clusters {
+        cluster
+            .api
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&fixed))
+            .await
+            .unwrap();
+    }
+    let generation = canary
+        .api
+        .get(&name)
+        .await
+        .unwrap()
+        .metadata
+        .generation
+        .unwrap();
+    wait_status(
+        &canary.api,
+        &name,
+        canary.log(),
+        "the canary rolled out",
+        |h| all_available(h, HOSTED_CLUSTERS as i32),
+    )
+    .await;
+    // The hub goes away the moment prod-a's gate opens, with its rollout just starting.
+    wait_until("prod-a's gate open", TIMEOUT * 2, || async {
+        let h = prod_a.api.get(&name).await.map_err(|e| e.to_string())?;
+        match h.status.and_then(|s| s.promotion) {
+            Some(opened) => Ok(opened),
+            None => Err(format!("{:?}", condition_message(&prod_a.api, &name).await)),
+        }
+    })
+    .await
+    .unwrap();
+    fleet.hub().kill();
+    let at_cut = prod_a.api.get(&name).await.unwrap().status.unwrap().counts;
+    assert!(
+        at_cut.available_packages < HOSTED_CLUSTERS as i32
+            || at_cut.updated_packages < HOSTED_CLUSTERS as i32,
+        "prod-a had finished before the hub went away: {at_cut:?}"
+    );
+    wait_status(
+        &prod_a.api,
+        &name,
+        prod_a.log(),
+        "prod-a rolled out without the hub",
+        |h| all_available(h, HOSTED_CLUSTERS as i32),
+    )
+    .await;
+    fleet.hub().restart().await.unwrap();
+    for cluster in &clusters[1..] {
+        wait_status(&cluster.api, &name, cluster.log(), "rolled out", |h| {
+            all_available(h, HOSTED_CLUSTERS as i32)
+                && condition(h, "PromotionGateOpen").is_some_and(|c| c.status == "True")
+        })
+        .await;
+    }
+
+    // Timestamps from each cluster's own stream: prod opened and updated its first Package only after
+    // the canary finished and soaked. (The canary's record is written right after its finishing event is
+    // handed to the outbox, so the event may be stored a little after the soak started: 1 s of slack.)
+    let mut own: BTreeMap<&str, Vec<Stored>> = BTreeMap::new();
+    for cluster in CLUSTERS {
+        own.insert(cluster, stored(fleet.leaf(cluster).unwrap(), STREAM).await);
+    }
+    let finished = first(
+        &own["canary"],
+        RolloutEventKind::RolloutFinished,
+        generation,
+    )
+    .expect("the canary's rolloutFinished");
+    let soak = i128::from(SOAK_SECONDS) * 1_000_000_000;
+    for cluster in ["prod-a", "prod-b"] {
+        let events = &own[cluster];
+        assert!(
+            events
+                .iter()
+                .any(|m| m.event.kind == RolloutEventKind::PromotionWaiting
+                    && m.event.message.contains("canary")),
+            "{cluster}: no promotionWaiting naming the canary"
+        );
+        let opened = first(events, RolloutEventKind::PromotionOpened, generation)
+            .unwrap_or_else(|| panic!("{cluster}: no promotionOpened"));
+        let updated = first(events, RolloutEventKind::PackageUpdated, generation)
+            .unwrap_or_else(|| panic!("{cluster}: no packageUpdated"));
+        assert!(
+            opened >= finished + soak - 1_000_000_000,
+            "{cluster} opened {:.1} s after the canary finished (soak {SOAK_SECONDS} s)",
+            (opened - finished) as f64 / 1e9
+        );
+        assert!(
+            updated >= opened,
+            "{cluster} updated a Package before its gate opened"
+        );
+        assert!(
+            events.iter().all(|m| m.event.generation == generation
+                || m.event.kind != RolloutEventKind::PackageUpdated),
+            "{cluster} updated a Package to the broken release"
+        );
+    }
+
+    // The hub's aggregate catches up: each cluster's events once, in its order, sourced sequence by
+    // sequence.
+    let aggregate = wait_until(
+        "the aggregate holds every cluster's events",
+        TIMEOUT,
+        || async {
+            let aggregate = stored(fleet.hub(), AGGREGATE_STREAM).await;
+            for cluster in CLUSTERS {
+                let local: Vec<&str> = own[cluster].iter().map(|m| m.id.as_str()).collect();
+                let now = stored(fleet.leaf(cluster).unwrap(), STREAM).await;
+                let local_now: Vec<&str> = now.iter().map(|m| m.id.as_str()).collect();
+                let sourced: Vec<&str> = aggregate
+                    .iter()
+                    .filter(|m| m.event.source == cluster)
+                    .map(|m| m.id.as_str())
+                    .collect();
+                if sourced != local_now || !local_now.starts_with(&local) {
+                    return Err(format!(
+                        "{cluster}: {} at the hub, {} in its own stream",
+                        sourced.len(),
+                        local_now.len()
+                    ));
+                }
+            }
+            Ok(aggregate)
+        },
+    )
+    .await
+    .unwrap();
+    for cluster in CLUSTERS {
+        let sequences: Vec<u64> = aggregate
+            .iter()
+            .filter(|m| m.event.source == cluster)
+            .map(|m| {
+                m.source_sequence
+                    .expect("a sourced message names its sequence")
+            })
+            .collect();
+        let expected: Vec<u64> = (1..=sequences.len() as u64).collect();
+        assert_eq!(
+            sequences, expected,
+            "{cluster}: gap or duplicate at the hub"
+        );
+    }
+
+    // The fleet's status, as an SRE reads it at the hub.
+    let out = Command::new(kubectl_package())
+        .args([
+            "fleet",
+            "status",
+            "hostedclusterpackage",
+            &name,
+            "--nats-url",
+        ])
+        .arg(fleet.hub().url())
+        .arg("--nats-creds")
+        .arg(fleet.credentials_file())
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{table}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let hash = hub_record(fleet.hub(), &name, "canary")
+        .await
+        .unwrap()
+        .template_hash;
+    for cluster in CLUSTERS {
+        let row = table
+            .lines()
+            .find(|l| l.split_whitespace().nth(1) == Some(cluster))
+            .unwrap_or_else(|| panic!("no row for {cluster}:\n{table}"));
+        assert!(
+            row.contains(&hash) && row.contains(&format!("{HOSTED_CLUSTERS}/{HOSTED_CLUSTERS}")),
+            "{table}"
+        );
+        assert!(row.contains(" ago"), "{cluster} not settled:\n{table}");
+    }
+    // The gate's own view on the dashboards.
+    let open = prod_a
+        .manager
+        .metric(&format!(
+            "pko_fleet_promotion_gate_open{{hosted_cluster_package=\"{name}\"}}"
+        ))
+        .await
+        .unwrap();
+    assert_eq!(open, 1);
+}
+
+async fn condition_message(api: &Api<HostedClusterPackage>, name: &str) -> Option<String> {
+    let h = api.get(name).await.ok()?;
+    condition(&h, "PromotionGateOpen").map(|c| format!("{}: {}", c.reason, c.message))
+}
