@@ -63,6 +63,8 @@ pub struct TestEnv {
     etcd: etcd::Etcd,
     webhook_port: u16,
     timings: StartupTimings,
+    /// The admin token every apiserver of the environment accepts.
+    token: String,
 }
 
 impl TestEnv {
@@ -115,6 +117,21 @@ impl TestEnv {
     }
 
     /// Whether kube-controller-manager runs.
+    /// Starts one more kube-apiserver on the environment's etcd (a prefix of its own), named `name` (a
+    /// management cluster of a fleet). It stops when the handle drops.
+    pub async fn start_apiserver(&self, name: &str) -> Result<ApiServer, TestEnvError> {
+        let binaries = Binaries::locate()?;
+        let shared = apiserver::Shared {
+            binaries: &binaries,
+            etcd_port: self.etcd.client_port,
+            service_account_key: &self.root.join("sa.key"),
+            service_account_public_key: &self.root.join("sa.pub"),
+            token_file: &self.root.join("tokens.csv"),
+            token: &self.token,
+        };
+        apiserver::start(&shared, name, &self.root.join(name)).await
+    }
+
     pub fn has_controller_manager(&self) -> bool {
         self.controller_manager.is_some()
     }
@@ -273,6 +290,7 @@ async fn start_in(
         etcd: etcd.0,
         webhook_port,
         timings,
+        token,
     })
 }
 

@@ -16,7 +16,7 @@ use pko_testenv::{wait_until, TestEnv};
 use serde_json::json;
 
 pub const SAMPLE_FILE: &str = "deploy/examples/hosted-cluster-package.yaml";
-const SAMPLE: &str = include_str!("../../../deploy/examples/hosted-cluster-package.yaml");
+pub const SAMPLE: &str = include_str!("../../../deploy/examples/hosted-cluster-package.yaml");
 const PACKAGE: [(&str, &str); 2] = [
     (
         "manifest.yaml",
@@ -135,7 +135,7 @@ async fn follow(client: &Client, name: &str) -> Result<(), String> {
 
 /// `updated 2/6  available 5/6 | early 1/1  normal 1/2  late 0/2  unknown 0/1 | in flight: fleet-hc-02`,
 /// with `| failed 1` when updated Packages fail (the HostedClusterPackage's Progressing says why).
-fn progress_line(
+pub(crate) fn progress_line(
     status: &pko_proto::core::hosted_cluster_package::HostedClusterPackageStatus,
 ) -> String {
     let c = &status.counts;

@@ -8,6 +8,7 @@
 //! everything and writes it to an env file; runs until interrupted, then stops every server.
 
 mod fleet_rollout;
+mod management_fleet;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -35,6 +36,11 @@ struct Args {
     /// skips it.
     #[arg(long, default_value_t = 6)]
     fleet: usize,
+    /// Management clusters in a fleet: more than 1 makes the environment's management cluster the
+    /// `canary` of a fleet under a hub NATS, adds `prod-1`.. (a kube-apiserver and a pko-manager each), and
+    /// rolls the fleet sample to every one, prod gated on the canary (needs --fleet > 0).
+    #[arg(long, default_value_t = 1)]
+    management_clusters: usize,
     /// Where to write `env.sh` (KUBECONFIG and friends).
     #[arg(long, default_value = ".pko-dev")]
     state_dir: PathBuf,
@@ -129,6 +135,21 @@ async fn run(args: Args) -> Result<(), LaunchError> {
     tokio::pin!(stop);
 
     let manager_bin = manager_path(args.manager.clone())?;
+    let in_fleet = args.management_clusters > 1;
+    let fleet_names = management_fleet::names(args.management_clusters);
+    let fleet_nats = if in_fleet {
+        println!(
+            "Starting a hub NATS and {} leaf NATS servers for a fleet of management clusters...",
+            fleet_names.len()
+        );
+        Some(
+            management_fleet::start_nats(&env, &fleet_names)
+                .await
+                .map_err(LaunchError::Manager)?,
+        )
+    } else {
+        None
+    };
     // Traces go to OTEL_EXPORTER_OTLP_ENDPOINT when set, else to a receiver of our own that prints a
     // rollout step's span tree at the end (connectors get the manager's settings through their Deployments).
     let receiver = if std::env::var_os("OTEL_EXPORTER_OTLP_ENDPOINT").is_some() {
@@ -150,12 +171,27 @@ async fn run(args: Args) -> Result<(), LaunchError> {
                 ]
             })
             .collect(),
+        nats: fleet_nats
+            .as_ref()
+            .and_then(|nats| nats.leaf(management_fleet::CANARY)),
         ..ManagerLaunch::default()
     };
+    let member_args = if in_fleet {
+        management_fleet::member_args(management_fleet::CANARY)
+    } else {
+        Vec::new()
+    };
+    let member_args: Vec<&str> = member_args.iter().map(String::as_str).collect();
     let manager = env
-        .start_manager_with(&manager_bin, &launch, &[])
+        .start_manager_with(&manager_bin, &launch, &member_args)
         .await
         .map_err(|e| LaunchError::Manager(e.to_string()))?;
+    let prod = match &fleet_nats {
+        Some(nats) => management_fleet::start_prod(&env, nats, &manager_bin, &fleet_names)
+            .await
+            .map_err(LaunchError::Manager)?,
+        None => Vec::new(),
+    };
     // Prometheus scrapes the manager every second, with pko's alert rules loaded; for a picture of
     // the dashboard every 100 ms, since the samples roll out in about a second, and from before
     // they start.
@@ -185,8 +221,30 @@ async fn run(args: Args) -> Result<(), LaunchError> {
         .await
         .map_err(LaunchError::Env)?;
     }
-    let env_file = write_env_file(&args.state_dir, &env, &prometheus)?;
+    let env_file = write_env_file(&args.state_dir, &env, &prometheus, fleet_nats.as_ref())?;
     print_summary(&env, &hosted, &env_file, started);
+    if let Some(nats) = &fleet_nats {
+        println!(
+            "  fleet hub NATS        {}  credentials {}",
+            nats.hub().url(),
+            nats.credentials_file().display()
+        );
+        for name in &fleet_names {
+            let server = prod
+                .iter()
+                .find(|p| p.name == *name)
+                .map(|p| (&p.server, &p.manager));
+            let (url, log) = match server {
+                Some((server, manager)) => (server.url(), manager.log_path().display().to_string()),
+                None => (
+                    env.management().url(),
+                    manager.log_path().display().to_string(),
+                ),
+            };
+            let leaf = nats.leaf(name).map(|n| n.url()).unwrap_or_default();
+            println!("  management cluster {name:<8} apiserver {url}  NATS {leaf}  pko-manager log {log}");
+        }
+    }
     println!(
         "pko-manager:       pid {}, log {}, metrics http://127.0.0.1:{}/metrics",
         manager.pid().unwrap_or_default(),
@@ -222,6 +280,13 @@ async fn run(args: Args) -> Result<(), LaunchError> {
             fleet_rollout::roll_out(&env, args.fleet)
                 .await
                 .map_err(|e| LaunchError::Sample(format!("{}: {e}", fleet_rollout::SAMPLE_FILE)))?;
+            if let Some(nats) = &fleet_nats {
+                management_fleet::roll_out(&env, &prod, nats)
+                    .await
+                    .map_err(|e| {
+                        LaunchError::Sample(format!("fleet of management clusters: {e}"))
+                    })?;
+            }
         }
         Ok::<(), LaunchError>(())
     };
@@ -247,7 +312,9 @@ async fn run(args: Args) -> Result<(), LaunchError> {
     }
     println!("Stopping...");
     drop(prometheus);
+    drop(prod);
     drop(manager);
+    drop(fleet_nats);
     drop(env);
     let _ = std::fs::remove_file(&env_file);
     println!("Stopped.");
@@ -378,6 +445,7 @@ fn write_env_file(
     state_dir: &Path,
     env: &TestEnv,
     prometheus: &Prometheus,
+    fleet: Option<&pko_testenv::FleetNats>,
 ) -> Result<PathBuf, LaunchError> {
     std::fs::create_dir_all(state_dir)
         .map_err(|error| LaunchError::Io(format!("create {}", state_dir.display()), error))?;
@@ -386,14 +454,23 @@ fn write_env_file(
         .iter()
         .map(|server| server.kubeconfig_path().display().to_string())
         .collect();
-    let text = format!(
+    let mut text = format!(
         "# written by pko-dev-env; valid while it runs\nexport KUBECONFIG={}\nexport PKO_HOSTED_KUBECONFIGS={}\nexport PKO_NATS_URL={}\nexport PKO_REGISTRY={}\nexport PKO_PROMETHEUS_URL={}\n",
         env.management().kubeconfig_path().display(),
         hosted.join(":"),
-        env.nats().url(),
+        fleet
+            .and_then(|f| f.leaf(management_fleet::CANARY))
+            .map_or_else(|| env.nats().url(), |leaf| leaf.url()),
         env.registry().host(),
         prometheus.url(),
     );
+    if let Some(fleet) = fleet {
+        text.push_str(&format!(
+            "export PKO_FLEET_HUB_URL={}\nexport PKO_FLEET_CREDS={}\n",
+            fleet.hub().url(),
+            fleet.credentials_file().display()
+        ));
+    }
     let path = state_dir.join("env.sh");
     std::fs::write(&path, text)
         .map_err(|error| LaunchError::Io(format!("write {}", path.display()), error))?;
