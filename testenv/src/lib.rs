@@ -51,6 +51,7 @@ cluster_only! {
     mod stall_proxy;
     mod webhook;
     mod write_audit;
+    pub mod workload;
 
     pub use apiserver::ApiServer;
     pub use connector::{ConnectorLaunch, ConnectorProcess};

@@ -302,7 +302,7 @@ async fn start_rollout(
 #[tokio::test]
 async fn releases_gate_on_live_revisions_of_a_custom_resource() {
     let (rollout, simulator) =
-        start_rollout("hcpkg-widget", "fleet-widget", WorkloadSimulator::widgets).await;
+        start_rollout("hcpkg-widget", "fleet-widget", widgets).await;
 
     // (a) A healthy release: budget and barrier hold under the strict definition, and each wave waits
     // for its workloads to get ready.
@@ -321,7 +321,7 @@ async fn releases_gate_on_live_revisions_of_a_deployment() {
     let (rollout, simulator) = start_rollout(
         "hcpkg-deploy",
         "fleet-deployment",
-        WorkloadSimulator::deployments,
+        deployments,
     )
     .await;
 
