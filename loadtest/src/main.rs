@@ -11,9 +11,11 @@ mod hosted_phase_bench;
 mod object_set_bench;
 mod package_bench;
 mod rollout_bench;
+mod fleet_bench;
 mod sharding_bench;
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
@@ -108,6 +110,32 @@ enum Measurement {
         #[arg(long)]
         manager: Option<PathBuf>,
     },
+    /// A fleet of management clusters (an apiserver, NATS leaf and manager each, under a hub NATS)
+    /// rolling one release canary → prod behind a promotion gate: end-to-end time against the waits that
+    /// are not pko's, the hub's event lag, and the hub's catch-up after an outage.
+    Fleet {
+        /// Management clusters (the first is the canary).
+        #[arg(long, default_value_t = 10)]
+        clusters: usize,
+        /// Simulated HostedClusters per management cluster.
+        #[arg(long, default_value_t = 100)]
+        hosted_clusters: usize,
+        /// The rollouts' maxUnavailable.
+        #[arg(long, default_value_t = 10)]
+        max_unavailable: usize,
+        /// Seconds a workload takes to report ready after a change.
+        #[arg(long, default_value_t = 5)]
+        readiness_lag_seconds: u64,
+        /// Seconds prod waits after the canary settled.
+        #[arg(long, default_value_t = 30)]
+        soak_seconds: u64,
+        /// Seconds the hub is down during the canary's next rollout.
+        #[arg(long, default_value_t = 60)]
+        outage_seconds: u64,
+        /// pko-manager binary (default: next to this binary).
+        #[arg(long)]
+        manager: Option<PathBuf>,
+    },
 }
 
 #[tokio::main]
@@ -145,6 +173,26 @@ async fn main() -> std::process::ExitCode {
             replicas,
             manager,
         } => sharding_bench::run(hosted_clusters, replicas, manager).await,
+        Measurement::Fleet {
+            clusters,
+            hosted_clusters,
+            max_unavailable,
+            readiness_lag_seconds,
+            soak_seconds,
+            outage_seconds,
+            manager,
+        } => {
+            fleet_bench::run(fleet_bench::FleetBench {
+                clusters,
+                hosted_clusters,
+                max_unavailable,
+                readiness_lag: Duration::from_secs(readiness_lag_seconds),
+                soak: Duration::from_secs(soak_seconds),
+                outage: Duration::from_secs(outage_seconds),
+                manager,
+            })
+            .await
+        }
     };
     if let Some(spans) = object_set_bench::spans_received() {
         println!("traces: {spans} spans received over OTLP/gRPC");

@@ -136,7 +136,7 @@ pub struct ManagerLaunch<'a> {
     pub env: Vec<(String, String)>,
     /// Another apiserver than the management one, as its admin (installing the CRDs): a management
     /// cluster of a fleet. The environment's webhook is registered only at the management apiserver, so
-    /// such a manager serves none.
+    /// a manager of another apiserver serves none.
     pub apiserver: Option<&'a ApiServer>,
 }
 
@@ -235,7 +235,10 @@ impl TestEnv {
                 "RUST_LOG",
                 std::env::var("PKO_MANAGER_LOG").unwrap_or_else(|_| "info".into()),
             );
-        if launch.apiserver.is_none() {
+        let management = launch
+            .apiserver
+            .is_none_or(|server| server.name() == self.management().name());
+        if management {
             // Every manager serves the webhook the environment registered (one shared port).
             command
                 .arg("--webhook-addr")

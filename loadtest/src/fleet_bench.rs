@@ -1,0 +1,466 @@
+//! `fleet`: a fleet of management clusters rolling one release canary → prod (issue 21). Each management
+//! cluster is a kube-apiserver of its own (one etcd, a prefix each) with its own NATS leaf and pko-manager,
+//! under one hub NATS; each has N simulated HostedClusters whose workload (a Widget) reports ready a fixed
+//! lag after each change. The release goes to every cluster at once; prod clusters are gated on the canary
+//! with a soak. Measured: the end-to-end wall time against the waits that are not pko's (the workload's
+//! readiness per wave, the soak), the share left to pko, the hub's event lag (stored at the hub minus
+//! stored in the cluster's own stream), and the hub's catch-up after an outage during a rollout.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream;
+use futures::{stream, StreamExt};
+use kube::api::{Patch, PatchParams};
+use kube::Api;
+use oci_client::secrets::RegistryAuth;
+use pko_package::files::PackageFiles;
+use pko_package::image::ImageStore;
+use pko_proto::core::hosted_cluster_package::HostedClusterPackage;
+use pko_proto::fleet::AGGREGATE_STREAM;
+use pko_proto::rollout_events::{RolloutEvent, STREAM};
+use pko_testenv::workload::{install_widget_crd, WorkloadSimulator, WIDGET_GROUP};
+use pko_testenv::{
+    add_hosted_cluster_to, install_hosted_cluster_crd, wait_until, ApiServer, EnvConfig,
+    FleetNats, ManagerLaunch, ManagerProcess, Nats, TestEnv,
+};
+use serde_json::json;
+
+use crate::object_set_bench::{manager_path, percentile};
+use crate::rollout_bench::usage;
+
+const PACKAGE: [(&str, &str); 2] = [
+    (
+        "manifest.yaml",
+        include_str!("../../cmd/kubectl-package/tests/packages/fleet-widget/manifest.yaml"),
+    ),
+    (
+        "widget.yaml.gotmpl",
+        include_str!("../../cmd/kubectl-package/tests/packages/fleet-widget/widget.yaml.gotmpl"),
+    ),
+];
+const NAME: &str = "bench-fleet";
+const CREATE_CONCURRENCY: usize = 16;
+const TIMEOUT: Duration = Duration::from_secs(1800);
+
+/// What to measure.
+pub struct FleetBench {
+    pub clusters: usize,
+    pub hosted_clusters: usize,
+    pub max_unavailable: usize,
+    pub readiness_lag: Duration,
+    pub soak: Duration,
+    pub outage: Duration,
+    pub manager: Option<PathBuf>,
+}
+
+pub async fn run(bench: FleetBench) -> ExitCode {
+    match measure(&bench).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("pko-loadtest fleet: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// One management cluster of the fleet.
+struct Cluster<'a> {
+    name: String,
+    server: &'a ApiServer,
+    manager: ManagerProcess,
+    api: Api<HostedClusterPackage>,
+    _workload: WorkloadSimulator,
+}
+
+fn names(count: usize) -> Vec<String> {
+    std::iter::once("canary".to_owned())
+        .chain((1..count).map(|i| format!("prod-{i}")))
+        .collect()
+}
+
+async fn measure(bench: &FleetBench) -> Result<(), String> {
+    let manager = manager_path(bench.manager.clone())?;
+    let started = Instant::now();
+    let env = TestEnv::start(EnvConfig {
+        hosted_clusters: 0,
+        controller_manager: false,
+    })
+    .await
+    .map_err(|e| e.to_string())?;
+    let names = names(bench.clusters.max(2));
+    let deploy = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
+    let name_refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let nats = env
+        .start_fleet_nats("fleet-nats", &deploy, &name_refs)
+        .await
+        .map_err(|e| e.to_string())?;
+    let server_names: Vec<String> = names[1..].iter().map(|n| format!("management-{n}")).collect();
+    let extra: Vec<ApiServer> = futures::future::join_all(
+        server_names.iter().map(|n| env.start_apiserver(n)),
+    )
+    .await
+    .into_iter()
+    .collect::<Result<_, _>>()
+    .map_err(|e| e.to_string())?;
+    let servers: Vec<&ApiServer> = std::iter::once(env.management()).chain(&extra).collect();
+    let image = push_release(&env).await?;
+    let mut clusters = Vec::new();
+    for (name, server) in names.iter().zip(&servers) {
+        clusters.push(start_cluster(&env, &nats, name, server, &manager, bench).await?);
+    }
+    println!(
+        "fleet: {} management clusters × {} HostedClusters ready in {:.1} s (maxUnavailable {}, workload ready {:.0} s after a change, soak {:.0} s)",
+        clusters.len(),
+        bench.hosted_clusters,
+        started.elapsed().as_secs_f64(),
+        bench.max_unavailable,
+        bench.readiness_lag.as_secs_f64(),
+        bench.soak.as_secs_f64()
+    );
+
+    // Release v1 installs everywhere (gated too), then v2 is the measured rollout.
+    for cluster in &clusters {
+        let h = release(bench, &cluster.name, &image);
+        cluster
+            .api
+            .patch(NAME, &PatchParams::apply("pko-loadtest").force(), &Patch::Apply(&h))
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    wait_settled(&clusters, bench.hosted_clusters).await?;
+    let before: Vec<_> = clusters
+        .iter()
+        .map(|c| usage(c.manager.pid().unwrap_or_default()))
+        .collect::<Result<_, _>>()?;
+    let rolled = Instant::now();
+    let v2 = json!({"spec": {"template": {"spec": {"config": {"release": "v2"}}}}});
+    for cluster in &clusters {
+        cluster
+            .api
+            .patch(NAME, &PatchParams::default(), &Patch::Merge(&v2))
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    let generation = clusters[0]
+        .api
+        .get(NAME)
+        .await
+        .map_err(|e| e.to_string())?
+        .metadata
+        .generation
+        .unwrap_or_default();
+    wait_settled(&clusters, bench.hosted_clusters).await?;
+    let wall = rolled.elapsed();
+    let cpu: Duration = clusters
+        .iter()
+        .zip(&before)
+        .map(|(c, b)| {
+            usage(c.manager.pid().unwrap_or_default())
+                .map(|u| u.cpu.saturating_sub(b.cpu))
+                .unwrap_or_default()
+        })
+        .sum();
+    let waves = bench.hosted_clusters.div_ceil(bench.max_unavailable.max(1)) as u32;
+    let stage = bench.readiness_lag * waves;
+    let waits = stage * 2 + bench.soak;
+    let overhead = wall.saturating_sub(waits);
+    println!(
+        "release v2 canary → {} prod clusters: {:.1} s end to end; waits not pko's {:.1} s (2 stages × {waves} waves × {:.0} s workload readiness + {:.0} s soak); pko's share {:.1} s = {:.1} %; managers' CPU {:.1} s",
+        clusters.len() - 1,
+        wall.as_secs_f64(),
+        waits.as_secs_f64(),
+        bench.readiness_lag.as_secs_f64(),
+        bench.soak.as_secs_f64(),
+        overhead.as_secs_f64(),
+        overhead.as_secs_f64() / wall.as_secs_f64() * 100.0,
+        cpu.as_secs_f64()
+    );
+    let (canary_finished, prod_started) = stage_times(&nats, &names, generation).await?;
+    println!(
+        "  canary finished {:.1} s after the release; first prod update {:.1} s after that (soak {:.0} s)",
+        (canary_finished - system_nanos(rolled)) as f64 / 1e9,
+        (prod_started - canary_finished) as f64 / 1e9,
+        bench.soak.as_secs_f64()
+    );
+    let lags = hub_lags(&nats, &names, Some(generation)).await?;
+    print_lags("hub event lag (stored at the hub − stored in the cluster's stream)", lags);
+
+    // The hub away for the outage while the canary rolls v3 (prod stays gated meanwhile).
+    nats.hub().kill();
+    let cut = Instant::now();
+    let v3 = json!({"spec": {"template": {"spec": {"config": {"release": "v3"}}}}});
+    clusters[0]
+        .api
+        .patch(NAME, &PatchParams::default(), &Patch::Merge(&v3))
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::time::sleep(bench.outage.saturating_sub(cut.elapsed())).await;
+    let canary_stream = stored(nats.leaf("canary").ok_or("no canary NATS")?, STREAM).await?;
+    let cut_at = system_nanos(cut);
+    let buffered = canary_stream.iter().filter(|(_, t, _)| *t >= cut_at).count();
+    let local: Vec<String> = canary_stream.into_iter().map(|(id, _, _)| id).collect();
+    nats.hub().restart().await.map_err(|e| e.to_string())?;
+    let back = Instant::now();
+    wait_until("the hub's aggregate caught up", Duration::from_secs(300), || async {
+        let at_hub = stored_ids(nats.hub(), AGGREGATE_STREAM, Some("canary")).await?;
+        if at_hub.len() >= local.len() && at_hub[..local.len()] == local[..] {
+            Ok(())
+        } else {
+            Err(format!("{} of {} at the hub", at_hub.len(), local.len()))
+        }
+    })
+    .await
+    .map_err(|e| e.to_string())?;
+    println!(
+        "hub outage of {:.0} s during the canary's rollout: {} canary events stored locally meanwhile (of {} in its stream); the hub held them all {:.2} s after it was back, in order, none twice",
+        bench.outage.as_secs_f64(),
+        buffered,
+        local.len(),
+        back.elapsed().as_secs_f64()
+    );
+    for cluster in &clusters {
+        let u = usage(cluster.manager.pid().unwrap_or_default())?;
+        println!(
+            "  {}: manager RSS {:.0} MiB (apiserver {})",
+            cluster.name,
+            u.rss_kib as f64 / 1024.0,
+            cluster.server.name()
+        );
+    }
+    Ok(())
+}
+
+async fn push_release(env: &TestEnv) -> Result<String, String> {
+    let registry = env.registry().host();
+    let files: PackageFiles = PACKAGE
+        .iter()
+        .map(|(path, text)| ((*path).to_owned(), text.as_bytes().to_vec()))
+        .collect();
+    let image = format!("{registry}/bench/fleet-widget:v1");
+    ImageStore::new(vec![registry])
+        .push(&image, &files, &RegistryAuth::Anonymous)
+        .await
+        .map_err(|e| format!("push {image}: {e}"))?;
+    Ok(image)
+}
+
+async fn start_cluster<'a>(
+    env: &TestEnv,
+    nats: &FleetNats,
+    name: &str,
+    server: &'a ApiServer,
+    manager: &std::path::Path,
+    bench: &FleetBench,
+) -> Result<Cluster<'a>, String> {
+    let client = server.client().await.map_err(|e| e.to_string())?;
+    install_hosted_cluster_crd(server).await.map_err(|e| e.to_string())?;
+    install_widget_crd(&client, WIDGET_GROUP)
+        .await
+        .map_err(|e| e.to_string())?;
+    let created: Vec<Result<String, String>> = stream::iter(0..bench.hosted_clusters)
+        .map(|i| async move {
+            let labels = BTreeMap::from([("fleet".to_owned(), "bench".to_owned())]);
+            add_hosted_cluster_to(server, "fleet", &format!("hc-{i:03}"), labels, true)
+                .await
+                .map(|c| c.hcp_namespace)
+                .map_err(|e| e.to_string())
+        })
+        .buffer_unordered(CREATE_CONCURRENCY)
+        .collect()
+        .await;
+    let namespaces: BTreeSet<String> = created.into_iter().collect::<Result<_, _>>()?;
+    let workload = WorkloadSimulator::widgets(&client, namespaces, bench.readiness_lag);
+    let leaf: &Nats = nats.leaf(name).ok_or(format!("no NATS for {name}"))?;
+    let launch = ManagerLaunch {
+        apiserver: Some(server),
+        nats: Some(leaf),
+        ..ManagerLaunch::default()
+    };
+    let labels = if name == "canary" { "env=canary" } else { "env=prod" };
+    let manager = env
+        .start_manager_with(
+            manager,
+            &launch,
+            &[
+                "--cluster-name",
+                name,
+                "--fleet-hub-domain",
+                "hub",
+                "--cluster-labels",
+                labels,
+            ],
+        )
+        .await
+        .map_err(|e| format!("pko-manager of {name}: {e}"))?;
+    Ok(Cluster {
+        name: name.to_owned(),
+        server,
+        manager,
+        api: Api::all(client),
+        _workload: workload,
+    })
+}
+
+fn release(bench: &FleetBench, cluster: &str, image: &str) -> serde_json::Value {
+    let mut spec = json!({
+        "hostedClusterSelector": {"matchLabels": {"fleet": "bench"}},
+        "strategy": {"rollingUpgrade": {"maxUnavailable": bench.max_unavailable}},
+        "template": {"spec": {"image": image, "config": {"release": "v1"}}},
+    });
+    if cluster != "canary" {
+        spec["promotion"] = json!({
+            "managementClusterSelector": {"matchLabels": {"env": "canary"}},
+            "soakSeconds": bench.soak.as_secs(),
+        });
+    }
+    json!({
+        "apiVersion": "package-operator.run/v1alpha1", "kind": "HostedClusterPackage",
+        "metadata": {"name": NAME}, "spec": spec,
+    })
+}
+
+/// Until every cluster's rollout of its current generation is done.
+async fn wait_settled(clusters: &[Cluster<'_>], total: usize) -> Result<(), String> {
+    let total = i32::try_from(total).unwrap_or(i32::MAX);
+    wait_until("every management cluster rolled out", TIMEOUT, || async {
+        let mut waiting = Vec::new();
+        for cluster in clusters {
+            let h = cluster.api.get(NAME).await.map_err(|e| e.to_string())?;
+            let generation = h.metadata.generation.unwrap_or_default();
+            let done = h.status.as_ref().is_some_and(|s| {
+                s.observed_generation == generation
+                    && s.counts.total_packages == total
+                    && s.counts.updated_packages == total
+                    && s.counts.available_packages == total
+                    && s.counts.progressed_packages == total
+            });
+            if !done {
+                waiting.push(cluster.name.clone());
+            }
+        }
+        if waiting.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("waiting for {}", waiting.join(", ")))
+        }
+    })
+    .await
+    .map_err(|e| e.to_string())
+}
+
+fn system_nanos(at: Instant) -> i128 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i128)
+        .unwrap_or_default();
+    now - at.elapsed().as_nanos() as i128
+}
+
+/// Every message of `stream` at `nats`: (message id, stored at, event).
+async fn stored(nats: &Nats, stream: &str) -> Result<Vec<(String, i128, RolloutEvent)>, String> {
+    let js = jetstream::new(nats.client().await.map_err(|e| e.to_string())?);
+    let Ok(mut stream) = js.get_stream(stream).await else {
+        return Ok(Vec::new());
+    };
+    let state = stream.info().await.map_err(|e| e.to_string())?.state.clone();
+    let mut messages = Vec::new();
+    if state.messages == 0 {
+        return Ok(messages);
+    }
+    for sequence in state.first_sequence..=state.last_sequence {
+        let message = stream
+            .get_raw_message(sequence)
+            .await
+            .map_err(|e| e.to_string())?;
+        let id = message
+            .headers
+            .get("Nats-Msg-Id")
+            .map(|v| v.to_string())
+            .unwrap_or_default();
+        let event: RolloutEvent =
+            serde_json::from_slice(&message.payload).map_err(|e| e.to_string())?;
+        messages.push((id, message.time.unix_timestamp_nanos(), event));
+    }
+    Ok(messages)
+}
+
+/// The message ids of `stream` at `nats`, of management cluster `source` only when given.
+async fn stored_ids(nats: &Nats, stream: &str, source: Option<&str>) -> Result<Vec<String>, String> {
+    Ok(stored(nats, stream)
+        .await?
+        .into_iter()
+        .filter(|(_, _, e)| source.is_none_or(|s| e.source == s))
+        .map(|(id, _, _)| id)
+        .collect())
+}
+
+/// When the canary's own stream stored its `rolloutFinished` of `generation`, and the first prod
+/// `packageUpdated` of it.
+async fn stage_times(nats: &FleetNats, names: &[String], generation: i64) -> Result<(i128, i128), String> {
+    let canary = stored(nats.leaf("canary").ok_or("no canary NATS")?, STREAM).await?;
+    let finished = canary
+        .iter()
+        .find(|(_, _, e)| {
+            e.generation == generation
+                && e.kind == pko_proto::rollout_events::RolloutEventKind::RolloutFinished
+        })
+        .map(|(_, t, _)| *t)
+        .ok_or("no rolloutFinished of the canary")?;
+    let mut first = i128::MAX;
+    for name in &names[1..] {
+        let events = stored(nats.leaf(name).ok_or("no NATS")?, STREAM).await?;
+        if let Some(t) = events
+            .iter()
+            .filter(|(_, _, e)| {
+                e.generation == generation
+                    && e.kind == pko_proto::rollout_events::RolloutEventKind::PackageUpdated
+            })
+            .map(|(_, t, _)| *t)
+            .min()
+        {
+            first = first.min(t);
+        }
+    }
+    Ok((finished, first))
+}
+
+/// For every event at the hub (of `generation` when given): stored at the hub − stored in its cluster.
+async fn hub_lags(
+    nats: &FleetNats,
+    names: &[String],
+    generation: Option<i64>,
+) -> Result<Vec<Duration>, String> {
+    let at_hub = stored(nats.hub(), AGGREGATE_STREAM).await?;
+    let mut local: BTreeMap<(String, String), i128> = BTreeMap::new();
+    for name in names {
+        for (id, t, _) in stored(nats.leaf(name).ok_or("no NATS")?, STREAM).await? {
+            local.insert((name.clone(), id), t);
+        }
+    }
+    Ok(at_hub
+        .iter()
+        .filter(|(_, _, e)| generation.is_none_or(|g| e.generation == g))
+        .filter_map(|(id, t, e)| {
+            let origin = local.get(&(e.source.clone(), id.clone()))?;
+            Some(Duration::from_nanos(u64::try_from(t - origin).unwrap_or(0)))
+        })
+        .collect())
+}
+
+fn print_lags(label: &str, mut lags: Vec<Duration>) {
+    if lags.is_empty() {
+        println!("{label}: no events");
+        return;
+    }
+    lags.sort();
+    println!(
+        "{label}: p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms ({} events)",
+        percentile(&lags, 0.5).as_secs_f64() * 1e3,
+        percentile(&lags, 0.99).as_secs_f64() * 1e3,
+        lags[lags.len() - 1].as_secs_f64() * 1e3,
+        lags.len()
+    );
+}
