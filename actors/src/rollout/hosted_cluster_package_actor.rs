@@ -215,6 +215,15 @@ impl Reconcile for HostedClusterPackageController {
         Report::default()
     }
 
+    /// Deleted, or moved to another replica: this one no longer writes its record at the hub (the new
+    /// supervisor does, or it ages out).
+    fn stopped(actor: &mut HostedClusterPackageActor) {
+        if let Some(hub) = &actor.state.shared.hub {
+            hub.forget(&actor.name());
+            hub.metrics().gate(&actor.name(), None);
+        }
+    }
+
     fn forget(hcpkg: &HostedClusterPackage, metrics: &ManagerMetrics) {
         metrics
             .rollouts
@@ -227,10 +236,6 @@ impl Reconcile for HostedClusterPackageController {
     ) -> Option<LocalBoxFuture<'static, ()>> {
         // Its Packages go with it through their owner references.
         actor.state.shared.fleet.remove_selector(&actor.name());
-        if let Some(hub) = &actor.state.shared.hub {
-            hub.forget(&actor.name());
-            hub.metrics().gate(&actor.name(), None);
-        }
         None
     }
 }
