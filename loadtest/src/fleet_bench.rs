@@ -23,8 +23,8 @@ use pko_proto::fleet::AGGREGATE_STREAM;
 use pko_proto::rollout_events::{RolloutEvent, STREAM};
 use pko_testenv::workload::{install_widget_crd, WorkloadSimulator, WIDGET_GROUP};
 use pko_testenv::{
-    add_hosted_cluster_to, install_hosted_cluster_crd, wait_until, ApiServer, EnvConfig,
-    FleetNats, ManagerLaunch, ManagerProcess, Nats, TestEnv,
+    add_hosted_cluster_to, fleet_manager_args, install_hosted_cluster_crd, wait_until, ApiServer,
+    EnvConfig, FleetNats, ManagerLaunch, ManagerProcess, Nats, TestEnv,
 };
 use serde_json::json;
 
@@ -97,14 +97,16 @@ async fn measure(bench: &FleetBench) -> Result<(), String> {
         .start_fleet_nats("fleet-nats", &deploy, &name_refs)
         .await
         .map_err(|e| e.to_string())?;
-    let server_names: Vec<String> = names[1..].iter().map(|n| format!("management-{n}")).collect();
-    let extra: Vec<ApiServer> = futures::future::join_all(
-        server_names.iter().map(|n| env.start_apiserver(n)),
-    )
-    .await
-    .into_iter()
-    .collect::<Result<_, _>>()
-    .map_err(|e| e.to_string())?;
+    let server_names: Vec<String> = names[1..]
+        .iter()
+        .map(|n| format!("management-{n}"))
+        .collect();
+    let extra: Vec<ApiServer> =
+        futures::future::join_all(server_names.iter().map(|n| env.start_apiserver(n)))
+            .await
+            .into_iter()
+            .collect::<Result<_, _>>()
+            .map_err(|e| e.to_string())?;
     let servers: Vec<&ApiServer> = std::iter::once(env.management()).chain(&extra).collect();
     let image = push_release(&env).await?;
     let mut clusters = Vec::new();
@@ -126,7 +128,11 @@ async fn measure(bench: &FleetBench) -> Result<(), String> {
         let h = release(bench, &cluster.name, &image);
         cluster
             .api
-            .patch(NAME, &PatchParams::apply("pko-loadtest").force(), &Patch::Apply(&h))
+            .patch(
+                NAME,
+                &PatchParams::apply("pko-loadtest").force(),
+                &Patch::Apply(&h),
+            )
             .await
             .map_err(|e| e.to_string())?;
     }
@@ -186,7 +192,10 @@ async fn measure(bench: &FleetBench) -> Result<(), String> {
         bench.soak.as_secs_f64()
     );
     let lags = hub_lags(&nats, &names, Some(generation)).await?;
-    print_lags("hub event lag (stored at the hub − stored in the cluster's stream)", lags);
+    print_lags(
+        "hub event lag (stored at the hub − stored in the cluster's stream)",
+        lags,
+    );
 
     // The hub away for the outage while the canary rolls v3 (prod stays gated meanwhile).
     nats.hub().kill();
@@ -200,18 +209,25 @@ async fn measure(bench: &FleetBench) -> Result<(), String> {
     tokio::time::sleep(bench.outage.saturating_sub(cut.elapsed())).await;
     let canary_stream = stored(nats.leaf("canary").ok_or("no canary NATS")?, STREAM).await?;
     let cut_at = system_nanos(cut);
-    let buffered = canary_stream.iter().filter(|(_, t, _)| *t >= cut_at).count();
+    let buffered = canary_stream
+        .iter()
+        .filter(|(_, t, _)| *t >= cut_at)
+        .count();
     let local: Vec<String> = canary_stream.into_iter().map(|(id, _, _)| id).collect();
     nats.hub().restart().await.map_err(|e| e.to_string())?;
     let back = Instant::now();
-    wait_until("the hub's aggregate caught up", Duration::from_secs(300), || async {
-        let at_hub = stored_ids(nats.hub(), AGGREGATE_STREAM, Some("canary")).await?;
-        if at_hub.len() >= local.len() && at_hub[..local.len()] == local[..] {
-            Ok(())
-        } else {
-            Err(format!("{} of {} at the hub", at_hub.len(), local.len()))
-        }
-    })
+    wait_until(
+        "the hub's aggregate caught up",
+        Duration::from_secs(300),
+        || async {
+            let at_hub = stored_ids(nats.hub(), AGGREGATE_STREAM, Some("canary")).await?;
+            if at_hub.len() >= local.len() && at_hub[..local.len()] == local[..] {
+                Ok(())
+            } else {
+                Err(format!("{} of {} at the hub", at_hub.len(), local.len()))
+            }
+        },
+    )
     .await
     .map_err(|e| e.to_string())?;
     println!(
@@ -256,7 +272,9 @@ async fn start_cluster<'a>(
     bench: &FleetBench,
 ) -> Result<Cluster<'a>, String> {
     let client = server.client().await.map_err(|e| e.to_string())?;
-    install_hosted_cluster_crd(server).await.map_err(|e| e.to_string())?;
+    install_hosted_cluster_crd(server)
+        .await
+        .map_err(|e| e.to_string())?;
     install_widget_crd(&client, WIDGET_GROUP)
         .await
         .map_err(|e| e.to_string())?;
@@ -279,20 +297,15 @@ async fn start_cluster<'a>(
         nats: Some(leaf),
         ..ManagerLaunch::default()
     };
-    let labels = if name == "canary" { "env=canary" } else { "env=prod" };
+    let labels = if name == "canary" {
+        "env=canary"
+    } else {
+        "env=prod"
+    };
+    let args = fleet_manager_args(name, labels);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let manager = env
-        .start_manager_with(
-            manager,
-            &launch,
-            &[
-                "--cluster-name",
-                name,
-                "--fleet-hub-domain",
-                "hub",
-                "--cluster-labels",
-                labels,
-            ],
-        )
+        .start_manager_with(manager, &launch, &args)
         .await
         .map_err(|e| format!("pko-manager of {name}: {e}"))?;
     Ok(Cluster {
@@ -365,7 +378,12 @@ async fn stored(nats: &Nats, stream: &str) -> Result<Vec<(String, i128, RolloutE
     let Ok(mut stream) = js.get_stream(stream).await else {
         return Ok(Vec::new());
     };
-    let state = stream.info().await.map_err(|e| e.to_string())?.state.clone();
+    let state = stream
+        .info()
+        .await
+        .map_err(|e| e.to_string())?
+        .state
+        .clone();
     let mut messages = Vec::new();
     if state.messages == 0 {
         return Ok(messages);
@@ -388,7 +406,11 @@ async fn stored(nats: &Nats, stream: &str) -> Result<Vec<(String, i128, RolloutE
 }
 
 /// The message ids of `stream` at `nats`, of management cluster `source` only when given.
-async fn stored_ids(nats: &Nats, stream: &str, source: Option<&str>) -> Result<Vec<String>, String> {
+async fn stored_ids(
+    nats: &Nats,
+    stream: &str,
+    source: Option<&str>,
+) -> Result<Vec<String>, String> {
     Ok(stored(nats, stream)
         .await?
         .into_iter()
@@ -399,7 +421,11 @@ async fn stored_ids(nats: &Nats, stream: &str, source: Option<&str>) -> Result<V
 
 /// When the canary's own stream stored its `rolloutFinished` of `generation`, and the first prod
 /// `packageUpdated` of it.
-async fn stage_times(nats: &FleetNats, names: &[String], generation: i64) -> Result<(i128, i128), String> {
+async fn stage_times(
+    nats: &FleetNats,
+    names: &[String],
+    generation: i64,
+) -> Result<(i128, i128), String> {
     let canary = stored(nats.leaf("canary").ok_or("no canary NATS")?, STREAM).await?;
     let finished = canary
         .iter()

@@ -7,11 +7,11 @@
 //! rollout under 1, 2 and 4 sharded replicas, take-over time and the write audit.
 
 mod env_startup;
+mod fleet_bench;
 mod hosted_phase_bench;
 mod object_set_bench;
 mod package_bench;
 mod rollout_bench;
-mod fleet_bench;
 mod sharding_bench;
 
 use std::path::PathBuf;

@@ -64,7 +64,8 @@ cluster_only! {
         HOSTED_CLUSTERS_NAMESPACE, KUBECONFIG_SECRET,
     };
     pub use manager::{
-        sharded_manager_args, ManagerLaunch, ManagerProcess, SHARD_COORDINATOR_LEASE,
+        fleet_manager_args, sharded_manager_args, ManagerLaunch, ManagerProcess,
+        SHARD_COORDINATOR_LEASE,
     };
     pub use nats::{FleetNats, Nats};
     pub use otlp_receiver::{span_tree, OtlpReceiver, ReceivedSpan};

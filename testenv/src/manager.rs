@@ -123,6 +123,21 @@ pub fn sharded_manager_args(lease_namespace: &str, lease_seconds: u64) -> Vec<St
     .to_vec()
 }
 
+/// The arguments that put a manager in a fleet of management clusters as `cluster` (its NATS a leaf of
+/// the hub with that JetStream domain), announcing `labels` (`key=value,...`).
+pub fn fleet_manager_args(cluster: &str, labels: &str) -> Vec<String> {
+    [
+        "--cluster-name",
+        cluster,
+        "--fleet-hub-domain",
+        "hub",
+        "--cluster-labels",
+        labels,
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
 /// How a manager is started when not as the environment's admin with its NATS.
 #[derive(Debug, Default, Clone)]
 pub struct ManagerLaunch<'a> {

@@ -13,8 +13,8 @@ use kube::api::{Patch, PatchParams};
 use kube::Api;
 use pko_proto::core::hosted_cluster_package::HostedClusterPackage;
 use pko_testenv::{
-    add_hosted_cluster_to, install_hosted_cluster_crd, wait_until, ApiServer, FleetNats,
-    ManagerLaunch, ManagerProcess, TestEnv,
+    add_hosted_cluster_to, fleet_manager_args, install_hosted_cluster_crd, wait_until, ApiServer,
+    FleetNats, ManagerLaunch, ManagerProcess, TestEnv,
 };
 use serde_json::json;
 
@@ -38,17 +38,12 @@ pub fn names(count: usize) -> Vec<String> {
 
 /// The manager arguments that put management cluster `name` in the fleet.
 pub fn member_args(name: &str) -> Vec<String> {
-    let env = if name == CANARY { "canary" } else { "prod" };
-    [
-        "--cluster-name",
-        name,
-        "--fleet-hub-domain",
-        "hub",
-        "--cluster-labels",
-        &format!("env={env}"),
-    ]
-    .map(str::to_owned)
-    .to_vec()
+    let labels = if name == CANARY {
+        "env=canary"
+    } else {
+        "env=prod"
+    };
+    fleet_manager_args(name, labels)
 }
 
 /// A prod management cluster: its apiserver and manager.

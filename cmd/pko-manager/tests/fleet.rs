@@ -24,8 +24,8 @@ use pko_proto::core::package::Package;
 use pko_proto::fleet::{rollout_key, FleetRolloutRecord, AGGREGATE_STREAM, STATE_BUCKET};
 use pko_proto::rollout_events::{RolloutEvent, RolloutEventKind, STREAM};
 use pko_testenv::{
-    add_hosted_cluster_to, install_hosted_cluster_crd, wait_until, ApiServer, ManagerLaunch,
-    ManagerProcess, Nats,
+    add_hosted_cluster_to, fleet_manager_args, install_hosted_cluster_crd, wait_until, ApiServer,
+    ManagerLaunch, ManagerProcess, Nats,
 };
 use serde_json::json;
 
@@ -74,19 +74,10 @@ async fn start_cluster(
         nats: Some(leaf),
         ..Default::default()
     };
+    let args = fleet_manager_args(name, labels);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let manager = env()
-        .start_manager_with(
-            Path::new(env!("CARGO_BIN_EXE_pko-manager")),
-            &launch,
-            &[
-                "--cluster-name",
-                name,
-                "--fleet-hub-domain",
-                "hub",
-                "--cluster-labels",
-                labels,
-            ],
-        )
+        .start_manager_with(Path::new(env!("CARGO_BIN_EXE_pko-manager")), &launch, &args)
         .await
         .unwrap();
     ManagementCluster {

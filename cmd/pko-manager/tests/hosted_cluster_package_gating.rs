@@ -301,8 +301,7 @@ async fn start_rollout(
 
 #[tokio::test]
 async fn releases_gate_on_live_revisions_of_a_custom_resource() {
-    let (rollout, simulator) =
-        start_rollout("hcpkg-widget", "fleet-widget", widgets).await;
+    let (rollout, simulator) = start_rollout("hcpkg-widget", "fleet-widget", widgets).await;
 
     // (a) A healthy release: budget and barrier hold under the strict definition, and each wave waits
     // for its workloads to get ready.
@@ -318,12 +317,7 @@ async fn releases_gate_on_live_revisions_of_a_custom_resource() {
 
 #[tokio::test]
 async fn releases_gate_on_live_revisions_of_a_deployment() {
-    let (rollout, simulator) = start_rollout(
-        "hcpkg-deploy",
-        "fleet-deployment",
-        deployments,
-    )
-    .await;
+    let (rollout, simulator) = start_rollout("hcpkg-deploy", "fleet-deployment", deployments).await;
 
     // (c) The new Pod of one early cluster never gets ready: its Deployment keeps the old Pod and
     // reports 1 of 2 replicas updated, which the probe names; nothing leaves the early group.
