@@ -141,6 +141,25 @@ async fn measure(bench: &FleetBench) -> Result<(), String> {
         .iter()
         .map(|c| usage(c.manager.pid().unwrap_or_default()))
         .collect::<Result<_, _>>()?;
+    // The servers' share of the machine: every apiserver and etcd.
+    let server_pids: Vec<u32> = servers
+        .iter()
+        .filter_map(|s| s.pid())
+        .chain(
+            env.processes()
+                .into_iter()
+                .filter(|(name, _)| name == "etcd")
+                .map(|(_, pid)| pid),
+        )
+        .collect();
+    let servers_cpu = || -> Duration {
+        server_pids
+            .iter()
+            .filter_map(|pid| usage(*pid).ok())
+            .map(|u| u.cpu)
+            .sum()
+    };
+    let servers_before = servers_cpu();
     let rolled = Instant::now();
     let v2 = json!({"spec": {"template": {"spec": {"config": {"release": "v2"}}}}});
     for cluster in &clusters {
@@ -169,6 +188,7 @@ async fn measure(bench: &FleetBench) -> Result<(), String> {
                 .unwrap_or_default()
         })
         .sum();
+    let servers_used = servers_cpu().saturating_sub(servers_before);
     let waves = bench.hosted_clusters.div_ceil(bench.max_unavailable.max(1)) as u32;
     let stage = bench.readiness_lag * waves;
     let waits = stage * 2 + bench.soak;
@@ -183,6 +203,13 @@ async fn measure(bench: &FleetBench) -> Result<(), String> {
         overhead.as_secs_f64(),
         overhead.as_secs_f64() / wall.as_secs_f64() * 100.0,
         cpu.as_secs_f64()
+    );
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    println!(
+        "  the machine meanwhile: managers {:.1} s + apiservers and etcd {:.1} s of CPU, of {:.1} s {cores} cores offer in that time",
+        cpu.as_secs_f64(),
+        servers_used.as_secs_f64(),
+        wall.as_secs_f64() * cores as f64
     );
     let (canary_finished, prod_started) = stage_times(&nats, &names, generation).await?;
     println!(

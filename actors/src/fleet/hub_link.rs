@@ -30,6 +30,10 @@ use crate::metrics::fleet_metrics::FleetMetrics;
 const PROBE_INTERVAL: Duration = Duration::from_secs(2);
 /// How long one answer may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+/// The least time between two passes writing records: a rollout's counts change with every Package, and
+/// each write wakes every gated supervisor of the fleet that reads the record; what changed meanwhile
+/// goes out together. (A record's `settledSince` is its own clock's, so gates lose no soak time to it.)
+const RECORD_COALESCE: Duration = Duration::from_secs(1);
 /// How often the aggregate stream is checked for this cluster's source (another manager updating the
 /// stream at the same moment may have dropped it).
 const AGGREGATE_CHECK: Duration = Duration::from_secs(60);
@@ -340,6 +344,8 @@ impl HubLink {
                     Err(error) => warn!(%error, "writing the fleet's records"),
                 }
             }
+            tokio::time::sleep(RECORD_COALESCE).await;
+            // A report made meanwhile left its permit: this returns at once then.
             let reported = self.reported.notified();
             let _ = tokio::time::timeout(PROBE_INTERVAL, reported).await;
         }
