@@ -65,6 +65,112 @@ pub fn rollout_key_prefix(hosted_cluster_package: &str) -> String {
     format!("rollout.{}", hosted_cluster_package.replace('.', "_"))
 }
 
+/// The largest record the hub's bucket takes.
+pub const RECORD_MAX_BYTES: i32 = 64 * 1024;
+
+/// What a key of the bucket names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RecordKey {
+    Cluster(String),
+    /// (HostedClusterPackage with `.` as `_`, cluster).
+    Rollout(String, String),
+}
+
+impl RecordKey {
+    /// The key's meaning, if it is one of this schema's.
+    pub fn parse(key: &str) -> Option<Self> {
+        if let Some(cluster) = key.strip_prefix("cluster.") {
+            return check_cluster_name(cluster)
+                .ok()
+                .map(|()| Self::Cluster(cluster.to_owned()));
+        }
+        let rest = key.strip_prefix("rollout.")?;
+        let (name, cluster) = rest.rsplit_once('.')?;
+        (!name.is_empty() && !name.contains('.') && check_cluster_name(cluster).is_ok())
+            .then(|| Self::Rollout(name.to_owned(), cluster.to_owned()))
+    }
+}
+
+/// One record read from the bucket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FleetRecord {
+    Cluster(ManagementClusterRecord),
+    Rollout(FleetRolloutRecord),
+}
+
+/// Reads the value under `key`. A record must say what its key says (the cluster, the
+/// HostedClusterPackage): a value written under another cluster's key is refused, so no manager speaks
+/// for another cluster by mistake.
+pub fn parse_record(key: &str, value: &[u8]) -> Result<FleetRecord, String> {
+    let kind = RecordKey::parse(key).ok_or_else(|| format!("{key}: not a fleet record key"))?;
+    match kind {
+        RecordKey::Cluster(cluster) => {
+            let record: ManagementClusterRecord =
+                serde_json::from_slice(value).map_err(|e| format!("{key}: {e}"))?;
+            if record.name != cluster {
+                return Err(format!("{key}: the record names cluster {:?}", record.name));
+            }
+            Ok(FleetRecord::Cluster(record))
+        }
+        RecordKey::Rollout(name, cluster) => {
+            let record: FleetRolloutRecord =
+                serde_json::from_slice(value).map_err(|e| format!("{key}: {e}"))?;
+            if record.cluster != cluster || record.hosted_cluster_package.replace('.', "_") != name
+            {
+                return Err(format!(
+                    "{key}: the record is of {:?} in cluster {:?}",
+                    record.hosted_cluster_package, record.cluster
+                ));
+            }
+            Ok(FleetRecord::Rollout(record))
+        }
+    }
+}
+
+/// What a reader of the bucket holds: every cluster's record by name, every rollout record by
+/// (HostedClusterPackage, cluster).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FleetRecords {
+    pub clusters: BTreeMap<String, ManagementClusterRecord>,
+    pub rollouts: BTreeMap<(String, String), FleetRolloutRecord>,
+}
+
+impl FleetRecords {
+    /// Takes the value written under `key` in; a value that does not parse or says another cluster than
+    /// its key is refused (and changes nothing).
+    pub fn put(&mut self, key: &str, value: &[u8]) -> Result<(), String> {
+        match parse_record(key, value)? {
+            FleetRecord::Cluster(record) => {
+                self.clusters.insert(record.name.clone(), record);
+            }
+            FleetRecord::Rollout(record) => {
+                self.rollouts.insert(
+                    (
+                        record.hosted_cluster_package.clone(),
+                        record.cluster.clone(),
+                    ),
+                    record,
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// `key` was deleted or purged; whether it named a record.
+    pub fn delete(&mut self, key: &str) -> bool {
+        match RecordKey::parse(key) {
+            Some(RecordKey::Cluster(cluster)) => self.clusters.remove(&cluster).is_some(),
+            Some(RecordKey::Rollout(name, cluster)) => {
+                let before = self.rollouts.len();
+                self.rollouts
+                    .retain(|(h, c), _| !(*c == cluster && h.replace('.', "_") == name));
+                before != self.rollouts.len()
+            }
+            None => false,
+        }
+    }
+}
+
 /// A management cluster in the fleet, written by its manager while it runs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -138,6 +244,38 @@ mod tests {
             .starts_with(&format!("{}.", rollout_key_prefix("metrics.addon"))));
         assert_eq!(cluster_key("canary"), "cluster.canary");
         assert_eq!(domain_api_prefix("canary"), "$JS.canary.API");
+    }
+
+    #[test]
+    fn a_record_must_say_what_its_key_says() {
+        let cluster = |name: &str| {
+            serde_json::to_vec(&ManagementClusterRecord {
+                version: RECORD_VERSION,
+                name: name.into(),
+                labels: BTreeMap::new(),
+                updated_at: Timestamp::from_second(1).unwrap(),
+            })
+            .unwrap()
+        };
+        assert!(matches!(
+            parse_record("cluster.canary", &cluster("canary")),
+            Ok(FleetRecord::Cluster(_))
+        ));
+        let error = parse_record("cluster.canary", &cluster("prod-a")).unwrap_err();
+        assert!(error.contains("names cluster \"prod-a\""), "{error}");
+        assert!(parse_record("cluster.canary", b"{not json").is_err());
+        assert!(parse_record("something.else", &cluster("canary")).is_err());
+        assert_eq!(
+            RecordKey::parse(&rollout_key("metrics.addon", "prod-a")),
+            Some(RecordKey::Rollout("metrics_addon".into(), "prod-a".into()))
+        );
+        assert_eq!(RecordKey::parse("rollout.x.Bad_Cluster"), None);
+        let mut records = FleetRecords::default();
+        assert!(records.put("cluster.canary", &cluster("prod-a")).is_err());
+        assert!(records.clusters.is_empty());
+        records.put("cluster.canary", &cluster("canary")).unwrap();
+        assert!(records.delete("cluster.canary"));
+        assert!(!records.delete("cluster.canary"));
     }
 
     #[test]

@@ -16,8 +16,9 @@ use async_nats::jetstream::{self, kv, stream};
 use futures::StreamExt;
 use k8s_openapi::jiff::Timestamp;
 use pko_proto::fleet::{
-    cluster_key, domain_api_prefix, rollout_key, FleetRolloutRecord, ManagementClusterRecord,
-    AGGREGATE_STREAM, RECORD_MAX_AGE, RECORD_VERSION, STATE_BUCKET,
+    cluster_key, domain_api_prefix, rollout_key, FleetRecords, FleetRolloutRecord,
+    ManagementClusterRecord, AGGREGATE_STREAM, RECORD_MAX_AGE, RECORD_MAX_BYTES, RECORD_VERSION,
+    STATE_BUCKET,
 };
 use pko_proto::rollout_events::{STREAM, STREAM_MAX_AGE, STREAM_MAX_BYTES};
 use tokio::sync::{watch, Notify};
@@ -49,12 +50,10 @@ pub struct FleetMember {
     pub hub_domain: String,
 }
 
-/// What was last read from the hub.
+/// What was last read from the hub, and whether it answers.
 struct HubRecords {
     state: HubState,
-    clusters: BTreeMap<String, ManagementClusterRecord>,
-    /// By (HostedClusterPackage, cluster).
-    rollouts: BTreeMap<(String, String), FleetRolloutRecord>,
+    read: FleetRecords,
 }
 
 /// A record this manager keeps at the hub, and when it was last written there.
@@ -99,8 +98,7 @@ impl HubLink {
                     since: Timestamp::now(),
                     error: "not reached yet".to_owned(),
                 },
-                clusters: BTreeMap::new(),
-                rollouts: BTreeMap::new(),
+                read: FleetRecords::default(),
             }),
             own: Mutex::new(BTreeMap::new()),
             changed,
@@ -126,8 +124,9 @@ impl HubLink {
         let records = lock(&self.records);
         HubView {
             state: records.state.clone(),
-            clusters: records.clusters.clone(),
+            clusters: records.read.clusters.clone(),
             rollouts: records
+                .read
                 .rollouts
                 .iter()
                 .filter(|((name, _), _)| name == hosted_cluster_package)
@@ -147,6 +146,7 @@ impl HubLink {
             return Some(own.record.clone());
         }
         lock(&self.records)
+            .read
             .rollouts
             .get(&(
                 hosted_cluster_package.to_owned(),
@@ -282,45 +282,22 @@ impl HubLink {
     }
 
     fn record_seen(&self, entry: &kv::Entry) {
-        let deleted = !matches!(entry.operation, kv::Operation::Put);
         let mut records = lock(&self.records);
-        if let Some(cluster) = entry.key.strip_prefix("cluster.") {
-            if deleted {
-                records.clusters.remove(cluster);
-            } else {
-                match serde_json::from_slice::<ManagementClusterRecord>(&entry.value) {
-                    Ok(record) => {
-                        records.clusters.insert(cluster.to_owned(), record);
-                    }
-                    Err(error) => {
-                        warn!(key = %entry.key, %error, "ignoring a cluster record that does not parse")
-                    }
+        let changed = if matches!(entry.operation, kv::Operation::Put) {
+            match records.read.put(&entry.key, &entry.value) {
+                Ok(()) => true,
+                Err(error) => {
+                    warn!(%error, "ignoring a fleet record");
+                    false
                 }
             }
-        } else if entry.key.starts_with("rollout.") {
-            if deleted {
-                records
-                    .rollouts
-                    .retain(|(name, cluster), _| rollout_key(name, cluster) != entry.key);
-            } else {
-                match serde_json::from_slice::<FleetRolloutRecord>(&entry.value) {
-                    Ok(record) => {
-                        records.rollouts.insert(
-                            (
-                                record.hosted_cluster_package.clone(),
-                                record.cluster.clone(),
-                            ),
-                            record,
-                        );
-                    }
-                    Err(error) => {
-                        warn!(key = %entry.key, %error, "ignoring a rollout record that does not parse")
-                    }
-                }
-            }
-        }
+        } else {
+            records.read.delete(&entry.key)
+        };
         drop(records);
-        self.notify();
+        if changed {
+            self.notify();
+        }
     }
 
     /// Writes this cluster's record and the rollout records when they change and at every heartbeat;
@@ -438,6 +415,7 @@ async fn bucket(hub: &jetstream::Context) -> Result<kv::Store, String> {
             name: format!("KV_{STATE_BUCKET}"),
             subjects: vec![format!("$KV.{STATE_BUCKET}.>")],
             max_messages_per_subject: 1,
+            max_message_size: RECORD_MAX_BYTES,
             max_age: RECORD_MAX_AGE,
             storage: stream::StorageType::File,
             discard: stream::DiscardPolicy::New,

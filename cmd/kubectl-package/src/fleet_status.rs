@@ -2,60 +2,17 @@
 //! rollout of HostedClusterPackages, from the records the managers keep at the fleet's hub; with `--watch`
 //! printed again whenever a record changes.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use async_nats::jetstream::{self, kv};
 use futures::StreamExt;
 use k8s_openapi::jiff::Timestamp;
 use pko_engine::promotion_gate::RECORD_STALE_AFTER;
-use pko_proto::fleet::{FleetRolloutRecord, ManagementClusterRecord, STATE_BUCKET};
+use pko_proto::fleet::{FleetRecords, STATE_BUCKET};
 
 use crate::args::FleetStatusArgs;
 use crate::cluster::resource_and_name;
 use crate::rollout_follow::is_hosted_cluster_package;
-
-/// What the hub holds: clusters by name, rollout records by (HostedClusterPackage, cluster).
-#[derive(Debug, Default)]
-pub struct FleetRecords {
-    clusters: BTreeMap<String, ManagementClusterRecord>,
-    rollouts: BTreeMap<(String, String), FleetRolloutRecord>,
-}
-
-impl FleetRecords {
-    /// Takes one bucket entry in (a put or a deletion); entries that do not parse are skipped.
-    fn apply(&mut self, entry: &kv::Entry) {
-        let put = matches!(entry.operation, kv::Operation::Put);
-        if let Some(cluster) = entry.key.strip_prefix("cluster.") {
-            match (
-                put,
-                serde_json::from_slice::<ManagementClusterRecord>(&entry.value),
-            ) {
-                (true, Ok(record)) => {
-                    self.clusters.insert(cluster.to_owned(), record);
-                }
-                (false, _) => {
-                    self.clusters.remove(cluster);
-                }
-                (true, Err(_)) => {}
-            }
-        } else if entry.key.starts_with("rollout.") {
-            if !put {
-                self.rollouts.retain(|(name, cluster), _| {
-                    pko_proto::fleet::rollout_key(name, cluster) != entry.key
-                });
-            } else if let Ok(record) = serde_json::from_slice::<FleetRolloutRecord>(&entry.value) {
-                self.rollouts.insert(
-                    (
-                        record.hosted_cluster_package.clone(),
-                        record.cluster.clone(),
-                    ),
-                    record,
-                );
-            }
-        }
-    }
-}
 
 pub async fn status(args: &FleetStatusArgs) -> Result<String, String> {
     let name = match args.positionals.args.as_slice() {
@@ -100,7 +57,12 @@ pub async fn status(args: &FleetStatusArgs) -> Result<String, String> {
             return Err(format!("the watch of {STATE_BUCKET} ended"));
         };
         let entry = entry.map_err(|e| format!("watching {STATE_BUCKET}: {e}"))?;
-        records.apply(&entry);
+        if matches!(entry.operation, kv::Operation::Put) {
+            // A record that does not parse, or says another cluster than its key, is left out.
+            let _ = records.put(&entry.key, &entry.value);
+        } else {
+            records.delete(&entry.key);
+        }
         caught_up |= entry.seen_current;
     }
 }
@@ -230,7 +192,8 @@ pub fn fleet_table(records: &FleetRecords, name: Option<&str>, now: Timestamp) -
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use pko_proto::fleet::RECORD_VERSION;
+    use pko_proto::fleet::{FleetRolloutRecord, ManagementClusterRecord, RECORD_VERSION};
+    use std::collections::BTreeMap;
 
     fn at(second: i64) -> Timestamp {
         Timestamp::from_second(1_800_000_000 + second).unwrap()
