@@ -54,6 +54,9 @@ pub struct FleetMember {
 struct HubRecords {
     state: HubState,
     read: FleetRecords,
+    /// The bucket as the probe last found it; `None` while the hub does not answer. The writer uses it
+    /// rather than looking the bucket up again on every pass.
+    bucket: Option<kv::Store>,
 }
 
 /// A record this manager keeps at the hub, and when it was last written there.
@@ -99,6 +102,7 @@ impl HubLink {
                     error: "not reached yet".to_owned(),
                 },
                 read: FleetRecords::default(),
+                bucket: None,
             }),
             own: Mutex::new(BTreeMap::new()),
             changed,
@@ -107,7 +111,7 @@ impl HubLink {
         });
         link.metrics.hub_reachable(false);
         tokio::spawn(link.clone().follow(nats.clone()));
-        tokio::spawn(link.clone().write_records(nats));
+        tokio::spawn(link.clone().write_records());
         link
     }
 
@@ -181,8 +185,9 @@ impl HubLink {
             .send_modify(|version| *version = version.wrapping_add(1));
     }
 
-    fn set_state(&self, state: HubState) {
+    fn set_state(&self, state: HubState, bucket: Option<kv::Store>) {
         let mut records = lock(&self.records);
+        records.bucket = bucket;
         let was_reachable = records.state == HubState::Reachable;
         let reachable = state == HubState::Reachable;
         if was_reachable == reachable {
@@ -212,10 +217,13 @@ impl HubLink {
         if !told {
             warn!(hub = %self.member.hub_domain, %error, "the fleet's hub does not answer; promotion gates stay closed until it does");
         }
-        self.set_state(HubState::Unreachable {
-            since: Timestamp::now(),
-            error,
-        });
+        self.set_state(
+            HubState::Unreachable {
+                since: Timestamp::now(),
+                error,
+            },
+            None,
+        );
     }
 
     /// Probes the hub; while it answers, keeps the aggregate stream's source and follows the records.
@@ -234,7 +242,7 @@ impl HubLink {
                         match bucket(&hub).await {
                             Ok(store) => {
                                 info!(hub = %self.member.hub_domain, "following the fleet's records at the hub");
-                                self.set_state(HubState::Reachable);
+                                self.set_state(HubState::Reachable, Some(store.clone()));
                                 watching = Some(tokio::spawn(self.clone().watch_records(store)));
                             }
                             Err(error) => self.unreachable(error),
@@ -302,24 +310,16 @@ impl HubLink {
 
     /// Writes this cluster's record and the rollout records when they change and at every heartbeat;
     /// what fails is written again at the next turn.
-    async fn write_records(self: Arc<Self>, nats: async_nats::Client) {
-        let hub = jetstream::with_domain(nats, &self.member.hub_domain);
+    async fn write_records(self: Arc<Self>) {
         let mut announced: Option<Instant> = None;
         loop {
             let due = announced.is_none_or(|at| at.elapsed() >= RECORD_HEARTBEAT);
-            if lock(&self.records).state == HubState::Reachable {
-                match bucket(&hub).await {
-                    Ok(store) => {
-                        if due {
-                            let ok = self.announce(&store).await;
-                            if ok {
-                                announced = Some(Instant::now());
-                            }
-                        }
-                        self.write_rollouts(&store).await;
-                    }
-                    Err(error) => warn!(%error, "writing the fleet's records"),
+            let bucket = lock(&self.records).bucket.clone();
+            if let Some(store) = bucket {
+                if due && self.announce(&store).await {
+                    announced = Some(Instant::now());
                 }
+                self.write_rollouts(&store).await;
             }
             tokio::time::sleep(RECORD_COALESCE).await;
             // A report made meanwhile left its permit: this returns at once then.
