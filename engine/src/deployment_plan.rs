@@ -88,7 +88,12 @@ pub fn plan_deployment(
             previous: previous.into_iter().map(|r| r.name.clone()).collect(),
         };
     };
-    if !current.ours || current.template != *template {
+    // An archived set of the same template (a rollback to an earlier release) has handed its objects
+    // over and is never made active again: the template gets a new revision under a new name.
+    if !current.ours
+        || current.template != *template
+        || current.lifecycle == LifecycleState::Archived
+    {
         return DeploymentAction::BumpCollisionCount;
     }
     if current.lifecycle == LifecycleState::Paused {
@@ -277,6 +282,21 @@ mod tests {
 
     /// Upstream's table over six revisions, each with its own object: r1 available, r2 available, r3
     /// unavailable, r4 unavailable, r5 unavailable, r6 available.
+    #[test]
+    fn returning_to_an_archived_template_makes_a_new_revision() {
+        let mut archived = rev("od-1", 1, "a", true, true);
+        archived.lifecycle = LifecycleState::Archived;
+        let active = rev("od-2", 2, "b", true, false);
+        let action = plan_deployment(
+            &archived.template.clone(),
+            "od-1",
+            &[archived, active],
+            5,
+            false,
+        );
+        assert_eq!(action, DeploymentAction::BumpCollisionCount);
+    }
+
     #[test]
     fn unavailable_intermediate_revisions_sharing_nothing_with_the_latest_are_archived() {
         let own = |name: &str, revision: i64, available: bool, archived: bool| {

@@ -26,6 +26,10 @@ use super::image_limits::{
     check_entry_type, check_path, read_file, BoundedStream, ImageLimits, LimitViolation,
 };
 
+/// How long connecting to a registry may take.
+const REGISTRY_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long a registry may stay silent while answering a request.
+const REGISTRY_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
 /// The directory inside image layers that holds the package.
 pub const PACKAGE_PREFIX: &str = "package/";
 
@@ -170,6 +174,10 @@ impl ImageStore {
             .or_insert_with(|| {
                 Client::new(ClientConfig {
                     protocol: self.protocol.clone(),
+                    // A registry that accepts and then says nothing must fail the pull (and let a
+                    // newer spec be unpacked), not hold it forever; a slow but moving download goes on.
+                    connect_timeout: Some(REGISTRY_CONNECT_TIMEOUT),
+                    read_timeout: Some(REGISTRY_READ_TIMEOUT),
                     ..ClientConfig::default()
                 })
             })
