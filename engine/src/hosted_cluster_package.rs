@@ -2,7 +2,9 @@
 //! planner settings, the Package it wants in each HCP namespace, each Package's rollout state, the
 //! decision for one snapshot of the fleet ([`decide_rollout`]), and the status it reports. No I/O.
 
-use pko_proto::well_known::HOSTED_CLUSTER_PACKAGE_LABEL;
+use pko_proto::well_known::{
+    HOSTED_CLUSTER_PACKAGE_LABEL, ROLLOUT_APPROVALS_ANNOTATION, ROLLOUT_UNDO_ANNOTATION,
+};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
@@ -11,8 +13,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
 use pko_proto::core::hosted_cluster_package::{
-    HostedClusterPackage, HostedClusterPackageCounts, HostedClusterPackagePartitionStatus,
-    HostedClusterPackageRefStatus, HostedClusterPackageStatus,
+    HostedClusterPackage, HostedClusterPackageCounts, HostedClusterPackageHalt,
+    HostedClusterPackagePartitionStatus, HostedClusterPackageRefStatus, HostedClusterPackageStatus,
+    HostedClusterPackageSucceededTemplate, RolloutApprovals,
 };
 use pko_proto::core::package::{Package, PackageSpec, PackageStatus, PackageTemplateSpec};
 use pko_proto::hypershift::HostedCluster;
@@ -22,10 +25,15 @@ use crate::conditions::{is_true_for, set_condition, ConditionUpdate};
 use crate::deployment_plan::LATEST_REVISION_UNAVAILABLE;
 use crate::label_selector::selector_matches;
 use crate::promotion_gate::{package_template_hash, promotion_gate, GateVerdict, HubView};
-use crate::rollout_plan::{
-    plan_rollout, Counts, PackageState, PartitionOrder, RolloutInput, RolloutPlan, RolloutStrategy,
-    Target, UNKNOWN_GROUP,
+use crate::rollout_guard::{
+    annotate_partitions, apply_deadlines, base_rules, carried_halt, failure_halt, guard_conditions,
+    hold, new_halt, soak, stamp, GuardReport, HealthObservations, Soak,
 };
+use crate::rollout_plan::{
+    group_key, plan_rollout, Counts, GroupRules, PackageState, PartitionOrder, RolloutInput,
+    RolloutPlan, RolloutState, RolloutStrategy, Target, UNKNOWN_GROUP,
+};
+use crate::rollout_policy::{budget, rollout_policy, Budget, HealthCheck, RolloutPolicy};
 use crate::rollout_status::rollout_conditions;
 
 /// What the rollout reads of a Package it owns.
@@ -46,31 +54,59 @@ impl From<Package> for OwnedPackage {
     }
 }
 
+/// The strategy as the spec gives it: a rolling upgrade's budget may be a percentage of the selected
+/// Packages, resolved once they are known ([`StrategySetting::resolve`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StrategySetting {
+    Instant,
+    RollingUpgrade { max_unavailable: Budget },
+}
+
+impl StrategySetting {
+    /// The planner's strategy for `total` selected Packages.
+    pub fn resolve(self, total: usize) -> RolloutStrategy {
+        match self {
+            StrategySetting::Instant => RolloutStrategy::Instant,
+            StrategySetting::RollingUpgrade { max_unavailable } => {
+                RolloutStrategy::RollingUpgrade {
+                    max_unavailable: crate::rollout_policy::max_unavailable(max_unavailable, total),
+                }
+            }
+        }
+    }
+}
+
 /// How a HostedClusterPackage rolls out, from a valid spec.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RolloutSettings {
     pub selector: LabelSelector,
-    pub strategy: RolloutStrategy,
+    pub strategy: StrategySetting,
     /// The partition label key and order.
     pub partition: Option<(String, PartitionOrder)>,
+    /// `spec.rolloutPolicy` (empty when unset).
+    pub policy: RolloutPolicy,
 }
 
 /// Checks the spec; the error names the field and the problem.
 pub fn rollout_settings(hcpkg: &HostedClusterPackage) -> Result<RolloutSettings, String> {
     let spec = &hcpkg.spec;
     let strategy = match (&spec.strategy.instant, &spec.strategy.rolling_upgrade) {
-        (Some(_), None) => RolloutStrategy::Instant,
-        (None, Some(rolling)) if rolling.max_unavailable >= 1 => RolloutStrategy::RollingUpgrade {
-            max_unavailable: usize::try_from(rolling.max_unavailable).unwrap_or(1),
-        },
+        (Some(_), None) => StrategySetting::Instant,
         (None, Some(rolling)) => {
-            return Err(format!(
-                "spec.strategy.rollingUpgrade.maxUnavailable: must be at least 1, got {}",
-                rolling.max_unavailable
-            ))
+            let field = "spec.strategy.rollingUpgrade.maxUnavailable";
+            match budget(&rolling.max_unavailable, field)? {
+                Budget::Count(0) => {
+                    return Err(format!("{field}: must be at least 1, got 0"));
+                }
+                Budget::Percent(0) => {
+                    return Err(format!("{field}: must be more than 0%"));
+                }
+                b => StrategySetting::RollingUpgrade { max_unavailable: b },
+            }
         }
         _ => return Err("spec.strategy: set exactly one of instant and rollingUpgrade".into()),
     };
+    let policy = rollout_policy(spec.rollout_policy.as_ref())?;
     selector_matches(&spec.hosted_cluster_selector, &BTreeMap::new())
         .map_err(|e| format!("spec.hostedClusterSelector.{e}"))?;
     let partition = match &spec.partition {
@@ -112,13 +148,18 @@ pub fn rollout_settings(hcpkg: &HostedClusterPackage) -> Result<RolloutSettings,
         selector: spec.hosted_cluster_selector.clone(),
         strategy,
         partition,
+        policy,
     })
 }
 
-/// The Package the HostedClusterPackage wants in `namespace`, as a server-side apply body.
-pub fn desired_package(hcpkg: &HostedClusterPackage, namespace: &str) -> Value {
+/// The Package the HostedClusterPackage wants in `namespace` with `template` (the spec's, or a rollback's),
+/// as a server-side apply body.
+pub fn desired_package(
+    hcpkg: &HostedClusterPackage,
+    template: &PackageTemplateSpec,
+    namespace: &str,
+) -> Value {
     let name = hcpkg.metadata.name.clone().unwrap_or_default();
-    let template: &PackageTemplateSpec = &hcpkg.spec.template;
     let mut labels = template.metadata.labels.clone().unwrap_or_default();
     labels.insert(HOSTED_CLUSTER_PACKAGE_LABEL.to_owned(), name.clone());
     json!({
@@ -203,7 +244,9 @@ fn counts(c: &Counts) -> HostedClusterPackageCounts {
 }
 
 /// The status for `plan`: counts, partitions, the in-flight Packages (`packages` by namespace gives their
-/// names and UIDs) and the conditions, keeping transition times of unchanged conditions.
+/// names and UIDs; `since` when each was decided, new ones now) and the conditions, keeping transition
+/// times of unchanged conditions.
+#[allow(clippy::too_many_arguments)]
 pub fn rollout_status(
     previous: &[Condition],
     generation: i64,
@@ -211,6 +254,7 @@ pub fn rollout_status(
     plan: &RolloutPlan,
     strategy: RolloutStrategy,
     packages: &BTreeMap<String, Arc<OwnedPackage>>,
+    since: &BTreeMap<String, Timestamp>,
     now: Timestamp,
 ) -> HostedClusterPackageStatus {
     let mut conditions = previous.to_vec();
@@ -228,9 +272,12 @@ pub fn rollout_status(
                 name: g.name.clone().unwrap_or_else(|| UNKNOWN_GROUP.to_owned()),
                 order: i32::try_from(g.order).unwrap_or(i32::MAX),
                 counts: counts(&g.counts),
+                ..Default::default()
             })
             .collect(),
         promotion: None,
+        last_succeeded: None,
+        halted: None,
         processing: plan
             .processing
             .iter()
@@ -244,6 +291,7 @@ pub fn rollout_status(
                     .and_then(|p| p.meta.name.clone())
                     .unwrap_or_default(),
                 namespace: ns.clone(),
+                since: Some(stamp(since.get(ns).copied().unwrap_or(now))),
             })
             .collect(),
     }
@@ -292,6 +340,8 @@ pub struct RolloutSnapshot {
     pub failures: BTreeMap<String, String>,
     /// How a promotion gate (`spec.promotion`) is decided.
     pub gate: GateInput,
+    /// The latest evaluation of each health check of the rollout policy.
+    pub health: HealthObservations,
 }
 
 /// What a promotion gate is decided on.
@@ -311,7 +361,7 @@ pub enum GateInput {
 #[derive(Debug, Clone, PartialEq)]
 pub enum RolloutDecision {
     /// The spec cannot be rolled out: write this status, nothing else.
-    Invalid(HostedClusterPackageStatus),
+    Invalid(Box<HostedClusterPackageStatus>),
     Planned(Box<RolloutStep>),
 }
 
@@ -325,24 +375,84 @@ pub struct RolloutStep {
     pub deletes: Vec<String>,
     /// The promotion gate: while closed the plan creates and updates nothing.
     pub gate: GateVerdict,
-    /// The hash of the Package template (what gates across the fleet compare).
+    /// The hash of the spec's Package template (what gates across the fleet compare).
     pub template_hash: String,
+    /// The template Packages are created and updated with: the spec's, or while rolling back the last
+    /// one that finished rolling out everywhere.
+    pub template: PackageTemplateSpec,
+    /// Decide again after this long (a soak or a progress deadline ends), if nothing happens before.
+    pub recheck_after: Option<std::time::Duration>,
+    /// Health checks to evaluate now, with the name of the group that soaks.
+    pub health_due: Vec<(String, HealthCheck)>,
 }
 
 /// The rollout step for `snapshot` at `now`: which Packages to create, update and delete (through
-/// `engine::rollout_plan`) and the status that says so. A HostedCluster that is not Available gets no
-/// Package until it is; one that has its Package keeps being counted.
+/// `engine::rollout_plan`, guarded by the rollout policy of `engine::rollout_guard`) and the status that
+/// says so. A HostedCluster that is not Available gets no Package until it is; one that has its Package
+/// keeps being counted.
 pub fn decide_rollout(snapshot: &RolloutSnapshot, now: Timestamp) -> RolloutDecision {
-    let failures = &snapshot.failures;
     let hcpkg = &snapshot.hcpkg;
     let generation = hcpkg.metadata.generation.unwrap_or_default();
     let previous = hcpkg.status.clone().unwrap_or_default();
     let settings = match rollout_settings(hcpkg) {
         Ok(s) => s,
         Err(problem) => {
-            return RolloutDecision::Invalid(invalid_status(&previous, generation, &problem, now))
+            return RolloutDecision::Invalid(Box::new(invalid_status(
+                &previous, generation, &problem, now,
+            )))
         }
     };
+    let template_hash = package_template_hash(&hcpkg.spec);
+    let annotations = hcpkg.metadata.annotations.clone().unwrap_or_default();
+    // An undo names the template and the generation it was asked at: applying the same template again
+    // later (a new generation) is a new rollout, not the old undo.
+    let undo = annotations
+        .get(ROLLOUT_UNDO_ANNOTATION)
+        .is_some_and(|v| *v == undo_request(&template_hash, generation));
+    let halt = carried_halt(previous.halted.as_ref(), &template_hash, undo, now);
+    let step = guarded_step(snapshot, &settings, &template_hash, halt.clone(), now);
+    // A halt found now is decided again with it, so this very step already holds (or rolls back).
+    match (&halt, step.new_halt.clone()) {
+        (None, Some(found)) => {
+            let halt = new_halt(
+                found,
+                &template_hash,
+                settings.policy.automatic_rollback,
+                now,
+            );
+            guarded_step(snapshot, &settings, &template_hash, Some(halt), now).step
+        }
+        _ => step.step,
+    }
+}
+
+struct GuardedStep {
+    step: RolloutDecision,
+    new_halt: Option<crate::rollout_guard::HaltCause>,
+}
+
+/// One decision with `halt` standing.
+fn guarded_step(
+    snapshot: &RolloutSnapshot,
+    settings: &RolloutSettings,
+    spec_hash: &str,
+    halt: Option<HostedClusterPackageHalt>,
+    now: Timestamp,
+) -> GuardedStep {
+    let failures = &snapshot.failures;
+    let hcpkg = &snapshot.hcpkg;
+    let generation = hcpkg.metadata.generation.unwrap_or_default();
+    let previous = hcpkg.status.clone().unwrap_or_default();
+    let policy = &settings.policy;
+    // Rolling back: to the last template that finished everywhere, if there is one.
+    let rollback_to = previous
+        .last_succeeded
+        .as_ref()
+        .filter(|_| halt.as_ref().is_some_and(|h| h.rolling_back))
+        .filter(|last| last.template_hash != spec_hash);
+    let rolling_back = rollback_to.is_some();
+    let template = rollback_to.map_or(&hcpkg.spec.template, |last| &last.template);
+    let effective_hash = rollback_to.map_or(spec_hash, |last| last.template_hash.as_str());
     let (label_key, order): (Option<&str>, Option<PartitionOrder>) = match &settings.partition {
         Some((key, order)) => (Some(key.as_str()), Some(order.clone())),
         None => (None, None),
@@ -362,7 +472,7 @@ pub fn decide_rollout(snapshot: &RolloutSnapshot, now: Timestamp) -> RolloutDeci
         let (state, failure) = if snapshot.writing.contains(&namespace) {
             (Some(PackageState::just_updated()), None)
         } else {
-            match package.map(|p| package_state(&hcpkg.spec.template, p)) {
+            match package.map(|p| package_state(template, p)) {
                 Some((state, failure)) => (Some(state), failure),
                 None => (None, None),
             }
@@ -381,21 +491,52 @@ pub fn decide_rollout(snapshot: &RolloutSnapshot, now: Timestamp) -> RolloutDeci
             failure,
         });
     }
-    let input = RolloutInput {
+    let since: BTreeMap<String, Timestamp> = previous
+        .processing
+        .iter()
+        .filter_map(|p| Some((p.namespace.clone(), p.since.as_deref()?.parse().ok()?)))
+        .collect();
+    if !rolling_back {
+        apply_deadlines(&mut targets, order.as_ref(), policy, &since, now);
+    }
+    let strategy = settings.strategy.resolve(targets.len());
+    let approvals: RolloutApprovals = annotations_approvals(hcpkg);
+    let mut input = RolloutInput {
         targets,
         partition: order,
-        strategy: settings.strategy,
+        strategy,
         processing: previous
             .processing
             .iter()
             .map(|p| p.namespace.clone())
             .collect(),
+        rules: GroupRules::default(),
     };
-    let template_hash = package_template_hash(&hcpkg.spec);
+    input.rules = base_rules(policy, &input, &approvals, spec_hash, rolling_back);
+    // Soak and health are measured on a plan without soaking: which groups have every Package done.
+    let soaked = if rolling_back || !matches!(strategy, RolloutStrategy::RollingUpgrade { .. }) {
+        Soak {
+            soaking: BTreeSet::new(),
+            memory: BTreeMap::new(),
+            recheck_after: None,
+            due: Vec::new(),
+            failed_check: None,
+        }
+    } else {
+        soak(
+            &plan_rollout(&input),
+            policy,
+            &previous.partitions,
+            effective_hash,
+            &snapshot.health,
+            now,
+        )
+    };
+    input.rules.soaking = soaked.soaking.clone();
     let gate = match &snapshot.gate {
         GateInput::Fleet { cluster, hub } => promotion_gate(
             hcpkg.spec.promotion.as_ref(),
-            &template_hash,
+            spec_hash,
             previous.promotion.as_ref(),
             cluster,
             hub.as_ref(),
@@ -404,7 +545,13 @@ pub fn decide_rollout(snapshot: &RolloutSnapshot, now: Timestamp) -> RolloutDeci
         GateInput::Preview => GateVerdict::Ungated,
     };
     let mut plan = plan_rollout(&input);
-    if gate.is_closed() {
+    let new_halt = if halt.is_none() {
+        failure_halt(&input, &plan, policy).or(soaked.failed_check.clone())
+    } else {
+        None
+    };
+    let held = hold(hcpkg.spec.paused, halt.as_ref(), rollback_to.is_some());
+    if gate.is_closed() || held.is_some() {
         hold_at_gate(&mut plan);
     }
     let mut status = rollout_status(
@@ -412,10 +559,46 @@ pub fn decide_rollout(snapshot: &RolloutSnapshot, now: Timestamp) -> RolloutDeci
         generation,
         &input,
         &plan,
-        settings.strategy,
+        strategy,
         &snapshot.packages,
+        &since,
         now,
     );
+    let everything_done = plan.current_group.is_none()
+        && plan.counts.updated == plan.counts.total
+        && plan.processing.is_empty();
+    status.last_succeeded = match &previous.last_succeeded {
+        Some(last) if last.template_hash == spec_hash => Some(last.clone()),
+        _ if everything_done && halt.is_none() && !gate.is_closed() => {
+            Some(HostedClusterPackageSucceededTemplate {
+                template_hash: spec_hash.to_owned(),
+                template: hcpkg.spec.template.clone(),
+                finished_at: stamp(now),
+            })
+        }
+        last => last.clone(),
+    };
+    status.halted = halt.map(|mut h| {
+        if rolling_back && everything_done && h.rolled_back_at.is_none() {
+            h.rolled_back_at = Some(stamp(now));
+        }
+        h
+    });
+    let report = GuardReport {
+        input: &input,
+        plan: &plan,
+        memory: &soaked.memory,
+        template_hash: effective_hash,
+        halt: status.halted.as_ref(),
+        paused: hcpkg.spec.paused,
+        strategy,
+    };
+    annotate_partitions(&report, &mut status.partitions);
+    if uses_policy(hcpkg, &status) {
+        for condition in guard_conditions(&report, &status) {
+            set_condition(&mut status.conditions, condition, generation, now);
+        }
+    }
     if let Some(condition) = gate.condition() {
         set_condition(&mut status.conditions, condition, generation, now);
     }
@@ -426,33 +609,30 @@ pub fn decide_rollout(snapshot: &RolloutSnapshot, now: Timestamp) -> RolloutDeci
         } => Some(opened.clone()),
         GateVerdict::Open { opened: None } | GateVerdict::Closed(_) => previous.promotion.clone(),
     };
+    let mut notes = Vec::new();
     if let GateVerdict::Closed(closed) = &gate {
-        if let Some(c) = status
-            .conditions
-            .iter_mut()
-            .find(|c| c.type_ == "Progressing")
-        {
-            c.message = format!(
-                "{} Held at the promotion gate: {}",
-                c.message, closed.message
-            );
-        }
+        notes.push(format!("Held at the promotion gate: {}", closed.message));
+    }
+    if let Some(why) = &held {
+        notes.push(why.clone());
     }
     if !failures.is_empty() {
         let failing: Vec<String> = failures
             .iter()
             .map(|(ns, e)| format!("{ns}: {e}"))
             .collect();
-        if let Some(c) = status
-            .conditions
-            .iter_mut()
-            .find(|c| c.type_ == "Progressing")
-        {
-            c.message = format!(
-                "{} Failing, retried with backoff: {}.",
-                c.message,
-                failing.join("; ")
-            );
+        notes.push(format!(
+            "Failing, retried with backoff: {}.",
+            failing.join("; ")
+        ));
+    }
+    if let Some(c) = status
+        .conditions
+        .iter_mut()
+        .find(|c| c.type_ == "Progressing")
+    {
+        for note in notes {
+            c.message = format!("{} {note}", c.message);
         }
     }
     let deletes = snapshot
@@ -461,14 +641,71 @@ pub fn decide_rollout(snapshot: &RolloutSnapshot, now: Timestamp) -> RolloutDeci
         .filter(|ns| !wanted.contains(*ns))
         .cloned()
         .collect();
-    RolloutDecision::Planned(Box::new(RolloutStep {
-        input,
-        plan,
-        status,
-        deletes,
-        gate,
-        template_hash,
-    }))
+    // A deadline ends by itself: decide again then.
+    let deadline_left = input
+        .targets
+        .iter()
+        .filter(|t| {
+            t.package
+                .is_some_and(|p| p.rollout_state() == RolloutState::InFlight)
+        })
+        .filter_map(|t| {
+            let key = group_key(t.label.as_deref(), input.partition.as_ref());
+            let deadline = policy.group(key.as_deref()).progress_deadline?;
+            let started = since.get(&t.namespace)?;
+            Some(deadline.saturating_sub(crate::rollout_guard::elapsed(*started, now)))
+        })
+        .min();
+    let recheck_after = match (soaked.recheck_after, deadline_left) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+    .map(|d| d.max(std::time::Duration::from_secs(1)));
+    GuardedStep {
+        step: RolloutDecision::Planned(Box::new(RolloutStep {
+            input,
+            plan,
+            status,
+            deletes,
+            gate,
+            template_hash: spec_hash.to_owned(),
+            template: template.clone(),
+            recheck_after,
+            health_due: if held.is_some() {
+                Vec::new()
+            } else {
+                soaked.due
+            },
+        })),
+        new_halt,
+    }
+}
+
+/// The value of the undo annotation that asks to roll back template `hash` at `generation`.
+pub fn undo_request(hash: &str, generation: i64) -> String {
+    format!("{hash}@{generation}")
+}
+
+/// Whether the policy's conditions belong in the status: a policy or pause is set, or was.
+fn uses_policy(hcpkg: &HostedClusterPackage, status: &HostedClusterPackageStatus) -> bool {
+    hcpkg.spec.rollout_policy.is_some()
+        || hcpkg.spec.paused
+        || status.halted.is_some()
+        || status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == crate::rollout_guard::HALTED)
+}
+
+/// The approvals annotation; an unreadable one approves nothing.
+pub fn annotations_approvals(hcpkg: &HostedClusterPackage) -> RolloutApprovals {
+    hcpkg
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ROLLOUT_APPROVALS_ANNOTATION))
+        .and_then(|text| serde_json::from_str(text).ok())
+        .unwrap_or_default()
 }
 
 /// A closed gate: no Package is created or updated; what is in flight already stays counted.
@@ -548,7 +785,9 @@ mod tests {
         let settings = rollout_settings(&good).unwrap();
         assert_eq!(
             settings.strategy,
-            RolloutStrategy::RollingUpgrade { max_unavailable: 2 }
+            StrategySetting::RollingUpgrade {
+                max_unavailable: Budget::Count(2)
+            }
         );
         assert_eq!(
             settings.partition,
@@ -561,7 +800,8 @@ mod tests {
 
     #[test]
     fn the_desired_package_carries_the_template_and_its_owner() {
-        let p = desired_package(&hcpkg(json!({"template": template()})), "clusters-a");
+        let h = hcpkg(json!({"template": template()}));
+        let p = desired_package(&h, &h.spec.template, "clusters-a");
         assert_eq!(p["metadata"]["name"], "addon");
         assert_eq!(p["metadata"]["namespace"], "clusters-a");
         assert_eq!(p["metadata"]["labels"]["team"], "sre");
@@ -750,6 +990,7 @@ mod tests {
             clusters,
             failures: BTreeMap::new(),
             gate: GateInput::Preview,
+            health: BTreeMap::new(),
         }
     }
 

@@ -7,7 +7,13 @@ use std::collections::BTreeMap;
 
 use pko_proto::rollout_events::RolloutEventKind;
 
-use super::rollout_plan::{group_key, PackageState, RolloutInput, RolloutPlan, RolloutState};
+use pko_proto::core::hosted_cluster_package::HostedClusterPackageStatus;
+
+use super::conditions::find_condition;
+use super::rollout_guard::{group_state, AWAITING_APPROVAL, ROLLOUT_PAUSED};
+use super::rollout_plan::{
+    group_key, PackageState, RolloutInput, RolloutPlan, RolloutState, UNKNOWN_GROUP,
+};
 
 /// What was planned for one generation, as the events compare it.
 #[derive(Debug, Clone)]
@@ -221,6 +227,75 @@ pub fn story_so_far(next: &RolloutView<'_>) -> Vec<RolloutStep> {
     steps
 }
 
+/// The rollout policy's steps between the stored status `previous` and the status about to be written:
+/// groups that start waiting for approval or soaking, a halt, a finished rollback, pause and resume.
+/// Told from status, so a restarted manager does not tell them again.
+pub fn policy_steps(
+    previous: &HostedClusterPackageStatus,
+    next: &HostedClusterPackageStatus,
+) -> Vec<RolloutStep> {
+    use RolloutEventKind::*;
+    let mut steps = Vec::new();
+    let paused = |s: &HostedClusterPackageStatus| {
+        find_condition(&s.conditions, ROLLOUT_PAUSED).is_some_and(|c| c.status == "True")
+    };
+    match (paused(previous), paused(next)) {
+        (false, true) => steps.push(step(RolloutPaused, None, None)),
+        (true, false) => steps.push(step(RolloutResumed, None, None)),
+        _ => {}
+    }
+    for group in &next.partitions {
+        let before = previous
+            .partitions
+            .iter()
+            .find(|p| p.name == group.name)
+            .map(|p| p.state.as_str());
+        let name = (group.name != UNKNOWN_GROUP).then(|| group.name.clone());
+        if before != Some(group.state.as_str()) {
+            match group.state.as_str() {
+                group_state::AWAITING_APPROVAL => {
+                    let message = find_condition(&next.conditions, AWAITING_APPROVAL)
+                        .map(|c| c.message.clone())
+                        .unwrap_or_default();
+                    steps.push(RolloutStep {
+                        message,
+                        ..step(GroupAwaitingApproval, name, None)
+                    });
+                }
+                group_state::SOAKING => steps.push(step(GroupSoaking, name, None)),
+                _ => {}
+            }
+        }
+    }
+    if let Some(now) = &next.halted {
+        let before = previous.halted.as_ref();
+        let new = before.is_none_or(|b| {
+            b.template_hash != now.template_hash || b.rolling_back != now.rolling_back
+        });
+        if new {
+            steps.push(RolloutStep {
+                message: now.message.clone(),
+                ..step(RolloutHalted, None, None)
+            });
+        }
+        if now.rolled_back_at.is_some() && before.is_none_or(|b| b.rolled_back_at.is_none()) {
+            let to = next
+                .last_succeeded
+                .as_ref()
+                .map(|l| l.template_hash.as_str())
+                .unwrap_or_default();
+            steps.push(RolloutStep {
+                message: format!(
+                    "Every Package is back on template {to}; template {} stays halted until the spec changes.",
+                    now.template_hash
+                ),
+                ..step(RollbackFinished, None, None)
+            });
+        }
+    }
+    steps
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -247,6 +322,7 @@ mod tests {
             partition: Some(PartitionOrder::Static(vec!["early".into(), "late".into()])),
             strategy: RolloutStrategy::RollingUpgrade { max_unavailable: 1 },
             processing: BTreeSet::new(),
+            rules: Default::default(),
         }
     }
 

@@ -21,6 +21,11 @@
 //!   paused, or its target is gone). The caller must record each update's response in its view: the new
 //!   generation makes the Package unavailable until its status catches up, which keeps it counted.
 //!
+//! - Group rules (the rollout policy, issue 22, decided by `engine::rollout_guard`): a soaking group
+//!   has every Package done and still does not count as finished; a group may tolerate some failed
+//!   Packages (they count as done for the barrier, and still hold their budget slot while unavailable);
+//!   a group awaiting approval gets no update; a rollback orders the groups in reverse.
+//!
 //! Pure: no I/O, no clock.
 
 use std::cmp::Ordering;
@@ -117,6 +122,21 @@ pub struct RolloutInput {
     pub strategy: RolloutStrategy,
     /// Namespaces persisted as in flight.
     pub processing: BTreeSet<String>,
+    /// What the rollout policy says of each group (nothing by default).
+    pub rules: GroupRules,
+}
+
+/// The rollout policy's say over groups (keys as [`group_key`] gives them: `None` is the unknown group).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct GroupRules {
+    /// Groups in reverse order: a rollback returns the last group that got the template first.
+    pub reverse: bool,
+    /// Groups whose Packages are all done that do not count as finished yet (their soak runs).
+    pub soaking: BTreeSet<Option<String>>,
+    /// Failed Packages a group tolerates: up to this many count as done for the barrier.
+    pub tolerated_failures: BTreeMap<Option<String>, usize>,
+    /// Groups that may not get updates yet (approval required and not given for this template).
+    pub awaiting_approval: BTreeSet<Option<String>>,
 }
 
 /// Counts of one group or of the whole fleet.
@@ -141,6 +161,9 @@ pub struct GroupStatus {
     pub name: Option<String>,
     pub order: usize,
     pub counts: Counts,
+    /// Every Package done (or paused, or a tolerated failure), soaking or not.
+    pub done: bool,
+    /// Done and not soaking: the next group may go.
     pub finished: bool,
 }
 
@@ -187,6 +210,20 @@ pub fn group_key(label: Option<&str>, order: Option<&PartitionOrder>) -> Option<
 
 /// Orders group names: known ones by the partition order, the unknown group (`None`) last.
 fn compare_groups(
+    a: &Option<String>,
+    b: &Option<String>,
+    order: Option<&PartitionOrder>,
+    reverse: bool,
+) -> Ordering {
+    let forward = compare_groups_forward(a, b, order);
+    if reverse {
+        forward.reverse()
+    } else {
+        forward
+    }
+}
+
+fn compare_groups_forward(
     a: &Option<String>,
     b: &Option<String>,
     order: Option<&PartitionOrder>,
@@ -253,17 +290,25 @@ pub fn plan_rollout(input: &RolloutInput) -> RolloutPlan {
             .push(t);
     }
     let mut names: Vec<Option<String>> = grouped.keys().cloned().collect();
-    names.sort_by(|a, b| compare_groups(a, b, order));
+    let rules = &input.rules;
+    names.sort_by(|a, b| compare_groups(a, b, order, rules.reverse));
     let groups: Vec<GroupStatus> = names
         .iter()
         .enumerate()
         .map(|(order, name)| {
             let members = &grouped[name];
+            let counts = count(members);
+            let tolerated = rules.tolerated_failures.get(name).copied().unwrap_or(0);
+            let done = counts.failed <= tolerated
+                && members
+                    .iter()
+                    .all(|t| is_done(t) || state(t) == RolloutState::Failed);
             GroupStatus {
                 name: name.clone(),
                 order,
-                counts: count(members),
-                finished: members.iter().all(|t| is_done(t)),
+                counts,
+                done,
+                finished: done && !rules.soaking.contains(name),
             }
         })
         .collect();
@@ -310,7 +355,10 @@ pub fn plan_rollout(input: &RolloutInput) -> RolloutPlan {
             );
         }
         RolloutStrategy::RollingUpgrade { max_unavailable } => {
-            if let Some(current) = current_group {
+            if let Some(current) = current_group.filter(|&i| {
+                // A group awaiting approval gets nothing, not even the free updates.
+                !rules.awaiting_approval.contains(&groups[i].name)
+            }) {
                 let members = &grouped[&groups[current].name];
                 let disrupted: BTreeSet<&str> = input
                     .targets
@@ -389,6 +437,7 @@ mod tests {
                 max_unavailable: max,
             },
             processing: BTreeSet::new(),
+            rules: GroupRules::default(),
         }
     }
 
@@ -727,6 +776,7 @@ mod tests {
                     partition: fleet.order.clone(),
                     strategy,
                     processing: processing.clone(),
+                    rules: GroupRules::default(),
                 };
                 let plan = plan_rollout(&input);
                 let before = disrupted(&input.targets, &input.processing);

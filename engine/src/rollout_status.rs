@@ -122,16 +122,19 @@ pub enum RolloutState {
     /// Outdated Packages wait and none is moving: updated Packages fail, or unavailable ones use up
     /// maxUnavailable.
     Blocked,
-    /// Nothing moves but paused Packages keep the rollout from finishing.
+    /// Nothing moves but paused Packages keep the rollout from finishing, or the rollout is paused.
     Paused,
+    /// The rollout policy halted the template (rolling back or not).
+    Halted,
 }
 
 impl RolloutState {
-    pub const ALL: [RolloutState; 4] = [
+    pub const ALL: [RolloutState; 5] = [
         RolloutState::Progressing,
         RolloutState::Finished,
         RolloutState::Blocked,
         RolloutState::Paused,
+        RolloutState::Halted,
     ];
 
     pub fn label(self) -> &'static str {
@@ -140,6 +143,7 @@ impl RolloutState {
             RolloutState::Finished => "finished",
             RolloutState::Blocked => "blocked",
             RolloutState::Paused => "paused",
+            RolloutState::Halted => "halted",
         }
     }
 }
@@ -150,7 +154,11 @@ pub fn rollout_state(status: &HostedClusterPackageStatus) -> RolloutState {
         |type_: &str| find_condition(&status.conditions, type_).is_some_and(|c| c.status == "True");
     let c = &status.counts;
     let moving = c.in_flight_packages > 0 || !status.processing.is_empty();
-    if !holds(PROGRESSING) {
+    if status.halted.is_some() {
+        RolloutState::Halted
+    } else if holds(crate::rollout_guard::ROLLOUT_PAUSED) {
+        RolloutState::Paused
+    } else if !holds(PROGRESSING) {
         RolloutState::Finished
     } else if c.failed_packages > 0 {
         RolloutState::Blocked
@@ -192,6 +200,7 @@ mod tests {
             partition: None,
             strategy: RolloutStrategy::RollingUpgrade { max_unavailable: 1 },
             processing: Default::default(),
+            rules: Default::default(),
         }
     }
 

@@ -155,6 +155,26 @@ pub fn rollout_transition(event: &RolloutEvent) -> Option<TransitionEvent> {
                 &event.message,
             ),
         ),
+        RolloutEventKind::GroupAwaitingApproval => (
+            false,
+            "PartitionAwaitingApproval",
+            format!("Group {group} waits for approval. {}", event.message),
+        ),
+        RolloutEventKind::GroupSoaking => (
+            false,
+            "PartitionSoaking",
+            format!("Group {group} is updated and live; its soak runs."),
+        ),
+        RolloutEventKind::RolloutHalted => (true, "RolloutHalted", event.message.clone()),
+        RolloutEventKind::RollbackFinished => (true, "RollbackFinished", event.message.clone()),
+        RolloutEventKind::RolloutPaused => (
+            false,
+            "RolloutPaused",
+            "The rollout is paused (spec.paused).".to_owned(),
+        ),
+        RolloutEventKind::RolloutResumed => {
+            (false, "RolloutResumed", "The rollout resumed.".to_owned())
+        }
         RolloutEventKind::PackageUpdated
         | RolloutEventKind::PackageAvailable
         | RolloutEventKind::PackagePaused => return None,

@@ -1,4 +1,5 @@
-//! The rollout event stream (version 1): every step of a HostedClusterPackage rollout is published to the
+//! The rollout event stream (version 2; version 2 added the rollout policy's kinds, from
+//! `groupAwaitingApproval` on): every step of a HostedClusterPackage rollout is published to the
 //! JetStream stream [`STREAM`], so dashboards and other management clusters can follow along.
 //!
 //! Subjects: `pko.v1.rollout.<hcpkg>.<kind>`, where `<hcpkg>` is the HostedClusterPackage's name with dots
@@ -13,7 +14,7 @@ pub const STREAM: &str = "PKO_ROLLOUTS";
 /// Subjects of every rollout event.
 pub const SUBJECT_PREFIX: &str = "pko.v1.rollout";
 /// The version this build writes.
-pub const EVENT_VERSION: u32 = 1;
+pub const EVENT_VERSION: u32 = 2;
 /// How long the stream keeps an event.
 pub const STREAM_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(7 * 24 * 60 * 60);
 /// The most the stream stores; the oldest events go first beyond it.
@@ -54,6 +55,19 @@ pub enum RolloutEventKind {
     PromotionWaiting,
     /// The promotion gate opened for the template: the rollout may start.
     PromotionOpened,
+    /// A group that requires approval is next and waits for it (version 2).
+    GroupAwaitingApproval,
+    /// Every Package of a group is updated and live; its soak (minSuccessTime, health checks) runs
+    /// (version 2).
+    GroupSoaking,
+    /// The rollout policy halted the template: the message says why (version 2).
+    RolloutHalted,
+    /// Every Package is back on the last template that finished rolling out everywhere (version 2).
+    RollbackFinished,
+    /// `spec.paused` was set (version 2).
+    RolloutPaused,
+    /// `spec.paused` was cleared (version 2).
+    RolloutResumed,
 }
 
 impl RolloutEventKind {
@@ -71,6 +85,12 @@ impl RolloutEventKind {
             Self::RolloutFinished => "rollout_finished",
             Self::PromotionWaiting => "promotion_waiting",
             Self::PromotionOpened => "promotion_opened",
+            Self::GroupAwaitingApproval => "group_awaiting_approval",
+            Self::GroupSoaking => "group_soaking",
+            Self::RolloutHalted => "rollout_halted",
+            Self::RollbackFinished => "rollback_finished",
+            Self::RolloutPaused => "rollout_paused",
+            Self::RolloutResumed => "rollout_resumed",
         }
     }
 }

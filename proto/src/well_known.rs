@@ -43,6 +43,15 @@ pub const CREDENTIALS_HASH_ANNOTATION: &str = "package-operator.run/credentials-
 /// Label on every Package a HostedClusterPackage owns: its name.
 pub const HOSTED_CLUSTER_PACKAGE_LABEL: &str = "package-operator.run/hosted-cluster-package";
 
+/// On a HostedClusterPackage: approvals of its partition groups, a JSON object
+/// `{"<group>": {"templateHash": "…", "approvedBy": "…", "approvedAt": "…"}}`
+/// ([`crate::core::hosted_cluster_package::RolloutApproval`]), written by `kubectl package rollout approve`.
+/// An approval counts only for the template hash it names.
+pub const ROLLOUT_APPROVALS_ANNOTATION: &str = "rollout.package-operator.run/approvals";
+
+/// On a HostedClusterPackage: the template hash a rollback was asked for (`kubectl package rollout undo`).
+pub const ROLLOUT_UNDO_ANNOTATION: &str = "rollout.package-operator.run/undo";
+
 /// Annotation naming the phase of an object (required).
 pub const PHASE_ANNOTATION: &str = "package-operator.run/phase";
 

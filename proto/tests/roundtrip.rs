@@ -77,7 +77,10 @@ fn defaults_are_filled_as_the_crds_declare() {
     assert_eq!(set.spec.lifecycle_state, LifecycleState::Active);
     let rolling: pko_proto::core::HostedClusterPackageStrategy =
         serde_json::from_value(json!({"rollingUpgrade": {}})).unwrap();
-    assert_eq!(rolling.rolling_upgrade.unwrap().max_unavailable, 1);
+    assert_eq!(
+        rolling.rolling_upgrade.unwrap().max_unavailable,
+        k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(1)
+    );
 }
 
 #[test]

@@ -6,12 +6,15 @@
 use dashmap::DashMap;
 use pko_proto::core::hosted_cluster_package::{HostedClusterPackage, HostedClusterPackageCounts};
 use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use std::sync::Arc;
 
 use crate::engine::conditions::find_condition;
+use crate::engine::hosted_cluster_package::rollout_settings;
+use crate::engine::rollout_plan::RolloutStrategy;
 use crate::engine::rollout_status::{rollout_state, RolloutState, PROGRESSING};
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -25,6 +28,12 @@ struct PartitionLabels {
     hostedclusterpackage: String,
     partition: String,
     state: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct HealthCheckLabels {
+    hostedclusterpackage: String,
+    result: &'static str,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -54,6 +63,7 @@ pub struct RolloutMetrics {
     state: Family<CountLabels, Gauge>,
     started: Family<NameLabels, Gauge>,
     max_unavailable: Family<NameLabels, Gauge>,
+    health_checks: Family<HealthCheckLabels, Counter>,
     /// The partition groups each HostedClusterPackage exports, to drop those that went.
     partitions: Arc<DashMap<String, Vec<String>>>,
 }
@@ -75,8 +85,14 @@ impl RolloutMetrics {
         registry.register(
             "pko_hostedclusterpackage_rollout_state",
             "1 for the state the HostedClusterPackage's rollout is in (progressing, finished, \
-             blocked, paused), 0 for the others.",
+             blocked, paused, halted), 0 for the others.",
             self.state.clone(),
+        );
+        registry.register(
+            "pko_hostedclusterpackage_health_checks",
+            "Evaluations of rollout health checks by result: passing, failing, unknown (no samples \
+             or Prometheus not reached).",
+            self.health_checks.clone(),
         );
         registry.register(
             "pko_hostedclusterpackage_max_unavailable",
@@ -89,6 +105,16 @@ impl RolloutMetrics {
              it finished.",
             self.started.clone(),
         );
+    }
+
+    /// One health check evaluation of `name`'s rollout.
+    pub fn health_check(&self, name: &str, result: &'static str) {
+        self.health_checks
+            .get_or_create(&HealthCheckLabels {
+                hostedclusterpackage: name.to_owned(),
+                result,
+            })
+            .inc();
     }
 
     /// A HostedClusterPackage as observed.
@@ -135,15 +161,14 @@ impl RolloutMetrics {
         let key = NameLabels {
             hostedclusterpackage: name,
         };
-        let budget = hcpkg
-            .spec
-            .strategy
-            .rolling_upgrade
-            .as_ref()
-            .map_or(0, |r| r.max_unavailable);
+        let total = usize::try_from(status.counts.total_packages).unwrap_or(0);
+        let budget = match rollout_settings(hcpkg).map(|s| s.strategy.resolve(total)) {
+            Ok(RolloutStrategy::RollingUpgrade { max_unavailable }) => max_unavailable,
+            Ok(RolloutStrategy::Instant) | Err(_) => 0,
+        };
         self.max_unavailable
             .get_or_create(&key)
-            .set(i64::from(budget));
+            .set(i64::try_from(budget).unwrap_or(i64::MAX));
         match started {
             Some(at) => {
                 self.started.get_or_create(&key).set(at);
@@ -171,6 +196,12 @@ impl RolloutMetrics {
             self.state.remove(&CountLabels {
                 hostedclusterpackage: name.to_owned(),
                 state: state.label(),
+            });
+        }
+        for result in ["passing", "failing", "unknown"] {
+            self.health_checks.remove(&HealthCheckLabels {
+                hostedclusterpackage: name.to_owned(),
+                result,
             });
         }
         let key = NameLabels {

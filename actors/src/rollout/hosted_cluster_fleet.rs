@@ -18,6 +18,7 @@ use actix::prelude::*;
 use crate::engine::hosted_teardown::HostedClusterPresence;
 use crate::engine::label_selector::selector_matches;
 use crate::fleet::hub_link::HubLink;
+use crate::rollout::health_queries::PrometheusQueries;
 use crate::rollout::rollout_publisher::RolloutPublisher;
 
 /// A selected HostedCluster changed (or the fleet became complete).
@@ -35,6 +36,8 @@ pub struct RolloutShared {
     /// The fleet's hub, when this management cluster is in a fleet: promotion gates read it and the
     /// rollouts report to it.
     pub hub: Option<Arc<HubLink>>,
+    /// Where rollout health checks query, when configured.
+    pub prometheus: Option<PrometheusQueries>,
 }
 
 /// What one supervisor selects, and where to tell it that its selection changed.

@@ -25,19 +25,23 @@ use pko_proto::rollout_events::{RolloutEvent, EVENT_VERSION};
 use tracing::{info_span, warn, Span};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
+use crate::engine::health_check::HealthState;
 use crate::engine::hosted_cluster_package::{
     decide_rollout, desired_package, GateInput, OwnedPackage, RolloutDecision, RolloutSnapshot,
     RolloutStep,
 };
 use crate::engine::promotion_gate::{record_changed, rollout_record, GateVerdict, OwnRollout};
-use crate::engine::rollout_events::{rollout_steps, story_so_far, RolloutView};
+use crate::engine::rollout_events::{policy_steps, rollout_steps, story_so_far, RolloutView};
+use crate::engine::rollout_guard::{HealthObservation, HealthObservations};
 use crate::engine::rollout_plan::{group_key, RolloutInput, RolloutPlan, UNKNOWN_GROUP};
+use crate::engine::rollout_policy::HealthCheck;
 use crate::engine::rollout_status::AVAILABLE;
 use crate::engine::rollout_status::PROGRESSING;
 use crate::engine::transition_events::rollout_transition;
 use crate::metrics::manager_metrics::ManagerMetrics;
 use crate::objects::object_meta::{event_reference, write_status_over};
 use crate::rollout::hcp_namespace_actor::{HcpNamespaceActor, PackageCommand, PackageWritten};
+use crate::rollout::health_queries::unconfigured;
 use crate::rollout::hosted_cluster_fleet::{FleetChanged, RolloutShared};
 use crate::runtime::context::ManagerContext;
 use crate::runtime::object_actor::{
@@ -95,6 +99,24 @@ pub struct HostedClusterPackageController {
     gate_told: Option<(i64, String)>,
     /// When this supervisor last published a rollout event (for the fleet's records).
     last_event_at: Option<Timestamp>,
+    /// The latest evaluation of each health check, by (group, check).
+    health: HealthObservations,
+    /// Health checks being evaluated now.
+    evaluating: BTreeSet<(String, String)>,
+    /// The pending decision at the end of a soak or a progress deadline.
+    recheck: Option<SpawnHandle>,
+}
+
+/// How often a health check of a soaking group is evaluated.
+const HEALTH_CHECK_INTERVAL: Duration = Duration::from_secs(10);
+
+/// One health check evaluated.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+struct HealthEvaluated {
+    group: String,
+    check: String,
+    observation: HealthObservation,
 }
 
 /// What the fleet's hub reports changed.
@@ -123,6 +145,9 @@ impl Reconcile for HostedClusterPackageController {
             following_hub: false,
             gate_told: None,
             last_event_at: None,
+            health: HealthObservations::new(),
+            evaluating: BTreeSet::new(),
+            recheck: None,
         }
     }
 
@@ -136,8 +161,11 @@ impl Reconcile for HostedClusterPackageController {
 
     fn change(previous: Option<&HostedClusterPackage>, hcpkg: &HostedClusterPackage) -> Change {
         // Our own status writes are recorded before they come back, so they match.
+        // Approvals and undo requests come as annotations.
         let changed = previous.is_none_or(|h| {
-            h.metadata.generation != hcpkg.metadata.generation || h.status != hcpkg.status
+            h.metadata.generation != hcpkg.metadata.generation
+                || h.status != hcpkg.status
+                || h.metadata.annotations != hcpkg.metadata.annotations
         });
         if changed {
             Change::Respecified
@@ -200,6 +228,7 @@ impl Reconcile for HostedClusterPackageController {
             writing: actor.state.writing.clone(),
             failures: actor.state.failures.clone(),
             gate,
+            health: actor.state.health.clone(),
         };
         let decision = decide_rollout(&snapshot, Timestamp::now());
         actor.carry_out(decision)
@@ -255,13 +284,15 @@ impl HostedClusterPackageActor {
         };
         let client = self.context.client.clone();
         let name = self.name();
-        let (status, writes, deletes, events, transitions, next, fleet) = match decision {
+        let previous_status = hcpkg.status.clone().unwrap_or_default();
+        let (status, writes, deletes, events, transitions, next, fleet, guard) = match decision {
             RolloutDecision::Invalid(status) => (
-                status,
+                *status,
                 BTreeMap::new(),
                 Vec::new(),
                 Vec::new(),
                 Vec::new(),
+                None,
                 None,
                 None,
             ),
@@ -273,6 +304,9 @@ impl HostedClusterPackageActor {
                     deletes,
                     gate,
                     template_hash,
+                    template,
+                    recheck_after,
+                    health_due,
                 } = *step;
                 let generation = hcpkg.metadata.generation.unwrap_or_default();
                 let view = RolloutView {
@@ -297,6 +331,7 @@ impl HostedClusterPackageActor {
                 };
                 let gate_step = self.gate_step(&gate, generation);
                 steps.splice(0..0, gate_step);
+                steps.extend(policy_steps(&previous_status, &status));
                 let writes: Vec<String> = plan.create.iter().chain(&plan.update).cloned().collect();
                 // Each Package update is a trace of its own, from this decision to the hosted cluster.
                 let steps_traced: BTreeMap<String, Span> = writes
@@ -367,13 +402,13 @@ impl HostedClusterPackageActor {
                     transitions,
                     next,
                     fleet,
+                    Some((template, recheck_after, health_due)),
                 )
             }
         };
         if !events.is_empty() {
             self.state.last_event_at = Some(Timestamp::now());
         }
-        let previous_status = hcpkg.status.clone().unwrap_or_default();
         let status_changed = status != previous_status;
         let publisher = self.state.shared.publisher.clone();
         let reference = event_reference("HostedClusterPackage", &hcpkg.metadata);
@@ -414,10 +449,15 @@ impl HostedClusterPackageActor {
                         h.metadata.resource_version = written_at;
                     }
                 }
+                let Some((template, recheck_after, health_due)) = guard else {
+                    return Outcome::Done;
+                };
+                act.schedule_recheck(recheck_after, ctx);
+                act.evaluate_health(health_due, ctx);
                 for (namespace, step) in writes {
                     let write =
                         info_span!(parent: &step, "write Package", k8s.namespace.name = %namespace);
-                    let mut body = desired_package(&hcpkg, &namespace);
+                    let mut body = desired_package(&hcpkg, &template, &namespace);
                     // The Package's reconcile continues this trace from the annotation it is written with.
                     if let Some(traceparent) = write.in_scope(current_traceparent) {
                         body["metadata"]["annotations"][TRACE_PARENT_ANNOTATION] =
@@ -439,6 +479,61 @@ impl HostedClusterPackageActor {
                 Outcome::Retry(format!("{error}; no Package is written before the status"))
             }
         })
+    }
+
+    /// Decides again after `after` (a soak or a progress deadline ends), replacing the pending one.
+    fn schedule_recheck(&mut self, after: Option<Duration>, ctx: &mut Context<Self>) {
+        if let Some(pending) = self.state.recheck.take() {
+            ctx.cancel_future(pending);
+        }
+        if let Some(after) = after {
+            self.state.recheck = Some(ctx.run_later(after, |act, ctx| {
+                act.state.recheck = None;
+                act.request_reconcile(ctx);
+            }));
+        }
+    }
+
+    /// Evaluates the due health checks that were not evaluated within the interval, off the actor.
+    fn evaluate_health(&mut self, due: Vec<(String, HealthCheck)>, ctx: &mut Context<Self>) {
+        let now = Timestamp::now();
+        let interval =
+            k8s_openapi::jiff::SignedDuration::try_from(HEALTH_CHECK_INTERVAL).unwrap_or_default();
+        let mut soonest: Option<Duration> = None;
+        for (group, check) in due {
+            let key = (group.clone(), check.name.clone());
+            if self.state.evaluating.contains(&key) {
+                continue;
+            }
+            let age = self
+                .state
+                .health
+                .get(&key)
+                .map(|o| now.duration_since(o.at));
+            if let Some(age) = age.filter(|a| *a < interval) {
+                // Evaluated lately: again once the interval is over.
+                let left = Duration::try_from(interval - age).unwrap_or(HEALTH_CHECK_INTERVAL);
+                soonest = Some(soonest.map_or(left, |s| s.min(left)));
+                continue;
+            }
+            self.state.evaluating.insert(key);
+            let prometheus = self.state.shared.prometheus.clone();
+            let address = ctx.address();
+            actix::spawn(async move {
+                let observation = match prometheus {
+                    Some(p) => p.evaluate(&check).await,
+                    None => unconfigured(),
+                };
+                address.do_send(HealthEvaluated {
+                    group,
+                    check: check.name,
+                    observation,
+                });
+            });
+        }
+        if let Some(left) = soonest {
+            ctx.run_later(left, |act, ctx| act.request_reconcile(ctx));
+        }
     }
 
     /// The promotion gate's own step: `promotionOpened` when it opened now, `promotionWaiting` when whom
@@ -588,6 +683,25 @@ impl StreamHandler<HubChanged> for HostedClusterPackageActor {
 
     /// The hub link lives as long as the manager.
     fn finished(&mut self, _: &mut Context<Self>) {}
+}
+
+impl Handler<HealthEvaluated> for HostedClusterPackageActor {
+    type Result = ();
+    fn handle(&mut self, evaluated: HealthEvaluated, ctx: &mut Context<Self>) {
+        let key = (evaluated.group, evaluated.check);
+        self.state.evaluating.remove(&key);
+        let result = match evaluated.observation.state {
+            HealthState::Passing => "passing",
+            HealthState::Failing => "failing",
+            HealthState::Unknown => "unknown",
+        };
+        self.context
+            .metrics
+            .rollouts
+            .health_check(&self.name(), result);
+        self.state.health.insert(key, evaluated.observation);
+        self.request_reconcile(ctx);
+    }
 }
 
 impl Handler<FleetChanged> for HostedClusterPackageActor {

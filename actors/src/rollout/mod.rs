@@ -3,6 +3,7 @@
 //! decision itself is `engine::hosted_cluster_package::decide_rollout` over `engine::rollout_plan`.
 
 pub mod hcp_namespace_actor;
+pub mod health_queries;
 pub mod hosted_cluster_fleet;
 pub mod hosted_cluster_package_actor;
 pub mod rollout_publisher;

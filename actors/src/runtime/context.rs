@@ -13,6 +13,7 @@ use crate::metrics::package_images::ImageStoreCollector;
 use crate::objects::applier::Applier;
 use crate::objects::object_cache::ObjectCache;
 use crate::packages::pull_secrets::PullSecretSource;
+use crate::rollout::health_queries::PrometheusQueries;
 use crate::rollout::hosted_cluster_fleet::RolloutShared;
 use crate::rollout::rollout_publisher::RolloutPublisher;
 use crate::runtime::event_sink::EventSink;
@@ -150,6 +151,15 @@ impl ManagerContext {
         let hub = HubLink::start(link.nats.clone(), member, self.metrics.fleet.clone());
         let rollouts = RolloutShared {
             hub: Some(hub),
+            ..self.rollouts
+        };
+        Self { rollouts, ..self }
+    }
+
+    /// This context, evaluating rollout health checks against `prometheus`.
+    pub fn with_health_checks(self, prometheus: PrometheusQueries) -> Self {
+        let rollouts = RolloutShared {
+            prometheus: Some(prometheus),
             ..self.rollouts
         };
         Self { rollouts, ..self }

@@ -99,6 +99,27 @@ pub enum RolloutCommand {
     /// Show the next steps of a HostedClusterPackage rollout: groups in order, the next wave, and why the
     /// other Packages wait (the manager's own planner).
     Plan(RolloutPlanArgs),
+    /// Approve a group of a HostedClusterPackage rollout for its current template (pko rollout policy).
+    Approve(RolloutApproveArgs),
+    /// Halt a HostedClusterPackage's current template and roll every Package back to the last template
+    /// that finished rolling out everywhere.
+    Undo(Positionals),
+    /// Pause a HostedClusterPackage rollout (spec.paused): nothing is created or updated.
+    Pause(Positionals),
+    /// Resume a paused HostedClusterPackage rollout.
+    Resume(Positionals),
+}
+
+#[derive(Debug, ClapArgs)]
+pub struct RolloutApproveArgs {
+    #[command(flatten)]
+    pub positionals: Positionals,
+    /// The partition group to approve (`unknown` for the unknown group or a rollout without partitions).
+    #[arg(long)]
+    pub group: String,
+    /// Refuse unless the rollout's current template has this hash (the one reviewed).
+    #[arg(long)]
+    pub template_hash: Option<String>,
 }
 
 #[derive(Debug, ClapArgs)]

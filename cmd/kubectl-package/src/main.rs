@@ -13,6 +13,7 @@ mod kickstart;
 mod olm_bundle;
 mod registry_auth;
 mod repository;
+mod rollout_control;
 mod rollout_follow;
 mod tree;
 mod validation;
@@ -170,6 +171,32 @@ fn run(cli: Cli) -> Outcome {
         } => {
             range_args(&args.positionals.args, 1, 2)?;
             on_cluster(rollout_follow::plan(&args, kubeconfig))
+        }
+        Command::Rollout {
+            command: Some(RolloutCommand::Approve(args)),
+        } => {
+            range_args(&args.positionals.args, 1, 2)?;
+            on_cluster(rollout_control::approve(&args, kubeconfig))
+        }
+        Command::Rollout {
+            command: Some(RolloutCommand::Undo(args)),
+        } => {
+            range_args(&args.args, 1, 2)?;
+            on_cluster(rollout_control::undo(&args, kubeconfig))
+        }
+        Command::Rollout {
+            command: Some(RolloutCommand::Pause(args)),
+        } => {
+            range_args(&args.args, 1, 2)?;
+            on_cluster(rollout_control::set_rollout_paused(&args, true, kubeconfig))
+        }
+        Command::Rollout {
+            command: Some(RolloutCommand::Resume(args)),
+        } => {
+            range_args(&args.args, 1, 2)?;
+            on_cluster(rollout_control::set_rollout_paused(
+                &args, false, kubeconfig,
+            ))
         }
         Command::Fleet { command: None } => Ok(help()),
         Command::Fleet {

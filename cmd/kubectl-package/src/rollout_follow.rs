@@ -24,6 +24,7 @@ use pko_engine::hosted_cluster_package::{
     decide_rollout, package_state, GateInput, OwnedPackage, RolloutDecision, RolloutSnapshot,
 };
 use pko_engine::label_selector::selector_matches;
+use pko_engine::rollout_guard;
 use pko_engine::rollout_plan::{RolloutStrategy, UNKNOWN_GROUP};
 use pko_engine::rollout_status::{rollout_state, RolloutState};
 use pko_proto::core::hosted_cluster_package::{HostedClusterPackage, HostedClusterPackageStatus};
@@ -89,32 +90,13 @@ pub async fn status(
 
 /// Go-style durations as kubectl takes them: `0`, `90s`, `5m`, `1h30m`, `500ms`. Zero means no limit.
 fn parse_duration(text: &str) -> Result<Option<Duration>, String> {
-    let invalid = || format!("invalid --timeout {text:?}: want a duration such as 30s, 5m or 1h");
-    if text == "0" || text.is_empty() {
+    if text.is_empty() {
         return Ok(None);
     }
-    let mut total = Duration::ZERO;
-    let mut rest = text;
-    while !rest.is_empty() {
-        let digits = rest
-            .find(|c: char| !c.is_ascii_digit())
-            .ok_or_else(invalid)?;
-        let value: u64 = rest[..digits].parse().map_err(|_| invalid())?;
-        rest = &rest[digits..];
-        let unit_len = rest
-            .find(|c: char| c.is_ascii_digit())
-            .unwrap_or(rest.len());
-        let unit = match &rest[..unit_len] {
-            "ms" => Duration::from_millis(value),
-            "s" => Duration::from_secs(value),
-            "m" => Duration::from_secs(value * 60),
-            "h" => Duration::from_secs(value * 3600),
-            _ => return Err(invalid()),
-        };
-        total += unit;
-        rest = &rest[unit_len..];
-    }
-    Ok((!total.is_zero()).then_some(total))
+    let duration = pko_engine::rollout_policy::parse_duration(text).ok_or_else(|| {
+        format!("invalid --timeout {text:?}: want a duration such as 30s, 5m or 1h")
+    })?;
+    Ok((!duration.is_zero()).then_some(duration))
 }
 
 fn say(line: &str) {
@@ -232,6 +214,16 @@ async fn follow_hosted_cluster_package(
                     "hostedclusterpackage/{name} successfully rolled out (generation {generation})"
                 )))
                 }
+                RolloutState::Halted => {
+                    let why = status
+                        .halted
+                        .as_ref()
+                        .map(|h| format!("{}: {}", h.reason, h.message))
+                        .unwrap_or_default();
+                    return Ok(Verdict::Failing(format!(
+                        "hostedclusterpackage/{name} halted: {why}"
+                    )));
+                }
                 RolloutState::Blocked if status.counts.failed_packages > 0 => {
                     let why = find_condition(&status.conditions, "Progressing")
                         .map(|c| c.message.clone())
@@ -274,8 +266,13 @@ fn status_report(
     partitions.sort_by_key(|p| p.order);
     for p in &partitions {
         let pc = &p.counts;
+        let state = if p.state.is_empty() {
+            String::new()
+        } else {
+            format!(" [{}]", p.state)
+        };
         lines.push(format!(
-            "  partition {} ({}): {}/{} updated, {}/{} available",
+            "  partition {} ({}){state}: {}/{} updated, {}/{} available",
             p.order,
             p.name,
             pc.updated_packages,
@@ -283,6 +280,12 @@ fn status_report(
             pc.available_packages,
             pc.total_packages
         ));
+        for check in &p.health_checks {
+            lines.push(format!(
+                "    health check {}: {} at {}: {}",
+                check.name, check.state, check.checked_at, check.message
+            ));
+        }
     }
     // The manager's own rule says which of its Packages are in flight or failing.
     for package in owned {
@@ -314,6 +317,7 @@ fn status_report(
             lines.push(format!("  {}: {}", progressing.reason, progressing.message));
         }
     }
+    lines.extend(policy_lines(status).into_iter().map(|l| format!("  {l}")));
     lines.join("\n")
 }
 
@@ -468,6 +472,8 @@ pub async fn plan(args: &RolloutPlanArgs, kubeconfig: Option<&PathBuf>) -> Resul
         failures: BTreeMap::new(),
         // The plan is what happens once a promotion gate (if any) is open.
         gate: GateInput::Preview,
+        // Health checks are the manager's to evaluate; groups it saw soaked stay so in status.
+        health: BTreeMap::new(),
     };
     Ok(plan_text(
         &name,
@@ -503,7 +509,16 @@ pub fn plan_text(name: &str, decision: &RolloutDecision) -> String {
     ];
     for (index, group) in plan.groups.iter().enumerate() {
         let c = &group.counts;
-        let state = if group.finished {
+        // The rollout policy's word for the group, when it has one.
+        let policy_state = step
+            .status
+            .partitions
+            .get(index)
+            .map(|p| p.state.to_lowercase())
+            .filter(|s| !s.is_empty() && s != "progressing" && s != "pending");
+        let state = if let Some(s) = &policy_state {
+            s.as_str()
+        } else if group.finished {
             "finished"
         } else if plan.current_group == Some(index) {
             "rolling out"
@@ -573,7 +588,22 @@ pub fn plan_text(name: &str, decision: &RolloutDecision) -> String {
     if !plan.failed.is_empty() {
         lines.push(format!("failing: {}", plan.failed.join(", ")));
     }
+    lines.extend(policy_lines(&step.status));
     lines.join("\n")
+}
+
+/// The rollout policy's conditions that hold, as lines: halted, awaiting approval, paused.
+fn policy_lines(status: &HostedClusterPackageStatus) -> Vec<String> {
+    [
+        rollout_guard::HALTED,
+        rollout_guard::AWAITING_APPROVAL,
+        rollout_guard::ROLLOUT_PAUSED,
+    ]
+    .iter()
+    .filter_map(|type_| find_condition(&status.conditions, type_))
+    .filter(|c| c.status == "True")
+    .map(|c| format!("{} ({}): {}", c.type_, c.reason, c.message))
+    .collect()
 }
 
 #[cfg(test)]
@@ -628,6 +658,7 @@ mod tests {
             partition: Some(PartitionOrder::Static(vec!["a".into(), "b".into()])),
             strategy: RolloutStrategy::RollingUpgrade { max_unavailable: 1 },
             processing: ["a-1".to_owned()].into(),
+            rules: Default::default(),
         };
         let plan = plan_rollout(&input);
         let decision = RolloutDecision::Planned(Box::new(RolloutStep {
@@ -637,6 +668,9 @@ mod tests {
             deletes: Vec::new(),
             gate: pko_engine::promotion_gate::GateVerdict::Ungated,
             template_hash: String::new(),
+            template: Default::default(),
+            recheck_after: None,
+            health_due: Vec::new(),
         }));
         let text = plan_text("addon", &decision);
         assert!(text.contains("1. a: rolling out, 1/2 updated"), "{text}");

@@ -21,6 +21,7 @@ use pko_actors::hypershift::connector_link::{
 use pko_actors::metrics::api_requests::ApiRequestMetrics;
 use pko_actors::metrics::manager_metrics::ManagerMetrics;
 use pko_actors::packages::pull_secrets::PullSecretSource;
+use pko_actors::rollout::health_queries::{PrometheusQueries, PrometheusQueriesError};
 use pko_actors::rollout::rollout_publisher::DEFAULT_OUTBOX_CAPACITY;
 use pko_actors::runtime::cluster_client::{
     cluster_config, limited_client, ClientError, DEFAULT_MAX_IN_FLIGHT,
@@ -156,6 +157,11 @@ struct Args {
         requires = "fleet_hub_domain"
     )]
     cluster_labels: Vec<String>,
+    /// The Prometheus that rollout health checks (`spec.rolloutPolicy…healthChecks`) query, e.g.
+    /// `http://prometheus:9090`. Without it every health check is unknown and a soak with checks never
+    /// ends.
+    #[arg(long, env = "PKO_PROMETHEUS_URL")]
+    prometheus_url: Option<String>,
     /// Rollout events held while NATS does not acknowledge them (about 300 bytes each); beyond it the
     /// newest are dropped and counted in pko_rollout_events_dropped_total.
     #[arg(long, default_value_t = DEFAULT_OUTBOX_CAPACITY)]
@@ -187,6 +193,8 @@ struct Args {
 pub enum ManagerError {
     #[error(transparent)]
     Client(#[from] ClientError),
+    #[error(transparent)]
+    Prometheus(#[from] PrometheusQueriesError),
     #[error("installing CRDs: {0}")]
     Crds(String),
     #[error("health endpoint {addr}: {source}")]
@@ -374,6 +382,10 @@ async fn run(args: Args) -> Result<(), ManagerError> {
             info!(cluster = %member.cluster, hub = %member.hub_domain, "in a fleet of management clusters");
             context = context.in_fleet(member);
         }
+    }
+    if let Some(url) = &args.prometheus_url {
+        info!(%url, "rollout health checks query this Prometheus");
+        context = context.with_health_checks(PrometheusQueries::new(url)?);
     }
     let reviews = Arc::new(ReviewCounts::default());
     reviews.register_metrics(&metrics);

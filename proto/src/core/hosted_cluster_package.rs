@@ -2,6 +2,7 @@
 //! HostedCluster.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -30,6 +31,101 @@ pub struct HostedClusterPackageSpec {
     /// rolled it out and kept it available for a soak time (read through the fleet's hub NATS).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub promotion: Option<HostedClusterPackagePromotion>,
+    /// pko extension: hold the rollout where it stands. Nothing is created or updated while set; Packages
+    /// already updated keep their template.
+    #[serde(default, skip_serializing_if = "crate::schema::is_default")]
+    pub paused: bool,
+    /// pko extension: soak times, progress deadlines, failure budgets, approvals, health checks and
+    /// rollback.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout_policy: Option<HostedClusterPackageRolloutPolicy>,
+}
+
+/// How carefully a rollout proceeds and what happens when it goes wrong (pko extension).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HostedClusterPackageRolloutPolicy {
+    /// What every partition group gets unless `groups` says otherwise.
+    #[serde(default, skip_serializing_if = "crate::schema::is_default")]
+    pub defaults: HostedClusterPackageGroupPolicy,
+    /// Per-group settings, by group name (the partition label value; `unknown` for the unknown group and
+    /// for a rollout without partitions). A field set here replaces the default's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 20))]
+    pub groups: Vec<HostedClusterPackageNamedGroupPolicy>,
+    /// What a halted rollout does: `Manual` (default) stays where it halted until `kubectl package rollout
+    /// undo` or a new template; `Automatic` returns every Package to the last template that finished
+    /// rolling out everywhere.
+    #[serde(default, skip_serializing_if = "crate::schema::is_default")]
+    pub rollback: HostedClusterPackageRollback,
+}
+
+/// What a halted rollout does.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum HostedClusterPackageRollback {
+    /// Stay halted until told (`kubectl package rollout undo`) or the template changes.
+    #[default]
+    Manual,
+    /// Roll back to the last template that finished rolling out everywhere.
+    Automatic,
+}
+
+/// The settings of one partition group.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HostedClusterPackageGroupPolicy {
+    /// How long every Package of the group must stay updated and live before the group counts as
+    /// finished and the next one starts (`90s`, `10m`, `1h30m`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_success_time: Option<String>,
+    /// A Package updated and not live within this long counts as failed (`10m`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress_deadline: Option<String>,
+    /// Failed Packages the group tolerates (a number or a percentage of its Packages, rounded down);
+    /// one more halts the rollout. Unset: failures wait in their group and never halt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_failures: Option<IntOrString>,
+    /// The group starts only once approved for the current template
+    /// (`kubectl package rollout approve hostedclusterpackage/NAME --group G`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub require_approval: Option<bool>,
+    /// Prometheus instant queries that must hold while the group soaks; one that does not fails the
+    /// group and halts the rollout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 10))]
+    pub health_checks: Option<Vec<HostedClusterPackageHealthCheck>>,
+}
+
+/// Group settings for one named group.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HostedClusterPackageNamedGroupPolicy {
+    /// The group: a partition label value, or `unknown`.
+    #[schemars(length(min = 1, max = 63))]
+    pub name: String,
+    /// Its settings.
+    #[serde(flatten)]
+    pub policy: HostedClusterPackageGroupPolicy,
+}
+
+/// A Prometheus instant query and the bounds every sample of its result must keep.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HostedClusterPackageHealthCheck {
+    /// Names the check in status and events.
+    #[schemars(length(min = 1, max = 63))]
+    pub name: String,
+    /// PromQL, evaluated as an instant query against the manager's `--prometheus-url`. A result without
+    /// samples is no evidence either way: the soak does not end on it (write `or vector(0)` where no
+    /// series means healthy).
+    #[schemars(length(min = 1, max = 4096))]
+    pub query: String,
+    /// Every sample must be at most this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max: Option<f64>,
+    /// Every sample must be at least this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min: Option<f64>,
 }
 
 /// A promotion gate: the management clusters that go first, and how long they soak. Named clusters and
@@ -87,10 +183,11 @@ pub struct HostedClusterPackageStrategyInstant {}
 #[serde(rename_all = "camelCase")]
 pub struct HostedClusterPackageStrategyRollingUpgrade {
     /// Packages that may be unavailable or updating at the same time, counting those already
-    /// unavailable; at least 1 (default 1).
+    /// unavailable: a number (at least 1) or, a pko extension, a percentage of the selected Packages
+    /// (rounded down, at least 1). Default 1.
     #[serde(default = "default_max_unavailable")]
-    #[schemars(range(min = 1), extend("default" = 1))]
-    pub max_unavailable: i32,
+    #[schemars(extend("default" = 1))]
+    pub max_unavailable: IntOrString,
 }
 
 impl Default for HostedClusterPackageStrategyRollingUpgrade {
@@ -101,8 +198,8 @@ impl Default for HostedClusterPackageStrategyRollingUpgrade {
     }
 }
 
-fn default_max_unavailable() -> i32 {
-    1
+fn default_max_unavailable() -> IntOrString {
+    IntOrString::Int(1)
 }
 
 /// Partitions HostedClusters by the value of one label.
@@ -191,7 +288,63 @@ pub struct HostedClusterPackageStatus {
     /// fleet reports after.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub promotion: Option<HostedClusterPackagePromotionStatus>,
+    /// pko: the last template that finished rolling out everywhere: what a rollback returns to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_succeeded: Option<HostedClusterPackageSucceededTemplate>,
+    /// pko: the template the rollout halted on, why, and whether it rolls back. Cleared when the spec's
+    /// template changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub halted: Option<HostedClusterPackageHalt>,
 }
+
+/// A template that finished rolling out everywhere.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HostedClusterPackageSucceededTemplate {
+    /// Its hash (as `kubectl package rollout approve` and the fleet's records name it).
+    pub template_hash: String,
+    /// The template itself.
+    pub template: PackageTemplateSpec,
+    /// When every Package was first seen updated and live on it (RFC 3339).
+    pub finished_at: String,
+}
+
+/// Why and where a rollout halted.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HostedClusterPackageHalt {
+    /// The hash of the template that halted; not rolled out again until the spec's template changes.
+    pub template_hash: String,
+    /// `MaxFailuresExceeded`, `HealthCheckFailed` or `RollbackRequested`.
+    pub reason: String,
+    /// What happened, naming the group, the Packages or the check.
+    pub message: String,
+    /// When it halted (RFC 3339).
+    pub halted_at: String,
+    /// Whether Packages are returned to `lastSucceeded`.
+    #[serde(default, skip_serializing_if = "crate::schema::is_default")]
+    pub rolling_back: bool,
+    /// When every Package was back on `lastSucceeded` (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rolled_back_at: Option<String>,
+}
+
+/// One group's approval, as kept in the approvals annotation.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutApproval {
+    /// The template hash the group was approved for.
+    pub template_hash: String,
+    /// Who approved it (the kubeconfig user of `kubectl package rollout approve`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub approved_by: String,
+    /// When (RFC 3339).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub approved_at: String,
+}
+
+/// The approvals annotation: approvals by group name.
+pub type RolloutApprovals = std::collections::BTreeMap<String, RolloutApproval>;
 
 /// A promotion gate that opened.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -215,6 +368,37 @@ pub struct HostedClusterPackagePartitionStatus {
     /// Package counts of the group.
     #[serde(flatten)]
     pub counts: HostedClusterPackageCounts,
+    /// pko: `Pending`, `AwaitingApproval`, `Progressing`, `Soaking`, `Finished`, `Failed` or `RollingBack`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub state: String,
+    /// pko: since when every Package of the group has been updated and live on `templateHash` (RFC 3339);
+    /// the soak counts from here, across manager restarts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub done_since: Option<String>,
+    /// pko: the template `doneSince` is about.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template_hash: Option<String>,
+    /// pko: the failed Packages of the group, by namespace (at most 20 named).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failing: Vec<String>,
+    /// pko: the last result of each health check while the group soaks.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub health_checks: Vec<HostedClusterPackageHealthCheckStatus>,
+}
+
+/// The last evaluation of a health check.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HostedClusterPackageHealthCheckStatus {
+    /// The check's name.
+    pub name: String,
+    /// `Passing`, `Failing` or `Unknown` (no samples, or Prometheus not reachable).
+    pub state: String,
+    /// What was seen.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    /// When (RFC 3339).
+    pub checked_at: String,
 }
 
 /// A Package being updated.
@@ -228,6 +412,9 @@ pub struct HostedClusterPackageRefStatus {
     /// Package namespace (the HCP namespace).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub namespace: String,
+    /// pko: when the update was decided (RFC 3339); the progress deadline counts from here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<String>,
 }
 
 const HOSTED_CLUSTER_PACKAGE_COLUMNS: &[Column] = &[

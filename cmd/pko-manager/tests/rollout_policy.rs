@@ -1,0 +1,498 @@
+//! The rollout policy (pko extension `spec.rolloutPolicy`) on the real environment: a soak holds the
+//! next group for at least its time and an approval given for an older template does not count; a
+//! Package that never gets live trips its progress deadline and, with `maxFailures: 0` and automatic
+//! rollback, the fleet returns to the last good template; a Prometheus health check that goes bad during
+//! a soak halts the rollout, and `kubectl package rollout undo` rolls it back. One manager, pointed at a
+//! real Prometheus that scrapes a gauge this binary serves, is shared by the tests.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::net::TcpListener as StdListener;
+use std::path::Path;
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use pko_proto::core::hosted_cluster_package::HostedClusterPackage;
+use pko_proto::core::package::Package;
+use pko_testenv::{shared, ManagerProcess, Prometheus};
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use common::rollout::*;
+use common::*;
+
+/// Error ratios by fleet namespace, served as `pko_test_error_ratio{fleet="…"}`.
+fn ratios() -> &'static Mutex<BTreeMap<String, f64>> {
+    static RATIOS: OnceLock<Mutex<BTreeMap<String, f64>>> = OnceLock::new();
+    RATIOS.get_or_init(Default::default)
+}
+
+/// A scrape target serving [`ratios`] on a loopback port, in a thread of its own.
+fn serve_ratios() -> u16 {
+    let listener = StdListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    listener.set_nonblocking(true).unwrap();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            loop {
+                let Ok((mut conn, _)) = listener.accept().await else {
+                    continue;
+                };
+                tokio::spawn(async move {
+                    let mut request = [0u8; 4096];
+                    let _ = conn.read(&mut request).await;
+                    let body: String = ratios()
+                        .lock()
+                        .unwrap()
+                        .iter()
+                        .map(|(fleet, v)| format!("pko_test_error_ratio{{fleet=\"{fleet}\"}} {v}\n"))
+                        .collect();
+                    let response = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = conn.write_all(response.as_bytes()).await;
+                });
+            }
+        });
+    });
+    port
+}
+
+/// A registry that accepts connections and never answers: a pull from it hangs.
+fn silent_registry() -> u16 {
+    static PORT: OnceLock<u16> = OnceLock::new();
+    *PORT.get_or_init(|| {
+        let listener = StdListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for conn in listener.incoming().flatten() {
+                held.push(conn);
+            }
+        });
+        port
+    })
+}
+
+struct Shared {
+    manager: ManagerProcess,
+    prometheus: Prometheus,
+}
+
+/// The environment, a Prometheus scraping the ratios every second, and a manager querying it.
+fn shared_env() -> &'static Shared {
+    static SHARED: OnceLock<Shared> = OnceLock::new();
+    SHARED.get_or_init(|| {
+        std::thread::spawn(|| {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                let env = shared().unwrap();
+                let port = serve_ratios();
+                let prometheus = Prometheus::start(
+                    &env.root_dir().join("rollout-policy-prometheus"),
+                    "ratios",
+                    &[format!("127.0.0.1:{port}")],
+                    &[],
+                    Duration::from_secs(1),
+                )
+                .await
+                .unwrap();
+                let url = prometheus.url();
+                let manager = env
+                    .start_manager(
+                        Path::new(env!("CARGO_BIN_EXE_pko-manager")),
+                        &["--prometheus-url", &url],
+                    )
+                    .await
+                    .unwrap();
+                Shared {
+                    manager,
+                    prometheus,
+                }
+            })
+        })
+        .join()
+        .unwrap()
+    })
+}
+
+fn log() -> String {
+    shared_env().manager.log_tail()
+}
+
+/// A fleet of `groups` (cluster counts in order) and a HostedClusterPackage over it with `policy`,
+/// rolled out with `greeting` until it finished everywhere (its template is then the last good one).
+async fn rollout(
+    prefix: &str,
+    groups: &[(&str, usize)],
+    max_unavailable: Value,
+    policy: Value,
+) -> (
+    Api<HostedClusterPackage>,
+    Client,
+    String,
+    Vec<(String, String)>,
+) {
+    shared_env();
+    let client = env().management().client().await.unwrap();
+    let risks: Vec<Option<&str>> = groups
+        .iter()
+        .flat_map(|(g, n)| std::iter::repeat_n(Some(*g), *n))
+        .collect();
+    let (fleet_ns, clusters) = fleet(prefix, &risks).await;
+    let image = build_and_push("handlebars", &format!("{prefix}:1"));
+    let name = format!("{fleet_ns}-rollout");
+    let order: Vec<&str> = groups.iter().map(|(g, _)| *g).collect();
+    let mut h = hcpkg(
+        &name,
+        &fleet_ns,
+        &image,
+        json!({"rollingUpgrade": {"maxUnavailable": max_unavailable}}),
+        Some(json!({"labelKey": "risk", "order": {"static": order}})),
+    );
+    h.spec.rollout_policy = Some(serde_json::from_value(policy).unwrap());
+    let api: Api<HostedClusterPackage> = Api::all(client.clone());
+    api.create(&PostParams::default(), &h).await.unwrap();
+    wait_status(&api, &name, log, "the first template succeeded", |h| {
+        h.status.as_ref().is_some_and(|s| {
+            s.last_succeeded.is_some() && s.counts.available_packages == risks.len() as i32
+        })
+    })
+    .await;
+    let members = clusters
+        .iter()
+        .zip(&risks)
+        .map(|(c, r)| (c.hcp_namespace.clone(), r.unwrap().to_owned()))
+        .collect();
+    (api, client, name, members)
+}
+
+async fn set_template(api: &Api<HostedClusterPackage>, name: &str, spec: Value) {
+    let patch = json!({"spec": {"template": {"spec": spec}}});
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+}
+
+async fn greeting(client: &Client, namespace: &str, name: &str) -> String {
+    let p = Api::<Package>::namespaced(client.clone(), namespace)
+        .get(name)
+        .await
+        .unwrap();
+    p.spec.config.unwrap_or_default()["greeting"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+fn time(text: &str) -> Timestamp {
+    text.parse().unwrap()
+}
+
+/// Runs `kubectl package` against the management apiserver; its output, and whether it succeeded.
+fn run_cli(args: &[&str]) -> (bool, String) {
+    let out = std::process::Command::new(common::kubectl_package())
+        .args(args)
+        .arg("--kubeconfig")
+        .arg(env().management().kubeconfig_path())
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// Runs `kubectl package` and asserts it succeeded.
+fn cli(args: &[&str]) -> String {
+    let (ok, text) = run_cli(args);
+    assert!(ok, "kubectl package {args:?}: {text}");
+    text
+}
+
+#[tokio::test]
+async fn a_soak_holds_the_next_group_and_approvals_bind_to_their_template() {
+    let soak = 6;
+    let (api, client, name, members) = rollout(
+        "policy-soak",
+        &[("early", 1), ("late", 1)],
+        json!(1),
+        json!({"defaults": {"minSuccessTime": format!("{soak}s")},
+               "groups": [{"name": "late", "requireApproval": true}]}),
+    )
+    .await;
+    // An approval of the first template, which must not count for the next.
+    let first = api.get(&name).await.unwrap();
+    let old_hash = first.status.unwrap().last_succeeded.unwrap().template_hash;
+    cli(&[
+        "rollout",
+        "approve",
+        &format!("hostedclusterpackage/{name}"),
+        "--group",
+        "late",
+    ]);
+    let approved = api.get(&name).await.unwrap();
+    let annotation = &approved.metadata.annotations.unwrap()
+        [pko_proto::well_known::ROLLOUT_APPROVALS_ANNOTATION];
+    assert!(annotation.contains(&old_hash), "{annotation}");
+
+    let image = first.spec.template.spec.image.clone();
+    set_template(
+        &api,
+        &name,
+        json!({"image": image, "config": {"greeting": "v2"}}),
+    )
+    .await;
+    let h = wait_status(&api, &name, log, "late awaits approval", |h| {
+        condition(h, "AwaitingApproval").is_some_and(|c| c.status == "True")
+    })
+    .await;
+    let status = h.status.clone().unwrap();
+    let early = &status.partitions[0];
+    assert_eq!(early.state, "Finished");
+    let done_since = time(early.done_since.as_deref().unwrap());
+    let waiting_since = condition(&h, "AwaitingApproval")
+        .unwrap()
+        .last_transition_time
+        .0;
+    assert!(
+        waiting_since.duration_since(done_since).as_secs() >= soak,
+        "late became next {waiting_since} only {}s after early was done at {done_since}",
+        waiting_since.duration_since(done_since).as_secs()
+    );
+    assert_eq!(status.partitions[1].state, "AwaitingApproval");
+    let late_ns = &members.iter().find(|(_, g)| g == "late").unwrap().0;
+    assert_eq!(
+        greeting(&client, late_ns, &name).await,
+        "hi",
+        "the old approval let late go"
+    );
+    let events = rollout_events(&name).await;
+    assert!(
+        events
+            .iter()
+            .any(|e| e["kind"] == "groupAwaitingApproval" && e["group"] == "late"),
+        "no groupAwaitingApproval event among {events:?}"
+    );
+
+    cli(&[
+        "rollout",
+        "approve",
+        &format!("hostedclusterpackage/{name}"),
+        "--group",
+        "late",
+    ]);
+    wait_status(&api, &name, log, "the approved template everywhere", |h| {
+        h.status.as_ref().is_some_and(|s| {
+            s.counts.updated_packages == 2
+                && s.counts.available_packages == 2
+                && s.last_succeeded
+                    .as_ref()
+                    .is_some_and(|l| l.template_hash != old_hash)
+        })
+    })
+    .await;
+    assert_eq!(greeting(&client, late_ns, &name).await, "v2");
+}
+
+#[tokio::test]
+async fn a_missed_deadline_rolls_the_fleet_back_to_the_last_good_template() {
+    let (api, client, name, members) = rollout(
+        "policy-deadline",
+        &[("early", 2), ("late", 1)],
+        json!(1),
+        json!({"defaults": {"progressDeadline": "5s", "maxFailures": 0}, "rollback": "Automatic"}),
+    )
+    .await;
+    let good = api.get(&name).await.unwrap();
+    let good_hash = good.status.unwrap().last_succeeded.unwrap().template_hash;
+    // An image whose registry never answers: its Package stays in flight, never failing by itself.
+    let hanging = format!("127.0.0.1:{}/never:1", silent_registry());
+    set_template(
+        &api,
+        &name,
+        json!({"image": hanging, "config": {"greeting": "v2"}}),
+    )
+    .await;
+    let h = wait_status(&api, &name, log, "rolled back", |h| {
+        h.status.as_ref().is_some_and(|s| {
+            s.halted
+                .as_ref()
+                .is_some_and(|h| h.rolled_back_at.is_some())
+                && s.counts.available_packages == 3
+        })
+    })
+    .await;
+    let status = h.status.clone().unwrap();
+    let halted = status.halted.clone().unwrap();
+    assert_eq!(halted.reason, "MaxFailuresExceeded");
+    assert!(
+        halted
+            .message
+            .contains("not live within progressDeadline 5s"),
+        "{}",
+        halted.message
+    );
+    let c = condition(&h, "Halted").unwrap();
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("True", "MaxFailuresExceeded")
+    );
+    assert!(
+        c.message
+            .contains(&format!("Rolled back to template {good_hash}")),
+        "{}",
+        c.message
+    );
+    for (ns, _) in &members {
+        let p = Api::<Package>::namespaced(client.clone(), ns)
+            .get(&name)
+            .await
+            .unwrap();
+        assert_eq!(
+            p.spec.image, good.spec.template.spec.image,
+            "{ns} is not back on the good image"
+        );
+    }
+    let late_ns = &members.iter().find(|(_, g)| g == "late").unwrap().0;
+    assert_eq!(greeting(&client, late_ns, &name).await, "hi");
+    let kinds: Vec<Value> = rollout_events(&name)
+        .await
+        .into_iter()
+        .map(|e| e["kind"].clone())
+        .collect();
+    assert!(
+        kinds.contains(&json!("rolloutHalted")) && kinds.contains(&json!("rollbackFinished")),
+        "{kinds:?}"
+    );
+    // The halted template is not tried again while the spec stays.
+    let generation = h.metadata.generation;
+    let again = api.get(&name).await.unwrap();
+    assert_eq!(again.metadata.generation, generation);
+    assert!(again.status.unwrap().processing.is_empty());
+}
+
+#[tokio::test]
+async fn a_health_check_that_goes_bad_during_the_soak_halts_until_undone() {
+    let fleet_label = "policy-health";
+    let (api, client, name, members) = rollout(
+        fleet_label,
+        &[("early", 1), ("late", 1)],
+        json!("50%"),
+        json!({"defaults": {"minSuccessTime": "15s", "healthChecks": [{
+            "name": "errors", "max": 0.1,
+            "query": "max(pko_test_error_ratio{fleet=~\"policy-health.*\"}) or vector(0)"}]}}),
+    )
+    .await;
+    let first = api.get(&name).await.unwrap();
+    let good_hash = first
+        .status
+        .clone()
+        .unwrap()
+        .last_succeeded
+        .unwrap()
+        .template_hash;
+    assert!(
+        first.status.unwrap().partitions[0]
+            .health_checks
+            .iter()
+            .any(|c| c.state == "Passing"),
+        "the first soak passed on an evaluated check"
+    );
+    let image = first.spec.template.spec.image.clone();
+    set_template(
+        &api,
+        &name,
+        json!({"image": image, "config": {"greeting": "v2"}}),
+    )
+    .await;
+    wait_status(&api, &name, log, "early soaks", |h| {
+        h.status
+            .as_ref()
+            .is_some_and(|s| s.partitions[0].state == "Soaking")
+    })
+    .await;
+    ratios().lock().unwrap().insert(fleet_label.to_owned(), 0.5);
+    // Prometheus sees it before the manager's next evaluation can.
+    wait_until_prometheus_sees(0.5).await;
+    let h = wait_status(&api, &name, log, "halted by the health check", |h| {
+        h.status.as_ref().is_some_and(|s| s.halted.is_some())
+    })
+    .await;
+    let halted = h.status.clone().unwrap().halted.unwrap();
+    assert_eq!(halted.reason, "HealthCheckFailed");
+    assert!(
+        halted.message.contains("0.5 above max 0.1"),
+        "{}",
+        halted.message
+    );
+    assert!(!halted.rolling_back, "rollback is manual by default");
+    let late_ns = &members.iter().find(|(_, g)| g == "late").unwrap().0;
+    assert_eq!(
+        greeting(&client, late_ns, &name).await,
+        "hi",
+        "late got the halted template"
+    );
+
+    let out = cli(&["rollout", "undo", &format!("hostedclusterpackage/{name}")]);
+    assert!(out.contains(&format!("back to {good_hash}")), "{out}");
+    wait_status(&api, &name, log, "rolled back by undo", |h| {
+        h.status.as_ref().is_some_and(|s| {
+            s.halted
+                .as_ref()
+                .is_some_and(|h| h.rolled_back_at.is_some())
+        })
+    })
+    .await;
+    let early_ns = &members.iter().find(|(_, g)| g == "early").unwrap().0;
+    assert_eq!(greeting(&client, early_ns, &name).await, "hi");
+    let (ok, status) = run_cli(&[
+        "rollout",
+        "status",
+        &format!("hostedclusterpackage/{name}"),
+        "--watch=false",
+    ]);
+    assert!(!ok, "a halted rollout is not a success: {status}");
+    assert!(status.contains("Halted (HealthCheckFailed)"), "{status}");
+    let (_, metrics) = shared_env().manager.get("/metrics").await.unwrap();
+    assert!(
+        metrics.lines().any(
+            |l| l.starts_with("pko_hostedclusterpackage_health_checks_total")
+                && l.contains(&name)
+                && l.contains("failing")
+        ),
+        "no failing health check counted"
+    );
+}
+
+async fn wait_until_prometheus_sees(value: f64) {
+    let prometheus = &shared_env().prometheus;
+    pko_testenv::wait_until("Prometheus scrapes the new ratio", TIMEOUT, || async {
+        let samples = prometheus
+            .query("max(pko_test_error_ratio{fleet=~\"policy-health.*\"})")
+            .await?;
+        samples
+            .iter()
+            .any(|s| s.value == value)
+            .then_some(())
+            .ok_or_else(|| format!("{samples:?}"))
+    })
+    .await
+    .unwrap();
+}
