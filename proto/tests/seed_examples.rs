@@ -292,6 +292,11 @@ async fn invalid_rollout_specs_are_rejected_naming_the_field() {
             "spec.strategy.rollingUpgrade.maxUnavailable",
         ),
         (
+            "zero-percent",
+            json!({"template": template, "strategy": {"rollingUpgrade": {"maxUnavailable": "0%"}}}),
+            "spec.strategy.rollingUpgrade.maxUnavailable",
+        ),
+        (
             "two-strategies",
             json!({"template": template, "strategy": {"instant": {}, "rollingUpgrade": {}}}),
             "spec.strategy",

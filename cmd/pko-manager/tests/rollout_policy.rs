@@ -188,6 +188,22 @@ async fn set_template(api: &Api<HostedClusterPackage>, name: &str, spec: Value) 
         .unwrap();
 }
 
+/// The same image with another greeting: a new template that rolls out as fast as the first.
+async fn set_greeting(
+    api: &Api<HostedClusterPackage>,
+    current: &HostedClusterPackage,
+    greeting: &str,
+) {
+    let name = current.metadata.name.as_deref().unwrap();
+    let image = &current.spec.template.spec.image;
+    set_template(
+        api,
+        name,
+        json!({"image": image, "config": {"greeting": greeting}}),
+    )
+    .await;
+}
+
 async fn greeting(client: &Client, namespace: &str, name: &str) -> String {
     let p = Api::<Package>::namespaced(client.clone(), namespace)
         .get(name)
@@ -239,7 +255,13 @@ async fn a_soak_holds_the_next_group_and_approvals_bind_to_their_template() {
     .await;
     // An approval of the first template, which must not count for the next.
     let first = api.get(&name).await.unwrap();
-    let old_hash = first.status.unwrap().last_succeeded.unwrap().template_hash;
+    let old_hash = first
+        .status
+        .clone()
+        .unwrap()
+        .last_succeeded
+        .unwrap()
+        .template_hash;
     cli(&[
         "rollout",
         "approve",
@@ -252,13 +274,7 @@ async fn a_soak_holds_the_next_group_and_approvals_bind_to_their_template() {
         [pko_proto::well_known::ROLLOUT_APPROVALS_ANNOTATION];
     assert!(annotation.contains(&old_hash), "{annotation}");
 
-    let image = first.spec.template.spec.image.clone();
-    set_template(
-        &api,
-        &name,
-        json!({"image": image, "config": {"greeting": "v2"}}),
-    )
-    .await;
+    set_greeting(&api, &first, "v2").await;
     let h = wait_status(&api, &name, log, "late awaits approval", |h| {
         condition(h, "AwaitingApproval").is_some_and(|c| c.status == "True")
     })
@@ -409,19 +425,13 @@ async fn a_health_check_that_goes_bad_during_the_soak_halts_until_undone() {
         .unwrap()
         .template_hash;
     assert!(
-        first.status.unwrap().partitions[0]
+        first.status.clone().unwrap().partitions[0]
             .health_checks
             .iter()
             .any(|c| c.state == "Passing"),
         "the first soak passed on an evaluated check"
     );
-    let image = first.spec.template.spec.image.clone();
-    set_template(
-        &api,
-        &name,
-        json!({"image": image, "config": {"greeting": "v2"}}),
-    )
-    .await;
+    set_greeting(&api, &first, "v2").await;
     wait_status(&api, &name, log, "early soaks", |h| {
         h.status
             .as_ref()

@@ -186,7 +186,9 @@ pub struct HostedClusterPackageStrategyRollingUpgrade {
     /// unavailable: a number (at least 1) or, a pko extension, a percentage of the selected Packages
     /// (rounded down, at least 1). Default 1.
     #[serde(default = "default_max_unavailable")]
-    #[schemars(extend("default" = 1))]
+    // `minimum` holds for a number and `pattern` for a string (each applies to its own type only), so
+    // the apiserver refuses 0 and "0%" as it did when only numbers were taken.
+    #[schemars(extend("default" = 1, "minimum" = 1, "pattern" = r"^(100|[1-9][0-9]?)%$"))]
     pub max_unavailable: IntOrString,
 }
 
