@@ -554,6 +554,12 @@ fn guarded_step(
     if gate.is_closed() || held.is_some() {
         hold_at_gate(&mut plan);
     }
+    // An update written now starts its deadline now, even for a Package already in flight with an
+    // earlier template.
+    let mut decided = since.clone();
+    for namespace in &plan.update {
+        decided.remove(namespace);
+    }
     let mut status = rollout_status(
         &previous.conditions,
         generation,
@@ -561,7 +567,7 @@ fn guarded_step(
         &plan,
         strategy,
         &snapshot.packages,
-        &since,
+        &decided,
         now,
     );
     let everything_done = plan.current_group.is_none()

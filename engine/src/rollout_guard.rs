@@ -818,6 +818,37 @@ mod tests {
     }
 
     #[test]
+    fn a_new_template_restarts_the_deadline_of_a_package_in_flight() {
+        let mut sim = Sim::new(
+            &[("early", 2)],
+            spec(
+                json!({"defaults": {"progressDeadline": "5m", "maxFailures": 0}}),
+                json!(1),
+            ),
+        );
+        sim.run(Pkg::Live);
+        sim.set_image("registry/addon:v2");
+        let first = sim.step().plan.update;
+        sim.later(200);
+        sim.set_image("registry/addon:v3");
+        let step = sim.step();
+        assert_eq!(
+            step.plan.update, first,
+            "the in-flight Package goes first, for free"
+        );
+        sim.later(200);
+        sim.step();
+        assert!(
+            sim.status.halted.is_none(),
+            "400 s after its first update but 200 s after its second: {:?}",
+            sim.status.halted
+        );
+        sim.later(100);
+        sim.step();
+        assert_eq!(sim.status.halted.unwrap().reason, MAX_FAILURES_EXCEEDED);
+    }
+
+    #[test]
     fn an_approval_counts_only_for_its_template() {
         let mut sim = Sim::new(
             &[("early", 1), ("late", 1)],

@@ -105,6 +105,8 @@ pub struct HostedClusterPackageController {
     evaluating: BTreeSet<(String, String)>,
     /// The pending decision at the end of a soak or a progress deadline.
     recheck: Option<SpawnHandle>,
+    /// The pending decision when a health check is due again.
+    health_recheck: Option<SpawnHandle>,
 }
 
 /// How often a health check of a soaking group is evaluated.
@@ -148,6 +150,7 @@ impl Reconcile for HostedClusterPackageController {
             health: HealthObservations::new(),
             evaluating: BTreeSet::new(),
             recheck: None,
+            health_recheck: None,
         }
     }
 
@@ -531,8 +534,14 @@ impl HostedClusterPackageActor {
                 });
             });
         }
+        if let Some(pending) = self.state.health_recheck.take() {
+            ctx.cancel_future(pending);
+        }
         if let Some(left) = soonest {
-            ctx.run_later(left, |act, ctx| act.request_reconcile(ctx));
+            self.state.health_recheck = Some(ctx.run_later(left, |act, ctx| {
+                act.state.health_recheck = None;
+                act.request_reconcile(ctx);
+            }));
         }
     }
 
