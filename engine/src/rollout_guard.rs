@@ -61,6 +61,25 @@ pub struct HealthObservation {
 /// Health observations by (group name as status names it, check name).
 pub type HealthObservations = BTreeMap<(String, String), HealthObservation>;
 
+/// The last evaluation of each health check as the status keeps it: what a manager that starts (or a
+/// preview) knows before it evaluates anything itself.
+pub fn stored_observations(status: &HostedClusterPackageStatus) -> HealthObservations {
+    status
+        .partitions
+        .iter()
+        .flat_map(|p| {
+            p.health_checks.iter().filter_map(|c| {
+                let observation = HealthObservation {
+                    state: HealthState::from_label(&c.state),
+                    message: c.message.clone(),
+                    at: c.checked_at.parse().ok()?,
+                };
+                Some(((p.name.clone(), c.name.clone()), observation))
+            })
+        })
+        .collect()
+}
+
 /// A group's name as status, policy and approvals name it.
 pub fn group_name(key: &Option<String>) -> &str {
     key.as_deref().unwrap_or(UNKNOWN_GROUP)
@@ -947,6 +966,15 @@ mod tests {
         observe(&mut sim, "late", HealthState::Passing);
         sim.step();
         assert_eq!(sim.status.partitions[0].state, group_state::FINISHED);
+        // What the status keeps is what a restarted manager starts from.
+        let stored = stored_observations(&sim.status);
+        assert_eq!(
+            stored
+                .get(&("late".to_owned(), "errors".to_owned()))
+                .map(|o| o.state),
+            Some(HealthState::Passing)
+        );
+        sim.health = stored;
         sim.run(Pkg::Live);
         assert!(sim.status.last_succeeded.is_some());
         sim.set_image("registry/addon:v2");

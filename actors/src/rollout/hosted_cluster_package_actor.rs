@@ -32,7 +32,7 @@ use crate::engine::hosted_cluster_package::{
 };
 use crate::engine::promotion_gate::{record_changed, rollout_record, GateVerdict, OwnRollout};
 use crate::engine::rollout_events::{policy_steps, rollout_steps, story_so_far, RolloutView};
-use crate::engine::rollout_guard::{HealthObservation, HealthObservations};
+use crate::engine::rollout_guard::{stored_observations, HealthObservation, HealthObservations};
 use crate::engine::rollout_plan::{group_key, RolloutInput, RolloutPlan, UNKNOWN_GROUP};
 use crate::engine::rollout_policy::HealthCheck;
 use crate::engine::rollout_status::AVAILABLE;
@@ -223,6 +223,13 @@ impl Reconcile for HostedClusterPackageController {
                 .filter(|_| hcpkg.spec.promotion.is_some())
                 .map(|hub| hub.view(&name)),
         };
+        if actor.state.health.is_empty() {
+            // Started (or taken over) mid-soak: the last evaluations the status keeps count until
+            // this supervisor evaluates again.
+            if let Some(status) = &hcpkg.status {
+                actor.state.health = stored_observations(status);
+            }
+        }
         let selector = &hcpkg.spec.hosted_cluster_selector;
         let snapshot = RolloutSnapshot {
             clusters: actor.state.shared.fleet.selected(selector),

@@ -464,6 +464,11 @@ pub async fn plan(args: &RolloutPlanArgs, kubeconfig: Option<&PathBuf>) -> Resul
         .map(OwnedPackage::from)
         .map(|p| (p.meta.namespace.clone().unwrap_or_default(), Arc::new(p)))
         .collect();
+    let health = hcpkg
+        .status
+        .as_ref()
+        .map(rollout_guard::stored_observations)
+        .unwrap_or_default();
     let snapshot = RolloutSnapshot {
         hcpkg,
         packages,
@@ -472,8 +477,8 @@ pub async fn plan(args: &RolloutPlanArgs, kubeconfig: Option<&PathBuf>) -> Resul
         failures: BTreeMap::new(),
         // The plan is what happens once a promotion gate (if any) is open.
         gate: GateInput::Preview,
-        // Health checks are the manager's to evaluate; groups it saw soaked stay so in status.
-        health: BTreeMap::new(),
+        // Health checks are the manager's to evaluate: the preview takes their last results.
+        health,
     };
     Ok(plan_text(
         &name,
