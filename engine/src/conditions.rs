@@ -4,6 +4,8 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
+use crate::api_time::whole_seconds;
+
 /// The content of a condition; time and generation are filled in by [`set_condition`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConditionUpdate {
@@ -44,7 +46,7 @@ pub fn set_condition(
     let transition = match &existing {
         Some(c) if c.status == status => c.last_transition_time.clone(),
         // The API keeps whole seconds; a finer time would differ from its own echo.
-        _ => Time(Timestamp::from_second(now.as_second()).unwrap_or(now)),
+        _ => Time(whole_seconds(now)),
     };
     let condition = Condition {
         type_: update.type_,

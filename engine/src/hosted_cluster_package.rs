@@ -21,13 +21,14 @@ use pko_proto::core::package::{Package, PackageSpec, PackageStatus, PackageTempl
 use pko_proto::hypershift::HostedCluster;
 use serde_json::{json, Value};
 
+use crate::api_time::{elapsed, stamp};
 use crate::conditions::{is_true_for, set_condition, ConditionUpdate};
 use crate::deployment_plan::LATEST_REVISION_UNAVAILABLE;
 use crate::label_selector::selector_matches;
 use crate::promotion_gate::{package_template_hash, promotion_gate, GateVerdict, HubView};
 use crate::rollout_guard::{
     annotate_partitions, apply_deadlines, base_rules, carried_halt, failure_halt, guard_conditions,
-    hold, new_halt, soak, stamp, GuardReport, HealthObservations, Soak,
+    hold, new_halt, soak, GuardReport, HealthObservations, Soak,
 };
 use crate::rollout_plan::{
     group_key, plan_rollout, Counts, GroupRules, PackageState, PartitionOrder, RolloutInput,
@@ -515,13 +516,7 @@ fn guarded_step(
     input.rules = base_rules(policy, &input, &approvals, spec_hash, rolling_back);
     // Soak and health are measured on a plan without soaking: which groups have every Package done.
     let soaked = if rolling_back || !matches!(strategy, RolloutStrategy::RollingUpgrade { .. }) {
-        Soak {
-            soaking: BTreeSet::new(),
-            memory: BTreeMap::new(),
-            recheck_after: None,
-            due: Vec::new(),
-            failed_check: None,
-        }
+        Soak::default()
     } else {
         soak(
             &plan_rollout(&input),
@@ -659,7 +654,7 @@ fn guarded_step(
             let key = group_key(t.label.as_deref(), input.partition.as_ref());
             let deadline = policy.group(key.as_deref()).progress_deadline?;
             let started = since.get(&t.namespace)?;
-            Some(deadline.saturating_sub(crate::rollout_guard::elapsed(*started, now)))
+            Some(deadline.saturating_sub(elapsed(*started, now)))
         })
         .min();
     let recheck_after = match (soaked.recheck_after, deadline_left) {

@@ -1,6 +1,7 @@
 //! The functional core: rules as plain functions over plain data, with no I/O and no actors.
 
 pub mod adoption;
+pub mod api_time;
 pub mod conditions;
 pub mod deployment_plan;
 pub mod desired_object;

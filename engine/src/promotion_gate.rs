@@ -14,6 +14,7 @@ use pko_proto::core::hosted_cluster_package::{
 };
 use pko_proto::fleet::{FleetRolloutRecord, ManagementClusterRecord, RECORD_VERSION};
 
+use crate::api_time::elapsed;
 use crate::conditions::ConditionUpdate;
 use crate::label_selector::selector_matches;
 use crate::rollout_plan::Counts;
@@ -298,10 +299,6 @@ fn cluster_wait(
         });
     }
     None
-}
-
-fn elapsed(from: Timestamp, to: Timestamp) -> Duration {
-    to.duration_since(from).try_into().unwrap_or(Duration::ZERO)
 }
 
 /// What a manager reports of its own rollout of a HostedClusterPackage, for the gates of the others and

@@ -19,6 +19,7 @@ use pko_proto::core::hosted_cluster_package::{
     HostedClusterPackagePartitionStatus, HostedClusterPackageStatus, RolloutApprovals,
 };
 
+use crate::api_time::{elapsed, stamp};
 use crate::conditions::ConditionUpdate;
 use crate::health_check::HealthState;
 use crate::rollout_plan::{
@@ -85,19 +86,8 @@ pub fn group_name(key: &Option<String>) -> &str {
     key.as_deref().unwrap_or(UNKNOWN_GROUP)
 }
 
-pub(crate) fn elapsed(from: Timestamp, to: Timestamp) -> Duration {
-    to.duration_since(from).try_into().unwrap_or(Duration::ZERO)
-}
-
 fn at(text: Option<&str>) -> Option<Timestamp> {
     text.and_then(|t| t.parse::<Timestamp>().ok())
-}
-
-/// Whole seconds, as the API keeps them (a finer time would differ from its own echo).
-pub fn stamp(now: Timestamp) -> String {
-    Timestamp::from_second(now.as_second())
-        .unwrap_or(now)
-        .to_string()
 }
 
 /// The halt that holds for the spec's template: the stored one while the template is the one that
@@ -222,7 +212,9 @@ pub struct HaltCause {
 }
 
 /// Soak and health of every group of `plan` (planned without soaking): which groups still soak, what
-/// to remember, when to decide again, which checks to evaluate now, and a failing check.
+/// to remember, when to decide again, which checks to evaluate now, and a failing check. The default is
+/// no soak at all (instant rollouts and rollbacks).
+#[derive(Default)]
 pub struct Soak {
     pub soaking: BTreeSet<Option<String>>,
     pub memory: BTreeMap<Option<String>, GroupMemory>,
@@ -242,13 +234,7 @@ pub fn soak(
     health: &HealthObservations,
     now: Timestamp,
 ) -> Soak {
-    let mut out = Soak {
-        soaking: BTreeSet::new(),
-        memory: BTreeMap::new(),
-        recheck_after: None,
-        due: Vec::new(),
-        failed_check: None,
-    };
+    let mut out = Soak::default();
     for g in &plan.groups {
         let name = group_name(&g.name).to_owned();
         let policy = policy.group(g.name.as_deref());

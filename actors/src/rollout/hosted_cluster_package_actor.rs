@@ -25,6 +25,7 @@ use pko_proto::rollout_events::{RolloutEvent, EVENT_VERSION};
 use tracing::{info_span, warn, Span};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
+use crate::engine::api_time::elapsed;
 use crate::engine::health_check::HealthState;
 use crate::engine::hosted_cluster_package::{
     decide_rollout, desired_package, GateInput, OwnedPackage, RolloutDecision, RolloutSnapshot,
@@ -507,22 +508,16 @@ impl HostedClusterPackageActor {
     /// Evaluates the due health checks that were not evaluated within the interval, off the actor.
     fn evaluate_health(&mut self, due: Vec<(String, HealthCheck)>, ctx: &mut Context<Self>) {
         let now = Timestamp::now();
-        let interval =
-            k8s_openapi::jiff::SignedDuration::try_from(HEALTH_CHECK_INTERVAL).unwrap_or_default();
         let mut soonest: Option<Duration> = None;
         for (group, check) in due {
             let key = (group.clone(), check.name.clone());
             if self.state.evaluating.contains(&key) {
                 continue;
             }
-            let age = self
-                .state
-                .health
-                .get(&key)
-                .map(|o| now.duration_since(o.at));
-            if let Some(age) = age.filter(|a| *a < interval) {
+            let age = self.state.health.get(&key).map(|o| elapsed(o.at, now));
+            if let Some(age) = age.filter(|a| *a < HEALTH_CHECK_INTERVAL) {
                 // Evaluated lately: again once the interval is over.
-                let left = Duration::try_from(interval - age).unwrap_or(HEALTH_CHECK_INTERVAL);
+                let left = HEALTH_CHECK_INTERVAL - age;
                 soonest = Some(soonest.map_or(left, |s| s.min(left)));
                 continue;
             }

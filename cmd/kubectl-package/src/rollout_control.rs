@@ -8,6 +8,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::config::Kubeconfig;
 use kube::Api;
+use pko_engine::api_time::stamp;
 use pko_engine::hosted_cluster_package::{annotations_approvals, undo_request};
 use pko_engine::promotion_gate::package_template_hash;
 use pko_proto::core::hosted_cluster_package::{HostedClusterPackage, RolloutApproval};
@@ -107,9 +108,7 @@ pub async fn approve(
         RolloutApproval {
             template_hash: hash.clone(),
             approved_by: kubeconfig_user(kubeconfig),
-            approved_at: Timestamp::from_second(Timestamp::now().as_second())
-                .unwrap_or_else(|_| Timestamp::now())
-                .to_string(),
+            approved_at: stamp(Timestamp::now()),
         },
     );
     let text = serde_json::to_string(&approvals).map_err(|e| e.to_string())?;

@@ -188,6 +188,17 @@ async fn set_template(api: &Api<HostedClusterPackage>, name: &str, spec: Value) 
         .unwrap();
 }
 
+/// The hash of the last template that finished rolling out everywhere.
+fn last_good_hash(h: &HostedClusterPackage) -> String {
+    let status = h.status.as_ref().unwrap();
+    status
+        .last_succeeded
+        .as_ref()
+        .unwrap()
+        .template_hash
+        .clone()
+}
+
 /// The same image with another greeting: a new template that rolls out as fast as the first.
 async fn set_greeting(
     api: &Api<HostedClusterPackage>,
@@ -255,13 +266,7 @@ async fn a_soak_holds_the_next_group_and_approvals_bind_to_their_template() {
     .await;
     // An approval of the first template, which must not count for the next.
     let first = api.get(&name).await.unwrap();
-    let old_hash = first
-        .status
-        .clone()
-        .unwrap()
-        .last_succeeded
-        .unwrap()
-        .template_hash;
+    let old_hash = last_good_hash(&first);
     cli(&[
         "rollout",
         "approve",
@@ -337,7 +342,7 @@ async fn a_missed_deadline_rolls_the_fleet_back_to_the_last_good_template() {
     )
     .await;
     let good = api.get(&name).await.unwrap();
-    let good_hash = good.status.unwrap().last_succeeded.unwrap().template_hash;
+    let good_hash = last_good_hash(&good);
     // An image whose registry never answers: its Package stays in flight, never failing by itself.
     let hanging = format!("127.0.0.1:{}/never:1", silent_registry());
     set_template(
@@ -417,13 +422,7 @@ async fn a_health_check_that_goes_bad_during_the_soak_halts_until_undone() {
     )
     .await;
     let first = api.get(&name).await.unwrap();
-    let good_hash = first
-        .status
-        .clone()
-        .unwrap()
-        .last_succeeded
-        .unwrap()
-        .template_hash;
+    let good_hash = last_good_hash(&first);
     assert!(
         first.status.clone().unwrap().partitions[0]
             .health_checks
