@@ -111,6 +111,14 @@ impl ObjectCache {
         self.objects.remove(key);
     }
 
+    /// Forgets `observed` if it is still the state held for `key`, so the next look reads the object
+    /// from the apiserver. A state the watch delivered meanwhile stays: it is newer than the one judged,
+    /// and an object that does not change again would otherwise never be held again.
+    pub fn forget_state(&self, key: &ObjectKey, observed: &Value) {
+        self.objects
+            .remove_if(key, |_, held| held.state.as_ref() == observed);
+    }
+
     /// Sends changes of objects controlled by `owner_uid` to `route`.
     pub fn add_route(&self, owner_uid: &str, route: Route) {
         self.routes.insert(owner_uid.to_owned(), route);
@@ -364,6 +372,22 @@ mod tests {
         // The watch always replaces, answers included.
         watched(&cache, &key, at("2", json!({"ready": "watched"})));
         assert_eq!(cache.get(&key).unwrap()["status"]["ready"], "watched");
+    }
+
+    #[tokio::test]
+    async fn forgetting_a_judged_state_keeps_a_newer_one_the_watch_brought() {
+        let cache = cache();
+        let key = configmap_key();
+        watched(&cache, &key, at("5", json!({"ready": false})));
+        let judged = (*cache.get(&key).unwrap()).clone();
+        // While the probe judged it, the watch delivered the object's next state.
+        watched(&cache, &key, at("6", json!({"ready": true})));
+        cache.forget_state(&key, &judged);
+        assert_eq!(cache.get(&key).unwrap()["status"]["ready"], true);
+        // Still the judged state: forgotten, the next look reads the apiserver.
+        let judged = (*cache.get(&key).unwrap()).clone();
+        cache.forget_state(&key, &judged);
+        assert!(cache.get(&key).is_none());
     }
 
     #[tokio::test]

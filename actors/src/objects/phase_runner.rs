@@ -161,7 +161,7 @@ pub async fn reconcile_phase(
                 let finding = probed_finding(&key.to_string(), result, delegated);
                 if matches!(finding, ObjectFinding::ProbeFailed { .. }) {
                     // The next look reads it from the apiserver, not from what pko last saw.
-                    cache.forget(&key);
+                    cache.forget_state(&key, &observed);
                 }
                 mapped.extend(mapped_conditions(desired, &observed));
                 finding
