@@ -44,6 +44,9 @@ const PACKAGE: [(&str, &str); 2] = [
 const NAME: &str = "bench-fleet";
 const CREATE_CONCURRENCY: usize = 16;
 const TIMEOUT: Duration = Duration::from_secs(1800);
+const IDLE_SAMPLE: Duration = Duration::from_secs(10);
+/// Request kinds printed, most frequent first.
+const REQUEST_MIX_ROWS: usize = 20;
 
 /// What to measure.
 pub struct FleetBench {
@@ -159,6 +162,12 @@ async fn measure(bench: &FleetBench) -> Result<(), String> {
             .map(|u| u.cpu)
             .sum()
     };
+    // What the servers cost idle (watches, leases, the controllers' resyncs), to tell it from the release's.
+    let idle_from = (Instant::now(), servers_cpu());
+    tokio::time::sleep(IDLE_SAMPLE).await;
+    let idle_per_second = servers_cpu().saturating_sub(idle_from.1).as_secs_f64()
+        / idle_from.0.elapsed().as_secs_f64();
+    let requests_before = request_counts(&servers).await?;
     let servers_before = servers_cpu();
     let rolled = Instant::now();
     let v2 = json!({"spec": {"template": {"spec": {"config": {"release": "v2"}}}}});
@@ -189,6 +198,7 @@ async fn measure(bench: &FleetBench) -> Result<(), String> {
         })
         .sum();
     let servers_used = servers_cpu().saturating_sub(servers_before);
+    let requests = request_counts(&servers).await?;
     let waves = bench.hosted_clusters.div_ceil(bench.max_unavailable.max(1)) as u32;
     let stage = bench.readiness_lag * waves;
     let waits = stage * 2 + bench.soak;
@@ -210,6 +220,17 @@ async fn measure(bench: &FleetBench) -> Result<(), String> {
         cpu.as_secs_f64(),
         servers_used.as_secs_f64(),
         wall.as_secs_f64() * cores as f64
+    );
+    println!(
+        "  apiservers and etcd idle: {:.2} CPU-s per s ({:.1} s of the release's {:.1} s)",
+        idle_per_second,
+        idle_per_second * wall.as_secs_f64(),
+        servers_used.as_secs_f64()
+    );
+    print_request_mix(
+        &requests_before,
+        &requests,
+        clusters.len() * bench.hosted_clusters,
     );
     let (canary_finished, prod_started) = stage_times(&nats, &names, generation).await?;
     println!(
@@ -274,6 +295,67 @@ async fn measure(bench: &FleetBench) -> Result<(), String> {
         );
     }
     Ok(())
+}
+
+/// Requests served by every apiserver so far, per verb and resource (`apiserver_request_total`).
+async fn request_counts(servers: &[&ApiServer]) -> Result<BTreeMap<String, f64>, String> {
+    let mut counts = BTreeMap::new();
+    for server in servers {
+        let client = server.client().await.map_err(|e| e.to_string())?;
+        let request = http::Request::get("/metrics")
+            .body(Vec::new())
+            .map_err(|e| e.to_string())?;
+        let text = client
+            .request_text(request)
+            .await
+            .map_err(|e| format!("{} /metrics: {e}", server.name()))?;
+        for (key, value) in text.lines().filter_map(request_sample) {
+            *counts.entry(key).or_insert(0.0) += value;
+        }
+    }
+    Ok(counts)
+}
+
+/// `verb resource[/subresource]` and the count of one `apiserver_request_total` sample.
+fn request_sample(line: &str) -> Option<(String, f64)> {
+    let rest = line.strip_prefix("apiserver_request_total{")?;
+    let (labels, value) = rest.rsplit_once("} ")?;
+    let label = |name: &str| {
+        labels
+            .split("\",")
+            .find_map(|pair| pair.strip_prefix(&format!("{name}=\"")))
+            .map(|v| v.trim_end_matches('"'))
+            .unwrap_or_default()
+    };
+    let resource = match label("subresource") {
+        "" => label("resource").to_owned(),
+        sub => format!("{}/{sub}", label("resource")),
+    };
+    Some((format!("{} {resource}", label("verb")), value.trim().parse().ok()?))
+}
+
+fn print_request_mix(
+    before: &BTreeMap<String, f64>,
+    after: &BTreeMap<String, f64>,
+    updates: usize,
+) {
+    let mut mix: Vec<(&String, f64)> = after
+        .iter()
+        .map(|(k, v)| (k, v - before.get(k).copied().unwrap_or(0.0)))
+        .filter(|(_, v)| *v > 0.0)
+        .collect();
+    mix.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let total: f64 = mix.iter().map(|(_, v)| v).sum();
+    println!(
+        "  apiserver requests during the release: {total:.0} = {:.1} per Package update ({updates} updates); most frequent:",
+        total / updates.max(1) as f64
+    );
+    for (kind, count) in mix.into_iter().take(REQUEST_MIX_ROWS) {
+        println!(
+            "    {kind:<48} {count:>8.0}  {:>6.2} per update",
+            count / updates.max(1) as f64
+        );
+    }
 }
 
 async fn push_release(env: &TestEnv) -> Result<String, String> {
@@ -363,32 +445,39 @@ fn release(bench: &FleetBench, cluster: &str, image: &str) -> serde_json::Value 
 }
 
 /// Until every cluster's rollout of its current generation is done.
+/// Waits on a watch of each cluster's HostedClusterPackage (polling GETs would add their own load to the
+/// apiservers being measured).
 async fn wait_settled(clusters: &[Cluster<'_>], total: usize) -> Result<(), String> {
     let total = i32::try_from(total).unwrap_or(i32::MAX);
-    wait_until("every management cluster rolled out", TIMEOUT, || async {
-        let mut waiting = Vec::new();
-        for cluster in clusters {
-            let h = cluster.api.get(NAME).await.map_err(|e| e.to_string())?;
+    let settled = move |h: Option<&HostedClusterPackage>| {
+        h.is_some_and(|h| {
             let generation = h.metadata.generation.unwrap_or_default();
-            let done = h.status.as_ref().is_some_and(|s| {
+            h.status.as_ref().is_some_and(|s| {
                 s.observed_generation == generation
                     && s.counts.total_packages == total
                     && s.counts.updated_packages == total
                     && s.counts.available_packages == total
                     && s.counts.progressed_packages == total
-            });
-            if !done {
-                waiting.push(cluster.name.clone());
-            }
+            })
+        })
+    };
+    let waits = clusters.iter().map(|cluster| async move {
+        match tokio::time::timeout(
+            TIMEOUT,
+            kube::runtime::wait::await_condition(cluster.api.clone(), NAME, settled),
+        )
+        .await
+        {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(format!("watching {} in {}: {e}", NAME, cluster.name)),
+            Err(_) => Err(format!(
+                "{} did not roll out within {} s",
+                cluster.name,
+                TIMEOUT.as_secs()
+            )),
         }
-        if waiting.is_empty() {
-            Ok(())
-        } else {
-            Err(format!("waiting for {}", waiting.join(", ")))
-        }
-    })
-    .await
-    .map_err(|e| e.to_string())
+    });
+    futures::future::try_join_all(waits).await.map(|_| ())
 }
 
 fn system_nanos(at: Instant) -> i128 {
