@@ -15,6 +15,7 @@ use pko_proto::well_known::CACHE_LABEL;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
 use futures::StreamExt;
@@ -44,6 +45,8 @@ pub struct WatchMark(u64);
 struct Held {
     state: Arc<Value>,
     delivery: u64,
+    /// When this state came.
+    since: Instant,
 }
 
 /// A count of what [`ObjectCache`] holds.
@@ -111,12 +114,14 @@ impl ObjectCache {
         self.objects.remove(key);
     }
 
-    /// Forgets `observed` if it is still the state held for `key`, so the next look reads the object
-    /// from the apiserver. A state the watch delivered meanwhile stays: it is newer than the one judged,
-    /// and an object that does not change again would otherwise never be held again.
-    pub fn forget_state(&self, key: &ObjectKey, observed: &Value) {
-        self.objects
-            .remove_if(key, |_, held| held.state.as_ref() == observed);
+    /// Forgets `observed` if it is still the state held for `key` and has been for `held_for`, so the
+    /// next look reads the object from the apiserver. A state the watch delivered meanwhile stays: it is
+    /// newer than the one judged, and an object that does not change again would otherwise never be held
+    /// again.
+    pub fn forget_if_unchanged_for(&self, key: &ObjectKey, observed: &Value, held_for: Duration) {
+        self.objects.remove_if(key, |_, held| {
+            held.since.elapsed() >= held_for && held.state.as_ref() == observed
+        });
     }
 
     /// Sends changes of objects controlled by `owner_uid` to `route`.
@@ -272,6 +277,7 @@ impl ObjectCache {
                 known.insert(Held {
                     state: Arc::new(value),
                     delivery,
+                    since: Instant::now(),
                 });
                 before.filter(|uid| after.as_ref() != Some(uid))
             }
@@ -279,6 +285,7 @@ impl ObjectCache {
                 slot.insert(Held {
                     state: Arc::new(value),
                     delivery,
+                    since: Instant::now(),
                 });
                 None
             }
@@ -375,18 +382,21 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn forgetting_a_judged_state_keeps_a_newer_one_the_watch_brought() {
+    async fn forgetting_a_judged_state_keeps_a_newer_or_recent_one() {
         let cache = cache();
         let key = configmap_key();
         watched(&cache, &key, at("5", json!({"ready": false})));
         let judged = (*cache.get(&key).unwrap()).clone();
         // While the probe judged it, the watch delivered the object's next state.
         watched(&cache, &key, at("6", json!({"ready": true})));
-        cache.forget_state(&key, &judged);
+        cache.forget_if_unchanged_for(&key, &judged, Duration::ZERO);
         assert_eq!(cache.get(&key).unwrap()["status"]["ready"], true);
-        // Still the judged state: forgotten, the next look reads the apiserver.
+        // The judged state, but held only briefly: an object on its way, kept.
         let judged = (*cache.get(&key).unwrap()).clone();
-        cache.forget_state(&key, &judged);
+        cache.forget_if_unchanged_for(&key, &judged, Duration::from_secs(3600));
+        assert!(cache.get(&key).is_some());
+        // The judged state, held long enough: forgotten, the next look reads the apiserver.
+        cache.forget_if_unchanged_for(&key, &judged, Duration::ZERO);
         assert!(cache.get(&key).is_none());
     }
 

@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::{stream, StreamExt};
 use pko_proto::core::common::ControlledObjectReference;
@@ -24,6 +25,11 @@ use pko_package::canonical_hash::value_hash;
 
 /// Objects of one phase are applied with this much concurrency.
 const APPLY_CONCURRENCY: usize = 16;
+
+/// An object whose probe fails and whose cached state is at least this old is read from the apiserver
+/// on the phase's next look: the net under a watch event pko might have missed. Younger states are an
+/// object on its way; reading those on every retry cost a GET per object and retry.
+const REREAD_AFTER: Duration = Duration::from_secs(10);
 
 /// Everything needed to reconcile one phase, derived from the owner's spec.
 #[derive(Debug, Clone)]
@@ -160,8 +166,8 @@ pub async fn reconcile_phase(
                     .unwrap_or_else(|| plan.probes.evaluate(&key, &observed));
                 let finding = probed_finding(&key.to_string(), result, delegated);
                 if matches!(finding, ObjectFinding::ProbeFailed { .. }) {
-                    // The next look reads it from the apiserver, not from what pko last saw.
-                    cache.forget_state(&key, &observed);
+                    // Should the watch have missed its change, the next look reads the apiserver.
+                    cache.forget_if_unchanged_for(&key, &observed, REREAD_AFTER);
                 }
                 mapped.extend(mapped_conditions(desired, &observed));
                 finding
