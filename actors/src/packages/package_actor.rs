@@ -19,7 +19,7 @@ use crate::engine::transition_events::package_transitions;
 use crate::metrics::manager_metrics::ManagerMetrics;
 use crate::metrics::upstream_metrics::PackageFacts;
 use crate::objects::object_meta::{creation_seconds, event_reference, tombstone_meta, MetaView};
-use crate::packages::package_object::{environment_facts, PackageObject};
+use crate::packages::package_object::{environment_facts, DeploymentView, PackageObject};
 use crate::runtime::context::ManagerContext;
 use crate::runtime::object_actor::{
     work, Change, Notice, ObjectActor, Outcome, Reconcile, Report, Work,
@@ -34,10 +34,10 @@ use pko_package::loader::load_installable;
 use pko_proto::well_known::{CHUNKING_ANNOTATION, SHARD_OWNER_LABEL};
 use tracing::{info_span, Instrument};
 
-/// The package's ObjectDeployment changed.
+/// The package's ObjectDeployment changed: its state as the watch delivered it (`None`: deleted).
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
-pub struct DeploymentChanged;
+pub struct DeploymentChanged(pub Option<DeploymentView>);
 
 /// The package's chunking annotation.
 fn chunking_annotation(package: &PackageObject) -> Option<&str> {
@@ -148,6 +148,12 @@ async fn unpack(
 pub struct PackageController {
     /// The spec hash and outcome of the last unpack.
     unpacked: Option<(String, UnpackOutcome)>,
+    /// The ObjectDeployment as its watch last delivered it, so a reconcile woken by its change needs no
+    /// read of it.
+    deployment: Option<DeploymentView>,
+    /// The generation the last read of the ObjectDeployment found: a delivered state of an older
+    /// generation predates pko's own apply and is not trusted.
+    deployment_generation: i64,
 }
 
 pub type PackageActor = ObjectActor<PackageController>;
@@ -159,7 +165,11 @@ impl Reconcile for PackageController {
     const BACKOFF: Backoff = Backoff::new(Duration::from_secs(10), Duration::from_secs(300));
 
     fn new(_: &ManagerContext) -> Self {
-        Self { unpacked: None }
+        Self {
+            unpacked: None,
+            deployment: None,
+            deployment_generation: 0,
+        }
     }
 
     /// Metadata only: the taps following this kind read nothing else of a deleted object.
@@ -239,6 +249,12 @@ impl Reconcile for PackageController {
             .clone()
             .filter(|(h, o)| *h == hash && !matches!(o, UnpackOutcome::PullFailed(_)));
         let context = actor.context.clone();
+        // Usable when no unpack runs now (an unpack applies the deployment, so its status is read after).
+        let delivered = actor
+            .state
+            .deployment
+            .clone()
+            .filter(|d| previous.is_some() && d.generation >= actor.state.deployment_generation);
         let run = async move {
             let outcome = match previous {
                 Some((_, outcome)) => outcome,
@@ -253,12 +269,17 @@ impl Reconcile for PackageController {
                     outcome
                 }
             };
-            let deployment = match outcome {
-                UnpackOutcome::Unpacked => {
-                    package.deployment_status(context.client.clone()).await?
-                }
-                _ => None,
+            let (deployment, read) = match (&outcome, delivered) {
+                (UnpackOutcome::Unpacked, Some(delivered)) => (Some(delivered), false),
+                (UnpackOutcome::Unpacked, None) => (
+                    package.deployment_status(context.client.clone()).await?,
+                    true,
+                ),
+                _ => (None, false),
             };
+            let read_generation = read
+                .then(|| deployment.as_ref().map(|d| d.generation))
+                .flatten();
             let (conditions, phase) = package_conditions(
                 &package.status.conditions,
                 package.generation(),
@@ -287,10 +308,13 @@ impl Reconcile for PackageController {
                     .write_status(context.client.clone(), &status)
                     .await?;
             }
-            Ok::<_, kube::Error>((hash, outcome, status))
+            Ok::<_, kube::Error>((hash, outcome, status, read_generation))
         };
         work(run, |result, actor: &mut PackageActor, _| match result {
-            Ok((hash, outcome, status)) => {
+            Ok((hash, outcome, status, read_generation)) => {
+                if let Some(generation) = read_generation {
+                    actor.state.deployment_generation = generation;
+                }
                 // A failed pull is retried like a failed reconcile.
                 let retry = match &outcome {
                     UnpackOutcome::PullFailed(message) => {
@@ -311,7 +335,8 @@ impl Reconcile for PackageController {
 
 impl Handler<DeploymentChanged> for PackageActor {
     type Result = ();
-    fn handle(&mut self, _: DeploymentChanged, ctx: &mut Context<Self>) {
+    fn handle(&mut self, DeploymentChanged(view): DeploymentChanged, ctx: &mut Context<Self>) {
+        self.state.deployment = view;
         self.request_reconcile(ctx);
     }
 }

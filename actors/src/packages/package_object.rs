@@ -14,6 +14,7 @@ use serde_json::{json, Value};
 
 use crate::engine::desired_object::FIELD_MANAGER;
 use crate::engine::package_deployment::PackageRef;
+use crate::objects::deployment_object::DeploymentObject;
 use crate::objects::object_meta::{write_status, MetaView};
 use pko_package::chunking::Slice;
 use pko_package::environment::EnvironmentFacts;
@@ -26,6 +27,16 @@ pub struct DeploymentView {
     pub conditions: Vec<Condition>,
     pub generation: i64,
     pub revision: Option<i64>,
+}
+
+impl From<&DeploymentObject> for DeploymentView {
+    fn from(od: &DeploymentObject) -> Self {
+        Self {
+            conditions: od.status.conditions.clone(),
+            generation: od.generation(),
+            revision: od.status.revision,
+        }
+    }
 }
 
 /// A Package (namespaced) or ClusterPackage.

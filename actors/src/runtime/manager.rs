@@ -70,7 +70,7 @@ fn deployment_tap(deployments: Arc<Registry<ObjectDeploymentActor>>) -> Tap<SetO
 
 /// Wakes the package that controls a deployment whenever the deployment changes.
 fn package_tap(packages: Arc<Registry<PackageActor>>) -> Tap<DeploymentObject> {
-    Arc::new(move |od: &DeploymentObject, _deleted| {
+    Arc::new(move |od: &DeploymentObject, deleted| {
         let Some(owner) = od.controller() else {
             return;
         };
@@ -85,7 +85,7 @@ fn package_tap(packages: Arc<Registry<PackageActor>>) -> Tap<DeploymentObject> {
             name: owner.name.clone(),
         };
         if let Some(addr) = packages.get(&key) {
-            addr.do_send(DeploymentChanged);
+            addr.do_send(DeploymentChanged((!deleted).then(|| od.into())));
         }
     })
 }
