@@ -310,6 +310,29 @@ async fn unpause_and_see_drift_undone(client: &kube::Client, ns: &str, name: &st
     wait_condition(client, ns, name, "Available", "True", None).await;
 }
 
+/// A status someone else wrote (or an older write of pko's that landed last) is replaced by what the
+/// phases last reported once the watch shows it still differs.
+#[tokio::test]
+async fn a_status_written_by_someone_else_is_written_back() {
+    let (client, ns) = setup("os-forged").await;
+    let set = object_set(
+        "forged",
+        &[("p", vec![configmap("cm-forged", json!({}))])],
+        cel_probe("true", "never fails"),
+    );
+    create_set(&client, &ns, &set).await;
+    wait_condition(&client, &ns, "forged", "Available", "True", None).await;
+    let sets = pko_api(&client, "ObjectSet", "objectsets", Some(&ns));
+    let forged = json!({"status": {"conditions": [{
+        "type": "Available", "status": "False", "reason": "Forged", "message": "not written by pko",
+        "lastTransitionTime": "2026-01-01T00:00:00Z", "observedGeneration": 1,
+    }]}});
+    sets.patch_status("forged", &PatchParams::default(), &Patch::Merge(&forged))
+        .await
+        .unwrap();
+    wait_condition(&client, &ns, "forged", "Available", "True", None).await;
+}
+
 #[tokio::test]
 async fn paused_set_leaves_edits_alone_until_unpaused() {
     let (client, ns) = setup("os-pause").await;
