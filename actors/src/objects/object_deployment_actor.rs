@@ -39,6 +39,32 @@ const MAX_COLLISIONS_PER_RUN: usize = 5;
 pub struct RevisionChanged;
 
 fn view(set: &SetObject, owner_uid: &str) -> RevisionView {
+    RevisionView {
+        template: set.spec.template.clone(),
+        ..view_without_template(set, owner_uid)
+    }
+}
+
+/// What a deployment's reconcile reads of one of its sets, with the set's generation standing for its
+/// spec (the template is the bulk of a set and immutable). A set event that leaves this unchanged cannot
+/// change the deployment's plan or status, so it need not wake the deployment.
+#[derive(Debug, PartialEq)]
+pub struct RevisionDigest {
+    generation: i64,
+    view: RevisionView,
+}
+
+impl RevisionDigest {
+    pub fn of(set: &SetObject) -> Self {
+        let controller = set.controller().map(|o| o.uid.as_str()).unwrap_or_default();
+        Self {
+            generation: set.generation(),
+            view: view_without_template(set, controller),
+        }
+    }
+}
+
+fn view_without_template(set: &SetObject, owner_uid: &str) -> RevisionView {
     let generation = set.generation();
     let conditions = &set.status.conditions;
     let meta = json!({"metadata": {
@@ -53,7 +79,7 @@ fn view(set: &SetObject, owner_uid: &str) -> RevisionView {
         } else {
             revision_of(&meta).unwrap_or(0)
         },
-        template: set.spec.template.clone(),
+        template: Default::default(),
         lifecycle: set.spec.lifecycle_state.clone(),
         available: is_true_for(conditions, "Available", generation),
         unavailable: conditions
@@ -307,5 +333,47 @@ impl Handler<RevisionChanged> for ObjectDeploymentActor {
     type Result = ();
     fn handle(&mut self, _: RevisionChanged, ctx: &mut Context<Self>) {
         self.request_reconcile(ctx);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use pko_proto::core::object_set::ObjectSet;
+
+    fn set(finalizers: &[&str], available: &str, transition_message: &str) -> SetObject {
+        let set: ObjectSet = serde_json::from_value(json!({
+            "apiVersion": "package-operator.run/v1alpha1", "kind": "ObjectSet",
+            "metadata": {"name": "od-abc", "namespace": "n", "generation": 1,
+                "finalizers": finalizers,
+                "ownerReferences": [{"apiVersion": "package-operator.run/v1alpha1",
+                    "kind": "ObjectDeployment", "name": "od", "uid": "od-uid", "controller": true}]},
+            "spec": {"lifecycleState": "Active", "phases": [{"name": "p", "objects": []}]},
+            "status": {"revision": 1, "conditions": [
+                {"type": "Available", "status": available, "reason": "R", "message": "m",
+                 "observedGeneration": 1, "lastTransitionTime": "2026-11-25T00:00:00Z"},
+                {"type": "InTransition", "status": "True", "reason": "R", "message": transition_message,
+                 "observedGeneration": 1, "lastTransitionTime": "2026-11-25T00:00:00Z"}]}
+        }))
+        .unwrap();
+        set.into()
+    }
+
+    #[test]
+    fn a_set_event_wakes_its_deployment_only_when_the_deployment_reads_a_change() {
+        let before = RevisionDigest::of(&set(&[], "True", "one"));
+        assert_eq!(
+            before,
+            RevisionDigest::of(&set(&["package-operator.run/teardown"], "True", "two")),
+            "a finalizer and a condition the deployment does not read change nothing for it"
+        );
+        assert_ne!(before, RevisionDigest::of(&set(&[], "False", "one")));
+        let mut archived = set(&[], "True", "one");
+        archived.spec.lifecycle_state = LifecycleState::Archived;
+        assert_ne!(before, RevisionDigest::of(&archived));
+        let mut respecified = set(&[], "True", "one");
+        respecified.meta.generation = Some(2);
+        assert_ne!(before, RevisionDigest::of(&respecified));
     }
 }

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use actix::{Actor, System};
+use dashmap::DashMap;
 use pko_proto::core::hosted_cluster_package::HostedClusterPackage;
 use pko_proto::core::object_deployment::{ClusterObjectDeployment, ObjectDeployment};
 use pko_proto::core::object_set::{ClusterObjectSet, ObjectSet};
@@ -19,7 +20,9 @@ use crate::runtime::context::ManagerContext;
 
 use crate::hypershift::hypershift_detector::HyperShiftDetector;
 use crate::hypershift::remote_phase_actor::RemotePhaseActor;
-use crate::objects::object_deployment_actor::{ObjectDeploymentActor, RevisionChanged};
+use crate::objects::object_deployment_actor::{
+    ObjectDeploymentActor, RevisionChanged, RevisionDigest,
+};
 use crate::objects::object_meta::MetaView;
 use crate::objects::object_set_actor::ObjectSetActor;
 use crate::objects::object_template_actor::ObjectTemplateActor;
@@ -46,9 +49,21 @@ impl Engine {
     }
 }
 
-/// Wakes the deployment that controls a set whenever the set changes.
+/// Wakes the deployment that controls a set whenever the set changes in what the deployment reads of it
+/// ([`RevisionDigest`]): a finalizer, or a status message only the set reports, wake nobody.
 fn deployment_tap(deployments: Arc<Registry<ObjectDeploymentActor>>) -> Tap<SetObject> {
-    Arc::new(move |set: &SetObject, _deleted| {
+    let digests: DashMap<(SetKind, String, String), RevisionDigest> = DashMap::new();
+    Arc::new(move |set: &SetObject, deleted| {
+        let id = (set.kind, set.namespace().to_owned(), set.name().to_owned());
+        if deleted {
+            digests.remove(&id);
+        } else {
+            let digest = RevisionDigest::of(set);
+            if digests.get(&id).is_some_and(|known| *known == digest) {
+                return;
+            }
+            digests.insert(id, digest);
+        }
         let Some(owner) = set.controller() else {
             return;
         };
