@@ -156,6 +156,17 @@ pub struct PackageController {
     deployment_generation: i64,
 }
 
+impl PackageController {
+    /// The delivered state of the ObjectDeployment, if a reconcile may report from it: not when this
+    /// reconcile unpacks (it applies the deployment and must read what that made), and not when it is of
+    /// an older generation than the last read found (it predates pko's own apply).
+    fn usable_deployment(&self, unpacking: bool) -> Option<DeploymentView> {
+        self.deployment
+            .clone()
+            .filter(|d| !unpacking && d.generation >= self.deployment_generation)
+    }
+}
+
 pub type PackageActor = ObjectActor<PackageController>;
 
 impl Reconcile for PackageController {
@@ -250,11 +261,7 @@ impl Reconcile for PackageController {
             .filter(|(h, o)| *h == hash && !matches!(o, UnpackOutcome::PullFailed(_)));
         let context = actor.context.clone();
         // Usable when no unpack runs now (an unpack applies the deployment, so its status is read after).
-        let delivered = actor
-            .state
-            .deployment
-            .clone()
-            .filter(|d| previous.is_some() && d.generation >= actor.state.deployment_generation);
+        let delivered = actor.state.usable_deployment(previous.is_none());
         let run = async move {
             let outcome = match previous {
                 Some((_, outcome)) => outcome,
@@ -360,6 +367,34 @@ mod tests {
         }))
         .unwrap();
         p.into()
+    }
+
+    #[test]
+    fn a_delivered_deployment_speaks_only_when_not_older_than_the_last_read() {
+        let view = |generation| DeploymentView {
+            conditions: Vec::new(),
+            generation,
+            revision: Some(1),
+        };
+        let mut state = PackageController {
+            unpacked: None,
+            deployment: None,
+            deployment_generation: 2,
+        };
+        assert_eq!(state.usable_deployment(false), None, "nothing delivered");
+        state.deployment = Some(view(1));
+        assert_eq!(
+            state.usable_deployment(false),
+            None,
+            "generation 1 predates the apply that the last read (generation 2) saw"
+        );
+        state.deployment = Some(view(2));
+        assert_eq!(state.usable_deployment(false), Some(view(2)));
+        assert_eq!(
+            state.usable_deployment(true),
+            None,
+            "an unpacking reconcile reads what its apply made"
+        );
     }
 
     #[test]
