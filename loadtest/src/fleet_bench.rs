@@ -331,7 +331,10 @@ fn request_sample(line: &str) -> Option<(String, f64)> {
         "" => label("resource").to_owned(),
         sub => format!("{}/{sub}", label("resource")),
     };
-    Some((format!("{} {resource}", label("verb")), value.trim().parse().ok()?))
+    Some((
+        format!("{} {resource}", label("verb")),
+        value.trim().parse().ok()?,
+    ))
 }
 
 fn print_request_mix(
@@ -605,4 +608,24 @@ fn print_lags(label: &str, mut lags: Vec<Duration>) {
         lags[lags.len() - 1].as_secs_f64() * 1e3,
         lags.len()
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_samples_are_keyed_by_verb_and_resource() {
+        let line = r#"apiserver_request_total{code="200",component="apiserver",dry_run="",group="package-operator.run",resource="objectsets",scope="resource",subresource="status",verb="PATCH",version="v1alpha1"} 17"#;
+        assert_eq!(
+            request_sample(line),
+            Some(("PATCH objectsets/status".to_owned(), 17.0))
+        );
+        let line = r#"apiserver_request_total{code="200",resource="widgets",subresource="",verb="LIST"} 3"#;
+        assert_eq!(request_sample(line), Some(("LIST widgets".to_owned(), 3.0)));
+        assert_eq!(
+            request_sample("apiserver_request_duration_seconds_count 4"),
+            None
+        );
+    }
 }
