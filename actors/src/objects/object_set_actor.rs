@@ -74,6 +74,13 @@ pub struct ObjectSetController {
     finalizer_write_pending: bool,
 }
 
+impl ObjectSetController {
+    /// The status last published, when the watched `set` says something else.
+    fn overtaken_status(&self, set: &SetObject) -> Option<&ObjectSetStatus> {
+        self.published.as_ref().filter(|p| **p != set.status)
+    }
+}
+
 pub type ObjectSetActor = ObjectActor<ObjectSetController>;
 
 const FINALIZER_RETRY: Duration = Duration::from_millis(500);
@@ -560,11 +567,7 @@ impl Reconcile for ObjectSetController {
             return Change::Echo;
         };
         let generation = set.generation();
-        let overtaken = actor
-            .state
-            .published
-            .as_ref()
-            .is_some_and(|p| *p != set.status);
+        let overtaken = actor.state.overtaken_status(set).is_some();
         let deleting = actor.deleting();
         if !deleting {
             // Deleting the set then tears its objects down first, last phase first, as archival does.
@@ -584,7 +587,7 @@ impl Reconcile for ObjectSetController {
                 };
                 // An older write of ours landed after a newer one (or someone else wrote status): what
                 // the phases last reported stands.
-                if let Some(status) = act.state.published.clone().filter(|p| *p != set.status) {
+                if let Some(status) = act.state.overtaken_status(set).cloned() {
                     act.write_status(status, ctx);
                 }
             }));

@@ -276,17 +276,16 @@ impl Reconcile for PackageController {
                     outcome
                 }
             };
-            let (deployment, read) = match (&outcome, delivered) {
-                (UnpackOutcome::Unpacked, Some(delivered)) => (Some(delivered), false),
-                (UnpackOutcome::Unpacked, None) => (
-                    package.deployment_status(context.client.clone()).await?,
-                    true,
-                ),
-                _ => (None, false),
+            // The generation is kept only from a read: a delivered state sets no new floor.
+            let (deployment, read_generation) = match (&outcome, delivered) {
+                (UnpackOutcome::Unpacked, Some(delivered)) => (Some(delivered), None),
+                (UnpackOutcome::Unpacked, None) => {
+                    let read = package.deployment_status(context.client.clone()).await?;
+                    let generation = read.as_ref().map(|d| d.generation);
+                    (read, generation)
+                }
+                _ => (None, None),
             };
-            let read_generation = read
-                .then(|| deployment.as_ref().map(|d| d.generation))
-                .flatten();
             let (conditions, phase) = package_conditions(
                 &package.status.conditions,
                 package.generation(),

@@ -267,13 +267,9 @@ async fn a_soak_holds_the_next_group_and_approvals_bind_to_their_template() {
     // An approval of the first template, which must not count for the next.
     let first = api.get(&name).await.unwrap();
     let old_hash = last_good_hash(&first);
-    cli(&[
-        "rollout",
-        "approve",
-        &format!("hostedclusterpackage/{name}"),
-        "--group",
-        "late",
-    ]);
+    let target = format!("hostedclusterpackage/{name}");
+    let approve_late = || cli(&["rollout", "approve", &target, "--group", "late"]);
+    approve_late();
     let approved = api.get(&name).await.unwrap();
     let annotation = &approved.metadata.annotations.unwrap()
         [pko_proto::well_known::ROLLOUT_APPROVALS_ANNOTATION];
@@ -312,13 +308,7 @@ async fn a_soak_holds_the_next_group_and_approvals_bind_to_their_template() {
         "no groupAwaitingApproval event among {events:?}"
     );
 
-    cli(&[
-        "rollout",
-        "approve",
-        &format!("hostedclusterpackage/{name}"),
-        "--group",
-        "late",
-    ]);
+    approve_late();
     wait_status(&api, &name, log, "the approved template everywhere", |h| {
         h.status.as_ref().is_some_and(|s| {
             s.counts.updated_packages == 2
