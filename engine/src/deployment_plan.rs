@@ -9,6 +9,29 @@ use super::conditions::{
     is_mapped, is_true_for, mirror_conditions, set_condition, ConditionUpdate,
 };
 use super::object_ref::ObjectKey;
+use pko_package::canonical_hash::value_digest;
+use std::collections::BTreeSet;
+
+/// The objects a template names, by group, kind, namespace and name (the version does not matter).
+type ObjectNames = BTreeSet<(String, String, String, String)>;
+
+/// What the plan reads of a template: a digest standing for all of it (a set holding the revision's name
+/// with other content is a collision) and the objects it names (which revisions share objects).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RevisionContent {
+    digest: [u8; 32],
+    objects: ObjectNames,
+}
+
+impl RevisionContent {
+    pub fn of(template: &ObjectSetTemplateSpec) -> Self {
+        let value = serde_json::to_value(template).unwrap_or(serde_json::Value::Null);
+        Self {
+            digest: value_digest(&value),
+            objects: object_keys(template),
+        }
+    }
+}
 
 /// One existing ObjectSet as the deployment sees it.
 #[derive(Debug, Clone, PartialEq)]
@@ -17,7 +40,7 @@ pub struct RevisionView {
     /// Controlled by this deployment.
     pub ours: bool,
     pub revision: i64,
-    pub template: ObjectSetTemplateSpec,
+    pub content: RevisionContent,
     pub lifecycle: LifecycleState,
     pub available: bool,
     /// Why it is not available, when it says so for its current generation.
@@ -60,9 +83,9 @@ pub fn revision_name(deployment: &str, hash: &str) -> String {
 /// available (failing probes, a collision, a preflight error).
 pub const LATEST_REVISION_UNAVAILABLE: &str = "LatestRevisionUnavailable";
 
-/// Decides the next action from the template, its hash-derived name and the existing sets.
+/// Decides the next action from the template's content, its hash-derived name and the existing sets.
 pub fn plan_deployment(
-    template: &ObjectSetTemplateSpec,
+    template: &RevisionContent,
     wanted_name: &str,
     revisions: &[RevisionView],
     history_limit: i32,
@@ -91,7 +114,7 @@ pub fn plan_deployment(
     // An archived set of the same template (a rollback to an earlier release) has handed its objects
     // over and is never made active again: the template gets a new revision under a new name.
     if !current.ours
-        || current.template != *template
+        || current.content != *template
         || current.lifecycle == LifecycleState::Archived
     {
         return DeploymentAction::BumpCollisionCount;
@@ -105,13 +128,12 @@ pub fn plan_deployment(
     // Once the latest revision is available every older one goes. Until then an older revision that is
     // not available either and shares no object with the latest serves nothing: it goes too, as upstream
     // archives such intermediate revisions; the last available one keeps serving.
-    let latest_objects = object_keys(&current.template);
+    let latest_objects = &current.content.objects;
     let archive = ours
         .iter()
         .filter(|r| r.name != current.name && r.lifecycle != LifecycleState::Archived)
         .filter(|r| {
-            current.available
-                || (!r.available && object_keys(&r.template).is_disjoint(&latest_objects))
+            current.available || (!r.available && r.content.objects.is_disjoint(latest_objects))
         })
         .map(|r| r.name.clone())
         .collect();
@@ -130,10 +152,7 @@ pub fn plan_deployment(
     }
 }
 
-/// The objects a template names, by group, kind, namespace and name (the version does not matter).
-fn object_keys(
-    template: &ObjectSetTemplateSpec,
-) -> std::collections::BTreeSet<(String, String, String, String)> {
+fn object_keys(template: &ObjectSetTemplateSpec) -> ObjectNames {
     template
         .phases
         .iter()
@@ -266,7 +285,7 @@ mod tests {
             name: name.into(),
             ours: true,
             revision,
-            template: template(phase),
+            content: RevisionContent::of(&template(phase)),
             lifecycle: if archived {
                 LifecycleState::Archived
             } else {
@@ -288,7 +307,7 @@ mod tests {
         archived.lifecycle = LifecycleState::Archived;
         let active = rev("od-2", 2, "b", true, false);
         let action = plan_deployment(
-            &archived.template.clone(),
+            &archived.content.clone(),
             "od-1",
             &[archived, active],
             5,
@@ -301,18 +320,20 @@ mod tests {
     fn unavailable_intermediate_revisions_sharing_nothing_with_the_latest_are_archived() {
         let own = |name: &str, revision: i64, available: bool, archived: bool| {
             let mut r = rev(name, revision, "p", available, archived);
-            r.template.phases[0]
+            let mut t = template("p");
+            t.phases[0]
                 .objects
                 .push(pko_proto::core::common::ObjectSetObject {
                     object: serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
                                            "metadata": {"name": format!("cm-{revision}")}}),
                     ..Default::default()
                 });
+            r.content = RevisionContent::of(&t);
             r
         };
         let archive_of = |revisions: &[RevisionView]| {
             let latest = revisions.last().unwrap();
-            match plan_deployment(&latest.template, &latest.name, revisions, 10, false) {
+            match plan_deployment(&latest.content, &latest.name, revisions, 10, false) {
                 DeploymentAction::Settle { archive, .. } => archive,
                 other => panic!("{other:?}"),
             }
@@ -342,7 +363,7 @@ mod tests {
         assert_eq!(archive_of(&after_r6), ["r2", "r4", "r5"]);
         // An unavailable revision that shares an object with the latest keeps it until the latest has it.
         let mut shares = own("r3", 3, false, false);
-        shares.template = own("r4", 4, false, false).template;
+        shares.content = own("r4", 4, false, false).content;
         assert!(archive_of(&[
             own("r2", 2, true, false),
             shares,
@@ -354,7 +375,7 @@ mod tests {
     #[test]
     fn first_revision_is_created() {
         assert_eq!(
-            plan_deployment(&template("a"), "od-x", &[], 10, false),
+            plan_deployment(&RevisionContent::of(&template("a")), "od-x", &[], 10, false),
             DeploymentAction::Create {
                 name: "od-x".into(),
                 revision: 1,
@@ -370,7 +391,13 @@ mod tests {
             rev("od-2", 2, "b", true, false),
         ];
         assert_eq!(
-            plan_deployment(&template("c"), "od-3", &revs, 10, false),
+            plan_deployment(
+                &RevisionContent::of(&template("c")),
+                "od-3",
+                &revs,
+                10,
+                false
+            ),
             DeploymentAction::Create {
                 name: "od-3".into(),
                 revision: 3,
@@ -384,12 +411,24 @@ mod tests {
         let mut foreign = rev("od-x", 1, "a", true, false);
         foreign.ours = false;
         assert_eq!(
-            plan_deployment(&template("a"), "od-x", &[foreign], 10, false),
+            plan_deployment(
+                &RevisionContent::of(&template("a")),
+                "od-x",
+                &[foreign],
+                10,
+                false
+            ),
             DeploymentAction::BumpCollisionCount
         );
         let different = rev("od-x", 1, "zzz", true, false);
         assert_eq!(
-            plan_deployment(&template("a"), "od-x", &[different], 10, false),
+            plan_deployment(
+                &RevisionContent::of(&template("a")),
+                "od-x",
+                &[different],
+                10,
+                false
+            ),
             DeploymentAction::BumpCollisionCount
         );
     }
@@ -402,7 +441,13 @@ mod tests {
         revs[4].available = false;
         // Current (5) not available: nothing archived yet; archived beyond the limit pruned oldest first.
         assert_eq!(
-            plan_deployment(&template("5"), "od-5", &revs, 2, false),
+            plan_deployment(
+                &RevisionContent::of(&template("5")),
+                "od-5",
+                &revs,
+                2,
+                false
+            ),
             DeploymentAction::Settle {
                 current: "od-5".into(),
                 archive: vec![],
@@ -411,7 +456,13 @@ mod tests {
         );
         revs[4].available = true;
         assert_eq!(
-            plan_deployment(&template("5"), "od-5", &revs, 2, false),
+            plan_deployment(
+                &RevisionContent::of(&template("5")),
+                "od-5",
+                &revs,
+                2,
+                false
+            ),
             DeploymentAction::Settle {
                 current: "od-5".into(),
                 archive: vec!["od-4".into()],
@@ -428,7 +479,13 @@ mod tests {
         ];
         // Paused with a new template: no new revision, the live one is paused.
         assert_eq!(
-            plan_deployment(&template("c"), "od-3", &revs, 10, true),
+            plan_deployment(
+                &RevisionContent::of(&template("c")),
+                "od-3",
+                &revs,
+                10,
+                true
+            ),
             DeploymentAction::Hold {
                 pause: vec!["od-2".into()]
             }
@@ -436,7 +493,13 @@ mod tests {
         let mut paused = revs.clone();
         paused[1].lifecycle = LifecycleState::Paused;
         assert_eq!(
-            plan_deployment(&template("b"), "od-2", &paused, 10, false),
+            plan_deployment(
+                &RevisionContent::of(&template("b")),
+                "od-2",
+                &paused,
+                10,
+                false
+            ),
             DeploymentAction::Resume {
                 current: "od-2".into()
             }

@@ -1,7 +1,30 @@
-//! An order-independent 64-bit hash of JSON values: ObjectDeployment template hashes, the names of
-//! package slices, and the "last applied" memory of phases all rest on it. Pure.
+//! Order-independent hashes of JSON values: a 64-bit one (ObjectDeployment template hashes, the names of
+//! package slices, the "last applied" memory of phases) and a SHA-256 digest where equal digests must mean
+//! equal content even against crafted input (an ObjectDeployment telling its own revision from a set that
+//! took its name). Both feed the same canonical encoding. Pure.
 
 use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+/// What a canonical encoding is fed to.
+trait CanonicalSink {
+    fn write(&mut self, bytes: &[u8]);
+}
+
+/// SHA-256 of the canonical encoding of a JSON value: equal for equal values whatever their field order.
+pub fn value_digest(value: &Value) -> [u8; 32] {
+    let mut sink = Sha256Sink(Sha256::new());
+    write_canonical(value, &mut sink);
+    sink.0.finalize().into()
+}
+
+struct Sha256Sink(Sha256);
+
+impl CanonicalSink for Sha256Sink {
+    fn write(&mut self, bytes: &[u8]) {
+        self.0.update(bytes);
+    }
+}
 
 /// Order-independent 64-bit hash of a JSON value (remembers what was last applied without keeping it).
 pub fn value_hash(value: &Value) -> u64 {
@@ -24,10 +47,7 @@ impl Default for CanonicalHasher {
 impl CanonicalHasher {
     /// Feeds raw bytes.
     pub fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 ^= u64::from(*b);
-            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
-        }
+        CanonicalSink::write(self, bytes);
     }
 
     /// Feeds a JSON value canonically.
@@ -41,8 +61,17 @@ impl CanonicalHasher {
     }
 }
 
+impl CanonicalSink for CanonicalHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 ^= u64::from(*b);
+            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+}
+
 /// Feeds a JSON value with object keys sorted, so the hash ignores key order.
-fn write_canonical(value: &Value, h: &mut CanonicalHasher) {
+fn write_canonical(value: &Value, h: &mut impl CanonicalSink) {
     match value {
         Value::Null => h.write(b"n"),
         Value::Bool(b) => h.write(if *b { b"t" } else { b"f" }),
@@ -77,6 +106,21 @@ fn write_canonical(value: &Value, h: &mut CanonicalHasher) {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn the_digest_ignores_field_order_but_not_content() {
+        let a = json!({"a": 1, "b": {"x": [1, "y"], "z": null}});
+        let b = json!({"b": {"z": null, "x": [1, "y"]}, "a": 1});
+        assert_eq!(value_digest(&a), value_digest(&b));
+        assert_ne!(
+            value_digest(&a),
+            value_digest(&json!({"a": 1, "b": {"x": [1, "y"]}}))
+        );
+        assert_ne!(
+            value_digest(&json!(["ab", "c"])),
+            value_digest(&json!(["a", "bc"]))
+        );
+    }
 
     #[test]
     fn field_order_does_not_matter_but_content_does() {

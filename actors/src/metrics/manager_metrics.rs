@@ -87,6 +87,12 @@ pub struct ManagerMetrics {
     shard_objects: Family<KindLabels, Gauge>,
     rollout_events: RolloutEventMetrics,
     hosted_teardowns_skipped: Family<ReasonLabels, Counter>,
+    deployment_set_reads: Family<SourceLabels, Counter>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct SourceLabels {
+    source: &'static str,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -129,6 +135,7 @@ impl ManagerMetrics {
         let shard_objects = Family::<KindLabels, Gauge>::default();
         let rollout_events = RolloutEventMetrics::default();
         let hosted_teardowns_skipped = Family::<ReasonLabels, Counter>::default();
+        let deployment_set_reads = Family::<SourceLabels, Counter>::default();
         let mut registry = Registry::default();
         registry.register(
             "pko_reconcile",
@@ -186,6 +193,12 @@ impl ManagerMetrics {
             "Deleted hosted-cluster phases whose teardown was given up, by reason.",
             hosted_teardowns_skipped.clone(),
         );
+        registry.register(
+            "pko_deployment_set_reads",
+            "ObjectDeployment reconciles by where they read their ObjectSets: `index` (the watch-fed \
+             index) or `list` (the index lacked a set: a revision just created or not yet watched).",
+            deployment_set_reads.clone(),
+        );
         let upstream = UpstreamMetrics::default();
         let rollouts = RolloutMetrics::default();
         let connectors = ConnectorMetrics::default();
@@ -215,6 +228,7 @@ impl ManagerMetrics {
             shard_objects,
             rollout_events,
             hosted_teardowns_skipped,
+            deployment_set_reads,
         }
     }
 }
@@ -258,8 +272,6 @@ impl ManagerMetrics {
             .inc();
     }
 
-    /// A watch feed of `kind` found an object deleted only by re-listing.
-    /// An object was handed to another replica (sharded mode).
     /// This replica took an object of `kind` on (`1`) or let it go (`-1`), sharded.
     pub fn shard_objects(&self, kind: &'static str, delta: i64) {
         self.shard_objects
@@ -267,12 +279,14 @@ impl ManagerMetrics {
             .inc_by(delta);
     }
 
+    /// An object was handed to another replica (sharded mode).
     pub fn shard_released(&self, kind: &'static str) {
         self.shard_releases
             .get_or_create(&KindLabels { kind })
             .inc();
     }
 
+    /// A watch feed of `kind` found an object deleted only by re-listing.
     pub fn deleted_in_watch_gap(&self, kind: &'static str) {
         self.watch_gap_deletions
             .get_or_create(&KindLabels { kind })
@@ -305,6 +319,14 @@ impl ManagerMetrics {
         self.rollout_events
             .pending
             .set(i64::try_from(count).unwrap_or(i64::MAX));
+    }
+
+    /// An ObjectDeployment reconcile read its sets from the index (`true`) or listed them.
+    pub fn deployment_sets_read(&self, from_index: bool) {
+        let source = if from_index { "index" } else { "list" };
+        self.deployment_set_reads
+            .get_or_create(&SourceLabels { source })
+            .inc();
     }
 
     /// The hosted teardown of a deleted phase was given up for `reason`.

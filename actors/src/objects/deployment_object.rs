@@ -97,7 +97,7 @@ impl DeploymentObject {
         })
     }
 
-    /// Creates the ObjectSet of a new revision, controlled by this deployment.
+    /// Creates the ObjectSet of a new revision, controlled by this deployment; returns it as created.
     pub async fn create_set(
         &self,
         client: Client,
@@ -106,7 +106,7 @@ impl DeploymentObject {
         revision: i64,
         previous: &[String],
         shard_owner: Option<&str>,
-    ) -> Result<(), kube::Error> {
+    ) -> Result<SetObject, kube::Error> {
         let template = &self.spec.template;
         let mut labels: BTreeMap<String, String> =
             template.metadata.labels.clone().unwrap_or_default();
@@ -160,7 +160,7 @@ impl DeploymentObject {
             Api::<ObjectSet>::namespaced(client, self.namespace())
                 .create(&params, &set)
                 .await
-                .map(|_| ())
+                .map(SetObject::from)
         } else {
             let set = ClusterObjectSet {
                 metadata: meta,
@@ -170,7 +170,7 @@ impl DeploymentObject {
             Api::<ClusterObjectSet>::all(client)
                 .create(&params, &set)
                 .await
-                .map(|_| ())
+                .map(SetObject::from)
         }
     }
 

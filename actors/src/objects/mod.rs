@@ -1,6 +1,6 @@
 //! The object engine's actors and I/O: ObjectSets (with their phases and delegated ObjectSetPhases),
 //! ObjectDeployments, ObjectTemplates, the views of those objects they write through, the applier and
-//! the managed-object cache. The rules they follow are in `engine/`; this folder does the API calls,
+//! the managed-object cache and the index of the deployments' ObjectSets. The rules they follow are in `engine/`; this folder does the API calls,
 //! timers and messages.
 
 pub mod applier;
@@ -13,5 +13,6 @@ pub mod object_set_plan;
 pub mod object_template_actor;
 pub mod phase_actor;
 pub mod phase_runner;
+pub mod revision_index;
 pub mod set_object;
 pub mod template_object;

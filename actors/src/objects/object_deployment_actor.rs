@@ -1,5 +1,5 @@
-//! The ObjectDeployment actor: one per ObjectDeployment or ClusterObjectDeployment. Each reconcile lists
-//! the deployment's ObjectSets, lets the deployment plan decide (create a revision, bump the collision
+//! The ObjectDeployment actor: one per ObjectDeployment or ClusterObjectDeployment. Each reconcile reads
+//! the deployment's ObjectSets (from the watch-fed index, or a list when the index lags), lets the deployment plan decide (create a revision, bump the collision
 //! count, archive and prune old revisions), applies that, and writes status only when it changes. Events of
 //! its ObjectSets wake it directly.
 
@@ -9,20 +9,18 @@ use actix::prelude::*;
 use k8s_openapi::jiff::Timestamp;
 use pko_proto::core::common::{ControlledObjectReference, LifecycleState};
 use pko_proto::core::object_deployment::ObjectDeploymentStatus;
-use serde_json::json;
 use tracing::warn;
 
-use crate::engine::adoption::{controller_of, revision_of};
-use crate::engine::conditions::{is_mapped, is_true_for};
 use crate::engine::deployment_plan::{
-    deployment_conditions, plan_deployment, revision_name, DeploymentAction, RevisionView,
+    deployment_conditions, plan_deployment, revision_name, DeploymentAction, RevisionContent,
+    RevisionView,
 };
 use crate::engine::template_hash::template_hash;
 use crate::engine::transition_events::deployment_transitions;
 use crate::metrics::manager_metrics::ManagerMetrics;
 use crate::objects::deployment_object::DeploymentObject;
 use crate::objects::object_meta::{event_reference, tombstone_meta, MetaView};
-use crate::objects::set_object::SetObject;
+use crate::objects::revision_index::revision_view;
 use crate::runtime::context::ManagerContext;
 use crate::runtime::object_actor::{
     work, Change, Notice, ObjectActor, Outcome, Reconcile, Report, Work,
@@ -38,70 +36,34 @@ const MAX_COLLISIONS_PER_RUN: usize = 5;
 #[rtype(result = "()")]
 pub struct RevisionChanged;
 
-fn view(set: &SetObject, owner_uid: &str) -> RevisionView {
-    RevisionView {
-        template: set.spec.template.clone(),
-        ..view_without_template(set, owner_uid)
+/// The deployment's sets: from the index when it holds the current revision `current` and every set the
+/// status names, otherwise listed (a set just created, or sets not yet seen by this replica's watch).
+async fn revisions(
+    context: &ManagerContext,
+    od: &DeploymentObject,
+    current: &str,
+) -> Result<Vec<RevisionView>, kube::Error> {
+    let known: Vec<&str> = od
+        .status
+        .controller_of
+        .iter()
+        .map(|set| set.name.as_str())
+        .chain([current])
+        .collect();
+    if let Some(views) =
+        context
+            .revisions
+            .revisions(od.sets, od.namespace(), od.name(), od.uid(), &known)
+    {
+        context.metrics.deployment_sets_read(true);
+        return Ok(views);
     }
-}
-
-/// What a deployment's reconcile reads of one of its sets, with the set's generation standing for its
-/// spec (the template is the bulk of a set and immutable). A set event that leaves this unchanged cannot
-/// change the deployment's plan or status, so it need not wake the deployment.
-#[derive(Debug, PartialEq)]
-pub struct RevisionDigest {
-    generation: i64,
-    view: RevisionView,
-}
-
-impl RevisionDigest {
-    pub fn of(set: &SetObject) -> Self {
-        let controller = set.controller().map(|o| o.uid.as_str()).unwrap_or_default();
-        Self {
-            generation: set.generation(),
-            view: view_without_template(set, controller),
-        }
-    }
-}
-
-fn view_without_template(set: &SetObject, owner_uid: &str) -> RevisionView {
-    let generation = set.generation();
-    let conditions = &set.status.conditions;
-    let meta = json!({"metadata": {
-        "ownerReferences": set.meta.owner_references,
-        "annotations": set.meta.annotations,
-    }});
-    RevisionView {
-        name: set.name().to_owned(),
-        ours: controller_of(&meta).is_some_and(|(uid, _, _)| uid == owner_uid),
-        revision: if set.status.revision > 0 {
-            set.status.revision
-        } else {
-            revision_of(&meta).unwrap_or(0)
-        },
-        template: Default::default(),
-        lifecycle: set.spec.lifecycle_state.clone(),
-        available: is_true_for(conditions, "Available", generation),
-        unavailable: conditions
-            .iter()
-            .find(|c| {
-                // Objects whose status does not speak for the change yet are on their way, not failing.
-                c.type_ == "Available"
-                    && c.status == "False"
-                    && c.reason != "AwaitingStatus"
-                    && c.observed_generation.is_none_or(|g| g == generation)
-            })
-            .map(|c| c.message.clone()),
-        succeeded: is_true_for(conditions, "Succeeded", generation),
-        archived: is_true_for(conditions, "Archived", generation),
-        mapped: conditions
-            .iter()
-            .filter(|c| {
-                is_mapped(&c.type_) && c.observed_generation.is_none_or(|g| g == generation)
-            })
-            .cloned()
-            .collect(),
-    }
+    context.metrics.deployment_sets_read(false);
+    let sets = od.list_sets(context.client.clone()).await?;
+    Ok(sets
+        .iter()
+        .map(|set| revision_view(set, RevisionContent::of(&set.spec.template), Some(od.uid())))
+        .collect())
 }
 
 /// One reconcile; returns the status to publish.
@@ -110,14 +72,15 @@ async fn reconcile_deployment(
     mut od: DeploymentObject,
 ) -> Result<ObjectDeploymentStatus, kube::Error> {
     let client = context.client.clone();
+    let wanted = RevisionContent::of(&od.spec.template.spec);
     for _ in 0..MAX_COLLISIONS_PER_RUN {
         let count = od.status.collision_count.unwrap_or(0);
         let hash = template_hash(&od.spec.template, count);
         let name = revision_name(od.name(), &hash);
-        let sets = od.list_sets(client.clone()).await?;
-        let views: Vec<RevisionView> = sets.iter().map(|s| view(s, od.uid())).collect();
+        let views = revisions(&context, &od, &name).await?;
+        let created_view: Option<RevisionView>;
         let action = plan_deployment(
-            &od.spec.template.spec,
+            &wanted,
             &name,
             &views,
             od.spec.revision_history_limit,
@@ -133,7 +96,7 @@ async fn reconcile_deployment(
                 revision,
                 previous,
             } => {
-                match od
+                let created = match od
                     .create_set(
                         client.clone(),
                         name,
@@ -144,15 +107,20 @@ async fn reconcile_deployment(
                     )
                     .await
                 {
-                    Ok(()) => {}
+                    Ok(created) => created,
                     // A set we could not list (not labelled as ours) holds the name: that is a collision.
                     Err(kube::Error::Api(s)) if s.code == 409 => {
                         od.status.collision_count = Some(count + 1);
                         continue;
                     }
                     Err(e) => return Err(e),
-                }
-                (None, views.iter().filter(|v| v.ours).cloned().collect())
+                };
+                // The status speaks of the revision just created, as the create answered it: its first
+                // status then rewrites nothing of the deployment's (nor of a Package mirroring it).
+                let created = revision_view(&created, wanted.clone(), Some(od.uid()));
+                let others = views.iter().filter(|v| v.ours).cloned().collect();
+                created_view = Some(created);
+                (created_view.as_ref(), others)
             }
             DeploymentAction::Hold { pause } => {
                 for name in pause {
@@ -248,7 +216,8 @@ async fn reconcile_deployment(
     Ok(od.status)
 }
 
-/// The ObjectDeployment controller keeps no state between reconciles: the ObjectSets are listed each time.
+/// The ObjectDeployment controller keeps no state between reconciles: the ObjectSets come from the
+/// manager's [`RevisionIndex`](crate::objects::revision_index::RevisionIndex) or a list.
 pub struct ObjectDeploymentController;
 
 pub type ObjectDeploymentActor = ObjectActor<ObjectDeploymentController>;
@@ -333,47 +302,5 @@ impl Handler<RevisionChanged> for ObjectDeploymentActor {
     type Result = ();
     fn handle(&mut self, _: RevisionChanged, ctx: &mut Context<Self>) {
         self.request_reconcile(ctx);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-    use super::*;
-    use pko_proto::core::object_set::ObjectSet;
-
-    fn set(finalizers: &[&str], available: &str, transition_message: &str) -> SetObject {
-        let set: ObjectSet = serde_json::from_value(json!({
-            "apiVersion": "package-operator.run/v1alpha1", "kind": "ObjectSet",
-            "metadata": {"name": "od-abc", "namespace": "n", "generation": 1,
-                "finalizers": finalizers,
-                "ownerReferences": [{"apiVersion": "package-operator.run/v1alpha1",
-                    "kind": "ObjectDeployment", "name": "od", "uid": "od-uid", "controller": true}]},
-            "spec": {"lifecycleState": "Active", "phases": [{"name": "p", "objects": []}]},
-            "status": {"revision": 1, "conditions": [
-                {"type": "Available", "status": available, "reason": "R", "message": "m",
-                 "observedGeneration": 1, "lastTransitionTime": "2026-11-25T00:00:00Z"},
-                {"type": "InTransition", "status": "True", "reason": "R", "message": transition_message,
-                 "observedGeneration": 1, "lastTransitionTime": "2026-11-25T00:00:00Z"}]}
-        }))
-        .unwrap();
-        set.into()
-    }
-
-    #[test]
-    fn a_set_event_wakes_its_deployment_only_when_the_deployment_reads_a_change() {
-        let before = RevisionDigest::of(&set(&[], "True", "one"));
-        assert_eq!(
-            before,
-            RevisionDigest::of(&set(&["package-operator.run/teardown"], "True", "two")),
-            "a finalizer and a condition the deployment does not read change nothing for it"
-        );
-        assert_ne!(before, RevisionDigest::of(&set(&[], "False", "one")));
-        let mut archived = set(&[], "True", "one");
-        archived.spec.lifecycle_state = LifecycleState::Archived;
-        assert_ne!(before, RevisionDigest::of(&archived));
-        let mut respecified = set(&[], "True", "one");
-        respecified.meta.generation = Some(2);
-        assert_ne!(before, RevisionDigest::of(&respecified));
     }
 }

@@ -12,6 +12,7 @@ use crate::metrics::manager_metrics::ManagerMetrics;
 use crate::metrics::package_images::ImageStoreCollector;
 use crate::objects::applier::Applier;
 use crate::objects::object_cache::ObjectCache;
+use crate::objects::revision_index::RevisionIndex;
 use crate::packages::pull_secrets::PullSecretSource;
 use crate::rollout::health_queries::PrometheusQueries;
 use crate::rollout::hosted_cluster_fleet::RolloutShared;
@@ -31,6 +32,8 @@ pub struct ManagerContext {
     pub watch_client: Client,
     pub applier: Applier,
     pub cache: ObjectCache,
+    /// Every ObjectDeployment's ObjectSets as its reconcile reads them, fed by the ObjectSet watches.
+    pub revisions: RevisionIndex,
     /// Package images, cached by digest for the whole manager.
     pub images: Arc<ImageStore>,
     /// Whose pull secrets authenticate package pulls.
@@ -82,6 +85,7 @@ impl ManagerContext {
         Self {
             applier,
             cache,
+            revisions: RevisionIndex::default(),
             images,
             pull_secrets,
             events: EventSink::start(client.clone()),

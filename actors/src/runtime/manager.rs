@@ -3,7 +3,6 @@
 use std::sync::Arc;
 
 use actix::{Actor, System};
-use dashmap::DashMap;
 use pko_proto::core::hosted_cluster_package::HostedClusterPackage;
 use pko_proto::core::object_deployment::{ClusterObjectDeployment, ObjectDeployment};
 use pko_proto::core::object_set::{ClusterObjectSet, ObjectSet};
@@ -20,12 +19,11 @@ use crate::runtime::context::ManagerContext;
 
 use crate::hypershift::hypershift_detector::HyperShiftDetector;
 use crate::hypershift::remote_phase_actor::RemotePhaseActor;
-use crate::objects::object_deployment_actor::{
-    ObjectDeploymentActor, RevisionChanged, RevisionDigest,
-};
+use crate::objects::object_deployment_actor::{ObjectDeploymentActor, RevisionChanged};
 use crate::objects::object_meta::MetaView;
 use crate::objects::object_set_actor::ObjectSetActor;
 use crate::objects::object_template_actor::ObjectTemplateActor;
+use crate::objects::revision_index::{IndexChange, RevisionIndex};
 use crate::objects::set_object::{SetKind, SetObject};
 use crate::packages::package_actor::{DeploymentChanged, PackageActor};
 use crate::runtime::kind_feed::{KindFeed, Tap};
@@ -49,20 +47,16 @@ impl Engine {
     }
 }
 
-/// Wakes the deployment that controls a set whenever the set changes in what the deployment reads of it
-/// ([`RevisionDigest`]): a finalizer, or a status message only the set reports, wake nobody.
-fn deployment_tap(deployments: Arc<Registry<ObjectDeploymentActor>>) -> Tap<SetObject> {
-    let digests: DashMap<(SetKind, String, String), RevisionDigest> = DashMap::new();
+/// Files every set in the deployments' index and wakes the deployment that controls it whenever the set
+/// changes in what the deployment reads of it: a finalizer, or a status message only the set reports,
+/// wake nobody.
+fn deployment_tap(
+    deployments: Arc<Registry<ObjectDeploymentActor>>,
+    index: RevisionIndex,
+) -> Tap<SetObject> {
     Arc::new(move |set: &SetObject, deleted| {
-        let id = (set.kind, set.namespace().to_owned(), set.name().to_owned());
-        if deleted {
-            digests.remove(&id);
-        } else {
-            let digest = RevisionDigest::of(set);
-            if digests.get(&id).is_some_and(|known| *known == digest) {
-                return;
-            }
-            digests.insert(id, digest);
+        if index.observe(set, deleted) == IndexChange::Unchanged {
+            return;
         }
         let Some(owner) = set.controller() else {
             return;
@@ -109,7 +103,10 @@ fn package_tap(packages: Arc<Registry<PackageActor>>) -> Tap<DeploymentObject> {
 pub fn start(context: ManagerContext) -> Engine {
     let sets: Arc<Registry<ObjectSetActor>> = Arc::default();
     let deployments: Arc<Registry<ObjectDeploymentActor>> = Arc::default();
-    let tap = Some(deployment_tap(deployments.clone()));
+    let tap = Some(deployment_tap(
+        deployments.clone(),
+        context.revisions.clone(),
+    ));
     KindFeed::<ObjectSet, _>::new(context.clone(), sets.clone(), tap.clone()).start();
     KindFeed::<ClusterObjectSet, _>::new(context.clone(), sets.clone(), tap).start();
     // ObjectSetPhases of class `default` are sets of one phase; other classes are filtered out.

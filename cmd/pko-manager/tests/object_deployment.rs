@@ -172,6 +172,21 @@ async fn revisions_archive_and_respect_history_limit() {
         ),
         ("ObjectSet", "package-operator.run", ns.as_str())
     );
+    // Three revisions settled through many reconciles; only a reconcile that did not know a set yet
+    // (a revision just created) lists them from the apiserver, the others read the watch-fed index.
+    let reads = |source: &'static str| async move {
+        manager()
+            .metric(&format!(
+                "pko_deployment_set_reads_total{{source=\"{source}\"}}"
+            ))
+            .await
+    };
+    let from_index = reads("index").await.unwrap();
+    assert!(from_index > 0, "no reconcile read its sets from the index");
+    assert!(
+        reads("list").await.unwrap() > 0,
+        "a new revision is listed for"
+    );
 }
 
 /// An ObjectSet created with `spec.revision` (later upstream API) keeps it, and it is the set's revision.
