@@ -4,6 +4,7 @@
 //! and show in `Unpacked`; an image that breaks an unpack limit shows in `Unpacked` too but is not pulled
 //! again, and a broken package is `Invalid`, both until the spec changes.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use actix::prelude::*;
@@ -59,10 +60,32 @@ fn spec_hash(package: &PackageObject) -> String {
 }
 
 /// Pulls, loads and applies; returns the outcome (errors become outcomes, except apiserver failures).
+/// What an unpack did.
+struct Unpack {
+    outcome: UnpackOutcome,
+    /// The deployment as the apply answered it, when the package was applied.
+    applied: Option<DeploymentView>,
+    /// The slices the Package owns after it, when known (see [`PackageObject::prune_slices`]).
+    slices: Option<BTreeSet<String>>,
+}
+
+impl Unpack {
+    fn refused(outcome: UnpackOutcome, slices: Option<BTreeSet<String>>) -> Self {
+        Self {
+            outcome,
+            applied: None,
+            slices,
+        }
+    }
+}
+
+/// Unpacks and, when that succeeds, applies the deployment. `slices`: what the Package owned after the
+/// last unpack, if known.
 async fn unpack(
     context: &ManagerContext,
     package: &PackageObject,
-) -> Result<UnpackOutcome, kube::Error> {
+    slices: Option<BTreeSet<String>>,
+) -> Result<Unpack, kube::Error> {
     let auth = context
         .pull_secrets
         .auth_for(&context.client, &package.spec.image)
@@ -79,8 +102,18 @@ async fn unpack(
         .fetched(started.elapsed().as_secs_f64());
     let files = match fetched {
         Ok((_, files)) => files,
-        Err(e) if e.is_limit() => return Ok(UnpackOutcome::ImageRefused(e.to_string())),
-        Err(e) => return Ok(UnpackOutcome::PullFailed(e.to_string())),
+        Err(e) if e.is_limit() => {
+            return Ok(Unpack::refused(
+                UnpackOutcome::ImageRefused(e.to_string()),
+                slices,
+            ))
+        }
+        Err(e) => {
+            return Ok(Unpack::refused(
+                UnpackOutcome::PullFailed(e.to_string()),
+                slices,
+            ))
+        }
     };
     let hosted_clusters = context
         .rollouts
@@ -111,16 +144,17 @@ async fn unpack(
     .unwrap_or_else(|e| Err(format!("loading the package failed unexpectedly: {e}")));
     let mut loaded = match loaded {
         Ok(loaded) => loaded,
-        Err(message) => return Ok(UnpackOutcome::Invalid(message)),
+        Err(message) => return Ok(Unpack::refused(UnpackOutcome::Invalid(message), slices)),
     };
     let reference = package.package_ref();
     if let Some(message) = scope_error(&reference, &loaded) {
-        return Ok(UnpackOutcome::Invalid(message));
+        return Ok(Unpack::refused(UnpackOutcome::Invalid(message), slices));
     }
     let strategy = match ChunkingStrategy::from_annotation(chunking_annotation(package)) {
         Ok(strategy) => strategy,
-        Err(message) => return Ok(UnpackOutcome::Invalid(message)),
+        Err(message) => return Ok(Unpack::refused(UnpackOutcome::Invalid(message), slices)),
     };
+    let known = slices;
     let (phases, slices) = chunk(package.name(), std::mem::take(&mut loaded.phases), strategy);
     loaded.phases = phases;
     package
@@ -135,19 +169,25 @@ async fn unpack(
     if let Some(shard) = &context.shard {
         deployment["metadata"]["labels"][SHARD_OWNER_LABEL] = (*shard.member).into();
     }
-    package
+    let applied = package
         .apply_deployment(context.client.clone(), &deployment)
         .await?;
-    package
-        .prune_slices(context.client.clone(), &slices)
+    let slices = package
+        .prune_slices(context.client.clone(), &slices, known.as_ref())
         .await?;
-    Ok(UnpackOutcome::Unpacked)
+    Ok(Unpack {
+        outcome: UnpackOutcome::Unpacked,
+        applied: Some(applied),
+        slices,
+    })
 }
 
 /// The Package controller's own state.
 pub struct PackageController {
     /// The spec hash and outcome of the last unpack.
     unpacked: Option<(String, UnpackOutcome)>,
+    /// The slices the Package owns as this process last saw them, if it knows.
+    slices: Option<BTreeSet<String>>,
     /// The ObjectDeployment as its watch last delivered it, so a reconcile woken by its change needs no
     /// read of it.
     deployment: Option<DeploymentView>,
@@ -178,6 +218,7 @@ impl Reconcile for PackageController {
     fn new(_: &ManagerContext) -> Self {
         Self {
             unpacked: None,
+            slices: None,
             deployment: None,
             deployment_generation: 0,
         }
@@ -260,24 +301,34 @@ impl Reconcile for PackageController {
             .clone()
             .filter(|(h, o)| *h == hash && !matches!(o, UnpackOutcome::PullFailed(_)));
         let context = actor.context.clone();
-        // Usable when no unpack runs now (an unpack applies the deployment, so its status is read after).
+        // Usable when no unpack runs now (an unpack applies the deployment and reports from its answer).
         let delivered = actor.state.usable_deployment(previous.is_none());
+        let slices = actor.state.slices.clone();
         let run = async move {
-            let outcome = match previous {
-                Some((_, outcome)) => outcome,
+            let Unpack {
+                outcome,
+                applied,
+                slices,
+            } = match previous {
+                Some((_, outcome)) => Unpack::refused(outcome, slices),
                 None => {
                     let started = std::time::Instant::now();
-                    let outcome = unpack(&context, &package).await?;
+                    let unpacked = unpack(&context, &package, slices).await?;
                     context.metrics.upstream.package_loaded(
                         package.name(),
                         package.namespace(),
                         started.elapsed().as_secs_f64(),
                     );
-                    outcome
+                    unpacked
                 }
             };
-            // The generation is kept only from a read: a delivered state sets no new floor.
+            // The generation is kept only from a read (the apply's answer is one): a delivered state
+            // sets no new floor.
             let (deployment, read_generation) = match (&outcome, delivered) {
+                (UnpackOutcome::Unpacked, _) if applied.is_some() => {
+                    let generation = applied.as_ref().map(|d| d.generation);
+                    (applied, generation)
+                }
                 (UnpackOutcome::Unpacked, Some(delivered)) => (Some(delivered), None),
                 (UnpackOutcome::Unpacked, None) => {
                     let read = package.deployment_status(context.client.clone()).await?;
@@ -314,10 +365,11 @@ impl Reconcile for PackageController {
                     .write_status(context.client.clone(), &status)
                     .await?;
             }
-            Ok::<_, kube::Error>((hash, outcome, status, read_generation))
+            Ok::<_, kube::Error>((hash, outcome, status, read_generation, slices))
         };
         work(run, |result, actor: &mut PackageActor, _| match result {
-            Ok((hash, outcome, status, read_generation)) => {
+            Ok((hash, outcome, status, read_generation, slices)) => {
+                actor.state.slices = slices;
                 if let Some(generation) = read_generation {
                     actor.state.deployment_generation = generation;
                 }
@@ -334,7 +386,11 @@ impl Reconcile for PackageController {
                 }
                 retry
             }
-            Err(e) => Outcome::Retry(e.to_string()),
+            Err(e) => {
+                // A failed unpack may have applied slices it did not prune: the next one lists them.
+                actor.state.slices = None;
+                Outcome::Retry(e.to_string())
+            }
         })
     }
 }
@@ -377,6 +433,7 @@ mod tests {
         };
         let mut state = PackageController {
             unpacked: None,
+            slices: None,
             deployment: None,
             deployment_generation: 2,
         };

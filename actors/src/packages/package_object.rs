@@ -1,5 +1,7 @@
 //! One view of Package and ClusterPackage for the Package actor, with the calls it makes.
 
+use std::collections::BTreeSet;
+
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
 use kube::api::GroupVersionKind;
@@ -27,6 +29,25 @@ pub struct DeploymentView {
     pub conditions: Vec<Condition>,
     pub generation: i64,
     pub revision: Option<i64>,
+}
+
+impl DeploymentView {
+    /// What the apiserver answered of the deployment (a read, or an apply's answer).
+    fn of(od: &DynamicObject) -> Result<Self, kube::Error> {
+        let conditions = od
+            .data
+            .pointer("/status/conditions")
+            .cloned()
+            .map(serde_json::from_value)
+            .transpose()
+            .map_err(kube::Error::SerdeError)?
+            .unwrap_or_default();
+        Ok(Self {
+            conditions,
+            generation: od.metadata.generation.unwrap_or_default(),
+            revision: od.data.pointer("/status/revision").and_then(Value::as_i64),
+        })
+    }
 }
 
 impl From<&DeploymentObject> for DeploymentView {
@@ -142,15 +163,16 @@ impl PackageObject {
         &self,
         client: Client,
         deployment: &Value,
-    ) -> Result<(), kube::Error> {
+    ) -> Result<DeploymentView, kube::Error> {
         let api = self.api(client, &self.deployment_resource());
-        api.patch(
-            self.name(),
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(deployment),
-        )
-        .await
-        .map(|_| ())
+        let applied = api
+            .patch(
+                self.name(),
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(deployment),
+            )
+            .await?;
+        DeploymentView::of(&applied)
     }
 
     /// The ObjectDeployment's status as the Package reports it, if the deployment exists.
@@ -159,22 +181,10 @@ impl PackageObject {
         client: Client,
     ) -> Result<Option<DeploymentView>, kube::Error> {
         let api = self.api(client, &self.deployment_resource());
-        let Some(od) = api.get_opt(self.name()).await? else {
-            return Ok(None);
-        };
-        let conditions = od
-            .data
-            .pointer("/status/conditions")
-            .cloned()
-            .map(serde_json::from_value)
+        api.get_opt(self.name())
+            .await?
+            .map(|od| DeploymentView::of(&od))
             .transpose()
-            .map_err(kube::Error::SerdeError)?
-            .unwrap_or_default();
-        Ok(Some(DeploymentView {
-            conditions,
-            generation: od.metadata.generation.unwrap_or_default(),
-            revision: od.data.pointer("/status/revision").and_then(Value::as_i64),
-        }))
     }
 
     fn slice_api(&self, client: Client) -> Api<DynamicObject> {
@@ -218,7 +228,22 @@ impl PackageObject {
     /// Lets go of the deployment's slices the current template no longer names: deleted when only the
     /// Package owns them, otherwise the Package's owner reference is dropped so the garbage collector
     /// removes them with the last ObjectSet using them.
-    pub async fn prune_slices(&self, client: Client, current: &[Slice]) -> Result<(), kube::Error> {
+    ///
+    /// `known` are the slices this Package was left owning by the last prune of this process, if it
+    /// knows: when every one of them is still current, nothing can be pruned and no list is needed (a
+    /// package without slices then lists never again). Returns what it leaves the Package owning, if it
+    /// knows (`None` when a slice could not be removed).
+    pub async fn prune_slices(
+        &self,
+        client: Client,
+        current: &[Slice],
+        known: Option<&BTreeSet<String>>,
+    ) -> Result<Option<BTreeSet<String>>, kube::Error> {
+        let owned: BTreeSet<String> = current.iter().map(|s| s.name.clone()).collect();
+        if known.is_some_and(|known| known.is_subset(&owned)) {
+            return Ok(Some(owned));
+        }
+        let mut settled = true;
         let api = self.slice_api(client);
         let listed = api
             .list(&ListParams::default().labels(&format!("{SLICE_OWNER_LABEL}={}", self.name())))
@@ -254,11 +279,11 @@ impl PackageObject {
             match result {
                 Ok(()) => {}
                 // Gone or changed meanwhile: the next unpack looks again.
-                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => settled = false,
                 Err(e) => return Err(e),
             }
         }
-        Ok(())
+        Ok(settled.then_some(owned))
     }
 
     fn owner_reference(&self) -> Value {
