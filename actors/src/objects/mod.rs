@@ -1,7 +1,7 @@
 //! The object engine's actors and I/O: ObjectSets (with their phases and delegated ObjectSetPhases),
-//! ObjectDeployments, ObjectTemplates, the views of those objects they write through, the applier and
-//! the managed-object cache and the index of the deployments' ObjectSets. The rules they follow are in `engine/`; this folder does the API calls,
-//! timers and messages.
+//! ObjectDeployments, ObjectTemplates, the views of those objects they write through, the applier, the
+//! managed-object cache and the index of the deployments' ObjectSets. The rules they follow are in
+//! `engine/`; this folder does the API calls, timers and messages.
 
 pub mod applier;
 pub mod deployment_object;

@@ -1,7 +1,7 @@
 //! The ObjectDeployment actor: one per ObjectDeployment or ClusterObjectDeployment. Each reconcile reads
-//! the deployment's ObjectSets (from the watch-fed index, or a list when the index lags), lets the deployment plan decide (create a revision, bump the collision
-//! count, archive and prune old revisions), applies that, and writes status only when it changes. Events of
-//! its ObjectSets wake it directly.
+//! the deployment's ObjectSets (from the watch-fed index, or a list when the index lags), lets the
+//! deployment plan decide (create a revision, bump the collision count, archive and prune old revisions),
+//! applies that, and writes status only when it changes. Events of its ObjectSets wake it directly.
 
 use std::time::Duration;
 

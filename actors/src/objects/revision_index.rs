@@ -11,7 +11,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use pko_proto::well_known::DEPLOYMENT_LABEL;
-
 use serde_json::json;
 
 use crate::engine::adoption::{controller_of, revision_of};

@@ -59,7 +59,6 @@ fn spec_hash(package: &PackageObject) -> String {
     format!("{:016x}", value_hash(&input))
 }
 
-/// Pulls, loads and applies; returns the outcome (errors become outcomes, except apiserver failures).
 /// What an unpack did.
 struct Unpack {
     outcome: UnpackOutcome,
@@ -70,7 +69,8 @@ struct Unpack {
 }
 
 impl Unpack {
-    fn refused(outcome: UnpackOutcome, slices: Option<BTreeSet<String>>) -> Self {
+    /// An outcome that applied nothing: a refused image or package, or the last unpack's outcome kept.
+    fn not_applied(outcome: UnpackOutcome, slices: Option<BTreeSet<String>>) -> Self {
         Self {
             outcome,
             applied: None,
@@ -79,8 +79,8 @@ impl Unpack {
     }
 }
 
-/// Unpacks and, when that succeeds, applies the deployment. `slices`: what the Package owned after the
-/// last unpack, if known.
+/// Pulls, loads and applies the deployment (errors become outcomes, except apiserver failures).
+/// `slices`: what the Package owned after the last unpack, if known.
 async fn unpack(
     context: &ManagerContext,
     package: &PackageObject,
@@ -103,13 +103,13 @@ async fn unpack(
     let files = match fetched {
         Ok((_, files)) => files,
         Err(e) if e.is_limit() => {
-            return Ok(Unpack::refused(
+            return Ok(Unpack::not_applied(
                 UnpackOutcome::ImageRefused(e.to_string()),
                 slices,
             ))
         }
         Err(e) => {
-            return Ok(Unpack::refused(
+            return Ok(Unpack::not_applied(
                 UnpackOutcome::PullFailed(e.to_string()),
                 slices,
             ))
@@ -144,15 +144,15 @@ async fn unpack(
     .unwrap_or_else(|e| Err(format!("loading the package failed unexpectedly: {e}")));
     let mut loaded = match loaded {
         Ok(loaded) => loaded,
-        Err(message) => return Ok(Unpack::refused(UnpackOutcome::Invalid(message), slices)),
+        Err(message) => return Ok(Unpack::not_applied(UnpackOutcome::Invalid(message), slices)),
     };
     let reference = package.package_ref();
     if let Some(message) = scope_error(&reference, &loaded) {
-        return Ok(Unpack::refused(UnpackOutcome::Invalid(message), slices));
+        return Ok(Unpack::not_applied(UnpackOutcome::Invalid(message), slices));
     }
     let strategy = match ChunkingStrategy::from_annotation(chunking_annotation(package)) {
         Ok(strategy) => strategy,
-        Err(message) => return Ok(Unpack::refused(UnpackOutcome::Invalid(message), slices)),
+        Err(message) => return Ok(Unpack::not_applied(UnpackOutcome::Invalid(message), slices)),
     };
     let known = slices;
     let (phases, slices) = chunk(package.name(), std::mem::take(&mut loaded.phases), strategy);
@@ -310,7 +310,7 @@ impl Reconcile for PackageController {
                 applied,
                 slices,
             } = match previous {
-                Some((_, outcome)) => Unpack::refused(outcome, slices),
+                Some((_, outcome)) => Unpack::not_applied(outcome, slices),
                 None => {
                     let started = std::time::Instant::now();
                     let unpacked = unpack(&context, &package, slices).await?;
