@@ -37,7 +37,14 @@ use crate::rollout_plan::{
 use crate::rollout_policy::{budget, rollout_policy, Budget, HealthCheck, RolloutPolicy};
 use crate::rollout_status::rollout_conditions;
 
-/// What the rollout reads of a Package it owns.
+/// The Package conditions a rollout judges a Package on ([`package_state`]).
+pub const JUDGED_CONDITIONS: [&str; 5] =
+    ["Progressing", "Available", "Invalid", "Unpacked", "Paused"];
+
+/// What the rollout reads of a Package it owns, and nothing else: its identity (namespace, name, UID),
+/// generation, spec and the conditions of [`JUDGED_CONDITIONS`]. Two Packages that differ only in what is
+/// left out (resource version, labels, annotations, other status fields) are equal, so a supervisor
+/// decides again only when an event changes what its decision reads.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OwnedPackage {
     pub meta: ObjectMeta,
@@ -47,10 +54,26 @@ pub struct OwnedPackage {
 
 impl From<Package> for OwnedPackage {
     fn from(p: Package) -> Self {
+        let conditions = p
+            .status
+            .map(|s| s.conditions)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|c| JUDGED_CONDITIONS.contains(&c.type_.as_str()))
+            .collect();
         Self {
-            meta: p.metadata,
+            meta: ObjectMeta {
+                namespace: p.metadata.namespace,
+                name: p.metadata.name,
+                uid: p.metadata.uid,
+                generation: p.metadata.generation,
+                ..ObjectMeta::default()
+            },
             spec: p.spec,
-            status: p.status.unwrap_or_default(),
+            status: PackageStatus {
+                conditions,
+                ..PackageStatus::default()
+            },
         }
     }
 }
@@ -955,6 +978,55 @@ mod tests {
         let (s, why) = state("registry/addon:v2", 4, &pull);
         assert!(s.failed);
         assert_eq!(why.as_deref(), Some("cannot unpack: not found"));
+    }
+
+    #[test]
+    fn an_owned_package_differs_only_in_what_the_rollout_reads() {
+        let package = |edit: &dyn Fn(&mut Value)| -> OwnedPackage {
+            let mut p = json!({
+                "apiVersion": "package-operator.run/v1alpha1", "kind": "Package",
+                "metadata": {"name": "addon", "namespace": "clusters-a", "uid": "u1",
+                    "generation": 3, "resourceVersion": "10",
+                    "labels": {"shard.package-operator.run/owner": "a"}},
+                "spec": {"image": "registry/addon:v2"},
+                "status": {"revision": 2, "unpackedHash": "h1", "conditions": [
+                    {"type": "Available", "status": "True", "reason": "Available", "message": "",
+                     "observedGeneration": 3, "lastTransitionTime": "2026-01-01T00:00:00Z"},
+                    {"type": "example.com/Ready", "status": "True", "reason": "R", "message": "",
+                     "lastTransitionTime": "2026-01-01T00:00:00Z"}]},
+            });
+            edit(&mut p);
+            serde_json::from_value::<Package>(p).unwrap().into()
+        };
+        let base = package(&|_| {});
+        assert_eq!(
+            base.status.conditions.len(),
+            1,
+            "only judged conditions are kept"
+        );
+        assert_eq!(base.meta.uid.as_deref(), Some("u1"));
+        // What the rollout does not read: equal.
+        for unread in [
+            &(|p: &mut Value| p["metadata"]["resourceVersion"] = json!("11"))
+                as &dyn Fn(&mut Value),
+            &|p| p["metadata"]["labels"]["shard.package-operator.run/owner"] = json!("b"),
+            &|p| p["metadata"]["annotations"] = json!({"traceparent": "00-a-b-01"}),
+            &|p| p["status"]["revision"] = json!(3),
+            &|p| p["status"]["unpackedHash"] = json!("h2"),
+            &|p| p["status"]["conditions"][1]["status"] = json!("False"),
+        ] {
+            assert_eq!(package(unread), base);
+        }
+        // What it reads: different.
+        for read in [
+            &(|p: &mut Value| p["metadata"]["generation"] = json!(4)) as &dyn Fn(&mut Value),
+            &|p| p["spec"]["image"] = json!("registry/addon:v3"),
+            &|p| p["status"]["conditions"][0]["status"] = json!("False"),
+            &|p| p["status"]["conditions"][0]["message"] = json!("1 of 2 objects"),
+            &|p| p["status"]["conditions"][0]["observedGeneration"] = json!(2),
+        ] {
+            assert_ne!(package(read), base);
+        }
     }
 
     fn cluster(name: &str, available: bool) -> Arc<HostedCluster> {

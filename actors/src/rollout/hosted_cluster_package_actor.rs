@@ -748,18 +748,31 @@ impl StreamHandler<Result<watcher::Event<Package>, watcher::Error>> for HostedCl
             }
             // A complete list replaces what was known: Packages deleted meanwhile are gone.
             Ok(watcher::Event::InitDone) => {
-                state.packages = Some(std::mem::take(&mut state.listing));
+                let listed = std::mem::take(&mut state.listing);
+                if state.packages.as_ref() == Some(&listed) {
+                    return;
+                }
+                state.packages = Some(listed);
             }
+            // Most events of a Package change nothing the decision reads (its own status writes of
+            // other fields, labels, the echo of this supervisor's write): those wake nobody.
             Ok(watcher::Event::Apply(package)) => {
                 let (namespace, package) = owned(package);
-                if let Some(packages) = state.packages.as_mut() {
-                    packages.insert(namespace, package);
+                let Some(packages) = state.packages.as_mut() else {
+                    return;
+                };
+                if packages.get(&namespace) == Some(&package) {
+                    return;
                 }
+                packages.insert(namespace, package);
             }
             Ok(watcher::Event::Delete(package)) => {
                 let (namespace, _) = owned(package);
-                if let Some(packages) = state.packages.as_mut() {
-                    packages.remove(&namespace);
+                let Some(packages) = state.packages.as_mut() else {
+                    return;
+                };
+                if packages.remove(&namespace).is_none() {
+                    return;
                 }
             }
             Err(error) => {

@@ -295,13 +295,20 @@ fn status_report(
             continue;
         }
         let namespace = owned.meta.namespace.as_deref().unwrap_or_default();
-        let since = find_condition(&owned.status.conditions, "Progressing")
+        let since = package
+            .status
+            .as_ref()
+            .and_then(|s| find_condition(&s.conditions, "Progressing"))
             .map(|c| c.last_transition_time.0);
         let age = since
             .and_then(|t| now.duration_since(t).try_into().ok())
             .map(|d: Duration| format!(", {}s", d.as_secs()))
             .unwrap_or_default();
-        let phase = owned.status.phase.as_deref().unwrap_or("Pending");
+        let phase = package
+            .status
+            .as_ref()
+            .and_then(|s| s.phase.as_deref())
+            .unwrap_or("Pending");
         match failure {
             Some(why) => lines.push(format!("  failing: {namespace} ({phase}{age}): {why}")),
             None => lines.push(format!("  in flight: {namespace} ({phase}{age})")),
