@@ -22,7 +22,8 @@ pub enum AdoptionDecision {
     /// The object is already controlled by the adopter.
     AlreadyOwned,
     /// Take it over; `demote` names the current controller's UID, whose reference must become a plain owner
-    /// reference first (the apiserver allows only one controller).
+    /// reference first (the apiserver allows only one controller), unless the taking apply drops it
+    /// ([`reference_applied_only_by`]).
     Adopt { demote: Option<String> },
     /// Leave it alone: the set reports CollisionDetected with this reason.
     Refuse(String),
@@ -144,6 +145,35 @@ pub fn decide_adoption(
     ))
 }
 
+/// Whether `existing`'s owner reference to `uid` was written by server-side applies of `field_manager`
+/// alone (as its `managedFields` record). An apply of the same field manager that leaves the reference
+/// out then drops it, so taking the object over needs no demotion first: one write both removes the
+/// former controller and makes the adopter controller. A reference anyone else wrote (or an object
+/// without field records) is demoted first, since the apply would leave it, and the apiserver refuses
+/// two controllers.
+pub fn reference_applied_only_by(existing: &Value, uid: &str, field_manager: &str) -> bool {
+    let key = format!("k:{{\"uid\":\"{uid}\"}}");
+    let Some(entries) = existing
+        .pointer("/metadata/managedFields")
+        .and_then(Value::as_array)
+    else {
+        return false;
+    };
+    let mut writers = entries.iter().filter(|entry| {
+        entry
+            .pointer("/fieldsV1/f:metadata/f:ownerReferences")
+            .and_then(|refs| refs.get(&key))
+            .is_some()
+    });
+    let mut any = false;
+    let only_ours = writers.all(|entry| {
+        any = true;
+        entry.get("manager").and_then(Value::as_str) == Some(field_manager)
+            && entry.get("operation").and_then(Value::as_str) == Some("Apply")
+    });
+    any && only_ours
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -168,6 +198,49 @@ mod tests {
             revision: 2,
             previous_uids: previous,
         }
+    }
+
+    #[test]
+    fn a_reference_only_our_applies_wrote_needs_no_demotion() {
+        let entry = |manager: &str, operation: &str, uid: &str| {
+            json!({"manager": manager, "operation": operation, "fieldsType": "FieldsV1",
+                "fieldsV1": {"f:metadata": {"f:ownerReferences": {
+                    format!("k:{{\"uid\":\"{uid}\"}}"): {".": {}, "f:controller": {}}}}}})
+        };
+        let object = |entries: Vec<Value>| json!({"metadata": {"managedFields": entries}});
+        let ours = object(vec![
+            entry("package-operator", "Apply", "old"),
+            entry("someone", "Update", "other"),
+        ]);
+        assert!(reference_applied_only_by(&ours, "old", "package-operator"));
+        assert!(
+            !reference_applied_only_by(&ours, "other", "package-operator"),
+            "written by an update of someone else"
+        );
+        let shared = object(vec![
+            entry("package-operator", "Apply", "old"),
+            entry("pko-manager", "Update", "old"),
+        ]);
+        assert!(!reference_applied_only_by(
+            &shared,
+            "old",
+            "package-operator"
+        ));
+        let updated = object(vec![entry("package-operator", "Update", "old")]);
+        assert!(!reference_applied_only_by(
+            &updated,
+            "old",
+            "package-operator"
+        ));
+        assert!(
+            !reference_applied_only_by(&json!({"metadata": {}}), "old", "package-operator"),
+            "no field records: demote to be safe"
+        );
+        assert!(!reference_applied_only_by(
+            &ours,
+            "absent",
+            "package-operator"
+        ));
     }
 
     #[test]

@@ -11,9 +11,11 @@ use pko_proto::core::common::ControlledObjectReference;
 use serde_json::Value;
 use tracing::{instrument, warn};
 
-use crate::engine::adoption::{controller_of, decide_adoption, Adopter, AdoptionDecision};
+use crate::engine::adoption::{
+    controller_of, decide_adoption, reference_applied_only_by, Adopter, AdoptionDecision,
+};
 use crate::engine::conditions::current_condition;
-use crate::engine::desired_object::DesiredObject;
+use crate::engine::desired_object::{DesiredObject, FIELD_MANAGER};
 use crate::engine::drift::is_subset;
 use crate::engine::object_ref::ObjectKey;
 use crate::engine::object_set_status::{BlockReason, MappedCondition, PhaseProgress};
@@ -367,6 +369,14 @@ async fn reconcile_object(
                         applied_hash: None,
                     });
                 }
+            }
+            // A reference only pko's applies wrote (a previous revision's, the usual handover) goes
+            // with the taking apply itself; any other is demoted first.
+            AdoptionDecision::Adopt { demote: Some(uid) }
+                if reference_applied_only_by(existing, &uid, FIELD_MANAGER) =>
+            {
+                taken_over_at = resource_version(existing);
+                demoted = Some(uid);
             }
             AdoptionDecision::Adopt { demote: Some(uid) } => {
                 let demoted_to = applier.demote_controller(key, existing, &uid).await?;

@@ -840,6 +840,11 @@ async fn handover_moves_shared_objects_and_archival_removes_the_rest() {
     wait_condition(&client, &ns, "rev2", "Available", "True", None).await;
     let cm1 = get_cm(&client, &ns, "cm1").await.unwrap();
     assert_eq!(controller_uid(&cm1), rev2.metadata.uid);
+    assert_eq!(
+        cm1.metadata.owner_references.unwrap_or_default().len(),
+        1,
+        "the apply that took cm1 over dropped rev1's reference"
+    );
     assert_eq!(cm1.data.unwrap()["rev"], "2");
     let revisions: BTreeMap<_, _> = cm1.metadata.annotations.unwrap().into_iter().collect();
     assert_eq!(revisions["package-operator.run/revision"], "2");
