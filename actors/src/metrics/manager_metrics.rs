@@ -88,6 +88,7 @@ pub struct ManagerMetrics {
     rollout_events: RolloutEventMetrics,
     hosted_teardowns_skipped: Family<ReasonLabels, Counter>,
     deployment_set_reads: Family<SourceLabels, Counter>,
+    previous_revision_reads: Family<SourceLabels, Counter>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -136,6 +137,7 @@ impl ManagerMetrics {
         let rollout_events = RolloutEventMetrics::default();
         let hosted_teardowns_skipped = Family::<ReasonLabels, Counter>::default();
         let deployment_set_reads = Family::<SourceLabels, Counter>::default();
+        let previous_revision_reads = Family::<SourceLabels, Counter>::default();
         let mut registry = Registry::default();
         registry.register(
             "pko_reconcile",
@@ -199,6 +201,12 @@ impl ManagerMetrics {
              index) or `list` (the index lacked a set: a revision just created or not yet watched).",
             deployment_set_reads.clone(),
         );
+        registry.register(
+            "pko_object_set_previous_reads",
+            "Previous revisions an ObjectSet's plan read, by where: `index` (the watch-fed index) or \
+             `get` (not in the index: read from the apiserver).",
+            previous_revision_reads.clone(),
+        );
         let upstream = UpstreamMetrics::default();
         let rollouts = RolloutMetrics::default();
         let connectors = ConnectorMetrics::default();
@@ -229,6 +237,7 @@ impl ManagerMetrics {
             rollout_events,
             hosted_teardowns_skipped,
             deployment_set_reads,
+            previous_revision_reads,
         }
     }
 }
@@ -325,6 +334,14 @@ impl ManagerMetrics {
     pub fn deployment_sets_read(&self, from_index: bool) {
         let source = if from_index { "index" } else { "list" };
         self.deployment_set_reads
+            .get_or_create(&SourceLabels { source })
+            .inc();
+    }
+
+    /// An ObjectSet's plan read a previous revision from the index (`true`) or the apiserver.
+    pub fn previous_revision_read(&self, from_index: bool) {
+        let source = if from_index { "index" } else { "get" };
+        self.previous_revision_reads
             .get_or_create(&SourceLabels { source })
             .inc();
     }

@@ -3,7 +3,9 @@
 
 use crate::runtime::telemetry::{current_traceparent, TRACE_PARENT_ANNOTATION};
 use pko_proto::well_known::SHARD_OWNER_LABEL;
-use pko_proto::well_known::{DEPLOYMENT_LABEL, HASH_ANNOTATION, REVISION_ANNOTATION};
+use pko_proto::well_known::{
+    DEPLOYMENT_LABEL, HASH_ANNOTATION, REVISION_ANNOTATION, TEARDOWN_FINALIZER,
+};
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -139,6 +141,9 @@ impl DeploymentObject {
                 controller: Some(true),
                 block_owner_deletion: Some(true),
             }]),
+            // The ObjectSet's own controller would add it on its first reconcile: one write less per
+            // revision.
+            finalizers: Some(vec![TEARDOWN_FINALIZER.to_owned()]),
             ..ObjectMeta::default()
         };
         let spec = ObjectSetSpec {

@@ -4,7 +4,7 @@
 //! and writes status only when it changes. Succeeded fires from a timer, not from the next event.
 
 use pko_proto::well_known::{INSTANCE_LABEL, SOURCE_IMAGE_ANNOTATION, TEARDOWN_FINALIZER};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,6 +33,7 @@ use crate::objects::phase_actor::{
     PhaseActor, PhaseCommand, PhaseFinished, PhaseOutcome, UpdatePlan,
 };
 use crate::objects::phase_runner::{PhasePlan, PhaseReport};
+use crate::objects::revision_index::PreviousRevision;
 use crate::objects::set_object::{SetObject, DEFAULT_CLASS};
 use crate::runtime::context::ManagerContext;
 use crate::runtime::object_actor::{
@@ -107,11 +108,13 @@ enum Unplannable {
     Inputs(String),
 }
 
-/// Looks up previous revisions (UIDs and revision numbers) and slices, then plans the set: the planned
-/// generation, its revision number and the phases' plans.
+/// Looks up previous revisions (UIDs and revision numbers; `indexed` holds those the watch-fed index
+/// had, the rest are read) and slices, then plans the set: the planned generation, its revision number
+/// and the phases' plans.
 async fn gather_plan(
     client: kube::Client,
     set: SetObject,
+    indexed: BTreeMap<String, PreviousRevision>,
     shard_owner: Option<String>,
 ) -> Result<(i64, i64, Vec<PhasePlan>), Unplannable> {
     let api = set
@@ -141,6 +144,11 @@ async fn gather_plan(
                     )))
                 }
             }
+        }
+        if let Some(p) = indexed.get(&previous.name) {
+            inputs.previous_uids.extend(p.uid.clone());
+            highest_previous = highest_previous.max(p.status_revision);
+            continue;
         }
         match api.get_opt(&previous.name).await {
             Ok(Some(p)) => {
@@ -621,7 +629,21 @@ impl Reconcile for ObjectSetController {
         _: &mut Context<ObjectSetActor>,
     ) -> Work<Self> {
         let shard_owner = actor.context.shard.as_ref().map(|s| s.member.to_string());
-        let gather = gather_plan(actor.context.client.clone(), set, shard_owner);
+        // Previous revisions the ObjectSet watch delivered need no read.
+        let kind = set.kind.revision_kind();
+        let mut indexed = BTreeMap::new();
+        for previous in &set.spec.previous {
+            let found = actor
+                .context
+                .revisions
+                .previous(kind, set.namespace(), &previous.name);
+            actor
+                .context
+                .metrics
+                .previous_revision_read(found.is_some());
+            indexed.extend(found.map(|p| (previous.name.clone(), p)));
+        }
+        let gather = gather_plan(actor.context.client.clone(), set, indexed, shard_owner);
         work(
             gather,
             |result, act: &mut ObjectSetActor, ctx| match result {

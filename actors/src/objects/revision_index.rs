@@ -25,12 +25,22 @@ type DeploymentKey = (SetKind, String, String);
 type SetId = (SetKind, String, String);
 
 /// A set as indexed: its generation, its controller's UID and the deployment's view of it (with `ours`
-/// left to the reader, which knows its own UID).
+/// left to the reader, which knows its own UID), and what a newer revision reads of it as its previous
+/// ([`RevisionIndex::previous`]).
 #[derive(Debug, Clone, PartialEq)]
 struct IndexedRevision {
     generation: i64,
     controller_uid: Option<String>,
     view: RevisionView,
+    previous: PreviousRevision,
+}
+
+/// What a set's successor reads of it when planning: its UID (objects it controls may be adopted) and
+/// the revision number its status reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PreviousRevision {
+    pub uid: Option<String>,
+    pub status_revision: i64,
 }
 
 #[derive(Default)]
@@ -93,6 +103,10 @@ impl RevisionIndex {
             generation,
             view: revision_view(set, content, None),
             controller_uid,
+            previous: PreviousRevision {
+                uid: set.meta.uid.clone(),
+                status_revision: set.status.revision,
+            },
         };
         let change = if previous_key.as_ref() == Some(&key) && previous.as_ref() == Some(&indexed) {
             IndexChange::Unchanged
@@ -134,6 +148,21 @@ impl RevisionIndex {
                 })
                 .collect(),
         )
+    }
+}
+
+impl RevisionIndex {
+    /// The set `name` of `kind` in `namespace` as its successor reads it, if the watch delivered it
+    /// (labelled for a deployment); `None` tells the reader to ask the apiserver.
+    pub fn previous(&self, kind: SetKind, namespace: &str, name: &str) -> Option<PreviousRevision> {
+        let revisions = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let id: SetId = (kind, namespace.to_owned(), name.to_owned());
+        let key = revisions.filed_under.get(&id)?;
+        revisions
+            .by_deployment
+            .get(key)
+            .and_then(|sets| sets.get(name))
+            .map(|indexed| indexed.previous.clone())
     }
 }
 
@@ -214,7 +243,7 @@ mod tests {
     fn set(name: &str, finalizers: &[&str], available: &str, message: &str) -> SetObject {
         let set: ObjectSet = serde_json::from_value(json!({
             "apiVersion": "package-operator.run/v1alpha1", "kind": "ObjectSet",
-            "metadata": {"name": name, "namespace": "n", "generation": 1,
+            "metadata": {"name": name, "namespace": "n", "generation": 1, "uid": format!("uid-{name}"),
                 "labels": {DEPLOYMENT_LABEL: "od"},
                 "finalizers": finalizers,
                 "ownerReferences": [{"apiVersion": "package-operator.run/v1alpha1",
@@ -265,6 +294,34 @@ mod tests {
             None,
             "a deleted set is forgotten"
         );
+    }
+
+    #[test]
+    fn a_successor_reads_its_previous_revision_while_the_watch_holds_it() {
+        let index = RevisionIndex::default();
+        let previous = |name: &str| index.previous(SetKind::Namespaced, "n", name);
+        assert_eq!(
+            previous("od-a"),
+            None,
+            "not delivered yet: ask the apiserver"
+        );
+        let a = set("od-a", &[], "True", "m");
+        index.observe(&a, false);
+        assert_eq!(
+            previous("od-a"),
+            Some(PreviousRevision {
+                uid: Some("uid-od-a".to_owned()),
+                status_revision: 1
+            })
+        );
+        assert_eq!(index.previous(SetKind::Cluster, "n", "od-a"), None);
+        let mut unlabelled = a.clone();
+        unlabelled.meta.labels = None;
+        index.observe(&unlabelled, false);
+        assert_eq!(previous("od-a"), None, "no longer filed under a deployment");
+        index.observe(&a, false);
+        index.observe(&a, true);
+        assert_eq!(previous("od-a"), None, "deleted");
     }
 
     #[test]

@@ -187,6 +187,15 @@ async fn revisions_archive_and_respect_history_limit() {
         reads("list").await.unwrap() > 0,
         "a new revision is listed for"
     );
+    // Revisions 2 and 3 planned with their previous revisions from the index, not a read each.
+    let previous_from_index = manager()
+        .metric("pko_object_set_previous_reads_total{source=\"index\"}")
+        .await
+        .unwrap();
+    assert!(
+        previous_from_index >= 2,
+        "previous revisions read from the index: {previous_from_index}"
+    );
 }
 
 /// An ObjectSet created with `spec.revision` (later upstream API) keeps it, and it is the set's revision.
