@@ -49,6 +49,8 @@ pub struct RevisionView {
     pub archived: bool,
     /// Conditions with a `domain/Type` name, to copy upward.
     pub mapped: Vec<Condition>,
+    /// It has reported a status for its current generation.
+    pub reported: bool,
 }
 
 /// What the deployment must do next.
@@ -296,6 +298,7 @@ mod tests {
             succeeded: available,
             archived,
             mapped: vec![],
+            reported: true,
         }
     }
 

@@ -3,7 +3,7 @@
 //! deployment plan decide (create a revision, bump the collision count, archive and prune old revisions),
 //! applies that, and writes status only when it changes. Events of its ObjectSets wake it directly.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use k8s_openapi::jiff::Timestamp;
@@ -15,6 +15,7 @@ use crate::engine::deployment_plan::{
     deployment_conditions, plan_deployment, revision_name, DeploymentAction, RevisionContent,
     RevisionView,
 };
+use crate::engine::status_hold::StatusHold;
 use crate::engine::template_hash::template_hash;
 use crate::engine::transition_events::deployment_transitions;
 use crate::metrics::manager_metrics::ManagerMetrics;
@@ -66,11 +67,12 @@ async fn revisions(
         .collect())
 }
 
-/// One reconcile; returns the status to publish.
+/// One reconcile; returns the status to publish, and the name of the current revision when it has not
+/// reported a status for its generation yet (one this deployment just created).
 async fn reconcile_deployment(
     context: ManagerContext,
     mut od: DeploymentObject,
-) -> Result<ObjectDeploymentStatus, kube::Error> {
+) -> Result<(ObjectDeploymentStatus, Option<String>), kube::Error> {
     let client = context.client.clone();
     let wanted = RevisionContent::of(&od.spec.template.spec);
     for _ in 0..MAX_COLLISIONS_PER_RUN {
@@ -200,25 +202,33 @@ async fn reconcile_deployment(
                 },
             })
             .collect();
-        return Ok(ObjectDeploymentStatus {
+        let unreported = current
+            .filter(|c| c.ours && !c.reported)
+            .map(|c| c.name.clone());
+        let status = ObjectDeploymentStatus {
             conditions,
             phase: Some(phase.to_owned()),
             collision_count: od.status.collision_count,
             template_hash: Some(hash),
             revision: current.map(|c| c.revision).or(od.status.revision),
             controller_of,
-        });
+        };
+        return Ok((status, unreported));
     }
     warn!(
         deployment = od.name(),
         "template hash keeps colliding; will retry on the next event"
     );
-    Ok(od.status)
+    Ok((od.status, None))
 }
 
-/// The ObjectDeployment controller keeps no state between reconciles: the ObjectSets come from the
-/// manager's [`RevisionIndex`](crate::objects::revision_index::RevisionIndex) or a list.
-pub struct ObjectDeploymentController;
+/// The ObjectSets come from the manager's [`RevisionIndex`](crate::objects::revision_index::RevisionIndex)
+/// or a list; the controller keeps only its status hold between reconciles.
+pub struct ObjectDeploymentController {
+    /// A revision just created has not reported yet: the status waits for it, briefly, instead of being
+    /// written from the previous revision's report and again a moment later.
+    hold: StatusHold,
+}
 
 pub type ObjectDeploymentActor = ObjectActor<ObjectDeploymentController>;
 
@@ -229,7 +239,9 @@ impl Reconcile for ObjectDeploymentController {
     const BACKOFF: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
 
     fn new(_: &ManagerContext) -> Self {
-        Self
+        Self {
+            hold: StatusHold::default(),
+        }
     }
 
     /// Metadata only: the taps following this kind read nothing else of a deleted object.
@@ -276,19 +288,30 @@ impl Reconcile for ObjectDeploymentController {
         _: &mut Context<ObjectDeploymentActor>,
     ) -> Work<Self> {
         let context = actor.context.clone();
+        // Reconciles of one actor never overlap: the hold goes with this one and comes back with it.
+        let mut hold = actor.state.hold.clone();
         let run = async move {
-            let status = reconcile_deployment(context.clone(), od.clone()).await?;
-            if status != od.status {
-                od.write_status(context.client.clone(), &status).await?;
+            let (status, unreported) = reconcile_deployment(context.clone(), od.clone()).await?;
+            if status == od.status {
+                return Ok::<_, kube::Error>((Some(status), hold, None));
             }
-            Ok::<_, kube::Error>(status)
+            if let Some(left) = hold.hold(unreported.as_deref(), Instant::now()) {
+                return Ok((None, hold, Some(left)));
+            }
+            od.write_status(context.client.clone(), &status).await?;
+            Ok((Some(status), hold, None))
         };
         work(
             run,
-            |result, actor: &mut ObjectDeploymentActor, _| match result {
-                Ok(status) => {
-                    if let Some(od) = actor.object.as_mut() {
+            |result, actor: &mut ObjectDeploymentActor, ctx| match result {
+                Ok((written, hold, held_for)) => {
+                    actor.state.hold = hold;
+                    if let (Some(status), Some(od)) = (written, actor.object.as_mut()) {
                         od.status = status;
+                    }
+                    if let Some(left) = held_for {
+                        // The revision's first report wakes the deployment sooner.
+                        ctx.run_later(left, |actor, ctx| actor.request_reconcile(ctx));
                     }
                     Outcome::Done
                 }

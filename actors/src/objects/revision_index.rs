@@ -216,6 +216,9 @@ pub fn revision_view(
             })
             .cloned()
             .collect(),
+        reported: conditions
+            .iter()
+            .any(|c| c.observed_generation.is_none_or(|g| g == generation)),
     }
 }
 

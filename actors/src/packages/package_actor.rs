@@ -5,7 +5,7 @@
 //! again, and a broken package is `Invalid`, both until the spec changes.
 
 use std::collections::BTreeSet;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
@@ -16,6 +16,7 @@ use crate::engine::conditions::find_condition;
 use crate::engine::package_deployment::{
     package_conditions, package_deployment, scope_error, UnpackOutcome,
 };
+use crate::engine::status_hold::StatusHold;
 use crate::engine::transition_events::package_transitions;
 use crate::metrics::manager_metrics::ManagerMetrics;
 use crate::metrics::upstream_metrics::PackageFacts;
@@ -194,6 +195,9 @@ pub struct PackageController {
     /// The generation the last read of the ObjectDeployment found: a delivered state of an older
     /// generation predates pko's own apply and is not trusted.
     deployment_generation: i64,
+    /// The deployment has not reported on the spec just applied: the status waits for it, briefly,
+    /// instead of being written without the deployment's conditions and again a moment later.
+    hold: StatusHold,
 }
 
 impl PackageController {
@@ -221,6 +225,7 @@ impl Reconcile for PackageController {
             slices: None,
             deployment: None,
             deployment_generation: 0,
+            hold: StatusHold::default(),
         }
     }
 
@@ -304,6 +309,8 @@ impl Reconcile for PackageController {
         // Usable when no unpack runs now (an unpack applies the deployment and reports from its answer).
         let delivered = actor.state.usable_deployment(previous.is_none());
         let slices = actor.state.slices.clone();
+        // Reconciles of one actor never overlap: the hold goes with this one and comes back with it.
+        let mut hold = actor.state.hold.clone();
         let run = async move {
             let Unpack {
                 outcome,
@@ -360,16 +367,45 @@ impl Reconcile for PackageController {
                     .and_then(|d| d.revision)
                     .unwrap_or(package.status.revision),
             };
+            // A deployment that has not reported on its current generation yet (pko just applied a new
+            // spec to it) is waited for, briefly: its first report follows within moments.
+            let unreported = deployment
+                .as_ref()
+                .filter(|_| outcome == UnpackOutcome::Unpacked)
+                .filter(|d| {
+                    !d.conditions
+                        .iter()
+                        .any(|c| c.observed_generation.is_none_or(|g| g == d.generation))
+                })
+                .map(|d| d.generation.to_string());
+            let mut held_for = None;
             if status != package.status {
-                package
-                    .write_status(context.client.clone(), &status)
-                    .await?;
+                held_for = hold.hold(unreported.as_deref(), Instant::now());
+                if held_for.is_none() {
+                    package
+                        .write_status(context.client.clone(), &status)
+                        .await?;
+                }
             }
-            Ok::<_, kube::Error>((hash, outcome, status, read_generation, slices))
+            let written = held_for.is_none().then_some(status);
+            Ok::<_, kube::Error>((
+                hash,
+                outcome,
+                written,
+                read_generation,
+                slices,
+                hold,
+                held_for,
+            ))
         };
-        work(run, |result, actor: &mut PackageActor, _| match result {
-            Ok((hash, outcome, status, read_generation, slices)) => {
+        work(run, |result, actor: &mut PackageActor, ctx| match result {
+            Ok((hash, outcome, written, read_generation, slices, hold, held_for)) => {
                 actor.state.slices = slices;
+                actor.state.hold = hold;
+                if let Some(left) = held_for {
+                    // The deployment's report wakes the Package sooner.
+                    ctx.run_later(left, |actor, ctx| actor.request_reconcile(ctx));
+                }
                 if let Some(generation) = read_generation {
                     actor.state.deployment_generation = generation;
                 }
@@ -381,7 +417,7 @@ impl Reconcile for PackageController {
                     _ => Outcome::Done,
                 };
                 actor.state.unpacked = Some((hash, outcome));
-                if let Some(p) = actor.object.as_mut() {
+                if let (Some(p), Some(status)) = (actor.object.as_mut(), written) {
                     p.status = status;
                 }
                 retry
@@ -436,6 +472,7 @@ mod tests {
             slices: None,
             deployment: None,
             deployment_generation: 2,
+            hold: StatusHold::default(),
         };
         assert_eq!(state.usable_deployment(false), None, "nothing delivered");
         state.deployment = Some(view(1));
