@@ -145,6 +145,14 @@ pub fn decide_adoption(
     ))
 }
 
+/// Whether `object` is another owner's and keeps no reference to `uid` at all: a revision tearing down
+/// has nothing to delete or release there. Handing over only ever moves an object to a newer revision,
+/// so a state that says so (even one seen a while ago) stays true for the revision that handed it over.
+pub fn handed_over_entirely(object: &Value, uid: &str) -> bool {
+    controller_of(object).is_some_and(|(controller, _, _)| controller != uid)
+        && !is_owner(object, uid)
+}
+
 /// Whether `existing`'s owner reference to `uid` was written by server-side applies of `field_manager`
 /// alone (as its `managedFields` record). An apply of the same field manager that leaves the reference
 /// out then drops it, so taking the object over needs no demotion first: one write both removes the
@@ -198,6 +206,26 @@ mod tests {
             revision: 2,
             previous_uids: previous,
         }
+    }
+
+    #[test]
+    fn an_object_handed_over_entirely_keeps_no_reference_to_the_old_revision() {
+        let refs = |refs: Value| json!({"metadata": {"name": "cm", "ownerReferences": refs}});
+        let new = json!({"uid": "new", "kind": "ObjectSet", "name": "rev2", "controller": true});
+        let old_plain =
+            json!({"uid": "old", "kind": "ObjectSet", "name": "rev1", "controller": false});
+        let old_controller =
+            json!({"uid": "old", "kind": "ObjectSet", "name": "rev1", "controller": true});
+        assert!(handed_over_entirely(&refs(json!([new.clone()])), "old"));
+        assert!(
+            !handed_over_entirely(&refs(json!([old_plain, new])), "old"),
+            "a plain reference of ours is still to be released"
+        );
+        assert!(!handed_over_entirely(&refs(json!([old_controller])), "old"));
+        assert!(
+            !handed_over_entirely(&json!({"metadata": {"name": "cm"}}), "old"),
+            "no controller: not known to be anyone's"
+        );
     }
 
     #[test]

@@ -12,7 +12,8 @@ use serde_json::Value;
 use tracing::{instrument, warn};
 
 use crate::engine::adoption::{
-    controller_of, decide_adoption, reference_applied_only_by, Adopter, AdoptionDecision,
+    controller_of, decide_adoption, handed_over_entirely, reference_applied_only_by, Adopter,
+    AdoptionDecision,
 };
 use crate::engine::conditions::current_condition;
 use crate::engine::desired_object::{DesiredObject, FIELD_MANAGER};
@@ -478,6 +479,14 @@ pub async fn teardown_phase(
     };
     for desired in plan.objects.iter().filter(|d| d.managed) {
         let key = &desired.key;
+        // Handed over with no reference of ours left (the cache holds the taking revision's apply or a
+        // later state): nothing to delete or release, and no read needed to know it.
+        if cache
+            .get(key)
+            .is_some_and(|cached| handed_over_entirely(&cached, &plan.owner_uid))
+        {
+            continue;
+        }
         let observed = match applier.get(key).await {
             Ok(o) => o,
             Err(ApplyError::UnknownKind { .. }) => None,
