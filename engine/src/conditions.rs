@@ -99,11 +99,23 @@ pub fn find_condition<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'
     conditions.iter().find(|c| c.type_ == type_)
 }
 
+/// Whether the condition was written for `generation` (one without `observedGeneration` counts as
+/// current).
+pub fn is_current(condition: &Condition, generation: i64) -> bool {
+    condition
+        .observed_generation
+        .is_none_or(|g| g == generation)
+}
+
+/// Whether any condition was written for `generation`: the object has reported on its current spec.
+pub fn reported_for(conditions: &[Condition], generation: i64) -> bool {
+    conditions.iter().any(|c| is_current(c, generation))
+}
+
 /// True when the condition is present, `True`, and written for `generation`.
 pub fn is_true_for(conditions: &[Condition], type_: &str, generation: i64) -> bool {
-    find_condition(conditions, type_).is_some_and(|c| {
-        c.status == "True" && c.observed_generation.is_none_or(|g| g == generation)
-    })
+    find_condition(conditions, type_)
+        .is_some_and(|c| c.status == "True" && is_current(c, generation))
 }
 
 /// An object's condition of this type, read from its JSON, unless it was written for another generation

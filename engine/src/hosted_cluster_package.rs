@@ -22,7 +22,7 @@ use pko_proto::hypershift::HostedCluster;
 use serde_json::{json, Value};
 
 use crate::api_time::{elapsed, stamp};
-use crate::conditions::{is_true_for, set_condition, ConditionUpdate};
+use crate::conditions::{is_current, is_true_for, set_condition, ConditionUpdate};
 use crate::deployment_plan::LATEST_REVISION_UNAVAILABLE;
 use crate::label_selector::selector_matches;
 use crate::promotion_gate::{package_template_hash, promotion_gate, GateVerdict, HubView};
@@ -223,7 +223,7 @@ pub fn package_state(
     let fresh = |type_: &str| {
         conditions
             .iter()
-            .find(|c| c.type_ == type_ && c.observed_generation.is_none_or(|g| g == generation))
+            .find(|c| c.type_ == type_ && is_current(c, generation))
     };
     let updated = package.spec == template.spec;
     let progressing = fresh("Progressing");

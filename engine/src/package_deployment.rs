@@ -10,7 +10,7 @@ use pko_proto::well_known::{INSTANCE_LABEL, PACKAGE_LABEL, SOURCE_IMAGE_ANNOTATI
 use serde_json::{json, Value};
 
 use crate::conditions::{
-    is_mapped, mirror_conditions, remove_condition, set_condition, ConditionUpdate,
+    is_current, is_mapped, mirror_conditions, remove_condition, set_condition, ConditionUpdate,
 };
 
 /// The Package (or ClusterPackage) being reconciled, as these rules need it.
@@ -159,7 +159,7 @@ pub fn package_conditions(
         .flat_map(|(od_conditions, od_generation)| {
             od_conditions
                 .iter()
-                .filter(move |c| c.observed_generation.is_none_or(|g| g == od_generation))
+                .filter(move |c| is_current(c, od_generation))
         });
     mirror_conditions(&mut conditions, fresh, from_deployment, generation, now);
     // The deployment still runs what the previous spec rendered: the current spec is not rolled out, so

@@ -14,7 +14,7 @@ use pko_proto::well_known::DEPLOYMENT_LABEL;
 use serde_json::json;
 
 use crate::engine::adoption::{controller_of, revision_of};
-use crate::engine::conditions::{is_mapped, is_true_for};
+use crate::engine::conditions::{is_current, is_mapped, is_true_for, reported_for};
 use crate::engine::deployment_plan::{RevisionContent, RevisionView};
 use crate::objects::object_meta::MetaView;
 use crate::objects::set_object::{SetKind, SetObject};
@@ -69,14 +69,10 @@ impl RevisionIndex {
     pub fn observe(&self, set: &SetObject, deleted: bool) -> IndexChange {
         let id: SetId = (set.kind, set.namespace().to_owned(), set.name().to_owned());
         let mut revisions = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        let previous_key = revisions.filed_under.get(&id).cloned();
-        let previous = previous_key.as_ref().and_then(|key| {
-            revisions
-                .by_deployment
-                .get(key)
-                .and_then(|sets| sets.get(&id.2))
-                .cloned()
-        });
+        let (previous_key, previous) = match revisions.filed(&id) {
+            Some((key, indexed)) => (Some(key.clone()), Some(indexed.clone())),
+            None => (None, None),
+        };
         let key = set
             .meta
             .labels
@@ -149,24 +145,26 @@ impl RevisionIndex {
                 .collect(),
         )
     }
-}
 
-impl RevisionIndex {
     /// The set `name` of `kind` in `namespace` as its successor reads it, if the watch delivered it
     /// (labelled for a deployment); `None` tells the reader to ask the apiserver.
     pub fn previous(&self, kind: SetKind, namespace: &str, name: &str) -> Option<PreviousRevision> {
         let revisions = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         let id: SetId = (kind, namespace.to_owned(), name.to_owned());
-        let key = revisions.filed_under.get(&id)?;
         revisions
-            .by_deployment
-            .get(key)
-            .and_then(|sets| sets.get(name))
-            .map(|indexed| indexed.previous.clone())
+            .filed(&id)
+            .map(|(_, indexed)| indexed.previous.clone())
     }
 }
 
 impl Revisions {
+    /// The set as filed, with the deployment it is filed under.
+    fn filed(&self, id: &SetId) -> Option<(&DeploymentKey, &IndexedRevision)> {
+        let key = self.filed_under.get(id)?;
+        let indexed = self.by_deployment.get(key)?.get(&id.2)?;
+        Some((key, indexed))
+    }
+
     fn unfile(&mut self, id: &SetId, key: &DeploymentKey) {
         self.filed_under.remove(id);
         if let Some(sets) = self.by_deployment.get_mut(key) {
@@ -204,21 +202,17 @@ pub fn revision_view(
                 c.type_ == "Available"
                     && c.status == "False"
                     && c.reason != "AwaitingStatus"
-                    && c.observed_generation.is_none_or(|g| g == generation)
+                    && is_current(c, generation)
             })
             .map(|c| c.message.clone()),
         succeeded: is_true_for(conditions, "Succeeded", generation),
         archived: is_true_for(conditions, "Archived", generation),
         mapped: conditions
             .iter()
-            .filter(|c| {
-                is_mapped(&c.type_) && c.observed_generation.is_none_or(|g| g == generation)
-            })
+            .filter(|c| is_mapped(&c.type_) && is_current(c, generation))
             .cloned()
             .collect(),
-        reported: conditions
-            .iter()
-            .any(|c| c.observed_generation.is_none_or(|g| g == generation)),
+        reported: reported_for(conditions, generation),
     }
 }
 

@@ -12,7 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 use pko_proto::core::package::PackageStatus;
 
-use crate::engine::conditions::find_condition;
+use crate::engine::conditions::{find_condition, reported_for};
 use crate::engine::package_deployment::{
     package_conditions, package_deployment, scope_error, UnpackOutcome,
 };
@@ -372,11 +372,7 @@ impl Reconcile for PackageController {
             let unreported = deployment
                 .as_ref()
                 .filter(|_| outcome == UnpackOutcome::Unpacked)
-                .filter(|d| {
-                    !d.conditions
-                        .iter()
-                        .any(|c| c.observed_generation.is_none_or(|g| g == d.generation))
-                })
+                .filter(|d| !reported_for(&d.conditions, d.generation))
                 .map(|d| d.generation.to_string());
             let mut held_for = None;
             if status != package.status {
