@@ -1,21 +1,31 @@
 //! Package images: how long fetching one takes (digest lookup, and download and unpack on a cache miss),
-//! and the image store's own counts read at each scrape: downloads, cache hits, bytes cached.
+//! where its pull credentials came from, and the image store's own counts read at each scrape: downloads,
+//! cache hits, bytes cached.
 
 use std::sync::Arc;
 
 use pko_package::image::ImageStore;
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
-use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
-/// The fetch latency histogram; cheap to clone.
+use crate::packages::pull_secrets::CredentialsSource;
+
+/// The fetch latency histogram and the credentials' sources; cheap to clone.
 #[derive(Clone)]
 pub struct ImageFetchMetrics {
     duration: Histogram,
+    credentials: Family<CredentialsLabels, Counter>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct CredentialsLabels {
+    source: &'static str,
 }
 
 impl Default for ImageFetchMetrics {
@@ -23,6 +33,7 @@ impl Default for ImageFetchMetrics {
         // 5 ms .. ~80 s: a cached digest lookup takes milliseconds, a large pull many seconds.
         Self {
             duration: Histogram::new(exponential_buckets(0.005, 2.0, 15)),
+            credentials: Family::default(),
         }
     }
 }
@@ -35,6 +46,23 @@ impl ImageFetchMetrics {
              digest is not cached.",
             self.duration.clone(),
         );
+        registry.register(
+            "pko_package_pull_credentials",
+            "Package pulls by where their credentials came from: `read` (the ServiceAccount and its pull \
+             secrets read from the apiserver) or `kept` (read by another pull in the last 10 s).",
+            self.credentials.clone(),
+        );
+    }
+
+    /// A pull's credentials came from `source`.
+    pub fn credentials(&self, source: CredentialsSource) {
+        let source = match source {
+            CredentialsSource::Kept => "kept",
+            CredentialsSource::Read => "read",
+        };
+        self.credentials
+            .get_or_create(&CredentialsLabels { source })
+            .inc();
     }
 
     /// A fetch ended (either way) after `seconds`.

@@ -87,10 +87,11 @@ async fn unpack(
     package: &PackageObject,
     slices: Option<BTreeSet<String>>,
 ) -> Result<Unpack, kube::Error> {
-    let auth = context
+    let (auth, credentials) = context
         .pull_secrets
         .auth_for(&context.client, &package.spec.image)
         .await?;
+    context.metrics.images.credentials(credentials);
     let started = std::time::Instant::now();
     let fetched = context
         .images
@@ -110,10 +111,12 @@ async fn unpack(
             ))
         }
         Err(e) => {
+            // The fix may be a pull secret added or rotated since they were read.
+            context.pull_secrets.forget().await;
             return Ok(Unpack::not_applied(
                 UnpackOutcome::PullFailed(e.to_string()),
                 slices,
-            ))
+            ));
         }
     };
     let hosted_clusters = context

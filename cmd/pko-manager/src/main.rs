@@ -362,10 +362,10 @@ async fn run(args: Args) -> Result<(), ManagerError> {
         engine_client,
         args.plain_http_registry.clone(),
         image_limits,
-        PullSecretSource {
-            namespace: args.service_account_namespace.clone(),
-            service_account: args.service_account.clone(),
-        },
+        PullSecretSource::new(
+            args.service_account_namespace.clone(),
+            args.service_account.clone(),
+        ),
         metrics.clone(),
     )
     .with_watch_client(limited_client(

@@ -438,6 +438,38 @@ async fn private_images_pull_with_the_service_accounts_pull_secrets() {
     assert_eq!(cm.data.unwrap()["greeting"], "psst");
 }
 
+/// Pulls close together share one read of the manager's ServiceAccount and its pull secrets: a rollout
+/// wave of Package updates does not read them once per Package.
+#[tokio::test]
+async fn pulls_close_together_read_the_pull_secrets_once() {
+    let (client, ns) = setup("pkg-burst").await;
+    let image = push_greeter().await;
+    let kept = || async {
+        manager()
+            .metric("pko_package_pull_credentials_total{source=\"kept\"}")
+            .await
+            .unwrap_or(0)
+    };
+    let before = kept().await;
+    let names = ["burst-a", "burst-b", "burst-c"];
+    futures::future::join_all(
+        names
+            .iter()
+            .map(|name| create_package(&client, &ns, name, &image, json!({}))),
+    )
+    .await;
+    for name in names {
+        wait_package(&client, &ns, name, "Available", "True", "Available").await;
+    }
+    // Three pulls within the TTL: at most one read; other tests' pulls only add to the count.
+    let after = kept().await;
+    assert!(
+        after >= before + 2,
+        "credentials kept for {} of 3 pulls",
+        after - before
+    );
+}
+
 const THREE_CONFIGMAPS: &str = "{{- range $name := list \"a\" \"b\" \"c\" }}
 ---
 apiVersion: v1
