@@ -6,7 +6,9 @@
 
 use super::conditions::{find_condition, ConditionUpdate};
 use super::rollout_plan::{RolloutInput, RolloutPlan, RolloutStrategy, UNKNOWN_GROUP};
-use pko_proto::core::hosted_cluster_package::HostedClusterPackageStatus;
+use pko_proto::core::hosted_cluster_package::{
+    HostedClusterPackageCounts, HostedClusterPackageStatus,
+};
 
 /// At most this many failing Packages are named in a condition message; the rest are counted.
 const NAMED_FAILURES: usize = 5;
@@ -171,6 +173,46 @@ pub fn rollout_state(status: &HostedClusterPackageStatus) -> RolloutState {
     } else {
         RolloutState::Progressing
     }
+}
+
+/// Whether writing `next` over `previous` may wait a moment to be merged with the next write: true when
+/// they differ only in progress within the same state — counts other than failed Packages, condition
+/// messages (which carry those counts), and Packages leaving `processing`. Anything else is written at
+/// once: a condition's status or reason, a state change, a failure, a new generation, a group's state or
+/// soak, and every Package entering `processing` (it must be stored before that Package is written).
+/// Pure; the caller bounds the wait.
+pub fn progress_only(
+    previous: &HostedClusterPackageStatus,
+    next: &HostedClusterPackageStatus,
+) -> bool {
+    if rollout_state(previous) != rollout_state(next)
+        || previous.counts.failed_packages != next.counts.failed_packages
+        || !next
+            .processing
+            .iter()
+            .all(|p| previous.processing.contains(p))
+    {
+        return false;
+    }
+    let without_progress = |status: &HostedClusterPackageStatus| {
+        let mut status = status.clone();
+        status.counts = HostedClusterPackageCounts {
+            failed_packages: status.counts.failed_packages,
+            ..HostedClusterPackageCounts::default()
+        };
+        for partition in &mut status.partitions {
+            partition.counts = HostedClusterPackageCounts {
+                failed_packages: partition.counts.failed_packages,
+                ..HostedClusterPackageCounts::default()
+            };
+        }
+        for condition in &mut status.conditions {
+            condition.message.clear();
+        }
+        status.processing.clear();
+        status
+    };
+    without_progress(previous) == without_progress(next)
 }
 
 #[cfg(test)]
@@ -367,5 +409,51 @@ mod tests {
             .processing
             .push(HostedClusterPackageRefStatus::default());
         assert_eq!(rollout_state(&writing), RolloutState::Progressing);
+    }
+
+    #[test]
+    fn only_progress_within_the_same_state_may_wait_to_be_written() {
+        use serde_json::json;
+        let status = |updated: i32, failed: i32, processing: &[&str], progressing: &str| {
+            let processing: Vec<_> = processing
+                .iter()
+                .map(|n| json!({"uid": n, "name": "p", "namespace": n}))
+                .collect();
+            serde_json::from_value::<HostedClusterPackageStatus>(json!({
+                "observedGeneration": 2,
+                "totalPackages": 10, "updatedPackages": updated, "failedPackages": failed,
+                "availablePackages": updated,
+                "conditions": [{
+                    "type": "Progressing", "status": progressing, "reason": "NotAllPackagesProgressed",
+                    "message": format!("{updated}/10 packages progressed."),
+                    "lastTransitionTime": "2026-11-26T10:00:00Z",
+                }],
+                "partitions": [{"name": "a", "order": 0, "updatedPackages": updated, "state": "Progressing"}],
+                "processing": processing,
+            }))
+            .unwrap()
+        };
+        let now = status(3, 0, &["ns-1", "ns-2"], "True");
+        // Counts, their messages and a Package leaving `processing`: may wait.
+        assert!(progress_only(&now, &status(4, 0, &["ns-2"], "True")));
+        assert!(progress_only(&now, &now));
+        // A Package entering `processing` must be stored before it is written.
+        assert!(!progress_only(
+            &now,
+            &status(3, 0, &["ns-1", "ns-2", "ns-3"], "True")
+        ));
+        assert!(!progress_only(&now, &status(4, 0, &["ns-3"], "True")));
+        // A failure, a condition's status, a new generation, a group's state: at once.
+        assert!(!progress_only(
+            &now,
+            &status(3, 1, &["ns-1", "ns-2"], "True")
+        ));
+        assert!(!progress_only(&now, &status(10, 0, &[], "False")));
+        let mut next_generation = now.clone();
+        next_generation.observed_generation = 3;
+        assert!(!progress_only(&now, &next_generation));
+        let mut soaking = now.clone();
+        soaking.partitions[0].state = "Soaking".to_owned();
+        assert!(!progress_only(&now, &soaking));
     }
 }

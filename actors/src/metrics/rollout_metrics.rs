@@ -37,6 +37,12 @@ struct HealthCheckLabels {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct StatusWriteLabels {
+    hostedclusterpackage: String,
+    outcome: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct NameLabels {
     hostedclusterpackage: String,
 }
@@ -64,6 +70,7 @@ pub struct RolloutMetrics {
     started: Family<NameLabels, Gauge>,
     max_unavailable: Family<NameLabels, Gauge>,
     health_checks: Family<HealthCheckLabels, Counter>,
+    status_writes: Family<StatusWriteLabels, Counter>,
     /// The partition groups each HostedClusterPackage exports, to drop those that went.
     partitions: Arc<DashMap<String, Vec<String>>>,
 }
@@ -95,6 +102,12 @@ impl RolloutMetrics {
             self.health_checks.clone(),
         );
         registry.register(
+            "pko_hostedclusterpackage_status_changes",
+            "Status changes a HostedClusterPackage's supervisor decided, by outcome: `written`, or \
+             `held` (progress alone, merged into the next write within 1 s).",
+            self.status_writes.clone(),
+        );
+        registry.register(
             "pko_hostedclusterpackage_max_unavailable",
             "Packages the strategy lets be unavailable at once (0 for the instant strategy).",
             self.max_unavailable.clone(),
@@ -113,6 +126,16 @@ impl RolloutMetrics {
             .get_or_create(&HealthCheckLabels {
                 hostedclusterpackage: name.to_owned(),
                 result,
+            })
+            .inc();
+    }
+
+    /// A decided status change of `name` was written (`held`: false) or held back to be merged.
+    pub fn status_change(&self, name: &str, held: bool) {
+        self.status_writes
+            .get_or_create(&StatusWriteLabels {
+                hostedclusterpackage: name.to_owned(),
+                outcome: if held { "held" } else { "written" },
             })
             .inc();
     }
@@ -181,6 +204,12 @@ impl RolloutMetrics {
 
     /// A HostedClusterPackage is gone.
     pub fn forget(&self, name: &str) {
+        for outcome in ["written", "held"] {
+            self.status_writes.remove(&StatusWriteLabels {
+                hostedclusterpackage: name.to_owned(),
+                outcome,
+            });
+        }
         for (state, _) in COUNTS {
             self.packages.remove(&CountLabels {
                 hostedclusterpackage: name.to_owned(),

@@ -8,7 +8,7 @@
 use pko_proto::well_known::HOSTED_CLUSTER_PACKAGE_LABEL;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use futures::future::LocalBoxFuture;
@@ -37,7 +37,7 @@ use crate::engine::rollout_guard::{stored_observations, HealthObservation, Healt
 use crate::engine::rollout_plan::{group_key, RolloutInput, RolloutPlan, UNKNOWN_GROUP};
 use crate::engine::rollout_policy::HealthCheck;
 use crate::engine::rollout_status::AVAILABLE;
-use crate::engine::rollout_status::PROGRESSING;
+use crate::engine::rollout_status::{progress_only, PROGRESSING};
 use crate::engine::transition_events::rollout_transition;
 use crate::metrics::manager_metrics::ManagerMetrics;
 use crate::objects::object_meta::{event_reference, write_status_over};
@@ -108,10 +108,18 @@ pub struct HostedClusterPackageController {
     recheck: Option<SpawnHandle>,
     /// The pending decision when a health check is due again.
     health_recheck: Option<SpawnHandle>,
+    /// Since when progress (counts, Packages leaving `processing`) has been held back from the status,
+    /// to be merged into the next write; and the decision that writes it when no other write comes.
+    progress_held: Option<(Instant, SpawnHandle)>,
 }
 
 /// How often a health check of a soaking group is evaluated.
 const HEALTH_CHECK_INTERVAL: Duration = Duration::from_secs(10);
+
+/// The longest progress alone waits to be written: each Package moving through its update changes the
+/// counts two or three times, and with several Packages in flight those writes are merged into the ones
+/// that store the next updates, instead of one status write each.
+const PROGRESS_HOLD: Duration = Duration::from_secs(1);
 
 /// One health check evaluated.
 #[derive(Debug, Message)]
@@ -152,6 +160,7 @@ impl Reconcile for HostedClusterPackageController {
             evaluating: BTreeSet::new(),
             recheck: None,
             health_recheck: None,
+            progress_held: None,
         }
     }
 
@@ -421,6 +430,21 @@ impl HostedClusterPackageActor {
             self.state.last_event_at = Some(Timestamp::now());
         }
         let status_changed = status != previous_status;
+        // Progress alone waits, at most PROGRESS_HOLD, for a write that stores it along.
+        let progress_wait = if status_changed
+            && writes.is_empty()
+            && deletes.is_empty()
+            && progress_only(&previous_status, &status)
+        {
+            let since = self.state.progress_held.as_ref().map(|(since, _)| *since);
+            let waited = since.map_or(Duration::ZERO, |since| since.elapsed());
+            PROGRESS_HOLD
+                .checked_sub(waited)
+                .filter(|left| !left.is_zero())
+        } else {
+            None
+        };
+        let write_now = status_changed && progress_wait.is_none();
         let publisher = self.state.shared.publisher.clone();
         let reference = event_reference("HostedClusterPackage", &hcpkg.metadata);
         let read_at = hcpkg.metadata.resource_version.clone();
@@ -429,7 +453,7 @@ impl HostedClusterPackageActor {
             // The in-flight set (and the rest of the status) goes first: a crash after this point
             // finds every update it was about to make already counted. It is written only over the
             // version it was planned from, so a replica that lost its leadership cannot overwrite it.
-            let written_at = if status_changed {
+            let written_at = if write_now {
                 write_status(&client, &name, read_at.as_deref(), &status).await?
             } else {
                 None
@@ -454,10 +478,29 @@ impl HostedClusterPackageActor {
                         }
                     }
                 }
-                if let Some(h) = act.object.as_mut() {
-                    h.status = Some(status);
-                    if written_at.is_some() {
-                        h.metadata.resource_version = written_at;
+                if written_at.is_some() || progress_wait.is_some() {
+                    act.context
+                        .metrics
+                        .rollouts
+                        .status_change(&act.name(), progress_wait.is_some());
+                }
+                match progress_wait {
+                    Some(left) if act.state.progress_held.is_none() => {
+                        // The hold stays on record: that decision finds its wait over and writes.
+                        let decide = ctx.run_later(left, |act, ctx| act.request_reconcile(ctx));
+                        act.state.progress_held = Some((Instant::now(), decide));
+                    }
+                    Some(_) => {}
+                    None => {
+                        if let Some((_, decide)) = act.state.progress_held.take() {
+                            ctx.cancel_future(decide);
+                        }
+                        if let Some(h) = act.object.as_mut() {
+                            h.status = Some(status);
+                            if written_at.is_some() {
+                                h.metadata.resource_version = written_at;
+                            }
+                        }
                     }
                 }
                 let Some((template, recheck_after, health_due)) = guard else {
