@@ -186,7 +186,6 @@ pub fn progress_only(
     next: &HostedClusterPackageStatus,
 ) -> bool {
     if rollout_state(previous) != rollout_state(next)
-        || previous.counts.failed_packages != next.counts.failed_packages
         || !next
             .processing
             .iter()

@@ -2,7 +2,8 @@
 //! depends on (an ObjectDeployment that created a revision, a Package that applied a new deployment spec)
 //! would otherwise write a status from the dependent's old report, and a second one a moment later when
 //! the dependent reports; every owner above it mirrors both. The owner waits instead for that first
-//! report, never longer than [`HOLD_LIMIT`], then writes whatever it knows.
+//! report, never longer than [`HOLD_LIMIT`], then writes whatever it knows. The HostedClusterPackage
+//! supervisor holds its progress-only status changes the same way, awaiting a write that stores them along.
 //!
 //! Pure: the caller keeps the hold and passes the time; nothing here writes or schedules.
 

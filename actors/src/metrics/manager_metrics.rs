@@ -91,9 +91,10 @@ pub struct ManagerMetrics {
     previous_revision_reads: Family<SourceLabels, Counter>,
 }
 
+/// Where something was read from (`source`): shared by the metrics that count reads by their source.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-struct SourceLabels {
-    source: &'static str,
+pub(crate) struct SourceLabels {
+    pub(crate) source: &'static str,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use pko_package::image::ImageStore;
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::ConstGauge;
@@ -14,18 +14,14 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
+use crate::metrics::manager_metrics::SourceLabels;
 use crate::packages::pull_secrets::CredentialsSource;
 
 /// The fetch latency histogram and the credentials' sources; cheap to clone.
 #[derive(Clone)]
 pub struct ImageFetchMetrics {
     duration: Histogram,
-    credentials: Family<CredentialsLabels, Counter>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-struct CredentialsLabels {
-    source: &'static str,
+    credentials: Family<SourceLabels, Counter>,
 }
 
 impl Default for ImageFetchMetrics {
@@ -61,7 +57,7 @@ impl ImageFetchMetrics {
             CredentialsSource::Read => "read",
         };
         self.credentials
-            .get_or_create(&CredentialsLabels { source })
+            .get_or_create(&SourceLabels { source })
             .inc();
     }
 

@@ -37,7 +37,7 @@ struct HealthCheckLabels {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-struct StatusWriteLabels {
+struct StatusChangeLabels {
     hostedclusterpackage: String,
     outcome: &'static str,
 }
@@ -70,7 +70,7 @@ pub struct RolloutMetrics {
     started: Family<NameLabels, Gauge>,
     max_unavailable: Family<NameLabels, Gauge>,
     health_checks: Family<HealthCheckLabels, Counter>,
-    status_writes: Family<StatusWriteLabels, Counter>,
+    status_changes: Family<StatusChangeLabels, Counter>,
     /// The partition groups each HostedClusterPackage exports, to drop those that went.
     partitions: Arc<DashMap<String, Vec<String>>>,
 }
@@ -105,7 +105,7 @@ impl RolloutMetrics {
             "pko_hostedclusterpackage_status_changes",
             "Status changes a HostedClusterPackage's supervisor decided, by outcome: `written`, or \
              `held` (progress alone, merged into the next write within 1 s).",
-            self.status_writes.clone(),
+            self.status_changes.clone(),
         );
         registry.register(
             "pko_hostedclusterpackage_max_unavailable",
@@ -132,8 +132,8 @@ impl RolloutMetrics {
 
     /// A decided status change of `name` was written (`held`: false) or held back to be merged.
     pub fn status_change(&self, name: &str, held: bool) {
-        self.status_writes
-            .get_or_create(&StatusWriteLabels {
+        self.status_changes
+            .get_or_create(&StatusChangeLabels {
                 hostedclusterpackage: name.to_owned(),
                 outcome: if held { "held" } else { "written" },
             })
@@ -205,7 +205,7 @@ impl RolloutMetrics {
     /// A HostedClusterPackage is gone.
     pub fn forget(&self, name: &str) {
         for outcome in ["written", "held"] {
-            self.status_writes.remove(&StatusWriteLabels {
+            self.status_changes.remove(&StatusChangeLabels {
                 hostedclusterpackage: name.to_owned(),
                 outcome,
             });

@@ -38,6 +38,7 @@ use crate::engine::rollout_plan::{group_key, RolloutInput, RolloutPlan, UNKNOWN_
 use crate::engine::rollout_policy::HealthCheck;
 use crate::engine::rollout_status::AVAILABLE;
 use crate::engine::rollout_status::{progress_only, PROGRESSING};
+use crate::engine::status_hold::StatusHold;
 use crate::engine::transition_events::rollout_transition;
 use crate::metrics::manager_metrics::ManagerMetrics;
 use crate::objects::object_meta::{event_reference, write_status_over};
@@ -108,18 +109,20 @@ pub struct HostedClusterPackageController {
     recheck: Option<SpawnHandle>,
     /// The pending decision when a health check is due again.
     health_recheck: Option<SpawnHandle>,
-    /// Since when progress (counts, Packages leaving `processing`) has been held back from the status,
-    /// to be merged into the next write; and the decision that writes it when no other write comes.
-    progress_held: Option<(Instant, SpawnHandle)>,
+    /// Progress alone (counts, Packages leaving `processing`) held back from the status, to be merged
+    /// into the next write within the hold's limit; and the decision that writes it when no other write
+    /// comes.
+    progress_hold: StatusHold,
+    progress_timer: Option<SpawnHandle>,
 }
 
 /// How often a health check of a soaking group is evaluated.
 const HEALTH_CHECK_INTERVAL: Duration = Duration::from_secs(10);
 
-/// The longest progress alone waits to be written: each Package moving through its update changes the
-/// counts two or three times, and with several Packages in flight those writes are merged into the ones
-/// that store the next updates, instead of one status write each.
-const PROGRESS_HOLD: Duration = Duration::from_secs(1);
+/// What the progress hold waits for: a write that stores it along. Each Package moving through its
+/// update changes the counts two or three times, and with several Packages in flight those changes are
+/// merged into the writes that store the next updates, instead of one status write each.
+const AWAITING_WRITE: &str = "a write that stores the progress";
 
 /// One health check evaluated.
 #[derive(Debug, Message)]
@@ -160,7 +163,8 @@ impl Reconcile for HostedClusterPackageController {
             evaluating: BTreeSet::new(),
             recheck: None,
             health_recheck: None,
-            progress_held: None,
+            progress_hold: StatusHold::default(),
+            progress_timer: None,
         }
     }
 
@@ -430,20 +434,14 @@ impl HostedClusterPackageActor {
             self.state.last_event_at = Some(Timestamp::now());
         }
         let status_changed = status != previous_status;
-        // Progress alone waits, at most PROGRESS_HOLD, for a write that stores it along.
-        let progress_wait = if status_changed
+        let progress = status_changed
             && writes.is_empty()
             && deletes.is_empty()
-            && progress_only(&previous_status, &status)
-        {
-            let since = self.state.progress_held.as_ref().map(|(since, _)| *since);
-            let waited = since.map_or(Duration::ZERO, |since| since.elapsed());
-            PROGRESS_HOLD
-                .checked_sub(waited)
-                .filter(|left| !left.is_zero())
-        } else {
-            None
-        };
+            && progress_only(&previous_status, &status);
+        let progress_wait = self
+            .state
+            .progress_hold
+            .hold(progress.then_some(AWAITING_WRITE), Instant::now());
         let write_now = status_changed && progress_wait.is_none();
         let publisher = self.state.shared.publisher.clone();
         let reference = event_reference("HostedClusterPackage", &hcpkg.metadata);
@@ -485,14 +483,20 @@ impl HostedClusterPackageActor {
                         .status_change(&act.name(), progress_wait.is_some());
                 }
                 match progress_wait {
-                    Some(left) if act.state.progress_held.is_none() => {
-                        // The hold stays on record: that decision finds its wait over and writes.
-                        let decide = ctx.run_later(left, |act, ctx| act.request_reconcile(ctx));
-                        act.state.progress_held = Some((Instant::now(), decide));
+                    Some(left) => {
+                        if act.state.progress_timer.is_none() {
+                            // That decision finds the hold over and writes.
+                            let decide = ctx.run_later(left, |act, ctx| {
+                                act.state.progress_timer = None;
+                                act.request_reconcile(ctx);
+                            });
+                            act.state.progress_timer = Some(decide);
+                        }
                     }
-                    Some(_) => {}
                     None => {
-                        if let Some((_, decide)) = act.state.progress_held.take() {
+                        // Written (or nothing to write): the next progress starts a hold of its own.
+                        act.state.progress_hold = StatusHold::default();
+                        if let Some(decide) = act.state.progress_timer.take() {
                             ctx.cancel_future(decide);
                         }
                         if let Some(h) = act.object.as_mut() {
