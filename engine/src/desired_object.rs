@@ -2,7 +2,7 @@
 //! labelled, annotated with the revision and controlled by their owner.
 //!
 //! Owns every rule about what a desired object may look like (no ownerReferences, no foreign namespace, no
-//! duplicates, a known collision protection). It must not talk to the apiserver.
+//! duplicates, a known collision protection, none of pko's own objects). It must not talk to the apiserver.
 
 use pko_proto::well_known::{CACHE_LABEL, OWNERS_ANNOTATION, REVISION_ANNOTATION};
 use std::collections::BTreeMap;
@@ -11,6 +11,7 @@ use pko_proto::core::common::{CollisionProtection, ConditionMapping, ObjectSetOb
 use serde_json::{json, Map, Value};
 
 use super::object_ref::ObjectKey;
+use super::reserved_objects::reserved_for_pko;
 
 /// Field manager of every server-side apply pko makes.
 pub const FIELD_MANAGER: &str = "package-operator";
@@ -199,6 +200,12 @@ fn prepare_object(
     }
     let key = ObjectKey::of(&object)
         .ok_or_else(|| invalid(&format!("{field}.object.apiVersion"), "is malformed"))?;
+    // A hosted cluster has no connector objects of pko's; on the management cluster they are pko's own.
+    if !owner.remote {
+        if let Some(problem) = reserved_for_pko(&key, &object) {
+            return Err(invalid(&format!("{field}.object"), problem));
+        }
+    }
     Ok(DesiredObject {
         key,
         object,

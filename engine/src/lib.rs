@@ -2,6 +2,7 @@
 
 pub mod adoption;
 pub mod api_time;
+pub mod apply_identity;
 pub mod conditions;
 pub mod deployment_plan;
 pub mod desired_object;
@@ -18,6 +19,7 @@ pub mod package_deployment;
 pub mod phase_verdict;
 pub mod probe;
 pub mod promotion_gate;
+pub mod reserved_objects;
 pub mod rollout_events;
 pub mod rollout_guard;
 pub mod rollout_plan;

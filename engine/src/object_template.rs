@@ -13,6 +13,7 @@ use serde_json::{json, Map, Value};
 use super::conditions::{remove_condition, set_condition, ConditionUpdate};
 
 use super::object_ref::{split_api_version, ObjectKey};
+use super::reserved_objects::reserved_for_pko;
 use pko_package::template::render;
 use pko_package::template_funcs::package_funcs;
 use pko_package::yaml::parse_untrusted_yaml;
@@ -61,13 +62,20 @@ pub fn source_key(
             "spec.sources[{index}]: apiVersion, kind and name are required"
         )));
     }
-    Ok(ObjectKey {
+    let key = ObjectKey {
         group: group.to_owned(),
         version: version.to_owned(),
         kind: source.kind.clone(),
         namespace,
         name: source.name.clone(),
-    })
+    };
+    // pko's own objects are not a template's to read (the manager may read them where a tenant may not).
+    match reserved_for_pko(&key, &Value::Null) {
+        Some(problem) => Err(TemplateProblem::Source(format!(
+            "spec.sources[{index}]: {problem}"
+        ))),
+        None => Ok(key),
+    }
 }
 
 /// `.a.b` → `["a", "b"]`; the leading dot is required, as in Package Operator.
@@ -173,10 +181,15 @@ pub fn render_object(
         labels.insert(CACHE_LABEL.to_owned(), Value::String("True".to_owned()));
     }
     metadata.insert("ownerReferences".to_owned(), json!([owner]));
-    if ObjectKey::of(&object).is_none() {
+    let Some(key) = ObjectKey::of(&object) else {
         return Err(TemplateProblem::Template(
             "spec.template: the object needs apiVersion, kind and metadata.name".to_owned(),
         ));
+    };
+    if let Some(problem) = reserved_for_pko(&key, &object) {
+        return Err(TemplateProblem::Template(format!(
+            "spec.template: {problem}"
+        )));
     }
     Ok(object)
 }

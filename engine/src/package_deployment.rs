@@ -6,7 +6,9 @@ use k8s_openapi::jiff::Timestamp;
 use pko_package::loader::LoadedPackage;
 use pko_package::violation::{reason, Violation};
 use pko_proto::manifests::PackageManifestScope;
-use pko_proto::well_known::{INSTANCE_LABEL, PACKAGE_LABEL, SOURCE_IMAGE_ANNOTATION};
+use pko_proto::well_known::{
+    INSTANCE_LABEL, PACKAGE_LABEL, SERVICE_ACCOUNT_ANNOTATION, SOURCE_IMAGE_ANNOTATION,
+};
 use serde_json::{json, Value};
 
 use crate::conditions::{
@@ -22,6 +24,8 @@ pub struct PackageRef {
     pub uid: String,
     pub image: String,
     pub paused: bool,
+    /// The Package's `package-operator.run/service-account`, carried to its ObjectDeployment.
+    pub service_account: Option<String>,
 }
 
 impl PackageRef {
@@ -80,6 +84,9 @@ pub fn package_deployment(package: &PackageRef, loaded: &LoadedPackage) -> Value
     });
     if let Some(ns) = &package.namespace {
         metadata["namespace"] = json!(ns);
+    }
+    if let Some(account) = &package.service_account {
+        metadata["annotations"][SERVICE_ACCOUNT_ANNOTATION] = json!(account);
     }
     json!({
         "apiVersion": format!("{}/{}", pko_proto::GROUP, pko_proto::VERSION),
@@ -218,6 +225,7 @@ mod tests {
             namespace: namespace.map(str::to_owned),
             uid: "u".into(),
             image: "reg/shop:v1".into(),
+            service_account: None,
             paused: false,
         }
     }

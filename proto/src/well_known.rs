@@ -27,10 +27,22 @@ pub const DEPLOYMENT_LABEL: &str = "package-operator.run/object-deployment";
 /// Annotation with the template hash of an ObjectSet.
 pub const HASH_ANNOTATION: &str = "package-operator.run/hash";
 
+/// Name of every connector object pko creates in an HCP namespace (ServiceAccount, Role, RoleBinding,
+/// Deployment). Reserved: no owner's objects may take it (`engine::reserved_objects`).
+pub const CONNECTOR_NAME: &str = "pko-connector";
+/// Name of the Secret with a connector's NATS credentials, in its HCP namespace. Reserved like
+/// [`CONNECTOR_NAME`].
+pub const CONNECTOR_CREDENTIALS_SECRET: &str = "pko-connector-nats";
+
+/// pko extension on a namespaced owner (Package, ObjectDeployment, ObjectSet, ObjectSetPhase,
+/// ObjectTemplate): the ServiceAccount of its own namespace whose rights its objects are read and written
+/// with. Carried down from a Package to its ObjectDeployment and from an ObjectDeployment to its ObjectSets.
+pub const SERVICE_ACCOUNT_ANNOTATION: &str = "package-operator.run/service-account";
+
 /// Label on every connector object (value `True`).
 pub const CONNECTOR_LABEL: &str = "package-operator.run/connector";
 
-/// Annotation on [`CREDENTIALS_SECRET`]: the NATS account that signed the credentials.
+/// Annotation on [`CONNECTOR_CREDENTIALS_SECRET`]: the NATS account that signed the credentials.
 pub const ACCOUNT_ANNOTATION: &str = "package-operator.run/nats-account";
 /// On the connector credentials Secret: Unix time at which its credentials expire.
 pub const CREDENTIALS_EXPIRY_ANNOTATION: &str = "package-operator.run/credentials-expire-at";

@@ -58,8 +58,8 @@ pub(crate) fn write(
     std::fs::write(path, yaml).map_err(io_error("write kubeconfig", path))
 }
 
-/// A client for the kubeconfig at `path`.
-pub(crate) async fn client(path: &Path, name: &str) -> Result<kube::Client, TestEnvError> {
+/// A client for the kubeconfig at `path` (`name` labels its errors).
+pub async fn client(path: &Path, name: &str) -> Result<kube::Client, TestEnvError> {
     let kube_error = |source: Box<dyn std::error::Error + Send + Sync>| TestEnvError::Kube {
         server: name.to_owned(),
         source,

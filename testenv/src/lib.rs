@@ -59,6 +59,7 @@ cluster_only! {
     pub use crds::install_crds;
     pub use dashboard::{Dashboard, PanelData};
     pub use env::{shared, shared_with, EnvConfig, StartupTimings, TestEnv};
+    pub use kubeconfig::client as client_for;
     pub use hypershift::{
         add_hosted_cluster_to, install_hosted_cluster_crd, SimulatedHostedCluster,
         HOSTED_CLUSTERS_NAMESPACE, KUBECONFIG_SECRET,

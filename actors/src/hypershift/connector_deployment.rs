@@ -15,10 +15,9 @@ use serde_json::{json, Value};
 
 use pko_package::canonical_hash::value_hash;
 
-/// Name of every connector object in an HCP namespace.
-pub const CONNECTOR_NAME: &str = "pko-connector";
-/// Secret holding the connector's NATS credentials.
-pub const CREDENTIALS_SECRET: &str = "pko-connector-nats";
+pub use pko_proto::well_known::{
+    CONNECTOR_CREDENTIALS_SECRET as CREDENTIALS_SECRET, CONNECTOR_NAME,
+};
 /// Key of the `.creds` file in [`CREDENTIALS_SECRET`].
 pub const CREDENTIALS_KEY: &str = "nats.creds";
 /// Where the NATS credentials are mounted.

@@ -5,6 +5,7 @@
 //! that an unchanged set issues no writes.
 
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use std::sync::Arc;
 
@@ -18,9 +19,11 @@ use kube::{Api, Client};
 use serde_json::{json, Value};
 use tracing::instrument;
 
+use crate::engine::apply_identity::ApplyIdentity;
 use crate::engine::desired_object::FIELD_MANAGER;
 use crate::engine::object_ref::ObjectKey;
 use crate::metrics::manager_metrics::ManagerMetrics;
+use crate::runtime::cluster_client::impersonating;
 
 /// A request the apiserver refused or could not serve.
 #[derive(Debug, thiserror::Error)]
@@ -41,6 +44,8 @@ pub enum ApplyError {
         #[source]
         source: Box<kube::Error>,
     },
+    #[error("cannot act as {identity}: {message}")]
+    Identity { identity: String, message: String },
     #[error("{object}: response is not a valid object: {source}")]
     Decode {
         object: String,
@@ -56,7 +61,8 @@ impl ApplyError {
         match self {
             ApplyError::UnknownKind { .. }
             | ApplyError::MissingNamespace { .. }
-            | ApplyError::UnexpectedNamespace { .. } => true,
+            | ApplyError::UnexpectedNamespace { .. }
+            | ApplyError::Identity { .. } => true,
             ApplyError::Api { source, .. } => {
                 matches!(source.as_ref(), kube::Error::Api(s) if matches!(s.code, 400 | 403 | 404 | 422))
             }
@@ -90,12 +96,13 @@ pub struct ResolvedKind {
     pub namespaced: bool,
 }
 
-/// Request counts since start, and how long applies take.
+/// Request counts since start, how long applies take, and how many identities have a client.
 #[derive(Debug, Clone)]
 struct RequestCounts {
     reads: Counter,
     writes: Counter,
     apply_duration: Histogram,
+    identities: Gauge,
 }
 
 impl Default for RequestCounts {
@@ -105,6 +112,7 @@ impl Default for RequestCounts {
             writes: Counter::default(),
             // 1 ms .. ~16 s.
             apply_duration: Histogram::new(exponential_buckets(0.001, 2.0, 15)),
+            identities: Gauge::default(),
         }
     }
 }
@@ -112,18 +120,54 @@ impl Default for RequestCounts {
 /// Reads and writes managed objects; cheap to clone.
 #[derive(Clone)]
 pub struct Applier {
+    /// Reads and writes go out through this client: the manager's, or one impersonating an owner's
+    /// ServiceAccount.
     client: Client,
+    /// The manager's own client: discovery, and what impersonating clients are made from.
+    own_client: Client,
     kinds: Arc<DashMap<(String, String, String), ResolvedKind>>,
+    /// One client per impersonated user, made on first use and kept for the process lifetime (a
+    /// namespace's ServiceAccounts are few; each costs a forwarding task).
+    identities: Arc<DashMap<String, Client>>,
     counts: RequestCounts,
 }
 
 impl Applier {
     pub fn new(client: Client) -> Self {
         Self {
+            own_client: client.clone(),
             client,
             kinds: Arc::default(),
+            identities: Arc::default(),
             counts: RequestCounts::default(),
         }
+    }
+
+    /// This applier, reading and writing as `identity`. Kinds, counts and connections are shared.
+    pub fn acting_as(&self, identity: &ApplyIdentity) -> Result<Applier, ApplyError> {
+        let Some(user) = identity.impersonated_user() else {
+            return Ok(Applier {
+                client: self.own_client.clone(),
+                ..self.clone()
+            });
+        };
+        let client = match self.identities.get(&user) {
+            Some(client) => client.clone(),
+            None => {
+                let client =
+                    impersonating(&self.own_client, &user).map_err(|e| ApplyError::Identity {
+                        identity: identity.to_string(),
+                        message: e.to_string(),
+                    })?;
+                self.identities.insert(user, client.clone());
+                self.counts.identities.set(self.identities.len() as i64);
+                client
+            }
+        };
+        Ok(Applier {
+            client,
+            ..self.clone()
+        })
     }
 
     /// Adds the request counts and apply latency to the manager's metrics.
@@ -143,6 +187,11 @@ impl Applier {
             "Time a server-side apply of a managed object takes, to the stored object or the error.",
             self.counts.apply_duration.clone(),
         );
+        metrics.register(
+            "pko_impersonated_identities",
+            "ServiceAccounts the manager has a client for, impersonating them for their owners' objects.",
+            self.counts.identities.clone(),
+        );
     }
 
     pub fn client(&self) -> &Client {
@@ -156,7 +205,7 @@ impl Applier {
             return Ok(k.clone());
         }
         let gvk = GroupVersionKind::gvk(&key.group, &key.version, &key.kind);
-        let (resource, caps) = match kube::discovery::pinned_kind(&self.client, &gvk).await {
+        let (resource, caps) = match kube::discovery::pinned_kind(&self.own_client, &gvk).await {
             Ok(found) => found,
             // The group/version is not served (404) or does not have the kind.
             Err(kube::Error::Api(s)) if s.code == 404 => return Err(self.unknown_kind(key)),

@@ -2,10 +2,10 @@
 //! on the ObjectSets they own.
 
 use crate::runtime::telemetry::{current_traceparent, TRACE_PARENT_ANNOTATION};
-use pko_proto::well_known::SHARD_OWNER_LABEL;
 use pko_proto::well_known::{
     DEPLOYMENT_LABEL, HASH_ANNOTATION, REVISION_ANNOTATION, TEARDOWN_FINALIZER,
 };
+use pko_proto::well_known::{SERVICE_ACCOUNT_ANNOTATION, SHARD_OWNER_LABEL};
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -119,6 +119,15 @@ impl DeploymentObject {
         }
         let mut annotations: BTreeMap<String, String> =
             template.metadata.annotations.clone().unwrap_or_default();
+        // The deployment's identity is its revisions' (a template's own annotation gives way to it).
+        if let Some(account) = self
+            .meta
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(SERVICE_ACCOUNT_ANNOTATION))
+        {
+            annotations.insert(SERVICE_ACCOUNT_ANNOTATION.to_owned(), account.clone());
+        }
         annotations.insert(HASH_ANNOTATION.to_owned(), hash.to_owned());
         annotations.insert(REVISION_ANNOTATION.to_owned(), revision.to_string());
         // The new ObjectSet's reconcile continues the trace of this one.

@@ -11,6 +11,7 @@ pub mod object_meta;
 pub mod object_set_actor;
 pub mod object_set_plan;
 pub mod object_template_actor;
+pub mod owner_identity;
 pub mod phase_actor;
 pub mod phase_runner;
 pub mod revision_index;

@@ -18,6 +18,7 @@ use serde_json::Value;
 use tracing::{info_span, warn, Instrument};
 
 use crate::engine::adoption::revision_of;
+use crate::engine::apply_identity::ApplyIdentity;
 use crate::engine::conditions::find_condition;
 use crate::engine::object_ref::ObjectKey;
 use crate::engine::object_set_status::{
@@ -27,8 +28,10 @@ use crate::engine::object_set_status::{
 use crate::engine::transition_events::object_set_transitions;
 use crate::metrics::manager_metrics::ManagerMetrics;
 use crate::metrics::upstream_metrics::ObjectSetFacts;
+use crate::objects::applier::Applier;
 use crate::objects::object_meta::{creation_seconds, event_reference, tombstone_meta, MetaView};
 use crate::objects::object_set_plan::{phase_object_name, plan_object_set, PlanInputs};
+use crate::objects::owner_identity::owner_applier;
 use crate::objects::phase_actor::{
     PhaseActor, PhaseCommand, PhaseFinished, PhaseOutcome, UpdatePlan,
 };
@@ -76,6 +79,8 @@ pub struct ObjectSetController {
     /// The status that says a teardown just asked for is under way, if that teardown is still running
     /// after [`ARCHIVAL_SETTLE`].
     archival_report: Option<SpawnHandle>,
+    /// Whose rights the running phase actors apply with.
+    identity: ApplyIdentity,
 }
 
 impl ObjectSetController {
@@ -112,11 +117,16 @@ enum Unplannable {
 /// had, the rest are read) and slices, then plans the set: the planned generation, its revision number
 /// and the phases' plans.
 async fn gather_plan(
-    client: kube::Client,
+    context: ManagerContext,
     set: SetObject,
     indexed: BTreeMap<String, PreviousRevision>,
     shard_owner: Option<String>,
-) -> Result<(i64, i64, Vec<PhasePlan>), Unplannable> {
+) -> Result<GatheredPlan, Unplannable> {
+    let client = context.client.clone();
+    let namespace = set.kind.is_namespaced().then(|| set.namespace().to_owned());
+    let (identity, applier) = owner_applier(&context, namespace.as_deref(), &set.meta)
+        .await
+        .map_err(Unplannable::Spec)?;
     let api = set
         .kind
         .revision_kind()
@@ -199,7 +209,22 @@ async fn gather_plan(
     };
     // A spec error stays until the spec changes; no retry for it.
     let plans = plan_object_set(&set, &inputs).map_err(|e| Unplannable::Spec(e.to_string()))?;
-    Ok((set.generation(), inputs.revision, plans))
+    Ok(GatheredPlan {
+        generation: set.generation(),
+        revision: inputs.revision,
+        plans,
+        identity,
+        applier,
+    })
+}
+
+/// What planning a set gathered: its phases' plans, and whose rights they are applied with.
+struct GatheredPlan {
+    generation: i64,
+    revision: i64,
+    plans: Vec<PhasePlan>,
+    identity: ApplyIdentity,
+    applier: Applier,
 }
 
 impl ObjectSetActor {
@@ -245,25 +270,29 @@ impl ObjectSetActor {
         );
     }
 
-    fn install_plans(
-        &mut self,
-        generation: i64,
-        revision: i64,
-        plans: Vec<PhasePlan>,
-        ctx: &mut Context<Self>,
-    ) {
+    fn install_plans(&mut self, gathered: GatheredPlan, ctx: &mut Context<Self>) {
+        let GatheredPlan {
+            generation,
+            revision,
+            plans,
+            identity,
+            applier,
+        } = gathered;
         self.state.plan_error = None;
         self.state.planned_generation = Some(generation);
         self.state.revision = revision;
         self.state.plan_version += 1;
         let paused = self.lifecycle() == LifecycleState::Paused;
-        let same_shape = plans.len() == self.state.phases.len()
+        // Phase actors keep the applier they were started with: another identity starts new ones.
+        let same_shape = identity == self.state.identity
+            && plans.len() == self.state.phases.len()
             && plans
                 .iter()
                 .zip(&self.state.phases)
                 .all(|(p, q)| p.name == q.name && p.delegated == q.delegated);
         if !same_shape {
             self.stop_phases();
+            self.state.identity = identity;
         }
         self.state.object_phase.clear();
         for (index, plan) in plans.into_iter().enumerate() {
@@ -286,7 +315,7 @@ impl ObjectSetActor {
                 let owner = ctx.address().recipient();
                 let actor = PhaseActor::new(
                     index,
-                    self.context.applier.clone(),
+                    applier.clone(),
                     self.context.cache.clone(),
                     update,
                     owner,
@@ -503,6 +532,7 @@ impl Reconcile for ObjectSetController {
             overtaken_check: None,
             finalizer_write_pending: false,
             archival_report: None,
+            identity: ApplyIdentity::Manager,
         }
     }
 
@@ -643,12 +673,12 @@ impl Reconcile for ObjectSetController {
                 .previous_revision_read(found.is_some());
             indexed.extend(found.map(|p| (previous.name.clone(), p)));
         }
-        let gather = gather_plan(actor.context.client.clone(), set, indexed, shard_owner);
+        let gather = gather_plan(actor.context.clone(), set, indexed, shard_owner);
         work(
             gather,
             |result, act: &mut ObjectSetActor, ctx| match result {
-                Ok((generation, revision, plans)) => {
-                    act.install_plans(generation, revision, plans, ctx);
+                Ok(gathered) => {
+                    act.install_plans(gathered, ctx);
                     Outcome::Done
                 }
                 Err(unplannable) => {

@@ -3,7 +3,7 @@
 
 use crate::runtime::telemetry::TRACE_PARENT_ANNOTATION;
 use pko_proto::well_known::PHASE_CLASS_LABEL;
-use pko_proto::well_known::SHARD_OWNER_LABEL;
+use pko_proto::well_known::{SERVICE_ACCOUNT_ANNOTATION, SHARD_OWNER_LABEL};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -96,6 +96,15 @@ fn phase_object(
     }
     if let Some(owner) = &inputs.shard_owner {
         object["metadata"]["labels"][SHARD_OWNER_LABEL] = owner.as_str().into();
+    }
+    // A default-class ObjectSetPhase applies with the set's identity.
+    if let Some(account) = set
+        .meta
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(SERVICE_ACCOUNT_ANNOTATION))
+    {
+        object["metadata"]["annotations"][SERVICE_ACCOUNT_ANNOTATION] = account.as_str().into();
     }
     object
 }

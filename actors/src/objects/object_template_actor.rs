@@ -16,8 +16,9 @@ use crate::engine::object_ref::ObjectKey;
 use crate::engine::object_template::{
     copy_items, render_object, source_key, template_conditions, TemplateProblem,
 };
-use crate::objects::applier::ApplyError;
+use crate::objects::applier::{Applier, ApplyError};
 use crate::objects::object_meta::MetaView;
+use crate::objects::owner_identity::owner_applier;
 use crate::objects::template_object::TemplateObject;
 use crate::packages::package_object::environment_facts;
 use crate::runtime::context::ManagerContext;
@@ -46,6 +47,7 @@ fn classify(
 /// Reads the sources into `.config`; a problem stops at the first bad source.
 async fn read_sources(
     context: &ManagerContext,
+    applier: &Applier,
     template: &TemplateObject,
 ) -> Result<Result<Map<String, Value>, TemplateProblem>, ApplyError> {
     let mut config = Map::new();
@@ -64,7 +66,7 @@ async fn read_sources(
             }
         };
         context.cache.watch_external(&key, &kind, template.uid());
-        match context.applier.get(&key).await? {
+        match applier.get(&key).await? {
             Some(object) => {
                 if let Err(problem) = copy_items(index, source, &object, &mut config) {
                     return Ok(Err(problem));
@@ -87,7 +89,12 @@ async fn apply_template(
     context: &ManagerContext,
     template: &TemplateObject,
 ) -> Result<(Option<TemplateProblem>, Option<Value>), ApplyError> {
-    let config = match read_sources(context, template).await? {
+    // Sources are read and the object written with the template's identity.
+    let applier = match owner_applier(context, template.own_namespace(), &template.meta).await {
+        Ok((_, applier)) => applier,
+        Err(problem) => return Ok((Some(TemplateProblem::Template(problem)), None)),
+    };
+    let config = match read_sources(context, &applier, template).await? {
         Ok(config) => config,
         Err(problem) => return Ok((Some(problem), None)),
     };
@@ -131,7 +138,7 @@ async fn apply_template(
     };
     context.cache.ensure_watch(&key, &kind);
     let sent = context.cache.mark();
-    match context.applier.apply(&key, &object).await {
+    match applier.apply(&key, &object).await {
         Ok(applied) => {
             context.cache.record(&key, applied.clone(), sent);
             Ok((None, Some(applied)))

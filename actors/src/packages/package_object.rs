@@ -21,7 +21,7 @@ use crate::objects::object_meta::{write_status, MetaView};
 use pko_package::chunking::Slice;
 use pko_package::environment::EnvironmentFacts;
 use pko_proto::core::object_slice::{ClusterObjectSlice, ObjectSlice};
-use pko_proto::well_known::SLICE_OWNER_LABEL;
+use pko_proto::well_known::{SERVICE_ACCOUNT_ANNOTATION, SLICE_OWNER_LABEL};
 
 /// What a Package copies from its ObjectDeployment.
 #[derive(Debug, Clone, PartialEq)]
@@ -121,6 +121,12 @@ impl PackageObject {
             uid: self.uid().to_owned(),
             image: self.spec.image.clone(),
             paused: self.spec.paused,
+            service_account: self
+                .meta
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(SERVICE_ACCOUNT_ANNOTATION))
+                .cloned(),
         }
     }
 

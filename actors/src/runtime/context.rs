@@ -52,6 +52,9 @@ pub struct ManagerContext {
     /// This replica's membership when the manager runs sharded: it works only on objects labelled for
     /// it (`SHARD_OWNER_LABEL`); `None` in leader-election mode, where the leader works on everything.
     pub shard: Option<ShardContext>,
+    /// `--default-service-account`: the ServiceAccount namespaced owners act as unless they name their own
+    /// (`objects::owner_identity`); `None` keeps the manager's identity for them.
+    pub default_service_account: Option<Arc<str>>,
 }
 
 /// A sharded replica: its member name, which its owner label carries, and the members as it sees them
@@ -96,6 +99,15 @@ impl ManagerContext {
             metrics,
             feeds: FeedSync::default(),
             shard: None,
+            default_service_account: None,
+        }
+    }
+
+    /// This context, acting for namespaced owners as their namespace's ServiceAccount `name`.
+    pub fn with_default_service_account(self, name: Option<String>) -> Self {
+        Self {
+            default_service_account: name.map(Arc::from),
+            ..self
         }
     }
 

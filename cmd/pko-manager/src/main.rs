@@ -186,6 +186,17 @@ struct Args {
     /// ValidatingWebhookConfiguration whose caBundle the manager keeps filled with its CA.
     #[arg(long, default_value = "pko-object-immutability")]
     webhook_configuration: String,
+    /// Namespaced owners (Package, ObjectDeployment, ObjectSet, ObjectSetPhase, ObjectTemplate) read and
+    /// write their objects as this ServiceAccount of their own namespace (impersonated), unless they name
+    /// another with the annotation `package-operator.run/service-account`. Cluster-scoped owners and the
+    /// HCP namespaces of HostedClusters keep the manager's identity. Unset: the manager's identity.
+    #[arg(long, env = "PKO_DEFAULT_SERVICE_ACCOUNT", value_parser = service_account_name)]
+    default_service_account: Option<String>,
+}
+
+/// A flag naming a ServiceAccount.
+fn service_account_name(name: &str) -> Result<String, String> {
+    pko_actors::engine::apply_identity::valid_service_account_name(name).map(|()| name.to_owned())
 }
 
 /// Why the manager could not start or keep running.
@@ -368,6 +379,7 @@ async fn run(args: Args) -> Result<(), ManagerError> {
         ),
         metrics.clone(),
     )
+    .with_default_service_account(args.default_service_account.clone())
     .with_watch_client(limited_client(
         kube_config.clone(),
         args.max_in_flight_requests,

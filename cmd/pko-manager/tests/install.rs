@@ -11,9 +11,8 @@
 
 mod common;
 
-use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::time::Duration;
 
 use k8s_openapi::api::authorization::v1::{
@@ -21,7 +20,6 @@ use k8s_openapi::api::authorization::v1::{
 };
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::api::events::v1::Event as KubeEvent;
-use k8s_openapi::api::rbac::v1::ClusterRole;
 use kube::api::{ListParams, PostParams};
 use kube::Api;
 use pko_proto::core::hosted_cluster_package::HostedClusterPackage;
@@ -29,89 +27,12 @@ use pko_testenv::{wait_until, Dashboard, ManagerLaunch, Prometheus};
 use serde_json::Value;
 
 use common::rollout::{all_available, hcpkg_over_all, wait_status};
+use common::shipped::{deploy_dir, install_manifests, kustomize, manager_container, parsed};
 
 use common::*;
 
 const NAMESPACE: &str = "package-operator-system";
 const SERVICE_ACCOUNT: &str = "pko-manager";
-
-fn deploy_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy")
-}
-
-/// `kubectl kustomize deploy/<dir>`, as YAML documents.
-fn kustomize(dir: &str) -> Vec<String> {
-    let out = Command::new("kubectl")
-        .arg("kustomize")
-        .arg(deploy_dir().join(dir))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout)
-        .unwrap()
-        .split("\n---\n")
-        .map(str::to_owned)
-        .collect()
-}
-
-fn parsed(document: &str) -> Value {
-    serde_saphyr::from_str(document).unwrap()
-}
-
-/// Applies deploy/manager with kubectl (server-side, as for CRDs too large for client-side apply),
-/// except the webhook configuration: the environment registered it with a loopback URL instead of the
-/// Service, which has no pods behind it here. Waits until the managed-objects role is aggregated. Once
-/// per test binary: two applies at once race to create the same objects.
-async fn install_manifests() {
-    static INSTALLED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
-    INSTALLED.get_or_init(apply_manifests).await;
-}
-
-async fn apply_manifests() {
-    let documents: Vec<String> = kustomize("manager")
-        .into_iter()
-        .filter(|d| parsed(d)["kind"] != "ValidatingWebhookConfiguration")
-        .collect();
-    let mut kubectl = Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(env().management().kubeconfig_path())
-        .args(["apply", "--server-side", "--force-conflicts", "-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    kubectl
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(documents.join("\n---\n").as_bytes())
-        .unwrap();
-    let out = kubectl.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let client = env().management().client().await.unwrap();
-    let roles: Api<ClusterRole> = Api::all(client);
-    wait_until("managed-objects role aggregated", TIMEOUT, || async {
-        let role = roles
-            .get("pko-manager-managed-objects")
-            .await
-            .map_err(|e| e.to_string())?;
-        match role.rules {
-            Some(rules) if !rules.is_empty() => Ok(()),
-            _ => Err("no rules aggregated yet".to_owned()),
-        }
-    })
-    .await
-    .unwrap();
-}
 
 /// Runs `pko-manager nats-bootstrap` as an admin; returns its stdout.
 fn nats_bootstrap(resolver_file: &Path) -> String {
@@ -133,16 +54,6 @@ fn nats_bootstrap(resolver_file: &Path) -> String {
 
 fn secret_value(secret: &Secret, key: &str) -> String {
     String::from_utf8(secret.data.as_ref().unwrap()[key].0.clone()).unwrap()
-}
-
-/// The manager container of the rendered Deployment.
-fn manager_container() -> Value {
-    let deployment = kustomize("manager")
-        .iter()
-        .map(|d| parsed(d))
-        .find(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == "pko-manager")
-        .unwrap();
-    deployment["spec"]["template"]["spec"]["containers"][0].clone()
 }
 
 #[tokio::test]
@@ -561,6 +472,8 @@ async fn the_manager_role_allows_what_it_needs_and_nothing_more() {
         ("patch", rbac, "roles", hcp, Some("pko-connector")),
         ("escalate", rbac, "roles", hcp, Some("pko-connector")),
         ("bind", rbac, "roles", hcp, Some("pko-connector")),
+        // Acting as an owner's ServiceAccount (--default-service-account).
+        ("impersonate", "", "serviceaccounts", Some("tenant"), Some("deployer")),
         (
             "update",
             "coordination.k8s.io",
@@ -602,6 +515,7 @@ async fn the_manager_role_allows_what_it_needs_and_nothing_more() {
         ("patch", rbac, "rolebindings", hcp, Some("other")),
         ("create", rbac, "clusterrolebindings", None, None),
         ("impersonate", "", "users", None, Some("admin")),
+        ("impersonate", "", "groups", None, Some("system:masters")),
         ("create", "", "pods/exec", hcp, Some("x")),
         ("get", "", "nodes", None, None),
         (

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod rollout;
+pub mod shipped;
 pub mod workload;
 
 use std::path::{Path, PathBuf};

@@ -1,0 +1,102 @@
+//! pko's shipped install as the tests apply it: `kubectl kustomize deploy/...` rendered and applied
+//! server-side, once per test binary, so the manager can run on its own ServiceAccount with exactly the
+//! RBAC the manifests grant.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use k8s_openapi::api::rbac::v1::ClusterRole;
+use kube::Api;
+use pko_testenv::wait_until;
+use serde_json::Value;
+
+use super::{env, TIMEOUT};
+
+pub fn deploy_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy")
+}
+
+/// `kubectl kustomize deploy/<dir>`, as YAML documents.
+pub fn kustomize(dir: &str) -> Vec<String> {
+    let out = Command::new("kubectl")
+        .arg("kustomize")
+        .arg(deploy_dir().join(dir))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .split("\n---\n")
+        .map(str::to_owned)
+        .collect()
+}
+
+pub fn parsed(document: &str) -> Value {
+    serde_saphyr::from_str(document).unwrap()
+}
+
+/// Applies deploy/manager with kubectl (server-side, as for CRDs too large for client-side apply),
+/// except the webhook configuration: the environment registered it with a loopback URL instead of the
+/// Service, which has no pods behind it here. Waits until the managed-objects role is aggregated. Once
+/// per test binary: two applies at once race to create the same objects.
+pub async fn install_manifests() {
+    static INSTALLED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    INSTALLED.get_or_init(apply_manifests).await;
+}
+
+async fn apply_manifests() {
+    let documents: Vec<String> = kustomize("manager")
+        .into_iter()
+        .filter(|d| parsed(d)["kind"] != "ValidatingWebhookConfiguration")
+        .collect();
+    let mut kubectl = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(env().management().kubeconfig_path())
+        .args(["apply", "--server-side", "--force-conflicts", "-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    kubectl
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(documents.join("\n---\n").as_bytes())
+        .unwrap();
+    let out = kubectl.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let client = env().management().client().await.unwrap();
+    let roles: Api<ClusterRole> = Api::all(client);
+    wait_until("managed-objects role aggregated", TIMEOUT, || async {
+        let role = roles
+            .get("pko-manager-managed-objects")
+            .await
+            .map_err(|e| e.to_string())?;
+        match role.rules {
+            Some(rules) if !rules.is_empty() => Ok(()),
+            _ => Err("no rules aggregated yet".to_owned()),
+        }
+    })
+    .await
+    .unwrap();
+}
+
+/// The manager container of the rendered Deployment.
+pub fn manager_container() -> Value {
+    let deployment = kustomize("manager")
+        .iter()
+        .map(|d| parsed(d))
+        .find(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == "pko-manager")
+        .unwrap();
+    deployment["spec"]["template"]["spec"]["containers"][0].clone()
+}

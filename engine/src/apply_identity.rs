@@ -1,0 +1,181 @@
+//! Whose rights an owner's objects are read and written with: the manager's own, or a ServiceAccount of
+//! the owner's namespace that the manager impersonates (`--default-service-account`, or the owner's
+//! `package-operator.run/service-account` annotation). The apiserver's RBAC then decides what a tenant's
+//! objects may be, as it would for the tenant's own requests.
+//!
+//! Pure; the ObjectSet planner and the ObjectTemplate actor ask it, the applier acts on the answer.
+
+use std::fmt;
+
+use pko_proto::well_known::SERVICE_ACCOUNT_ANNOTATION;
+
+use crate::desired_object::InvalidObject;
+
+/// The identity an owner's reads and writes go out as.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub enum ApplyIdentity {
+    /// The manager's own ServiceAccount.
+    #[default]
+    Manager,
+    /// `system:serviceaccount:<namespace>:<name>`, impersonated.
+    ServiceAccount { namespace: String, name: String },
+}
+
+impl ApplyIdentity {
+    /// The user name the apiserver sees; `None` for the manager's own identity.
+    pub fn impersonated_user(&self) -> Option<String> {
+        match self {
+            ApplyIdentity::Manager => None,
+            ApplyIdentity::ServiceAccount { namespace, name } => {
+                Some(format!("system:serviceaccount:{namespace}:{name}"))
+            }
+        }
+    }
+}
+
+impl fmt::Display for ApplyIdentity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ApplyIdentity::Manager => f.write_str("the manager's ServiceAccount"),
+            ApplyIdentity::ServiceAccount { namespace, name } => {
+                write!(f, "ServiceAccount {namespace}/{name}")
+            }
+        }
+    }
+}
+
+/// What decides an owner's identity.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct IdentityInputs<'a> {
+    /// The owner's namespace; `None` for cluster-scoped owners.
+    pub owner_namespace: Option<&'a str>,
+    /// The owner's [`SERVICE_ACCOUNT_ANNOTATION`], if set.
+    pub requested: Option<&'a str>,
+    /// The manager's `--default-service-account`.
+    pub default_service_account: Option<&'a str>,
+    /// The owner lives in the HCP namespace of a HostedCluster: the HostedClusterPackage's Packages (and
+    /// what they make) are the manager's own work there, not a tenant's.
+    pub hosted_control_plane: bool,
+}
+
+/// The identity for an owner. Cluster-scoped owners always act as the manager (they are an admin's to
+/// create); an annotation, when set, names a ServiceAccount of the owner's own namespace and wins; HCP
+/// namespaces keep the manager's identity unless annotated; elsewhere the default applies when set.
+pub fn apply_identity(inputs: IdentityInputs<'_>) -> Result<ApplyIdentity, InvalidObject> {
+    let Some(namespace) = inputs.owner_namespace else {
+        return Ok(ApplyIdentity::Manager);
+    };
+    let account = |name: &str| ApplyIdentity::ServiceAccount {
+        namespace: namespace.to_owned(),
+        name: name.to_owned(),
+    };
+    if let Some(requested) = inputs.requested {
+        return valid_service_account_name(requested)
+            .map(|()| account(requested))
+            .map_err(|problem| InvalidObject {
+                field: format!("metadata.annotations[{SERVICE_ACCOUNT_ANNOTATION}]"),
+                problem,
+            });
+    }
+    match inputs.default_service_account {
+        Some(name) if !inputs.hosted_control_plane => Ok(account(name)),
+        _ => Ok(ApplyIdentity::Manager),
+    }
+}
+
+/// A ServiceAccount name is a DNS-1123 subdomain: at most 253 characters of lower-case letters, digits,
+/// '-' and '.', starting and ending with a letter or digit. Anything else could smuggle another user name
+/// (`a:b`) into the impersonation header.
+pub fn valid_service_account_name(name: &str) -> Result<(), String> {
+    let alphanumeric = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
+    let well_formed = !name.is_empty()
+        && name.len() <= 253
+        && name
+            .chars()
+            .all(|c| alphanumeric(c) || c == '-' || c == '.')
+        && name.starts_with(alphanumeric)
+        && name.ends_with(alphanumeric);
+    if well_formed {
+        Ok(())
+    } else {
+        Err(format!(
+            "{name:?} is not a ServiceAccount name (a DNS-1123 subdomain of at most 253 characters)"
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn sa(namespace: &str, name: &str) -> ApplyIdentity {
+        ApplyIdentity::ServiceAccount {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+        }
+    }
+
+    #[test]
+    fn without_a_default_or_annotation_the_manager_acts() {
+        let inputs = IdentityInputs {
+            owner_namespace: Some("tenant"),
+            ..IdentityInputs::default()
+        };
+        assert_eq!(apply_identity(inputs), Ok(ApplyIdentity::Manager));
+    }
+
+    #[test]
+    fn the_default_applies_to_namespaced_owners_outside_hcp_namespaces() {
+        let inputs = IdentityInputs {
+            owner_namespace: Some("tenant"),
+            default_service_account: Some("deployer"),
+            ..IdentityInputs::default()
+        };
+        assert_eq!(apply_identity(inputs), Ok(sa("tenant", "deployer")));
+        let hcp = IdentityInputs {
+            hosted_control_plane: true,
+            ..inputs
+        };
+        assert_eq!(apply_identity(hcp), Ok(ApplyIdentity::Manager));
+        let cluster_scoped = IdentityInputs {
+            owner_namespace: None,
+            requested: Some("deployer"),
+            ..inputs
+        };
+        assert_eq!(apply_identity(cluster_scoped), Ok(ApplyIdentity::Manager));
+    }
+
+    #[test]
+    fn an_annotation_names_an_account_of_the_owners_own_namespace() {
+        let inputs = IdentityInputs {
+            owner_namespace: Some("tenant"),
+            requested: Some("other"),
+            default_service_account: Some("deployer"),
+            hosted_control_plane: true,
+        };
+        assert_eq!(apply_identity(inputs), Ok(sa("tenant", "other")));
+        let smuggled = IdentityInputs {
+            requested: Some("x:kube-system:admin"),
+            ..inputs
+        };
+        let error = apply_identity(smuggled).unwrap_err();
+        assert_eq!(
+            error.field,
+            "metadata.annotations[package-operator.run/service-account]"
+        );
+        assert_eq!(
+            sa("tenant", "other").impersonated_user().as_deref(),
+            Some("system:serviceaccount:tenant:other")
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn a_valid_name_never_carries_a_separator(name in "\\PC{0,40}") {
+            if valid_service_account_name(&name).is_ok() {
+                prop_assert!(!name.contains(':') && !name.contains('/') && !name.is_empty());
+            }
+        }
+    }
+}
