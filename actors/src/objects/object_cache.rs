@@ -2,7 +2,9 @@
 //! owners, keeping a store of the last observed state and routing each change to the owner that controls
 //! the object (by controller UID).
 //!
-//! Owners register a route when they start and remove it when they stop. The cache never writes objects.
+//! Owners register a route when they start and remove it when they stop. Only objects whose controller has a
+//! route are held: the label is anyone's to set, and an object held for nobody would be memory any
+//! ConfigMap creator could fill. The cache never writes objects.
 //!
 //! resourceVersions are opaque: the cache never compares them. The watch delivers each object's states in
 //! order, so a watched state always replaces the one held. pko's own apply answers overtake the watch or
@@ -23,6 +25,7 @@ use kube::api::{Api, DynamicObject};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::Client;
+use prometheus_client::metrics::counter::Counter;
 use serde_json::Value;
 use tracing::{debug, warn};
 
@@ -32,6 +35,11 @@ use crate::objects::applier::ResolvedKind;
 use crate::engine::object_ref::ObjectKey;
 
 type KindId = (String, String, String);
+
+/// Objects per page of a managed-object watch's (re-)list. Each page is read whole before its objects are
+/// passed over, and anyone may label objects of up to ~1.5 MiB each: a page of 500 could hold most of a
+/// gigabyte for a moment.
+const LIST_PAGE: u32 = 25;
 /// Called with the key of a changed object controlled by the route's owner.
 pub type Route = Arc<dyn Fn(ObjectKey) + Send + Sync>;
 
@@ -69,6 +77,8 @@ pub struct ObjectCache {
     routes: Arc<DashMap<String, Route>>,
     /// Owners observing each external object (objects pko reads but does not label or own).
     external: Arc<DashMap<ObjectKey, Vec<String>>>,
+    /// Watched objects carrying pko's label that were not held: no owner running here controls them.
+    foreign: Counter,
 }
 
 impl ObjectCache {
@@ -80,7 +90,13 @@ impl ObjectCache {
             watched: Arc::default(),
             routes: Arc::default(),
             external: Arc::default(),
+            foreign: Counter::default(),
         }
+    }
+
+    /// Counts labelled objects the watches passed over because no owner here controls them.
+    pub fn foreign_objects(&self) -> Counter {
+        self.foreign.clone()
     }
 
     /// The last observed state, if the object carries pko's cache label and has been seen.
@@ -129,8 +145,12 @@ impl ObjectCache {
         self.routes.insert(owner_uid.to_owned(), route);
     }
 
+    /// Stops routing to `owner_uid` and lets go of the objects it controls: held only for it.
     pub fn remove_route(&self, owner_uid: &str) {
         self.routes.remove(owner_uid);
+        self.objects.retain(|_, held| {
+            controller_of(&held.state).is_none_or(|(uid, _, _)| uid != owner_uid)
+        });
     }
 
     /// What the cache holds now: the kinds it watches, and per controlling owner (UID; objects without a
@@ -158,7 +178,9 @@ impl ObjectCache {
             return;
         }
         let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &kind.resource);
-        let config = watcher::Config::default().labels(&format!("{CACHE_LABEL}=True"));
+        let config = watcher::Config::default()
+            .labels(&format!("{CACHE_LABEL}=True"))
+            .page_size(LIST_PAGE);
         let cache = self.clone();
         tokio::spawn(async move {
             debug!(kind = %id.2, "starting managed-object watch");
@@ -239,11 +261,22 @@ impl ObjectCache {
         key.version.clone_from(&id.1);
         let owner = controller_of(&value).map(|(uid, _, _)| uid);
         let delivery = self.deliveries.fetch_add(1, Ordering::SeqCst) + 1;
+        // Anyone who may write the kind can put pko's label on an object: only objects whose controller is
+        // an owner running here are held. Another's object is read when an owner needs it (adoption).
+        let ours = owner
+            .as_ref()
+            .is_some_and(|uid| self.routes.contains_key(uid));
         let former = if deleted {
             self.objects.remove(&key);
             None
-        } else {
+        } else if ours {
             self.hold(&key, value, Source::Watch(delivery))
+        } else {
+            // An object held for an owner of ours that another took over: that owner must hear of it.
+            self.foreign.inc();
+            self.objects
+                .remove(&key)
+                .and_then(|(_, held)| controller_of(&held.state).map(|(uid, _, _)| uid))
         };
         self.tell(&key, owner);
         // A handover moves an object to a newer revision: the revision it left must hear of it, or it
@@ -398,6 +431,41 @@ mod tests {
         // The judged state, held long enough: forgotten, the next look reads the apiserver.
         cache.forget_if_unchanged_for(&key, &judged, Duration::ZERO);
         assert!(cache.get(&key).is_none());
+    }
+
+    #[tokio::test]
+    async fn only_objects_of_owners_running_here_are_held() {
+        let cache = cache();
+        let id: KindId = ("".into(), "v1".into(), "ConfigMap".into());
+        let labelled = |name: &str, owner: &str| {
+            serde_json::from_value::<DynamicObject>(json!({
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": name, "namespace": "ns", "labels": {"package-operator.run/cache": "True"},
+                    "ownerReferences": [{"apiVersion": "package-operator.run/v1alpha1", "kind": "ObjectSet",
+                        "name": owner, "uid": owner, "controller": true}]},
+                "data": {"big": "x".repeat(1024)}}))
+            .unwrap()
+        };
+        let told: Arc<std::sync::Mutex<Vec<ObjectKey>>> = Arc::default();
+        let sink = told.clone();
+        cache.add_route("ours", Arc::new(move |key| sink.lock().unwrap().push(key)));
+        let ours = cache.observe(&id, labelled("a", "ours"), false).unwrap();
+        let forged = cache
+            .observe(&id, labelled("b", "forged-uid"), false)
+            .unwrap();
+        assert!(cache.get(&ours).is_some());
+        assert!(cache.get(&forged).is_none(), "nobody here controls it");
+        assert_eq!(cache.census().owners.keys().collect::<Vec<_>>(), ["ours"]);
+        assert_eq!(cache.foreign_objects().get(), 1);
+        // Taken over by someone else: let go, and its owner hears of it.
+        told.lock().unwrap().clear();
+        cache.observe(&id, labelled("a", "someone-else"), false);
+        assert!(cache.get(&ours).is_none());
+        assert_eq!(*told.lock().unwrap(), std::slice::from_ref(&ours));
+        // An owner that stops takes its objects with it.
+        cache.observe(&id, labelled("a", "ours"), false);
+        cache.remove_route("ours");
+        assert!(cache.get(&ours).is_none());
     }
 
     #[tokio::test]

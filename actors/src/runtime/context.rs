@@ -84,6 +84,11 @@ impl ManagerContext {
         let images = Arc::new(ImageStore::with_limits(plain_http_registries, image_limits));
         applier.register_metrics(&metrics);
         metrics.add_collector(Box::new(ManagedCacheCollector(cache.clone())));
+        metrics.register(
+            "pko_managed_cache_foreign_objects",
+            "Watched objects with pko's cache label that were not held: no owner running here controls them.",
+            cache.foreign_objects(),
+        );
         metrics.add_collector(Box::new(ImageStoreCollector(images.clone())));
         Self {
             applier,
