@@ -7,33 +7,47 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Bytes, Incoming};
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 use kube::core::{DynamicObject, Status};
 use tokio::net::TcpSocket;
+use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 use tracing::{debug, info_span, warn};
 
 use crate::engine::immutable_fields::{changed_fields, denial_message, GuardedKind};
 use crate::metrics::manager_metrics::ManagerMetrics;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
 
 /// The path the webhook configuration names.
 pub const IMMUTABLE_FIELDS_PATH: &str = "/validate/immutable-fields";
-/// An AdmissionReview holds the old and the new object, each at most the apiserver's 3 MiB request
-/// limit, plus the envelope.
-const MAX_REVIEW_BYTES: usize = 8 * 1024 * 1024;
+/// The apiserver's own request-body limit (3 MiB): its AdmissionReview carries objects etcd holds (at most
+/// 1.5 MiB each), so a larger body is nobody's review.
+const MAX_REVIEW_BYTES: usize = 3 * 1024 * 1024;
+/// Connections served at once; past it, new connections wait in the listen backlog until one ends. Every
+/// connection ends within the deadlines below, so a flood of slow ones cannot hold the port for long.
+const MAX_CONNECTIONS: usize = 512;
+/// A TLS handshake must finish within this.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// A request's headers must arrive within this (also ends idle kept-alive connections).
+const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// A request's body must arrive within this; the apiserver's own webhook timeout is at most 30 s.
+const BODY_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Reviews answered, by outcome; exposed on /metrics.
+/// Reviews answered, by outcome, and the listener's connections; exposed on /metrics.
 #[derive(Debug, Clone, Default)]
 pub struct ReviewCounts {
     allowed: Counter,
     denied: Counter,
     malformed: Counter,
+    connections: Gauge,
+    timed_out: Counter,
 }
 
 impl ReviewCounts {
@@ -66,6 +80,16 @@ impl ReviewCounts {
             "Admission requests the webhook could not read (too large or not an AdmissionReview).",
             self.malformed.clone(),
         );
+        metrics.register(
+            "pko_admission_connections",
+            "Connections the webhook listener serves now (at most 512; more wait to be accepted).",
+            self.connections.clone(),
+        );
+        metrics.register(
+            "pko_admission_timeouts",
+            "Webhook connections closed for a TLS handshake or request body slower than its deadline.",
+            self.timed_out.clone(),
+        );
     }
 }
 
@@ -88,8 +112,13 @@ pub async fn serve(
     let listener = socket.listen(1024)?;
     let bound = listener.local_addr()?;
     let acceptor = TlsAcceptor::from(tls);
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     tokio::spawn(async move {
         loop {
+            // The semaphore lives as long as this loop and is never closed.
+            let Ok(slot) = slots.clone().acquire_owned().await else {
+                return;
+            };
             let (stream, peer) = match listener.accept().await {
                 Ok(accepted) => accepted,
                 Err(error) => {
@@ -99,39 +128,75 @@ pub async fn serve(
             };
             let (acceptor, counts) = (acceptor.clone(), counts.clone());
             tokio::spawn(async move {
-                let stream = match acceptor.accept(stream).await {
-                    Ok(stream) => stream,
-                    Err(error) => {
-                        debug!(%peer, %error, "admission webhook TLS handshake failed");
-                        return;
-                    }
-                };
-                let service = hyper::service::service_fn(move |request| {
-                    let counts = counts.clone();
-                    async move { Ok::<_, Infallible>(respond(request, &counts).await) }
-                });
-                if let Err(error) = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await
-                {
-                    debug!(%peer, %error, "admission webhook connection ended with an error");
-                }
+                counts.connections.inc();
+                serve_connection(&acceptor, stream, peer, &counts).await;
+                counts.connections.dec();
+                drop(slot);
             });
         }
     });
     Ok(bound)
 }
 
+/// One connection, from the TLS handshake to its close, each step within its deadline.
+async fn serve_connection(
+    acceptor: &TlsAcceptor,
+    stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+    counts: &Arc<ReviewCounts>,
+) {
+    let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+        Ok(Ok(stream)) => stream,
+        Ok(Err(error)) => {
+            debug!(%peer, %error, "admission webhook TLS handshake failed");
+            return;
+        }
+        Err(_) => {
+            counts.timed_out.inc();
+            debug!(%peer, "admission webhook TLS handshake timed out");
+            return;
+        }
+    };
+    let counts = counts.clone();
+    let service = hyper::service::service_fn(move |request| {
+        let counts = counts.clone();
+        async move { Ok::<_, Infallible>(respond(request, &counts).await) }
+    });
+    if let Err(error) = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_TIMEOUT)
+        .max_buf_size(64 * 1024)
+        .serve_connection(TokioIo::new(stream), service)
+        .await
+    {
+        debug!(%peer, %error, "admission webhook connection ended with an error");
+    }
+}
+
 async fn respond(request: Request<Incoming>, counts: &ReviewCounts) -> Response<Full<Bytes>> {
     if request.method() != Method::POST || request.uri().path() != IMMUTABLE_FIELDS_PATH {
         return plain(StatusCode::NOT_FOUND, "not found");
     }
-    let body = match Limited::new(request.into_body(), MAX_REVIEW_BYTES)
-        .collect()
-        .await
-    {
-        Ok(body) => body.to_bytes(),
-        Err(error) => {
+    let read = tokio::time::timeout(
+        BODY_TIMEOUT,
+        Limited::new(request.into_body(), MAX_REVIEW_BYTES).collect(),
+    );
+    let body = match read.await {
+        Ok(Ok(body)) => body.to_bytes(),
+        Err(_) => {
+            counts.timed_out.inc();
+            let mut response = plain(
+                StatusCode::REQUEST_TIMEOUT,
+                &format!("admission review body not received within {BODY_TIMEOUT:?}"),
+            );
+            // The connection is held by a slow sender: end it with this answer.
+            response.headers_mut().insert(
+                "connection",
+                hyper::header::HeaderValue::from_static("close"),
+            );
+            return response;
+        }
+        Ok(Err(error)) => {
             counts.malformed.inc();
             return plain(
                 StatusCode::PAYLOAD_TOO_LARGE,

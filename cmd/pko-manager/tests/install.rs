@@ -440,6 +440,25 @@ async fn the_manager_role_allows_what_it_needs_and_nothing_more() {
         Some(container["image"].clone())
     );
 
+    // Only the webhook and metrics ports take connections.
+    let policy = kustomize("manager")
+        .iter()
+        .map(|d| parsed(d))
+        .find(|d| d["kind"] == "NetworkPolicy")
+        .expect("a NetworkPolicy for the manager");
+    assert_eq!(
+        policy["spec"]["policyTypes"],
+        serde_json::json!(["Ingress"])
+    );
+    let ports: Vec<&Value> = policy["spec"]["ingress"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|rule| rule["ports"].as_array().unwrap())
+        .map(|p| &p["port"])
+        .collect();
+    assert_eq!(ports, ["webhook", "metrics"]);
+
     install_manifests().await;
     let client = env().management().client().await.unwrap();
     let hcp = Some("clusters-example");
@@ -473,7 +492,13 @@ async fn the_manager_role_allows_what_it_needs_and_nothing_more() {
         ("escalate", rbac, "roles", hcp, Some("pko-connector")),
         ("bind", rbac, "roles", hcp, Some("pko-connector")),
         // Acting as an owner's ServiceAccount (--default-service-account).
-        ("impersonate", "", "serviceaccounts", Some("tenant"), Some("deployer")),
+        (
+            "impersonate",
+            "",
+            "serviceaccounts",
+            Some("tenant"),
+            Some("deployer"),
+        ),
         (
             "update",
             "coordination.k8s.io",

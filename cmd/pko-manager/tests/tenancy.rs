@@ -10,7 +10,7 @@
 mod common;
 
 use std::path::Path;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use k8s_openapi::api::authorization::v1::{
@@ -452,4 +452,127 @@ async fn objects_labelled_by_someone_else_are_not_held() {
         c.data.as_ref().is_some_and(|d| d["k"] == "v")
     })
     .await;
+}
+
+/// A TLS client trusting the CA the managers put into the webhook configuration's caBundle.
+async fn webhook_tls(admin: &Client) -> tokio_rustls::TlsConnector {
+    use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+    use rustls::pki_types::{pem::PemObject, CertificateDer};
+    let configurations: Api<ValidatingWebhookConfiguration> = Api::all(admin.clone());
+    let bundle = pko_testenv::wait_until("the webhook's caBundle", TIMEOUT, || async {
+        let configuration = configurations
+            .get("pko-object-immutability")
+            .await
+            .map_err(|e| e.to_string())?;
+        configuration
+            .webhooks
+            .into_iter()
+            .flatten()
+            .find_map(|w| w.client_config.ca_bundle)
+            .filter(|b| !b.0.is_empty())
+            .ok_or_else(|| "no caBundle yet".to_owned())
+    })
+    .await
+    .unwrap();
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(&bundle.0) {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::aws_lc_rs::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    tokio_rustls::TlsConnector::from(Arc::new(config))
+}
+
+#[tokio::test]
+async fn slow_webhook_clients_cannot_hold_the_listener() {
+    use tokio::io::AsyncWriteExt;
+    let (admin, tenant, ns) = tenant("slowloris").await;
+    let manager = tenant_manager();
+    let connector = webhook_tls(&admin).await;
+    let port = env().webhook_port();
+    let before = resident_kib(manager);
+    let timeouts_before = manager
+        .metric("pko_admission_timeouts_total")
+        .await
+        .unwrap();
+    // 200 clients (any pod may reach the port) announce a review of 3 MB and trickle it a byte a second.
+    const SLOW: u64 = 200;
+    let mut trickling = Vec::new();
+    for _ in 0..SLOW {
+        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .unwrap();
+        let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+        let mut tls = connector.connect(name, tcp).await.unwrap();
+        tls.write_all(
+            b"POST /validate/immutable-fields HTTP/1.1\r\nhost: pko\r\ncontent-type: application/json\r\ncontent-length: 3000000\r\n\r\n{",
+        )
+        .await
+        .unwrap();
+        tls.flush().await.unwrap();
+        trickling.push(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                if tls.write_all(b" ").await.is_err() || tls.flush().await.is_err() {
+                    return;
+                }
+            }
+        }));
+    }
+    pko_testenv::wait_until(
+        "the manager holds every slow connection",
+        TIMEOUT,
+        || async {
+            let open = manager.metric("pko_admission_connections").await?;
+            if open >= SLOW {
+                Ok(())
+            } else {
+                Err(format!("{open} open"))
+            }
+        },
+    )
+    .await
+    .unwrap();
+    // A real review, through the apiserver: a change of a mutable field of a set is answered at once.
+    let cm = configmap("reviewed", json!({}));
+    create_set(
+        &tenant,
+        &ns,
+        &object_set("reviewed", &[("p", vec![cm])], json!({})),
+    )
+    .await;
+    let started = std::time::Instant::now();
+    patch_set(
+        &tenant,
+        &ns,
+        "reviewed",
+        json!({"spec": {"lifecycleState": "Paused"}}),
+    )
+    .await;
+    let review = started.elapsed();
+    eprintln!("an admission review took {review:?} with {SLOW} slow connections open");
+    assert!(review < Duration::from_secs(1), "{review:?}");
+    let grown_kib = resident_kib(manager).saturating_sub(before);
+    eprintln!("manager RSS grown by {grown_kib} KiB with {SLOW} slow connections");
+    assert!(grown_kib < 32 * 1024, "grown by {grown_kib} KiB");
+    // Each slow body runs into its deadline and its connection is closed.
+    pko_testenv::wait_until("every slow connection timed out", TIMEOUT, || async {
+        let timed_out = manager.metric("pko_admission_timeouts_total").await? - timeouts_before;
+        if timed_out >= SLOW {
+            Ok(())
+        } else {
+            Err(format!("{timed_out} timed out"))
+        }
+    })
+    .await
+    .unwrap();
+    for task in trickling {
+        task.abort();
+    }
 }
