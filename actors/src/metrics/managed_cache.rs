@@ -3,7 +3,8 @@
 //! an informer per owner and kind, pko one shared watch per kind) and
 //! `package_operator_managed_cache_objects_total{owner,gvk}` (its cached objects of each kind), with
 //! `owner` the owner's UID as upstream labels it; plus pko's `pko_managed_cache_watches`, the shared
-//! watches running. Counting walks the cache once per scrape, on the scraping thread, never an actor's.
+//! watches running, and `pko_external_object_watches`. Counting walks the cache once per scrape, on the
+//! scraping thread, never an actor's.
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -59,13 +60,22 @@ fn encode_census(
             }
         }
     }
+    {
+        let family = encoder.encode_descriptor(
+            "pko_managed_cache_watches",
+            "Shared watches of managed kinds the cache runs (one per kind).",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(i64::try_from(census.watches).unwrap_or(i64::MAX)).encode(family)?;
+    }
     let family = encoder.encode_descriptor(
-        "pko_managed_cache_watches",
-        "Shared watches of managed kinds the cache runs (one per kind).",
+        "pko_external_object_watches",
+        "Watches of single external objects and ObjectTemplate sources; each ends with its last reader.",
         None,
         MetricType::Gauge,
     )?;
-    ConstGauge::new(i64::try_from(census.watches).unwrap_or(i64::MAX)).encode(family)
+    ConstGauge::new(i64::try_from(census.external_watches).unwrap_or(i64::MAX)).encode(family)
 }
 
 #[cfg(test)]
@@ -94,6 +104,7 @@ mod tests {
                 ("uid-1".to_owned(), kinds),
                 (String::new(), BTreeMap::new()),
             ]),
+            external_watches: 3,
         };
         let text = crate::metrics::encoded(|registry| {
             registry.register_collector(Box::new(Fixed(census)))
@@ -103,6 +114,7 @@ mod tests {
             r#"package_operator_managed_cache_objects_total{owner="uid-1",gvk="/v1, Kind=ConfigMap"} 2"#,
             r#"package_operator_managed_cache_objects_total{owner="uid-1",gvk="apps/v1, Kind=Deployment"} 1"#,
             "pko_managed_cache_watches 2",
+            "pko_external_object_watches 3",
         ] {
             assert!(text.contains(line), "{line} in {text}");
         }

@@ -57,6 +57,13 @@ struct Held {
     since: Instant,
 }
 
+/// One external object's watch and the owners it tells.
+struct ExternalWatch {
+    owners: Vec<String>,
+    /// `None` only while the watch is being started.
+    task: Option<tokio::task::AbortHandle>,
+}
+
 /// A count of what [`ObjectCache`] holds.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CacheCensus {
@@ -64,6 +71,8 @@ pub struct CacheCensus {
     pub watches: usize,
     /// Objects per owner UID and kind.
     pub owners: BTreeMap<String, BTreeMap<String, u64>>,
+    /// Watches of single external objects (each ends with the last owner reading it).
+    pub external_watches: usize,
 }
 
 /// Last observed managed objects, per kind, and who to tell when they change.
@@ -75,8 +84,9 @@ pub struct ObjectCache {
     deliveries: Arc<AtomicU64>,
     watched: Arc<DashMap<KindId, ()>>,
     routes: Arc<DashMap<String, Route>>,
-    /// Owners observing each external object (objects pko reads but does not label or own).
-    external: Arc<DashMap<ObjectKey, Vec<String>>>,
+    /// Owners observing each external object (objects pko reads but does not label or own), and the
+    /// watch that tells them; the watch ends with its last owner.
+    external: Arc<DashMap<ObjectKey, ExternalWatch>>,
     /// Watched objects carrying pko's label that were not held: no owner running here controls them.
     foreign: Counter,
 }
@@ -145,11 +155,22 @@ impl ObjectCache {
         self.routes.insert(owner_uid.to_owned(), route);
     }
 
-    /// Stops routing to `owner_uid` and lets go of the objects it controls: held only for it.
+    /// Stops routing to `owner_uid` and lets go of what was kept for it: the objects it controls, and the
+    /// watches of external objects no other owner reads.
     pub fn remove_route(&self, owner_uid: &str) {
         self.routes.remove(owner_uid);
         self.objects.retain(|_, held| {
             controller_of(&held.state).is_none_or(|(uid, _, _)| uid != owner_uid)
+        });
+        self.external.retain(|_, watch| {
+            watch.owners.retain(|o| o != owner_uid);
+            if watch.owners.is_empty() {
+                if let Some(task) = &watch.task {
+                    task.abort();
+                }
+                return false;
+            }
+            true
         });
     }
 
@@ -168,6 +189,7 @@ impl ObjectCache {
         CacheCensus {
             watches: self.watched.len(),
             owners,
+            external_watches: self.external.len(),
         }
     }
 
@@ -212,12 +234,15 @@ impl ObjectCache {
     pub fn watch_external(&self, key: &ObjectKey, kind: &ResolvedKind, owner_uid: &str) {
         let mut first = false;
         {
-            let mut owners = self.external.entry(key.clone()).or_insert_with(|| {
+            let mut watch = self.external.entry(key.clone()).or_insert_with(|| {
                 first = true;
-                Vec::new()
+                ExternalWatch {
+                    owners: Vec::new(),
+                    task: None,
+                }
             });
-            if !owners.iter().any(|o| o == owner_uid) {
-                owners.push(owner_uid.to_owned());
+            if !watch.owners.iter().any(|o| o == owner_uid) {
+                watch.owners.push(owner_uid.to_owned());
             }
         }
         if !first {
@@ -230,8 +255,9 @@ impl ObjectCache {
         };
         let config = watcher::Config::default().fields(&format!("metadata.name={}", key.name));
         let cache = self.clone();
-        let key = key.clone();
-        tokio::spawn(async move {
+        let watched = key.clone();
+        let task = tokio::spawn(async move {
+            let key = watched;
             let mut stream = watcher::watcher(api, config).default_backoff().boxed();
             while let Some(event) = stream.next().await {
                 match event {
@@ -239,7 +265,7 @@ impl ObjectCache {
                         let owners = cache
                             .external
                             .get(&key)
-                            .map(|o| o.clone())
+                            .map(|w| w.owners.clone())
                             .unwrap_or_default();
                         for owner in owners {
                             cache.tell(&key, Some(owner));
@@ -252,6 +278,11 @@ impl ObjectCache {
                 }
             }
         });
+        match self.external.get_mut(key) {
+            Some(mut watch) => watch.task = Some(task.abort_handle()),
+            // Its last owner left while it was being started.
+            None => task.abort(),
+        }
     }
 
     fn observe(&self, id: &KindId, object: DynamicObject, deleted: bool) -> Option<ObjectKey> {

@@ -576,3 +576,57 @@ async fn slow_webhook_clients_cannot_hold_the_listener() {
         task.abort();
     }
 }
+
+#[tokio::test]
+async fn external_object_watches_end_with_their_last_reader() {
+    let (_, tenant, ns) = tenant("external").await;
+    let manager = tenant_manager();
+    let gauge = "pko_external_object_watches";
+    let baseline = manager.metric(gauge).await.unwrap();
+    // 5,000 external objects (none exists) named by ten sets: each is watched while a set reads it.
+    const SETS: usize = 10;
+    const PER_SET: usize = 500;
+    for s in 0..SETS {
+        let external: Vec<Value> = (0..PER_SET)
+            .map(|i| json!({"object": configmap(&format!("ext-{s}-{i}"), json!({}))}))
+            .collect();
+        let set = typed(
+            "ObjectSet",
+            &format!("reader-{s}"),
+            json!({"phases": [{"name": "p", "objects": [], "externalObjects": external}]}),
+            json!({}),
+        );
+        create_set(&tenant, &ns, &set).await;
+    }
+    let want = baseline + (SETS * PER_SET) as u64;
+    pko_testenv::wait_until(
+        "every external object watched",
+        Duration::from_secs(180),
+        || async {
+            let open = manager.metric(gauge).await?;
+            if open >= want {
+                Ok(())
+            } else {
+                Err(format!("{open} watches, want {want}"))
+            }
+        },
+    )
+    .await
+    .unwrap();
+    let sets: Api<pko_proto::core::object_set::ObjectSet> = Api::namespaced(tenant.clone(), &ns);
+    for s in 0..SETS {
+        sets.delete(&format!("reader-{s}"), &Default::default())
+            .await
+            .unwrap();
+    }
+    pko_testenv::wait_until("no watch left behind", Duration::from_secs(120), || async {
+        let open = manager.metric(gauge).await?;
+        if open <= baseline {
+            Ok(())
+        } else {
+            Err(format!("{open} watches, baseline {baseline}"))
+        }
+    })
+    .await
+    .unwrap();
+}
