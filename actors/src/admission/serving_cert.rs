@@ -5,8 +5,14 @@
 //! Owns the Secret's contents and the configuration's `caBundle`; it does not register the webhook (the
 //! deploy manifests and the test environment do) and serves nothing itself (`webhook_server` does).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use futures::StreamExt;
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use prometheus_client::metrics::counter::Counter;
 
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::Secret;
@@ -270,6 +276,50 @@ impl ResolvesServerCert for CertSlot {
     }
 }
 
+/// How long a CA this replica saw replaced stays in the `caBundle` beside the new one: until every replica
+/// serves a certificate of the new CA (they notice a changed Secret within seconds), with a wide margin.
+/// Timed from when this replica saw the change, never from a stamp another process wrote.
+pub const CA_OVERLAP: Duration = Duration::from_secs(10 * 60);
+
+/// A CA no longer in the Secret, and when this replica saw it replaced.
+#[derive(Debug, Clone)]
+struct RetiredCa {
+    pem: String,
+    since: Instant,
+}
+
+/// The PEM certificates of a bundle, each trimmed, in order.
+fn pem_certificates(bundle: &str) -> Vec<String> {
+    const END: &str = "-----END CERTIFICATE-----";
+    bundle
+        .split_inclusive(END)
+        .map(str::trim)
+        .filter(|c| c.starts_with("-----BEGIN CERTIFICATE-----") && c.ends_with(END))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The `caBundle`: the current CA, then every retired one still within [`CA_OVERLAP`] at `now`.
+fn ca_bundle(current: &str, retired: &[RetiredCa], now: Instant) -> String {
+    let current = current.trim();
+    let mut certificates = vec![current.to_owned()];
+    for ca in retired {
+        let fresh = now.saturating_duration_since(ca.since) < CA_OVERLAP;
+        if fresh && ca.pem != current && !certificates.contains(&ca.pem) {
+            certificates.push(ca.pem.clone());
+        }
+    }
+    certificates.join("\n") + "\n"
+}
+
+/// Sleeps until `deadline`, or forever without one.
+async fn sleep_until_some(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// The serving certificate of this replica, kept in step with the shared Secret.
 #[derive(Clone)]
 pub struct ServingCert {
@@ -277,6 +327,12 @@ pub struct ServingCert {
     config: ServingCertConfig,
     slot: Arc<CertSlot>,
     loaded: Arc<RwLock<CertMaterial>>,
+    /// CAs replaced while this replica ran (or found in the bundle at start), kept trusted for a while.
+    retired: Arc<RwLock<Vec<RetiredCa>>>,
+    /// Certificates loaded after the first (a renewal, or a re-issued CA).
+    reloads: Counter,
+    /// Whether the bundle found at start has been taken over (its other CAs retired).
+    bundle_adopted: Arc<AtomicBool>,
 }
 
 impl ServingCert {
@@ -293,9 +349,17 @@ impl ServingCert {
             config,
             slot,
             loaded: Arc::new(RwLock::new(material)),
+            retired: Arc::default(),
+            reloads: Counter::default(),
+            bundle_adopted: Arc::default(),
         };
         cert.publish_ca().await?;
         Ok(cert)
+    }
+
+    /// Counts certificates loaded after the first, for the manager's metrics.
+    pub fn reloads(&self) -> Counter {
+        self.reloads.clone()
     }
 
     /// A rustls server configuration that always presents the current certificate. HTTP/1.1 only: the
@@ -315,9 +379,23 @@ impl ServingCert {
     /// Re-reads the Secret, renews what is due, loads a changed certificate and republishes the CA.
     pub async fn refresh(&self) -> Result<(), ServingCertError> {
         let material = ensure_secret(&self.client, &self.config).await?;
-        let changed = *self.loaded.read().unwrap_or_else(|e| e.into_inner()) != material;
-        if changed {
-            self.slot.replace(certified_key(&material)?);
+        let previous = self
+            .loaded
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if previous != material {
+            let key = certified_key(&material)?;
+            if previous.ca_cert != material.ca_cert {
+                // Trust the new CA beside the old one before presenting a certificate of it: the
+                // apiserver must accept whichever replica answers, switched or not.
+                self.retire(previous.ca_cert.trim().to_owned());
+                *self.loaded.write().unwrap_or_else(|e| e.into_inner()) = material.clone();
+                self.publish_ca().await?;
+                warn!(secret = %self.config.secret, "the admission webhook CA was re-issued; both CAs are trusted while replicas switch");
+            }
+            self.slot.replace(key);
+            self.reloads.inc();
             info!(
                 secret = %self.config.secret,
                 not_after = material.not_after,
@@ -328,15 +406,63 @@ impl ServingCert {
         self.publish_ca().await
     }
 
-    /// Refreshes every `period` until the process ends; failures are logged and retried next period,
-    /// months before the certificate in use expires.
+    fn retire(&self, pem: String) {
+        let mut retired = self.retired.write().unwrap_or_else(|e| e.into_inner());
+        retired.retain(|ca| ca.pem != pem);
+        retired.push(RetiredCa {
+            pem,
+            since: Instant::now(),
+        });
+    }
+
+    /// Refreshes whenever the Secret changes (its watch: a deleted or re-issued certificate is noticed
+    /// within seconds by every replica), when a retired CA's overlap ends, and every `period` for
+    /// renewals; failures are logged and retried at the next of these, months before the certificate
+    /// in use expires.
     pub async fn keep_fresh(self, period: Duration) {
+        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &self.config.namespace);
+        let config =
+            watcher::Config::default().fields(&format!("metadata.name={}", self.config.secret));
+        let mut changes = watcher::watcher(secrets, config).default_backoff().boxed();
+        let mut renewal = tokio::time::interval(period);
+        renewal.tick().await;
         loop {
-            tokio::time::sleep(period).await;
+            let overlap_end = self.next_overlap_end();
+            let woken = tokio::select! {
+                event = changes.next() => match event {
+                    Some(Ok(Event::Apply(_) | Event::Delete(_) | Event::InitDone)) => true,
+                    Some(Ok(_)) => false,
+                    Some(Err(error)) => {
+                        warn!(%error, "watching the admission webhook certificate Secret; retrying");
+                        false
+                    }
+                    None => return,
+                },
+                _ = renewal.tick() => true,
+                _ = sleep_until_some(overlap_end) => true,
+            };
+            if !woken {
+                continue;
+            }
+            self.drop_expired_overlaps();
             if let Err(error) = self.refresh().await {
                 warn!(%error, "refreshing the admission webhook serving certificate failed");
             }
         }
+    }
+
+    /// When the first retired CA's overlap ends, if any is retired.
+    fn next_overlap_end(&self) -> Option<Instant> {
+        let retired = self.retired.read().unwrap_or_else(|e| e.into_inner());
+        retired.iter().map(|ca| ca.since + CA_OVERLAP).min()
+    }
+
+    fn drop_expired_overlaps(&self) {
+        let now = Instant::now();
+        self.retired
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|ca| now.saturating_duration_since(ca.since) < CA_OVERLAP);
     }
 
     /// Writes the CA into every webhook of the configuration whose `caBundle` differs.
@@ -344,13 +470,12 @@ impl ServingCert {
         let Some(name) = &self.config.webhook_configuration else {
             return Ok(());
         };
-        let ca = self
+        let current = self
             .loaded
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .ca_cert
-            .clone()
-            .into_bytes();
+            .clone();
         let api: Api<ValidatingWebhookConfiguration> = Api::all(self.client.clone());
         let error = |action| {
             move |e| ServingCertError::WebhookConfiguration {
@@ -362,6 +487,29 @@ impl ServingCert {
         let Some(mut configuration) = api.get_opt(name).await.map_err(error("reading"))? else {
             warn!(configuration = %name, "the admission webhook is not registered; updates are not checked");
             return Ok(());
+        };
+        // At start, CAs already trusted beside ours (other replicas may still present one) stay for the
+        // overlap, timed from now.
+        let first = !self.bundle_adopted.swap(true, Ordering::SeqCst);
+        for webhook in configuration.webhooks.iter().flatten().filter(|_| first) {
+            let published = webhook.client_config.ca_bundle.as_ref().map(|b| &b.0);
+            let text = published.map(|b| String::from_utf8_lossy(b).into_owned());
+            for pem in pem_certificates(text.as_deref().unwrap_or_default()) {
+                let known = pem == current.trim()
+                    || self
+                        .retired
+                        .read()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .iter()
+                        .any(|ca| ca.pem == pem);
+                if !known {
+                    self.retire(pem);
+                }
+            }
+        }
+        let ca = {
+            let retired = self.retired.read().unwrap_or_else(|e| e.into_inner());
+            ca_bundle(&current, &retired, Instant::now()).into_bytes()
         };
         let mut changed = false;
         for webhook in configuration.webhooks.iter_mut().flatten() {
@@ -506,6 +654,28 @@ mod tests {
         assert_eq!(renewed.ca_cert, first.ca_cert);
         assert_ne!(renewed.cert, first.cert);
         assert!(renewed.not_after <= renewed.ca_not_after);
+    }
+
+    #[test]
+    fn the_bundle_trusts_a_replaced_ca_only_for_the_overlap() {
+        let now = unix_now();
+        let old = issue_all(now, &names()).unwrap().ca_cert;
+        let new = issue_all(now, &names()).unwrap().ca_cert;
+        let seen = Instant::now();
+        let retired = [RetiredCa {
+            pem: old.trim().to_owned(),
+            since: seen,
+        }];
+        let during = pem_certificates(&ca_bundle(&new, &retired, seen));
+        assert_eq!(during, [new.trim().to_owned(), old.trim().to_owned()]);
+        let after = pem_certificates(&ca_bundle(&new, &retired, seen + CA_OVERLAP));
+        assert_eq!(after, [new.trim().to_owned()]);
+        // The current CA retired (a rotation back) is not listed twice.
+        let back = [RetiredCa {
+            pem: new.trim().to_owned(),
+            since: seen,
+        }];
+        assert_eq!(pem_certificates(&ca_bundle(&new, &back, seen)).len(), 1);
     }
 
     #[test]

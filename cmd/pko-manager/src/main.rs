@@ -300,6 +300,7 @@ async fn serve_webhook(
     addr: SocketAddr,
     client: kube::Client,
     reviews: Arc<ReviewCounts>,
+    metrics: &ManagerMetrics,
 ) -> Result<(), ManagerError> {
     let names = if args.webhook_cert_names.is_empty() {
         let ns = &args.webhook_cert_namespace;
@@ -320,6 +321,11 @@ async fn serve_webhook(
         },
     )
     .await?;
+    metrics.register(
+        "pko_admission_certificate_reloads",
+        "Webhook serving certificates this replica loaded after its first (renewed, or a re-issued CA).",
+        cert.reloads(),
+    );
     let bound = webhook_server::serve(addr, cert.tls_config()?, reviews)
         .await
         .map_err(|source| ManagerError::WebhookListen { addr, source })?;
@@ -402,7 +408,7 @@ async fn run(args: Args) -> Result<(), ManagerError> {
     let reviews = Arc::new(ReviewCounts::default());
     reviews.register_metrics(&metrics);
     if let Some(addr) = args.webhook_addr {
-        serve_webhook(&args, addr, client.clone(), reviews.clone()).await?;
+        serve_webhook(&args, addr, client.clone(), reviews.clone(), &metrics).await?;
     }
     let health = HealthState::new(metrics);
     let bound = health::serve(args.health_addr, health.clone())

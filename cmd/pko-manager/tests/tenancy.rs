@@ -30,6 +30,10 @@ const MANAGER_NAMESPACE: &str = "package-operator-system";
 /// The account namespaced owners act as (`--default-service-account`).
 const DEPLOYER: &str = "pko-deployer";
 
+/// Tests that measure the manager's memory run alone (write); the others share (read), so what they
+/// cost does not count against a measurement.
+static MEASURING: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
 /// The manager of this binary: the Deployment's arguments, its ServiceAccount's token, the shipped RBAC.
 fn tenant_manager() -> &'static ManagerProcess {
     static MANAGER: OnceLock<Result<ManagerProcess, String>> = OnceLock::new();
@@ -51,6 +55,16 @@ fn tenant_manager() -> &'static ManagerProcess {
 
 async fn start_manager() -> Result<ManagerProcess, String> {
     install_manifests().await;
+    let manager = start_replica().await?;
+    manager
+        .wait_ready(Duration::from_secs(60))
+        .await
+        .map_err(|e| format!("{e}\n{}", manager.log_tail()))?;
+    Ok(manager)
+}
+
+/// A replica as the Deployment runs it (leader election: a second one stands by, serving the webhook).
+async fn start_replica() -> Result<ManagerProcess, String> {
     let kubeconfig = env()
         .management()
         .service_account_kubeconfig(MANAGER_NAMESPACE, "pko-manager")
@@ -73,10 +87,15 @@ async fn start_manager() -> Result<ManagerProcess, String> {
     let manager = env()
         .spawn_manager_with(Path::new(env!("CARGO_BIN_EXE_pko-manager")), &launch, &args)
         .map_err(|e| e.to_string())?;
-    manager
-        .wait_ready(Duration::from_secs(60))
-        .await
-        .map_err(|e| format!("{e}\n{}", manager.log_tail()))?;
+    // Serving (a standby too): its webhook listener is up.
+    pko_testenv::wait_until("the replica serves", Duration::from_secs(60), || async {
+        match manager.get("/readyz").await {
+            Ok((200, _)) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await
+    .map_err(|e| format!("{e}\n{}", manager.log_tail()))?;
     Ok(manager)
 }
 
@@ -203,6 +222,7 @@ async fn refused(tenant: &Client, ns: &str, name: &str) -> String {
 
 #[tokio::test]
 async fn a_tenant_cannot_become_admin_of_its_namespace_through_the_connector_role() {
+    let _measuring = MEASURING.read().await;
     let (admin, tenant, ns) = tenant("escalate").await;
     assert!(!tenant_may(&tenant, "get", "", "secrets", &ns).await);
     let every_rule = object(
@@ -269,6 +289,7 @@ async fn a_tenant_cannot_become_admin_of_its_namespace_through_the_connector_rol
 
 #[tokio::test]
 async fn a_namespaced_owner_reaches_neither_cluster_scope_nor_another_namespace() {
+    let _measuring = MEASURING.read().await;
     let (admin, tenant, ns) = tenant("reach").await;
     let cluster_role = object(
         "rbac.authorization.k8s.io/v1",
@@ -312,6 +333,7 @@ async fn a_namespaced_owner_reaches_neither_cluster_scope_nor_another_namespace(
 
 #[tokio::test]
 async fn under_the_default_service_account_a_tenant_deploys_only_what_that_account_may() {
+    let _measuring = MEASURING.read().await;
     let (admin, tenant, ns) = tenant("deployer").await;
     // Allowed for the deployer: applied, probed and Available, then torn down on archival, all as it.
     let cm = configmap("allowed", json!({"k": "v"}));
@@ -393,6 +415,7 @@ fn resident_kib(manager: &ManagerProcess) -> u64 {
 
 #[tokio::test]
 async fn objects_labelled_by_someone_else_are_not_held() {
+    let _measuring = MEASURING.write().await;
     let (admin, tenant, ns) = tenant("flood").await;
     // pko watches ConfigMaps for a legitimate set.
     let cm = configmap("legit", json!({"k": "v"}));
@@ -490,6 +513,7 @@ async fn webhook_tls(admin: &Client) -> tokio_rustls::TlsConnector {
 
 #[tokio::test]
 async fn slow_webhook_clients_cannot_hold_the_listener() {
+    let _measuring = MEASURING.write().await;
     use tokio::io::AsyncWriteExt;
     let (admin, tenant, ns) = tenant("slowloris").await;
     let manager = tenant_manager();
@@ -579,6 +603,7 @@ async fn slow_webhook_clients_cannot_hold_the_listener() {
 
 #[tokio::test]
 async fn external_object_watches_end_with_their_last_reader() {
+    let _measuring = MEASURING.read().await;
     let (_, tenant, ns) = tenant("external").await;
     let manager = tenant_manager();
     let gauge = "pko_external_object_watches";
@@ -629,4 +654,118 @@ async fn external_object_watches_end_with_their_last_reader() {
     })
     .await
     .unwrap();
+}
+
+#[tokio::test]
+async fn a_deleted_certificate_secret_is_recovered_by_every_replica_without_a_refused_write() {
+    let _measuring = MEASURING.read().await;
+    use k8s_openapi::api::core::v1::Secret;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let (admin, tenant, ns) = tenant("ca-rotation").await;
+    let leader = tenant_manager();
+    let standby = start_replica().await.unwrap();
+    let metric = "pko_admission_certificate_reloads_total";
+    let reloads_before = [
+        leader.metric(metric).await.unwrap(),
+        standby.metric(metric).await.unwrap(),
+    ];
+    let cm = configmap("written", json!({}));
+    create_set(
+        &tenant,
+        &ns,
+        &object_set("written", &[("p", vec![cm])], json!({})),
+    )
+    .await;
+    // Writes that pass the webhook (it reviews metadata updates too), one after another, throughout.
+    let stop = Arc::new(AtomicBool::new(false));
+    let written = Arc::new(AtomicU64::new(0));
+    let writer = {
+        let (stop, written, tenant, ns) =
+            (stop.clone(), written.clone(), tenant.clone(), ns.clone());
+        tokio::spawn(async move {
+            let sets: Api<pko_proto::core::object_set::ObjectSet> = Api::namespaced(tenant, &ns);
+            let mut refused = Vec::new();
+            while !stop.load(Ordering::SeqCst) {
+                let n = written.load(Ordering::SeqCst);
+                let patch = json!({"metadata": {"labels": {"write": n.to_string()}}});
+                match sets
+                    .patch(
+                        "written",
+                        &Default::default(),
+                        &kube::api::Patch::Merge(&patch),
+                    )
+                    .await
+                {
+                    Ok(_) => {
+                        written.fetch_add(1, Ordering::SeqCst);
+                    }
+                    Err(e) => refused.push(e.to_string()),
+                }
+            }
+            refused
+        })
+    };
+    let secrets: Api<Secret> = Api::namespaced(admin.clone(), MANAGER_NAMESPACE);
+    secrets
+        .delete("pko-webhook-serving-cert", &Default::default())
+        .await
+        .unwrap();
+    pko_testenv::wait_until(
+        "both replicas loaded the re-issued certificate",
+        TIMEOUT,
+        || async {
+            let now = [leader.metric(metric).await?, standby.metric(metric).await?];
+            if now[0] > reloads_before[0] && now[1] > reloads_before[1] {
+                Ok(())
+            } else {
+                Err(format!("reloads {now:?}, before {reloads_before:?}"))
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", standby.log_tail()));
+    // Writes go on after the switch too.
+    let at_switch = written.load(Ordering::SeqCst);
+    pko_testenv::wait_until("writes after the switch", TIMEOUT, || async {
+        let done = written.load(Ordering::SeqCst) - at_switch;
+        if done >= 20 {
+            Ok(())
+        } else {
+            Err(format!("{done} writes since"))
+        }
+    })
+    .await
+    .unwrap();
+    stop.store(true, Ordering::SeqCst);
+    let refused = writer.await.unwrap();
+    assert!(
+        refused.is_empty(),
+        "{} of {} writes refused: {:?}",
+        refused.len(),
+        written.load(Ordering::SeqCst) + refused.len() as u64,
+        refused.first()
+    );
+    // The apiserver trusts the old CA beside the new one while replicas switch.
+    let tls_bundle = {
+        use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+        let configuration = Api::<ValidatingWebhookConfiguration>::all(admin.clone())
+            .get("pko-object-immutability")
+            .await
+            .unwrap();
+        let bundle = configuration.webhooks.unwrap()[0]
+            .client_config
+            .ca_bundle
+            .clone()
+            .unwrap();
+        String::from_utf8(bundle.0).unwrap()
+    };
+    assert_eq!(
+        tls_bundle.matches("BEGIN CERTIFICATE").count(),
+        2,
+        "{tls_bundle}"
+    );
+    eprintln!(
+        "{} writes through the webhook during the CA re-issue, none refused",
+        written.load(Ordering::SeqCst)
+    );
 }
