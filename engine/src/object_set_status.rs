@@ -69,6 +69,45 @@ pub struct MappedCondition {
     pub message: String,
 }
 
+/// The longest reason a mapped condition carries: whoever may write the mapped object (a tenant, a
+/// hosted cluster's customer) writes its conditions, and each set and its owners repeat them.
+pub const MAX_MAPPED_REASON: usize = 128;
+/// The longest message a mapped condition carries (a longer one ends in `…`).
+pub const MAX_MAPPED_MESSAGE: usize = 1024;
+
+impl MappedCondition {
+    /// A mapped condition with its text bounded: a reason that is not a condition reason (letters,
+    /// digits, `_`, `,`, `:`, starting with a letter) or longer than [`MAX_MAPPED_REASON`] becomes
+    /// `Mapped`, and the message is cut to [`MAX_MAPPED_MESSAGE`] bytes.
+    pub fn bounded(type_: &str, status: bool, reason: &str, message: &str) -> Self {
+        let valid_reason = reason.len() <= MAX_MAPPED_REASON
+            && reason.starts_with(|c: char| c.is_ascii_alphabetic())
+            && reason
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | ',' | ':'))
+            && !reason.ends_with([',', ':']);
+        Self {
+            type_: type_.to_owned(),
+            status,
+            reason: if valid_reason { reason } else { "Mapped" }.to_owned(),
+            message: bounded_text(message, MAX_MAPPED_MESSAGE),
+        }
+    }
+}
+
+/// `text` cut to at most `max` bytes at a character boundary, ending in `…` when cut.
+pub fn bounded_text(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    const ELLIPSIS: &str = "…";
+    let mut end = max.saturating_sub(ELLIPSIS.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{ELLIPSIS}", &text[..end])
+}
+
 /// What the reconcile observed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SetObservation {
@@ -325,6 +364,41 @@ fn bounded_message(message: &str) -> String {
     };
     let more = rest.split("; ").count();
     format!("{kept}… and {more} more")
+}
+
+#[cfg(test)]
+mod mapped_text_tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn mapped_text_is_bounded_and_reasons_are_reasons() {
+        let long = "é".repeat(5000);
+        let mapped = MappedCondition::bounded("my/Ready", true, &"R".repeat(500), &long);
+        assert_eq!(mapped.reason, "Mapped");
+        assert!(mapped.message.len() <= MAX_MAPPED_MESSAGE);
+        assert!(mapped.message.ends_with('…'));
+        assert_eq!(
+            MappedCondition::bounded("t", false, "Ok:1,b", "m").reason,
+            "Ok:1,b"
+        );
+        for bad in ["", "1st", "has space", "new\nline", "Trailing:"] {
+            assert_eq!(
+                MappedCondition::bounded("t", false, bad, "").reason,
+                "Mapped",
+                "{bad:?}"
+            );
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn bounded_text_never_exceeds_its_bound(text in "\\PC{0,300}", max in 3usize..200) {
+            let cut = bounded_text(&text, max);
+            prop_assert!(cut.len() <= max || cut == text);
+            prop_assert!(text.starts_with(cut.trim_end_matches('…')) || cut == text);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -27,6 +27,40 @@ pub const KUBECONFIG_MOUNT: &str = "/etc/pko/hosted";
 /// HyperShift's Secret with the hosted cluster's admin kubeconfig, in each HCP namespace.
 pub const KUBECONFIG_SECRET: &str = "service-network-admin-kubeconfig";
 
+/// What each connector container asks of and is held to by its node. No CPU limit: a throttled connector
+/// answers the manager late, and its requests are small.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectorResources {
+    pub cpu_request: String,
+    pub memory_request: String,
+    pub memory_limit: String,
+}
+
+impl Default for ConnectorResources {
+    /// A connector holds one hosted cluster's phases: tens of MiB, a few percent of a core.
+    fn default() -> Self {
+        Self {
+            cpu_request: "10m".to_owned(),
+            memory_request: "64Mi".to_owned(),
+            memory_limit: "256Mi".to_owned(),
+        }
+    }
+}
+
+/// Whether `text` is a Kubernetes quantity of the plain forms the connector flags take: digits, an
+/// optional fraction, and an optional suffix (`m`, `k`, `M`, `G`, `T`, `Ki`, `Mi`, `Gi`, `Ti`).
+pub fn valid_quantity(text: &str) -> bool {
+    let suffixes = ["Ki", "Mi", "Gi", "Ti", "m", "k", "M", "G", "T", ""];
+    let Some(number) = suffixes.iter().find_map(|s| text.strip_suffix(s)) else {
+        return false;
+    };
+    let (whole, fraction) = number.split_once('.').unwrap_or((number, "0"));
+    !whole.is_empty()
+        && !fraction.is_empty()
+        && whole.chars().all(|c| c.is_ascii_digit())
+        && fraction.chars().all(|c| c.is_ascii_digit())
+}
+
 /// How the manager runs connectors.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConnectorSettings {
@@ -37,6 +71,7 @@ pub struct ConnectorSettings {
     /// The trace-export settings connectors get (`telemetry::connector_trace_env`): they trace where the
     /// manager traces.
     pub trace_env: Vec<(String, String)>,
+    pub resources: ConnectorResources,
 }
 
 fn metadata(namespace: &str, name: &str) -> Value {
@@ -126,6 +161,13 @@ pub fn connector_objects(
                                 "--leader-election".to_owned(),
                             ],
                             "env": env,
+                            "resources": {
+                                "requests": {
+                                    "cpu": settings.resources.cpu_request,
+                                    "memory": settings.resources.memory_request,
+                                },
+                                "limits": {"memory": settings.resources.memory_limit},
+                            },
                             "volumeMounts": [
                                 {"name": "nats", "mountPath": NATS_MOUNT, "readOnly": true},
                                 {"name": "hosted-kubeconfig", "mountPath": KUBECONFIG_MOUNT,
@@ -211,6 +253,24 @@ mod tests {
             image: "quay.io/example/pko:v1".into(),
             nats_url: "nats://nats.pko:4222".into(),
             trace_env: Vec::new(),
+            resources: ConnectorResources::default(),
+        }
+    }
+
+    #[test]
+    fn the_connector_container_has_requests_and_a_memory_limit() {
+        let objects = connector_objects("clusters-a", "uid", &settings(), "hash");
+        let deployment = objects.iter().find(|o| o["kind"] == "Deployment").unwrap();
+        let resources = &deployment["spec"]["template"]["spec"]["containers"][0]["resources"];
+        assert_eq!(resources["requests"]["cpu"], "10m");
+        assert_eq!(resources["requests"]["memory"], "64Mi");
+        assert_eq!(resources["limits"]["memory"], "256Mi");
+        assert!(resources["limits"].get("cpu").is_none());
+        for good in ["10m", "1", "0.5", "64Mi", "1Gi", "2k"] {
+            assert!(valid_quantity(good), "{good}");
+        }
+        for bad in ["", "Mi", "1.Mi", "-1", "64MiB", "1e3", "ten"] {
+            assert!(!valid_quantity(bad), "{bad}");
         }
     }
 

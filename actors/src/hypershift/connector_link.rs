@@ -15,6 +15,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tracing::{info, instrument, warn};
 
+use crate::hypershift::connector_deployment::ConnectorResources;
 use crate::runtime::telemetry::inject_current;
 
 /// How long a request waits for a connector's reply.
@@ -65,6 +66,8 @@ pub struct ConnectorLink {
     pub teardown_timeout: Duration,
     /// How long connector credentials are valid; they are minted again once a third of that is left.
     pub credentials_validity: Duration,
+    /// Requests and limits of each connector container.
+    pub connector_resources: ConnectorResources,
 }
 
 /// [`ConnectorLink::credentials_validity`] unless the manager says otherwise.
@@ -86,6 +89,14 @@ impl ConnectorLink {
     pub fn with_credentials_validity(self, validity: Duration) -> Self {
         Self {
             credentials_validity: validity,
+            ..self
+        }
+    }
+
+    /// Connector Deployments ask for and are held to `resources`.
+    pub fn with_connector_resources(self, resources: ConnectorResources) -> Self {
+        Self {
+            connector_resources: resources,
             ..self
         }
     }
@@ -126,6 +137,7 @@ impl ConnectorLink {
             connections,
             teardown_timeout: DEFAULT_TEARDOWN_TIMEOUT,
             credentials_validity: DEFAULT_CREDENTIALS_VALIDITY,
+            connector_resources: ConnectorResources::default(),
         })
     }
 

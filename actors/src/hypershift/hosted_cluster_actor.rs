@@ -54,6 +54,7 @@ fn settings(context: &ManagerContext) -> Option<ConnectorSettings> {
         image: link.connector_image.clone(),
         nats_url: link.connector_nats_url.clone(),
         trace_env: connector_trace_env(),
+        resources: link.connector_resources.clone(),
     })
 }
 

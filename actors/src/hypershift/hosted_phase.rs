@@ -152,12 +152,8 @@ pub fn mapped_of_report(report: &PhaseReport) -> Vec<MappedCondition> {
     report
         .mapped_conditions
         .iter()
-        .map(|m| MappedCondition {
-            type_: m.type_.clone(),
-            status: m.status,
-            reason: m.reason.clone(),
-            message: m.message.clone(),
-        })
+        // Bounded again here: the report comes from another process.
+        .map(|m| MappedCondition::bounded(&m.type_, m.status, &m.reason, &m.message))
         .collect()
 }
 

@@ -432,20 +432,13 @@ fn mapped_conditions(desired: &DesiredObject, observed: &Value) -> Vec<MappedCon
         .iter()
         .filter_map(|m| {
             let c = current_condition(observed, &m.source_type)?;
-            Some(MappedCondition {
-                type_: m.destination_type.clone(),
-                status: c.get("status").and_then(Value::as_str) == Some("True"),
-                reason: c
-                    .get("reason")
-                    .and_then(Value::as_str)
-                    .unwrap_or("Mapped")
-                    .to_owned(),
-                message: c
-                    .get("message")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .to_owned(),
-            })
+            let text = |field: &str| c.get(field).and_then(Value::as_str);
+            Some(MappedCondition::bounded(
+                &m.destination_type,
+                text("status") == Some("True"),
+                text("reason").unwrap_or("Mapped"),
+                text("message").unwrap_or_default(),
+            ))
         })
         .collect()
 }

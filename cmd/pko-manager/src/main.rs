@@ -15,6 +15,7 @@ use clap::{Parser, ValueEnum};
 use pko_actors::admission::serving_cert::{ServingCert, ServingCertConfig, ServingCertError};
 use pko_actors::admission::webhook_server::{self, ReviewCounts};
 use pko_actors::fleet::hub_link::FleetMember;
+use pko_actors::hypershift::connector_deployment::ConnectorResources;
 use pko_actors::hypershift::connector_link::{
     ConnectorLink, LinkSetupError, DEFAULT_CREDENTIALS_VALIDITY, DEFAULT_TEARDOWN_TIMEOUT,
 };
@@ -140,6 +141,15 @@ struct Args {
     /// Image of the hosted-cluster connector Deployments: the manager's own image, which holds both binaries.
     #[arg(long, env = "PKO_CONNECTOR_IMAGE", default_value = "localhost/pko:dev")]
     connector_image: String,
+    /// CPU each connector container requests.
+    #[arg(long, default_value = "10m", value_parser = quantity)]
+    connector_cpu_request: String,
+    /// Memory each connector container requests.
+    #[arg(long, default_value = "64Mi", value_parser = quantity)]
+    connector_memory_request: String,
+    /// Memory each connector container may use before it is restarted.
+    #[arg(long, default_value = "256Mi", value_parser = quantity)]
+    connector_memory_limit: String,
     /// Names this management cluster in the rollout events it publishes.
     #[arg(long, env = "PKO_CLUSTER_NAME", default_value = "management")]
     cluster_name: String,
@@ -192,6 +202,17 @@ struct Args {
     /// HCP namespaces of HostedClusters keep the manager's identity. Unset: the manager's identity.
     #[arg(long, env = "PKO_DEFAULT_SERVICE_ACCOUNT", value_parser = service_account_name)]
     default_service_account: Option<String>,
+}
+
+/// A flag holding a resource quantity.
+fn quantity(text: &str) -> Result<String, String> {
+    if pko_actors::hypershift::connector_deployment::valid_quantity(text) {
+        Ok(text.to_owned())
+    } else {
+        Err(format!(
+            "{text:?} is not a quantity (digits, an optional fraction, a suffix such as m, Mi or Gi)"
+        ))
+    }
 }
 
 /// A flag naming a ServiceAccount.
@@ -289,7 +310,12 @@ async fn connector_link(args: &Args) -> Result<Option<ConnectorLink>, ManagerErr
         .with_teardown_timeout(Duration::from_secs(args.hosted_teardown_timeout_seconds))
         .with_credentials_validity(Duration::from_secs(
             args.connector_credentials_validity_seconds.max(3),
-        )),
+        ))
+        .with_connector_resources(ConnectorResources {
+            cpu_request: args.connector_cpu_request.clone(),
+            memory_request: args.connector_memory_request.clone(),
+            memory_limit: args.connector_memory_limit.clone(),
+        }),
     ))
 }
 
