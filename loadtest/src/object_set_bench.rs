@@ -14,6 +14,7 @@ use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
 use pko_proto::core::object_set::ObjectSet;
+use pko_proto::well_known::SERVICE_ACCOUNT_ANNOTATION;
 use pko_testenv::{wait_until, EnvConfig, ManagerLaunch, ManagerProcess, OtlpReceiver, TestEnv};
 use serde_json::{json, Value};
 
@@ -330,6 +331,62 @@ async fn measure(
     }
     let reviewed = started.elapsed();
     let reviews = pko.metric("pko_admission_reviews_allowed_total").await? - allowed_before;
+
+    // (5) Impersonation: the set of (1b) again, applied as a ServiceAccount of its namespace (the
+    // owner's package-operator.run/service-account annotation; --default-service-account does the same
+    // for every owner), then what each further identity costs in memory: small sets in 50 namespaces,
+    // first as the manager, then each as its own namespace's account.
+    let ns = mgmt
+        .create_namespace("bench-impersonated")
+        .await
+        .map_err(|e| e.to_string())?;
+    deployer_account(&client, &ns).await?;
+    let mut impersonated = set.clone();
+    impersonated.metadata.annotations =
+        Some([(SERVICE_ACCOUNT_ANNOTATION.to_owned(), DEPLOYER.to_owned())].into());
+    let sets: Api<ObjectSet> = Api::namespaced(client.clone(), &ns);
+    let writes_before = pko.metric("pko_object_writes_total").await?;
+    let started = Instant::now();
+    sets.create(&PostParams::default(), &impersonated)
+        .await
+        .map_err(|e| e.to_string())?;
+    wait_available(&sets, "bench", true).await?;
+    let engine_impersonated = started.elapsed();
+    let writes_impersonated = pko.metric("pko_object_writes_total").await? - writes_before;
+    let identities = |account: Option<&str>, prefix: &'static str| {
+        let (client, pko) = (client.clone(), &pko);
+        let account = account.map(str::to_owned);
+        async move {
+            let rss_before = pko.pid().map(crate::rss_kib).unwrap_or_default();
+            for i in 0..IDENTITIES {
+                let ns = mgmt
+                    .create_namespace(prefix)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                deployer_account(&client, &ns).await?;
+                let mut small: ObjectSet = serde_json::from_value(json!({
+                    "apiVersion": "package-operator.run/v1alpha1", "kind": "ObjectSet",
+                    "metadata": {"name": "small"},
+                    "spec": {"phases": [{"name": "p", "objects": [{"object": configmap(i)}]}]},
+                }))
+                .map_err(|e| e.to_string())?;
+                if let Some(account) = &account {
+                    small.metadata.annotations =
+                        Some([(SERVICE_ACCOUNT_ANNOTATION.to_owned(), account.clone())].into());
+                }
+                let sets: Api<ObjectSet> = Api::namespaced(client.clone(), &ns);
+                sets.create(&PostParams::default(), &small)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                wait_available(&sets, "small", true).await?;
+            }
+            let rss_after = pko.pid().map(crate::rss_kib).unwrap_or_default();
+            Ok::<i64, String>(rss_after as i64 - rss_before as i64)
+        }
+    };
+    let grown_as_manager = identities(None, "bench-own").await?;
+    let grown_as_accounts = identities(Some(DEPLOYER), "bench-accounts").await?;
+    let clients = pko.metric("pko_impersonated_identities").await?;
     let manager_rss_mib = pko.pid().map(crate::rss_kib).unwrap_or_default() / 1024;
 
     println!(
@@ -356,6 +413,56 @@ async fn measure(
         unreviewed.as_secs_f64() * 1e3 / patches as f64,
         reviewed.as_secs_f64() / unreviewed.as_secs_f64()
     );
+    println!(
+        "  impersonated ObjectSet -> Available: {:>8.2} s  ({:.2}x the same set as the manager; {writes_impersonated} object writes)",
+        engine_impersonated.as_secs_f64(),
+        engine_impersonated.as_secs_f64() / engine.as_secs_f64()
+    );
+    println!(
+        "  {IDENTITIES} one-object sets:              RSS {:+} KiB as the manager, {:+} KiB as {IDENTITIES} accounts ({:+.1} KiB per identity; {clients} impersonating clients)",
+        grown_as_manager,
+        grown_as_accounts,
+        (grown_as_accounts - grown_as_manager) as f64 / IDENTITIES as f64
+    );
     println!("  manager RSS at the end:             {manager_rss_mib} MiB");
+    Ok(())
+}
+
+/// Namespaces measured for the memory of impersonating clients.
+const IDENTITIES: usize = 50;
+/// The account the impersonated sets name, allowed ConfigMaps in its namespace.
+const DEPLOYER: &str = "bench-deployer";
+
+/// Creates [`DEPLOYER`] in `ns` with a Role over ConfigMaps there.
+async fn deployer_account(client: &Client, ns: &str) -> Result<(), String> {
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+    let error = |e: kube::Error| format!("creating {DEPLOYER} in {ns}: {e}");
+    let account: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": DEPLOYER}}))
+        .map_err(|e| e.to_string())?;
+    Api::<ServiceAccount>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &account)
+        .await
+        .map_err(error)?;
+    let role: Role = serde_json::from_value(json!({
+        "metadata": {"name": DEPLOYER},
+        "rules": [{"apiGroups": [""], "resources": ["configmaps"],
+                   "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]}],
+    }))
+    .map_err(|e| e.to_string())?;
+    Api::<Role>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &role)
+        .await
+        .map_err(error)?;
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": DEPLOYER},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": DEPLOYER},
+        "subjects": [{"kind": "ServiceAccount", "name": DEPLOYER, "namespace": ns}],
+    }))
+    .map_err(|e| e.to_string())?;
+    Api::<RoleBinding>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &binding)
+        .await
+        .map_err(error)?;
     Ok(())
 }
