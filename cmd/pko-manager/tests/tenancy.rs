@@ -37,20 +37,7 @@ static MEASURING: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 /// The manager of this binary: the Deployment's arguments, its ServiceAccount's token, the shipped RBAC.
 fn tenant_manager() -> &'static ManagerProcess {
     static MANAGER: OnceLock<Result<ManagerProcess, String>> = OnceLock::new();
-    MANAGER
-        .get_or_init(|| {
-            std::thread::spawn(|| {
-                let runtime = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .map_err(|e| e.to_string())?;
-                runtime.block_on(start_manager())
-            })
-            .join()
-            .unwrap_or_else(|_| Err("manager start-up thread panicked".to_owned()))
-        })
-        .as_ref()
-        .expect("pko-manager started on its ServiceAccount")
+    start_once(&MANAGER, start_manager)
 }
 
 async fn start_manager() -> Result<ManagerProcess, String> {

@@ -28,24 +28,37 @@ pub fn env() -> &'static TestEnv {
 /// The manager every test of this binary shares, started on first use.
 pub fn manager() -> &'static ManagerProcess {
     static MANAGER: OnceLock<Result<ManagerProcess, String>> = OnceLock::new();
-    MANAGER
-        .get_or_init(|| {
-            std::thread::spawn(|| {
-                let runtime = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .map_err(|e| e.to_string())?;
-                runtime
-                    .block_on(
-                        env().start_manager(Path::new(env!("CARGO_BIN_EXE_pko-manager")), &[]),
-                    )
-                    .map_err(|e| e.to_string())
-            })
-            .join()
-            .unwrap_or_else(|_| Err("manager start-up thread panicked".to_owned()))
+    start_once(&MANAGER, || async {
+        env()
+            .start_manager(Path::new(env!("CARGO_BIN_EXE_pko-manager")), &[])
+            .await
+            .map_err(|e| e.to_string())
+    })
+}
+
+/// What `start` starts, once per test binary: on a thread and runtime of its own, since tests run on
+/// runtimes of their own that end with them.
+pub fn start_once<F, Fut>(
+    cell: &'static OnceLock<Result<ManagerProcess, String>>,
+    start: F,
+) -> &'static ManagerProcess
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<ManagerProcess, String>>,
+{
+    cell.get_or_init(|| {
+        std::thread::spawn(|| {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())?;
+            runtime.block_on(start())
         })
-        .as_ref()
-        .expect("pko-manager started")
+        .join()
+        .unwrap_or_else(|_| Err("manager start-up thread panicked".to_owned()))
+    })
+    .as_ref()
+    .expect("pko-manager started")
 }
 
 /// A namespace of its own, with the manager running.
