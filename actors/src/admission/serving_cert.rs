@@ -81,6 +81,8 @@ pub enum ServingCertError {
     Issue(#[from] rcgen::Error),
     #[error("loading the serving certificate: {0}")]
     Load(String),
+    #[error("ValidatingWebhookConfiguration {name} kept changing under {attempts} attempts to write its caBundle")]
+    ContendedConfiguration { name: String, attempts: usize },
     #[error("Secret {namespace}/{name} kept changing under {attempts} attempts to write it")]
     Contended {
         namespace: String,
@@ -276,6 +278,10 @@ impl ResolvesServerCert for CertSlot {
     }
 }
 
+/// How soon a failed refresh is tried again: a replica that could not switch to a re-issued CA must
+/// do so well within [`CA_OVERLAP`].
+const REFRESH_RETRY: Duration = Duration::from_secs(5);
+
 /// How long a CA this replica saw replaced stays in the `caBundle` beside the new one: until every replica
 /// serves a certificate of the new CA (they notice a changed Secret within seconds), with a wide margin.
 /// Timed from when this replica saw the change, never from a stamp another process wrote.
@@ -353,7 +359,13 @@ impl ServingCert {
             reloads: Counter::default(),
             bundle_adopted: Arc::default(),
         };
-        cert.publish_ca().await?;
+        let current = cert
+            .loaded
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .ca_cert
+            .clone();
+        cert.publish_ca(&current).await?;
         Ok(cert)
     }
 
@@ -388,10 +400,10 @@ impl ServingCert {
             let key = certified_key(&material)?;
             if previous.ca_cert != material.ca_cert {
                 // Trust the new CA beside the old one before presenting a certificate of it: the
-                // apiserver must accept whichever replica answers, switched or not.
+                // apiserver must accept whichever replica answers, switched or not. Until that is
+                // published, this replica keeps the certificate it has (and tries again).
                 self.retire(previous.ca_cert.trim().to_owned());
-                *self.loaded.write().unwrap_or_else(|e| e.into_inner()) = material.clone();
-                self.publish_ca().await?;
+                self.publish_ca(&material.ca_cert).await?;
                 warn!(secret = %self.config.secret, "the admission webhook CA was re-issued; both CAs are trusted while replicas switch");
             }
             self.slot.replace(key);
@@ -403,7 +415,13 @@ impl ServingCert {
             );
             *self.loaded.write().unwrap_or_else(|e| e.into_inner()) = material;
         }
-        self.publish_ca().await
+        let current = self
+            .loaded
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .ca_cert
+            .clone();
+        self.publish_ca(&current).await
     }
 
     fn retire(&self, pem: String) {
@@ -426,8 +444,12 @@ impl ServingCert {
         let mut changes = watcher::watcher(secrets, config).default_backoff().boxed();
         let mut renewal = tokio::time::interval(period);
         renewal.tick().await;
+        let mut retry_at: Option<Instant> = None;
         loop {
-            let overlap_end = self.next_overlap_end();
+            let wake_at = [self.next_overlap_end(), retry_at]
+                .into_iter()
+                .flatten()
+                .min();
             let woken = tokio::select! {
                 event = changes.next() => match event {
                     Some(Ok(Event::Apply(_) | Event::Delete(_) | Event::InitDone)) => true,
@@ -439,15 +461,19 @@ impl ServingCert {
                     None => return,
                 },
                 _ = renewal.tick() => true,
-                _ = sleep_until_some(overlap_end) => true,
+                _ = sleep_until_some(wake_at) => true,
             };
             if !woken {
                 continue;
             }
             self.drop_expired_overlaps();
-            if let Err(error) = self.refresh().await {
-                warn!(%error, "refreshing the admission webhook serving certificate failed");
-            }
+            retry_at = match self.refresh().await {
+                Ok(()) => None,
+                Err(error) => {
+                    warn!(%error, "refreshing the admission webhook serving certificate failed; retrying");
+                    Some(Instant::now() + REFRESH_RETRY)
+                }
+            };
         }
     }
 
@@ -465,17 +491,12 @@ impl ServingCert {
             .retain(|ca| now.saturating_duration_since(ca.since) < CA_OVERLAP);
     }
 
-    /// Writes the CA into every webhook of the configuration whose `caBundle` differs.
-    async fn publish_ca(&self) -> Result<(), ServingCertError> {
+    /// Writes `current` (and the CAs still overlapping) into every webhook of the configuration whose
+    /// `caBundle` differs, settled against the other replicas writing it too.
+    async fn publish_ca(&self, current: &str) -> Result<(), ServingCertError> {
         let Some(name) = &self.config.webhook_configuration else {
             return Ok(());
         };
-        let current = self
-            .loaded
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .ca_cert
-            .clone();
         let api: Api<ValidatingWebhookConfiguration> = Api::all(self.client.clone());
         let error = |action| {
             move |e| ServingCertError::WebhookConfiguration {
@@ -484,49 +505,61 @@ impl ServingCert {
                 source: Box::new(e),
             }
         };
-        let Some(mut configuration) = api.get_opt(name).await.map_err(error("reading"))? else {
-            warn!(configuration = %name, "the admission webhook is not registered; updates are not checked");
-            return Ok(());
-        };
-        // At start, CAs already trusted beside ours (other replicas may still present one) stay for the
-        // overlap, timed from now.
-        let first = !self.bundle_adopted.swap(true, Ordering::SeqCst);
-        for webhook in configuration.webhooks.iter().flatten().filter(|_| first) {
+        for _ in 0..SECRET_WRITE_ATTEMPTS {
+            let Some(mut configuration) = api.get_opt(name).await.map_err(error("reading"))? else {
+                warn!(configuration = %name, "the admission webhook is not registered; updates are not checked");
+                return Ok(());
+            };
+            self.adopt_published(&configuration, current);
+            let ca = {
+                let retired = self.retired.read().unwrap_or_else(|e| e.into_inner());
+                ca_bundle(current, &retired, Instant::now()).into_bytes()
+            };
+            let mut changed = false;
+            for webhook in configuration.webhooks.iter_mut().flatten() {
+                if webhook.client_config.ca_bundle.as_ref().map(|b| &b.0) != Some(&ca) {
+                    webhook.client_config.ca_bundle = Some(ByteString(ca.clone()));
+                    changed = true;
+                }
+            }
+            if !changed {
+                return Ok(());
+            }
+            // The read resourceVersion rides along: of replicas writing together, one wins and the
+            // others read again.
+            match api
+                .replace(name, &PostParams::default(), &configuration)
+                .await
+            {
+                Ok(_) => {
+                    info!(configuration = %name, "published the admission webhook CA");
+                    return Ok(());
+                }
+                Err(kube::Error::Api(s)) if s.code == 409 => continue,
+                Err(e) => return Err(error("updating the caBundle of")(e)),
+            }
+        }
+        Err(ServingCertError::ContendedConfiguration {
+            name: name.clone(),
+            attempts: SECRET_WRITE_ATTEMPTS,
+        })
+    }
+
+    /// At this replica's first look, the CAs already trusted beside `current` (other replicas may still
+    /// present one) stay for the overlap, timed from now.
+    fn adopt_published(&self, configuration: &ValidatingWebhookConfiguration, current: &str) {
+        if self.bundle_adopted.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        for webhook in configuration.webhooks.iter().flatten() {
             let published = webhook.client_config.ca_bundle.as_ref().map(|b| &b.0);
             let text = published.map(|b| String::from_utf8_lossy(b).into_owned());
             for pem in pem_certificates(text.as_deref().unwrap_or_default()) {
-                let known = pem == current.trim()
-                    || self
-                        .retired
-                        .read()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .iter()
-                        .any(|ca| ca.pem == pem);
-                if !known {
+                if pem != current.trim() {
                     self.retire(pem);
                 }
             }
         }
-        let ca = {
-            let retired = self.retired.read().unwrap_or_else(|e| e.into_inner());
-            ca_bundle(&current, &retired, Instant::now()).into_bytes()
-        };
-        let mut changed = false;
-        for webhook in configuration.webhooks.iter_mut().flatten() {
-            if webhook.client_config.ca_bundle.as_ref().map(|b| &b.0) != Some(&ca) {
-                webhook.client_config.ca_bundle = Some(ByteString(ca.clone()));
-                changed = true;
-            }
-        }
-        if changed {
-            // The read resourceVersion rides along: a concurrent writer makes this fail, and the next
-            // refresh reads again.
-            api.replace(name, &PostParams::default(), &configuration)
-                .await
-                .map_err(error("updating the caBundle of"))?;
-            info!(configuration = %name, "published the admission webhook CA");
-        }
-        Ok(())
     }
 }
 

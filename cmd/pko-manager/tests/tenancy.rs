@@ -710,7 +710,13 @@ async fn a_deleted_certificate_secret_is_recovered_by_every_replica_without_a_re
         },
     )
     .await
-    .unwrap_or_else(|e| panic!("{e}\n{}", standby.log_tail()));
+    .unwrap_or_else(|e| {
+        panic!(
+            "{e}\nleader:\n{}\nstandby:\n{}",
+            leader.log_tail(),
+            standby.log_tail()
+        )
+    });
     // Writes go on after the switch too.
     let at_switch = written.load(Ordering::SeqCst);
     pko_testenv::wait_until("writes after the switch", TIMEOUT, || async {
