@@ -182,6 +182,34 @@ pub fn reference_applied_only_by(existing: &Value, uid: &str, field_manager: &st
     any && only_ours
 }
 
+/// `object` as the managed-object cache keeps it: its `managedFields` cut to the one thing pko reads of
+/// them ([`reference_applied_only_by`]: who wrote which owner reference, and how). The field sets are
+/// often the bulk of a small object's metadata and are held for every managed object.
+pub fn without_unread_field_records(mut object: Value) -> Value {
+    let Some(entries) = object
+        .pointer_mut("/metadata/managedFields")
+        .and_then(Value::as_array_mut)
+    else {
+        return object;
+    };
+    entries.retain_mut(|entry| {
+        let Some(references) = entry
+            .pointer("/fieldsV1/f:metadata/f:ownerReferences")
+            .cloned()
+        else {
+            return false;
+        };
+        let kept = |field: &str| entry.get(field).cloned().unwrap_or(Value::Null);
+        *entry = serde_json::json!({
+            "manager": kept("manager"),
+            "operation": kept("operation"),
+            "fieldsV1": {"f:metadata": {"f:ownerReferences": references}},
+        });
+        true
+    });
+    object
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -392,6 +420,46 @@ mod tests {
             let got = decide_adoption(&a, &CollisionProtection::Prevent, &object(controller.as_deref(), Some(1)));
             let expected = controller.as_ref().is_some_and(|c| previous.contains(c));
             prop_assert_eq!(matches!(got, AdoptionDecision::Adopt { .. }), expected);
+        }
+    }
+
+    #[test]
+    fn the_cached_field_records_answer_the_adoption_question_as_the_whole_ones() {
+        let reference = |uid: &str| json!({format!("k:{{\"uid\":\"{uid}\"}}"): {}});
+        let entry = |manager: &str, operation: &str, uid: Option<&str>| {
+            let mut metadata = json!({"f:labels": {"f:a": {}}});
+            if let Some(uid) = uid {
+                metadata["f:ownerReferences"] = reference(uid);
+            }
+            json!({"manager": manager, "operation": operation, "apiVersion": "v1",
+                   "time": "2026-01-01T00:00:00Z", "fieldsType": "FieldsV1",
+                   "fieldsV1": {"f:metadata": metadata, "f:data": {"f:big": {}}}})
+        };
+        let cases = [
+            vec![entry("package-operator", "Apply", Some("u1"))],
+            vec![
+                entry("package-operator", "Apply", Some("u1")),
+                entry("kubectl", "Update", Some("u1")),
+            ],
+            vec![entry("package-operator", "Update", Some("u1"))],
+            vec![
+                entry("package-operator", "Apply", Some("u2")),
+                entry("kubectl", "Update", None),
+            ],
+            vec![],
+        ];
+        for entries in cases {
+            let whole = json!({"metadata": {"name": "cm", "managedFields": entries}});
+            let slim = without_unread_field_records(whole.clone());
+            for uid in ["u1", "u2"] {
+                assert_eq!(
+                    reference_applied_only_by(&slim, uid, "package-operator"),
+                    reference_applied_only_by(&whole, uid, "package-operator"),
+                    "{whole}"
+                );
+            }
+            assert!(slim.to_string().len() <= whole.to_string().len());
+            assert!(!slim.to_string().contains("f:big"));
         }
     }
 }

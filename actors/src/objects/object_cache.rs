@@ -29,7 +29,7 @@ use prometheus_client::metrics::counter::Counter;
 use serde_json::Value;
 use tracing::{debug, warn};
 
-use crate::engine::adoption::controller_of;
+use crate::engine::adoption::{controller_of, without_unread_field_records};
 use crate::objects::applier::ResolvedKind;
 
 use crate::engine::object_ref::ObjectKey;
@@ -327,6 +327,7 @@ impl ObjectCache {
     /// entry lock, so a concurrent watch delivery cannot slip in between. Returns the controller the object
     /// had before, when this state names another one.
     fn hold(&self, key: &ObjectKey, value: Value, source: Source) -> Option<String> {
+        let value = without_unread_field_records(value);
         let delivery = match source {
             Source::Watch(delivery) => delivery,
             Source::Answer(_) => 0,
