@@ -162,7 +162,22 @@ impl ObjectCache {
         self.objects.retain(|_, held| {
             controller_of(&held.state).is_none_or(|(uid, _, _)| uid != owner_uid)
         });
-        self.external.retain(|_, watch| {
+        self.release_external(owner_uid, |_| false);
+    }
+
+    /// `owner_uid` reads only `reading` of the external objects now (an ObjectTemplate whose sources
+    /// changed): it leaves the others' watches, which end if it was their last reader.
+    pub fn read_external_only(&self, owner_uid: &str, reading: &HashSet<ObjectKey>) {
+        self.release_external(owner_uid, |key| reading.contains(key));
+    }
+
+    /// Removes `owner_uid` from the readers of every external object `keep` does not keep, ending the
+    /// watches left without a reader.
+    fn release_external(&self, owner_uid: &str, keep: impl Fn(&ObjectKey) -> bool) {
+        self.external.retain(|key, watch| {
+            if keep(key) {
+                return true;
+            }
             watch.owners.retain(|o| o != owner_uid);
             if watch.owners.is_empty() {
                 if let Some(task) = &watch.task {
@@ -498,6 +513,35 @@ mod tests {
         cache.observe(&id, labelled("a", "ours"), false);
         cache.remove_route("ours");
         assert!(cache.get(&ours).is_none());
+    }
+
+    #[tokio::test]
+    async fn an_external_watch_ends_with_its_last_reader() {
+        let cache = cache();
+        let kind = ResolvedKind {
+            resource: kube::api::ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
+            namespaced: true,
+        };
+        let a = configmap_key();
+        let b = ObjectKey {
+            name: "y".into(),
+            ..configmap_key()
+        };
+        cache.watch_external(&a, &kind, "template-1");
+        cache.watch_external(&b, &kind, "template-1");
+        cache.watch_external(&a, &kind, "template-2");
+        assert_eq!(cache.census().external_watches, 2);
+        // Template 1 no longer names b: its watch ends; a is still read by both.
+        cache.read_external_only("template-1", &HashSet::from([a.clone()]));
+        assert_eq!(cache.census().external_watches, 1);
+        cache.remove_route("template-1");
+        assert_eq!(
+            cache.census().external_watches,
+            1,
+            "template 2 still reads a"
+        );
+        cache.remove_route("template-2");
+        assert_eq!(cache.census().external_watches, 0);
     }
 
     #[tokio::test]

@@ -4,6 +4,7 @@
 //! namespace sees them), server-side applies the object as its controller, and reports
 //! `Invalid` plus the object's own conditions. Apiserver failures retry with backoff (1 s .. 60 s).
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -51,6 +52,15 @@ async fn read_sources(
     template: &TemplateObject,
 ) -> Result<Result<Map<String, Value>, TemplateProblem>, ApplyError> {
     let mut config = Map::new();
+    // Sources no longer named stop being watched for this template.
+    let named: HashSet<ObjectKey> = template
+        .spec
+        .sources
+        .iter()
+        .enumerate()
+        .filter_map(|(index, source)| source_key(template.own_namespace(), index, source).ok())
+        .collect();
+    context.cache.read_external_only(template.uid(), &named);
     for (index, source) in template.spec.sources.iter().enumerate() {
         let key = match source_key(template.own_namespace(), index, source) {
             Ok(key) => key,
