@@ -18,7 +18,7 @@ use pko_proto::core::object_deployment::{
 use pko_proto::core::object_set::{ClusterObjectSet, ObjectSet, ObjectSetSpec};
 use serde_json::json;
 
-use crate::objects::object_meta::{write_status, MetaView};
+use crate::objects::object_meta::{requested_service_account, write_status, MetaView};
 use crate::objects::set_object::{SetKind, SetObject};
 
 /// An ObjectDeployment or ClusterObjectDeployment.
@@ -120,13 +120,8 @@ impl DeploymentObject {
         let mut annotations: BTreeMap<String, String> =
             template.metadata.annotations.clone().unwrap_or_default();
         // The deployment's identity is its revisions' (a template's own annotation gives way to it).
-        if let Some(account) = self
-            .meta
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(SERVICE_ACCOUNT_ANNOTATION))
-        {
-            annotations.insert(SERVICE_ACCOUNT_ANNOTATION.to_owned(), account.clone());
+        if let Some(account) = requested_service_account(&self.meta) {
+            annotations.insert(SERVICE_ACCOUNT_ANNOTATION.to_owned(), account.to_owned());
         }
         annotations.insert(HASH_ANNOTATION.to_owned(), hash.to_owned());
         annotations.insert(REVISION_ANNOTATION.to_owned(), revision.to_string());

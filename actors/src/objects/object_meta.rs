@@ -9,6 +9,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 
 use crate::engine::desired_object::FIELD_MANAGER;
+use pko_proto::well_known::SERVICE_ACCOUNT_ANNOTATION;
 
 /// The object's creation time in Unix seconds (0 when the apiserver has not set it).
 pub fn creation_seconds(meta: &ObjectMeta) -> i64 {
@@ -104,6 +105,16 @@ where
         )
         .await?;
     Ok(written.meta().resource_version.clone())
+}
+
+/// The ServiceAccount an owner names with [`SERVICE_ACCOUNT_ANNOTATION`], if any: whose rights its objects
+/// are written with (`objects::owner_identity`), and what a Package, an ObjectDeployment and an ObjectSet
+/// carry down to what they create.
+pub fn requested_service_account(meta: &ObjectMeta) -> Option<&str> {
+    meta.annotations
+        .as_ref()?
+        .get(SERVICE_ACCOUNT_ANNOTATION)
+        .map(String::as_str)
 }
 
 /// `meta` without its managed fields, the bulk of it: what a watch feed keeps of a deleted object.

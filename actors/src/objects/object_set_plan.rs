@@ -17,7 +17,7 @@ use crate::engine::desired_object::{
     find_duplicate, prepare_phase, DesiredObject, InvalidObject, OwnerRef,
 };
 use crate::engine::probe::{ProbeSet, ProbeSpecError};
-use crate::objects::object_meta::MetaView;
+use crate::objects::object_meta::{requested_service_account, MetaView};
 use crate::objects::phase_runner::PhasePlan;
 use crate::objects::set_object::{SetObject, HOSTED_CLUSTER_CLASS};
 
@@ -98,13 +98,8 @@ fn phase_object(
         object["metadata"]["labels"][SHARD_OWNER_LABEL] = owner.as_str().into();
     }
     // A default-class ObjectSetPhase applies with the set's identity.
-    if let Some(account) = set
-        .meta
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(SERVICE_ACCOUNT_ANNOTATION))
-    {
-        object["metadata"]["annotations"][SERVICE_ACCOUNT_ANNOTATION] = account.as_str().into();
+    if let Some(account) = requested_service_account(&set.meta) {
+        object["metadata"]["annotations"][SERVICE_ACCOUNT_ANNOTATION] = account.into();
     }
     object
 }

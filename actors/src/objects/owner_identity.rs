@@ -4,10 +4,10 @@
 //! plane). It must not decide anything itself.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use pko_proto::well_known::SERVICE_ACCOUNT_ANNOTATION;
 
 use crate::engine::apply_identity::{apply_identity, ApplyIdentity, IdentityInputs};
 use crate::objects::applier::Applier;
+use crate::objects::object_meta::requested_service_account;
 use crate::runtime::context::ManagerContext;
 
 /// The identity for the owner with `meta` (namespaced when `namespace` is set) and the applier acting as
@@ -17,11 +17,7 @@ pub async fn owner_applier(
     namespace: Option<&str>,
     meta: &ObjectMeta,
 ) -> Result<(ApplyIdentity, Applier), String> {
-    let requested = meta
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(SERVICE_ACCOUNT_ANNOTATION))
-        .map(String::as_str);
+    let requested = requested_service_account(meta);
     let default_service_account = context.default_service_account.as_deref();
     // Only asked when it can matter: it waits until the HostedClusters are listed.
     let hosted_control_plane = match (namespace, requested, default_service_account) {

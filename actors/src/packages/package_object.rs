@@ -17,11 +17,11 @@ use serde_json::{json, Value};
 use crate::engine::desired_object::FIELD_MANAGER;
 use crate::engine::package_deployment::PackageRef;
 use crate::objects::deployment_object::DeploymentObject;
-use crate::objects::object_meta::{write_status, MetaView};
+use crate::objects::object_meta::{requested_service_account, write_status, MetaView};
 use pko_package::chunking::Slice;
 use pko_package::environment::EnvironmentFacts;
 use pko_proto::core::object_slice::{ClusterObjectSlice, ObjectSlice};
-use pko_proto::well_known::{SERVICE_ACCOUNT_ANNOTATION, SLICE_OWNER_LABEL};
+use pko_proto::well_known::SLICE_OWNER_LABEL;
 
 /// What a Package copies from its ObjectDeployment.
 #[derive(Debug, Clone, PartialEq)]
@@ -121,12 +121,7 @@ impl PackageObject {
             uid: self.uid().to_owned(),
             image: self.spec.image.clone(),
             paused: self.spec.paused,
-            service_account: self
-                .meta
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(SERVICE_ACCOUNT_ANNOTATION))
-                .cloned(),
+            service_account: requested_service_account(&self.meta).map(str::to_owned),
         }
     }
 
