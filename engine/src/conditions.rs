@@ -62,6 +62,20 @@ pub fn set_condition(
     }
 }
 
+/// `text` cut to at most `max_bytes` at a character boundary, ending in `…` when cut: for text that others
+/// wrote (a condition's message, an Event's note) where it must fit a bound.
+pub fn bounded_text(mut text: String, max_bytes: usize) -> String {
+    if text.len() > max_bytes {
+        let mut cut = max_bytes.saturating_sub('…'.len_utf8());
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        text.truncate(cut);
+        text.push('…');
+    }
+    text
+}
+
 /// Whether a condition type is a mapped one (`domain/Type`, copied from an object's own conditions
 /// through a phase's conditionMappings).
 pub fn is_mapped(type_: &str) -> bool {

@@ -10,7 +10,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 use pko_proto::core::common::LifecycleState;
 
-use super::conditions::{find_condition, remove_condition, set_condition, ConditionUpdate};
+use super::conditions::{
+    bounded_text, find_condition, remove_condition, set_condition, ConditionUpdate,
+};
 
 pub const AVAILABLE: &str = "Available";
 pub const SUCCEEDED: &str = "Succeeded";
@@ -90,22 +92,9 @@ impl MappedCondition {
             type_: type_.to_owned(),
             status,
             reason: if valid_reason { reason } else { "Mapped" }.to_owned(),
-            message: bounded_text(message, MAX_MAPPED_MESSAGE),
+            message: bounded_text(message.to_owned(), MAX_MAPPED_MESSAGE),
         }
     }
-}
-
-/// `text` cut to at most `max` bytes at a character boundary, ending in `…` when cut.
-pub fn bounded_text(text: &str, max: usize) -> String {
-    if text.len() <= max {
-        return text.to_owned();
-    }
-    const ELLIPSIS: &str = "…";
-    let mut end = max.saturating_sub(ELLIPSIS.len());
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}{ELLIPSIS}", &text[..end])
 }
 
 /// What the reconcile observed.
@@ -394,7 +383,7 @@ mod mapped_text_tests {
     proptest! {
         #[test]
         fn bounded_text_never_exceeds_its_bound(text in "\\PC{0,300}", max in 3usize..200) {
-            let cut = bounded_text(&text, max);
+            let cut = bounded_text(text.clone(), max);
             prop_assert!(cut.len() <= max || cut == text);
             prop_assert!(text.starts_with(cut.trim_end_matches('…')) || cut == text);
         }

@@ -5,7 +5,7 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use pko_proto::rollout_events::{RolloutEvent, RolloutEventKind};
 
-use super::conditions::find_condition;
+use super::conditions::{bounded_text, find_condition};
 use super::object_set_status::{BlockReason, AVAILABLE};
 
 /// The apiserver keeps an Event's note to 1 KiB.
@@ -23,16 +23,8 @@ pub struct TransitionEvent {
 }
 
 /// `text` cut to what an Event's note may hold.
-pub fn event_note(mut text: String) -> String {
-    if text.len() > EVENT_NOTE_BYTES {
-        let mut cut = EVENT_NOTE_BYTES - '…'.len_utf8();
-        while !text.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        text.truncate(cut);
-        text.push('…');
-    }
-    text
+pub fn event_note(text: String) -> String {
+    bounded_text(text, EVENT_NOTE_BYTES)
 }
 
 /// The condition `type_` of `current` if it differs in status or reason from the one in `previous`.
