@@ -5,7 +5,6 @@
 //! Owns the Secret's contents and the configuration's `caBundle`; it does not register the webhook (the
 //! deploy manifests and the test environment do) and serves nothing itself (`webhook_server` does).
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -318,6 +317,20 @@ fn ca_bundle(current: &str, retired: &[RetiredCa], now: Instant) -> String {
     certificates.join("\n") + "\n"
 }
 
+/// What a publish does with the other CAs it finds in the `caBundle`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OtherCas {
+    /// Keep them for the overlap (a replica's first publish: others may present them).
+    Keep,
+    /// Drop those this replica did not retire itself.
+    Drop,
+}
+
+/// A write that lost to a concurrent one (the read resourceVersion no longer current).
+fn is_conflict(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::Api(s) if s.code == 409)
+}
+
 /// Sleeps until `deadline`, or forever without one.
 async fn sleep_until_some(deadline: Option<Instant>) {
     match deadline {
@@ -337,8 +350,6 @@ pub struct ServingCert {
     retired: Arc<RwLock<Vec<RetiredCa>>>,
     /// Certificates loaded after the first (a renewal, or a re-issued CA).
     reloads: Counter,
-    /// Whether the bundle found at start has been taken over (its other CAs retired).
-    bundle_adopted: Arc<AtomicBool>,
 }
 
 impl ServingCert {
@@ -357,16 +368,20 @@ impl ServingCert {
             loaded: Arc::new(RwLock::new(material)),
             retired: Arc::default(),
             reloads: Counter::default(),
-            bundle_adopted: Arc::default(),
         };
-        let current = cert
-            .loaded
+        // At start, CAs already trusted beside ours (other replicas may still present one) stay for the
+        // overlap, timed from now.
+        cert.publish_ca(&cert.current_ca(), OtherCas::Keep).await?;
+        Ok(cert)
+    }
+
+    /// The CA of the certificate this replica presents.
+    fn current_ca(&self) -> String {
+        self.loaded
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .ca_cert
-            .clone();
-        cert.publish_ca(&current).await?;
-        Ok(cert)
+            .clone()
     }
 
     /// Counts certificates loaded after the first, for the manager's metrics.
@@ -403,7 +418,7 @@ impl ServingCert {
                 // apiserver must accept whichever replica answers, switched or not. Until that is
                 // published, this replica keeps the certificate it has (and tries again).
                 self.retire(previous.ca_cert.trim().to_owned());
-                self.publish_ca(&material.ca_cert).await?;
+                self.publish_ca(&material.ca_cert, OtherCas::Drop).await?;
                 warn!(secret = %self.config.secret, "the admission webhook CA was re-issued; both CAs are trusted while replicas switch");
             }
             self.slot.replace(key);
@@ -415,13 +430,7 @@ impl ServingCert {
             );
             *self.loaded.write().unwrap_or_else(|e| e.into_inner()) = material;
         }
-        let current = self
-            .loaded
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .ca_cert
-            .clone();
-        self.publish_ca(&current).await
+        self.publish_ca(&self.current_ca(), OtherCas::Drop).await
     }
 
     fn retire(&self, pem: String) {
@@ -435,8 +444,7 @@ impl ServingCert {
 
     /// Refreshes whenever the Secret changes (its watch: a deleted or re-issued certificate is noticed
     /// within seconds by every replica), when a retired CA's overlap ends, and every `period` for
-    /// renewals; failures are logged and retried at the next of these, months before the certificate
-    /// in use expires.
+    /// renewals; a failure is logged and tried again after [`REFRESH_RETRY`].
     pub async fn keep_fresh(self, period: Duration) {
         let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &self.config.namespace);
         let config =
@@ -492,8 +500,9 @@ impl ServingCert {
     }
 
     /// Writes `current` (and the CAs still overlapping) into every webhook of the configuration whose
-    /// `caBundle` differs, settled against the other replicas writing it too.
-    async fn publish_ca(&self, current: &str) -> Result<(), ServingCertError> {
+    /// `caBundle` differs, settled against the other replicas writing it too; with [`OtherCas::Keep`]
+    /// the other CAs found there first join those overlapping.
+    async fn publish_ca(&self, current: &str, found: OtherCas) -> Result<(), ServingCertError> {
         let Some(name) = &self.config.webhook_configuration else {
             return Ok(());
         };
@@ -510,7 +519,9 @@ impl ServingCert {
                 warn!(configuration = %name, "the admission webhook is not registered; updates are not checked");
                 return Ok(());
             };
-            self.adopt_published(&configuration, current);
+            if found == OtherCas::Keep {
+                self.keep_published(&configuration, current);
+            }
             let ca = {
                 let retired = self.retired.read().unwrap_or_else(|e| e.into_inner());
                 ca_bundle(current, &retired, Instant::now()).into_bytes()
@@ -535,7 +546,7 @@ impl ServingCert {
                     info!(configuration = %name, "published the admission webhook CA");
                     return Ok(());
                 }
-                Err(kube::Error::Api(s)) if s.code == 409 => continue,
+                Err(e) if is_conflict(&e) => continue,
                 Err(e) => return Err(error("updating the caBundle of")(e)),
             }
         }
@@ -545,12 +556,8 @@ impl ServingCert {
         })
     }
 
-    /// At this replica's first look, the CAs already trusted beside `current` (other replicas may still
-    /// present one) stay for the overlap, timed from now.
-    fn adopt_published(&self, configuration: &ValidatingWebhookConfiguration, current: &str) {
-        if self.bundle_adopted.swap(true, Ordering::SeqCst) {
-            return;
-        }
+    /// Retires, from now, the CAs `configuration` trusts beside `current`.
+    fn keep_published(&self, configuration: &ValidatingWebhookConfiguration, current: &str) {
         for webhook in configuration.webhooks.iter().flatten() {
             let published = webhook.client_config.ca_bundle.as_ref().map(|b| &b.0);
             let text = published.map(|b| String::from_utf8_lossy(b).into_owned());
@@ -577,7 +584,6 @@ async fn ensure_secret(
             source: Box::new(e),
         }
     };
-    let is_conflict = |e: &kube::Error| matches!(e, kube::Error::Api(s) if s.code == 409);
     for _ in 0..SECRET_WRITE_ATTEMPTS {
         let now = unix_now();
         let existing = api
