@@ -151,19 +151,23 @@ impl Applier {
                 ..self.clone()
             });
         };
-        let client = match self.identities.get(&user) {
-            Some(client) => client.clone(),
-            None => {
-                let client =
-                    impersonating(&self.own_client, &user).map_err(|e| ApplyError::Identity {
-                        identity: identity.to_string(),
-                        message: e.to_string(),
-                    })?;
-                self.identities.insert(user, client.clone());
-                self.counts.identities.set(self.identities.len() as i64);
-                client
-            }
-        };
+        // Made under the entry's lock: owners planning at once for a new identity share one client.
+        let mut made = false;
+        let client = self
+            .identities
+            .entry(user.clone())
+            .or_try_insert_with(|| {
+                made = true;
+                impersonating(&self.own_client, &user)
+            })
+            .map_err(|e| ApplyError::Identity {
+                identity: identity.to_string(),
+                message: e.to_string(),
+            })?
+            .clone();
+        if made {
+            self.counts.identities.set(self.identities.len() as i64);
+        }
         Ok(Applier {
             client,
             ..self.clone()

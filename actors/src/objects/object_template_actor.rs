@@ -52,17 +52,22 @@ async fn read_sources(
     template: &TemplateObject,
 ) -> Result<Result<Map<String, Value>, TemplateProblem>, ApplyError> {
     let mut config = Map::new();
-    // Sources no longer named stop being watched for this template.
-    let named: HashSet<ObjectKey> = template
+    let keys: Vec<Result<ObjectKey, TemplateProblem>> = template
         .spec
         .sources
         .iter()
         .enumerate()
-        .filter_map(|(index, source)| source_key(template.own_namespace(), index, source).ok())
+        .map(|(index, source)| source_key(template.own_namespace(), index, source))
+        .collect();
+    // Sources no longer named stop being watched for this template.
+    let named: HashSet<ObjectKey> = keys
+        .iter()
+        .filter_map(|k| k.as_ref().ok())
+        .cloned()
         .collect();
     context.cache.read_external_only(template.uid(), &named);
-    for (index, source) in template.spec.sources.iter().enumerate() {
-        let key = match source_key(template.own_namespace(), index, source) {
+    for (index, (source, key)) in template.spec.sources.iter().zip(keys).enumerate() {
+        let key = match key {
             Ok(key) => key,
             Err(problem) => return Ok(Err(problem)),
         };
