@@ -262,16 +262,6 @@ async fn image_and_package_errors_are_conditions() {
     );
 }
 
-/// Resident memory of a process, in KiB (`VmRSS` of /proc/<pid>/status).
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap()
-}
-
 #[tokio::test]
 async fn an_image_bomb_is_refused_naming_the_limit_and_the_manager_stays_small() {
     let (client, ns) = setup("pkg-bomb").await;

@@ -391,13 +391,7 @@ async fn under_the_default_service_account_a_tenant_deploys_only_what_that_accou
 
 /// The manager's resident memory, in KiB.
 fn resident_kib(manager: &ManagerProcess) -> u64 {
-    let status =
-        std::fs::read_to_string(format!("/proc/{}/status", manager.pid().unwrap())).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap()
+    rss_kib(manager.pid().unwrap())
 }
 
 #[tokio::test]

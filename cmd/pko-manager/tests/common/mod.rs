@@ -397,3 +397,13 @@ pub async fn install_spec(client: &kube::Client, ns: Option<&str>, name: &str, s
         .await
         .unwrap();
 }
+
+/// Resident memory of a process, in KiB (`VmRSS` of /proc/<pid>/status).
+pub fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
