@@ -20,6 +20,7 @@ pub mod phase_verdict;
 pub mod probe;
 pub mod promotion_gate;
 pub mod reserved_objects;
+pub mod resource_version;
 pub mod rollout_events;
 pub mod rollout_guard;
 pub mod rollout_plan;

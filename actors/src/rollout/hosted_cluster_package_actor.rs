@@ -32,6 +32,7 @@ use crate::engine::hosted_cluster_package::{
     RolloutStep,
 };
 use crate::engine::promotion_gate::{record_changed, rollout_record, GateVerdict, OwnRollout};
+use crate::engine::resource_version::response_is_newer;
 use crate::engine::rollout_events::{policy_steps, rollout_steps, story_so_far, RolloutView};
 use crate::engine::rollout_guard::{stored_observations, HealthObservation, HealthObservations};
 use crate::engine::rollout_plan::{group_key, RolloutInput, RolloutPlan, UNKNOWN_GROUP};
@@ -88,6 +89,9 @@ pub struct HostedClusterPackageController {
     /// Whether the watch of the owned Packages runs; what its current re-list found so far.
     watching: bool,
     listing: BTreeMap<String, Arc<OwnedPackage>>,
+    /// The resourceVersion of each owned Package as last taken into `packages` (from the watch or a
+    /// write's response): a response older than what the watch showed is not taken.
+    versions: BTreeMap<String, String>,
     children: BTreeMap<String, Addr<HcpNamespaceActor>>,
     /// Writes handed to children and not answered yet: planned as updated and unavailable.
     writing: BTreeSet<String>,
@@ -152,6 +156,7 @@ impl Reconcile for HostedClusterPackageController {
             packages: None,
             watching: false,
             listing: BTreeMap::new(),
+            versions: BTreeMap::new(),
             children: BTreeMap::new(),
             writing: BTreeSet::new(),
             failures: BTreeMap::new(),
@@ -789,13 +794,20 @@ impl StreamHandler<Result<watcher::Event<Package>, watcher::Error>> for HostedCl
                 return;
             }
             Ok(watcher::Event::InitApply(package)) => {
+                let version = package.metadata.resource_version.clone();
                 let (namespace, package) = owned(package);
+                if let Some(version) = version {
+                    state.versions.insert(namespace.clone(), version);
+                }
                 state.listing.insert(namespace, package);
                 return;
             }
             // A complete list replaces what was known: Packages deleted meanwhile are gone.
             Ok(watcher::Event::InitDone) => {
                 let listed = std::mem::take(&mut state.listing);
+                state
+                    .versions
+                    .retain(|namespace, _| listed.contains_key(namespace));
                 if state.packages.as_ref() == Some(&listed) {
                     return;
                 }
@@ -804,7 +816,11 @@ impl StreamHandler<Result<watcher::Event<Package>, watcher::Error>> for HostedCl
             // Most events of a Package change nothing the decision reads (its own status writes of
             // other fields, labels, the echo of this supervisor's write): those wake nobody.
             Ok(watcher::Event::Apply(package)) => {
+                let version = package.metadata.resource_version.clone();
                 let (namespace, package) = owned(package);
+                if let Some(version) = version {
+                    state.versions.insert(namespace.clone(), version);
+                }
                 let Some(packages) = state.packages.as_mut() else {
                     return;
                 };
@@ -815,6 +831,7 @@ impl StreamHandler<Result<watcher::Event<Package>, watcher::Error>> for HostedCl
             }
             Ok(watcher::Event::Delete(package)) => {
                 let (namespace, _) = owned(package);
+                state.versions.remove(&namespace);
                 let Some(packages) = state.packages.as_mut() else {
                     return;
                 };
@@ -843,8 +860,19 @@ impl Handler<PackageWritten> for HostedClusterPackageActor {
                 self.state.failures.remove(&written.namespace);
                 if let (Some(packages), Some(stored)) = (self.state.packages.as_mut(), stored) {
                     match serde_json::from_value::<Package>(stored) {
+                        // Taken only when newer than what the watch already showed: the Package may
+                        // have moved on (become available) between the write and this answer.
                         Ok(p) => {
-                            packages.insert(written.namespace, Arc::new(p.into()));
+                            let version = p.metadata.resource_version.clone();
+                            let watched = self.state.versions.get(&written.namespace);
+                            if response_is_newer(version.as_deref(), watched.map(String::as_str)) {
+                                if let Some(version) = version {
+                                    self.state
+                                        .versions
+                                        .insert(written.namespace.clone(), version);
+                                }
+                                packages.insert(written.namespace, Arc::new(p.into()));
+                            }
                         }
                         Err(e) => warn!(error = %e, "cannot read back a written Package"),
                     }
