@@ -4,7 +4,8 @@
 //! output as a value (`{{ include "labels" . | indent 4 }}`). Errors name the file.
 
 use std::cell::Cell;
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::sync::{Arc, LazyLock};
 
 use gotmpl::{FuncMap, MissingKey, Template, Value as TemplateValue};
 
@@ -75,6 +76,60 @@ fn with_include(base: FuncMap, helpers: Arc<Vec<(String, String)>>) -> FuncMap {
     funcs
 }
 
+type TemplateMap = BTreeMap<Arc<str>, TemplateValue>;
+
+/// The one map that stands for upstream's typed, empty `map[string]string`: upstream's context goes
+/// through JSON (every map untyped, so `index` of a missing key prints `<no value>`), except that it puts
+/// an empty `map[string]string` where the Package has no labels or annotations. `index` of a missing key
+/// there is Go's zero string. Recognised by identity, so no other empty map of the context behaves so.
+static EMPTY_STRING_MAP: LazyLock<Arc<TemplateMap>> = LazyLock::new(Arc::default);
+
+/// `.package.metadata.labels` and `.annotations` as upstream types them when the Package has none (an
+/// object's empty map is no map to the apiserver, so empty counts as none).
+fn with_typed_metadata_maps(data: &mut TemplateValue) {
+    let TemplateValue::Map(root) = data else {
+        return;
+    };
+    let Some(TemplateValue::Map(package)) = Arc::make_mut(root).get_mut("package") else {
+        return;
+    };
+    let Some(TemplateValue::Map(metadata)) = Arc::make_mut(package).get_mut("metadata") else {
+        return;
+    };
+    let metadata = Arc::make_mut(metadata);
+    for key in ["labels", "annotations"] {
+        let none = match metadata.get(key) {
+            None | Some(TemplateValue::Nil) => true,
+            Some(TemplateValue::Map(map)) => map.is_empty(),
+            Some(_) => false,
+        };
+        if none {
+            metadata.insert(key.into(), TemplateValue::Map(EMPTY_STRING_MAP.clone()));
+        }
+    }
+}
+
+/// Go's `index`, but a string key into [`EMPTY_STRING_MAP`] gives the empty string, not nil.
+fn typed_index(args: &[TemplateValue]) -> Result<TemplateValue, gotmpl::TemplateError> {
+    let [collection, keys @ ..] = args else {
+        return Err(gotmpl::TemplateError::Exec(
+            "index: wrong number of args: want at least 1".to_owned(),
+        ));
+    };
+    let mut value = collection.clone();
+    for key in keys {
+        value = match (&value, key) {
+            (TemplateValue::Map(map), TemplateValue::String(_))
+                if Arc::ptr_eq(map, &EMPTY_STRING_MAP) =>
+            {
+                TemplateValue::String("".into())
+            }
+            _ => value.index(key)?,
+        };
+    }
+    Ok(value)
+}
+
 /// Runs `template` into text bounded by the render budget.
 fn execute_bounded(
     template: &Template,
@@ -107,11 +162,14 @@ pub fn render(
         message,
     };
     let budget = RenderBudget::start();
-    let data = gotmpl::ser::to_value(context).map_err(|e| err(e.to_string()))?;
+    let mut data = gotmpl::ser::to_value(context).map_err(|e| err(e.to_string()))?;
+    with_typed_metadata_maps(&mut data);
+    let mut funcs = funcs.clone();
+    funcs.insert("index".into(), Arc::new(typed_index));
     let template = parse_all(
         file,
         helpers,
-        with_include(funcs.clone(), Arc::new(helpers.to_vec())),
+        with_include(funcs, Arc::new(helpers.to_vec())),
     )?;
     let template = template.parse(source).map_err(|e| err(e.to_string()))?;
     execute_bounded(&template, &data).map_err(|e| {
@@ -242,6 +300,81 @@ mod tests {
         assert_eq!(
             key_lines("a: {{ .x }}\nb: {{ .xy }}\nc: {{ .config.x }}", "x"),
             vec![1, 3]
+        );
+    }
+}
+
+#[cfg(test)]
+mod string_map_tests {
+    use super::*;
+    use serde_json::json;
+
+    fn out(source: &str, context: serde_json::Value) -> Result<String, TemplateError> {
+        render("cm.yaml.gotmpl", source, &[], &FuncMap::new(), &context)
+    }
+
+    #[test]
+    fn index_of_a_missing_key_in_absent_labels_or_annotations_is_empty() {
+        let image = r#"image: '{{ index .package.metadata.annotations "test-stub-image" }}'"#;
+        for metadata in [
+            json!({"name": "p"}),
+            json!({"name": "p", "annotations": null, "labels": null}),
+        ] {
+            let context = json!({"package": {"metadata": metadata}});
+            assert_eq!(out(image, context.clone()).unwrap(), "image: ''");
+            assert_eq!(
+                out(
+                    r#"{{ index .package.metadata.labels "a" }}|"#,
+                    context.clone()
+                )
+                .unwrap(),
+                "|"
+            );
+            assert_eq!(
+                out(
+                    r#"{{ index .package.metadata "annotations" "k" }}|"#,
+                    context.clone()
+                )
+                .unwrap(),
+                "|",
+                "reached through index as well"
+            );
+            assert_eq!(
+                out("{{ .package.metadata.annotations | len }}", context.clone()).unwrap(),
+                "0"
+            );
+            // Field access on a typed map still obeys missingkey=error, as in Go.
+            let err = out("{{ .package.metadata.annotations.k }}", context).unwrap_err();
+            assert!(err.message.contains("no entry for key"), "{}", err.message);
+        }
+    }
+
+    #[test]
+    fn other_maps_keep_go_s_untyped_no_value() {
+        // Present annotations, config, images and the environment come from JSON: untyped maps.
+        let context = json!({
+            "package": {"metadata": {"name": "p", "annotations": {"other": "x"}}},
+            "config": {},
+            "images": {"app": "quay.io/app:1"},
+        });
+        for source in [
+            r#"{{ index .package.metadata.annotations "k" }}"#,
+            r#"{{ index .config "k" }}"#,
+            r#"{{ index .images "k" }}"#,
+        ] {
+            assert_eq!(
+                out(source, context.clone()).unwrap(),
+                "<no value>",
+                "{source}"
+            );
+        }
+        assert_eq!(
+            out(
+                r#"{{ index .package.metadata.annotations "other" }}"#,
+                context
+            )
+            .unwrap(),
+            "x"
         );
     }
 }

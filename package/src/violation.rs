@@ -28,8 +28,7 @@ pub mod reason {
     pub const LOCK_MISSING_IMAGE: &str = "Missing image in manifest.lock.yaml, but using PackageManifest.spec.images. Try running: kubectl package update";
     pub const LOCK_IMAGE_MISMATCH: &str =
         "Image specified in manifest does not match with lockfile. Try running: kubectl package update";
-    /// pko's own: upstream lets an object name a phase the manifest does not declare (it is never applied).
-    pub const UNKNOWN_PHASE: &str = "Phase not declared in manifest";
+    pub const UNKNOWN_PHASE: &str = "Phase name not found in manifest";
     /// pko's own: annotations pko reads from objects must parse.
     pub const ANNOTATION_INVALID: &str = "Annotation invalid";
 }

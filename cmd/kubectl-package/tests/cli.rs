@@ -183,6 +183,8 @@ fn validate_reports_success_and_upstreams_messages() {
         (&["validate", "handlebars"], 0, OK, Empty),
         (&["validate", "multi-component"], 0, OK, Empty),
         (&["validate", "images"], 0, OK, Empty),
+        // Its committed fixtures hold `image: ''` where the Package has no annotations.
+        (&["validate", "lazy-image"], 0, OK, Empty),
         // No test templates: templates are never rendered, so neither required config nor a missing
         // key fails validate (tree renders and fails them).
         (&["validate", "required-config"], 0, OK, Empty),
@@ -211,6 +213,12 @@ fn validate_reports_success_and_upstreams_messages() {
             1,
             Empty,
             Contains("Invalid YAML in objects.yaml idx 0: error unmarshaling JSON: while decoding JSON: Object 'Kind' is missing in '{\"metadata\":{\"annotations\":{\"package-operator.run/phase\":\"deploy\"},\"name\":\"no-kind\"}}'\n# a comment line\nmetadata:"),
+        ),
+        (
+            &["validate", "empty-kind"],
+            1,
+            Empty,
+            Contains("Invalid YAML in objects.yaml idx 0: error unmarshaling JSON: while decoding JSON: Object 'Kind' is missing in '{\"apiVersion\":\"v1\",\"kind\":null,"),
         ),
         (
             &["validate", "missing-scopes"],
@@ -288,7 +296,7 @@ fn broken_examples_fail_tree_with_the_shared_messages() {
         // tree never looks at components.
         .filter(|(example, _)| *example != "broken-component")
         .collect();
-    assert_eq!(cases.len(), 9);
+    assert_eq!(cases.len(), 10);
     for (example, message) in cases {
         let out = run(&["tree", example]);
         assert_eq!(out.status.code(), Some(1), "{example}");

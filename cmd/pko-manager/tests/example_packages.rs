@@ -384,7 +384,7 @@ async fn broken_example_packages_are_invalid_with_precise_messages() {
             .filter(|(example, _)| *example != "broken-component")
             .map(|(e, m)| (e.to_owned(), m.to_owned()))
             .collect();
-    assert_eq!(cases.len(), 9);
+    assert_eq!(cases.len(), 10);
     for (example, _) in &cases {
         let image = push_unchecked(example, &format!("{example}:v1")).await;
         install(&client, Some(&ns), example, &image, json!({})).await;
