@@ -82,6 +82,9 @@ pub const PAUSE_MESSAGE_ANNOTATION: &str = "package-operator.run/pause-message";
 /// Keeps a set (and a default-class ObjectSetPhase) until its objects are torn down, so deleting it tears
 /// down as archival does instead of leaving its objects to the garbage collector.
 pub const TEARDOWN_FINALIZER: &str = "package-operator.run/teardown";
+/// The finalizer the apiserver adds to an object deleted with `propagationPolicy: Orphan`; the garbage
+/// collector removes it once the object's dependents no longer reference it.
+pub const ORPHAN_FINALIZER: &str = "orphan";
 
 /// Held on hosted-cluster ObjectSetPhases until their hosted objects are torn down.
 pub const HOSTED_TEARDOWN_FINALIZER: &str = "package-operator.run/hosted-cluster-teardown";

@@ -3,8 +3,11 @@
 //! tears down in reverse order when archived, routes changes of its objects to the phase that owns them,
 //! and writes status only when it changes. Succeeded fires from a timer, not from the next event.
 
-use pko_proto::well_known::{INSTANCE_LABEL, SOURCE_IMAGE_ANNOTATION, TEARDOWN_FINALIZER};
-use std::collections::{BTreeMap, HashMap};
+use pko_proto::well_known::{
+    INSTANCE_LABEL, ORPHAN_FINALIZER, PHASE_CLASS_LABEL, SOURCE_IMAGE_ANNOTATION,
+    TEARDOWN_FINALIZER,
+};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,6 +15,7 @@ use actix::prelude::*;
 use futures::future::LocalBoxFuture;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
+use kube::api::ListParams;
 use pko_proto::core::common::{ControlledObjectReference, LifecycleState, RemotePhaseReference};
 use pko_proto::core::object_set::ObjectSetStatus;
 use serde_json::Value;
@@ -30,7 +34,7 @@ use crate::metrics::manager_metrics::ManagerMetrics;
 use crate::metrics::upstream_metrics::ObjectSetFacts;
 use crate::objects::applier::Applier;
 use crate::objects::object_meta::{creation_seconds, event_reference, tombstone_meta, MetaView};
-use crate::objects::object_set_plan::{phase_object_name, plan_object_set, PlanInputs};
+use crate::objects::object_set_plan::{plan_object_set, PlanInputs};
 use crate::objects::owner_identity::owner_applier;
 use crate::objects::phase_actor::{
     PhaseActor, PhaseCommand, PhaseFinished, PhaseOutcome, UpdatePlan,
@@ -131,30 +135,12 @@ async fn gather_plan(
         .kind
         .revision_kind()
         .api(client.clone(), set.namespace());
-    let phase_api = set.kind.phase_kind().api(client.clone(), set.namespace());
-    // An ObjectSetPhase named <set>-<phase> adopts from <previous>-<phase>, which controls the objects.
-    let phase_suffix = set.delegated_phase_name();
     let mut inputs = PlanInputs {
         shard_owner,
         ..PlanInputs::default()
     };
     let mut highest_previous = 0;
     for previous in &set.spec.previous {
-        if let Some(suffix) = &phase_suffix {
-            match phase_api
-                .get_opt(&phase_object_name(&previous.name, suffix))
-                .await
-            {
-                Ok(Some(p)) => inputs.previous_uids.extend(p.metadata.uid),
-                Ok(None) => {}
-                Err(e) => {
-                    return Err(Unplannable::Inputs(format!(
-                        "reading previous phase of {:?}: {e}",
-                        previous.name
-                    )))
-                }
-            }
-        }
         if let Some(p) = indexed.get(&previous.name) {
             inputs.previous_uids.extend(p.uid.clone());
             highest_previous = highest_previous.max(p.status_revision);
@@ -180,6 +166,29 @@ async fn gather_plan(
                 )))
             }
         }
+    }
+    if set.delegated_phase_name().is_some() && !inputs.previous_uids.is_empty() {
+        // A delegated phase adopts from every phase of a previous revision, not only the one of its own
+        // name: an object may move between phases from one revision to the next.
+        let phases = set
+            .kind
+            .phase_kind()
+            .api(client.clone(), set.namespace())
+            .list(&ListParams::default().labels(PHASE_CLASS_LABEL))
+            .await
+            .map_err(|e| Unplannable::Inputs(format!("listing previous phases: {e}")))?;
+        let previous_sets: HashSet<String> = inputs.previous_uids.iter().cloned().collect();
+        inputs
+            .previous_uids
+            .extend(phases.items.into_iter().filter_map(|phase| {
+                let controlled_by_previous = phase
+                    .metadata
+                    .owner_references
+                    .iter()
+                    .flatten()
+                    .any(|r| r.controller == Some(true) && previous_sets.contains(&r.uid));
+                phase.metadata.uid.filter(|_| controlled_by_previous)
+            }));
     }
     for (index, phase) in set.spec.template.phases.iter().enumerate() {
         for name in &phase.slices {
@@ -241,6 +250,15 @@ impl ObjectSetActor {
         self.object
             .as_ref()
             .is_some_and(|s| s.meta.deletion_timestamp.is_some())
+    }
+
+    /// Being deleted with `propagationPolicy: Orphan`: the apiserver adds the `orphan` finalizer with the
+    /// deletion timestamp, and the garbage collector takes this set's references off its objects (its
+    /// phases, for a delegated set), which stay. Nothing is torn down.
+    fn orphaning(&self) -> bool {
+        self.object.as_ref().is_some_and(|s| {
+            s.meta.deletion_timestamp.is_some() && s.has_finalizer(ORPHAN_FINALIZER)
+        })
     }
 
     /// Adds (`present`) or removes the teardown finalizer, in the background; a failed write is retried.
@@ -349,6 +367,13 @@ impl ObjectSetActor {
     /// Starts the next step: the first phase without a current report (Active/Paused), or the last phase
     /// not yet torn down (Archived).
     fn drive(&mut self, ctx: &mut Context<Self>) {
+        if self.orphaning() {
+            // No phase applies again: a reference written back after the collector took it off would
+            // make the collector delete the object once this set is gone.
+            self.stop_phases();
+            self.write_finalizer(false, ctx);
+            return;
+        }
         if self.lifecycle() == LifecycleState::Archived {
             let remaining = self.state.phases.iter().rposition(|p| !p.torn_down);
             // Archived=False (ArchivalInProgress) while an object holds the teardown up, True once all
