@@ -113,11 +113,18 @@ pub fn plan_deployment(
             previous: previous.into_iter().map(|r| r.name.clone()).collect(),
         };
     };
-    // An archived set of the same template (a rollback to an earlier release) has handed its objects
-    // over and is never made active again: the template gets a new revision under a new name.
+    // Going back to an earlier template (a rollback) never makes its old set the latest again when that
+    // set has handed objects over: archived, or with a newer revision still active. A set adopts only
+    // from the revisions before it, so the old one could not take its objects back from the newer one,
+    // and the newer one is not archived until the latest is available. The template gets a new revision
+    // under a new name (upstream's collision count), whose previous revisions are every active one.
+    let superseded = ours
+        .iter()
+        .any(|r| r.revision > current.revision && r.lifecycle != LifecycleState::Archived);
     if !current.ours
         || current.content != *template
         || current.lifecycle == LifecycleState::Archived
+        || superseded
     {
         return DeploymentAction::BumpCollisionCount;
     }
@@ -317,6 +324,34 @@ mod tests {
             false,
         );
         assert_eq!(action, DeploymentAction::BumpCollisionCount);
+    }
+
+    /// Back to revision 1's template while revision 2 (which took revision 1's objects but never became
+    /// available) is still active: revision 1 cannot take them back, so the template becomes revision 3,
+    /// which may adopt from both.
+    #[test]
+    fn returning_to_a_template_a_newer_active_revision_superseded_makes_a_new_revision() {
+        let first = rev("od-1", 1, "a", false, false);
+        let broken = rev("od-2", 2, "b", false, false);
+        let revisions = [first.clone(), broken];
+        let action = plan_deployment(&first.content, "od-1", &revisions, 5, false);
+        assert_eq!(action, DeploymentAction::BumpCollisionCount);
+        // With the bumped count the template hashes to a new name: revision 3 after both.
+        assert_eq!(
+            plan_deployment(&first.content, "od-1b", &revisions, 5, false),
+            DeploymentAction::Create {
+                name: "od-1b".into(),
+                revision: 3,
+                previous: vec!["od-1".into(), "od-2".into()]
+            }
+        );
+        // A newer revision that is archived already supersedes nothing: the old set is the latest again.
+        let mut archived = rev("od-2", 2, "b", false, true);
+        archived.lifecycle = LifecycleState::Archived;
+        assert!(matches!(
+            plan_deployment(&first.content, "od-1", &[first.clone(), archived], 5, false),
+            DeploymentAction::Settle { .. }
+        ));
     }
 
     #[test]

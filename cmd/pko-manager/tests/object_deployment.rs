@@ -454,3 +454,100 @@ async fn unavailable_intermediate_revisions_are_archived() {
     assert!(get_cm(&client, &ns, "b").await.is_some());
     wait_cm_gone(&client, &ns, "c").await;
 }
+
+/// Back to the first template while the second, which took the first one's ConfigMap but never became
+/// available, is still active: the deployment settles (Available=True, Progressing=False for its
+/// generation) on a third revision of the first template, which took the ConfigMap from the second
+/// (issue 38, item 6).
+#[tokio::test]
+async fn returning_to_an_earlier_template_while_a_newer_revision_holds_its_objects() {
+    let (client, ns) = setup("od-back").await;
+    let api = Api::<ObjectDeployment>::namespaced(client.clone(), &ns);
+    // Both templates hold ConfigMap `shared`; the second's probe never passes.
+    let template = |ok: &str, rule: &str| {
+        json!({
+            "metadata": {"labels": {"app": "back"}},
+            "spec": {
+                "phases": [{"name": "main", "objects": [{"object": configmap("shared", json!({"ok": ok}))}]}],
+                "availabilityProbes": [{
+                    "selector": {"kind": {"group": "", "kind": "ConfigMap"}},
+                    "probes": [{"cel": {"rule": rule, "message": "not ok"}}],
+                }],
+            },
+        })
+    };
+    let good = template("true", "self.data.ok == 'true'");
+    let broken = template("false", "self.data.ok == 'true'");
+    let od: ObjectDeployment = typed(
+        "ObjectDeployment",
+        "back",
+        json!({"selector": {"matchLabels": {"app": "back"}}, "template": good}),
+        json!({}),
+    );
+    api.create(&PostParams::default(), &od).await.unwrap();
+    let live = |od: &ObjectDeployment| {
+        condition(od, "Available").is_some_and(|(s, _)| s == "True")
+            && condition(od, "Progressing").is_some_and(|(s, _)| s == "False")
+    };
+    wait_deployment(&client, &ns, "back", "revision 1 live", live).await;
+    let set_template = |template: Value| {
+        let api = api.clone();
+        async move {
+            api.patch(
+                "back",
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"spec": {"template": template}})),
+            )
+            .await
+            .unwrap();
+        }
+    };
+    set_template(broken).await;
+    // Revision 2 takes the ConfigMap and fails its probe.
+    wait_cm(&client, &ns, "shared", |cm| {
+        cm.data
+            .as_ref()
+            .and_then(|d| d.get("ok"))
+            .map(String::as_str)
+            == Some("false")
+    })
+    .await;
+    wait_deployment(&client, &ns, "back", "revision 2 unavailable", |od| {
+        od.status.as_ref().and_then(|s| s.revision) == Some(2)
+            && condition(od, "Progressing").is_some_and(|(s, _)| s == "True")
+    })
+    .await;
+    set_template(good).await;
+    let settled = wait_deployment(&client, &ns, "back", "live again after going back", live).await;
+    let status = settled.status.unwrap();
+    assert_eq!(
+        status.revision,
+        Some(3),
+        "a new revision of the first template"
+    );
+    let sets = sets_of(&client, &ns, "back").await;
+    let current = sets
+        .iter()
+        .find(|s| s.spec.revision == Some(3))
+        .expect("revision 3");
+    let shared = wait_cm(&client, &ns, "shared", |cm| {
+        cm.data
+            .as_ref()
+            .and_then(|d| d.get("ok"))
+            .map(String::as_str)
+            == Some("true")
+    })
+    .await;
+    assert_eq!(controller_uid(&shared), current.metadata.uid);
+    for older in sets.iter().filter(|s| s.spec.revision != Some(3)) {
+        wait_condition(
+            &client,
+            &ns,
+            older.metadata.name.as_deref().unwrap(),
+            "Archived",
+            "True",
+            None,
+        )
+        .await;
+    }
+}
