@@ -11,7 +11,9 @@
 //!   paused) gets updates. Order is the static list or byte order of the label values; clusters without
 //!   the label, or with a value the static list does not name, form the unknown group, last.
 //! - Budget: at every moment |disrupted ∪ in-flight| <= maxUnavailable, where disrupted means missing,
-//!   not Available, or updated and not done. Updating a Package that is already disrupted (or already
+//!   or not live (Available=True and Progressing=False for its generation, no failure), or updated and not
+//!   done: a Package whose latest revision fails counts even while an older revision keeps it Available,
+//!   so a rollback that brings it back stays within the budget. Updating a Package that is already disrupted (or already
 //!   in flight) costs nothing, so those go first; an available one costs one slot. `instant` updates
 //!   everything at once.
 //! - New targets get their Package at once with the current template (creation disrupts nothing).
@@ -252,9 +254,12 @@ fn is_unavailable(target: &Target) -> bool {
     target.package.is_none_or(|p| !p.available)
 }
 
-/// Counts against the budget: missing, not available, or updated and not done.
+/// Counts against the budget: missing, or not live (updated or not). An outdated Package that is
+/// Available only on the strength of an older revision while its latest fails (the one a rollback must
+/// still bring back) disrupts its cluster as much as one in flight.
 fn is_disrupted(target: &Target) -> bool {
-    is_unavailable(target) || matches!(state(target), RolloutState::InFlight | RolloutState::Failed)
+    target.package.is_none_or(|p| !p.live)
+        || matches!(state(target), RolloutState::InFlight | RolloutState::Failed)
 }
 
 fn is_done(target: &Target) -> bool {
@@ -503,6 +508,35 @@ mod tests {
             plan.update,
             ["e2"],
             "budget remains, but late waits for early"
+        );
+    }
+
+    /// Rolling back: the Package whose newer revision failed is outdated against the old template and
+    /// still Available through its older revision, but not live. It holds a slot, so it goes first and
+    /// only one other joins it under a budget of 2 (issue 38, item 7).
+    #[test]
+    fn an_outdated_package_that_is_not_live_holds_a_slot_even_while_available() {
+        let failed_on_newer = Some(PackageState {
+            updated: false,
+            available: true,
+            live: false,
+            failed: true,
+            ..PackageState::default()
+        });
+        let input = rolling(
+            vec![
+                target("a", None, pkg(false, true)),
+                target("b", None, pkg(false, true)),
+                target("c", None, failed_on_newer),
+            ],
+            2,
+            None,
+        );
+        let plan = plan_rollout(&input);
+        assert_eq!(
+            plan.update,
+            ["c", "a"],
+            "c is free and goes first; a takes the last slot"
         );
     }
 

@@ -19,7 +19,7 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use pko_proto::core::hosted_cluster_package::HostedClusterPackage;
 use pko_proto::core::package::Package;
-use pko_testenv::{shared, ManagerProcess, Prometheus};
+use pko_testenv::{shared, wait_until, ManagerProcess, Prometheus};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -494,4 +494,81 @@ async fn wait_until_prometheus_sees(value: f64) {
     })
     .await
     .unwrap();
+}
+
+/// A release broken on one early cluster (a ConfigMap it must create there belongs to someone else): the
+/// rollout halts, and the automatic rollback brings every Package back to the last good template and
+/// live, the failed one included (its deployment makes a new revision of the old template that takes
+/// the objects back), never with more than maxUnavailable Packages not live at once, counting the failed
+/// one (issue 38, items 6 and 7).
+#[tokio::test]
+async fn a_rollback_brings_the_failed_cluster_back_within_the_budget() {
+    let (api, client, name, members) = rollout(
+        "policy-rollback",
+        &[("early", 4), ("late", 1)],
+        json!(2),
+        json!({"defaults": {"progressDeadline": "60s", "maxFailures": 0}, "rollback": "Automatic"}),
+    )
+    .await;
+    let good = api.get(&name).await.unwrap();
+    let broken_ns = &members.iter().find(|(_, g)| g == "early").unwrap().0;
+    // v2 adds the region `taken`; its ConfigMap already exists in one cluster, owned by nobody.
+    let taken: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": format!("{name}-region-taken")}, "data": {"owner": "someone else"},
+    }))
+    .unwrap();
+    Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), broken_ns)
+        .create(&PostParams::default(), &taken)
+        .await
+        .unwrap();
+    let image = good.spec.template.spec.image.clone();
+    let v2 =
+        json!({"image": image, "config": {"greeting": "v2", "regions": ["eu", "us", "taken"]}});
+    let group_of: BTreeMap<String, usize> = members
+        .iter()
+        .map(|(ns, g)| (ns.clone(), usize::from(g == "late")))
+        .collect();
+    let v2_package_spec = json!({"image": image, "config": v2["config"]});
+    let observer = RolloutObserver::start(&client, &name, &v2_package_spec, group_of).await;
+    set_template(&api, &name, v2).await;
+    let h = wait_status(&api, &name, log, "rolled back, every Package live", |h| {
+        h.status.as_ref().is_some_and(|s| {
+            s.halted
+                .as_ref()
+                .is_some_and(|h| h.rolled_back_at.is_some())
+                && s.counts.available_packages == 5
+        })
+    })
+    .await;
+    assert_eq!(
+        h.status.unwrap().halted.unwrap().reason,
+        "MaxFailuresExceeded"
+    );
+    // Strictly live on the good template, the failed cluster included.
+    for (ns, _) in &members {
+        let p = wait_until(
+            &format!("{ns} live on the good template"),
+            TIMEOUT,
+            || async {
+                let p = Api::<Package>::namespaced(client.clone(), ns)
+                    .get(&name)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if p.spec.config == good.spec.template.spec.config && is_done(&p) {
+                    Ok(p)
+                } else {
+                    Err(format!("{:?}", p.status.map(|s| s.conditions)))
+                }
+            },
+        )
+        .await
+        .unwrap();
+        assert_eq!(p.spec.image, good.spec.template.spec.image);
+    }
+    assert_eq!(greeting(&client, broken_ns, &name).await, "hi");
+    let worst = observer.observed.lock().unwrap().worst;
+    assert!(
+        worst <= 2,
+        "{worst} Packages were not live at once (maxUnavailable 2)"
+    );
 }
