@@ -138,7 +138,7 @@ pub fn plan_deployment(
     // not available either and shares no object with the latest serves nothing: it goes too, as upstream
     // archives such intermediate revisions; the last available one keeps serving.
     let latest_objects = &current.content.objects;
-    let archive = ours
+    let archive: Vec<String> = ours
         .iter()
         .filter(|r| r.name != current.name && r.lifecycle != LifecycleState::Archived)
         .filter(|r| {
@@ -146,10 +146,16 @@ pub fn plan_deployment(
         })
         .map(|r| r.name.clone())
         .collect();
+    // History counts every set archived by its spec, including those archived now: one past the limit
+    // is deleted in the same step (its teardown continues under the deletion), so the deployment never
+    // reports itself settled while history it will delete is still there.
     let mut archived: Vec<&RevisionView> = ours
         .iter()
         .copied()
-        .filter(|r| r.name != current.name && r.archived)
+        .filter(|r| {
+            r.name != current.name
+                && (r.lifecycle == LifecycleState::Archived || archive.contains(&r.name))
+        })
         .collect();
     archived.sort_by_key(|r| std::cmp::Reverse(r.revision));
     let keep = usize::try_from(history_limit.max(0)).unwrap_or(0);
@@ -493,6 +499,7 @@ mod tests {
             }
         );
         revs[4].available = true;
+        // od-4 archived now counts in the history at once: od-4 and od-3 are kept, od-2 goes with od-1.
         assert_eq!(
             plan_deployment(
                 &RevisionContent::of(&template("5")),
@@ -504,7 +511,7 @@ mod tests {
             DeploymentAction::Settle {
                 current: "od-5".into(),
                 archive: vec!["od-4".into()],
-                delete: vec!["od-1".into()]
+                delete: vec!["od-2".into(), "od-1".into()]
             }
         );
     }

@@ -4,7 +4,9 @@
 //! timestamps per ObjectSet. ClusterPackages and ClusterObjectSets carry an empty `pko_namespace`, as
 //! upstream's do. Series go with their object (deletion, and for the success timestamp archival).
 
+use std::collections::VecDeque;
 use std::sync::atomic::AtomicU64;
+use std::sync::PoisonError;
 
 use dashmap::DashMap;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -59,6 +61,7 @@ pub struct PackageFacts<'a> {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ObjectSetFacts<'a> {
     pub name: &'a str,
+    pub uid: &'a str,
     pub namespace: &'a str,
     /// The `package-operator.run/instance` label: the Package the set belongs to, or empty.
     pub package_instance: &'a str,
@@ -84,7 +87,14 @@ pub struct UpstreamMetrics {
     package_images: std::sync::Arc<DashMap<PackageLabels, String>>,
     /// The labels each ObjectSet's series carry, to remove them when it goes.
     object_sets: std::sync::Arc<DashMap<PackageLabels, (String, String)>>,
+    /// UIDs of sets their deployment deleted, newest last: an observation of such a set from before its
+    /// deletion, handled after it, does not bring its series back. Bounded: a set's own actor sees the
+    /// deletion soon after and forgets it for good.
+    retired: std::sync::Arc<std::sync::Mutex<VecDeque<String>>>,
 }
+
+/// How many deleted sets' UIDs [`UpstreamMetrics`] remembers.
+const RETIRED_SETS: usize = 1024;
 
 impl UpstreamMetrics {
     pub(crate) fn register(&self, registry: &mut Registry) {
@@ -167,6 +177,15 @@ impl UpstreamMetrics {
 
     /// An ObjectSet as observed.
     pub fn object_set(&self, facts: &ObjectSetFacts) {
+        if self
+            .retired
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .any(|uid| uid == facts.uid)
+        {
+            return;
+        }
         let key = package_key(facts.name, facts.namespace);
         let labels = (facts.package_instance.to_owned(), facts.image.to_owned());
         if let Some(old) = self
@@ -188,6 +207,18 @@ impl UpstreamMetrics {
                 self.object_set_succeeded.remove(&succeeded);
             }
         }
+    }
+
+    /// Its deployment deleted the ObjectSet `uid`: its series go now, and stay gone.
+    pub fn retire_object_set(&self, name: &str, namespace: &str, uid: &str) {
+        {
+            let mut retired = self.retired.lock().unwrap_or_else(PoisonError::into_inner);
+            if retired.len() == RETIRED_SETS {
+                retired.pop_front();
+            }
+            retired.push_back(uid.to_owned());
+        }
+        self.forget_object_set(name, namespace);
     }
 
     /// An ObjectSet is being deleted or gone.
@@ -284,6 +315,7 @@ mod tests {
         let metrics = UpstreamMetrics::default();
         let mut facts = ObjectSetFacts {
             name: "s-1",
+            uid: "uid-1",
             namespace: "n",
             package_instance: "p",
             image: "r/p:v1",
@@ -308,5 +340,30 @@ mod tests {
         );
         metrics.forget_object_set("s-1", "n");
         assert!(!encode(&metrics).contains("s-1"));
+    }
+
+    #[test]
+    fn a_set_its_deployment_deleted_does_not_come_back_from_an_older_observation() {
+        let metrics = UpstreamMetrics::default();
+        let facts = |name, uid| ObjectSetFacts {
+            name,
+            uid,
+            namespace: "n",
+            package_instance: "",
+            image: "",
+            created: 10,
+            succeeded: None,
+            archived: true,
+        };
+        metrics.object_set(&facts("s-1", "uid-1"));
+        metrics.retire_object_set("s-1", "n", "uid-1");
+        metrics.object_set(&facts("s-1", "uid-1"));
+        assert!(
+            !encode(&metrics).contains("s-1"),
+            "an observation from before the deletion"
+        );
+        // A new set of the same name (the same template again) is another object.
+        metrics.object_set(&facts("s-1", "uid-2"));
+        assert!(encode(&metrics).contains("s-1"));
     }
 }

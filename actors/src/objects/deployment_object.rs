@@ -198,16 +198,24 @@ impl DeploymentObject {
             .map(|_| ())
     }
 
-    /// Deletes an owned set (its objects were already torn down when it was archived).
-    pub async fn delete_set(&self, client: Client, name: &str) -> Result<(), kube::Error> {
+    /// Deletes an owned set (its objects are torn down under the deletion if archival had not finished);
+    /// returns its UID when the apiserver named it (`None` when it was gone already).
+    pub async fn delete_set(
+        &self,
+        client: Client,
+        name: &str,
+    ) -> Result<Option<String>, kube::Error> {
         match self
             .sets
             .api(client, self.namespace())
             .delete(name, &Default::default())
             .await
         {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Ok(deleted) => Ok(deleted.either(
+                |set| set.metadata.uid,
+                |status| status.details.map(|d| d.uid).filter(|uid| !uid.is_empty()),
+            )),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
             Err(e) => Err(e),
         }
     }

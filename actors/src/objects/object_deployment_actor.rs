@@ -158,7 +158,13 @@ async fn reconcile_deployment(
                         .await?;
                 }
                 for name in delete {
-                    od.delete_set(client.clone(), name).await?;
+                    // Gone from the metrics before the status that reports the deployment settled.
+                    if let Some(uid) = od.delete_set(client.clone(), name).await? {
+                        context
+                            .metrics
+                            .upstream
+                            .retire_object_set(name, od.namespace(), &uid);
+                    }
                 }
                 let current = views.iter().find(|v| &v.name == current);
                 let others = views

@@ -610,6 +610,7 @@ impl Reconcile for ObjectSetController {
                 .map_or("", String::as_str);
             metrics.upstream.object_set(&ObjectSetFacts {
                 name: set.name(),
+                uid: set.meta.uid.as_deref().unwrap_or_default(),
                 namespace: set.namespace(),
                 package_instance: label(INSTANCE_LABEL),
                 image: annotation,

@@ -551,3 +551,88 @@ async fn returning_to_an_earlier_template_while_a_newer_revision_holds_its_objec
         .await;
     }
 }
+
+const CREATED: &str = "package_operator_object_set_created_timestamp_seconds";
+
+/// Upstream's revision metrics against revisionHistoryLimit 0 and 1: a revision the history limit
+/// deletes has no series left by the time its deployment reports the next revision settled
+/// (Available=True, Progressing=False for its generation), one the limit keeps still has them; a deleted
+/// deployment's sets take their series with them (issue 38, item 8).
+#[tokio::test]
+async fn revision_series_go_with_the_revisions_the_history_limit_deletes() {
+    let (client, ns) = setup("od-metrics").await;
+    let api = Api::<ObjectDeployment>::namespaced(client.clone(), &ns);
+    for limit in [0, 1] {
+        let name = format!("hist-{limit}");
+        let phases =
+            |cm: &str| json!([{"name": "main", "objects": [{"object": configmap(cm, json!({}))}]}]);
+        let template = |cm: &str| json!({"metadata": {"labels": {"app": name}}, "spec": {"phases": phases(cm)}});
+        let od: ObjectDeployment = typed(
+            "ObjectDeployment",
+            &name,
+            json!({"selector": {"matchLabels": {"app": name}}, "template": template(&format!("{name}-a"))}),
+            json!({"revisionHistoryLimit": limit}),
+        );
+        api.create(&PostParams::default(), &od).await.unwrap();
+        let settled = |od: &ObjectDeployment| {
+            condition(od, "Available").is_some_and(|(s, _)| s == "True")
+                && condition(od, "Progressing").is_some_and(|(s, _)| s == "False")
+        };
+        wait_deployment(&client, &ns, &name, "revision 1 settled", settled).await;
+        let first = sets_of(&client, &ns, &name).await[0]
+            .metadata
+            .name
+            .clone()
+            .unwrap();
+        let first_label = format!("pko_name=\"{first}\"");
+        wait_until(&format!("{first}'s series"), TIMEOUT, || async {
+            match series(CREATED, &[&first_label]).await.len() {
+                1 => Ok(()),
+                n => Err(format!("{n} series")),
+            }
+        })
+        .await
+        .unwrap();
+        for (revision, cm) in [(2, "b"), (3, "c")] {
+            api.patch(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"spec": {"template": template(&format!("{name}-{cm}"))}})),
+            )
+            .await
+            .unwrap();
+            wait_deployment(
+                &client,
+                &ns,
+                &name,
+                &format!("revision {revision} settled"),
+                |od| settled(od) && od.status.as_ref().and_then(|s| s.revision) == Some(revision),
+            )
+            .await;
+            // Read once, right after the deployment said so: no waiting for the series to go.
+            let left = series(CREATED, &[&first_label]).await;
+            let kept = limit == 1 && revision == 2;
+            assert_eq!(
+                left.len(),
+                usize::from(kept),
+                "limit {limit}, revision {revision} settled: {left:?}"
+            );
+        }
+        if limit == 1 {
+            // Deleting the deployment: once its sets are gone, so are their series.
+            let sets: Vec<String> = sets_of(&client, &ns, &name)
+                .await
+                .into_iter()
+                .filter_map(|s| s.metadata.name)
+                .collect();
+            api.delete(&name, &Default::default()).await.unwrap();
+            let set_api = Api::<ObjectSet>::namespaced(client.clone(), &ns);
+            for set in &sets {
+                wait_gone(&set_api, set).await;
+                let label = format!("pko_name=\"{set}\"");
+                let left = series(CREATED, &[&label]).await;
+                assert!(left.is_empty(), "{set} is gone: {left:?}");
+            }
+        }
+    }
+}

@@ -407,3 +407,14 @@ pub fn rss_kib(pid: u32) -> u64 {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap()
 }
+
+/// The lines of the shared manager's /metrics for `metric` whose labels contain every one of `labels`
+/// (`key="value"` each), read once, now.
+pub async fn series(metric: &str, labels: &[&str]) -> Vec<String> {
+    let (_, body) = manager().get("/metrics").await.unwrap();
+    let prefix = format!("{metric}{{");
+    body.lines()
+        .filter(|line| line.starts_with(&prefix) && labels.iter().all(|l| line.contains(l)))
+        .map(str::to_owned)
+        .collect()
+}
