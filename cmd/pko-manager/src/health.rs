@@ -11,12 +11,13 @@ use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
+use pko_actors::metrics::exposition::{
+    prometheus_text, wants_openmetrics, OPENMETRICS, PROMETHEUS_TEXT,
+};
 use pko_actors::metrics::manager_metrics::ManagerMetrics;
 use pko_actors::runtime::kind_feed::FeedSync;
 use tokio::net::TcpListener;
 use tracing::{debug, warn};
-
-const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Where the process stands, for `/readyz`.
 #[derive(Debug, Clone)]
@@ -93,7 +94,22 @@ impl HealthState {
                 let (status, body) = self.readyz();
                 (status, "text/plain", body)
             }
-            (&Method::GET, "/metrics") => (StatusCode::OK, OPENMETRICS, self.metrics.encode()),
+            (&Method::GET, "/metrics") => {
+                let openmetrics = self.metrics.encode();
+                let accept = request
+                    .headers()
+                    .get(hyper::header::ACCEPT)
+                    .and_then(|v| v.to_str().ok());
+                if wants_openmetrics(accept) {
+                    (StatusCode::OK, OPENMETRICS, openmetrics)
+                } else {
+                    (
+                        StatusCode::OK,
+                        PROMETHEUS_TEXT,
+                        prometheus_text(&openmetrics),
+                    )
+                }
+            }
             _ => (
                 StatusCode::NOT_FOUND,
                 "text/plain",
