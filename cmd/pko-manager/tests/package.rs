@@ -703,3 +703,103 @@ data:
     assert_eq!(data["https"], "http://proxy.internal:3128");
     assert_eq!(data["noProxy"], ".cluster.local");
 }
+
+const WIDGET_MANIFEST: &str = "apiVersion: manifests.package-operator.run/v1alpha1
+kind: PackageManifest
+metadata:
+  name: widget
+spec:
+  scopes: [Namespaced]
+  phases:
+  - name: deploy
+  availabilityProbes:
+  - selector:
+      kind:
+        group: sim.pko.test
+        kind: Widget
+    probes:
+    - condition:
+        type: Available
+        status: \"True\"
+";
+
+const WIDGET: &str = "apiVersion: sim.pko.test/v1
+kind: Widget
+metadata:
+  name: widget
+  annotations:
+    package-operator.run/phase: deploy
+spec:
+  release: v1
+";
+
+/// `package_operator_managed_cache_objects_total` counts a Package's workload by the time the Package is
+/// Available, and drops it once the Package's objects are torn down after its deletion (issue 38, item
+/// 9; upstream's test counts a Deployment, here a Widget the workload simulator makes ready, since
+/// kube-controller-manager would race the simulator for a Deployment's status).
+#[tokio::test]
+async fn the_managed_cache_metric_counts_a_packages_workload_while_it_lives() {
+    let (client, ns) = setup("pkg-cache-metric").await;
+    workload::install_widget_crd(&client, workload::WIDGET_GROUP).await;
+    let _ready = workload::widgets(&client, [ns.clone()].into());
+    let image = push(
+        "widget:v1",
+        &[("manifest.yaml", WIDGET_MANIFEST), ("widget.yaml", WIDGET)],
+    )
+    .await;
+    create_package(&client, &ns, "widget", &image, json!({})).await;
+    wait_package(&client, &ns, "widget", "Available", "True", "Available").await;
+    // Read once, as soon as the Package is Available.
+    let widget = Api::<kube::api::DynamicObject>::namespaced_with(
+        client.clone(),
+        &ns,
+        &workload::widget_resource(),
+    )
+    .get("widget")
+    .await
+    .unwrap();
+    let owner = widget
+        .metadata
+        .owner_references
+        .unwrap_or_default()
+        .into_iter()
+        .find(|r| r.controller == Some(true))
+        .unwrap()
+        .uid;
+    let owner_label = format!("owner=\"{owner}\"");
+    let gvk = format!("gvk=\"{}/v1, Kind=Widget\"", workload::WIDGET_GROUP);
+    let counted = series(
+        "package_operator_managed_cache_objects_total",
+        &[&owner_label, &gvk],
+    )
+    .await;
+    assert_eq!(
+        counted.len(),
+        1,
+        "the Package is Available, its Widget not counted"
+    );
+    assert!(counted[0].ends_with(" 1"), "{counted:?}");
+
+    let packages = Api::<Package>::namespaced(client.clone(), &ns);
+    packages
+        .delete("widget", &Default::default())
+        .await
+        .unwrap();
+    wait_gone(&packages, "widget").await;
+    // The garbage collector deletes the deployment and its sets after the Package; the series goes
+    // once the set's teardown removed the Widget.
+    wait_until("the Widget's series dropped", TIMEOUT, || async {
+        let left = series(
+            "package_operator_managed_cache_objects_total",
+            &[&owner_label],
+        )
+        .await;
+        if left.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{left:?}"))
+        }
+    })
+    .await
+    .unwrap();
+}
