@@ -758,14 +758,7 @@ async fn the_managed_cache_metric_counts_a_packages_workload_while_it_lives() {
     .get("widget")
     .await
     .unwrap();
-    let owner = widget
-        .metadata
-        .owner_references
-        .unwrap_or_default()
-        .into_iter()
-        .find(|r| r.controller == Some(true))
-        .unwrap()
-        .uid;
+    let owner = controller_ref(&widget.metadata).unwrap().uid.clone();
     let owner_label = format!("owner=\"{owner}\"");
     let gvk = format!("gvk=\"{}/v1, Kind=Widget\"", workload::WIDGET_GROUP);
     let counted = series(

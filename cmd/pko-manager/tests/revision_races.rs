@@ -110,7 +110,7 @@ async fn sets_deleted_with_orphan_propagation_leave_their_objects() {
         let cm = get_cm(&client, &ns, &format!("{name}-cm"))
             .await
             .unwrap_or_else(|| panic!("{name}'s ConfigMap was deleted"));
-        let refs = cm.metadata.owner_references.unwrap_or_default();
+        let refs = cm.metadata.owner_references.clone().unwrap_or_default();
         assert!(
             refs.iter()
                 .all(|r| Some(&r.uid) != set.metadata.uid.as_ref()),
@@ -119,7 +119,7 @@ async fn sets_deleted_with_orphan_propagation_leave_their_objects() {
         if i % 2 == 0 {
             // Delegated: the phase is orphaned with its objects and keeps controlling them.
             let phase = phases.get(&format!("{name}-p")).await.unwrap();
-            assert_eq!(controller_uid_of(&refs), phase.metadata.uid, "{name}");
+            assert_eq!(controller_uid(&cm), phase.metadata.uid, "{name}");
         }
     }
     // The orphaned phases, deleted with orphan propagation in turn, leave the objects too.
@@ -143,14 +143,6 @@ async fn sets_deleted_with_orphan_propagation_leave_their_objects() {
             "{name}'s ConfigMap was deleted with its phase"
         );
     }
-}
-
-fn controller_uid_of(
-    refs: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference],
-) -> Option<String> {
-    refs.iter()
-        .find(|r| r.controller == Some(true))
-        .map(|r| r.uid.clone())
 }
 
 /// Upstream's handover scenario, once without a class and once delegated (class default), with the same
@@ -349,13 +341,7 @@ async fn handover_scenario(client: &Client, ns: &str, class: &str) {
     let cm1 = get_cm(client, ns, "cm-1")
         .await
         .unwrap_or_else(|| panic!("{}", at("cm-1 exists")));
-    let controller = cm1
-        .metadata
-        .owner_references
-        .unwrap_or_default()
-        .into_iter()
-        .find(|r| r.controller == Some(true))
-        .map(|r| r.name);
+    let controller = controller_ref(&cm1.metadata).map(|r| r.name.clone());
     assert!(
         controller
             .as_deref()

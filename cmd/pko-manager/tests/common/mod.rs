@@ -217,14 +217,19 @@ pub async fn patch_cm(client: &Client, ns: &str, name: &str, patch: Value) {
         .unwrap();
 }
 
-/// UID of the controller of a ConfigMap, if any.
-pub fn controller_uid(cm: &ConfigMap) -> Option<String> {
-    cm.metadata
-        .owner_references
+/// The controller reference among an object's owner references, if any.
+pub fn controller_ref(
+    meta: &kube::api::ObjectMeta,
+) -> Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference> {
+    meta.owner_references
         .as_ref()?
         .iter()
         .find(|r| r.controller == Some(true))
-        .map(|r| r.uid.clone())
+}
+
+/// UID of the controller of a ConfigMap, if any.
+pub fn controller_uid(cm: &ConfigMap) -> Option<String> {
+    controller_ref(&cm.metadata).map(|r| r.uid.clone())
 }
 
 /// Packages as dynamic objects: a Package in `ns`, or a ClusterPackage with `None`.
