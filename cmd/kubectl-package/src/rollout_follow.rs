@@ -654,18 +654,19 @@ mod tests {
             label: Some(label.into()),
             package: Some(PackageState {
                 updated,
-                available: live || !updated,
+                available: live,
                 live,
-                progressed: live,
+                progressed: updated && live,
                 ..PackageState::default()
             }),
             failure: None,
         };
+        // a-1 is in flight on the new template; a-2 and b-1 are live on the old one.
         let input = RolloutInput {
             targets: vec![
                 target("a-1", "a", true, false),
-                target("a-2", "a", false, false),
-                target("b-1", "b", false, false),
+                target("a-2", "a", false, true),
+                target("b-1", "b", false, true),
             ],
             partition: Some(PartitionOrder::Static(vec!["a".into(), "b".into()])),
             strategy: RolloutStrategy::RollingUpgrade { max_unavailable: 1 },
