@@ -25,6 +25,26 @@ fn configmap(i: usize) -> Value {
            "data": {"index": i.to_string(), "payload": "x".repeat(256)}})
 }
 
+/// The manager's apiserver requests that got no success answer so far, by their labels (verb, code),
+/// from its /metrics.
+async fn failed_requests(
+    pko: &ManagerProcess,
+) -> Result<std::collections::BTreeMap<String, u64>, String> {
+    let (_, body) = pko.get("/metrics").await?;
+    Ok(body
+        .lines()
+        .filter_map(|line| {
+            let (labels, value) = line
+                .strip_prefix("pko_apiserver_requests_total{")?
+                .split_once("} ")?;
+            if labels.contains("code=\"2") {
+                return None;
+            }
+            Some((labels.to_owned(), value.trim().parse().ok()?))
+        })
+        .collect())
+}
+
 pub fn manager_path(explicit: Option<PathBuf>) -> Result<PathBuf, String> {
     if let Some(p) = explicit {
         return Ok(p);
@@ -201,6 +221,7 @@ async fn measure(
     .map_err(|e| e.to_string())?;
     let sets: Api<ObjectSet> = Api::namespaced(client.clone(), &ns);
     let writes_before = pko.metric("pko_object_writes_total").await?;
+    let failed_before = failed_requests(&pko).await?;
     let started = Instant::now();
     sets.create(&PostParams::default(), &set)
         .await
@@ -208,6 +229,15 @@ async fn measure(
     wait_available(&sets, "bench", true).await?;
     let engine = started.elapsed();
     let writes_first = pko.metric("pko_object_writes_total").await? - writes_before;
+    // Writes are counted per attempt: a retried apply shows here with the answer that made it retry.
+    let failed_first: Vec<String> = failed_requests(&pko)
+        .await?
+        .into_iter()
+        .filter_map(|(labels, n)| {
+            let new = n - failed_before.get(&labels).copied().unwrap_or(0);
+            (new > 0).then(|| format!("{labels}: {new}"))
+        })
+        .collect();
 
     // (2) Re-reconcile every phase of the unchanged set: pausing and resuming it (the phases and probes
     // are immutable) makes two new generations that touch no object, so every phase runs again.
@@ -398,6 +428,14 @@ async fn measure(
         baseline.as_secs_f64()
     );
     println!("  ObjectSet create -> Available:      {:>8.2} s  ({:.2}x the loop; {writes_first} object writes)", engine.as_secs_f64(), engine.as_secs_f64() / baseline.as_secs_f64());
+    println!(
+        "  apiserver answers that failed then:  {}",
+        if failed_first.is_empty() {
+            "none".to_owned()
+        } else {
+            failed_first.join(", ")
+        }
+    );
     println!("  unchanged set, all phases again:    {writes_again} object writes, {reads_again} object reads");
     println!(
         "  object change -> set condition:     p50 {:.1} ms, p90 {:.1} ms, p99 {:.1} ms, max {:.1} ms ({} samples)",
