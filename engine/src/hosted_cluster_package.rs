@@ -42,7 +42,7 @@ pub const JUDGED_CONDITIONS: [&str; 5] =
     ["Progressing", "Available", "Invalid", "Unpacked", "Paused"];
 
 /// What the rollout reads of a Package it owns, and nothing else: its identity (namespace, name, UID),
-/// generation, whether it is being deleted, spec and the conditions of [`JUDGED_CONDITIONS`]. Two Packages that differ only in what is
+/// generation, spec and the conditions of [`JUDGED_CONDITIONS`]. Two Packages that differ only in what is
 /// left out (resource version, labels, annotations, other status fields) are equal, so a supervisor
 /// decides again only when an event changes what its decision reads.
 #[derive(Debug, Clone, PartialEq)]
@@ -67,8 +67,6 @@ impl From<Package> for OwnedPackage {
                 name: p.metadata.name,
                 uid: p.metadata.uid,
                 generation: p.metadata.generation,
-                // A Package being deleted (waiting for its teardown) is not deleted again.
-                deletion_timestamp: p.metadata.deletion_timestamp,
                 ..ObjectMeta::default()
             },
             spec: p.spec,
@@ -663,9 +661,9 @@ fn guarded_step(
     }
     let deletes = snapshot
         .packages
-        .iter()
-        .filter(|(ns, p)| !wanted.contains(*ns) && p.meta.deletion_timestamp.is_none())
-        .map(|(ns, _)| ns.clone())
+        .keys()
+        .filter(|ns| !wanted.contains(*ns))
+        .cloned()
         .collect();
     // A deadline ends by itself: decide again then.
     let deadline_left = input
@@ -1121,16 +1119,6 @@ mod tests {
             .collect();
         assert_eq!(targets, ["clusters-a", "clusters-c"]);
         assert_eq!(step.deletes, ["clusters-d"]);
-        // Once d's Package is being deleted (its teardown holds it), it is not deleted again.
-        let mut deleting = owned("clusters-d", "registry/addon:v2");
-        Arc::make_mut(&mut deleting).meta.deletion_timestamp =
-            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now()));
-        let mut again = s.clone();
-        again.packages.insert("clusters-d".into(), deleting);
-        let RolloutDecision::Planned(next) = decide_rollout(&again, now()) else {
-            panic!("expected a plan");
-        };
-        assert!(next.deletes.is_empty(), "{:?}", next.deletes);
         assert_eq!(step.plan.create, ["clusters-a"]);
         assert_eq!(step.plan.update, ["clusters-c"]);
         assert_eq!(step.status.observed_generation, 2);

@@ -3,7 +3,7 @@
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams};
 use kube::Resource;
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
@@ -115,45 +115,6 @@ pub fn requested_service_account(meta: &ObjectMeta) -> Option<&str> {
         .as_ref()?
         .get(SERVICE_ACCOUNT_ANNOTATION)
         .map(String::as_str)
-}
-
-/// Whether `meta` lists `finalizer`.
-pub fn has_finalizer(meta: &ObjectMeta, finalizer: &str) -> bool {
-    meta.finalizers
-        .as_ref()
-        .is_some_and(|f| f.iter().any(|x| x == finalizer))
-}
-
-/// Adds (`present`) or removes `finalizer` on the object `meta` describes, through `api`; nothing to do is
-/// no write. Guarded by the observed resourceVersion: a concurrent change makes it fail with 409, and
-/// the next observation retries.
-pub async fn set_finalizer(
-    api: &Api<DynamicObject>,
-    meta: &ObjectMeta,
-    finalizer: &str,
-    present: bool,
-) -> Result<(), kube::Error> {
-    if has_finalizer(meta, finalizer) == present {
-        return Ok(());
-    }
-    let mut finalizers: Vec<String> = meta
-        .finalizers
-        .clone()
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|f| f != finalizer)
-        .collect();
-    if present {
-        finalizers.push(finalizer.to_owned());
-    }
-    let patch = json!({"metadata": {
-        "finalizers": finalizers,
-        "resourceVersion": meta.resource_version,
-    }});
-    let name = meta.name.as_deref().unwrap_or_default();
-    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .map(|_| ())
 }
 
 /// `meta` without its managed fields, the bulk of it: what a watch feed keeps of a deleted object.

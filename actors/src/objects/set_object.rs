@@ -18,7 +18,7 @@ use serde_json::json;
 
 use crate::engine::conditions::is_mapped;
 use crate::engine::desired_object::OwnerRef;
-use crate::objects::object_meta::{has_finalizer, set_finalizer, write_status, MetaView};
+use crate::objects::object_meta::{write_status, MetaView};
 
 /// The phase class this manager reconciles itself.
 pub const DEFAULT_CLASS: &str = "default";
@@ -238,18 +238,43 @@ impl SetObject {
     }
 
     pub fn has_finalizer(&self, finalizer: &str) -> bool {
-        has_finalizer(&self.meta, finalizer)
+        self.meta
+            .finalizers
+            .as_ref()
+            .is_some_and(|f| f.iter().any(|x| x == finalizer))
     }
 
-    /// Adds (`present`) or removes `finalizer` ([`set_finalizer`]).
+    /// Adds (`present`) or removes `finalizer`; nothing to do is no write. Guarded by the observed
+    /// resourceVersion: a concurrent change makes it fail with 409, and the next observation retries.
     pub async fn set_finalizer(
         &self,
         client: Client,
         finalizer: &str,
         present: bool,
     ) -> Result<(), kube::Error> {
-        let api = self.kind.api(client, self.namespace());
-        set_finalizer(&api, &self.meta, finalizer, present).await
+        if self.has_finalizer(finalizer) == present {
+            return Ok(());
+        }
+        let mut finalizers: Vec<String> = self
+            .meta
+            .finalizers
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|f| f != finalizer)
+            .collect();
+        if present {
+            finalizers.push(finalizer.to_owned());
+        }
+        let patch = json!({"metadata": {
+            "finalizers": finalizers,
+            "resourceVersion": self.meta.resource_version,
+        }});
+        self.kind
+            .api(client, self.namespace())
+            .patch(self.name(), &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map(|_| ())
     }
 
     /// Writes `status` through the status subresource (the ObjectSetPhase form for phases).

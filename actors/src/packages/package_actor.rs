@@ -20,9 +20,7 @@ use crate::engine::status_hold::StatusHold;
 use crate::engine::transition_events::package_transitions;
 use crate::metrics::manager_metrics::ManagerMetrics;
 use crate::metrics::upstream_metrics::PackageFacts;
-use crate::objects::object_meta::{
-    creation_seconds, event_reference, has_finalizer, tombstone_meta, MetaView,
-};
+use crate::objects::object_meta::{creation_seconds, event_reference, tombstone_meta, MetaView};
 use crate::packages::package_object::{environment_facts, DeploymentView, PackageObject};
 use crate::runtime::context::ManagerContext;
 use crate::runtime::object_actor::{
@@ -35,9 +33,7 @@ use pko_package::canonical_hash::value_hash;
 use pko_package::chunking::{chunk, ChunkingStrategy};
 use pko_package::environment::{environment_value, package_environment};
 use pko_package::loader::load_installable;
-use pko_proto::well_known::{
-    CHUNKING_ANNOTATION, ORPHAN_FINALIZER, SHARD_OWNER_LABEL, TEARDOWN_FINALIZER,
-};
+use pko_proto::well_known::{CHUNKING_ANNOTATION, SHARD_OWNER_LABEL};
 use tracing::{info_span, Instrument};
 
 /// The package's ObjectDeployment changed: its state as the watch delivered it (`None`: deleted).
@@ -254,10 +250,6 @@ impl Reconcile for PackageController {
         let Some(known) = previous else {
             return Change::Changed;
         };
-        if package.meta.deletion_timestamp.is_some() {
-            // Being deleted: every state is a step of the teardown.
-            return Change::Changed;
-        }
         if known.generation() != package.generation() {
             Change::Respecified
         } else if known.status == package.status
@@ -310,9 +302,6 @@ impl Reconcile for PackageController {
         package: PackageObject,
         _: &mut Context<PackageActor>,
     ) -> Work<Self> {
-        if package.meta.deletion_timestamp.is_some() {
-            return tear_down(actor.context.clone(), package);
-        }
         let hash = spec_hash(&package);
         let previous = actor
             .state
@@ -326,12 +315,6 @@ impl Reconcile for PackageController {
         // Reconciles of one actor never overlap: the hold goes with this one and comes back with it.
         let mut hold = actor.state.hold.clone();
         let run = async move {
-            if !has_finalizer(&package.meta, TEARDOWN_FINALIZER) {
-                // Its deletion then waits for the deployment and the objects to go first.
-                package
-                    .hold_for_teardown(context.client.clone(), true)
-                    .await?;
-            }
             let Unpack {
                 outcome,
                 applied,
@@ -445,30 +428,6 @@ impl Reconcile for PackageController {
             }
         })
     }
-}
-
-/// A deleted Package's teardown: its ObjectDeployment is deleted in the foreground (its ObjectSets tear
-/// the objects down before it goes), and the Package is let go once the deployment is gone. The
-/// deployment's deletion wakes the actor. Deleted with `propagationPolicy: Orphan`, the Package goes at
-/// once and the garbage collector leaves its deployment and objects in place.
-fn tear_down(context: ManagerContext, package: PackageObject) -> Work<PackageController> {
-    let run = async move {
-        if !has_finalizer(&package.meta, TEARDOWN_FINALIZER) {
-            return Ok(());
-        }
-        let client = context.client.clone();
-        let gone = has_finalizer(&package.meta, ORPHAN_FINALIZER)
-            || package.delete_deployment(client.clone()).await?;
-        if gone {
-            package.hold_for_teardown(client, false).await?;
-        }
-        Ok::<_, kube::Error>(())
-    };
-    // Not gone yet is done too: the deployment's deletion wakes the actor, nothing to look at before.
-    work(run, |result, _: &mut PackageActor, _| match result {
-        Ok(_) => Outcome::Done,
-        Err(e) => Outcome::Retry(format!("tearing the package down: {e}")),
-    })
 }
 
 impl Handler<DeploymentChanged> for PackageActor {

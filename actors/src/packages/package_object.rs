@@ -21,10 +21,7 @@ use crate::objects::object_meta::{requested_service_account, write_status, MetaV
 use pko_package::chunking::Slice;
 use pko_package::environment::EnvironmentFacts;
 use pko_proto::core::object_slice::{ClusterObjectSlice, ObjectSlice};
-use pko_proto::well_known::{SLICE_OWNER_LABEL, TEARDOWN_FINALIZER};
-
-/// The field manager of the Package's teardown finalizer (apart from the one applying ObjectDeployments).
-const TEARDOWN_FIELD_MANAGER: &str = "package-operator-teardown";
+use pko_proto::well_known::SLICE_OWNER_LABEL;
 
 /// What a Package copies from its ObjectDeployment.
 #[derive(Debug, Clone, PartialEq)]
@@ -299,69 +296,24 @@ impl PackageObject {
         })
     }
 
-    fn own_api(&self, client: Client) -> Api<DynamicObject> {
-        let resource = if self.cluster {
-            ApiResource::erase::<ClusterPackage>(&())
-        } else {
-            ApiResource::erase::<Package>(&())
-        };
-        self.api(client, &resource)
-    }
-
-    /// Holds the Package (`present`) until its teardown is done, or lets it go: the teardown finalizer,
-    /// server-side applied by a field manager of its own, so the write neither conflicts with other
-    /// writers of the Package nor touches their finalizers.
-    pub async fn hold_for_teardown(
-        &self,
-        client: Client,
-        present: bool,
-    ) -> Result<(), kube::Error> {
-        let finalizers: Vec<&str> = if present {
-            vec![TEARDOWN_FINALIZER]
-        } else {
-            Vec::new()
-        };
-        let mut metadata = json!({"name": self.name(), "finalizers": finalizers});
-        if !self.cluster {
-            metadata["namespace"] = self.namespace().into();
-        }
-        let body = json!({
-            "apiVersion": format!("{}/{}", pko_proto::GROUP, pko_proto::VERSION),
-            "kind": self.kind(),
-            "metadata": metadata,
-        });
-        self.own_api(client)
-            .patch(
-                self.name(),
-                &PatchParams::apply(TEARDOWN_FIELD_MANAGER).force(),
-                &Patch::Apply(&body),
-            )
-            .await
-            .map(|_| ())
-    }
-
-    /// Deletes the package's ObjectDeployment with foreground propagation (its ObjectSets, and through
-    /// their teardown the package's objects, go before it does); whether it is gone.
-    pub async fn delete_deployment(&self, client: Client) -> Result<bool, kube::Error> {
-        let api = self.api(client, &self.deployment_resource());
-        match api.get_opt(self.name()).await? {
-            None => Ok(true),
-            Some(od) if od.metadata.deletion_timestamp.is_some() => Ok(false),
-            Some(_) => match api.delete(self.name(), &DeleteParams::foreground()).await {
-                Ok(_) => Ok(false),
-                Err(kube::Error::Api(s)) if s.code == 404 => Ok(true),
-                Err(e) => Err(e),
-            },
-        }
-    }
-
     /// Writes `status` through the status subresource.
     pub async fn write_status(
         &self,
         client: Client,
         status: &PackageStatus,
     ) -> Result<(), kube::Error> {
-        write_status(&self.own_api(client), self.name(), status, &["conditions"]).await
+        let resource = if self.cluster {
+            ApiResource::erase::<ClusterPackage>(&())
+        } else {
+            ApiResource::erase::<Package>(&())
+        };
+        write_status(
+            &self.api(client, &resource),
+            self.name(),
+            status,
+            &["conditions"],
+        )
+        .await
     }
 }
 
