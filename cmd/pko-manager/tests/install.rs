@@ -290,7 +290,7 @@ async fn installed_from_its_manifests_pko_rolls_out_on_its_own_service_account_a
     }
 
     // pko's own series pass `promtool check metrics`; upstream's gauges named `..._total` are the one
-    // exception, kept for dashboards written for the Go operator (docs/observability.md).
+    // exception, kept for dashboards written for the Go operator (docs/operations.md).
     let (_, exposition) = manager.get("/metrics").await.unwrap();
     let problems = promtool_metric_problems(&exposition);
     let ours: Vec<&String> = problems
