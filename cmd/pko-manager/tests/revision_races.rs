@@ -280,17 +280,7 @@ async fn wait_set(
     status: &str,
     reason: Option<&str>,
 ) {
-    let reached = wait_until(
-        &format!("{ns}/{name} {type_}={status}"),
-        TIMEOUT,
-        || async {
-            match set_condition(client, ns, name, type_).await {
-                Some((s, r, _)) if s == status && reason.is_none_or(|want| want == r) => Ok(()),
-                other => Err(format!("{other:?}")),
-            }
-        },
-    )
-    .await;
+    let reached = reach_condition(client, ns, name, type_, status, reason).await;
     if let Err(stuck) = reached {
         panic!("{stuck:?}\n{}", namespace_dump(client, ns).await);
     }

@@ -153,6 +153,20 @@ pub async fn wait_condition(
     status: &str,
     reason: Option<&str>,
 ) -> String {
+    reach_condition(client, ns, name, type_, status, reason)
+        .await
+        .unwrap()
+}
+
+/// [`wait_condition`], with the timeout returned for the caller to explain.
+pub async fn reach_condition(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    type_: &str,
+    status: &str,
+    reason: Option<&str>,
+) -> Result<String, pko_testenv::TestEnvError> {
     wait_until(
         &format!("ObjectSet {ns}/{name} {type_}={status}"),
         TIMEOUT,
@@ -164,7 +178,6 @@ pub async fn wait_condition(
         },
     )
     .await
-    .unwrap()
 }
 
 pub async fn get_cm(client: &Client, ns: &str, name: &str) -> Option<ConfigMap> {
