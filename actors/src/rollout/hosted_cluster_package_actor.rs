@@ -788,17 +788,21 @@ impl StreamHandler<Result<watcher::Event<Package>, watcher::Error>> for HostedCl
             )
         };
         let state = &mut self.state;
+        // Every state the watch shows is the version a write's answer must be newer than to be taken.
+        if let Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) = &event {
+            if let (Some(namespace), Some(version)) =
+                (&p.metadata.namespace, &p.metadata.resource_version)
+            {
+                state.versions.insert(namespace.clone(), version.clone());
+            }
+        }
         match event {
             Ok(watcher::Event::Init) => {
                 state.listing.clear();
                 return;
             }
             Ok(watcher::Event::InitApply(package)) => {
-                let version = package.metadata.resource_version.clone();
                 let (namespace, package) = owned(package);
-                if let Some(version) = version {
-                    state.versions.insert(namespace.clone(), version);
-                }
                 state.listing.insert(namespace, package);
                 return;
             }
@@ -816,11 +820,7 @@ impl StreamHandler<Result<watcher::Event<Package>, watcher::Error>> for HostedCl
             // Most events of a Package change nothing the decision reads (its own status writes of
             // other fields, labels, the echo of this supervisor's write): those wake nobody.
             Ok(watcher::Event::Apply(package)) => {
-                let version = package.metadata.resource_version.clone();
                 let (namespace, package) = owned(package);
-                if let Some(version) = version {
-                    state.versions.insert(namespace.clone(), version);
-                }
                 let Some(packages) = state.packages.as_mut() else {
                     return;
                 };
