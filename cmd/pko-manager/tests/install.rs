@@ -27,7 +27,9 @@ use pko_testenv::{wait_until, Dashboard, ManagerLaunch, Prometheus};
 use serde_json::Value;
 
 use common::rollout::{all_available, hcpkg_over_all, wait_status};
-use common::shipped::{deploy_dir, install_manifests, kustomize, manager_container, parsed};
+use common::shipped::{
+    deploy_dir, install_manifests, kustomize, manager_container, parsed, run_with_input,
+};
 
 use common::*;
 
@@ -596,21 +598,10 @@ async fn the_manager_role_allows_what_it_needs_and_nothing_more() {
 
 /// What `promtool check metrics` says about `exposition`, one problem per line.
 fn promtool_metric_problems(exposition: &str) -> Vec<String> {
-    use std::io::Write;
-    let mut child = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(exposition.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = run_with_input(
+        Command::new("promtool").args(["check", "metrics"]),
+        exposition,
+    );
     format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),

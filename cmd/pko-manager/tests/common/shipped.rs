@@ -4,7 +4,7 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Command, Output, Stdio};
 
 use k8s_openapi::api::rbac::v1::ClusterRole;
 use kube::Api;
@@ -12,6 +12,23 @@ use pko_testenv::wait_until;
 use serde_json::Value;
 
 use super::{env, TIMEOUT};
+
+/// Runs `command` with `input` on its standard input; its output (stdout and stderr captured).
+pub fn run_with_input(command: &mut Command, input: &str) -> Output {
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
 
 pub fn deploy_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy")
@@ -54,22 +71,13 @@ async fn apply_manifests() {
         .into_iter()
         .filter(|d| parsed(d)["kind"] != "ValidatingWebhookConfiguration")
         .collect();
-    let mut kubectl = Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(env().management().kubeconfig_path())
-        .args(["apply", "--server-side", "--force-conflicts", "-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    kubectl
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(documents.join("\n---\n").as_bytes())
-        .unwrap();
-    let out = kubectl.wait_with_output().unwrap();
+    let out = run_with_input(
+        Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(env().management().kubeconfig_path())
+            .args(["apply", "--server-side", "--force-conflicts", "-f", "-"]),
+        &documents.join("\n---\n"),
+    );
     assert!(
         out.status.success(),
         "{}",
