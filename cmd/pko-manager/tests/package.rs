@@ -734,9 +734,11 @@ spec:
 ";
 
 /// `package_operator_managed_cache_objects_total` counts a Package's workload by the time the Package is
-/// Available, and drops it once the Package's objects are torn down after its deletion (issue 38, item
-/// 9; upstream's test counts a Deployment, here a Widget the workload simulator makes ready, since
-/// kube-controller-manager would race the simulator for a Deployment's status).
+/// Available, and has dropped it by the time the Package is gone when the Package is deleted in the
+/// foreground (issue 38, item 9): the collector then waits for the deployment, which waits for its sets,
+/// whose teardown finalizer goes only after their objects were seen gone. Upstream's test counts a
+/// Deployment, here a Widget the workload simulator makes ready, since kube-controller-manager would race
+/// the simulator for a Deployment's status.
 #[tokio::test]
 async fn the_managed_cache_metric_counts_a_packages_workload_while_it_lives() {
     let (client, ns) = setup("pkg-cache-metric").await;
@@ -775,24 +777,15 @@ async fn the_managed_cache_metric_counts_a_packages_workload_while_it_lives() {
 
     let packages = Api::<Package>::namespaced(client.clone(), &ns);
     packages
-        .delete("widget", &Default::default())
+        .delete("widget", &kube::api::DeleteParams::foreground())
         .await
         .unwrap();
     wait_gone(&packages, "widget").await;
-    // The garbage collector deletes the deployment and its sets after the Package; the series goes
-    // once the set's teardown removed the Widget.
-    wait_until("the Widget's series dropped", TIMEOUT, || async {
-        let left = series(
-            "package_operator_managed_cache_objects_total",
-            &[&owner_label],
-        )
-        .await;
-        if left.is_empty() {
-            Ok(())
-        } else {
-            Err(format!("{left:?}"))
-        }
-    })
-    .await
-    .unwrap();
+    // Read once, as soon as the Package is gone.
+    let left = series(
+        "package_operator_managed_cache_objects_total",
+        &[&owner_label],
+    )
+    .await;
+    assert!(left.is_empty(), "the Package is gone, its Widget still counted: {left:?}");
 }
