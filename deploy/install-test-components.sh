@@ -18,7 +18,7 @@ KUBE_VERSION=v1.20.2
 KUBE_RECIPE=pko3
 CACHE_DIR=${PKO_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/pko}
 KUBE_BIN_DIR=$CACHE_DIR/kube-$KUBE_VERSION-$KUBE_RECIPE
-DEB_PACKAGES=(etcd-server nats-server docker-registry skopeo prometheus)
+DEB_PACKAGES=(etcd-server nats-server docker-registry skopeo prometheus faketime)
 BUILD_PACKAGES=(golang-go rsync jq make dpkg-dev golang-github-modern-go-reflect2-dev)
 
 step() { printf '\n==> %s\n' "$*"; }
@@ -76,7 +76,7 @@ start=$(date +%s)
 step "Debian packages for the test components"
 current_step="install runtime packages"
 install_packages "${DEB_PACKAGES[@]}"
-for bin in etcd nats-server docker-registry skopeo prometheus promtool; do
+for bin in etcd nats-server docker-registry skopeo prometheus promtool faketime; do
   command -v $bin >/dev/null || die "$bin is not on PATH after installing ${DEB_PACKAGES[*]}"
 done
 if ! command -v kubectl >/dev/null; then

@@ -68,6 +68,16 @@ fn in_dir(dir: &Path, binary: &'static str) -> Result<PathBuf, TestEnvError> {
     }
 }
 
+/// Debian's libfaketime (package `libfaketime`, pulled in by `faketime`), preloaded into a process to
+/// shift its clock.
+pub(crate) fn libfaketime() -> Result<PathBuf, TestEnvError> {
+    let multiarch = format!("{}-linux-gnu", std::env::consts::ARCH);
+    in_dir(
+        &Path::new("/usr/lib").join(multiarch).join("faketime"),
+        "libfaketime.so.1",
+    )
+}
+
 pub(crate) fn on_path(binary: &'static str) -> Result<PathBuf, TestEnvError> {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)

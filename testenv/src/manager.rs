@@ -153,6 +153,9 @@ pub struct ManagerLaunch<'a> {
     /// cluster of a fleet. The environment's webhook is registered only at the management apiserver, so
     /// a manager of another apiserver serves none.
     pub apiserver: Option<&'a ApiServer>,
+    /// Its wall clock shifted by libfaketime (`"+30s"`, `"-30s"`): a replica on a machine whose clock is
+    /// off. Only the wall clock moves; the monotonic clock, which times its own deadlines, stays true.
+    pub clock_offset: Option<&'a str>,
 }
 
 impl TestEnv {
@@ -263,6 +266,12 @@ impl TestEnv {
         }
         if let Some(account) = nats.account() {
             command.arg("--nats-account").arg(account);
+        }
+        if let Some(offset) = launch.clock_offset {
+            command
+                .env("LD_PRELOAD", crate::binaries::libfaketime()?)
+                .env("FAKETIME", offset)
+                .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
         }
         command.envs(launch.env.iter().map(|(k, v)| (k, v)));
         let process = ManagedProcess::spawn(
