@@ -70,6 +70,7 @@ async fn members_join_leave_and_run_out() {
                 identity,
                 Duration::from_secs(3),
                 WriteFence::open(),
+                Default::default(),
             )
             .await
             .unwrap()
@@ -102,25 +103,33 @@ async fn members_join_leave_and_run_out() {
     })
     .await;
 
-    // A member that stopped renewing (a crashed replica) drops out when its Lease runs out.
-    let stale = Lease {
+    // A member that stopped renewing (a crashed replica) drops out when its Lease runs out, timed from
+    // when the Lease was seen, whatever its renewTime says: one written by a clock a minute behind is
+    // live at first, one written by a clock ten minutes ahead runs out all the same.
+    let crashed = |member: &str, renewed: Timestamp| Lease {
         metadata: ObjectMeta {
-            name: Some("pko-shard-crashed".into()),
-            labels: Some([(MEMBER_LABEL.to_owned(), "crashed".to_owned())].into()),
+            name: Some(format!("pko-shard-{member}")),
+            labels: Some([(MEMBER_LABEL.to_owned(), member.to_owned())].into()),
             ..ObjectMeta::default()
         },
         spec: Some(LeaseSpec {
-            holder_identity: Some("crashed".into()),
+            holder_identity: Some(member.into()),
             lease_duration_seconds: Some(2),
-            renew_time: Some(MicroTime(Timestamp::now())),
+            renew_time: Some(MicroTime(renewed)),
             ..LeaseSpec::default()
         }),
     };
-    Api::<Lease>::namespaced(client.clone(), &namespace)
-        .create(&PostParams::default(), &stale)
-        .await
-        .unwrap();
-    wait_members(&view, &["crashed", "replica-b"]).await;
-    wait_members(&view, &["replica-b"]).await;
+    let minute = k8s_openapi::jiff::SignedDuration::from_secs(60);
+    for (member, renewed) in [
+        ("behind", Timestamp::now() - minute),
+        ("ahead", Timestamp::now() + minute * 10),
+    ] {
+        Api::<Lease>::namespaced(client.clone(), &namespace)
+            .create(&PostParams::default(), &crashed(member, renewed))
+            .await
+            .unwrap();
+        wait_members(&view, &[member, "replica-b"]).await;
+        wait_members(&view, &["replica-b"]).await;
+    }
     b.leave().await;
 }

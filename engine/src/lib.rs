@@ -12,6 +12,7 @@ pub mod hosted_cluster_package;
 pub mod hosted_teardown;
 pub mod immutable_fields;
 pub mod label_selector;
+pub mod lease_expiry;
 pub mod object_ref;
 pub mod object_set_status;
 pub mod object_template;

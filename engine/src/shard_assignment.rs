@@ -1,9 +1,10 @@
 //! Which manager replica owns what, when the manager runs sharded (docs/sharding.md), and how an object
 //! moves from one replica to another without two of them working on it at once.
 //!
-//! - A replica is a member while its own Lease is live: renewed within its duration. A replica that cannot
-//!   renew stops working before its Lease runs out (the write fence of `runtime::leader_lease`), so an
-//!   expired Lease means a stopped replica.
+//! - A replica is a member while its own Lease is live: a renewal seen within its duration, timed by the
+//!   observer's own clock from when it saw the renewal (`lease_expiry`), never from the renewTime the
+//!   member wrote. A replica that cannot renew stops working before its Lease runs out (the write fence
+//!   of `runtime::leader_lease`), so an expired Lease means a stopped replica, whatever the clocks say.
 //! - Work is keyed by shard key: the HCP namespace for namespaced objects (a namespace's Packages,
 //!   ObjectDeployments, ObjectSets, its connector link and remote phases all live on one replica) and
 //!   kind + name for cluster-scoped objects.
@@ -82,8 +83,8 @@ pub struct MemberLease {
     /// The member the Lease belongs to (its member label; the holder is cleared when it leaves).
     pub member: Member,
     pub holder: Member,
-    /// renewTime, in milliseconds since the epoch.
-    pub renewed_at_ms: i64,
+    /// When the observer first saw the Lease's current renewal, in its own monotonic milliseconds.
+    pub renewal_seen_ms: i64,
     pub duration_ms: i64,
     /// The take-over record the coordinator wrote once the member had left.
     pub successors: Option<BTreeSet<Member>>,
@@ -93,7 +94,7 @@ impl MemberLease {
     fn live(&self, now_ms: i64) -> bool {
         !self.holder.is_empty()
             && self.holder == self.member
-            && self.renewed_at_ms.saturating_add(self.duration_ms) > now_ms
+            && self.renewal_seen_ms.saturating_add(self.duration_ms) > now_ms
     }
 }
 
@@ -365,10 +366,10 @@ mod tests {
 
     #[test]
     fn members_are_the_holders_of_live_leases() {
-        let lease = |member: &str, holder: &str, renewed_at_ms| MemberLease {
+        let lease = |member: &str, holder: &str, renewal_seen_ms| MemberLease {
             member: member.into(),
             holder: holder.into(),
-            renewed_at_ms,
+            renewal_seen_ms,
             duration_ms: 15_000,
             successors: None,
         };

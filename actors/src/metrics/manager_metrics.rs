@@ -14,6 +14,7 @@ use prometheus_client::registry::Metric;
 use super::api_requests::ApiRequestMetrics;
 use super::connector_metrics::ConnectorMetrics;
 use super::fleet_metrics::FleetMetrics;
+use super::lease_metrics::LeaseMetrics;
 use super::package_images::ImageFetchMetrics;
 use super::rollout_metrics::RolloutMetrics;
 use super::shard_metrics::ShardMetrics;
@@ -79,6 +80,7 @@ pub struct ManagerMetrics {
     pub shards: ShardMetrics,
     pub fleet: FleetMetrics,
     pub images: ImageFetchMetrics,
+    pub leases: LeaseMetrics,
     total: Family<ResultLabels, Counter>,
     duration: Family<ControllerLabels, Histogram, fn() -> Histogram>,
     active: Family<ControllerLabels, Gauge>,
@@ -214,6 +216,7 @@ impl ManagerMetrics {
         let shards = ShardMetrics::default();
         let fleet = FleetMetrics::default();
         let images = ImageFetchMetrics::default();
+        let leases = LeaseMetrics::default();
         api.register(&mut registry);
         upstream.register(&mut registry);
         rollouts.register(&mut registry);
@@ -221,6 +224,7 @@ impl ManagerMetrics {
         shards.register(&mut registry);
         fleet.register(&mut registry);
         images.register(&mut registry);
+        leases.register(&mut registry);
         Self {
             registry: Arc::new(RwLock::new(registry)),
             upstream,
@@ -229,6 +233,7 @@ impl ManagerMetrics {
             shards,
             fleet,
             images,
+            leases,
             total,
             duration,
             active,

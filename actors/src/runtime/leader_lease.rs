@@ -1,25 +1,29 @@
 //! Leader election with a coordination.k8s.io/v1 Lease, for the manager and for replicated connectors: only
 //! the holder works.
 //!
-//! What it must prevent is two holders writing at once. The Lease lasts `duration` from its renewTime; the
-//! holder renews every `retry_period` and gives up `renew_deadline` after the start of its last successful
-//! renewal, which is before renewTime + `duration`, when a standby may take over (client-go's defaults:
-//! 15 s, 10 s, 2 s, so 5 s to spare for clock skew). Giving up means two things at once: the
-//! [`WriteFence`] of the process's clients has closed (every write after the deadline is refused, even by
-//! a thread that was stopped and runs again) and the process exits with [`EXIT_LEASE_LOST`]. The Lease
-//! lives on a thread of its own, with its own client and a timeout on every request, so busy actors and
-//! the reconciles' request queue cannot delay a renewal.
+//! What it must prevent is two holders writing at once. The holder renews every `retry_period` and gives
+//! up `renew_deadline` after the start of its last successful renewal (client-go's defaults: 15 s Lease,
+//! 10 s, 2 s). A standby times the Lease by its own monotonic clock from when it saw the Lease's record
+//! last change, and takes it `duration` after that (`engine::lease_expiry`): never by comparing the
+//! holder's renewTime with its own wall clock, so a skewed clock on either side cannot make two holders.
+//! Giving up means two things at once: the [`WriteFence`] of the process's clients has closed (every
+//! write after the deadline is refused, even by a thread that was stopped and runs again) and the process
+//! exits with [`EXIT_LEASE_LOST`]. The Lease lives on a thread of its own, with its own client and a
+//! timeout on every request, so busy actors and the reconciles' request queue cannot delay a renewal.
 
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
-use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use k8s_openapi::jiff::Timestamp;
 use kube::api::PostParams;
 use kube::{Api, Client};
 use tokio::sync::oneshot;
 use tracing::{error, info, warn};
 
+use crate::engine::lease_expiry::{LeaseRecord, LeaseSighting};
+use crate::metrics::lease_metrics::{LeaseAttempt, LeaseMetrics};
 use crate::runtime::write_fence::WriteFence;
 
 /// The exit code of a process that lost its Lease.
@@ -39,6 +43,8 @@ pub struct LeaseConfig {
     pub retry_period: Duration,
     /// Labels the Lease is created with (a shard member's Lease is found by them).
     pub labels: std::collections::BTreeMap<String, String>,
+    /// Where attempts and holding are counted.
+    pub metrics: LeaseMetrics,
 }
 
 /// The Lease could not be held.
@@ -69,6 +75,7 @@ impl LeaseConfig {
             renew_deadline: duration * 2 / 3,
             retry_period: duration * 2 / 15,
             labels: std::collections::BTreeMap::new(),
+            metrics: LeaseMetrics::default(),
         }
     }
 
@@ -89,23 +96,32 @@ impl LeaseConfig {
     }
 }
 
-/// Whether `lease` may be taken by `identity` at `now`: free, ours, or expired.
-pub fn may_acquire(lease: &LeaseSpec, identity: &str, now: Timestamp) -> bool {
-    let holder = lease.holder_identity.as_deref().unwrap_or_default();
-    if holder.is_empty() || holder == identity {
-        return true;
+/// What a Lease says about its holder, as the expiry rule compares it.
+pub fn lease_record(lease: &LeaseSpec) -> LeaseRecord {
+    LeaseRecord {
+        holder: lease.holder_identity.clone().unwrap_or_default(),
+        renewed: lease
+            .renew_time
+            .as_ref()
+            .map(|MicroTime(t)| t.to_string())
+            .unwrap_or_default(),
     }
-    let duration = i64::from(lease.lease_duration_seconds.unwrap_or(15));
-    match &lease.renew_time {
-        Some(MicroTime(renewed)) => *renewed + SignedDuration::from_secs(duration) < now,
-        None => true,
-    }
+}
+
+/// A Lease's duration in milliseconds (15 s when it names none).
+pub fn lease_duration_ms(lease: &LeaseSpec) -> u64 {
+    u64::try_from(lease.lease_duration_seconds.unwrap_or(15))
+        .unwrap_or(15)
+        .saturating_mul(1000)
 }
 
 /// Takes, renews and gives up one Lease; used on the Lease thread only.
 struct LeaseClient {
     api: Api<Lease>,
     config: LeaseConfig,
+    /// The Lease as last read, and when its record last changed on `epoch`'s clock.
+    seen: Mutex<Option<LeaseSighting>>,
+    epoch: Instant,
 }
 
 impl LeaseClient {
@@ -121,11 +137,33 @@ impl LeaseClient {
     }
 
     /// One attempt to take or renew the Lease within `limit`; `Ok(false)` when another replica holds it.
-    async fn attempt(&self, limit: Duration) -> Result<bool, String> {
-        match tokio::time::timeout(limit, self.try_take()).await {
+    /// Counted as `success` when it succeeds.
+    async fn attempt(&self, limit: Duration, success: LeaseAttempt) -> Result<bool, String> {
+        let result = match tokio::time::timeout(limit, self.try_take()).await {
             Ok(result) => result.map_err(|e| e.to_string()),
             Err(_) => Err(format!("no answer within {limit:?}")),
-        }
+        };
+        let outcome = match &result {
+            Ok(true) => success,
+            Ok(false) => LeaseAttempt::HeldElsewhere,
+            Err(_) => LeaseAttempt::Failed,
+        };
+        self.config.metrics.attempted(&self.config.name, outcome);
+        result
+    }
+
+    /// Notes the Lease as read now; whether this replica may take it (free, ours, or unchanged for its
+    /// whole duration on this process's clock).
+    fn may_take(&self, current: &LeaseSpec) -> bool {
+        let now_ms = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let record = lease_record(current);
+        let mut seen = self
+            .seen
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let sighting = seen.get_or_insert_with(|| LeaseSighting::new(record.clone(), now_ms));
+        sighting.observe(record, now_ms);
+        sighting.may_take(&self.config.identity, lease_duration_ms(current), now_ms)
     }
 
     async fn try_take(&self) -> Result<bool, kube::Error> {
@@ -149,7 +187,7 @@ impl LeaseClient {
             }
             Some(mut lease) => {
                 let current = lease.spec.clone().unwrap_or_default();
-                if !may_acquire(&current, &self.config.identity, Timestamp::now()) {
+                if !self.may_take(&current) {
                     return Ok(false);
                 }
                 let ours = current.holder_identity.as_deref() == Some(&self.config.identity);
@@ -194,7 +232,10 @@ impl LeaseClient {
     async fn acquire(&self, stop: &mut oneshot::Receiver<oneshot::Sender<()>>) -> Option<Instant> {
         loop {
             let started = Instant::now();
-            match self.attempt(self.config.retry_period).await {
+            match self
+                .attempt(self.config.retry_period, LeaseAttempt::Taken)
+                .await
+            {
                 Ok(true) => return Some(started),
                 Ok(false) => {}
                 Err(e) => warn!(error = %e, "leader election attempt failed"),
@@ -218,6 +259,7 @@ impl LeaseClient {
                 () = tokio::time::sleep(self.config.retry_period) => {}
                 asked = &mut *stop => {
                     fence.close();
+                    self.config.metrics.holding(&self.config.name, false);
                     self.release().await;
                     if let Ok(done) = asked {
                         let _ = done.send(());
@@ -230,7 +272,10 @@ impl LeaseClient {
             let Some(left) = deadline.checked_duration_since(started) else {
                 return Some("the renew deadline passed before the next renewal".to_owned());
             };
-            match self.attempt(left.min(self.config.retry_period)).await {
+            match self
+                .attempt(left.min(self.config.retry_period), LeaseAttempt::Renewed)
+                .await
+            {
                 Ok(true) => {
                     renewed = started;
                     fence.open_until(started + self.config.renew_deadline);
@@ -291,15 +336,19 @@ impl LeaseHolder {
                     let lease = LeaseClient {
                         api: Api::namespaced(client, &config.namespace),
                         config,
+                        seen: Mutex::new(None),
+                        epoch: Instant::now(),
                     };
                     let Some(renewed) = lease.acquire(&mut stop_rx).await else {
                         return;
                     };
                     fence.open_until(renewed + lease.config.renew_deadline);
+                    lease.config.metrics.holding(&lease.config.name, true);
                     info!(lease = %lease.config.name, identity = %lease.config.identity, "became leader");
                     let _ = acquired_tx.send(Ok(()));
                     if let Some(reason) = lease.renew(renewed, &fence, &mut stop_rx).await {
                         fence.close();
+                        lease.config.metrics.holding(&lease.config.name, false);
                         error!(lease = %lease.config.name, %reason, "lost the lease; exiting so another replica takes over");
                         std::process::exit(EXIT_LEASE_LOST);
                     }
@@ -327,22 +376,20 @@ impl LeaseHolder {
 mod tests {
     use super::*;
 
-    fn at(s: i64) -> Timestamp {
-        Timestamp::from_second(s).unwrap()
-    }
-
     #[test]
-    fn lease_rules() {
-        let held = LeaseSpec {
+    fn a_lease_is_recorded_as_written_and_lasts_its_duration() {
+        let spec = LeaseSpec {
             holder_identity: Some("other".into()),
-            lease_duration_seconds: Some(15),
-            renew_time: Some(MicroTime(at(100))),
+            lease_duration_seconds: Some(6),
+            renew_time: Some(MicroTime(Timestamp::from_second(100).unwrap())),
             ..Default::default()
         };
-        assert!(!may_acquire(&held, "me", at(110)));
-        assert!(may_acquire(&held, "me", at(116)));
-        assert!(may_acquire(&held, "other", at(110)));
-        assert!(may_acquire(&LeaseSpec::default(), "me", at(0)));
+        let record = lease_record(&spec);
+        assert_eq!(record.holder, "other");
+        assert_eq!(record.renewed, "1970-01-01T00:01:40Z");
+        assert_eq!(lease_duration_ms(&spec), 6_000);
+        assert_eq!(lease_duration_ms(&LeaseSpec::default()), 15_000);
+        assert!(lease_record(&LeaseSpec::default()).is_free());
     }
 
     #[test]

@@ -5,19 +5,22 @@
 //! members' Leases. It owns no assignment: which replica works on what is the engine's rule over the view.
 
 use std::collections::BTreeSet;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::jiff::Timestamp;
 use kube::runtime::{reflector, watcher, WatchStreamExt};
 use kube::{Api, Client};
 use pko_proto::well_known::shard_member_lease;
 use tokio::sync::watch;
 use tracing::warn;
 
+use crate::engine::lease_expiry::{LeaseRecord, LeaseSightings};
 use crate::engine::shard_assignment::{Member, MemberLease, ShardView};
-use crate::runtime::leader_lease::{LeaseConfig, LeaseError, LeaseHolder};
+use crate::metrics::lease_metrics::LeaseMetrics;
+use crate::runtime::leader_lease::{
+    lease_duration_ms, lease_record, LeaseConfig, LeaseError, LeaseHolder,
+};
 use crate::runtime::write_fence::WriteFence;
 
 /// Label on every member Lease; its value is the member's name (the holder is cleared when it leaves).
@@ -71,9 +74,11 @@ impl ShardMembership {
         identity: &str,
         duration: Duration,
         fence: WriteFence,
+        metrics: LeaseMetrics,
     ) -> Result<Self, LeaseError> {
         let mut config =
             LeaseConfig::new(namespace, &shard_member_lease(identity), identity, duration);
+        config.metrics = metrics;
         config
             .labels
             .insert(MEMBER_LABEL.to_owned(), identity.to_owned());
@@ -100,9 +105,16 @@ impl ShardMembership {
     }
 }
 
-fn member_lease(lease: &Lease) -> Option<MemberLease> {
+/// The member a Lease belongs to (its member label), and what it says about the holder.
+fn member_record(lease: &Lease) -> Option<(Member, LeaseRecord)> {
     let member = lease.metadata.labels.as_ref()?.get(MEMBER_LABEL)?.clone();
-    let spec = lease.spec.as_ref()?;
+    Some((member, lease_record(lease.spec.as_ref()?)))
+}
+
+/// A member Lease as the view reads it, its renewal timed by when this process saw it (`sightings`).
+fn member_lease(lease: &Lease, sightings: &LeaseSightings<Member>) -> Option<MemberLease> {
+    let (member, record) = member_record(lease)?;
+    let seen = sightings.get(&member)?;
     let successors = lease
         .metadata
         .annotations
@@ -111,13 +123,9 @@ fn member_lease(lease: &Lease) -> Option<MemberLease> {
         .map(|list| parse_successors(list));
     Some(MemberLease {
         member,
-        holder: spec.holder_identity.clone().unwrap_or_default(),
-        renewed_at_ms: spec
-            .renew_time
-            .as_ref()
-            .map(|t| t.0.as_millisecond())
-            .unwrap_or_default(),
-        duration_ms: i64::from(spec.lease_duration_seconds.unwrap_or(15)) * 1000,
+        holder: record.holder,
+        renewal_seen_ms: i64::try_from(seen.changed_at_ms()).unwrap_or(i64::MAX),
+        duration_ms: i64::try_from(lease_duration_ms(lease.spec.as_ref()?)).unwrap_or(i64::MAX),
         successors,
     })
 }
@@ -131,13 +139,16 @@ pub fn parse_successors(list: &str) -> BTreeSet<Member> {
         .collect()
 }
 
-/// Keeps `view` equal to what the member Leases say (a reflector keeps the Leases, re-lists included).
+/// Keeps `view` equal to what the member Leases say (a reflector keeps the Leases, re-lists included). A
+/// Lease's renewals are timed by this process's monotonic clock from when the watch delivered them.
 async fn follow_members(api: Api<Lease>, view: watch::Sender<ShardView>) {
     let config = watcher::Config::default().labels(MEMBER_LABEL);
     let (leases, writer) = reflector::store();
     let mut events = reflector(writer, watcher::watcher(api, config))
         .default_backoff()
         .boxed();
+    let epoch = Instant::now();
+    let mut sightings = LeaseSightings::default();
     let mut next_expiry = EXPIRY_CHECK;
     loop {
         tokio::select! {
@@ -148,17 +159,21 @@ async fn follow_members(api: Api<Lease>, view: watch::Sender<ShardView>) {
             },
             _ = tokio::time::sleep(next_expiry) => {}
         }
-        let now = Timestamp::now().as_millisecond();
-        let known: Vec<MemberLease> = leases
-            .state()
+        let now = i64::try_from(epoch.elapsed().as_millis()).unwrap_or(i64::MAX);
+        let state = leases.state();
+        sightings.observe_all(
+            state.iter().filter_map(|l| member_record(l)),
+            u64::try_from(now).unwrap_or_default(),
+        );
+        let known: Vec<MemberLease> = state
             .iter()
-            .filter_map(|l| member_lease(l))
+            .filter_map(|l| member_lease(l, &sightings))
             .collect();
         let seen = ShardView::of(&known, now);
         // Wake just after the first live Lease would run out unrenewed.
         next_expiry = known
             .iter()
-            .map(|l| l.renewed_at_ms.saturating_add(l.duration_ms))
+            .map(|l| l.renewal_seen_ms.saturating_add(l.duration_ms))
             .filter(|expiry| *expiry > now)
             .min()
             .and_then(|expiry| u64::try_from(expiry - now + 1).ok())

@@ -436,7 +436,7 @@ async fn run(args: Args) -> Result<(), ManagerError> {
     if let Some(addr) = args.webhook_addr {
         serve_webhook(&args, addr, client.clone(), reviews.clone(), &metrics).await?;
     }
-    let health = HealthState::new(metrics);
+    let health = HealthState::new(metrics.clone());
     let bound = health::serve(args.health_addr, health.clone())
         .await
         .map_err(|source| ManagerError::Health {
@@ -445,12 +445,13 @@ async fn run(args: Args) -> Result<(), ManagerError> {
         })?;
     info!(addr = %bound, "serving /healthz, /readyz, /metrics");
 
-    let leader_config = LeaseConfig::new(
+    let mut leader_config = LeaseConfig::new(
         &args.leader_election_namespace,
         &args.lease_name,
         &identity,
         Duration::from_secs(args.lease_duration_seconds),
     );
+    leader_config.metrics = metrics.leases.clone();
     let (lease, membership) = if args.sharding {
         // Every replica works on its share from the start; the Lease holder also coordinates.
         let membership = ShardMembership::join(
@@ -460,6 +461,7 @@ async fn run(args: Args) -> Result<(), ManagerError> {
             &identity,
             Duration::from_secs(args.lease_duration_seconds),
             fence.clone(),
+            metrics.leases.clone(),
         )
         .await?;
         info!(member = %identity, "sharded: working on this replica's share");

@@ -1,8 +1,9 @@
 //! Replicas with --leader-election: only the Lease holder becomes ready and reconciles; killing it hands
 //! over to a standby within the lease duration. And no split brain (issue 17, item 2): a leader whose
 //! apiserver traffic stalls stops and exits non-zero at its renew deadline, before a standby may take the
-//! Lease. One test, because every manager of this binary reconciles every namespace: only the replicas
-//! it starts may write.
+//! Lease. Nor with skewed clocks (issue 39, item 1): the leader runs 30 s behind and the standby 30 s
+//! ahead (libfaketime), and the standby waits as long as the leader renews. One test, because every
+//! manager of this binary reconciles every namespace: only the replicas it starts may write.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -90,7 +91,16 @@ async fn one_leader_at_a_time_even_when_the_leader_stalls() {
     ];
     let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
     let binary = Path::new(env!("CARGO_BIN_EXE_pko-manager"));
-    let first = env().start_manager(binary, &args).await.unwrap();
+    // The leader's wall clock runs 30 s behind, the standby's 30 s ahead.
+    let behind = ManagerLaunch {
+        clock_offset: Some("-30s"),
+        ..ManagerLaunch::default()
+    };
+    let first = env()
+        .start_manager_with(binary, &behind, &args)
+        .await
+        .unwrap();
+    wait_leader(&leases, &first).await;
     // The second replica reaches the apiserver through a proxy the test can stall.
     let proxy = env()
         .management()
@@ -99,6 +109,7 @@ async fn one_leader_at_a_time_even_when_the_leader_stalls() {
         .unwrap();
     let proxied = ManagerLaunch {
         kubeconfig: Some(proxy.kubeconfig_path().to_owned()),
+        clock_offset: Some("+30s"),
         ..ManagerLaunch::default()
     };
     let second = env().spawn_manager_with(binary, &proxied, &args).unwrap();
@@ -115,6 +126,35 @@ async fn one_leader_at_a_time_even_when_the_leader_stalls() {
         second.get("/readyz").await.unwrap(),
         (200, "ok: standby\n".to_owned()),
         "standby while the leader lives"
+    );
+
+    // The leader's renewTimes are a minute old by the standby's clock; it times the Lease from when it
+    // saw it renewed, so it keeps finding it held for longer than a Lease lasts, and the leader leads on.
+    let first_id = format!("-{}", first.pid().unwrap());
+    let declined = r#"pko_lease_attempts_total{lease="pko-test",result="held_elsewhere"}"#;
+    let waited = wait_until(
+        "the standby found the Lease held for longer than it lasts",
+        TIMEOUT,
+        || async {
+            let holder = lease_holder(&leases).await;
+            assert!(
+                holder.ends_with(&first_id),
+                "the standby took the Lease from a live leader: {holder}\n{}",
+                first.log_tail()
+            );
+            // 12 attempts 0.8 s apart: more than the Lease's 6 s.
+            match second.metric(declined).await {
+                Ok(n) if n >= 12 => Ok(n),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await
+    .unwrap();
+    assert!(waited >= 12);
+    assert_eq!(
+        first.metric(r#"pko_lease_held{lease="pko-test"}"#).await,
+        Ok(1)
     );
 
     // A dead leader: the standby takes over once its Lease expires, and reconciles.

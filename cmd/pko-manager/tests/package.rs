@@ -787,5 +787,8 @@ async fn the_managed_cache_metric_counts_a_packages_workload_while_it_lives() {
         &[&owner_label],
     )
     .await;
-    assert!(left.is_empty(), "the Package is gone, its Widget still counted: {left:?}");
+    assert!(
+        left.is_empty(),
+        "the Package is gone, its Widget still counted: {left:?}"
+    );
 }

@@ -14,7 +14,7 @@ use std::path::Path;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::Api;
-use pko_actors::runtime::shard_membership::MEMBER_LABEL;
+use pko_actors::runtime::shard_membership::{MEMBER_LABEL, SUCCESSORS_ANNOTATION};
 use pko_proto::core::hosted_cluster_package::HostedClusterPackage;
 use pko_proto::core::object_set::ObjectSet;
 use pko_proto::core::package::Package;
@@ -71,9 +71,38 @@ async fn replicas_share_namespaces_and_take_over_a_killed_one() {
     let args = sharded_manager_args(&lease_ns, LEASE_SECONDS);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let binary = Path::new(env!("CARGO_BIN_EXE_pko-manager"));
+    // Clocks apart (issue 39, item 1): the coordinator's runs 30 s ahead, another replica's 30 s behind.
+    // Leases are timed from when each was seen renewed, so every replica stays a member.
     let mut replicas: Vec<pko_testenv::ManagerProcess> = Vec::new();
-    for _ in 0..3 {
-        replicas.push(env.start_manager(binary, &args).await.unwrap());
+    let leases = Api::<Lease>::namespaced(client.clone(), &lease_ns);
+    for offset in [Some("+30s"), None, Some("-30s")] {
+        let launch = pko_testenv::ManagerLaunch {
+            clock_offset: offset,
+            ..Default::default()
+        };
+        replicas.push(
+            env.start_manager_with(binary, &launch, &args)
+                .await
+                .unwrap(),
+        );
+        if replicas.len() == 1 {
+            let pid = format!("-{}", replicas[0].pid().unwrap());
+            wait_until("the first replica coordinates", TIMEOUT, || async {
+                let holder = leases
+                    .get_opt(SHARD_COORDINATOR_LEASE)
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .and_then(|l| l.spec?.holder_identity)
+                    .unwrap_or_default();
+                if holder.ends_with(&pid) {
+                    Ok(())
+                } else {
+                    Err(holder)
+                }
+            })
+            .await
+            .unwrap();
+        }
     }
     let mut namespaces = Vec::new();
     for i in 0..12 {
@@ -95,10 +124,31 @@ async fn replicas_share_namespaces_and_take_over_a_killed_one() {
     .unwrap();
     let distinct: BTreeSet<&String> = spread.values().collect();
     assert!(distinct.len() >= 2, "all on one replica: {spread:?}");
+    // No live replica was taken for departed: no take-over recorded, on no member's Lease.
+    assert_eq!(
+        replicas[0].metric("pko_shard_takeover_seconds_count").await,
+        Ok(0),
+        "a take-over while every replica lives"
+    );
+    let recorded: Vec<String> = leases
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|l| {
+            l.metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key(SUCCESSORS_ANNOTATION))
+        })
+        .filter_map(|l| l.metadata.name)
+        .collect();
+    assert!(recorded.is_empty(), "take-overs recorded: {recorded:?}");
 
     // A replica other than the coordinator (the Lease holder) is killed: its namespaces move after its
     // Lease runs out and are reconciled there (a new ObjectSet in such a namespace becomes Available).
-    let coordinator_identity = Api::<Lease>::namespaced(client.clone(), &lease_ns)
+    let coordinator_identity = leases
         .get(SHARD_COORDINATOR_LEASE)
         .await
         .unwrap()
@@ -164,7 +214,6 @@ async fn replicas_share_namespaces_and_take_over_a_killed_one() {
         }
     }
     // Once every object is relabelled, the departed member's Lease (with its take-over record) goes.
-    let leases = Api::<Lease>::namespaced(client.clone(), &lease_ns);
     wait_until("the killed replica's Lease retired", TIMEOUT, || async {
         let left: Vec<String> = leases
             .list(&Default::default())
