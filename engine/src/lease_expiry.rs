@@ -16,6 +16,8 @@
 
 use std::collections::BTreeMap;
 
+use crate::sighting::Sighting;
+
 /// What a Lease says about its holder; each renewal changes it. Compared as written, never read as a
 /// time.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -35,51 +37,43 @@ impl LeaseRecord {
 
 /// A Lease as this process saw it: its record and when the record last changed.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LeaseSighting {
-    record: LeaseRecord,
-    changed_at_ms: u64,
-}
+pub struct LeaseSighting(Sighting<LeaseRecord>);
 
 impl LeaseSighting {
     /// The first sight of a Lease, at `now_ms`.
     pub fn new(record: LeaseRecord, now_ms: u64) -> Self {
-        Self {
-            record,
-            changed_at_ms: now_ms,
-        }
+        Self(Sighting::new(record, now_ms))
     }
 
     /// Notes what the Lease says at `now_ms`: a record that differs from the last one starts its time
     /// again; the same record seen again does not.
     pub fn observe(&mut self, record: LeaseRecord, now_ms: u64) {
-        if record != self.record {
-            self.record = record;
-            self.changed_at_ms = now_ms;
-        }
+        self.0.observe(record, now_ms);
     }
 
     pub fn record(&self) -> &LeaseRecord {
-        &self.record
+        self.0.value()
     }
 
     /// When this process first saw the current record.
     pub fn changed_at_ms(&self) -> u64 {
-        self.changed_at_ms
+        self.0.changed_at_ms()
     }
 
     /// When the Lease runs out if nothing changes: `duration_ms` after its record was first seen.
     pub fn expires_at_ms(&self, duration_ms: u64) -> u64 {
-        self.changed_at_ms.saturating_add(duration_ms)
+        self.0.changed_at_ms().saturating_add(duration_ms)
     }
 
     /// Whether the Lease has run out at `now_ms`.
     pub fn expired(&self, duration_ms: u64, now_ms: u64) -> bool {
-        now_ms >= self.expires_at_ms(duration_ms)
+        self.0.age_ms(now_ms) >= duration_ms
     }
 
     /// Whether `me` may take the Lease at `now_ms`: free, already ours, or run out.
     pub fn may_take(&self, me: &str, duration_ms: u64, now_ms: u64) -> bool {
-        self.record.is_free() || self.record.holder == me || self.expired(duration_ms, now_ms)
+        let record = self.record();
+        record.is_free() || record.holder == me || self.expired(duration_ms, now_ms)
     }
 }
 

@@ -28,6 +28,7 @@ pub mod rollout_plan;
 pub mod rollout_policy;
 pub mod rollout_status;
 pub mod shard_assignment;
+pub mod sighting;
 pub mod status_hold;
 pub mod template_hash;
 pub mod transition_events;
