@@ -25,7 +25,9 @@ use crate::api_time::{elapsed, stamp};
 use crate::conditions::{is_current, is_true_for, set_condition, ConditionUpdate};
 use crate::deployment_plan::LATEST_REVISION_UNAVAILABLE;
 use crate::label_selector::selector_matches;
-use crate::promotion_gate::{package_template_hash, promotion_gate, GateVerdict, HubView};
+use crate::promotion_gate::{
+    package_template_hash, poisoned_release, promotion_gate, GateVerdict, HubView,
+};
 use crate::rollout_guard::{
     annotate_partitions, apply_deadlines, base_rules, carried_halt, failure_halt, guard_conditions,
     hold, new_halt, soak, GuardReport, HealthObservations, Soak,
@@ -563,8 +565,18 @@ fn guarded_step(
         GateInput::Preview => GateVerdict::Ungated,
     };
     let mut plan = plan_rollout(&input);
+    // A release another management cluster halted on halts here too, before anything else fails.
+    let poisoned = match &snapshot.gate {
+        GateInput::Fleet {
+            cluster,
+            hub: Some(hub),
+        } => poisoned_release(hub, spec_hash, cluster),
+        _ => None,
+    };
     let new_halt = if halt.is_none() {
-        failure_halt(&input, &plan, policy).or(soaked.failed_check.clone())
+        poisoned
+            .or_else(|| failure_halt(&input, &plan, policy))
+            .or(soaked.failed_check.clone())
     } else {
         None
     };
@@ -1153,6 +1165,79 @@ mod tests {
         };
         assert_eq!(step.plan.create, ["clusters-a"]);
         assert_eq!(step.plan.update, ["clusters-b"]);
+    }
+
+    #[test]
+    fn a_release_halted_in_another_management_cluster_halts_here_too() {
+        use crate::promotion_gate::{HubState, ObservedRollout, POISONED_RELEASE};
+        use pko_proto::fleet::{FleetRolloutRecord, RECORD_VERSION};
+        let spec = json!({"template": template(), "rolloutPolicy": {"rollback": "Automatic"}});
+        let mut s = snapshot(spec, vec![cluster("a", true), cluster("b", true)]);
+        let hash = package_template_hash(&s.hcpkg.spec);
+        let canary = |poisoned: Vec<String>| FleetRolloutRecord {
+            version: RECORD_VERSION,
+            cluster: "canary".into(),
+            hosted_cluster_package: "addon".into(),
+            generation: 1,
+            template_hash: "other".into(),
+            partition: None,
+            total: 3,
+            updated: 3,
+            available: 0,
+            failed: 3,
+            settled: false,
+            settled_since: None,
+            gate: None,
+            last_event_at: None,
+            poisoned,
+            updated_at: now(),
+        };
+        let hub = |record| HubView {
+            state: HubState::Reachable,
+            clusters: BTreeMap::new(),
+            rollouts: BTreeMap::from([(
+                "canary".to_owned(),
+                ObservedRollout {
+                    record,
+                    // Long stale: a poisoned release stays poisoned.
+                    age: std::time::Duration::from_secs(3_600),
+                    settled_for: None,
+                },
+            )]),
+        };
+        // Another template poisoned: nothing to do with this one.
+        s.gate = GateInput::Fleet {
+            cluster: "prod".into(),
+            hub: Some(hub(canary(vec!["other".into()]))),
+        };
+        let RolloutDecision::Planned(step) = decide_rollout(&s, now()) else {
+            panic!("expected a plan");
+        };
+        assert!(step.status.halted.is_none());
+        assert_eq!(step.plan.create, ["clusters-a", "clusters-b"]);
+        // This template poisoned by the canary: halted here before a Package is written, rolling back.
+        s.gate = GateInput::Fleet {
+            cluster: "prod".into(),
+            hub: Some(hub(canary(vec!["other".into(), hash.clone()]))),
+        };
+        let RolloutDecision::Planned(step) = decide_rollout(&s, now()) else {
+            panic!("expected a plan");
+        };
+        let halted = step.status.halted.as_ref().expect("halted");
+        assert_eq!(halted.reason, POISONED_RELEASE);
+        assert_eq!(halted.template_hash, hash);
+        assert!(halted.rolling_back);
+        assert!(halted.message.contains("canary"), "{}", halted.message);
+        assert!(step.plan.create.is_empty() && step.plan.update.is_empty());
+        // Its own poison does not count: the cluster that halted decides on its own halt.
+        s.gate = GateInput::Fleet {
+            cluster: "canary".into(),
+            hub: Some(hub(canary(vec![hash]))),
+        };
+        let RolloutDecision::Planned(step) = decide_rollout(&s, now()) else {
+            panic!("expected a plan");
+        };
+        assert!(step.status.halted.is_none());
     }
 
     #[test]

@@ -4,6 +4,10 @@
 //! the same template (by hash) and stayed settled for the soak time; it never opens on what it cannot
 //! read. Once open for a template it stays open for it (kept in `status.promotion`): a rollout under way
 //! does not stop because the hub went away. Pure: the actors bring the hub's records.
+//!
+//! Ages and soaks are this manager's own: how long ago it saw a record written, and how long it has seen
+//! it settled ([`RecordSighting`]), never the times the writer put in the record, which come from another
+//! machine's clock (and from a writer that could say anything).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -12,16 +16,21 @@ use k8s_openapi::jiff::Timestamp;
 use pko_proto::core::hosted_cluster_package::{
     HostedClusterPackagePromotion, HostedClusterPackagePromotionStatus, HostedClusterPackageSpec,
 };
-use pko_proto::fleet::{FleetRolloutRecord, ManagementClusterRecord, RECORD_VERSION};
+use pko_proto::fleet::{
+    FleetRolloutRecord, ManagementClusterRecord, POISONED_TEMPLATES, RECORD_VERSION,
+};
 
-use crate::api_time::elapsed;
 use crate::conditions::ConditionUpdate;
 use crate::label_selector::selector_matches;
+use crate::rollout_guard::HaltCause;
 use crate::rollout_plan::Counts;
+use crate::sighting::Sighting;
 use pko_package::canonical_hash::CanonicalHasher;
 
 /// The condition a gated HostedClusterPackage reports.
 pub const PROMOTION_GATE: &str = "PromotionGateOpen";
+/// The halt reason of a release another management cluster halted on.
+pub const POISONED_RELEASE: &str = "PoisonedRelease";
 /// A record older than this says nothing about now: its manager is gone or cut off from the hub.
 pub const RECORD_STALE_AFTER: Duration = Duration::from_secs(90);
 /// How often a manager writes its records again when nothing changed (well within
@@ -53,7 +62,73 @@ pub struct HubView {
     /// Every management cluster's own record, by name.
     pub clusters: BTreeMap<String, ManagementClusterRecord>,
     /// The rollout records of the HostedClusterPackage in question, by management cluster.
-    pub rollouts: BTreeMap<String, FleetRolloutRecord>,
+    pub rollouts: BTreeMap<String, ObservedRollout>,
+}
+
+/// Another management cluster's rollout record as this manager saw it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ObservedRollout {
+    pub record: FleetRolloutRecord,
+    /// Since this manager last saw the record written (heartbeats included).
+    pub age: Duration,
+    /// Since this manager first saw it settled as it is (same template, same settledSince), while it is.
+    pub settled_for: Option<Duration>,
+}
+
+/// What this manager saw of one rollout record at the hub: each write (told apart by the bucket's
+/// revision) and the settled state it says (template and settledSince, compared as written).
+#[derive(Debug, Clone)]
+pub struct RecordSighting {
+    written: Sighting<u64>,
+    settled: Option<Sighting<(String, String)>>,
+}
+
+fn settled_state(record: &FleetRolloutRecord) -> Option<(String, String)> {
+    record.settled.then(|| {
+        (
+            record.template_hash.clone(),
+            record
+                .settled_since
+                .map(|t| t.to_string())
+                .unwrap_or_default(),
+        )
+    })
+}
+
+impl RecordSighting {
+    /// The first sight of `record`, written at bucket revision `revision`, at `now_ms`.
+    pub fn new(record: &FleetRolloutRecord, revision: u64, now_ms: u64) -> Self {
+        Self {
+            written: Sighting::new(revision, now_ms),
+            settled: settled_state(record).map(|s| Sighting::new(s, now_ms)),
+        }
+    }
+
+    /// Notes `record` seen at `revision` at `now_ms`. A revision seen before (a watch started again
+    /// delivers the last one) is no new write.
+    pub fn observe(&mut self, record: &FleetRolloutRecord, revision: u64, now_ms: u64) {
+        self.written.observe(revision, now_ms);
+        self.settled = match (self.settled.take(), settled_state(record)) {
+            (Some(mut seen), Some(state)) => {
+                seen.observe(state, now_ms);
+                Some(seen)
+            }
+            (None, Some(state)) => Some(Sighting::new(state, now_ms)),
+            (_, None) => None,
+        };
+    }
+
+    /// `record` with its age and settled time at `now_ms`.
+    pub fn observed(&self, record: FleetRolloutRecord, now_ms: u64) -> ObservedRollout {
+        ObservedRollout {
+            record,
+            age: Duration::from_millis(self.written.age_ms(now_ms)),
+            settled_for: self
+                .settled
+                .as_ref()
+                .map(|s| Duration::from_millis(s.age_ms(now_ms))),
+        }
+    }
 }
 
 /// What the gate lets the rollout do.
@@ -171,13 +246,8 @@ pub fn promotion_gate(
     let mut reasons = Vec::new();
     let mut recheck: Option<Duration> = None;
     for cluster in &required {
-        let Some(wait) = cluster_wait(
-            cluster,
-            hub.rollouts.get(*cluster),
-            template_hash,
-            soak,
-            now,
-        ) else {
+        let Some(wait) = cluster_wait(cluster, hub.rollouts.get(*cluster), template_hash, soak)
+        else {
             continue;
         };
         reasons.push(format!("{cluster} ({})", wait.why));
@@ -236,10 +306,9 @@ struct ClusterWait {
 
 fn cluster_wait(
     cluster: &str,
-    record: Option<&FleetRolloutRecord>,
+    observed: Option<&ObservedRollout>,
     template_hash: &str,
     soak: Duration,
-    now: Timestamp,
 ) -> Option<ClusterWait> {
     let wait = |why, detail| {
         Some(ClusterWait {
@@ -248,21 +317,17 @@ fn cluster_wait(
             soak_left: None,
         })
     };
-    let Some(record) = record else {
+    let Some(observed) = observed else {
         return wait(
             "no report",
             format!("no report of this rollout from {cluster}"),
         );
     };
-    let age = elapsed(record.updated_at, now);
-    if age > RECORD_STALE_AFTER {
+    let record = &observed.record;
+    if observed.age > RECORD_STALE_AFTER {
         return wait(
             "stale report",
-            format!(
-                "its last report is from {} ({}s old)",
-                record.updated_at,
-                age.as_secs()
-            ),
+            format!("its last report was seen {}s ago", observed.age.as_secs()),
         );
     }
     if record.template_hash != template_hash {
@@ -274,8 +339,8 @@ fn cluster_wait(
             ),
         );
     }
-    let since = match (record.settled, record.settled_since) {
-        (true, Some(since)) => since,
+    let soaked = match (record.settled, observed.settled_for) {
+        (true, Some(soaked)) => soaked,
         _ => {
             return wait(
                 "not settled",
@@ -286,13 +351,13 @@ fn cluster_wait(
             )
         }
     };
-    let soaked = elapsed(since, now);
     if soaked < soak {
         let left = soak - soaked;
         return Some(ClusterWait {
             why: "soaking",
             detail: format!(
-                "settled since {since}, soaking {}s more",
+                "settled for {}s as seen here, soaking {}s more",
+                soaked.as_secs(),
                 left.as_secs().max(1)
             ),
             soak_left: Some(left),
@@ -316,6 +381,8 @@ pub struct OwnRollout<'a> {
     /// Its own gate, when it has one.
     pub gate: &'a GateVerdict,
     pub last_event_at: Option<Timestamp>,
+    /// The template the rollout is halted on (`status.halted`), if halted.
+    pub halted: Option<&'a str>,
 }
 
 /// The record of `own`, continuing `previous` (this manager's last record of it): `settledSince` is kept
@@ -327,8 +394,10 @@ pub fn rollout_record(
     now: Timestamp,
 ) -> FleetRolloutRecord {
     let c = own.counts;
+    // A rollout over no HostedCluster has proved nothing: it never counts as settled.
     let settled = !own.gate.is_closed()
         && own.available
+        && c.total > 0
         && c.failed == 0
         && c.updated == c.total
         && c.progressed + c.paused >= c.total;
@@ -338,6 +407,15 @@ pub fn rollout_record(
             .and_then(|p| p.settled_since)
             .unwrap_or(now)
     });
+    // Poisoned: halted here once and not settled here since, newest first.
+    let mut poisoned: Vec<String> = own.halted.map(str::to_owned).into_iter().collect();
+    for hash in previous.map(|p| p.poisoned.as_slice()).unwrap_or_default() {
+        let settled_here = settled && hash == own.template_hash;
+        if !settled_here && !poisoned.contains(hash) {
+            poisoned.push(hash.clone());
+        }
+    }
+    poisoned.truncate(POISONED_TEMPLATES);
     let n = |v: usize| i32::try_from(v).unwrap_or(i32::MAX);
     FleetRolloutRecord {
         version: RECORD_VERSION,
@@ -358,8 +436,23 @@ pub fn rollout_record(
             GateVerdict::Closed(closed) => Some(format!("waiting: {}", closed.message)),
         },
         last_event_at: own.last_event_at,
+        poisoned,
         updated_at: now,
     }
+}
+
+/// Why the release `template_hash` may not roll out here: another management cluster's rollout of the
+/// same HostedClusterPackage halted on it (whatever its record's age: a poisoned release stays poisoned).
+pub fn poisoned_release(hub: &HubView, template_hash: &str, me: &str) -> Option<HaltCause> {
+    let (cluster, _) = hub.rollouts.iter().find(|(cluster, observed)| {
+        *cluster != me && observed.record.poisoned.iter().any(|h| h == template_hash)
+    })?;
+    Some(HaltCause {
+        reason: POISONED_RELEASE,
+        message: format!(
+            "Template {template_hash} halted in management cluster {cluster}: no other cluster rolls it out."
+        ),
+    })
 }
 
 /// Whether `next` says something `previous` did not, besides the time it was written: a record that
@@ -413,17 +506,30 @@ mod tests {
             settled_since: settled_since.map(at),
             gate: None,
             last_event_at: None,
+            poisoned: Vec::new(),
             updated_at: at(written),
         }
     }
 
-    fn hub(records: Vec<FleetRolloutRecord>) -> HubView {
+    /// The hub as an observer sees it at `now` (seconds) that saw each record when it was written and
+    /// settled when it says: the records' times are the test's script, never read by the gate.
+    fn hub(records: Vec<FleetRolloutRecord>, now: i64) -> HubView {
+        let ago = |t: Timestamp| {
+            Duration::from_secs(u64::try_from(now - t.as_second() + 1_800_000_000).unwrap_or(0))
+        };
         HubView {
             state: HubState::Reachable,
             clusters: BTreeMap::new(),
             rollouts: records
                 .into_iter()
-                .map(|r| (r.cluster.clone(), r))
+                .map(|r| {
+                    let observed = ObservedRollout {
+                        age: ago(r.updated_at),
+                        settled_for: r.settled_since.filter(|_| r.settled).map(ago),
+                        record: r,
+                    };
+                    (observed.record.cluster.clone(), observed)
+                })
                 .collect(),
         }
     }
@@ -439,15 +545,19 @@ mod tests {
     #[test]
     fn the_gate_opens_only_after_the_soak_on_the_same_template() {
         let p = promotion(&["canary"], 600);
-        let view = hub(vec![record("canary", "h1", Some(0), 100)]);
+        let view = hub(vec![record("canary", "h1", Some(0), 100)], 120);
         let early = promotion_gate(Some(&p), "h1", None, "prod-a", Some(&view), at(120));
         let GateVerdict::Closed(c) = &early else {
             panic!("{early:?}")
         };
         assert_eq!(c.reason, "WaitingForClusters");
         assert_eq!(c.recheck_after, Some(Duration::from_secs(480)));
-        assert!(c.message.contains("canary: settled since"), "{}", c.message);
-        let view = hub(vec![record("canary", "h1", Some(0), 590)]);
+        assert!(
+            c.message.contains("canary: settled for 120s as seen here"),
+            "{}",
+            c.message
+        );
+        let view = hub(vec![record("canary", "h1", Some(0), 590)], 600);
         let open = promotion_gate(Some(&p), "h1", None, "prod-a", Some(&view), at(600));
         let GateVerdict::Open {
             opened: Some(opened),
@@ -468,7 +578,7 @@ mod tests {
             reason(&promotion_gate(Some(&p), "h", None, "a", None, at(0))),
             "NotInFleet"
         );
-        let mut view = hub(vec![record("canary", "h", Some(0), 0)]);
+        let mut view = hub(vec![record("canary", "h", Some(0), 0)], 10);
         view.state = HubState::Unreachable {
             since: at(5),
             error: "timed out".into(),
@@ -485,7 +595,7 @@ mod tests {
             "HubUnreachable"
         );
         // No report, and a stale one.
-        let empty = hub(vec![]);
+        let empty = hub(vec![], 10);
         assert_eq!(
             reason(&promotion_gate(
                 Some(&p),
@@ -497,7 +607,7 @@ mod tests {
             )),
             "WaitingForClusters"
         );
-        let stale = hub(vec![record("canary", "h", Some(0), 0)]);
+        let stale = hub(vec![record("canary", "h", Some(0), 0)], 1000);
         let verdict = promotion_gate(Some(&p), "h", None, "a", Some(&stale), at(1000));
         let GateVerdict::Closed(c) = verdict else {
             panic!()
@@ -542,7 +652,7 @@ mod tests {
             match_labels: Some([("env".to_owned(), "canary".to_owned())].into()),
             ..Default::default()
         });
-        let mut view = hub(vec![record("c1", "h", Some(0), 5)]);
+        let mut view = hub(vec![record("c1", "h", Some(0), 5)], 10);
         for (name, env) in [("c1", "canary"), ("c2", "canary"), ("p1", "prod")] {
             view.clusters.insert(
                 name.into(),
@@ -585,6 +695,7 @@ mod tests {
             available: true,
             gate: &GateVerdict::Ungated,
             last_event_at: None,
+            halted: None,
         };
         let first = rollout_record(&own("h", &settled), None, at(10));
         assert_eq!(first.settled_since, Some(at(10)));
@@ -597,6 +708,106 @@ mod tests {
         assert!(record_changed(&again, &broke));
         let new_template = rollout_record(&own("h2", &settled), Some(&again), at(70));
         assert_eq!(new_template.settled_since, Some(at(70)));
+    }
+
+    #[test]
+    fn a_rollout_over_no_hosted_cluster_never_settles() {
+        let own = OwnRollout {
+            cluster: "canary",
+            name: "addon",
+            generation: 1,
+            template_hash: "h",
+            partition: None,
+            counts: &counts(0, 0, 0, 0),
+            available: true,
+            gate: &GateVerdict::Ungated,
+            last_event_at: None,
+            halted: None,
+        };
+        let record = rollout_record(&own, None, at(10));
+        assert!(!record.settled);
+        assert_eq!(record.settled_since, None);
+    }
+
+    #[test]
+    fn a_template_halted_here_stays_poisoned_until_it_settles_here() {
+        fn own<'a>(hash: &'a str, counts: &'a Counts, halted: Option<&'a str>) -> OwnRollout<'a> {
+            OwnRollout {
+                cluster: "canary",
+                name: "addon",
+                generation: 1,
+                template_hash: hash,
+                partition: None,
+                counts,
+                available: true,
+                gate: &GateVerdict::Ungated,
+                last_event_at: None,
+                halted,
+            }
+        }
+        let failing = counts(3, 3, 0, 3);
+        let settled = counts(3, 3, 3, 0);
+        let halted = rollout_record(&own("h1", &failing, Some("h1")), None, at(10));
+        assert_eq!(halted.poisoned, ["h1"]);
+        assert!(record_changed(
+            &rollout_record(&own("h1", &failing, None), None, at(10)),
+            &halted
+        ));
+        // Moved on to h2 (the halt cleared with the new template): h1 stays poisoned.
+        let moved = rollout_record(&own("h2", &settled, None), Some(&halted), at(20));
+        assert_eq!(moved.poisoned, ["h1"]);
+        // h2 halts too: newest first.
+        let both = rollout_record(&own("h2", &failing, Some("h2")), Some(&moved), at(30));
+        assert_eq!(both.poisoned, ["h2", "h1"]);
+        // h1 rolled out again after an undo and settled here: no longer poisoned.
+        let cleared = rollout_record(&own("h1", &settled, None), Some(&both), at(40));
+        assert_eq!(cleared.poisoned, ["h2"]);
+        // Bounded.
+        let mut record = cleared;
+        for i in 0..40 {
+            let hash = format!("x{i}");
+            record = rollout_record(
+                &own(&hash, &failing, Some(&hash)),
+                Some(&record),
+                at(50 + i),
+            );
+        }
+        assert_eq!(record.poisoned.len(), POISONED_TEMPLATES);
+        assert_eq!(record.poisoned[0], "x39");
+    }
+
+    #[test]
+    fn ages_and_soaks_are_the_observers_own() {
+        // The writer's clock is an hour ahead of everyone's, and another record says it settled a day
+        // ago: neither time counts here, only when this manager saw the writes.
+        let mut written = record("canary", "h", Some(-86_400), 3_600);
+        let mut seen = RecordSighting::new(&written, 7, 1_000);
+        let observed = seen.observed(written.clone(), 61_000);
+        assert_eq!(observed.age, Duration::from_secs(60));
+        assert_eq!(observed.settled_for, Some(Duration::from_secs(60)));
+        // A watch started again delivers revision 7 again: no new write, nothing restarts.
+        seen.observe(&written, 7, 95_000);
+        let observed = seen.observed(written.clone(), 95_000);
+        assert_eq!(observed.age, Duration::from_secs(94));
+        assert!(observed.age > RECORD_STALE_AFTER);
+        // A heartbeat (new revision, same settled state) freshens it and keeps the soak going.
+        written.updated_at = at(3_700);
+        seen.observe(&written, 8, 100_000);
+        let observed = seen.observed(written.clone(), 100_000);
+        assert_eq!(observed.age, Duration::ZERO);
+        assert_eq!(observed.settled_for, Some(Duration::from_secs(99)));
+        // Settled again since another time (it was unsettled in between): the soak starts over.
+        written.settled_since = Some(at(3_650));
+        seen.observe(&written, 9, 101_000);
+        assert_eq!(
+            seen.observed(written.clone(), 102_000).settled_for,
+            Some(Duration::from_secs(1))
+        );
+        // Not settled: no soak at all.
+        written.settled = false;
+        written.settled_since = None;
+        seen.observe(&written, 10, 103_000);
+        assert_eq!(seen.observed(written, 104_000).settled_for, None);
     }
 
     proptest! {
@@ -619,12 +830,12 @@ mod tests {
                     record(names[*i], if *same { "h" } else { "x" }, *since, *written)
                 })
                 .collect();
-            let view = hub(records);
+            let view = hub(records, now);
             let verdict = promotion_gate(Some(&p), "h", None, "me", Some(&view), at(now));
-            let ok = |name: &str| view.rollouts.get(name).is_some_and(|r| {
-                r.template_hash == "h"
-                    && at(now).duration_since(r.updated_at).as_secs() <= RECORD_STALE_AFTER.as_secs() as i64
-                    && r.settled_since.is_some_and(|s| at(now).duration_since(s).as_secs().max(0) >= soak)
+            let ok = |name: &str| view.rollouts.get(name).is_some_and(|o| {
+                o.record.template_hash == "h"
+                    && o.age <= RECORD_STALE_AFTER
+                    && o.settled_for.is_some_and(|s| s.as_secs() >= soak as u64)
             });
             let should_open = ok("c0") && ok("c1");
             prop_assert_eq!(matches!(verdict, GateVerdict::Open { .. }), should_open, "{:?}", verdict);

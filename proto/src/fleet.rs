@@ -137,23 +137,23 @@ pub struct FleetRecords {
 
 impl FleetRecords {
     /// Takes the value written under `key` in; a value that does not parse or says another cluster than
-    /// its key is refused (and changes nothing).
-    pub fn put(&mut self, key: &str, value: &[u8]) -> Result<(), String> {
+    /// its key is refused (and changes nothing). Returns the (HostedClusterPackage, cluster) of a rollout
+    /// record.
+    pub fn put(&mut self, key: &str, value: &[u8]) -> Result<Option<(String, String)>, String> {
         match parse_record(key, value)? {
             FleetRecord::Cluster(record) => {
                 self.clusters.insert(record.name.clone(), record);
+                Ok(None)
             }
             FleetRecord::Rollout(record) => {
-                self.rollouts.insert(
-                    (
-                        record.hosted_cluster_package.clone(),
-                        record.cluster.clone(),
-                    ),
-                    record,
+                let id = (
+                    record.hosted_cluster_package.clone(),
+                    record.cluster.clone(),
                 );
+                self.rollouts.insert(id.clone(), record);
+                Ok(Some(id))
             }
         }
-        Ok(())
     }
 
     /// `key` was deleted or purged; whether it named a record.
@@ -215,9 +215,17 @@ pub struct FleetRolloutRecord {
     /// When the manager last published a rollout event of it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_event_at: Option<Timestamp>,
+    /// Templates (by hash) this cluster's rollout halted on, newest first (at most
+    /// [`POISONED_TEMPLATES`]): releases no other cluster of the fleet rolls out. A template leaves the
+    /// list once this cluster settles on it after all.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub poisoned: Vec<String>,
     /// When the manager last wrote it.
     pub updated_at: Timestamp,
 }
+
+/// How many poisoned templates a rollout record keeps.
+pub const POISONED_TEMPLATES: usize = 16;
 
 #[cfg(test)]
 mod tests {
@@ -295,6 +303,7 @@ mod tests {
             settled_since: Some(Timestamp::from_second(1_700_000_000).unwrap()),
             gate: None,
             last_event_at: None,
+            poisoned: vec!["0a1b".into()],
             updated_at: Timestamp::from_second(1_700_000_100).unwrap(),
         };
         let mut value = serde_json::to_value(&record).unwrap();

@@ -24,7 +24,7 @@ use pko_proto::rollout_events::{STREAM, STREAM_MAX_AGE, STREAM_MAX_BYTES};
 use tokio::sync::{watch, Notify};
 use tracing::{info, warn};
 
-use crate::engine::promotion_gate::{HubState, HubView, RECORD_HEARTBEAT};
+use crate::engine::promotion_gate::{HubState, HubView, RecordSighting, RECORD_HEARTBEAT};
 use crate::metrics::fleet_metrics::FleetMetrics;
 
 /// How often the hub is asked whether it answers.
@@ -33,7 +33,7 @@ const PROBE_INTERVAL: Duration = Duration::from_secs(2);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 /// The least time between two passes writing records: a rollout's counts change with every Package, and
 /// each write wakes every gated supervisor of the fleet that reads the record; what changed meanwhile
-/// goes out together. (A record's `settledSince` is its own clock's, so gates lose no soak time to it.)
+/// goes out together.
 const RECORD_COALESCE: Duration = Duration::from_secs(1);
 /// How often the aggregate stream is checked for this cluster's source (another manager updating the
 /// stream at the same moment may have dropped it).
@@ -54,6 +54,9 @@ pub struct FleetMember {
 struct HubRecords {
     state: HubState,
     read: FleetRecords,
+    /// When this manager saw each rollout record written and settled, by (HostedClusterPackage,
+    /// cluster): the gates' ages and soaks.
+    sightings: BTreeMap<(String, String), RecordSighting>,
     /// The bucket as the probe last found it; `None` while the hub does not answer. The writer uses it
     /// rather than looking the bucket up again on every pass.
     bucket: Option<kv::Store>,
@@ -77,6 +80,8 @@ pub struct HubLink {
     /// A record was reported or forgotten.
     reported: Notify,
     metrics: FleetMetrics,
+    /// The origin of this manager's clock for sightings.
+    epoch: Instant,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -102,12 +107,14 @@ impl HubLink {
                     error: "not reached yet".to_owned(),
                 },
                 read: FleetRecords::default(),
+                sightings: BTreeMap::new(),
                 bucket: None,
             }),
             own: Mutex::new(BTreeMap::new()),
             changed,
             reported: Notify::new(),
             metrics,
+            epoch: Instant::now(),
         });
         link.metrics.hub_reachable(false);
         tokio::spawn(link.clone().follow(nats.clone()));
@@ -123,8 +130,10 @@ impl HubLink {
         &self.metrics
     }
 
-    /// What the hub holds of `hosted_cluster_package`'s rollouts, and whether it answers.
+    /// What the hub holds of `hosted_cluster_package`'s rollouts, aged by when this manager saw them,
+    /// and whether it answers.
     pub fn view(&self, hosted_cluster_package: &str) -> HubView {
+        let now = self.now_ms();
         let records = lock(&self.records);
         HubView {
             state: records.state.clone(),
@@ -134,9 +143,16 @@ impl HubLink {
                 .rollouts
                 .iter()
                 .filter(|((name, _), _)| name == hosted_cluster_package)
-                .map(|((_, cluster), record)| (cluster.clone(), record.clone()))
+                .filter_map(|(id, record)| {
+                    let seen = records.sightings.get(id)?;
+                    Some((id.1.clone(), seen.observed(record.clone(), now)))
+                })
                 .collect(),
         }
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
     /// Wakes on every change of what [`HubLink::view`] returns.
@@ -290,17 +306,38 @@ impl HubLink {
     }
 
     fn record_seen(&self, entry: &kv::Entry) {
+        let now = self.now_ms();
         let mut records = lock(&self.records);
         let changed = if matches!(entry.operation, kv::Operation::Put) {
             match records.read.put(&entry.key, &entry.value) {
-                Ok(()) => true,
+                Ok(Some(id)) => {
+                    let HubRecords {
+                        read, sightings, ..
+                    } = &mut *records;
+                    if let Some(record) = read.rollouts.get(&id) {
+                        match sightings.get_mut(&id) {
+                            Some(seen) => seen.observe(record, entry.revision, now),
+                            None => {
+                                let seen = RecordSighting::new(record, entry.revision, now);
+                                sightings.insert(id, seen);
+                            }
+                        }
+                    }
+                    true
+                }
+                Ok(None) => true,
                 Err(error) => {
                     warn!(%error, "ignoring a fleet record");
                     false
                 }
             }
         } else {
-            records.read.delete(&entry.key)
+            let deleted = records.read.delete(&entry.key);
+            let HubRecords {
+                read, sightings, ..
+            } = &mut *records;
+            sightings.retain(|id, _| read.rollouts.contains_key(id));
+            deleted
         };
         drop(records);
         if changed {

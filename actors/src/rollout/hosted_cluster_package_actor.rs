@@ -227,20 +227,16 @@ impl Reconcile for HostedClusterPackageController {
             return done();
         };
         let hub = actor.state.shared.hub.clone();
-        if let (Some(hub), Some(_), false) =
-            (&hub, &hcpkg.spec.promotion, actor.state.following_hub)
-        {
-            // A gated rollout decides again whenever the hub's records or reachability change.
+        if let (Some(hub), false) = (&hub, actor.state.following_hub) {
+            // A rollout in a fleet decides again whenever the hub's records or reachability change: a
+            // gate may open, and a release halted elsewhere halts here.
             actor.state.following_hub = true;
             let changes = hub_changes(hub.subscribe());
             ctx.add_stream(changes);
         }
         let gate = GateInput::Fleet {
             cluster: actor.state.shared.source.clone(),
-            hub: hub
-                .as_ref()
-                .filter(|_| hcpkg.spec.promotion.is_some())
-                .map(|hub| hub.view(&name)),
+            hub: hub.as_ref().map(|hub| hub.view(&name)),
         };
         if actor.state.health.is_empty() {
             // Started (or taken over) mid-soak: the last evaluations the status keeps count until
@@ -664,6 +660,7 @@ impl HostedClusterPackageActor {
             available,
             gate,
             last_event_at: self.state.last_event_at,
+            halted: status.halted.as_ref().map(|h| h.template_hash.as_str()),
         };
         let previous = hub.own_record(&name);
         let record = rollout_record(&own, previous.as_ref(), Timestamp::now());

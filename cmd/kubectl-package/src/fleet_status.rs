@@ -228,6 +228,7 @@ mod tests {
                     settled_since: settled.then(|| at(40)),
                     gate,
                     last_event_at: Some(at(30)),
+                    poisoned: Vec::new(),
                     updated_at: at(written),
                 },
             );

@@ -2,9 +2,11 @@
 //! etcd, a prefix each), its own NATS (a leaf node of the hub, JetStream domain = its name, from
 //! deploy/nats/fleet) and its own pko-manager, under one hub NATS.
 //!
-//! A release that fails in the canary keeps both prod clusters' promotion gates closed; the fixed release
-//! reaches prod only after the canary finished it and soaked (timestamps of the events in each cluster's
-//! own stream). The hub is killed as soon as prod-a's gate opens: prod-a's rollout goes on, its events
+//! A release that fails in the canary keeps both prod clusters' promotion gates closed, and once the
+//! canary halts on it the release is poisoned: both prod clusters halt on it too (issue 39, item 3). The
+//! fixed release reaches prod only after the canary finished it and soaked (timestamps of the events in
+//! each cluster's own stream), although the canary's clock runs two minutes behind: ages and soaks are
+//! the reader's (issue 39, item 1). The hub is killed as soon as prod-a's gate opens: prod-a's rollout goes on, its events
 //! wait in its own stream, and once the hub is back the hub's aggregate stream holds every event of every
 //! cluster exactly once, in each cluster's order. `kubectl package fleet status` shows the three clusters.
 //! This binary kills the hub, so it has its own environment.
@@ -60,6 +62,7 @@ async fn start_cluster(
     server: &'static ApiServer,
     leaf: &Nats,
     labels: &str,
+    clock_offset: Option<&'static str>,
 ) -> ManagementCluster {
     install_hosted_cluster_crd(server).await.unwrap();
     let ns = server.create_namespace("fleet").await.unwrap();
@@ -72,6 +75,7 @@ async fn start_cluster(
     let launch = ManagerLaunch {
         apiserver: Some(server),
         nats: Some(leaf),
+        clock_offset,
         ..Default::default()
     };
     let args = fleet_manager_args(name, labels);
@@ -89,7 +93,8 @@ async fn start_cluster(
     }
 }
 
-/// The HostedClusterPackage `name` of `cluster`, gated on the canary unless it is the canary.
+/// The HostedClusterPackage `name` of `cluster`, gated on the canary unless it is the canary, which halts
+/// at its first failed Package.
 fn release(cluster: &ManagementCluster, name: &str, image: &str) -> HostedClusterPackage {
     let mut h = hcpkg(
         name,
@@ -98,7 +103,10 @@ fn release(cluster: &ManagementCluster, name: &str, image: &str) -> HostedCluste
         json!({"rollingUpgrade": {"maxUnavailable": 1}}),
         None,
     );
-    if cluster.name != "canary" {
+    if cluster.name == "canary" {
+        h.spec.rollout_policy =
+            Some(serde_json::from_value(json!({"defaults": {"maxFailures": 0}})).unwrap());
+    } else {
         h.spec.promotion = Some(
             serde_json::from_value(json!({
                 "managementClusters": ["canary"],
@@ -174,12 +182,15 @@ async fn a_release_reaches_prod_only_after_the_canary_finished_and_soaked() {
     ];
     let mut clusters = Vec::new();
     for (name, server) in CLUSTERS.into_iter().zip(servers) {
-        let labels = if name == "canary" {
-            "env=canary"
+        // The canary's wall clock runs two minutes behind (libfaketime): every time it writes into its
+        // records is older than a record may be, were it read as a time.
+        let (labels, clock) = if name == "canary" {
+            ("env=canary", Some("-120s"))
         } else {
-            "env=prod"
+            ("env=prod", None)
         };
-        clusters.push(start_cluster(name, server, fleet.leaf(name).unwrap(), labels).await);
+        let leaf = fleet.leaf(name).unwrap();
+        clusters.push(start_cluster(name, server, leaf, labels, clock).await);
     }
     let (canary, prod_a) = (&clusters[0], &clusters[1]);
     let name = format!("{}-addon", canary.hosted_clusters_namespace);
@@ -193,18 +204,41 @@ async fn a_release_reaches_prod_only_after_the_canary_finished_and_soaked() {
             .await
             .unwrap();
     }
-    wait_until(
-        "the canary reports its failing Packages at the hub",
+    let poisoned = wait_until(
+        "the canary halts and reports the release poisoned at the hub",
         TIMEOUT,
         || async {
             match hub_record(fleet.hub(), &name, "canary").await {
-                Some(r) if r.failed > 0 && !r.settled => Ok(()),
+                Some(r) if r.failed > 0 && !r.settled && !r.poisoned.is_empty() => Ok(r),
                 other => Err(format!("{other:?}")),
             }
         },
     )
     .await
     .unwrap();
+    assert_eq!(
+        poisoned.poisoned,
+        std::slice::from_ref(&poisoned.template_hash)
+    );
+    for cluster in &clusters[1..] {
+        // Halted on the canary's poisoned release, although its gate never opened.
+        let h = wait_status(
+            &cluster.api,
+            &name,
+            cluster.log(),
+            "halted on the poisoned release",
+            |h| {
+                h.status
+                    .as_ref()
+                    .and_then(|s| s.halted.as_ref())
+                    .is_some_and(|halted| halted.reason == "PoisonedRelease")
+            },
+        )
+        .await;
+        let halted = h.status.unwrap().halted.unwrap();
+        assert_eq!(halted.template_hash, poisoned.template_hash);
+        assert!(halted.message.contains("canary"), "{}", halted.message);
+    }
     for cluster in &clusters[1..] {
         let h = wait_status(
             &cluster.api,
