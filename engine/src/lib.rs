@@ -32,3 +32,4 @@ pub mod sighting;
 pub mod status_hold;
 pub mod template_hash;
 pub mod transition_events;
+pub mod wake_limit;

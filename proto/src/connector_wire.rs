@@ -159,6 +159,13 @@ impl HostedClusterSubjects {
         subject.rsplit('.').next().unwrap_or(subject)
     }
 
+    /// The HostedCluster UID a subject under [`SUBJECT_PREFIX`] is bound to (`None`: not bound).
+    pub fn cluster_uid_of(subject: &str) -> Option<&str> {
+        let rest = subject.strip_prefix(SUBJECT_PREFIX)?.strip_prefix('.')?;
+        let token = rest.split('.').next()?;
+        token.split_once('_').map(|(_, uid)| uid)
+    }
+
     /// The HCP namespace of a subject under [`SUBJECT_PREFIX`], if it is one (bound or not).
     pub fn namespace_of(subject: &str) -> Option<&str> {
         let rest = subject.strip_prefix(SUBJECT_PREFIX)?.strip_prefix('.')?;
@@ -392,6 +399,11 @@ mod tests {
             HostedClusterSubjects::namespace_of(&bound.hello()),
             Some("clusters-hosted-0")
         );
+        assert_eq!(
+            HostedClusterSubjects::cluster_uid_of(&bound.hello()),
+            Some("0a1b-2c3d")
+        );
+        assert_eq!(HostedClusterSubjects::cluster_uid_of(&s.hello()), None);
         assert_ne!(
             bound.connector_permissions(),
             s.clone()

@@ -4,9 +4,16 @@
 //! manager's own reconnect re-sends every phase too: a hello sent while it was disconnected is lost.
 //!
 //! It trusts the subject, not the body, for the namespace: NATS permissions confine each connector to its
-//! own subjects, so a report whose body names another namespace is dropped.
+//! own subjects, so a report whose body names another namespace is dropped. A message on subjects bound
+//! to another HostedCluster than the namespace's current one (credentials of an earlier cluster of the
+//! namespace) is dropped and counted. The wakes one connector causes are limited (`engine::wake_limit`):
+//! the first at once, then at most one per second, with what came in between folded into it, so a flood of
+//! hellos or reports costs each phase at most one re-send a second and none is lost. Hellos and reports
+//! never shorten a phase's backoff.
 
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use async_nats::Message as NatsMessage;
@@ -14,9 +21,38 @@ use futures::StreamExt;
 use pko_proto::connector_wire::{decode, Hello, HostedClusterSubjects, PhaseReport};
 use tracing::{debug, info, warn};
 
+use crate::engine::wake_limit::{Wake, WakeLimit};
+use crate::hypershift::connector_link::ConnectorLink;
+use crate::hypershift::hosted_leftovers;
 use crate::hypershift::remote_phase_actor::{RemotePhaseActor, Resend};
-use crate::metrics::connector_metrics::{ConnectorMetrics, ReportResult};
+use crate::metrics::connector_metrics::{HelloResult, ReportResult};
+use crate::metrics::manager_metrics::ManagerMetrics;
+use crate::rollout::hosted_cluster_fleet::Fleet;
 use crate::runtime::registry::{ObjectRef, Registry};
+
+/// The least time between two wakes one connector causes.
+const WAKE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// What a connector's messages ask to wake, gathered until the next wake.
+#[derive(Debug)]
+enum Pending {
+    /// Every phase of the namespace (a hello).
+    All,
+    /// These phases (reports about them).
+    Phases(BTreeSet<String>),
+}
+
+impl Pending {
+    fn add(&mut self, phase: Option<&str>) {
+        match (&mut *self, phase) {
+            (Pending::All, _) => {}
+            (_, None) => *self = Pending::All,
+            (Pending::Phases(phases), Some(name)) => {
+                phases.insert(name.to_owned());
+            }
+        }
+    }
+}
 
 /// Subject patterns the hub listens on.
 pub fn hub_subjects() -> [String; 2] {
@@ -37,40 +73,72 @@ pub struct Published(pub NatsMessage);
 struct Reconnected;
 
 pub struct ConnectorHub {
-    nats: async_nats::Client,
-    connections: tokio::sync::watch::Receiver<u64>,
+    link: ConnectorLink,
+    /// Reads and clears the records of hosted objects given-up teardowns left (`hosted_leftovers`).
+    client: kube::Client,
     phases: Arc<Registry<RemotePhaseActor>>,
-    metrics: ConnectorMetrics,
+    /// The HostedClusters, for the UID each namespace's subjects must be bound to.
+    fleet: Arc<Fleet>,
+    metrics: ManagerMetrics,
+    wakes: WakeLimit<String>,
+    pending: HashMap<String, Pending>,
+    /// Namespaces whose next wake is scheduled.
+    scheduled: HashSet<String>,
+    epoch: Instant,
 }
 
 impl ConnectorHub {
     pub fn new(
-        nats: async_nats::Client,
-        connections: tokio::sync::watch::Receiver<u64>,
+        link: ConnectorLink,
+        client: kube::Client,
         phases: Arc<Registry<RemotePhaseActor>>,
-        metrics: ConnectorMetrics,
+        fleet: Arc<Fleet>,
+        metrics: ManagerMetrics,
     ) -> Self {
+        let interval = u64::try_from(WAKE_INTERVAL.as_millis()).unwrap_or(1_000);
         Self {
-            nats,
-            connections,
+            link,
+            client,
             phases,
+            fleet,
             metrics,
+            wakes: WakeLimit::new(interval),
+            pending: HashMap::new(),
+            scheduled: HashSet::new(),
+            epoch: Instant::now(),
         }
     }
 
-    fn on_report(&self, namespace: &str, message: &NatsMessage) {
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Whether `subject` is bound to another HostedCluster than the namespace's current one (unbound
+    /// subjects count as another once the namespace has a HostedCluster).
+    fn stale(&self, namespace: &str, subject: &str) -> bool {
+        self.fleet
+            .cluster_uid(namespace)
+            .is_some_and(|current| HostedClusterSubjects::cluster_uid_of(subject) != Some(&current))
+    }
+
+    fn on_report(&mut self, namespace: &str, message: &NatsMessage, ctx: &mut Context<Self>) {
+        if self.stale(namespace, &message.subject) {
+            debug!(subject = %message.subject, "dropping a report under an earlier HostedCluster's subjects");
+            self.metrics.connectors.report(ReportResult::StaleCluster);
+            return;
+        }
         let report: PhaseReport = match decode(&message.payload) {
             Ok(r) => r,
             Err(error) => {
                 warn!(subject = %message.subject, %error, "dropping a malformed report");
-                self.metrics.report(ReportResult::Malformed);
+                self.metrics.connectors.report(ReportResult::Malformed);
                 return;
             }
         };
         if report.phase.namespace != namespace {
             warn!(subject = %message.subject, claimed = %report.phase.namespace,
                 "dropping a report about another namespace");
-            self.metrics.report(ReportResult::Foreign);
+            self.metrics.connectors.report(ReportResult::Foreign);
             return;
         }
         let key = ObjectRef {
@@ -78,30 +146,125 @@ impl ConnectorHub {
             namespace: namespace.to_owned(),
             name: report.phase.name.clone(),
         };
-        match self.phases.get(&key) {
-            Some(addr) => {
-                self.metrics.report(ReportResult::Accepted);
-                addr.do_send(Resend);
+        if self.phases.get(&key).is_none() {
+            self.metrics.connectors.report(ReportResult::UnknownPhase);
+            debug!(phase = %report.phase.name, namespace, "report for an unknown phase");
+            return;
+        }
+        self.metrics.connectors.report(ReportResult::Accepted);
+        self.wake(namespace, Some(&report.phase.name), ctx);
+    }
+
+    fn on_hello(&mut self, namespace: &str, message: &NatsMessage, ctx: &mut Context<Self>) {
+        if self.stale(namespace, &message.subject) {
+            debug!(subject = %message.subject, "dropping a hello under an earlier HostedCluster's subjects");
+            self.metrics
+                .connectors
+                .hello(namespace, HelloResult::StaleCluster);
+            return;
+        }
+        match decode::<Hello>(&message.payload) {
+            Ok(hello) => {
+                self.metrics
+                    .connectors
+                    .hello(namespace, HelloResult::Accepted);
+                debug!(namespace, connector = %hello.connector, "connector said hello");
+                self.wake(namespace, None, ctx);
             }
-            None => {
-                self.metrics.report(ReportResult::UnknownPhase);
-                debug!(phase = %report.phase.name, namespace, "report for an unknown phase");
+            Err(error) => {
+                warn!(subject = %message.subject, %error, "dropping a malformed hello");
+                self.metrics
+                    .connectors
+                    .hello(namespace, HelloResult::Malformed);
             }
         }
     }
 
-    fn on_hello(&self, namespace: &str, message: &NatsMessage) {
-        match decode::<Hello>(&message.payload) {
-            Ok(hello) => {
-                self.metrics.hello(namespace);
-                let phases = self.phases.in_namespace(namespace);
-                info!(namespace, connector = %hello.connector, phases = phases.len(),
-                    "connector said hello; re-sending its phases");
-                for addr in phases {
-                    addr.do_send(Resend);
-                }
+    /// Wakes `phase` of `namespace` (every phase of it: `None`) now, or with the connector's next wake.
+    fn wake(&mut self, namespace: &str, phase: Option<&str>, ctx: &mut Context<Self>) {
+        self.pending
+            .entry(namespace.to_owned())
+            .or_insert_with(|| Pending::Phases(BTreeSet::new()))
+            .add(phase);
+        let now = self.now_ms();
+        match self.wakes.arrive(&namespace.to_owned(), now) {
+            Wake::Now => self.flush(namespace, ctx),
+            Wake::After(ms) => {
+                let namespace = namespace.to_owned();
+                self.scheduled.insert(namespace.clone());
+                self.metrics.connectors.wakes_pending(self.scheduled.len());
+                ctx.run_later(Duration::from_millis(ms), move |act, ctx| {
+                    let now = act.now_ms();
+                    act.wakes.fired(&namespace, now);
+                    act.flush(&namespace, ctx);
+                    act.scheduled.remove(&namespace);
+                    act.metrics.connectors.wakes_pending(act.scheduled.len());
+                });
             }
-            Err(error) => warn!(subject = %message.subject, %error, "dropping a malformed hello"),
+            Wake::Folded => self.metrics.connectors.wake_folded(),
+        }
+    }
+
+    /// Re-sends what is pending for `namespace`. A hello first sweeps what given-up teardowns left in
+    /// its hosted cluster, so a phase re-adding one of those names finds it gone rather than colliding.
+    fn flush(&mut self, namespace: &str, ctx: &mut Context<Self>) {
+        let Some(pending) = self.pending.remove(namespace) else {
+            return;
+        };
+        let names = match pending {
+            Pending::All => {
+                let phases = self.phases.in_namespace(namespace);
+                info!(
+                    namespace,
+                    phases = phases.len(),
+                    "re-sending the phases of a connector that said hello"
+                );
+                let sweep = self.sweep(namespace);
+                ctx.spawn(sweep.into_actor(self).map(move |(), _, _| {
+                    for addr in phases {
+                        addr.do_send(Resend);
+                    }
+                }));
+                return;
+            }
+            Pending::Phases(names) => names,
+        };
+        for name in names {
+            let key = ObjectRef {
+                kind: "ObjectSetPhase",
+                namespace: namespace.to_owned(),
+                name,
+            };
+            if let Some(addr) = self.phases.get(&key) {
+                addr.do_send(Resend);
+            }
+        }
+    }
+
+    /// Sweeps the leftovers recorded in `namespace` (`hosted_leftovers`); what fails stays recorded for
+    /// the next hello.
+    fn sweep(&self, namespace: &str) -> impl std::future::Future<Output = ()> + 'static {
+        let (client, link, metrics) =
+            (self.client.clone(), self.link.clone(), self.metrics.clone());
+        let namespace = namespace.to_owned();
+        let subjects = HostedClusterSubjects::new(&namespace).and_then(|s| {
+            match self.fleet.cluster_uid(&namespace) {
+                Some(uid) => s.bound_to(&uid),
+                None => Ok(s),
+            }
+        });
+        async move {
+            let subjects = match subjects {
+                Ok(s) => s,
+                Err(error) => return warn!(%namespace, %error, "cannot sweep hosted leftovers"),
+            };
+            match hosted_leftovers::sweep(&client, &link, &namespace, &subjects).await {
+                Ok(done) => {
+                    metrics.hosted_leftovers("swept", done.swept);
+                    metrics.hosted_leftovers("dropped", done.dropped);
+                }
+                Err(error) => warn!(%namespace, %error, "sweeping hosted leftovers"),
+            }
         }
     }
 }
@@ -111,7 +274,7 @@ impl Actor for ConnectorHub {
 
     fn started(&mut self, ctx: &mut Context<Self>) {
         // Every connect after the one the hub started with: hellos may have been missed meanwhile.
-        let mut connections = self.connections.clone();
+        let mut connections = self.link.connections.clone();
         connections.mark_unchanged();
         let reconnects = futures::stream::unfold(connections, |mut connections| async move {
             connections.changed().await.ok()?;
@@ -119,7 +282,7 @@ impl Actor for ConnectorHub {
         });
         ctx.add_stream(reconnects);
         for subject in hub_subjects() {
-            let nats = self.nats.clone();
+            let nats = self.link.nats.clone();
             let subscribe = async move { (nats.subscribe(subject.clone()).await, subject) };
             ctx.spawn(subscribe.into_actor(self).map(|(result, subject), _, ctx| {
                 match result {
@@ -150,15 +313,15 @@ impl StreamHandler<Reconnected> for ConnectorHub {
 }
 
 impl StreamHandler<Published> for ConnectorHub {
-    fn handle(&mut self, Published(message): Published, _: &mut Context<Self>) {
+    fn handle(&mut self, Published(message): Published, ctx: &mut Context<Self>) {
         let Some(namespace) = HostedClusterSubjects::namespace_of(&message.subject) else {
             return;
         };
         let namespace = namespace.to_owned();
         if message.subject.ends_with(".hello") {
-            self.on_hello(&namespace, &message);
+            self.on_hello(&namespace, &message, ctx);
         } else {
-            self.on_report(&namespace, &message);
+            self.on_report(&namespace, &message, ctx);
         }
     }
 

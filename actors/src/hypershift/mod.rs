@@ -7,6 +7,7 @@ pub mod connector_deployment;
 pub mod connector_hub;
 pub mod connector_link;
 pub mod hosted_cluster_actor;
+pub mod hosted_leftovers;
 pub mod hosted_phase;
 pub mod hypershift_detector;
 pub mod remote_phase_actor;

@@ -24,11 +24,12 @@ use pko_proto::core::common::LifecycleState;
 use pko_proto::core::object_set::ObjectSetStatus;
 use tracing::{info_span, warn, Instrument};
 
-use crate::engine::hosted_teardown::after_unanswered_teardown;
+use crate::engine::hosted_teardown::{after_unanswered_teardown, SkipReason};
 use crate::engine::object_set_status::{
     object_set_conditions, BlockReason, PhaseProgress, SetObservation,
 };
 use crate::hypershift::connector_link::LinkError;
+use crate::hypershift::hosted_leftovers::{self, leftover_request};
 use crate::hypershift::hosted_phase::{mapped_of_report, progress_of_report};
 use crate::metrics::connector_metrics::RequestResult;
 use crate::objects::object_meta::{event_reference, MetaView};
@@ -39,7 +40,7 @@ use crate::runtime::object_actor::{work, Change, ObjectActor, Outcome, Reconcile
 use crate::runtime::reconcile_gate::Backoff;
 use crate::runtime::registry::ObjectRef;
 
-/// Re-send the phase: the connector pushed a report or said hello.
+/// Re-send the phase: the connector pushed a report or said hello (limited by the connector hub).
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
 pub struct Resend;
@@ -290,6 +291,26 @@ async fn teardown(
         %message,
         "giving up the hosted teardown"
     );
+    // The HostedCluster is still there: what the phase left in it is swept when its connector is back.
+    if matches!(skip, SkipReason::ConnectorUnreachable(_)) {
+        let objects = phase
+            .spec
+            .template
+            .phases
+            .first()
+            .map(|p| p.objects.as_slice())
+            .unwrap_or_default();
+        let request = leftover_request(phase_ref(phase), objects);
+        match hosted_leftovers::record(&context.client, &request).await {
+            Ok(()) => context.metrics.hosted_leftovers("recorded", 1),
+            // The apiserver may come back: try again rather than forget the objects.
+            Err(kube::Error::Api(s)) if s.code < 500 && s.code != 409 && s.code != 429 => {
+                warn!(namespace = phase.namespace(), name = phase.name(), error = %s.message,
+                    "cannot record the hosted objects left behind; letting the phase go");
+            }
+            Err(e) => return Exchange::Undelivered(format!("recording the leftovers: {e}")),
+        }
+    }
     context.metrics.hosted_teardown_skipped(skip.reason());
     record_skipped_teardown(context, phase, skip.reason(), &message);
     match phase
@@ -472,8 +493,9 @@ async fn previous_phase_uids(
 
 impl Handler<Resend> for RemotePhaseActor {
     type Result = ();
+    /// Re-sends now; the backoff stays as it is (a connector's messages say nothing about whether the
+    /// next request will succeed, and must not let a flood shorten it).
     fn handle(&mut self, _: Resend, ctx: &mut Context<Self>) {
-        self.reset_backoff();
         self.request_reconcile(ctx);
     }
 }

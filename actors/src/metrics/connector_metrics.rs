@@ -65,6 +65,29 @@ pub enum ReportResult {
     Foreign,
     /// About a phase this manager does not know.
     UnknownPhase,
+    /// On subjects bound to another HostedCluster than the namespace's current one.
+    StaleCluster,
+}
+
+/// What the hub did with a hello.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HelloResult {
+    /// The namespace's phases are re-sent.
+    Accepted,
+    /// Not a hello.
+    Malformed,
+    /// On subjects bound to another HostedCluster than the namespace's current one.
+    StaleCluster,
+}
+
+impl HelloResult {
+    fn label(self) -> &'static str {
+        match self {
+            HelloResult::Accepted => "accepted",
+            HelloResult::Malformed => "malformed",
+            HelloResult::StaleCluster => "stale_cluster",
+        }
+    }
 }
 
 impl ReportResult {
@@ -74,6 +97,7 @@ impl ReportResult {
             ReportResult::Malformed => "malformed",
             ReportResult::Foreign => "foreign",
             ReportResult::UnknownPhase => "unknown_phase",
+            ReportResult::StaleCluster => "stale_cluster",
         }
     }
 }
@@ -84,7 +108,9 @@ pub struct ConnectorMetrics {
     connected: Family<NamespaceLabels, Gauge>,
     requests: Family<RequestLabels, Histogram, fn() -> Histogram>,
     reports: Family<ResultLabels, Counter>,
-    hellos: Counter,
+    hellos: Family<ResultLabels, Counter>,
+    wakes_folded: Counter,
+    wakes_pending: Gauge,
 }
 
 impl Default for ConnectorMetrics {
@@ -93,7 +119,9 @@ impl Default for ConnectorMetrics {
             connected: Family::default(),
             requests: Family::new_with_constructor(latency_histogram),
             reports: Family::default(),
-            hellos: Counter::default(),
+            hellos: Family::default(),
+            wakes_folded: Counter::default(),
+            wakes_pending: Gauge::default(),
         }
     }
 }
@@ -118,8 +146,19 @@ impl ConnectorMetrics {
         );
         registry.register(
             "pko_connector_hellos",
-            "Hellos of (re)started connectors.",
+            "Hellos of (re)started connectors, by what the manager did with them.",
             self.hellos.clone(),
+        );
+        registry.register(
+            "pko_connector_wakes_folded",
+            "Hellos and reports that came while a connector's next wake was already due, and went with \
+             it (at most one wake a second per connector).",
+            self.wakes_folded.clone(),
+        );
+        registry.register(
+            "pko_connector_wakes_pending",
+            "HCP namespaces whose connector's next wake is scheduled (hellos or reports wait for it).",
+            self.wakes_pending.clone(),
         );
     }
 
@@ -159,14 +198,31 @@ impl ConnectorMetrics {
             .inc();
     }
 
-    /// The connector of `namespace` said hello.
-    pub fn hello(&self, namespace: &str) {
-        self.hellos.inc();
-        self.connected
-            .get_or_create(&NamespaceLabels {
-                namespace: namespace.to_owned(),
+    /// The connector of `namespace` said hello (`result`: what became of it).
+    pub fn hello(&self, namespace: &str, result: HelloResult) {
+        self.hellos
+            .get_or_create(&ResultLabels {
+                result: result.label(),
             })
-            .set(1);
+            .inc();
+        if result == HelloResult::Accepted {
+            self.connected
+                .get_or_create(&NamespaceLabels {
+                    namespace: namespace.to_owned(),
+                })
+                .set(1);
+        }
+    }
+
+    /// A hello or report went with a wake already due.
+    pub fn wake_folded(&self) {
+        self.wakes_folded.inc();
+    }
+
+    /// How many namespaces have a wake scheduled.
+    pub fn wakes_pending(&self, namespaces: usize) {
+        self.wakes_pending
+            .set(i64::try_from(namespaces).unwrap_or(i64::MAX));
     }
 
     /// The connector of `namespace` was removed (its HostedCluster went).

@@ -89,6 +89,7 @@ pub struct ManagerMetrics {
     shard_objects: Family<KindLabels, Gauge>,
     rollout_events: RolloutEventMetrics,
     hosted_teardowns_skipped: Family<ReasonLabels, Counter>,
+    hosted_leftovers: Family<StoredLabels, Counter>,
     deployment_set_reads: Family<SourceLabels, Counter>,
     previous_revision_reads: Family<SourceLabels, Counter>,
 }
@@ -106,7 +107,8 @@ struct ReasonLabels {
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct StoredLabels {
-    /// `stored`, or `duplicate` when the stream already held the event.
+    /// What became of it: `stored` or `duplicate` for rollout events; `recorded`, `swept` or `dropped`
+    /// for hosted leftovers.
     result: &'static str,
 }
 
@@ -139,6 +141,7 @@ impl ManagerMetrics {
         let shard_objects = Family::<KindLabels, Gauge>::default();
         let rollout_events = RolloutEventMetrics::default();
         let hosted_teardowns_skipped = Family::<ReasonLabels, Counter>::default();
+        let hosted_leftovers = Family::<StoredLabels, Counter>::default();
         let deployment_set_reads = Family::<SourceLabels, Counter>::default();
         let previous_revision_reads = Family::<SourceLabels, Counter>::default();
         let mut registry = Registry::default();
@@ -199,6 +202,13 @@ impl ManagerMetrics {
             hosted_teardowns_skipped.clone(),
         );
         registry.register(
+            "pko_hosted_leftovers",
+            "Teardowns of given-up hosted phases kept for their connector's return, by result: \
+             recorded, swept (the connector tore them down), dropped (unreadable, or naming a live \
+             phase).",
+            hosted_leftovers.clone(),
+        );
+        registry.register(
             "pko_deployment_set_reads",
             "ObjectDeployment reconciles by where they read their ObjectSets: `index` (the watch-fed \
              index) or `list` (the index lacked a set: a revision just created or not yet watched).",
@@ -242,6 +252,7 @@ impl ManagerMetrics {
             shard_objects,
             rollout_events,
             hosted_teardowns_skipped,
+            hosted_leftovers,
             deployment_set_reads,
             previous_revision_reads,
         }
@@ -353,6 +364,13 @@ impl ManagerMetrics {
     }
 
     /// The hosted teardown of a deleted phase was given up for `reason`.
+    /// Leftover teardowns `recorded`, `swept` or `dropped`, `count` of them.
+    pub fn hosted_leftovers(&self, result: &'static str, count: usize) {
+        self.hosted_leftovers
+            .get_or_create(&StoredLabels { result })
+            .inc_by(u64::try_from(count).unwrap_or(u64::MAX));
+    }
+
     pub fn hosted_teardown_skipped(&self, reason: &'static str) {
         self.hosted_teardowns_skipped
             .get_or_create(&ReasonLabels { reason })

@@ -145,6 +145,15 @@ impl Fleet {
         }
     }
 
+    /// The UID of the HostedCluster whose HCP namespace is `hcp_namespace`, if one is known.
+    pub fn cluster_uid(&self, hcp_namespace: &str) -> Option<String> {
+        self.clusters.iter().find_map(|c| {
+            (c.value().hosted_control_plane_namespace().as_deref() == Some(hcp_namespace))
+                .then(|| c.value().metadata.uid.clone())
+                .flatten()
+        })
+    }
+
     /// What `.environment.hyperShift` of a package in `hcp_namespace` is made from, once the fleet is
     /// complete: `None` without the HostedCluster API; else the HostedCluster whose HCP namespace that
     /// is, if any (none for a ClusterPackage, `hcp_namespace: None`).

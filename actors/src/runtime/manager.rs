@@ -118,10 +118,11 @@ pub fn start(context: ManagerContext) -> Engine {
     let hosted_clusters: Arc<Registry<HostedClusterActor>> = Arc::default();
     if let Some(link) = &context.connectors {
         ConnectorHub::new(
-            link.nats.clone(),
-            link.connections.clone(),
+            link.clone(),
+            context.client.clone(),
             remote_phases.clone(),
-            context.metrics.connectors.clone(),
+            context.rollouts.fleet.clone(),
+            context.metrics.clone(),
         )
         .start();
     }

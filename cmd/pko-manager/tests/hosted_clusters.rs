@@ -158,6 +158,135 @@ async fn connector_credentials_expire_and_stay_within_their_limits() {
     assert!(denied.contains(&current.apply()), "{denied}");
 }
 
+/// Issue 39, item 4: a flood of hellos on a connector's subjects re-sends its phase at most once a
+/// second (with what came in between folded into the next re-send), and hellos and reports under
+/// another HostedCluster's subjects (credentials of an earlier cluster of the namespace) are dropped and
+/// counted. The apply requests are counted by a subscription of the test's own.
+async fn connector_messages_are_limited_and_bound_to_the_current_cluster(
+    client: &kube::Client,
+    cluster: &pko_testenv::SimulatedHostedCluster,
+) {
+    use futures::StreamExt;
+    use pko_proto::connector_wire::{encode, Hello, PhaseOutcome, PhaseRef, PhaseReport};
+    let ns = &cluster.hcp_namespace;
+    let uid = Api::<HostedCluster>::namespaced(client.clone(), &cluster.namespace)
+        .get(&cluster.name)
+        .await
+        .unwrap()
+        .metadata
+        .uid
+        .unwrap();
+    let subjects = HostedClusterSubjects::new(ns)
+        .unwrap()
+        .bound_to(&uid)
+        .unwrap();
+    let nats = env().nats().client().await.unwrap();
+    let mut applies = nats.subscribe(subjects.apply()).await.unwrap();
+    nats.flush().await.unwrap();
+    let counted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = counted.clone();
+    tokio::spawn(async move {
+        while applies.next().await.is_some() {
+            seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    });
+    let hello = encode(&Hello {
+        version: pko_proto::connector_wire::WIRE_VERSION,
+        namespace: ns.clone(),
+        connector: "flood".to_owned(),
+    })
+    .unwrap();
+    let metric = |name: &'static str| async move { manager().metric(name).await.unwrap_or(0) };
+    let accepted = r#"pko_connector_hellos_total{result="accepted"}"#;
+    let before = metric(accepted).await;
+    let started = std::time::Instant::now();
+    const FLOOD: u64 = 30;
+    for sent in 1..=FLOOD {
+        nats.publish(subjects.hello(), hello.clone().into())
+            .await
+            .unwrap();
+        nats.flush().await.unwrap();
+        // Paced by the manager: each hello is taken before the next is sent.
+        wait_until("the manager took the hello", TIMEOUT, || async {
+            let taken = metric(accepted).await;
+            if taken >= before + sent {
+                Ok(())
+            } else {
+                Err(format!("{taken}"))
+            }
+        })
+        .await
+        .unwrap();
+    }
+    let flooded = started.elapsed();
+    // The hellos folded into a wake still get their re-send: none is left due, and the phase was re-sent
+    // at least twice (the first hello at once, the rest with the next wake).
+    wait_until("no wake left due", TIMEOUT, || async {
+        match metric("pko_connector_wakes_pending").await {
+            0 => Ok(()),
+            due => Err(format!("{due} due")),
+        }
+    })
+    .await
+    .unwrap();
+    let resent = wait_until("the folded hellos re-sent", TIMEOUT, || async {
+        match counted.load(std::sync::atomic::Ordering::SeqCst) {
+            n if n >= 2 => Ok(n),
+            n => Err(format!("{n} re-sends")),
+        }
+    })
+    .await
+    .unwrap();
+    let allowed = 2 + flooded.as_secs() as usize;
+    assert!(
+        resent <= allowed,
+        "{FLOOD} hellos in {flooded:?} re-sent the phase {resent} times (at most {allowed})"
+    );
+    assert!(metric("pko_connector_wakes_folded_total").await >= FLOOD - allowed as u64);
+
+    // Under an earlier cluster's subjects, or unbound: dropped and counted.
+    let stale_hellos = r#"pko_connector_hellos_total{result="stale_cluster"}"#;
+    let stale_reports = r#"pko_connector_reports_total{result="stale_cluster"}"#;
+    let (hellos_before, reports_before) = (metric(stale_hellos).await, metric(stale_reports).await);
+    let earlier = HostedClusterSubjects::new(ns)
+        .unwrap()
+        .bound_to("00000000-0000-0000-0000-000000000000")
+        .unwrap();
+    let unbound = HostedClusterSubjects::new(ns).unwrap();
+    let report = encode(&PhaseReport {
+        version: pko_proto::connector_wire::WIRE_VERSION,
+        phase: PhaseRef {
+            namespace: ns.clone(),
+            name: "hosted-config-config".to_owned(),
+            ..Default::default()
+        },
+        outcome: PhaseOutcome::Available,
+        message: String::new(),
+        controller_of: Vec::new(),
+        mapped_conditions: Vec::new(),
+    })
+    .unwrap();
+    for subject in [earlier.hello(), unbound.hello()] {
+        nats.publish(subject, hello.clone().into()).await.unwrap();
+    }
+    nats.publish(earlier.status(), report.into()).await.unwrap();
+    nats.flush().await.unwrap();
+    wait_until(
+        "the stale messages dropped and counted",
+        TIMEOUT,
+        || async {
+            let (h, r) = (metric(stale_hellos).await, metric(stale_reports).await);
+            if h >= hellos_before + 2 && r > reports_before {
+                Ok(())
+            } else {
+                Err(format!("{h} hellos, {r} reports"))
+            }
+        },
+    )
+    .await
+    .unwrap();
+}
+
 #[tokio::test]
 async fn connectors_follow_hosted_clusters_and_are_confined_to_their_namespace() {
     manager();
@@ -288,6 +417,8 @@ async fn connectors_follow_hosted_clusters_and_are_confined_to_their_namespace()
             Some("pko-connector-runner")
         );
     }
+
+    connector_messages_are_limited_and_bound_to_the_current_cluster(&client, &clusters[1]).await;
 
     // Seed 001's three phases as a real package in hosted-0's HCP namespace: each object in its cluster.
     let image = build_and_push("hosted-addon", "hosted-addon:v1");

@@ -242,4 +242,54 @@ async fn nats_connector_and_manager_killed_mid_rollout_converge_without_repeated
             .all(|(_, note)| note.contains("did not answer")),
         "{skipped:?}"
     );
+
+    // The connector comes back after the timeout (issue 39, item 5): what the given-up teardowns left
+    // in the hosted cluster was recorded, is swept at its hello, and a set re-adding one of those names
+    // is not refused as a collision.
+    let records = Api::<ConfigMap>::namespaced(client.clone(), &ns);
+    let recorded = records.get("pko-hosted-leftovers").await.unwrap();
+    assert_eq!(recorded.data.unwrap_or_default().len(), 2);
+    assert!(hosted.get_opt(&first).await.unwrap().is_some());
+    assert!(hosted.get_opt(&last).await.unwrap().is_some());
+    let _connector = start_connector(&ns, 0);
+    wait_until("the leftovers swept", TIMEOUT, || async {
+        let left = [
+            hosted.get_opt(&first).await.map_err(|e| e.to_string())?,
+            hosted.get_opt(&last).await.map_err(|e| e.to_string())?,
+        ];
+        let records = records
+            .get("pko-hosted-leftovers")
+            .await
+            .map_err(|e| e.to_string())?
+            .data
+            .unwrap_or_default();
+        if left.iter().all(Option::is_none) && records.is_empty() {
+            Ok(())
+        } else {
+            Err(format!(
+                "{} objects, {} records left",
+                left.iter().flatten().count(),
+                records.len()
+            ))
+        }
+    })
+    .await
+    .unwrap();
+    assert!(
+        _manager
+            .metric(r#"pko_hosted_leftovers_total{result="swept"}"#)
+            .await
+            .unwrap()
+            >= 2
+    );
+    let again = typed::<ObjectSet>(
+        "ObjectSet",
+        "durable-again",
+        json!({"phases": [
+            {"name": "first", "class": "hosted-cluster", "objects": [hosted_cm(&first, "default")]},
+        ]}),
+        json!({}),
+    );
+    create_set(&client, &ns, &again).await;
+    wait_condition(&client, &ns, "durable-again", "Available", "True", None).await;
 }
