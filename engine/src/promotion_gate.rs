@@ -682,10 +682,9 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_record_keeps_its_settled_time_while_settled_on_the_template() {
-        let settled = counts(3, 3, 3, 0);
-        let own = |hash, counts| OwnRollout {
+    /// Canary's own rollout of `hash` with `counts`, halted on `halted` if given.
+    fn own<'a>(hash: &'a str, counts: &'a Counts, halted: Option<&'a str>) -> OwnRollout<'a> {
+        OwnRollout {
             cluster: "canary",
             name: "addon",
             generation: 1,
@@ -695,56 +694,35 @@ mod tests {
             available: true,
             gate: &GateVerdict::Ungated,
             last_event_at: None,
-            halted: None,
-        };
-        let first = rollout_record(&own("h", &settled), None, at(10));
+            halted,
+        }
+    }
+
+    #[test]
+    fn a_record_keeps_its_settled_time_while_settled_on_the_template() {
+        let settled = counts(3, 3, 3, 0);
+        let first = rollout_record(&own("h", &settled, None), None, at(10));
         assert_eq!(first.settled_since, Some(at(10)));
-        let again = rollout_record(&own("h", &settled), Some(&first), at(50));
+        let again = rollout_record(&own("h", &settled, None), Some(&first), at(50));
         assert_eq!(again.settled_since, Some(at(10)));
         assert!(!record_changed(&first, &again));
         let moving = counts(3, 2, 2, 0);
-        let broke = rollout_record(&own("h", &moving), Some(&again), at(60));
+        let broke = rollout_record(&own("h", &moving, None), Some(&again), at(60));
         assert_eq!(broke.settled_since, None);
         assert!(record_changed(&again, &broke));
-        let new_template = rollout_record(&own("h2", &settled), Some(&again), at(70));
+        let new_template = rollout_record(&own("h2", &settled, None), Some(&again), at(70));
         assert_eq!(new_template.settled_since, Some(at(70)));
     }
 
     #[test]
     fn a_rollout_over_no_hosted_cluster_never_settles() {
-        let own = OwnRollout {
-            cluster: "canary",
-            name: "addon",
-            generation: 1,
-            template_hash: "h",
-            partition: None,
-            counts: &counts(0, 0, 0, 0),
-            available: true,
-            gate: &GateVerdict::Ungated,
-            last_event_at: None,
-            halted: None,
-        };
-        let record = rollout_record(&own, None, at(10));
+        let record = rollout_record(&own("h", &counts(0, 0, 0, 0), None), None, at(10));
         assert!(!record.settled);
         assert_eq!(record.settled_since, None);
     }
 
     #[test]
     fn a_template_halted_here_stays_poisoned_until_it_settles_here() {
-        fn own<'a>(hash: &'a str, counts: &'a Counts, halted: Option<&'a str>) -> OwnRollout<'a> {
-            OwnRollout {
-                cluster: "canary",
-                name: "addon",
-                generation: 1,
-                template_hash: hash,
-                partition: None,
-                counts,
-                available: true,
-                gate: &GateVerdict::Ungated,
-                last_event_at: None,
-                halted,
-            }
-        }
         let failing = counts(3, 3, 0, 3);
         let settled = counts(3, 3, 3, 0);
         let halted = rollout_record(&own("h1", &failing, Some("h1")), None, at(10));
