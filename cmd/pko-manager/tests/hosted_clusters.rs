@@ -237,7 +237,9 @@ async fn connector_messages_are_limited_and_bound_to_the_current_cluster(
     })
     .await
     .unwrap();
-    let allowed = 2 + flooded.as_secs() as usize;
+    // A wake at once, one at the end of each second of the flood, one after it; and one more for a
+    // report the connector may push meanwhile (a hosted object changed).
+    let allowed = 3 + flooded.as_secs() as usize;
     assert!(
         resent <= allowed,
         "{FLOOD} hellos in {flooded:?} re-sent the phase {resent} times (at most {allowed})"
