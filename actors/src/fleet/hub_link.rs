@@ -26,6 +26,7 @@ use tracing::{info, warn};
 
 use crate::engine::promotion_gate::{HubState, HubView, RecordSighting, RECORD_HEARTBEAT};
 use crate::metrics::fleet_metrics::FleetMetrics;
+use crate::runtime::observer_clock::ObserverClock;
 
 /// How often the hub is asked whether it answers.
 const PROBE_INTERVAL: Duration = Duration::from_secs(2);
@@ -80,8 +81,8 @@ pub struct HubLink {
     /// A record was reported or forgotten.
     reported: Notify,
     metrics: FleetMetrics,
-    /// The origin of this manager's clock for sightings.
-    epoch: Instant,
+    /// When this manager saw records, for their ages and soaks.
+    clock: ObserverClock,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -114,7 +115,7 @@ impl HubLink {
             changed,
             reported: Notify::new(),
             metrics,
-            epoch: Instant::now(),
+            clock: ObserverClock::start(),
         });
         link.metrics.hub_reachable(false);
         tokio::spawn(link.clone().follow(nats.clone()));
@@ -133,7 +134,7 @@ impl HubLink {
     /// What the hub holds of `hosted_cluster_package`'s rollouts, aged by when this manager saw them,
     /// and whether it answers.
     pub fn view(&self, hosted_cluster_package: &str) -> HubView {
-        let now = self.now_ms();
+        let now = self.clock.now_ms();
         let records = lock(&self.records);
         HubView {
             state: records.state.clone(),
@@ -149,10 +150,6 @@ impl HubLink {
                 })
                 .collect(),
         }
-    }
-
-    fn now_ms(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
     /// Wakes on every change of what [`HubLink::view`] returns.
@@ -306,7 +303,7 @@ impl HubLink {
     }
 
     fn record_seen(&self, entry: &kv::Entry) {
-        let now = self.now_ms();
+        let now = self.clock.now_ms();
         let mut records = lock(&self.records);
         let changed = if matches!(entry.operation, kv::Operation::Put) {
             match records.read.put(&entry.key, &entry.value) {

@@ -13,7 +13,7 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use actix::prelude::*;
 use async_nats::Message as NatsMessage;
@@ -28,6 +28,7 @@ use crate::hypershift::remote_phase_actor::{RemotePhaseActor, Resend};
 use crate::metrics::connector_metrics::{HelloResult, ReportResult};
 use crate::metrics::manager_metrics::ManagerMetrics;
 use crate::rollout::hosted_cluster_fleet::Fleet;
+use crate::runtime::observer_clock::ObserverClock;
 use crate::runtime::registry::{ObjectRef, Registry};
 
 /// The least time between two wakes one connector causes.
@@ -84,7 +85,7 @@ pub struct ConnectorHub {
     pending: HashMap<String, Pending>,
     /// Namespaces whose next wake is scheduled.
     scheduled: HashSet<String>,
-    epoch: Instant,
+    clock: ObserverClock,
 }
 
 impl ConnectorHub {
@@ -105,12 +106,8 @@ impl ConnectorHub {
             wakes: WakeLimit::new(interval),
             pending: HashMap::new(),
             scheduled: HashSet::new(),
-            epoch: Instant::now(),
+            clock: ObserverClock::start(),
         }
-    }
-
-    fn now_ms(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
     /// Whether `subject` is bound to another HostedCluster than the namespace's current one (unbound
@@ -186,7 +183,7 @@ impl ConnectorHub {
             .entry(namespace.to_owned())
             .or_insert_with(|| Pending::Phases(BTreeSet::new()))
             .add(phase);
-        let now = self.now_ms();
+        let now = self.clock.now_ms();
         match self.wakes.arrive(&namespace.to_owned(), now) {
             Wake::Now => self.flush(namespace, ctx),
             Wake::After(ms) => {
@@ -194,7 +191,7 @@ impl ConnectorHub {
                 self.scheduled.insert(namespace.clone());
                 self.metrics.connectors.wakes_pending(self.scheduled.len());
                 ctx.run_later(Duration::from_millis(ms), move |act, ctx| {
-                    let now = act.now_ms();
+                    let now = act.clock.now_ms();
                     act.wakes.fired(&namespace, now);
                     act.flush(&namespace, ctx);
                     act.scheduled.remove(&namespace);

@@ -24,6 +24,7 @@ use tracing::{error, info, warn};
 
 use crate::engine::lease_expiry::{LeaseRecord, LeaseSighting};
 use crate::metrics::lease_metrics::{LeaseAttempt, LeaseMetrics};
+use crate::runtime::observer_clock::ObserverClock;
 use crate::runtime::write_fence::WriteFence;
 
 /// The exit code of a process that lost its Lease.
@@ -119,9 +120,9 @@ pub fn lease_duration_ms(lease: &LeaseSpec) -> u64 {
 struct LeaseClient {
     api: Api<Lease>,
     config: LeaseConfig,
-    /// The Lease as last read, and when its record last changed on `epoch`'s clock.
+    /// The Lease as last read, and when its record last changed on `clock`.
     seen: Mutex<Option<LeaseSighting>>,
-    epoch: Instant,
+    clock: ObserverClock,
 }
 
 impl LeaseClient {
@@ -155,7 +156,7 @@ impl LeaseClient {
     /// Notes the Lease as read now; whether this replica may take it (free, ours, or unchanged for its
     /// whole duration on this process's clock).
     fn may_take(&self, current: &LeaseSpec) -> bool {
-        let now_ms = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let now_ms = self.clock.now_ms();
         let record = lease_record(current);
         let mut seen = self
             .seen
@@ -337,7 +338,7 @@ impl LeaseHolder {
                         api: Api::namespaced(client, &config.namespace),
                         config,
                         seen: Mutex::new(None),
-                        epoch: Instant::now(),
+                        clock: ObserverClock::start(),
                     };
                     let Some(renewed) = lease.acquire(&mut stop_rx).await else {
                         return;

@@ -12,6 +12,7 @@ pub mod kind_feed;
 pub mod leader_lease;
 pub mod manager;
 pub mod object_actor;
+pub mod observer_clock;
 pub mod process_main;
 pub mod reconcile_gate;
 pub mod registry;

@@ -5,7 +5,7 @@
 //! members' Leases. It owns no assignment: which replica works on what is the engine's rule over the view.
 
 use std::collections::BTreeSet;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -21,6 +21,7 @@ use crate::metrics::lease_metrics::LeaseMetrics;
 use crate::runtime::leader_lease::{
     lease_duration_ms, lease_record, LeaseConfig, LeaseError, LeaseHolder,
 };
+use crate::runtime::observer_clock::ObserverClock;
 use crate::runtime::write_fence::WriteFence;
 
 /// Label on every member Lease; its value is the member's name (the holder is cleared when it leaves).
@@ -147,7 +148,7 @@ async fn follow_members(api: Api<Lease>, view: watch::Sender<ShardView>) {
     let mut events = reflector(writer, watcher::watcher(api, config))
         .default_backoff()
         .boxed();
-    let epoch = Instant::now();
+    let clock = ObserverClock::start();
     let mut sightings = LeaseSightings::default();
     let mut next_expiry = EXPIRY_CHECK;
     loop {
@@ -159,12 +160,10 @@ async fn follow_members(api: Api<Lease>, view: watch::Sender<ShardView>) {
             },
             _ = tokio::time::sleep(next_expiry) => {}
         }
-        let now = i64::try_from(epoch.elapsed().as_millis()).unwrap_or(i64::MAX);
+        let now_ms = clock.now_ms();
+        let now = i64::try_from(now_ms).unwrap_or(i64::MAX);
         let state = leases.state();
-        sightings.observe_all(
-            state.iter().filter_map(|l| member_record(l)),
-            u64::try_from(now).unwrap_or_default(),
-        );
+        sightings.observe_all(state.iter().filter_map(|l| member_record(l)), now_ms);
         let known: Vec<MemberLease> = state
             .iter()
             .filter_map(|l| member_lease(l, &sightings))
