@@ -68,6 +68,11 @@ impl<K: Hash + Eq + Clone> WakeLimit<K> {
         Wake::After(slot.next_ms - now_ms)
     }
 
+    /// How many senders have a wake scheduled.
+    pub fn scheduled(&self) -> usize {
+        self.slots.values().filter(|slot| slot.pending).count()
+    }
+
     /// The wake scheduled for `sender` ran at `now_ms`.
     pub fn fired(&mut self, sender: &K, now_ms: u64) {
         if let Some(slot) = self.slots.get_mut(sender) {
@@ -90,7 +95,9 @@ mod tests {
         assert_eq!(limit.arrive(&"a", 500), Wake::Folded);
         // Another sender is not held back.
         assert_eq!(limit.arrive(&"b", 500), Wake::Now);
+        assert_eq!(limit.scheduled(), 1);
         limit.fired(&"a", 1_010);
+        assert_eq!(limit.scheduled(), 0);
         assert_eq!(limit.arrive(&"a", 1_500), Wake::After(510));
         limit.fired(&"a", 2_010);
         assert_eq!(limit.arrive(&"a", 3_100), Wake::Now);

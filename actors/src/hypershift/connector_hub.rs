@@ -11,7 +11,7 @@
 //! hellos or reports costs each phase at most one re-send a second and none is lost. Hellos and reports
 //! never shorten a phase's backoff.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -83,8 +83,6 @@ pub struct ConnectorHub {
     metrics: ManagerMetrics,
     wakes: WakeLimit<String>,
     pending: HashMap<String, Pending>,
-    /// Namespaces whose next wake is scheduled.
-    scheduled: HashSet<String>,
     clock: ObserverClock,
 }
 
@@ -105,7 +103,6 @@ impl ConnectorHub {
             metrics,
             wakes: WakeLimit::new(interval),
             pending: HashMap::new(),
-            scheduled: HashSet::new(),
             clock: ObserverClock::start(),
         }
     }
@@ -188,14 +185,14 @@ impl ConnectorHub {
             Wake::Now => self.flush(namespace, ctx),
             Wake::After(ms) => {
                 let namespace = namespace.to_owned();
-                self.scheduled.insert(namespace.clone());
-                self.metrics.connectors.wakes_pending(self.scheduled.len());
+                self.metrics
+                    .connectors
+                    .wakes_pending(self.wakes.scheduled());
                 ctx.run_later(Duration::from_millis(ms), move |act, ctx| {
                     let now = act.clock.now_ms();
                     act.wakes.fired(&namespace, now);
                     act.flush(&namespace, ctx);
-                    act.scheduled.remove(&namespace);
-                    act.metrics.connectors.wakes_pending(act.scheduled.len());
+                    act.metrics.connectors.wakes_pending(act.wakes.scheduled());
                 });
             }
             Wake::Folded => self.metrics.connectors.wake_folded(),
