@@ -112,6 +112,15 @@ impl HostedClusterSubjects {
         })
     }
 
+    /// The subjects of HCP namespace `namespace`, bound to `cluster_uid` when its HostedCluster is known.
+    pub fn of(namespace: &str, cluster_uid: Option<&str>) -> Result<Self, WireError> {
+        let subjects = Self::new(namespace)?;
+        match cluster_uid {
+            Some(uid) => subjects.bound_to(uid),
+            None => Ok(subjects),
+        }
+    }
+
     pub fn namespace(&self) -> &str {
         &self.namespace
     }
@@ -410,6 +419,14 @@ mod tests {
                 .bound_to("another")
                 .unwrap()
                 .connector_permissions()
+        );
+        assert_eq!(
+            HostedClusterSubjects::of("clusters-hosted-0", Some("0a1b-2c3d")).unwrap(),
+            bound
+        );
+        assert_eq!(
+            HostedClusterSubjects::of("clusters-hosted-0", None).unwrap(),
+            s
         );
         assert!(s.bound_to("a.b").is_err());
         assert_eq!(HostedClusterSubjects::namespace_of("other.subject"), None);

@@ -241,12 +241,8 @@ impl ConnectorHub {
         let (client, link, metrics) =
             (self.client.clone(), self.link.clone(), self.metrics.clone());
         let namespace = namespace.to_owned();
-        let subjects = HostedClusterSubjects::new(&namespace).and_then(|s| {
-            match self.fleet.cluster_uid(&namespace) {
-                Some(uid) => s.bound_to(&uid),
-                None => Ok(s),
-            }
-        });
+        let subjects =
+            HostedClusterSubjects::of(&namespace, self.fleet.cluster_uid(&namespace).as_deref());
         async move {
             let subjects = match subjects {
                 Ok(s) => s,

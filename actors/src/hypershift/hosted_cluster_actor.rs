@@ -103,9 +103,8 @@ async fn ensure_credentials(
     if let Some(existing) = existing.filter(|s| credentials_current(s, &binding, renew_at)) {
         return Ok(existing);
     }
-    let subjects = HostedClusterSubjects::new(namespace)
-        .and_then(|s| s.bound_to(cluster_uid))
-        .map_err(|e| e.to_string())?;
+    let subjects =
+        HostedClusterSubjects::of(namespace, Some(cluster_uid)).map_err(|e| e.to_string())?;
     let credentials = link
         .signer
         .issue_limited_user(

@@ -373,14 +373,10 @@ async fn exchange(
         .await
         .and_then(|clusters| clusters.into_iter().next())
         .and_then(|cluster| cluster.metadata.uid);
-    let subjects =
-        match HostedClusterSubjects::new(phase.namespace()).and_then(|s| match &cluster_uid {
-            Some(uid) => s.bound_to(uid),
-            None => Ok(s),
-        }) {
-            Ok(s) => s,
-            Err(e) => return Exchange::Undelivered(e.to_string()),
-        };
+    let subjects = match HostedClusterSubjects::of(phase.namespace(), cluster_uid.as_deref()) {
+        Ok(s) => s,
+        Err(e) => return Exchange::Undelivered(e.to_string()),
+    };
     let objects = phase
         .spec
         .template
