@@ -70,6 +70,7 @@ fn in_dir(dir: &Path, binary: &'static str) -> Result<PathBuf, TestEnvError> {
 
 /// Debian's libfaketime (package `libfaketime`, pulled in by `faketime`), preloaded into a process to
 /// shift its clock.
+#[cfg(feature = "cluster")]
 pub(crate) fn libfaketime() -> Result<PathBuf, TestEnvError> {
     let multiarch = format!("{}-linux-gnu", std::env::consts::ARCH);
     in_dir(
