@@ -21,6 +21,7 @@
 //! crate offers [`shared_registries()`] only, so the package CLI's tests pull in no NATS client.
 
 mod binaries;
+mod command;
 mod error;
 mod net;
 mod process;
@@ -76,6 +77,7 @@ cluster_only! {
 }
 
 pub use binaries::Binaries;
+pub use command::run_with_input;
 pub use error::TestEnvError;
 pub use net::http_get;
 pub use registry::{shared_registries, Registries, Registry, REGISTRY_PASSWORD, REGISTRY_USER};

@@ -674,30 +674,22 @@ fn kickstart_lays_out_a_package_that_validates_and_renders_its_input() {
     );
 
     // From stdin, parametrized: the defaults test case renders exactly the input objects.
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kubectl-package"))
-        .args([
-            "kickstart",
-            "templ",
-            "-f",
-            "-",
-            "-p",
-            "namespaces,replicas",
-            "-p",
-            "env,nodeselectors,resources,tolerations,nonsense",
-        ])
-        .current_dir(&dir)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(OBJECTS.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = pko_testenv::run_with_input(
+        Command::new(env!("CARGO_BIN_EXE_kubectl-package"))
+            .args([
+                "kickstart",
+                "templ",
+                "-f",
+                "-",
+                "-p",
+                "namespaces,replicas",
+                "-p",
+                "env,nodeselectors,resources,tolerations,nonsense",
+            ])
+            .current_dir(&dir),
+        OBJECTS,
+    )
+    .unwrap();
     assert!(text(&out.stdout).starts_with("Kickstarted the \"templ\" package with 3 objects."));
     assert!(dir.join("templ/deploy/web.deployment.yaml.gotmpl").exists());
     let out = run_in(&dir, &["validate", "templ"]);

@@ -23,13 +23,11 @@ use k8s_openapi::api::events::v1::Event as KubeEvent;
 use kube::api::{ListParams, PostParams};
 use kube::Api;
 use pko_proto::core::hosted_cluster_package::HostedClusterPackage;
-use pko_testenv::{wait_until, Dashboard, ManagerLaunch, Prometheus};
+use pko_testenv::{run_with_input, wait_until, Dashboard, ManagerLaunch, Prometheus};
 use serde_json::Value;
 
 use common::rollout::{all_available, hcpkg_over_all, wait_status};
-use common::shipped::{
-    deploy_dir, install_manifests, kustomize, manager_container, parsed, run_with_input,
-};
+use common::shipped::{deploy_dir, install_manifests, kustomize, manager_container, parsed};
 
 use common::*;
 
@@ -601,7 +599,8 @@ fn promtool_metric_problems(exposition: &str) -> Vec<String> {
     let out = run_with_input(
         Command::new("promtool").args(["check", "metrics"]),
         exposition,
-    );
+    )
+    .unwrap();
     format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),

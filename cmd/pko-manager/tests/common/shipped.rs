@@ -2,33 +2,15 @@
 //! server-side, once per test binary, so the manager can run on its own ServiceAccount with exactly the
 //! RBAC the manifests grant.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::Command;
 
 use k8s_openapi::api::rbac::v1::ClusterRole;
 use kube::Api;
-use pko_testenv::wait_until;
+use pko_testenv::{run_with_input, wait_until};
 use serde_json::Value;
 
 use super::{env, TIMEOUT};
-
-/// Runs `command` with `input` on its standard input; its output (stdout and stderr captured).
-pub fn run_with_input(command: &mut Command, input: &str) -> Output {
-    let mut child = command
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(input.as_bytes())
-        .unwrap();
-    child.wait_with_output().unwrap()
-}
 
 pub fn deploy_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy")
@@ -77,7 +59,8 @@ async fn apply_manifests() {
             .arg(env().management().kubeconfig_path())
             .args(["apply", "--server-side", "--force-conflicts", "-f", "-"]),
         &documents.join("\n---\n"),
-    );
+    )
+    .unwrap();
     assert!(
         out.status.success(),
         "{}",
