@@ -135,12 +135,11 @@ impl ConnectorHub {
             self.metrics.connectors.report(ReportResult::Foreign);
             return;
         }
-        let key = ObjectRef {
-            kind: "ObjectSetPhase",
-            namespace: namespace.to_owned(),
-            name: report.phase.name.clone(),
-        };
-        if self.phases.get(&key).is_none() {
+        if self
+            .phases
+            .get(&phase_key(namespace, &report.phase.name))
+            .is_none()
+        {
             self.metrics.connectors.report(ReportResult::UnknownPhase);
             debug!(phase = %report.phase.name, namespace, "report for an unknown phase");
             return;
@@ -224,12 +223,7 @@ impl ConnectorHub {
             Pending::Phases(names) => names,
         };
         for name in names {
-            let key = ObjectRef {
-                kind: "ObjectSetPhase",
-                namespace: namespace.to_owned(),
-                name,
-            };
-            if let Some(addr) = self.phases.get(&key) {
+            if let Some(addr) = self.phases.get(&phase_key(namespace, &name)) {
                 addr.do_send(Resend);
             }
         }
@@ -256,6 +250,15 @@ impl ConnectorHub {
                 Err(error) => warn!(%namespace, %error, "sweeping hosted leftovers"),
             }
         }
+    }
+}
+
+/// The registry key of ObjectSetPhase `name` in `namespace`.
+fn phase_key(namespace: &str, name: &str) -> ObjectRef {
+    ObjectRef {
+        kind: "ObjectSetPhase",
+        namespace: namespace.to_owned(),
+        name: name.to_owned(),
     }
 }
 
