@@ -9,6 +9,7 @@
 //! `kubectl package fleet status` read them. Values are JSON with `version`; readers ignore fields they
 //! do not know.
 
+use crate::nats_credentials::{AccountLimits, JetStreamLimits};
 use k8s_openapi::jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -67,6 +68,29 @@ pub fn rollout_key_prefix(hosted_cluster_package: &str) -> String {
 
 /// The largest record the hub's bucket takes.
 pub const RECORD_MAX_BYTES: i32 = 64 * 1024;
+
+/// What the fleet account may use at the hub: a leaf link per management cluster, a few direct clients
+/// (viewers, the bootstrap), the records bucket and the aggregate stream (at most 1 GiB) with a watch per
+/// manager; within the hub's store (deploy/nats/fleet/hub.conf).
+pub const HUB_ACCOUNT_LIMITS: AccountLimits = AccountLimits {
+    connections: 64,
+    leaf_nodes: 1_000,
+    subscriptions: 100_000,
+    payload_bytes: 1 << 20,
+    jetstream: Some(JetStreamLimits {
+        memory_bytes: 64 << 20,
+        disk_bytes: 4 << 30,
+        streams: 4,
+        consumers: 10_000,
+    }),
+};
+
+/// Subscriptions one management cluster's link may hold at the hub (its inboxes, the hub's requests to
+/// its domain and the consumers delivering to it).
+pub const MEMBER_LINK_SUBSCRIPTIONS: i64 = 1_000;
+/// The largest message one management cluster's link may send to the hub (records and events are at
+/// most 64 KiB).
+pub const MEMBER_LINK_PAYLOAD_BYTES: i64 = 1 << 20;
 
 /// What a key of the bucket names.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -15,6 +15,7 @@ pub mod fleet;
 pub mod hypershift;
 pub mod manifests;
 pub mod nats_credentials;
+pub mod nats_permissions;
 pub mod rollout_events;
 mod schema;
 mod string_enum;

@@ -40,6 +40,79 @@ pub struct UserLimits {
     pub subscriptions: i64,
     /// Bytes of one message it may publish.
     pub payload_bytes: i64,
+    /// Only a server's leaf-node link may use the credentials, never a client: a stolen copy cannot be
+    /// used to talk to the server directly.
+    pub leaf_node_only: bool,
+}
+
+/// What one account may use on a server (the `limits` of its JWT); -1 is unlimited, 0 forbids.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AccountLimits {
+    /// Client connections at once.
+    pub connections: i64,
+    /// Leaf-node connections at once.
+    pub leaf_nodes: i64,
+    /// Subscriptions at once, over all connections.
+    pub subscriptions: i64,
+    /// Bytes of one message.
+    pub payload_bytes: i64,
+    /// JetStream storage and objects; `None` turns JetStream off for the account.
+    pub jetstream: Option<JetStreamLimits>,
+}
+
+/// What one account may keep in JetStream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JetStreamLimits {
+    pub memory_bytes: i64,
+    pub disk_bytes: i64,
+    pub streams: i64,
+    pub consumers: i64,
+}
+
+impl AccountLimits {
+    /// A management cluster's pko account: the manager's replicas and one connector per hosted cluster,
+    /// the rollout event stream and the connectors' few subscriptions each; messages as large as the
+    /// server's `max_payload` (a phase travels whole). The storage fits the rollout stream (at most 1 GiB)
+    /// and stays within the smallest server store pko ships or tests with (2 GB): an account may not
+    /// reserve more than its server has.
+    pub const MANAGEMENT_CLUSTER: AccountLimits = AccountLimits {
+        connections: 20_000,
+        leaf_nodes: 4,
+        subscriptions: 200_000,
+        payload_bytes: 8 << 20,
+        jetstream: Some(JetStreamLimits {
+            memory_bytes: 64 << 20,
+            disk_bytes: 1536 << 20,
+            streams: 16,
+            consumers: 1_000,
+        }),
+    };
+
+    /// The system account: servers' own traffic, no JetStream.
+    const SYSTEM: AccountLimits = AccountLimits {
+        connections: -1,
+        leaf_nodes: -1,
+        subscriptions: -1,
+        payload_bytes: -1,
+        jetstream: None,
+    };
+
+    fn claims(&self) -> Value {
+        let js = self.jetstream.unwrap_or(JetStreamLimits {
+            memory_bytes: 0,
+            disk_bytes: 0,
+            streams: 0,
+            consumers: 0,
+        });
+        // `data` stays -1: nats-server 2.9 does not enforce it; stored bytes are bounded by JetStream's.
+        json!({
+            "subs": self.subscriptions, "data": -1, "payload": self.payload_bytes,
+            "imports": -1, "exports": -1, "wildcards": true,
+            "conn": self.connections, "leaf": self.leaf_nodes,
+            "mem_storage": js.memory_bytes, "disk_storage": js.disk_bytes,
+            "streams": js.streams, "consumer": js.consumers,
+        })
+    }
 }
 
 /// Credentials could not be made.
@@ -74,6 +147,14 @@ impl std::fmt::Debug for UserCredentials {
 }
 
 impl UserCredentials {
+    /// Signs the server's connect nonce with the user's key: how a client proves it holds the user.
+    pub fn sign_nonce(&self, nonce: &[u8]) -> Result<Vec<u8>, CredentialsError> {
+        KeyPair::from_seed(&self.seed)
+            .map_err(key_error)?
+            .sign(nonce)
+            .map_err(key_error)
+    }
+
     /// The standard `.creds` file text (`ConnectOptions::with_credentials`, `nats --creds`).
     pub fn creds_file(&self) -> String {
         format!(
@@ -153,6 +234,9 @@ impl AccountSigner {
             "subs": subs, "data": -1, "payload": payload,
             "type": "user", "version": 2,
         });
+        if limits.is_some_and(|l| l.leaf_node_only) {
+            nats["allowed_connection_types"] = json!(["LEAFNODE"]);
+        }
         if let Some(p) = permissions {
             nats["pub"] = json!({ "allow": p.publish });
             nats["sub"] = json!({ "allow": p.subscribe });
@@ -211,9 +295,9 @@ const STORED: [&str; 7] = [
 ];
 
 impl OperatorSetup {
-    /// Fresh keys: an operator, its system account, and account `account_name` with unlimited JetStream
-    /// and one signing key.
-    pub fn generate(account_name: &str) -> Result<Self, CredentialsError> {
+    /// Fresh keys: an operator, its system account, and account `account_name` within `limits`, with one
+    /// signing key.
+    pub fn generate(account_name: &str, limits: &AccountLimits) -> Result<Self, CredentialsError> {
         let operator = KeyPair::new_operator();
         let system = KeyPair::new_account();
         let account = KeyPair::new_account();
@@ -229,14 +313,14 @@ impl OperatorSetup {
             &operator,
             "SYS",
             &system.public_key(),
-            account_nats(false, None),
+            account_nats(&AccountLimits::SYSTEM, None),
             None,
         )?;
         let account_jwt = sign_claims(
             &operator,
             account_name,
             &account.public_key(),
-            account_nats(true, Some(&signing.public_key())),
+            account_nats(limits, Some(&signing.public_key())),
             None,
         )?;
         Ok(Self {
@@ -293,6 +377,38 @@ impl OperatorSetup {
         })
     }
 
+    /// This setup with the application account held to `limits`: its JWT signed again by the operator
+    /// (same keys, same signing key) when the limits it carries differ; `None` when they already match.
+    /// Lets a later bootstrap bring an older installation's account to this build's limits.
+    pub fn with_account_limits(
+        &self,
+        limits: &AccountLimits,
+    ) -> Result<Option<Self>, CredentialsError> {
+        let claims = jwt_claims(&self.account_jwt)?;
+        if claims["nats"]["limits"] == limits.claims() {
+            return Ok(None);
+        }
+        let operator = KeyPair::from_seed(&self.operator_seed).map_err(key_error)?;
+        let signing = KeyPair::from_seed(&self.signing_seed).map_err(key_error)?;
+        let name = claims["name"].as_str().unwrap_or("PKO");
+        let account_jwt = sign_claims(
+            &operator,
+            name,
+            &self.account,
+            account_nats(limits, Some(&signing.public_key())),
+            None,
+        )?;
+        Ok(Some(Self {
+            account_jwt,
+            ..self.clone()
+        }))
+    }
+
+    /// A signer of the application account's users, through its signing key.
+    pub fn signer(&self) -> Result<AccountSigner, CredentialsError> {
+        AccountSigner::from_seed(&self.signing_seed, Some(&self.account))
+    }
+
     /// The application account's own seed, which [`AccountSigner::from_seed`] takes.
     pub fn account_seed(&self) -> &str {
         &self.account_seed
@@ -327,17 +443,10 @@ impl OperatorSetup {
     }
 }
 
-/// Account limits: everything unlimited (-1; 0 would forbid), JetStream only where asked; users may be
-/// signed by `signing_key` too.
-fn account_nats(jetstream: bool, signing_key: Option<&str>) -> Value {
-    let storage = if jetstream { -1 } else { 0 };
+/// An account's claims within `limits`; users may be signed by `signing_key` too.
+fn account_nats(limits: &AccountLimits, signing_key: Option<&str>) -> Value {
     let mut nats = json!({
-        "limits": {
-            "subs": -1, "data": -1, "payload": -1, "imports": -1, "exports": -1,
-            "wildcards": true, "conn": -1, "leaf": -1,
-            "mem_storage": storage, "disk_storage": storage,
-            "streams": if jetstream { -1 } else { 0 }, "consumer": if jetstream { -1 } else { 0 },
-        },
+        "limits": limits.claims(),
         "default_permissions": { "pub": {}, "sub": {} },
         "type": "account",
         "version": 2,
@@ -346,6 +455,18 @@ fn account_nats(jetstream: bool, signing_key: Option<&str>) -> Value {
         nats["signing_keys"] = json!([key]);
     }
     nats
+}
+
+/// The claims of a JWT (its signature is not checked: the JWT is one this installation keeps).
+fn jwt_claims(jwt: &str) -> Result<Value, CredentialsError> {
+    let body = jwt
+        .split('.')
+        .nth(1)
+        .ok_or_else(|| CredentialsError::Key("a JWT without claims".to_owned()))?;
+    let bytes = URL_SAFE_NO_PAD
+        .decode(body)
+        .map_err(|e| CredentialsError::Key(format!("JWT claims: {e}")))?;
+    Ok(serde_json::from_slice(&bytes)?)
 }
 
 /// Signs a v2 JWT: `base64url(header).base64url(claims).base64url(ed25519 signature)`. `jti` is the
@@ -397,7 +518,7 @@ mod tests {
 
     #[test]
     fn a_stored_setup_comes_back_with_the_same_configuration_and_signs_through_its_signing_key() {
-        let setup = OperatorSetup::generate("PKO").unwrap();
+        let setup = OperatorSetup::generate("PKO", &AccountLimits::MANAGEMENT_CLUSTER).unwrap();
         let stored: std::collections::BTreeMap<&str, String> =
             setup.to_stored().into_iter().collect();
         let again = OperatorSetup::from_stored(|name| stored.get(name).cloned()).unwrap();
@@ -422,7 +543,7 @@ mod tests {
 
     #[test]
     fn users_are_signed_by_the_account_and_carry_their_permissions() {
-        let setup = OperatorSetup::generate("PKO").unwrap();
+        let setup = OperatorSetup::generate("PKO", &AccountLimits::MANAGEMENT_CLUSTER).unwrap();
         let signer = AccountSigner::from_seed(setup.account_seed(), None).unwrap();
         assert_eq!(signer.account(), setup.account);
         let permissions = NatsPermissions {
@@ -460,7 +581,7 @@ mod tests {
 
     #[test]
     fn limited_users_expire_and_carry_their_limits() {
-        let setup = OperatorSetup::generate("PKO").unwrap();
+        let setup = OperatorSetup::generate("PKO", &AccountLimits::MANAGEMENT_CLUSTER).unwrap();
         let signer = AccountSigner::from_seed(setup.account_seed(), None).unwrap();
         let permissions = NatsPermissions {
             publish: vec![],
@@ -471,6 +592,7 @@ mod tests {
             expires_at: 2_000_000_000,
             subscriptions: 8,
             payload_bytes: 1 << 21,
+            leaf_node_only: false,
         };
         let user = signer
             .issue_limited_user("connector-a", &permissions, &limits)
@@ -486,7 +608,7 @@ mod tests {
 
     #[test]
     fn unrestricted_users_and_signing_keys() {
-        let setup = OperatorSetup::generate("PKO").unwrap();
+        let setup = OperatorSetup::generate("PKO", &AccountLimits::MANAGEMENT_CLUSTER).unwrap();
         let signing = KeyPair::new_account();
         let signer =
             AccountSigner::from_seed(&signing.seed().unwrap(), Some(&setup.account)).unwrap();
@@ -499,7 +621,7 @@ mod tests {
 
     #[test]
     fn operator_setup_trusts_both_accounts() {
-        let setup = OperatorSetup::generate("PKO").unwrap();
+        let setup = OperatorSetup::generate("PKO", &AccountLimits::MANAGEMENT_CLUSTER).unwrap();
         let (operator, _, _) = decode(&setup.operator_jwt);
         assert_eq!(operator["nats"]["system_account"], setup.system_account);
         let config = setup.server_config("/tmp/op.jwt");
@@ -507,7 +629,62 @@ mod tests {
         assert!(config.contains(&setup.account) && config.contains(&setup.system_account));
         let (account, _, _) = decode(&setup.account_jwt);
         assert_eq!(account["iss"], operator["sub"]);
-        assert_eq!(account["nats"]["limits"]["disk_storage"], -1);
+        assert_eq!(account["nats"]["limits"]["disk_storage"], 1536i64 << 20);
+        assert_eq!(account["nats"]["limits"]["conn"], 20_000);
+    }
+
+    #[test]
+    fn an_account_is_signed_again_only_when_its_limits_change() {
+        let setup = OperatorSetup::generate("PKO", &AccountLimits::MANAGEMENT_CLUSTER).unwrap();
+        assert!(setup
+            .with_account_limits(&AccountLimits::MANAGEMENT_CLUSTER)
+            .unwrap()
+            .is_none());
+        let tighter = AccountLimits {
+            connections: 5,
+            ..AccountLimits::MANAGEMENT_CLUSTER
+        };
+        let limited = setup.with_account_limits(&tighter).unwrap().unwrap();
+        let (claims, signature, input) = decode(&limited.account_jwt);
+        assert_eq!(claims["nats"]["limits"]["conn"], 5);
+        assert_eq!(claims["sub"], setup.account);
+        let (operator, _, _) = decode(&setup.operator_jwt);
+        KeyPair::from_public_key(operator["sub"].as_str().unwrap())
+            .unwrap()
+            .verify(input.as_bytes(), &signature)
+            .unwrap();
+        // Same keys: users the old signing key minted still belong to the account.
+        assert_eq!(limited.signing_seed(), setup.signing_seed());
+        assert!(limited.with_account_limits(&tighter).unwrap().is_none());
+    }
+
+    #[test]
+    fn leaf_only_users_say_so() {
+        let setup = OperatorSetup::generate("PKO", &AccountLimits::MANAGEMENT_CLUSTER).unwrap();
+        let permissions = NatsPermissions {
+            publish: vec!["a".into()],
+            subscribe: vec![],
+            allow_responses: false,
+        };
+        let limits = UserLimits {
+            expires_at: 2_000_000_000,
+            subscriptions: 8,
+            payload_bytes: 1024,
+            leaf_node_only: true,
+        };
+        let user = setup
+            .signer()
+            .unwrap()
+            .issue_limited_user("member", &permissions, &limits)
+            .unwrap();
+        let (claims, _, _) = decode(&user.jwt);
+        assert_eq!(claims["nats"]["allowed_connection_types"], json!(["LEAFNODE"]));
+        // The nonce signature verifies with the user's public key (the JWT's subject).
+        let signature = user.sign_nonce(b"nonce").unwrap();
+        KeyPair::from_public_key(claims["sub"].as_str().unwrap())
+            .unwrap()
+            .verify(b"nonce", &signature)
+            .unwrap();
     }
 
     #[test]
