@@ -97,7 +97,7 @@ async fn measure(bench: &FleetBench) -> Result<(), String> {
     let deploy = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
     let name_refs: Vec<&str> = names.iter().map(String::as_str).collect();
     let nats = env
-        .start_fleet_nats("fleet-nats", &deploy, &name_refs)
+        .start_fleet_nats("fleet-nats", &deploy, &manager, &name_refs)
         .await
         .map_err(|e| e.to_string())?;
     let server_names: Vec<String> = names[1..]

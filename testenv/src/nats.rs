@@ -10,7 +10,9 @@ use crate::env::TestEnv;
 use crate::error::{io_error, TestEnvError};
 use crate::net::free_port;
 use crate::process::{start_with_retries, ManagedProcess};
-use pko_proto::nats_credentials::{AccountSigner, NatsPermissions, OperatorSetup, UserCredentials};
+use pko_proto::nats_credentials::{
+    AccountLimits, AccountSigner, NatsPermissions, OperatorSetup, UserCredentials,
+};
 
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a round trip through the server may take (it is a local server).
@@ -201,7 +203,7 @@ pub(crate) async fn start(binaries: &Binaries, dir: &Path) -> Result<Nats, TestE
         let port = free_port().map_err(io_error("allocate port", dir))?;
         let store = dir.join(format!("jetstream-{attempt}"));
         let config = dir.join("nats.conf");
-        let operator = OperatorSetup::generate("PKO")?;
+        let operator = OperatorSetup::generate("PKO", &AccountLimits::MANAGEMENT_CLUSTER)?;
         let operator_jwt = dir.join("operator.jwt");
         std::fs::write(&operator_jwt, &operator.operator_jwt).map_err(io_error("write", &operator_jwt))?;
         let text = format!(
@@ -328,20 +330,24 @@ async fn launch(
 }
 
 /// A fleet's NATS: the hub and a leaf node per management cluster, each from the configuration
-/// `deploy/nats/fleet` ships, all trusting one operator.
+/// `deploy/nats/fleet` ships. As in production, the hub trusts only the fleet's operator (made by
+/// `pko-manager nats-bootstrap fleet hub`), each management cluster's NATS its own operator, and each
+/// leaf joins the hub with the cluster's own credentials (`… fleet member`).
 #[derive(Debug)]
 pub struct FleetNats {
     hub: Nats,
     leaves: Vec<(String, Nats)>,
-    leaf_credentials: PathBuf,
+    keys_dir: PathBuf,
+    viewer_credentials: PathBuf,
 }
 
 impl FleetNats {
+    /// The hub; its users are signed by the fleet account (what the fleet's administrators hold).
     pub fn hub(&self) -> &Nats {
         &self.hub
     }
 
-    /// The NATS of management cluster `cluster`.
+    /// The NATS of management cluster `cluster`; its users are signed by that cluster's own account.
     pub fn leaf(&self, cluster: &str) -> Option<&Nats> {
         self.leaves
             .iter()
@@ -349,56 +355,103 @@ impl FleetNats {
             .map(|(_, nats)| nats)
     }
 
-    /// A credentials file of a user of the fleet's account (what leaves and `kubectl package fleet`
-    /// connect to the hub with).
+    /// Read-only credentials for the hub (`kubectl package fleet --nats-creds`).
     pub fn credentials_file(&self) -> &Path {
-        &self.leaf_credentials
+        &self.viewer_credentials
+    }
+
+    /// The credentials management cluster `cluster`'s NATS joins the hub with.
+    pub fn member_credentials_file(&self, cluster: &str) -> PathBuf {
+        self.keys_dir.join("members").join(format!("{cluster}.creds"))
+    }
+}
+
+/// Runs `pko-manager nats-bootstrap fleet <step>` as the fleet's administrators would.
+fn fleet_bootstrap(manager: &Path, keys: &Path, step: &[&str]) -> Result<(), TestEnvError> {
+    let output = Command::new(manager)
+        .args(["nats-bootstrap", "fleet"])
+        .args(step)
+        .arg("--dir")
+        .arg(keys)
+        .output()
+        .map_err(io_error("run", manager))?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(TestEnvError::Command {
+            command: format!("pko-manager nats-bootstrap fleet {}", step.join(" ")),
+            detail: format!(
+                "{}: {}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr)
+            ),
+        })
     }
 }
 
 impl TestEnv {
     /// Starts a hub NATS from `deploy_dir/nats/fleet/hub.conf` and, for each of `clusters`, a NATS from
-    /// `leaf.conf` with that cluster's JetStream domain, joined to the hub as a leaf node.
+    /// `leaf.conf` with that cluster's JetStream domain and operator, joined to the hub as a leaf node.
+    /// `manager` (a pko-manager build) makes the fleet's trust.
     pub async fn start_fleet_nats(
         &self,
         name: &str,
         deploy_dir: &Path,
+        manager: &Path,
         clusters: &[&str],
     ) -> Result<FleetNats, TestEnvError> {
         let dir = self.root_dir().join(name);
-        let (config_dir, resolver_dir) = (dir.join("config"), dir.join("resolver"));
-        for d in [&config_dir, &resolver_dir] {
-            std::fs::create_dir_all(d).map_err(io_error("create", d))?;
-        }
-        let operator = OperatorSetup::generate("PKO")?;
-        let resolver = resolver_dir.join("resolver.conf");
-        std::fs::write(&resolver, operator.inline_server_config())
-            .map_err(io_error("write", &resolver))?;
-        let mut configs = Vec::new();
-        for file in ["hub.conf", "leaf.conf"] {
-            let (from, to) = (deploy_dir.join("nats/fleet").join(file), config_dir.join(file));
-            std::fs::copy(&from, &to).map_err(io_error("copy", &from))?;
-            configs.push(to);
-        }
-        let signing = Signing {
-            seed: operator.account_seed().to_owned(),
-            account: None,
-        };
-        let leaf_user = issue(&signing, "pko-fleet-leaf", None)?;
-        let leaf_credentials = dir.join("leaf.creds");
-        std::fs::write(&leaf_credentials, leaf_user.creds_file())
-            .map_err(io_error("write", &leaf_credentials))?;
+        let (hub_dir, keys_dir) = (dir.join("hub"), dir.join("fleet-keys"));
+        std::fs::create_dir_all(&hub_dir).map_err(io_error("create", &hub_dir))?;
+        fleet_bootstrap(manager, &keys_dir, &["hub"])?;
+        fleet_bootstrap(manager, &keys_dir, &["viewer"])?;
+        let hub_config = hub_dir.join("hub.conf");
+        let from = deploy_dir.join("nats/fleet/hub.conf");
+        std::fs::copy(&from, &hub_config).map_err(io_error("copy", &from))?;
+        let resolver = keys_dir.join("hub-resolver.conf");
+        let to = hub_dir.join("hub-resolver.conf");
+        std::fs::copy(&resolver, &to).map_err(io_error("copy", &resolver))?;
+        let fleet_keys = keys_dir.join("fleet-operator.json");
+        let stored: std::collections::BTreeMap<String, String> = serde_json::from_slice(
+            &std::fs::read(&fleet_keys).map_err(io_error("read", &fleet_keys))?,
+        )
+        .map_err(|e| TestEnvError::Command {
+            command: format!("reading {}", fleet_keys.display()),
+            detail: e.to_string(),
+        })?;
+        let fleet = OperatorSetup::from_stored(|part| stored.get(part).cloned())?;
         let leaf_port = free_port().map_err(io_error("allocate port", &dir))?;
         let hub = self
             .start_configured_nats(
                 &format!("{name}-hub"),
-                &configs[0],
-                signing.clone(),
+                &hub_config,
+                Signing {
+                    seed: fleet.signing_seed().to_owned(),
+                    account: Some(fleet.account.clone()),
+                },
                 vec![("PKO_FLEET_LEAF_PORT".to_owned(), leaf_port.to_string())],
             )
             .await?;
         let mut leaves = Vec::new();
         for cluster in clusters {
+            fleet_bootstrap(
+                manager,
+                &keys_dir,
+                &["member", "--cluster", cluster, "--hub-url", &hub.url()],
+            )?;
+            // The cluster's own trust, as `pko-manager nats-bootstrap` makes it on the cluster.
+            let cluster_dir = dir.join(cluster);
+            let (config_dir, resolver_dir) = (cluster_dir.join("config"), cluster_dir.join("resolver"));
+            for d in [&config_dir, &resolver_dir] {
+                std::fs::create_dir_all(d).map_err(io_error("create", d))?;
+            }
+            let operator = OperatorSetup::generate("PKO", &AccountLimits::MANAGEMENT_CLUSTER)?;
+            let resolver = resolver_dir.join("resolver.conf");
+            std::fs::write(&resolver, operator.inline_server_config())
+                .map_err(io_error("write", &resolver))?;
+            let config = config_dir.join("leaf.conf");
+            let from = deploy_dir.join("nats/fleet/leaf.conf");
+            std::fs::copy(&from, &config).map_err(io_error("copy", &from))?;
             let env = vec![
                 ("PKO_CLUSTER_NAME".to_owned(), (*cluster).to_owned()),
                 (
@@ -407,24 +460,28 @@ impl TestEnv {
                 ),
                 (
                     "PKO_FLEET_LEAF_CREDENTIALS".to_owned(),
-                    leaf_credentials.display().to_string(),
+                    keys_dir
+                        .join("members")
+                        .join(format!("{cluster}.creds"))
+                        .display()
+                        .to_string(),
                 ),
                 ("PKO_NATS_ACCOUNT".to_owned(), operator.account.clone()),
             ];
+            let signing = Signing {
+                seed: operator.signing_seed().to_owned(),
+                account: Some(operator.account.clone()),
+            };
             let leaf = self
-                .start_configured_nats(
-                    &format!("{name}-{cluster}"),
-                    &configs[1],
-                    signing.clone(),
-                    env,
-                )
+                .start_configured_nats(&format!("{name}-{cluster}"), &config, signing, env)
                 .await?;
             leaves.push(((*cluster).to_owned(), leaf));
         }
         Ok(FleetNats {
             hub,
             leaves,
-            leaf_credentials,
+            viewer_credentials: keys_dir.join("viewer.creds"),
+            keys_dir,
         })
     }
 }

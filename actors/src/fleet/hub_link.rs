@@ -1,7 +1,8 @@
-//! This manager's link to the fleet's hub NATS, through its own NATS (a leaf node of the hub): it keeps
-//! the hub's aggregate stream sourcing this cluster's rollout events, announces the cluster (name and
-//! labels), writes the records of the rollouts it runs, and follows every cluster's records for the
-//! promotion gates. Nothing here decides a gate (`engine::promotion_gate` does) or blocks a rollout on
+//! This manager's link to the fleet's hub NATS, through its own NATS (a leaf node of the hub): it
+//! announces the cluster (name and labels), writes the records of the rollouts it runs, and follows every
+//! cluster's records for the promotion gates. The hub's bucket and aggregate stream belong to the fleet's
+//! administrators (`pko-manager nats-bootstrap fleet`); the hub lets this cluster write only its own
+//! records. Nothing here decides a gate (`engine::promotion_gate` does) or blocks a rollout on
 //! the hub: readers get a snapshot of what was last read and whether the hub answers now.
 //!
 //! Everything goes through JetStream's domain prefix (`$JS.<hub>.API`), so the manager needs no
@@ -12,15 +13,13 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::{self, kv, stream};
+use async_nats::jetstream::{self, kv};
 use futures::StreamExt;
 use k8s_openapi::jiff::Timestamp;
 use pko_proto::fleet::{
     cluster_key, domain_api_prefix, rollout_key, FleetRecords, FleetRolloutRecord,
-    ManagementClusterRecord, AGGREGATE_STREAM, RECORD_MAX_AGE, RECORD_MAX_BYTES, RECORD_VERSION,
-    STATE_BUCKET,
+    ManagementClusterRecord, RECORD_VERSION, STATE_BUCKET,
 };
-use pko_proto::rollout_events::{STREAM, STREAM_MAX_AGE, STREAM_MAX_BYTES};
 use tokio::sync::{watch, Notify};
 use tracing::{info, warn};
 
@@ -36,9 +35,6 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 /// each write wakes every gated supervisor of the fleet that reads the record; what changed meanwhile
 /// goes out together.
 const RECORD_COALESCE: Duration = Duration::from_secs(1);
-/// How often the aggregate stream is checked for this cluster's source (another manager updating the
-/// stream at the same moment may have dropped it).
-const AGGREGATE_CHECK: Duration = Duration::from_secs(60);
 
 /// Who this manager is in the fleet.
 #[derive(Debug, Clone)]
@@ -243,7 +239,6 @@ impl HubLink {
     async fn follow(self: Arc<Self>, nats: async_nats::Client) {
         let hub = jetstream::with_domain(nats.clone(), &self.member.hub_domain);
         let mut watching: Option<tokio::task::JoinHandle<()>> = None;
-        let mut aggregate_checked: Option<Instant> = None;
         loop {
             match probe(&nats, &self.member.hub_domain).await {
                 Ok(()) => {
@@ -259,14 +254,6 @@ impl HubLink {
                                 watching = Some(tokio::spawn(self.clone().watch_records(store)));
                             }
                             Err(error) => self.unreachable(error),
-                        }
-                    }
-                    if aggregate_checked.is_none_or(|at| at.elapsed() >= AGGREGATE_CHECK) || back {
-                        match ensure_source(&hub, &self.member.cluster).await {
-                            Ok(()) => aggregate_checked = Some(Instant::now()),
-                            Err(error) => {
-                                warn!(%error, "keeping this cluster's events in the hub's aggregate stream")
-                            }
                         }
                     }
                 }
@@ -435,131 +422,15 @@ async fn probe(nats: &async_nats::Client, hub_domain: &str) -> Result<(), String
     }
 }
 
-/// The hub's bucket of records, created if it is not there yet (by whichever manager comes first).
+/// The hub's bucket of records. The fleet's administrators make it (`pko-manager nats-bootstrap fleet
+/// member`); a manager may not create or change it.
 async fn bucket(hub: &jetstream::Context) -> Result<kv::Store, String> {
-    let found = tokio::time::timeout(REQUEST_TIMEOUT, hub.get_key_value(STATE_BUCKET)).await;
-    if let Ok(Ok(store)) = found {
-        return Ok(store);
-    }
-    // The bucket's stream, made as a key-value bucket's is: the client's own bucket creation first
-    // reads the account's limits in a form servers before 2.10 do not answer.
-    let created = tokio::time::timeout(
-        REQUEST_TIMEOUT,
-        hub.create_stream(stream::Config {
-            name: format!("KV_{STATE_BUCKET}"),
-            subjects: vec![format!("$KV.{STATE_BUCKET}.>")],
-            max_messages_per_subject: 1,
-            max_message_size: RECORD_MAX_BYTES,
-            max_age: RECORD_MAX_AGE,
-            storage: stream::StorageType::File,
-            discard: stream::DiscardPolicy::New,
-            allow_rollup: true,
-            deny_delete: true,
-            duplicate_window: Duration::from_secs(120),
-            ..Default::default()
-        }),
-    )
-    .await
-    .map_err(|_| format!("creating bucket {STATE_BUCKET}: no answer within 2s"))?;
-    if let Err(error) = created {
-        // Another manager created it meanwhile, or the hub refused: the read says which.
-        info!(%error, "creating bucket {STATE_BUCKET}; reading it again");
-    }
     tokio::time::timeout(REQUEST_TIMEOUT, hub.get_key_value(STATE_BUCKET))
         .await
         .map_err(|_| format!("reading bucket {STATE_BUCKET}: no answer within 2s"))?
-        .map_err(|e| format!("bucket {STATE_BUCKET}: {e}"))
-}
-
-/// This cluster's rollout stream as a source of the hub's aggregate.
-fn own_source(cluster: &str) -> stream::Source {
-    stream::Source {
-        name: STREAM.to_owned(),
-        external: Some(stream::External {
-            api_prefix: domain_api_prefix(cluster),
-            delivery_prefix: None,
-        }),
-        ..Default::default()
-    }
-}
-
-fn is_own_source(source: &stream::Source, cluster: &str) -> bool {
-    source.name == STREAM
-        && source
-            .external
-            .as_ref()
-            .is_some_and(|e| e.api_prefix == domain_api_prefix(cluster))
-}
-
-/// Makes sure the hub's aggregate stream exists and sources this cluster's events. Managers add their
-/// own source each; an update that raced another's is seen when read back, and made again.
-async fn ensure_source(hub: &jetstream::Context, cluster: &str) -> Result<(), String> {
-    let timed = |what: &'static str| move |_| format!("{what}: no answer within 2s");
-    for _ in 0..5 {
-        let found = tokio::time::timeout(REQUEST_TIMEOUT, hub.get_stream(AGGREGATE_STREAM))
-            .await
-            .map_err(timed("reading the aggregate stream"))?;
-        match found {
-            Ok(stream) => {
-                let mut config = stream.cached_info().config.clone();
-                if config
-                    .sources
-                    .iter()
-                    .flatten()
-                    .any(|s| is_own_source(s, cluster))
-                {
-                    return Ok(());
-                }
-                config
-                    .sources
-                    .get_or_insert_with(Vec::new)
-                    .push(own_source(cluster));
-                tokio::time::timeout(REQUEST_TIMEOUT, hub.update_stream(config))
-                    .await
-                    .map_err(timed("updating the aggregate stream"))?
-                    .map_err(|e| format!("adding this cluster to {AGGREGATE_STREAM}: {e}"))?;
-                info!(%cluster, stream = AGGREGATE_STREAM, "the hub's aggregate stream sources this cluster's rollout events");
-            }
-            Err(_) => {
-                let created = tokio::time::timeout(
-                    REQUEST_TIMEOUT,
-                    hub.create_stream(stream::Config {
-                        name: AGGREGATE_STREAM.to_owned(),
-                        sources: Some(vec![own_source(cluster)]),
-                        max_age: STREAM_MAX_AGE,
-                        max_bytes: STREAM_MAX_BYTES,
-                        discard: stream::DiscardPolicy::Old,
-                        storage: stream::StorageType::File,
-                        ..Default::default()
-                    }),
-                )
-                .await
-                .map_err(timed("creating the aggregate stream"))?;
-                if let Err(error) = created {
-                    // Created by another manager meanwhile: read it again.
-                    info!(%error, "creating the aggregate stream; reading it again");
-                }
-            }
-        }
-    }
-    Err(format!(
-        "{AGGREGATE_STREAM} does not keep this cluster's source after 5 updates"
-    ))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_cluster_recognises_its_own_source() {
-        let source = own_source("canary");
-        assert!(is_own_source(&source, "canary"));
-        assert!(!is_own_source(&source, "prod-a"));
-        let local = stream::Source {
-            name: STREAM.to_owned(),
-            ..Default::default()
-        };
-        assert!(!is_own_source(&local, "canary"));
-    }
+        .map_err(|e| {
+            format!(
+                "bucket {STATE_BUCKET} (made by `pko-manager nats-bootstrap fleet member`): {e}"
+            )
+        })
 }

@@ -10,12 +10,13 @@ use std::time::Duration;
 use async_nats::client::RequestErrorKind;
 use async_nats::{ConnectOptions, HeaderMap, Request};
 use pko_proto::connector_wire::{decode, encode, HostedClusterSubjects, Reply, WireError};
-use pko_proto::nats_credentials::{AccountSigner, CredentialsError};
+use pko_proto::nats_credentials::{AccountSigner, CredentialsError, NatsPermissions, UserLimits};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tracing::{info, instrument, warn};
 
 use crate::hypershift::connector_deployment::ConnectorResources;
+use crate::metrics::connector_metrics::ConnectorMetrics;
 use crate::runtime::telemetry::inject_current;
 
 /// How long a request waits for a connector's reply.
@@ -70,6 +71,49 @@ pub struct ConnectorLink {
     pub connector_resources: ConnectorResources,
 }
 
+/// Who the manager is on its NATS: a user it mints for itself at every connect, held to the subjects it
+/// needs and expiring (nats-server closes the connection then; the reconnect mints a fresh user).
+#[derive(Debug, Clone)]
+pub struct ManagerNatsUser {
+    pub permissions: NatsPermissions,
+    /// The inbox prefix replies come back under (`None`: the client's default, `_INBOX`).
+    pub inbox_prefix: Option<String>,
+    pub validity: Duration,
+}
+
+/// [`ManagerNatsUser::validity`] unless the manager says otherwise.
+pub const DEFAULT_MANAGER_USER_VALIDITY: Duration = Duration::from_secs(24 * 60 * 60);
+/// Subscriptions the manager's own user may hold: one per hosted cluster's reports and hellos, its
+/// inboxes and consumers, with room for thousands of hosted clusters.
+const MANAGER_SUBSCRIPTIONS: i64 = 50_000;
+
+impl ManagerNatsUser {
+    /// Mints the user for one connection; its seed never leaves this process.
+    fn mint(
+        &self,
+        signer: &AccountSigner,
+        metrics: &ConnectorMetrics,
+    ) -> Result<pko_proto::nats_credentials::UserCredentials, CredentialsError> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        let expires_at = (now + self.validity).as_secs();
+        let user = signer.issue_limited_user(
+            "pko-manager",
+            &self.permissions,
+            &UserLimits {
+                expires_at,
+                subscriptions: MANAGER_SUBSCRIPTIONS,
+                payload_bytes: -1,
+                leaf_node_only: false,
+            },
+        )?;
+        metrics.user_minted(expires_at);
+        info!(expires_at, "minted the manager's NATS user");
+        Ok(user)
+    }
+}
+
 /// [`ConnectorLink::credentials_validity`] unless the manager says otherwise.
 pub const DEFAULT_CREDENTIALS_VALIDITY: Duration = Duration::from_secs(30 * 24 * 60 * 60);
 
@@ -101,22 +145,41 @@ impl ConnectorLink {
         }
     }
 
-    /// Connects to `url` as a user of `signer`'s account. NATS may be down at start: the client keeps
-    /// retrying in the background, and requests fail (and are retried by their callers) until it is up.
+    /// Connects to `url` as `user`, minted by `signer`'s account. NATS may be down at start: the client
+    /// keeps retrying in the background, and requests fail (and are retried by their callers) until it
+    /// is up.
     pub async fn connect(
         url: &str,
         signer: AccountSigner,
+        user: ManagerNatsUser,
+        metrics: ConnectorMetrics,
         connector_nats_url: Option<String>,
         connector_image: String,
     ) -> Result<Self, LinkSetupError> {
-        let credentials = signer.issue_user("pko-manager", None)?;
+        let signer = Arc::new(signer);
+        // A user that cannot be minted is a configuration error: say so now, not at every reconnect.
+        user.mint(&signer, &ConnectorMetrics::default())?;
         let connect_error = |message: String| LinkSetupError::Connect {
             url: url.to_owned(),
             message,
         };
         let (connected, connections) = tokio::sync::watch::channel(0u64);
-        let nats = ConnectOptions::with_credentials(&credentials.creds_file())
-            .map_err(|e| connect_error(e.to_string()))?
+        let minting = (signer.clone(), user.clone(), metrics);
+        let mut options = ConnectOptions::with_auth_callback(move |nonce| {
+            let (signer, user, metrics) = minting.clone();
+            async move {
+                let fail = |e: CredentialsError| async_nats::AuthError::new(e.to_string());
+                let credentials = user.mint(&signer, &metrics).map_err(fail)?;
+                let mut auth = async_nats::Auth::new();
+                auth.signature = Some(credentials.sign_nonce(&nonce).map_err(fail)?);
+                auth.jwt = Some(credentials.jwt);
+                Ok(auth)
+            }
+        });
+        if let Some(prefix) = &user.inbox_prefix {
+            options = options.custom_inbox_prefix(prefix);
+        }
+        let nats = options
             .name("pko-manager")
             .retry_on_initial_connect()
             .max_reconnects(None)
@@ -131,7 +194,7 @@ impl ConnectorLink {
             .map_err(|e| connect_error(e.to_string()))?;
         Ok(Self {
             nats,
-            signer: Arc::new(signer),
+            signer,
             connector_nats_url: connector_nats_url.unwrap_or_else(|| url.to_owned()),
             connector_image,
             connections,

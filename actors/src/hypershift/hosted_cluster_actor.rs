@@ -114,6 +114,7 @@ async fn ensure_credentials(
                 expires_at: binding.expires_at,
                 subscriptions: CONNECTOR_SUBSCRIPTIONS,
                 payload_bytes: CONNECTOR_PAYLOAD_BYTES,
+                leaf_node_only: false,
             },
         )
         .map_err(|e| e.to_string())?;

@@ -111,6 +111,8 @@ pub struct ConnectorMetrics {
     hellos: Family<ResultLabels, Counter>,
     wakes_folded: Counter,
     wakes_pending: Gauge,
+    user_mints: Counter,
+    user_expiry: Gauge,
 }
 
 impl Default for ConnectorMetrics {
@@ -122,6 +124,8 @@ impl Default for ConnectorMetrics {
             hellos: Family::default(),
             wakes_folded: Counter::default(),
             wakes_pending: Gauge::default(),
+            user_mints: Counter::default(),
+            user_expiry: Gauge::default(),
         }
     }
 }
@@ -160,6 +164,24 @@ impl ConnectorMetrics {
             "HCP namespaces whose connector's next wake is scheduled (hellos or reports wait for it).",
             self.wakes_pending.clone(),
         );
+        registry.register(
+            "pko_nats_user_mints",
+            "Users the manager minted for itself to (re)connect to NATS (one per connection).",
+            self.user_mints.clone(),
+        );
+        registry.register(
+            "pko_nats_user_expiry_timestamp_seconds",
+            "Unix time the manager's current NATS user expires; nats-server then closes the connection \
+             and the manager reconnects as a fresh user.",
+            self.user_expiry.clone(),
+        );
+    }
+
+    /// The manager minted a NATS user for itself, valid until `expires_at` (Unix seconds).
+    pub fn user_minted(&self, expires_at: u64) {
+        self.user_mints.inc();
+        self.user_expiry
+            .set(i64::try_from(expires_at).unwrap_or(i64::MAX));
     }
 
     /// A request to the connector of `namespace` ended.

@@ -143,7 +143,7 @@ async fn run(args: Args) -> Result<(), LaunchError> {
             fleet_names.len()
         );
         Some(
-            management_fleet::start_nats(&env, &fleet_names)
+            management_fleet::start_nats(&env, &manager_bin, &fleet_names)
                 .await
                 .map_err(LaunchError::Manager)?,
         )

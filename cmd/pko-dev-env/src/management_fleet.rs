@@ -54,10 +54,14 @@ pub struct ProdCluster {
 }
 
 /// Starts the hub and every cluster's NATS.
-pub async fn start_nats(env: &TestEnv, names: &[String]) -> Result<FleetNats, String> {
+pub async fn start_nats(
+    env: &TestEnv,
+    manager_bin: &Path,
+    names: &[String],
+) -> Result<FleetNats, String> {
     let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy");
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
-    env.start_fleet_nats("fleet-nats", &deploy, &names)
+    env.start_fleet_nats("fleet-nats", &deploy, manager_bin, &names)
         .await
         .map_err(|e| e.to_string())
 }

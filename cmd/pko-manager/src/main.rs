@@ -2,6 +2,7 @@
 //! CRDs and takes the leader lease, then runs the actor system until SIGTERM or SIGINT.
 
 mod crd_install;
+mod fleet_bootstrap;
 mod health;
 mod nats_bootstrap;
 
@@ -17,7 +18,8 @@ use pko_actors::admission::webhook_server::{self, ReviewCounts};
 use pko_actors::fleet::hub_link::FleetMember;
 use pko_actors::hypershift::connector_deployment::ConnectorResources;
 use pko_actors::hypershift::connector_link::{
-    ConnectorLink, LinkSetupError, DEFAULT_CREDENTIALS_VALIDITY, DEFAULT_TEARDOWN_TIMEOUT,
+    ConnectorLink, LinkSetupError, ManagerNatsUser, DEFAULT_CREDENTIALS_VALIDITY,
+    DEFAULT_MANAGER_USER_VALIDITY, DEFAULT_TEARDOWN_TIMEOUT,
 };
 use pko_actors::metrics::api_requests::ApiRequestMetrics;
 use pko_actors::metrics::manager_metrics::ManagerMetrics;
@@ -36,6 +38,7 @@ use pko_actors::runtime::write_fence::WriteFence;
 use pko_package::image_limits::ImageLimits;
 use pko_proto::fleet::check_cluster_name;
 use pko_proto::nats_credentials::AccountSigner;
+use pko_proto::nats_permissions::{manager_permissions, member_inbox_prefix};
 use tracing::{info, warn};
 
 use crate::health::{HealthState, Readiness};
@@ -138,6 +141,10 @@ struct Args {
     /// with them) once a third of that is left.
     #[arg(long, default_value_t = DEFAULT_CREDENTIALS_VALIDITY.as_secs())]
     connector_credentials_validity_seconds: u64,
+    /// Seconds the manager's own NATS user is valid: nats-server then closes the connection, and the
+    /// reconnect mints a fresh user (every phase is sent to its connector again).
+    #[arg(long, default_value_t = DEFAULT_MANAGER_USER_VALIDITY.as_secs())]
+    nats_user_validity_seconds: u64,
     /// Image of the hosted-cluster connector Deployments: the manager's own image, which holds both binaries.
     #[arg(long, env = "PKO_CONNECTOR_IMAGE", default_value = "localhost/pko:dev")]
     connector_image: String,
@@ -255,6 +262,8 @@ pub enum ManagerError {
     Lease(#[from] LeaseError),
     #[error("nats-bootstrap: {0}")]
     Bootstrap(#[from] nats_bootstrap::BootstrapError),
+    #[error(transparent)]
+    FleetBootstrap(#[from] fleet_bootstrap::FleetBootstrapError),
     #[error("--cluster-name: {0}")]
     ClusterName(String),
     #[error("--cluster-labels: {0:?} is not key=value")]
@@ -282,7 +291,10 @@ fn fleet_member(args: &Args) -> Result<Option<FleetMember>, ManagerError> {
     }))
 }
 
-async fn connector_link(args: &Args) -> Result<Option<ConnectorLink>, ManagerError> {
+async fn connector_link(
+    args: &Args,
+    metrics: &ManagerMetrics,
+) -> Result<Option<ConnectorLink>, ManagerError> {
     let Some(url) = &args.nats_url else {
         return Ok(None);
     };
@@ -299,10 +311,24 @@ async fn connector_link(args: &Args) -> Result<Option<ConnectorLink>, ManagerErr
         .map_err(|e| seed_error(e.to_string()))?;
     let signer = AccountSigner::from_seed(&seed, args.nats_account.as_deref())
         .map_err(|e| seed_error(e.to_string()))?;
+    // In a fleet, the user reaches the hub for this cluster's records only, and replies come back under
+    // this cluster's inbox prefix (the only one the hub sends across its link).
+    let fleet = fleet_member(args)?;
+    let user = ManagerNatsUser {
+        permissions: manager_permissions(
+            fleet
+                .as_ref()
+                .map(|m| (m.cluster.as_str(), m.hub_domain.as_str())),
+        ),
+        inbox_prefix: fleet.as_ref().map(|m| member_inbox_prefix(&m.cluster)),
+        validity: Duration::from_secs(args.nats_user_validity_seconds.max(10)),
+    };
     Ok(Some(
         ConnectorLink::connect(
             url,
             signer,
+            user,
+            metrics.connectors.clone(),
             args.connector_nats_url.clone(),
             args.connector_image.clone(),
         )
@@ -418,7 +444,7 @@ async fn run(args: Args) -> Result<(), ManagerError> {
         &fence,
         &api_requests,
     )?);
-    if let Some(link) = connector_link(&args).await? {
+    if let Some(link) = connector_link(&args, &metrics).await? {
         info!(url = ?args.nats_url, account = link.signer.account(), "delivering hosted-cluster phases over NATS");
         context =
             context.with_connectors(link, args.cluster_name.clone(), args.rollout_event_outbox);
@@ -554,6 +580,9 @@ async fn bootstrap(
     args: &Args,
     bootstrap: &nats_bootstrap::BootstrapArgs,
 ) -> Result<(), ManagerError> {
+    if let Some(nats_bootstrap::BootstrapFleet::Fleet(step)) = &bootstrap.fleet {
+        return Ok(fleet_bootstrap::run(step).await?);
+    }
     let config = cluster_config(args.kubeconfig.as_deref()).await?;
     let client = limited_client(
         config,

@@ -9,12 +9,13 @@
 
 use std::path::PathBuf;
 
+use crate::fleet_bootstrap::FleetStep;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::ByteString;
 use kube::api::{Api, PostParams};
 use kube::Client;
-use pko_proto::nats_credentials::{CredentialsError, OperatorSetup};
+use pko_proto::nats_credentials::{AccountLimits, CredentialsError, OperatorSetup};
 use std::collections::BTreeMap;
 
 /// The name of the pko account in its JWT.
@@ -46,6 +47,17 @@ pub struct BootstrapArgs {
     /// Print the account signing seed to stdout (for a manager outside the cluster).
     #[arg(long)]
     pub print_seed: bool,
+    /// The fleet's trust instead, made by the fleet's administrators (not on a management cluster).
+    #[command(subcommand)]
+    pub fleet: Option<BootstrapFleet>,
+}
+
+/// The other trust the command makes.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum BootstrapFleet {
+    /// The fleet's NATS trust: the hub's operator and account, per-cluster leaf credentials, viewers.
+    #[command(subcommand)]
+    Fleet(FleetStep),
 }
 
 /// Why the bootstrap failed.
@@ -115,8 +127,34 @@ fn secret_data(entries: Vec<(&str, String)>) -> BTreeMap<String, ByteString> {
         .collect()
 }
 
-/// The operator setup kept in the operator Secret, made and stored on the first run.
+/// The operator setup kept in the operator Secret, made and stored on the first run; an account signed
+/// with other limits than this build's is signed again (same keys) and stored.
 async fn operator_setup(
+    secrets: &Api<Secret>,
+    name: &str,
+) -> Result<(OperatorSetup, Written), BootstrapError> {
+    let (setup, written) = stored_or_new_setup(secrets, name).await?;
+    let stored_error = |source| BootstrapError::Stored {
+        secret: name.to_owned(),
+        source,
+    };
+    let Some(limited) = setup
+        .with_account_limits(&AccountLimits::MANAGEMENT_CLUSTER)
+        .map_err(stored_error)?
+    else {
+        return Ok((setup, written));
+    };
+    let what = format!("Secret {name}");
+    let mut secret = secrets.get(name).await.map_err(kube_error(&what))?;
+    secret.data = Some(secret_data(limited.to_stored()));
+    secrets
+        .replace(name, &PostParams::default(), &secret)
+        .await
+        .map_err(kube_error(what))?;
+    Ok((limited, Written::Updated))
+}
+
+async fn stored_or_new_setup(
     secrets: &Api<Secret>,
     name: &str,
 ) -> Result<(OperatorSetup, Written), BootstrapError> {
@@ -135,7 +173,8 @@ async fn operator_setup(
     if let Some(secret) = secrets.get_opt(name).await.map_err(kube_error(&what))? {
         return Ok((read(&secret)?, Written::Unchanged));
     }
-    let setup = OperatorSetup::generate(ACCOUNT_NAME).map_err(BootstrapError::Generate)?;
+    let setup = OperatorSetup::generate(ACCOUNT_NAME, &AccountLimits::MANAGEMENT_CLUSTER)
+        .map_err(BootstrapError::Generate)?;
     let secret = Secret {
         metadata: meta(name, secrets.namespace().unwrap_or_default()),
         data: Some(secret_data(setup.to_stored())),

@@ -1,6 +1,8 @@
 //! Connector credentials run out and are minted again in time (issue 17, item 9): with a validity of 12 s
 //! the manager mints new credentials once 4 s are left, the connector Deployment rolls to them, and
-//! hosted phases keep reaching the hosted cluster. This binary runs its own manager with that validity.
+//! hosted phases keep reaching the hosted cluster. The manager's own NATS user expires too (issue 39, item
+//! 2): after 10 s nats-server closes its connection, the manager reconnects as a user it mints afresh,
+//! and phases still reach the connector. This binary runs its own manager with those validities.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -64,8 +66,16 @@ async fn hosted_set(client: &kube::Client, hcp: &str, name: &str) {
 async fn connector_credentials_are_minted_again_before_they_expire() {
     let env = env();
     let binary = Path::new(env!("CARGO_BIN_EXE_pko-manager"));
-    let _manager = env
-        .start_manager(binary, &["--connector-credentials-validity-seconds", "12"])
+    let manager = env
+        .start_manager(
+            binary,
+            &[
+                "--connector-credentials-validity-seconds",
+                "12",
+                "--nats-user-validity-seconds",
+                "10",
+            ],
+        )
         .await
         .unwrap();
     let clusters = env.simulate_hypershift().await.unwrap();
@@ -137,6 +147,17 @@ async fn connector_credentials_are_minted_again_before_they_expire() {
     })
     .await
     .unwrap();
+    // By now the manager's first NATS user expired as well: the server closed that connection and the
+    // manager came back as a new user.
+    let expires = wait_until("the manager's NATS user minted again", TIMEOUT, || async {
+        match manager.metric("pko_nats_user_mints_total").await? {
+            n if n >= 2 => manager.metric("pko_nats_user_expiry_timestamp_seconds").await,
+            n => Err(format!("{n} users minted")),
+        }
+    })
+    .await
+    .unwrap();
+    assert!(expires > first, "the manager's user expires at {expires}");
     hosted_set(&client, hcp, "after-renewal").await;
     let hosted = env.hosted_clusters()[0].client().await.unwrap();
     let cm = Api::<ConfigMap>::namespaced(hosted, "default")

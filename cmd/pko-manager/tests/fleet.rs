@@ -9,6 +9,8 @@
 //! the reader's (issue 39, item 1). The hub is killed as soon as prod-a's gate opens: prod-a's rollout goes on, its events
 //! wait in its own stream, and once the hub is back the hub's aggregate stream holds every event of every
 //! cluster exactly once, in each cluster's order. `kubectl package fleet status` shows the three clusters.
+//! Each cluster speaks at the hub only for itself (issue 39, item 2): a compromised prod-a cannot write the
+//! canary's record, purge the records or reach the canary's NATS with users of its own account.
 //! This binary kills the hub, so it has its own environment.
 #![allow(clippy::unwrap_used)]
 
@@ -23,7 +25,10 @@ use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::Api;
 use pko_proto::core::hosted_cluster_package::HostedClusterPackage;
 use pko_proto::core::package::Package;
-use pko_proto::fleet::{rollout_key, FleetRolloutRecord, AGGREGATE_STREAM, STATE_BUCKET};
+use pko_proto::fleet::{
+    cluster_key, rollout_key, FleetRolloutRecord, AGGREGATE_STREAM, STATE_BUCKET,
+};
+use pko_proto::nats_permissions::member_inbox_prefix;
 use pko_proto::rollout_events::{RolloutEvent, RolloutEventKind, STREAM};
 use pko_testenv::{
     add_hosted_cluster_to, fleet_manager_args, install_hosted_cluster_crd, wait_until, ApiServer,
@@ -125,6 +130,68 @@ async fn hub_record(hub: &Nats, name: &str, cluster: &str) -> Option<FleetRollou
     serde_json::from_slice(&value).ok()
 }
 
+/// What a compromised management cluster `attacker` tries at the hub, each refused by nats-server: a
+/// settled record in the canary's name (`canary_record` is the canary's real one), a purge of the
+/// records, and users minted by its own account on the canary's NATS.
+async fn forge_from(
+    fleet: &pko_testenv::FleetNats,
+    attacker: &str,
+    name: &str,
+    canary_record: &FleetRolloutRecord,
+) {
+    let own = fleet.leaf(attacker).unwrap();
+    // Replies cross the attacker's link only under its own inbox prefix, as its manager's do.
+    let nats = own
+        .connect(
+            &own.credentials("attacker", None).unwrap(),
+            async_nats::ConnectOptions::new().custom_inbox_prefix(member_inbox_prefix(attacker)),
+        )
+        .await
+        .unwrap();
+    let hub = jetstream::with_domain(nats.clone(), "hub");
+    let store = hub.get_key_value(STATE_BUCKET).await.unwrap();
+    // The path works: the cluster's own announcement is taken (the same bytes as the hub holds).
+    let announced = store.get(cluster_key(attacker)).await.unwrap().unwrap();
+    store.put(cluster_key(attacker), announced).await.unwrap();
+    let mut forged = canary_record.clone();
+    forged.settled = true;
+    forged.failed = 0;
+    forged.poisoned.clear();
+    forged.settled_since = Some(forged.updated_at);
+    let refused = store
+        .put(
+            rollout_key(name, "canary"),
+            serde_json::to_vec(&forged).unwrap().into(),
+        )
+        .await;
+    assert!(
+        refused.is_err(),
+        "the hub took a forged canary record: {refused:?}"
+    );
+    let purge = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        nats.request("$JS.hub.API.STREAM.PURGE.KV_PKO_FLEET", Vec::new().into()),
+    )
+    .await;
+    assert!(
+        !matches!(purge, Ok(Ok(_))),
+        "the hub answered a purge of the records: {purge:?}"
+    );
+    let kept = hub_record(fleet.hub(), name, "canary").await.unwrap();
+    assert!(!kept.settled, "{kept:?}");
+    // A user the attacker's own account signs is a stranger to the canary's NATS.
+    let stolen = own.credentials("pko-connector-stolen", None).unwrap();
+    let canary_nats = fleet.leaf("canary").unwrap();
+    let connected = async_nats::ConnectOptions::with_credentials(&stolen.creds_file())
+        .unwrap()
+        .connect(canary_nats.url())
+        .await;
+    assert!(
+        connected.is_err(),
+        "the canary's NATS took a user of {attacker}"
+    );
+}
+
 /// One message of a rollout stream.
 struct Stored {
     id: String,
@@ -172,7 +239,12 @@ fn first(messages: &[Stored], kind: RolloutEventKind, generation: i64) -> Option
 async fn a_release_reaches_prod_only_after_the_canary_finished_and_soaked() {
     let env = env();
     let fleet = env
-        .start_fleet_nats("fleet-nats", &deploy_dir(), &CLUSTERS)
+        .start_fleet_nats(
+            "fleet-nats",
+            &deploy_dir(),
+            Path::new(env!("CARGO_BIN_EXE_pko-manager")),
+            &CLUSTERS,
+        )
         .await
         .unwrap();
     let servers = [
@@ -264,6 +336,25 @@ async fn a_release_reaches_prod_only_after_the_canary_finished_and_soaked() {
             "{}: Packages behind a closed gate",
             cluster.name
         );
+    }
+
+    // prod-a is compromised: whoever holds it has every key of its own NATS. It forges the canary's record
+    // as settled, through the hub's domain as its manager writes its own: the hub refuses it, while the
+    // same path takes prod-a's own record. The canary's gate stays closed everywhere.
+    forge_from(&fleet, "prod-a", &name, &poisoned).await;
+    for cluster in &clusters[1..] {
+        wait_status(
+            &cluster.api,
+            &name,
+            cluster.log(),
+            "the gate still closed on the canary after the forgery",
+            |h| {
+                condition(h, "PromotionGateOpen").is_some_and(|c| {
+                    c.status == "False" && c.message.contains("canary: not settled")
+                })
+            },
+        )
+        .await;
     }
 
     // The fixed release, in every cluster at once: prod waits for the canary to finish and soak.

@@ -95,6 +95,7 @@ async fn connector_credentials_expire_and_stay_within_their_limits() {
         expires_at,
         subscriptions: 2,
         payload_bytes: 1024,
+        leaf_node_only: false,
     };
     // Expired credentials do not connect.
     let expired = signer

@@ -1,0 +1,354 @@
+//! `pko-manager nats-bootstrap fleet …`: the fleet's own NATS trust, kept by the fleet's administrators in
+//! a directory of theirs, never on a management cluster.
+//!
+//! - `hub` makes (once) the fleet's operator and the hub-only fleet account, and writes
+//!   `hub-resolver.conf`, which the hub's nats-server includes. Management clusters keep their own
+//!   operators (`pko-manager nats-bootstrap` on each): no cluster holds a key the hub trusts.
+//! - `member --cluster C` issues C's leaf-node credentials for the hub: usable only as a leaf link,
+//!   publishing only C's records and events, expiring; and makes sure the hub has the records bucket and
+//!   the aggregate stream sourcing C's events (managers may not create or change either).
+//! - `viewer` issues read-only credentials for `kubectl package fleet` and dashboards.
+//!
+//! What a compromised management cluster can still do, and what it cannot, is in docs/fleet.md.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_nats::jetstream::{self, stream};
+use pko_proto::fleet::{
+    check_cluster_name, domain_api_prefix, AGGREGATE_STREAM, DEFAULT_HUB_DOMAIN,
+    HUB_ACCOUNT_LIMITS, MEMBER_LINK_PAYLOAD_BYTES, MEMBER_LINK_SUBSCRIPTIONS, RECORD_MAX_AGE,
+    RECORD_MAX_BYTES, STATE_BUCKET,
+};
+use pko_proto::nats_credentials::{CredentialsError, OperatorSetup, UserLimits};
+use pko_proto::nats_permissions::{
+    fleet_viewer_permissions, member_link_permissions, source_delivery_prefix,
+};
+use pko_proto::rollout_events::{STREAM, STREAM_MAX_AGE, STREAM_MAX_BYTES};
+
+/// The fleet account's name in its JWT.
+const FLEET_ACCOUNT_NAME: &str = "PKO_FLEET";
+/// Where the fleet's keys are kept in the directory (every key and JWT; private to the administrators).
+const KEYS_FILE: &str = "fleet-operator.json";
+/// The configuration the hub's nats-server includes (deploy/nats/fleet/hub.conf).
+pub const HUB_RESOLVER_FILE: &str = "hub-resolver.conf";
+/// How long the short-lived administrator user the member step talks to the hub with is valid.
+const ADMIN_VALIDITY: Duration = Duration::from_secs(600);
+/// How long one answer of the hub may take.
+const HUB_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The fleet's trust, step by step.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum FleetStep {
+    /// Make (once) the fleet's operator and account; write hub-resolver.conf for the hub's nats-server.
+    Hub(FleetDir),
+    /// Issue a management cluster's leaf-node credentials for the hub (<dir>/members/<cluster>.creds) and
+    /// make sure the hub keeps the records bucket and sources the cluster's rollout events.
+    Member(MemberArgs),
+    /// Issue read-only credentials for the hub (<dir>/viewer.creds).
+    Viewer(ViewerArgs),
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct FleetDir {
+    /// Directory of the fleet's keys (created if missing; keep it private).
+    #[arg(long)]
+    pub dir: PathBuf,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct MemberArgs {
+    #[command(flatten)]
+    pub keys: FleetDir,
+    /// The management cluster (its manager's --cluster-name and its NATS's JetStream domain).
+    #[arg(long)]
+    pub cluster: String,
+    /// The hub's client URL, where the bucket and the aggregate stream are checked.
+    #[arg(long)]
+    pub hub_url: String,
+    /// The hub's JetStream domain.
+    #[arg(long, default_value = DEFAULT_HUB_DOMAIN)]
+    pub hub_domain: String,
+    /// Days the credentials are valid; issue them again before then (the leaf link reconnects with the
+    /// new file).
+    #[arg(long, default_value_t = 90)]
+    pub validity_days: u64,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct ViewerArgs {
+    #[command(flatten)]
+    pub keys: FleetDir,
+    /// Days the credentials are valid.
+    #[arg(long, default_value_t = 90)]
+    pub validity_days: u64,
+}
+
+/// Why a fleet step failed.
+#[derive(Debug, thiserror::Error)]
+pub enum FleetBootstrapError {
+    #[error("{path}: {source}")]
+    File {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Keys { path: PathBuf, message: String },
+    #[error("NATS keys: {0}")]
+    Credentials(#[from] CredentialsError),
+    #[error("--cluster: {0}")]
+    Cluster(String),
+    #[error("the hub at {url}: {message}")]
+    Hub { url: String, message: String },
+}
+
+fn file_error(path: &Path) -> impl FnOnce(std::io::Error) -> FleetBootstrapError + '_ {
+    move |source| FleetBootstrapError::File {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// Writes `text` to `path` (owner-only when it holds a secret) and says what happened.
+fn write(path: &Path, text: &str, secret: bool) -> Result<&'static str, FleetBootstrapError> {
+    let current = std::fs::read_to_string(path).ok();
+    if current.as_deref() == Some(text) {
+        return Ok("unchanged");
+    }
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(file_error(parent))?;
+    }
+    std::fs::write(path, text).map_err(file_error(path))?;
+    if secret {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+            .map_err(file_error(path))?;
+    }
+    Ok(if current.is_some() {
+        "updated"
+    } else {
+        "created"
+    })
+}
+
+/// The fleet's operator setup, made on the first run and brought to this build's account limits.
+fn fleet_setup(dir: &Path) -> Result<OperatorSetup, FleetBootstrapError> {
+    let path = dir.join(KEYS_FILE);
+    let keys_error = |message: String| FleetBootstrapError::Keys {
+        path: path.clone(),
+        message,
+    };
+    let (setup, made) = match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            let stored: std::collections::BTreeMap<String, String> =
+                serde_json::from_str(&text).map_err(|e| keys_error(e.to_string()))?;
+            let setup = OperatorSetup::from_stored(|name| stored.get(name).cloned())?;
+            (setup, false)
+        }
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => (
+            OperatorSetup::generate(FLEET_ACCOUNT_NAME, &HUB_ACCOUNT_LIMITS)?,
+            true,
+        ),
+        Err(source) => return Err(FleetBootstrapError::File { path, source }),
+    };
+    let limited = setup.with_account_limits(&HUB_ACCOUNT_LIMITS)?;
+    let changed = limited.is_some();
+    let setup = limited.unwrap_or(setup);
+    if made || changed {
+        let stored: std::collections::BTreeMap<&str, String> =
+            setup.to_stored().into_iter().collect();
+        let text = serde_json::to_string_pretty(&stored).map_err(|e| keys_error(e.to_string()))?;
+        let written = write(&path, &text, true)?;
+        println!("{}: {written}", path.display());
+    }
+    Ok(setup)
+}
+
+fn expires_in(days: u64) -> u64 {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default();
+    now + days.max(1) * 24 * 60 * 60
+}
+
+/// Runs one step.
+pub async fn run(step: &FleetStep) -> Result<(), FleetBootstrapError> {
+    match step {
+        FleetStep::Hub(keys) => {
+            let setup = fleet_setup(&keys.dir)?;
+            let path = keys.dir.join(HUB_RESOLVER_FILE);
+            let written = write(&path, &setup.inline_server_config(), false)?;
+            println!("{}: {written}", path.display());
+            println!("fleet account: {}", setup.account);
+        }
+        FleetStep::Member(member) => {
+            check_cluster_name(&member.cluster).map_err(FleetBootstrapError::Cluster)?;
+            let setup = fleet_setup(&member.keys.dir)?;
+            let signer = setup.signer()?;
+            let credentials = signer.issue_limited_user(
+                &format!("pko-fleet-member-{}", member.cluster),
+                &member_link_permissions(&member.cluster, &member.hub_domain),
+                &UserLimits {
+                    expires_at: expires_in(member.validity_days),
+                    subscriptions: MEMBER_LINK_SUBSCRIPTIONS,
+                    payload_bytes: MEMBER_LINK_PAYLOAD_BYTES,
+                    leaf_node_only: true,
+                },
+            )?;
+            let admin = signer.issue_limited_user(
+                "pko-fleet-bootstrap",
+                &pko_proto::nats_credentials::NatsPermissions {
+                    publish: vec!["$JS.API.>".to_owned()],
+                    subscribe: vec!["_INBOX.>".to_owned()],
+                    allow_responses: false,
+                },
+                &UserLimits {
+                    expires_at: SystemTime::now()
+                        .duration_since(UNIX_EPOCH)
+                        .map(|d| (d + ADMIN_VALIDITY).as_secs())
+                        .unwrap_or_default(),
+                    subscriptions: 16,
+                    payload_bytes: 1 << 20,
+                    leaf_node_only: false,
+                },
+            )?;
+            prepare_hub(&member.hub_url, &admin.creds_file(), &member.cluster).await?;
+            let path = member
+                .keys
+                .dir
+                .join("members")
+                .join(format!("{}.creds", member.cluster));
+            // Fresh credentials every run: the file always changes.
+            write(&path, &credentials.creds_file(), true)?;
+            println!(
+                "{}: issued, valid {} days (the cluster's PKO_FLEET_LEAF_CREDENTIALS)",
+                path.display(),
+                member.validity_days.max(1)
+            );
+        }
+        FleetStep::Viewer(viewer) => {
+            let setup = fleet_setup(&viewer.keys.dir)?;
+            let credentials = setup.signer()?.issue_limited_user(
+                "pko-fleet-viewer",
+                &fleet_viewer_permissions(),
+                &UserLimits {
+                    expires_at: expires_in(viewer.validity_days),
+                    subscriptions: 64,
+                    payload_bytes: 1 << 20,
+                    leaf_node_only: false,
+                },
+            )?;
+            let path = viewer.keys.dir.join("viewer.creds");
+            write(&path, &credentials.creds_file(), true)?;
+            println!(
+                "{}: issued, valid {} days",
+                path.display(),
+                viewer.validity_days.max(1)
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Makes sure the hub keeps the records bucket and the aggregate stream, and that the stream sources
+/// `cluster`'s rollout events (delivered under the cluster's own prefix, which only its link may use).
+async fn prepare_hub(url: &str, creds: &str, cluster: &str) -> Result<(), FleetBootstrapError> {
+    let hub_error = |message: String| FleetBootstrapError::Hub {
+        url: url.to_owned(),
+        message,
+    };
+    let timed = |what: &'static str| move |_| hub_error(format!("{what}: no answer within 10s"));
+    let nats = async_nats::ConnectOptions::with_credentials(creds)
+        .map_err(|e| hub_error(e.to_string()))?
+        .name("pko-fleet-bootstrap")
+        .connect(url)
+        .await
+        .map_err(|e| hub_error(e.to_string()))?;
+    let hub = jetstream::new(nats);
+    let bucket = stream::Config {
+        name: format!("KV_{STATE_BUCKET}"),
+        subjects: vec![format!("$KV.{STATE_BUCKET}.>")],
+        max_messages_per_subject: 1,
+        max_message_size: RECORD_MAX_BYTES,
+        max_age: RECORD_MAX_AGE,
+        storage: stream::StorageType::File,
+        discard: stream::DiscardPolicy::New,
+        // Roll-ups need purges allowed; only the administrators may call the purge API.
+        allow_rollup: true,
+        deny_delete: true,
+        duplicate_window: Duration::from_secs(120),
+        ..Default::default()
+    };
+    // Made as a key-value bucket's stream is: the client's own bucket creation first reads account
+    // limits in a form servers before 2.10 do not answer.
+    match tokio::time::timeout(HUB_TIMEOUT, hub.get_stream(&bucket.name))
+        .await
+        .map_err(timed("reading the records bucket"))?
+    {
+        Ok(_) => println!("bucket {STATE_BUCKET}: present"),
+        Err(_) => {
+            tokio::time::timeout(HUB_TIMEOUT, hub.create_stream(bucket))
+                .await
+                .map_err(timed("creating the records bucket"))?
+                .map_err(|e| hub_error(format!("creating bucket {STATE_BUCKET}: {e}")))?;
+            println!("bucket {STATE_BUCKET}: created");
+        }
+    }
+    let source = stream::Source {
+        name: STREAM.to_owned(),
+        external: Some(stream::External {
+            api_prefix: domain_api_prefix(cluster),
+            delivery_prefix: Some(source_delivery_prefix(cluster)),
+        }),
+        ..Default::default()
+    };
+    let found = tokio::time::timeout(HUB_TIMEOUT, hub.get_stream(AGGREGATE_STREAM))
+        .await
+        .map_err(timed("reading the aggregate stream"))?;
+    match found {
+        Ok(aggregate) => {
+            let mut config = aggregate.cached_info().config.clone();
+            let sources = config.sources.get_or_insert_with(Vec::new);
+            let own = |s: &stream::Source| {
+                s.external
+                    .as_ref()
+                    .is_some_and(|e| e.api_prefix == domain_api_prefix(cluster))
+            };
+            if sources.iter().any(|s| own(s) && *s == source) {
+                println!("stream {AGGREGATE_STREAM}: sources {cluster}");
+                return Ok(());
+            }
+            // An older source of this cluster (another delivery prefix) is replaced.
+            sources.retain(|s| !own(s));
+            sources.push(source);
+            tokio::time::timeout(HUB_TIMEOUT, hub.update_stream(config))
+                .await
+                .map_err(timed("updating the aggregate stream"))?
+                .map_err(|e| hub_error(format!("adding {cluster} to {AGGREGATE_STREAM}: {e}")))?;
+            println!("stream {AGGREGATE_STREAM}: now sources {cluster}");
+        }
+        Err(_) => {
+            tokio::time::timeout(
+                HUB_TIMEOUT,
+                hub.create_stream(stream::Config {
+                    name: AGGREGATE_STREAM.to_owned(),
+                    sources: Some(vec![source]),
+                    max_age: STREAM_MAX_AGE,
+                    max_bytes: STREAM_MAX_BYTES,
+                    discard: stream::DiscardPolicy::Old,
+                    storage: stream::StorageType::File,
+                    deny_delete: true,
+                    deny_purge: true,
+                    ..Default::default()
+                }),
+            )
+            .await
+            .map_err(timed("creating the aggregate stream"))?
+            .map_err(|e| hub_error(format!("creating {AGGREGATE_STREAM}: {e}")))?;
+            println!("stream {AGGREGATE_STREAM}: created, sources {cluster}");
+        }
+    }
+    Ok(())
+}
