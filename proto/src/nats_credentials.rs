@@ -678,7 +678,10 @@ mod tests {
             .issue_limited_user("member", &permissions, &limits)
             .unwrap();
         let (claims, _, _) = decode(&user.jwt);
-        assert_eq!(claims["nats"]["allowed_connection_types"], json!(["LEAFNODE"]));
+        assert_eq!(
+            claims["nats"]["allowed_connection_types"],
+            json!(["LEAFNODE"])
+        );
         // The nonce signature verifies with the user's public key (the JWT's subject).
         let signature = user.sign_nonce(b"nonce").unwrap();
         KeyPair::from_public_key(claims["sub"].as_str().unwrap())

@@ -151,7 +151,11 @@ async fn connector_credentials_are_minted_again_before_they_expire() {
     // manager came back as a new user.
     let expires = wait_until("the manager's NATS user minted again", TIMEOUT, || async {
         match manager.metric("pko_nats_user_mints_total").await? {
-            n if n >= 2 => manager.metric("pko_nats_user_expiry_timestamp_seconds").await,
+            n if n >= 2 => {
+                manager
+                    .metric("pko_nats_user_expiry_timestamp_seconds")
+                    .await
+            }
             n => Err(format!("{n} users minted")),
         }
     })
