@@ -218,10 +218,23 @@ async fn connector_messages_are_limited_and_bound_to_the_current_cluster(
         })
         .await
         .unwrap();
+        if sent == 1 {
+            // The first hello's re-send, at once or with the connector's next wake (its own hello may
+            // have just been taken): every later hello of the flood comes after it, so it must wake the
+            // phase once more.
+            wait_until("the first hello re-sent", TIMEOUT, || async {
+                match counted.load(std::sync::atomic::Ordering::SeqCst) {
+                    0 => Err("no re-send yet".to_owned()),
+                    n => Ok(n),
+                }
+            })
+            .await
+            .unwrap();
+        }
     }
     let flooded = started.elapsed();
     // The hellos folded into a wake still get their re-send: none is left due, and the phase was re-sent
-    // at least twice (the first hello at once, the rest with the next wake).
+    // at least twice (for the first hello, and for the rest, which all came after that re-send).
     wait_until("no wake left due", TIMEOUT, || async {
         match metric("pko_connector_wakes_pending").await {
             0 => Ok(()),
