@@ -37,6 +37,7 @@ macro_rules! cluster_only {
 cluster_only! {
     mod apiserver;
     mod connector;
+    mod configured_nats;
     mod connector_runner;
     mod controller_manager;
     mod crds;
@@ -69,7 +70,8 @@ cluster_only! {
         fleet_manager_args, sharded_manager_args, ManagerLaunch, ManagerProcess,
         SHARD_COORDINATOR_LEASE,
     };
-    pub use nats::{FleetNats, Nats};
+    pub use configured_nats::FleetNats;
+    pub use nats::Nats;
     pub use otlp_receiver::{span_tree, OtlpReceiver, ReceivedSpan};
     pub use prometheus::{Prometheus, Sample, Series};
     pub use stall_proxy::StallProxy;

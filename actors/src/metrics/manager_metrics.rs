@@ -18,6 +18,7 @@ use super::lease_metrics::LeaseMetrics;
 use super::package_images::ImageFetchMetrics;
 use super::rollout_metrics::RolloutMetrics;
 use super::shard_metrics::ShardMetrics;
+use super::source_labels::SourceLabels;
 use super::upstream_metrics::UpstreamMetrics;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -92,12 +93,6 @@ pub struct ManagerMetrics {
     hosted_leftovers: Family<StoredLabels, Counter>,
     deployment_set_reads: Family<SourceLabels, Counter>,
     previous_revision_reads: Family<SourceLabels, Counter>,
-}
-
-/// Where something was read from (`source`): shared by the metrics that count reads by their source.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub(crate) struct SourceLabels {
-    pub(crate) source: &'static str,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]

@@ -14,6 +14,7 @@ pub mod manager_metrics;
 pub mod package_images;
 pub mod rollout_metrics;
 pub mod shard_metrics;
+pub mod source_labels;
 pub mod upstream_metrics;
 
 /// The text a registry filled by `register` encodes to: what the groups' unit tests read.

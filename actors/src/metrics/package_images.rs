@@ -14,7 +14,7 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
-use crate::metrics::manager_metrics::SourceLabels;
+use crate::metrics::source_labels::SourceLabels;
 use crate::packages::pull_secrets::CredentialsSource;
 
 /// The fetch latency histogram and the credentials' sources; cheap to clone.

@@ -18,8 +18,9 @@ use pko_proto::core::object_deployment::{
 use pko_proto::core::object_set::{ClusterObjectSet, ObjectSet, ObjectSetSpec};
 use serde_json::json;
 
-use crate::objects::object_meta::{requested_service_account, write_status, MetaView};
+use crate::objects::object_meta::{requested_service_account, write_status};
 use crate::objects::set_object::{SetKind, SetObject};
+use crate::runtime::meta_view::MetaView;
 
 /// An ObjectDeployment or ClusterObjectDeployment.
 #[derive(Debug, Clone, PartialEq)]

@@ -20,9 +20,10 @@ use crate::engine::template_hash::template_hash;
 use crate::engine::transition_events::deployment_transitions;
 use crate::metrics::manager_metrics::ManagerMetrics;
 use crate::objects::deployment_object::DeploymentObject;
-use crate::objects::object_meta::{event_reference, tombstone_meta, MetaView};
+use crate::objects::object_meta::{event_reference, tombstone_meta};
 use crate::objects::revision_index::revision_view;
 use crate::runtime::context::ManagerContext;
+use crate::runtime::meta_view::MetaView;
 use crate::runtime::object_actor::{
     work, Change, Notice, ObjectActor, Outcome, Reconcile, Report, Work,
 };

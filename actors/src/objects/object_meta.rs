@@ -2,7 +2,7 @@
 //! function every actor writes status through).
 
 use k8s_openapi::api::core::v1::ObjectReference;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, Patch, PatchParams};
 use kube::Resource;
 use serde::de::DeserializeOwned;
@@ -122,57 +122,6 @@ pub fn tombstone_meta(meta: &ObjectMeta) -> ObjectMeta {
     ObjectMeta {
         managed_fields: None,
         ..meta.clone()
-    }
-}
-
-/// Name, namespace, UID, generation and controller of an object, empty or zero when unset.
-pub trait MetaView {
-    fn meta(&self) -> &ObjectMeta;
-
-    fn name(&self) -> &str {
-        self.meta().name.as_deref().unwrap_or_default()
-    }
-
-    fn namespace(&self) -> &str {
-        self.meta().namespace.as_deref().unwrap_or_default()
-    }
-
-    fn uid(&self) -> &str {
-        self.meta().uid.as_deref().unwrap_or_default()
-    }
-
-    fn generation(&self) -> i64 {
-        self.meta().generation.unwrap_or_default()
-    }
-
-    /// The `traceparent` of the write that made this version (`telemetry::TRACE_PARENT_ANNOTATION`).
-    fn traceparent(&self) -> Option<&str> {
-        self.meta()
-            .annotations
-            .as_ref()?
-            .get(crate::runtime::telemetry::TRACE_PARENT_ANNOTATION)
-            .map(String::as_str)
-    }
-
-    /// The owner reference marked as controller, if any.
-    fn controller(&self) -> Option<&OwnerReference> {
-        self.meta()
-            .owner_references
-            .iter()
-            .flatten()
-            .find(|r| r.controller == Some(true))
-    }
-}
-
-impl MetaView for pko_proto::core::hosted_cluster_package::HostedClusterPackage {
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-}
-
-impl MetaView for pko_proto::hypershift::HostedCluster {
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
     }
 }
 

@@ -33,7 +33,7 @@ use crate::engine::transition_events::object_set_transitions;
 use crate::metrics::manager_metrics::ManagerMetrics;
 use crate::metrics::upstream_metrics::ObjectSetFacts;
 use crate::objects::applier::Applier;
-use crate::objects::object_meta::{creation_seconds, event_reference, tombstone_meta, MetaView};
+use crate::objects::object_meta::{creation_seconds, event_reference, tombstone_meta};
 use crate::objects::object_set_plan::{plan_object_set, PlanInputs};
 use crate::objects::owner_identity::owner_applier;
 use crate::objects::phase_actor::{
@@ -43,6 +43,7 @@ use crate::objects::phase_runner::{PhasePlan, PhaseReport};
 use crate::objects::revision_index::PreviousRevision;
 use crate::objects::set_object::{SetObject, DEFAULT_CLASS};
 use crate::runtime::context::ManagerContext;
+use crate::runtime::meta_view::MetaView;
 use crate::runtime::object_actor::{
     work, Change, Notice, ObjectActor, Outcome, Reconcile, Report, Work,
 };

@@ -17,9 +17,10 @@ use crate::engine::desired_object::{
     find_duplicate, prepare_phase, DesiredObject, InvalidObject, OwnerRef,
 };
 use crate::engine::probe::{ProbeSet, ProbeSpecError};
-use crate::objects::object_meta::{requested_service_account, MetaView};
+use crate::objects::object_meta::requested_service_account;
 use crate::objects::phase_runner::PhasePlan;
 use crate::objects::set_object::{SetObject, HOSTED_CLUSTER_CLASS};
+use crate::runtime::meta_view::MetaView;
 
 /// Why a set cannot be planned; shown as `PreflightError` on the set.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -18,11 +18,11 @@ use crate::engine::object_template::{
     copy_items, render_object, source_key, template_conditions, TemplateProblem,
 };
 use crate::objects::applier::{Applier, ApplyError};
-use crate::objects::object_meta::MetaView;
 use crate::objects::owner_identity::owner_applier;
 use crate::objects::template_object::TemplateObject;
 use crate::packages::package_object::environment_facts;
 use crate::runtime::context::ManagerContext;
+use crate::runtime::meta_view::MetaView;
 use crate::runtime::object_actor::{work, Change, ObjectActor, Outcome, Reconcile, Work};
 use crate::runtime::reconcile_gate::Backoff;
 use crate::runtime::registry::ObjectRef;

@@ -16,8 +16,8 @@ use serde_json::json;
 use crate::engine::adoption::{controller_of, revision_of};
 use crate::engine::conditions::{is_current, is_mapped, is_true_for, reported_for};
 use crate::engine::deployment_plan::{RevisionContent, RevisionView};
-use crate::objects::object_meta::MetaView;
 use crate::objects::set_object::{SetKind, SetObject};
+use crate::runtime::meta_view::MetaView;
 
 /// The sets labelled for one deployment: kind of set, namespace, deployment name.
 type DeploymentKey = (SetKind, String, String);

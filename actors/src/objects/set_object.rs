@@ -18,7 +18,8 @@ use serde_json::json;
 
 use crate::engine::conditions::is_mapped;
 use crate::engine::desired_object::OwnerRef;
-use crate::objects::object_meta::{write_status, MetaView};
+use crate::objects::object_meta::write_status;
+use crate::runtime::meta_view::MetaView;
 
 /// The phase class this manager reconciles itself.
 pub const DEFAULT_CLASS: &str = "default";

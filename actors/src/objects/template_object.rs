@@ -8,7 +8,8 @@ use pko_proto::core::object_template::{
 };
 use serde_json::{json, Value};
 
-use crate::objects::object_meta::{write_status, MetaView};
+use crate::objects::object_meta::write_status;
+use crate::runtime::meta_view::MetaView;
 
 /// An ObjectTemplate (namespaced) or ClusterObjectTemplate.
 #[derive(Debug, Clone, PartialEq)]

@@ -20,9 +20,10 @@ use crate::engine::status_hold::StatusHold;
 use crate::engine::transition_events::package_transitions;
 use crate::metrics::manager_metrics::ManagerMetrics;
 use crate::metrics::upstream_metrics::PackageFacts;
-use crate::objects::object_meta::{creation_seconds, event_reference, tombstone_meta, MetaView};
+use crate::objects::object_meta::{creation_seconds, event_reference, tombstone_meta};
 use crate::packages::package_object::{environment_facts, DeploymentView, PackageObject};
 use crate::runtime::context::ManagerContext;
+use crate::runtime::meta_view::MetaView;
 use crate::runtime::object_actor::{
     work, Change, Notice, ObjectActor, Outcome, Reconcile, Report, Work,
 };

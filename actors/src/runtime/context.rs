@@ -18,7 +18,7 @@ use crate::rollout::health_queries::PrometheusQueries;
 use crate::rollout::hosted_cluster_fleet::RolloutShared;
 use crate::rollout::rollout_publisher::RolloutPublisher;
 use crate::runtime::event_sink::EventSink;
-use crate::runtime::kind_feed::FeedSync;
+use crate::runtime::feed_sync::FeedSync;
 use crate::runtime::takeover_lists::TakeoverLists;
 use pko_package::image::ImageStore;
 use pko_package::image_limits::ImageLimits;

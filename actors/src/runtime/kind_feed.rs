@@ -19,7 +19,6 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fmt::Debug;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use actix::dev::ToEnvelope;
@@ -212,37 +211,13 @@ impl<O: Clone> KnownObjects<O> {
     }
 }
 
-/// Whether every feed of the manager has listed its kind once: until then its actors have not seen
-/// everything, and the manager does not call itself ready.
-#[derive(Debug, Clone, Default)]
-pub struct FeedSync {
-    feeds: Arc<AtomicUsize>,
-    synced: Arc<AtomicUsize>,
-}
-
-impl FeedSync {
-    /// Feeds created, and feeds that finished their first list.
-    pub fn progress(&self) -> (usize, usize) {
-        (
-            self.feeds.load(Ordering::SeqCst),
-            self.synced.load(Ordering::SeqCst),
-        )
-    }
-
-    /// Whether at least one feed runs and every feed listed once.
-    pub fn all_synced(&self) -> bool {
-        let (feeds, synced) = self.progress();
-        feeds > 0 && synced >= feeds
-    }
-}
-
 /// Feeds one kind `K` into the actors of type `A`.
 pub struct KindFeed<K, A: FeedTarget> {
     context: ManagerContext,
     registry: Arc<Registry<A>>,
     tap: Option<Tap<A::Object>>,
     known: KnownObjects<A::Object>,
-    /// Whether the first list finished (counted once in [`FeedSync`]).
+    /// Whether the first list finished (counted once in `context.feeds`).
     synced: bool,
     /// Sharded: watch every object (the taps need them all) and start actors only for this replica's;
     /// otherwise a sharded feed watches only the objects labelled for this replica.
@@ -312,7 +287,7 @@ where
         tap: Option<Tap<A::Object>>,
     ) -> Self {
         let known = KnownObjects::new(tap.is_some());
-        context.feeds.feeds.fetch_add(1, Ordering::SeqCst);
+        context.feeds.feed_started();
         if let Some(shard) = &context.shard {
             shard.lists.register_feed();
         }
@@ -728,7 +703,7 @@ where
                     info!(kind = %K::kind(&()), ?source, seconds = since.elapsed().as_secs_f64(), working = self.working.len(), "listed");
                 }
                 if *source == WatchSource::Own && !std::mem::replace(&mut self.synced, true) {
-                    self.context.feeds.synced.fetch_add(1, Ordering::SeqCst);
+                    self.context.feeds.feed_listed();
                 }
             }
             Err(e) => warn!(kind = %K::kind(&()), ?source, error = %e, "watch error; retrying"),

@@ -20,13 +20,13 @@ use crate::runtime::context::ManagerContext;
 use crate::hypershift::hypershift_detector::HyperShiftDetector;
 use crate::hypershift::remote_phase_actor::RemotePhaseActor;
 use crate::objects::object_deployment_actor::{ObjectDeploymentActor, RevisionChanged};
-use crate::objects::object_meta::MetaView;
 use crate::objects::object_set_actor::ObjectSetActor;
 use crate::objects::object_template_actor::ObjectTemplateActor;
 use crate::objects::revision_index::{IndexChange, RevisionIndex};
 use crate::objects::set_object::{SetKind, SetObject};
 use crate::packages::package_actor::{DeploymentChanged, PackageActor};
 use crate::runtime::kind_feed::{KindFeed, Tap};
+use crate::runtime::meta_view::MetaView;
 use crate::runtime::registry::{ObjectRef, Registry};
 
 /// The running engine.

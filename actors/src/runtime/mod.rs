@@ -8,9 +8,11 @@
 pub mod cluster_client;
 pub mod context;
 pub mod event_sink;
+pub mod feed_sync;
 pub mod kind_feed;
 pub mod leader_lease;
 pub mod manager;
+pub mod meta_view;
 pub mod object_actor;
 pub mod observer_clock;
 pub mod process_main;

@@ -27,9 +27,9 @@ use k8s_openapi::api::core::v1::ObjectReference;
 
 use crate::engine::transition_events::TransitionEvent;
 use crate::metrics::manager_metrics::{ManagerMetrics, ReconcileResult};
-use crate::objects::object_meta::MetaView;
 use crate::runtime::context::ManagerContext;
 use crate::runtime::kind_feed::{FeedTarget, Gone, Observed, Release};
+use crate::runtime::meta_view::MetaView;
 use crate::runtime::reconcile_gate::{Backoff, ReconcileGate};
 use crate::runtime::registry::ObjectRef;
 use crate::runtime::telemetry::TraceCause;

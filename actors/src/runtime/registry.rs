@@ -6,7 +6,7 @@ use std::hash::Hash;
 use actix::{Actor, Addr};
 use dashmap::DashMap;
 
-use crate::objects::object_meta::MetaView;
+use crate::runtime::meta_view::MetaView;
 
 /// `kind/namespace/name` of a package-operator object.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -15,7 +15,7 @@ use pko_actors::metrics::exposition::{
     prometheus_text, wants_openmetrics, OPENMETRICS, PROMETHEUS_TEXT,
 };
 use pko_actors::metrics::manager_metrics::ManagerMetrics;
-use pko_actors::runtime::kind_feed::FeedSync;
+use pko_actors::runtime::feed_sync::FeedSync;
 use tokio::net::TcpListener;
 use tracing::{debug, warn};
 
