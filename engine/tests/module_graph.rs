@@ -1,6 +1,6 @@
-//! No import cycles between the modules of any crate of the workspace (issue 40): a module that needs
-//! another must not be needed back, directly or around a longer circle, so each can be read, tested and
-//! moved on its own. Read from the sources as text: `crate::…` and `super::…` paths outside test modules
+//! No import cycles between the modules of any crate of the workspace, and no domain imported by the actor
+//! runtime (issue 40): a module that needs another must not be needed back, directly or around a longer
+//! circle, so each can be read, tested and moved on its own. Read from the sources as text: `crate::…` and `super::…` paths outside test modules
 //! are edges from the file's module to the longest module path they name; `mod` declarations are not.
 //! The crate roots (`lib.rs`, `main.rs`) are left out: a binary's root is its composition root.
 
@@ -228,6 +228,26 @@ fn no_crate_of_the_workspace_has_an_import_cycle() {
         }
     }
     assert!(found.is_empty(), "import cycles:\n{}", found.join("\n"));
+}
+
+/// The actor runtime (shell, feeds, Leases, sharding, client) is the floor every domain stands on: it
+/// imports none of them, so it can be read and changed without the domains.
+#[test]
+fn the_actor_runtime_imports_no_domain() {
+    let src = workspace_root().join("actors/src");
+    let graph = import_graph(&src);
+    let outside: Vec<String> = graph
+        .iter()
+        .filter(|(module, _)| module.starts_with("runtime::"))
+        .flat_map(|(module, edges)| {
+            edges
+                .iter()
+                .filter(|target| !target.starts_with("runtime::"))
+                .map(move |target| format!("{module} → {target}"))
+        })
+        .collect();
+    assert!(graph.keys().any(|m| m == "runtime::object_actor"), "{graph:?}");
+    assert!(outside.is_empty(), "the runtime imports domains:\n{}", outside.join("\n"));
 }
 
 #[test]

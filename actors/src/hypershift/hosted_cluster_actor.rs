@@ -26,8 +26,8 @@ use crate::hypershift::connector_deployment::{
     connector_objects, credentials_current, credentials_hash, credentials_secret,
     ConnectorSettings, CredentialsBinding, CREDENTIALS_KEY, CREDENTIALS_SECRET,
 };
+use crate::manager::context::ManagerContext;
 use crate::objects::object_meta::tombstone_meta;
-use crate::runtime::context::ManagerContext;
 use crate::runtime::object_actor::{work, Change, ObjectActor, Outcome, Reconcile, Work};
 use crate::runtime::reconcile_gate::Backoff;
 use crate::runtime::registry::ObjectRef;
@@ -186,7 +186,7 @@ fn record(context: &ManagerContext, cluster: &HostedCluster, outcome: &InstallOu
         action: "InstallConnector".into(),
         secondary: None,
     };
-    context.events.raise(event, cluster.object_ref(&()));
+    context.runtime.events.raise(event, cluster.object_ref(&()));
 }
 
 /// Deletes the connector objects of a deleted HostedCluster's HCP namespace.
@@ -221,6 +221,7 @@ pub struct HostedClusterController {
 pub type HostedClusterActor = ObjectActor<HostedClusterController>;
 
 impl Reconcile for HostedClusterController {
+    type Shared = ManagerContext;
     type Object = HostedCluster;
     type Reported = ();
     const CONTROLLER: &'static str = "hosted_cluster";

@@ -17,8 +17,8 @@ use pko_proto::hypershift::HostedCluster;
 use tracing::{info, warn};
 
 use crate::hypershift::hosted_cluster_actor::HostedClusterActor;
+use crate::manager::context::ManagerContext;
 use crate::rollout::hosted_cluster_fleet::Fleet;
-use crate::runtime::context::ManagerContext;
 use crate::runtime::kind_feed::{KindFeed, Tap};
 use crate::runtime::registry::Registry;
 
@@ -54,7 +54,7 @@ impl HyperShiftDetector {
     /// Lists the HostedClusters into the fleet (so it is complete before anything plans on it), then
     /// starts the feed that keeps it current. A failed LIST is retried.
     fn start_feed(&mut self, ctx: &mut Context<Self>) {
-        let api: Api<HostedCluster> = Api::all(self.context.watch_client.clone());
+        let api: Api<HostedCluster> = Api::all(self.context.runtime.watch_client.clone());
         let list = async move { api.list(&ListParams::default()).await };
         ctx.spawn(list.into_actor(self).map(|listed, act, ctx| match listed {
             Ok(list) => {
@@ -95,7 +95,8 @@ impl Actor for HyperShiftDetector {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
-        let api: Api<CustomResourceDefinition> = Api::all(self.context.watch_client.clone());
+        let api: Api<CustomResourceDefinition> =
+            Api::all(self.context.runtime.watch_client.clone());
         let config =
             watcher::Config::default().fields(&format!("metadata.name={HOSTED_CLUSTER_CRD}"));
         ctx.add_stream(watcher::watcher(api, config).default_backoff().boxed());

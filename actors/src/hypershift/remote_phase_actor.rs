@@ -31,11 +31,11 @@ use crate::engine::object_set_status::{
 use crate::hypershift::connector_link::LinkError;
 use crate::hypershift::hosted_leftovers::{self, leftover_request};
 use crate::hypershift::hosted_phase::{mapped_of_report, progress_of_report};
+use crate::manager::context::ManagerContext;
 use crate::metrics::connector_metrics::RequestResult;
 use crate::objects::object_meta::event_reference;
 use crate::objects::object_set_plan::phase_object_name;
 use crate::objects::set_object::{SetObject, HOSTED_CLUSTER_CLASS};
-use crate::runtime::context::ManagerContext;
 use crate::runtime::meta_view::MetaView;
 use crate::runtime::object_actor::{work, Change, ObjectActor, Outcome, Reconcile, Work};
 use crate::runtime::reconcile_gate::Backoff;
@@ -75,6 +75,7 @@ pub struct RemotePhaseController {
 pub type RemotePhaseActor = ObjectActor<RemotePhaseController>;
 
 impl Reconcile for RemotePhaseController {
+    type Shared = ManagerContext;
     type Object = SetObject;
     type Reported = ();
     const CONTROLLER: &'static str = "remote_phase";
@@ -240,7 +241,7 @@ impl RemotePhaseActor {
         if let Some(p) = self.object.as_mut() {
             p.status = status.clone();
         }
-        let client = self.context.client.clone();
+        let client = self.context.runtime.client.clone();
         let span = info_span!(
             "write_status",
             kind = phase.kind.kind(),
@@ -302,7 +303,7 @@ async fn teardown(
             .map(|p| p.objects.as_slice())
             .unwrap_or_default();
         let request = leftover_request(phase_ref(phase), objects);
-        match hosted_leftovers::record(&context.client, &request).await {
+        match hosted_leftovers::record(&context.runtime.client, &request).await {
             Ok(()) => context.metrics.hosted_leftovers("recorded", 1),
             // The apiserver may come back: try again rather than forget the objects.
             Err(kube::Error::Api(s)) if s.code < 500 && s.code != 409 && s.code != 429 => {
@@ -315,7 +316,11 @@ async fn teardown(
     context.metrics.hosted_teardown_skipped(skip.reason());
     record_skipped_teardown(context, phase, skip.reason(), &message);
     match phase
-        .set_finalizer(context.client.clone(), HOSTED_TEARDOWN_FINALIZER, false)
+        .set_finalizer(
+            context.runtime.client.clone(),
+            HOSTED_TEARDOWN_FINALIZER,
+            false,
+        )
         .await
     {
         Ok(()) => Exchange::Released,
@@ -340,6 +345,7 @@ fn record_skipped_teardown(
         secondary: None,
     };
     context
+        .runtime
         .events
         .raise(event, event_reference(phase.kind.kind(), &phase.meta));
 }
@@ -411,7 +417,11 @@ async fn exchange(
         // The finalizer goes first: an object applied before it could be left behind in the hosted
         // cluster if the ObjectSetPhase were deleted in between. One round trip, at the first apply only.
         match phase
-            .set_finalizer(context.client.clone(), HOSTED_TEARDOWN_FINALIZER, true)
+            .set_finalizer(
+                context.runtime.client.clone(),
+                HOSTED_TEARDOWN_FINALIZER,
+                true,
+            )
             .await
         {
             Ok(()) => {}
@@ -436,7 +446,11 @@ async fn exchange(
         Ok(Reply::Answer(report)) => {
             if deleting && report.outcome == PhaseOutcome::TornDown {
                 return match phase
-                    .set_finalizer(context.client.clone(), HOSTED_TEARDOWN_FINALIZER, false)
+                    .set_finalizer(
+                        context.runtime.client.clone(),
+                        HOSTED_TEARDOWN_FINALIZER,
+                        false,
+                    )
                     .await
                 {
                     Ok(()) => Exchange::Released,
@@ -475,7 +489,9 @@ async fn previous_phase_uids(
     let Some(suffix) = phase.delegated_phase_name() else {
         return Ok(Vec::new());
     };
-    let api = phase.kind.api(context.client.clone(), phase.namespace());
+    let api = phase
+        .kind
+        .api(context.runtime.client.clone(), phase.namespace());
     let mut uids = Vec::new();
     for previous in &phase.spec.previous {
         let name = phase_object_name(&previous.name, &suffix);

@@ -106,7 +106,7 @@ mod tests {
             ]),
             external_watches: 3,
         };
-        let text = crate::metrics::encoded(|registry| {
+        let text = crate::runtime::runtime_metrics::encoded(|registry| {
             registry.register_collector(Box::new(Fixed(census)))
         });
         for line in [

@@ -6,68 +6,27 @@
 //! the result, the kind or the reason, never an object's name. It records; it decides nothing.
 
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
 
 use prometheus_client::collector::Collector;
 use prometheus_client::registry::Metric;
 
-use super::api_requests::ApiRequestMetrics;
 use super::connector_metrics::ConnectorMetrics;
 use super::fleet_metrics::FleetMetrics;
-use super::lease_metrics::LeaseMetrics;
 use super::package_images::ImageFetchMetrics;
 use super::rollout_metrics::RolloutMetrics;
-use super::shard_metrics::ShardMetrics;
 use super::source_labels::SourceLabels;
 use super::upstream_metrics::UpstreamMetrics;
+use crate::runtime::api_request_metrics::ApiRequestMetrics;
+use crate::runtime::lease_metrics::LeaseMetrics;
+use crate::runtime::runtime_metrics::RuntimeMetrics;
+use crate::runtime::shard_metrics::ShardMetrics;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+
 use prometheus_client::registry::Registry;
-
-/// How a reconcile ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ReconcileResult {
-    Success,
-    /// Failed; retried after the backoff.
-    Error,
-    /// Not finished (waiting on something outside pko); looked at again after the backoff.
-    Requeue,
-}
-
-impl ReconcileResult {
-    fn label(self) -> &'static str {
-        match self {
-            ReconcileResult::Success => "success",
-            ReconcileResult::Error => "error",
-            ReconcileResult::Requeue => "requeue",
-        }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-struct ResultLabels {
-    controller: &'static str,
-    result: &'static str,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-struct ControllerLabels {
-    controller: &'static str,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-struct KindLabels {
-    kind: &'static str,
-}
-
-fn duration_histogram() -> Histogram {
-    // 1 ms .. ~65 s: a status-only reconcile takes milliseconds, an image pull seconds.
-    Histogram::new(exponential_buckets(0.001, 2.0, 17))
-}
 
 /// The metrics of one manager; cheap to clone.
 #[derive(Clone)]
@@ -82,12 +41,8 @@ pub struct ManagerMetrics {
     pub fleet: FleetMetrics,
     pub images: ImageFetchMetrics,
     pub leases: LeaseMetrics,
-    total: Family<ResultLabels, Counter>,
-    duration: Family<ControllerLabels, Histogram, fn() -> Histogram>,
-    active: Family<ControllerLabels, Gauge>,
-    watch_gap_deletions: Family<KindLabels, Counter>,
-    shard_releases: Family<KindLabels, Counter>,
-    shard_objects: Family<KindLabels, Gauge>,
+    /// The reconcile shell's and the watch feeds' own.
+    pub runtime: RuntimeMetrics,
     rollout_events: RolloutEventMetrics,
     hosted_teardowns_skipped: Family<ReasonLabels, Counter>,
     hosted_leftovers: Family<StoredLabels, Counter>,
@@ -125,52 +80,14 @@ impl Default for ManagerMetrics {
 impl ManagerMetrics {
     /// The registry with every group, `api` being the request metrics the process's clients record.
     pub fn new(api: ApiRequestMetrics) -> Self {
-        let total = Family::<ResultLabels, Counter>::default();
-        let duration =
-            Family::<ControllerLabels, Histogram, fn() -> Histogram>::new_with_constructor(
-                duration_histogram,
-            );
-        let active = Family::<ControllerLabels, Gauge>::default();
-        let watch_gap_deletions = Family::<KindLabels, Counter>::default();
-        let shard_releases = Family::<KindLabels, Counter>::default();
-        let shard_objects = Family::<KindLabels, Gauge>::default();
+        let runtime = RuntimeMetrics::default();
         let rollout_events = RolloutEventMetrics::default();
         let hosted_teardowns_skipped = Family::<ReasonLabels, Counter>::default();
         let hosted_leftovers = Family::<StoredLabels, Counter>::default();
         let deployment_set_reads = Family::<SourceLabels, Counter>::default();
         let previous_revision_reads = Family::<SourceLabels, Counter>::default();
         let mut registry = Registry::default();
-        registry.register(
-            "pko_reconcile",
-            "Reconciles by controller and result.",
-            total.clone(),
-        );
-        registry.register(
-            "pko_reconcile_duration_seconds",
-            "Time from the start of a reconcile to its result, by controller.",
-            duration.clone(),
-        );
-        registry.register(
-            "pko_reconcile_active",
-            "Reconciles running now, by controller.",
-            active.clone(),
-        );
-        registry.register(
-            "pko_watch_gap_deletions",
-            "Objects found deleted by a watch re-list (their delete event was missed), by kind.",
-            watch_gap_deletions.clone(),
-        );
-        registry.register(
-            "pko_shard_releases",
-            "Objects this replica let go of to another replica when sharded (hand-offs), by kind.",
-            shard_releases.clone(),
-        );
-        registry.register(
-            "pko_shard_objects",
-            "Objects this replica works on when sharded (its own and those it takes over from a departed \
-             replica), by kind.",
-            shard_objects.clone(),
-        );
+        runtime.register(&mut registry);
         registry.register(
             "pko_rollout_events_published",
             "Rollout events the stream acknowledged, by whether it stored them or already held them.",
@@ -239,12 +156,7 @@ impl ManagerMetrics {
             fleet,
             images,
             leases,
-            total,
-            duration,
-            active,
-            watch_gap_deletions,
-            shard_releases,
-            shard_objects,
+            runtime,
             rollout_events,
             hosted_teardowns_skipped,
             hosted_leftovers,
@@ -269,49 +181,6 @@ impl ManagerMetrics {
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .register_collector(collector);
-    }
-
-    /// A reconcile of `controller` started.
-    pub fn started(&self, controller: &'static str) {
-        self.active
-            .get_or_create(&ControllerLabels { controller })
-            .inc();
-    }
-
-    /// A reconcile of `controller` ended after `took`.
-    pub fn finished(&self, controller: &'static str, result: ReconcileResult, took: Duration) {
-        let labels = ControllerLabels { controller };
-        self.active.get_or_create(&labels).dec();
-        self.duration
-            .get_or_create(&labels)
-            .observe(took.as_secs_f64());
-        self.total
-            .get_or_create(&ResultLabels {
-                controller,
-                result: result.label(),
-            })
-            .inc();
-    }
-
-    /// This replica took an object of `kind` on (`1`) or let it go (`-1`), sharded.
-    pub fn shard_objects(&self, kind: &'static str, delta: i64) {
-        self.shard_objects
-            .get_or_create(&KindLabels { kind })
-            .inc_by(delta);
-    }
-
-    /// An object was handed to another replica (sharded mode).
-    pub fn shard_released(&self, kind: &'static str) {
-        self.shard_releases
-            .get_or_create(&KindLabels { kind })
-            .inc();
-    }
-
-    /// A watch feed of `kind` found an object deleted only by re-listing.
-    pub fn deleted_in_watch_gap(&self, kind: &'static str) {
-        self.watch_gap_deletions
-            .get_or_create(&KindLabels { kind })
-            .inc();
     }
 
     /// The stream acknowledged a rollout event (`duplicate`: it held it already).
@@ -389,14 +258,18 @@ impl ManagerMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::runtime::runtime_metrics::ReconcileResult;
+    use std::time::Duration;
 
     #[test]
     fn a_finished_reconcile_is_counted_by_result_and_leaves_none_active() {
         let metrics = ManagerMetrics::default();
-        metrics.started("package");
-        metrics.finished("package", ReconcileResult::Error, Duration::from_millis(3));
-        metrics.started("package");
-        metrics.finished(
+        // The runtime's metrics are served from the manager's registry.
+        let reconciles = &metrics.runtime;
+        reconciles.started("package");
+        reconciles.finished("package", ReconcileResult::Error, Duration::from_millis(3));
+        reconciles.started("package");
+        reconciles.finished(
             "package",
             ReconcileResult::Success,
             Duration::from_millis(5),

@@ -271,7 +271,8 @@ mod tests {
         .unwrap_or_else(|e| panic!("{e}"));
         let metrics = RolloutMetrics::default();
         metrics.hosted_cluster_package(&hcpkg);
-        let encode = || crate::metrics::encoded(|registry| metrics.register(registry));
+        let encode =
+            || crate::runtime::runtime_metrics::encoded(|registry| metrics.register(registry));
         let text = encode();
         for line in [
             r#"pko_hostedclusterpackage_packages{hostedclusterpackage="addon",state="total"} 3"#,

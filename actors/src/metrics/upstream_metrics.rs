@@ -275,7 +275,7 @@ mod tests {
     use super::*;
 
     fn encode(metrics: &UpstreamMetrics) -> String {
-        crate::metrics::encoded(|registry| metrics.register(registry))
+        crate::runtime::runtime_metrics::encoded(|registry| metrics.register(registry))
     }
 
     #[test]

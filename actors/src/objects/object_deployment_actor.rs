@@ -18,11 +18,10 @@ use crate::engine::deployment_plan::{
 use crate::engine::status_hold::StatusHold;
 use crate::engine::template_hash::template_hash;
 use crate::engine::transition_events::deployment_transitions;
-use crate::metrics::manager_metrics::ManagerMetrics;
+use crate::manager::context::ManagerContext;
 use crate::objects::deployment_object::DeploymentObject;
 use crate::objects::object_meta::{event_reference, tombstone_meta};
 use crate::objects::revision_index::revision_view;
-use crate::runtime::context::ManagerContext;
 use crate::runtime::meta_view::MetaView;
 use crate::runtime::object_actor::{
     work, Change, Notice, ObjectActor, Outcome, Reconcile, Report, Work,
@@ -61,7 +60,7 @@ async fn revisions(
         return Ok(views);
     }
     context.metrics.deployment_sets_read(false);
-    let sets = od.list_sets(context.client.clone()).await?;
+    let sets = od.list_sets(context.runtime.client.clone()).await?;
     Ok(sets
         .iter()
         .map(|set| revision_view(set, RevisionContent::of(&set.spec.template), Some(od.uid())))
@@ -74,7 +73,7 @@ async fn reconcile_deployment(
     context: ManagerContext,
     mut od: DeploymentObject,
 ) -> Result<(ObjectDeploymentStatus, Option<String>), kube::Error> {
-    let client = context.client.clone();
+    let client = context.runtime.client.clone();
     let wanted = RevisionContent::of(&od.spec.template.spec);
     for _ in 0..MAX_COLLISIONS_PER_RUN {
         let count = od.status.collision_count.unwrap_or(0);
@@ -106,7 +105,7 @@ async fn reconcile_deployment(
                         &hash,
                         *revision,
                         previous,
-                        context.shard.as_ref().map(|s| &*s.member),
+                        context.runtime.shard.as_ref().map(|s| &*s.member),
                     )
                     .await
                 {
@@ -240,6 +239,7 @@ pub struct ObjectDeploymentController {
 pub type ObjectDeploymentActor = ObjectActor<ObjectDeploymentController>;
 
 impl Reconcile for ObjectDeploymentController {
+    type Shared = ManagerContext;
     type Object = DeploymentObject;
     type Reported = Option<i64>;
     const CONTROLLER: &'static str = "object_deployment";
@@ -278,7 +278,7 @@ impl Reconcile for ObjectDeploymentController {
     fn report(
         previous: Option<&Option<i64>>,
         od: &DeploymentObject,
-        _: &ManagerMetrics,
+        _: &ManagerContext,
     ) -> Report<Option<i64>> {
         Report {
             remember: od.status.revision,
@@ -305,7 +305,8 @@ impl Reconcile for ObjectDeploymentController {
             if let Some(left) = hold.hold(unreported.as_deref(), Instant::now()) {
                 return Ok((None, hold, Some(left)));
             }
-            od.write_status(context.client.clone(), &status).await?;
+            od.write_status(context.runtime.client.clone(), &status)
+                .await?;
             Ok((Some(status), hold, None))
         };
         work(

@@ -30,7 +30,7 @@ use crate::engine::object_set_status::{
     SUCCEEDED,
 };
 use crate::engine::transition_events::object_set_transitions;
-use crate::metrics::manager_metrics::ManagerMetrics;
+use crate::manager::context::ManagerContext;
 use crate::metrics::upstream_metrics::ObjectSetFacts;
 use crate::objects::applier::Applier;
 use crate::objects::object_meta::{creation_seconds, event_reference, tombstone_meta};
@@ -42,7 +42,6 @@ use crate::objects::phase_actor::{
 use crate::objects::phase_runner::{PhasePlan, PhaseReport};
 use crate::objects::revision_index::PreviousRevision;
 use crate::objects::set_object::{SetObject, DEFAULT_CLASS};
-use crate::runtime::context::ManagerContext;
 use crate::runtime::meta_view::MetaView;
 use crate::runtime::object_actor::{
     work, Change, Notice, ObjectActor, Outcome, Reconcile, Report, Work,
@@ -127,7 +126,7 @@ async fn gather_plan(
     indexed: BTreeMap<String, PreviousRevision>,
     shard_owner: Option<String>,
 ) -> Result<GatheredPlan, Unplannable> {
-    let client = context.client.clone();
+    let client = context.runtime.client.clone();
     let namespace = set.kind.is_namespaced().then(|| set.namespace().to_owned());
     let (identity, applier) = owner_applier(&context, namespace.as_deref(), &set.meta)
         .await
@@ -271,7 +270,7 @@ impl ObjectSetActor {
             return;
         }
         self.state.finalizer_write_pending = true;
-        let client = self.context.client.clone();
+        let client = self.context.runtime.client.clone();
         ctx.spawn(
             async move { set.set_finalizer(client, TEARDOWN_FINALIZER, present).await }
                 .into_actor(self)
@@ -517,7 +516,7 @@ impl ObjectSetActor {
         };
         set.status = status.clone();
         let set = set.clone();
-        let client = self.context.client.clone();
+        let client = self.context.runtime.client.clone();
         let span = info_span!(
             "write_status",
             kind = set.kind.kind(),
@@ -537,6 +536,7 @@ impl ObjectSetActor {
 }
 
 impl Reconcile for ObjectSetController {
+    type Shared = ManagerContext;
     type Object = SetObject;
     type Reported = Vec<Condition>;
     const CONTROLLER: &'static str = "object_set";
@@ -586,12 +586,13 @@ impl Reconcile for ObjectSetController {
     fn report(
         previous: Option<&Vec<Condition>>,
         set: &SetObject,
-        metrics: &ManagerMetrics,
+        context: &ManagerContext,
     ) -> Report<Vec<Condition>> {
+        let metrics = &context.metrics;
         if set.kind.is_phase() {
             // Upstream's ObjectSet metrics are about revisions, not phases.
         } else if set.meta.deletion_timestamp.is_some() {
-            Self::forget(set, metrics);
+            Self::forget(set, context);
         } else {
             let holds = |type_: &str| {
                 find_condition(&set.status.conditions, type_).filter(|c| c.status == "True")
@@ -629,7 +630,8 @@ impl Reconcile for ObjectSetController {
         }
     }
 
-    fn forget(set: &SetObject, metrics: &ManagerMetrics) {
+    fn forget(set: &SetObject, context: &ManagerContext) {
+        let metrics = &context.metrics;
         if !set.kind.is_phase() {
             metrics
                 .upstream
@@ -685,7 +687,12 @@ impl Reconcile for ObjectSetController {
         set: SetObject,
         _: &mut Context<ObjectSetActor>,
     ) -> Work<Self> {
-        let shard_owner = actor.context.shard.as_ref().map(|s| s.member.to_string());
+        let shard_owner = actor
+            .context
+            .runtime
+            .shard
+            .as_ref()
+            .map(|s| s.member.to_string());
         // Previous revisions the ObjectSet watch delivered need no read.
         let kind = set.kind.revision_kind();
         let mut indexed = BTreeMap::new();

@@ -17,11 +17,11 @@ use crate::engine::object_ref::ObjectKey;
 use crate::engine::object_template::{
     copy_items, render_object, source_key, template_conditions, TemplateProblem,
 };
+use crate::manager::context::ManagerContext;
 use crate::objects::applier::{Applier, ApplyError};
 use crate::objects::owner_identity::owner_applier;
 use crate::objects::template_object::TemplateObject;
 use crate::packages::package_object::environment_facts;
-use crate::runtime::context::ManagerContext;
 use crate::runtime::meta_view::MetaView;
 use crate::runtime::object_actor::{work, Change, ObjectActor, Outcome, Reconcile, Work};
 use crate::runtime::reconcile_gate::Backoff;
@@ -119,7 +119,7 @@ async fn apply_template(
         .fleet
         .hosted_cluster_for(template.own_namespace())
         .await;
-    let facts = environment_facts(context.client.clone(), hosted_clusters)
+    let facts = environment_facts(context.runtime.client.clone(), hosted_clusters)
         .await
         .map_err(|e| ApplyError::Api {
             object: format!("{} {} environment", template.kind(), template.name()),
@@ -171,6 +171,7 @@ pub struct ObjectTemplateController {
 pub type ObjectTemplateActor = ObjectActor<ObjectTemplateController>;
 
 impl Reconcile for ObjectTemplateController {
+    type Shared = ManagerContext;
     type Object = TemplateObject;
     type Reported = ();
     const CONTROLLER: &'static str = "object_template";
@@ -243,7 +244,7 @@ impl Reconcile for ObjectTemplateController {
             };
             if status != template.status {
                 template
-                    .write_status(context.client.clone(), &status)
+                    .write_status(context.runtime.client.clone(), &status)
                     .await
                     .map_err(|e| ApplyError::Api {
                         object: format!("{} {}", template.kind(), template.name()),

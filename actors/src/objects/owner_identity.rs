@@ -6,9 +6,9 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::engine::apply_identity::{apply_identity, ApplyIdentity, IdentityInputs};
+use crate::manager::context::ManagerContext;
 use crate::objects::applier::Applier;
 use crate::objects::object_meta::requested_service_account;
-use crate::runtime::context::ManagerContext;
 
 /// The identity for the owner with `meta` (namespaced when `namespace` is set) and the applier acting as
 /// it; `Err` names the problem (an invalid annotation) for the owner's status.

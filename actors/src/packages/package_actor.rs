@@ -18,11 +18,10 @@ use crate::engine::package_deployment::{
 };
 use crate::engine::status_hold::StatusHold;
 use crate::engine::transition_events::package_transitions;
-use crate::metrics::manager_metrics::ManagerMetrics;
+use crate::manager::context::ManagerContext;
 use crate::metrics::upstream_metrics::PackageFacts;
 use crate::objects::object_meta::{creation_seconds, event_reference, tombstone_meta};
 use crate::packages::package_object::{environment_facts, DeploymentView, PackageObject};
-use crate::runtime::context::ManagerContext;
 use crate::runtime::meta_view::MetaView;
 use crate::runtime::object_actor::{
     work, Change, Notice, ObjectActor, Outcome, Reconcile, Report, Work,
@@ -90,7 +89,7 @@ async fn unpack(
 ) -> Result<Unpack, kube::Error> {
     let (auth, credentials) = context
         .pull_secrets
-        .auth_for(&context.client, &package.spec.image)
+        .auth_for(&context.runtime.client, &package.spec.image)
         .await?;
     context.metrics.images.credentials(credentials);
     let started = std::time::Instant::now();
@@ -125,7 +124,7 @@ async fn unpack(
         .fleet
         .hosted_cluster_for((!package.cluster).then(|| package.namespace()))
         .await;
-    let facts = environment_facts(context.client.clone(), hosted_clusters).await?;
+    let facts = environment_facts(context.runtime.client.clone(), hosted_clusters).await?;
     let environment = environment_value(&package_environment(
         &facts,
         (!package.cluster).then(|| package.namespace()),
@@ -163,7 +162,7 @@ async fn unpack(
     let (phases, slices) = chunk(package.name(), std::mem::take(&mut loaded.phases), strategy);
     loaded.phases = phases;
     package
-        .apply_slices(context.client.clone(), &slices)
+        .apply_slices(context.runtime.client.clone(), &slices)
         .await?;
     let mut deployment = package_deployment(&reference, &loaded);
     // The ObjectDeployment's reconcile continues this trace (written only when the package changed).
@@ -171,14 +170,14 @@ async fn unpack(
         deployment["metadata"]["annotations"][TRACE_PARENT_ANNOTATION] = traceparent.into();
     }
     // Sharded: this replica works on the Package's key, so on its ObjectDeployment too.
-    if let Some(shard) = &context.shard {
+    if let Some(shard) = &context.runtime.shard {
         deployment["metadata"]["labels"][SHARD_OWNER_LABEL] = (*shard.member).into();
     }
     let applied = package
-        .apply_deployment(context.client.clone(), &deployment)
+        .apply_deployment(context.runtime.client.clone(), &deployment)
         .await?;
     let slices = package
-        .prune_slices(context.client.clone(), &slices, known.as_ref())
+        .prune_slices(context.runtime.client.clone(), &slices, known.as_ref())
         .await?;
     Ok(Unpack {
         outcome: UnpackOutcome::Unpacked,
@@ -218,6 +217,7 @@ impl PackageController {
 pub type PackageActor = ObjectActor<PackageController>;
 
 impl Reconcile for PackageController {
+    type Shared = ManagerContext;
     type Object = PackageObject;
     type Reported = Vec<Condition>;
     const CONTROLLER: &'static str = "package";
@@ -266,10 +266,11 @@ impl Reconcile for PackageController {
     fn report(
         previous: Option<&Vec<Condition>>,
         package: &PackageObject,
-        metrics: &ManagerMetrics,
+        context: &ManagerContext,
     ) -> Report<Vec<Condition>> {
+        let metrics = &context.metrics;
         if package.meta.deletion_timestamp.is_some() {
-            Self::forget(package, metrics);
+            Self::forget(package, context);
         } else {
             let available = find_condition(&package.status.conditions, "Available")
                 .filter(|c| c.status != "Unknown")
@@ -292,7 +293,8 @@ impl Reconcile for PackageController {
         }
     }
 
-    fn forget(package: &PackageObject, metrics: &ManagerMetrics) {
+    fn forget(package: &PackageObject, context: &ManagerContext) {
+        let metrics = &context.metrics;
         metrics
             .upstream
             .forget_package(package.name(), package.namespace());
@@ -342,7 +344,9 @@ impl Reconcile for PackageController {
                 }
                 (UnpackOutcome::Unpacked, Some(delivered)) => (Some(delivered), None),
                 (UnpackOutcome::Unpacked, None) => {
-                    let read = package.deployment_status(context.client.clone()).await?;
+                    let read = package
+                        .deployment_status(context.runtime.client.clone())
+                        .await?;
                     let generation = read.as_ref().map(|d| d.generation);
                     (read, generation)
                 }
@@ -383,7 +387,7 @@ impl Reconcile for PackageController {
                 held_for = hold.hold(unreported.as_deref(), Instant::now());
                 if held_for.is_none() {
                     package
-                        .write_status(context.client.clone(), &status)
+                        .write_status(context.runtime.client.clone(), &status)
                         .await?;
                 }
             }

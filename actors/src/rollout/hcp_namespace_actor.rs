@@ -10,7 +10,7 @@ use serde_json::Value;
 use tracing::{info_span, warn, Instrument, Span};
 
 use crate::engine::object_ref::ObjectKey;
-use crate::runtime::context::ManagerContext;
+use crate::manager::context::ManagerContext;
 use crate::runtime::reconcile_gate::{Backoff, ReconcileGate};
 
 const BACKOFF: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));

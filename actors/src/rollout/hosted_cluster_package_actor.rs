@@ -41,12 +41,11 @@ use crate::engine::rollout_status::AVAILABLE;
 use crate::engine::rollout_status::{progress_only, PROGRESSING};
 use crate::engine::status_hold::StatusHold;
 use crate::engine::transition_events::rollout_transition;
-use crate::metrics::manager_metrics::ManagerMetrics;
+use crate::manager::context::ManagerContext;
 use crate::objects::object_meta::{event_reference, write_status_over};
 use crate::rollout::hcp_namespace_actor::{HcpNamespaceActor, PackageCommand, PackageWritten};
 use crate::rollout::health_queries::unconfigured;
 use crate::rollout::hosted_cluster_fleet::{FleetChanged, RolloutShared};
-use crate::runtime::context::ManagerContext;
 use crate::runtime::object_actor::{
     done, work, Change, ObjectActor, Outcome, Reconcile, Report, Work,
 };
@@ -145,6 +144,7 @@ struct HubChanged;
 pub type HostedClusterPackageActor = ObjectActor<HostedClusterPackageController>;
 
 impl Reconcile for HostedClusterPackageController {
+    type Shared = ManagerContext;
     type Object = HostedClusterPackage;
     type Reported = ();
     const CONTROLLER: &'static str = "hosted_cluster_package";
@@ -211,7 +211,7 @@ impl Reconcile for HostedClusterPackageController {
             // Its own watch of the Packages it owns, wherever they live (sharded: on any replica);
             // it ends with the actor. Its first complete list wakes this actor.
             actor.state.watching = true;
-            let api: Api<Package> = Api::all(actor.context.watch_client.clone());
+            let api: Api<Package> = Api::all(actor.context.runtime.watch_client.clone());
             let owned = format!("{HOSTED_CLUSTER_PACKAGE_LABEL}={name}");
             ctx.add_stream(
                 watcher::watcher(api, watcher::Config::default().labels(&owned))
@@ -263,9 +263,9 @@ impl Reconcile for HostedClusterPackageController {
     fn report(
         _: Option<&()>,
         hcpkg: &HostedClusterPackage,
-        metrics: &ManagerMetrics,
+        context: &ManagerContext,
     ) -> Report<()> {
-        metrics.rollouts.hosted_cluster_package(hcpkg);
+        context.metrics.rollouts.hosted_cluster_package(hcpkg);
         Report::default()
     }
 
@@ -278,8 +278,9 @@ impl Reconcile for HostedClusterPackageController {
         }
     }
 
-    fn forget(hcpkg: &HostedClusterPackage, metrics: &ManagerMetrics) {
-        metrics
+    fn forget(hcpkg: &HostedClusterPackage, context: &ManagerContext) {
+        context
+            .metrics
             .rollouts
             .forget(hcpkg.metadata.name.as_deref().unwrap_or_default());
     }
@@ -307,7 +308,7 @@ impl HostedClusterPackageActor {
         let Some(hcpkg) = self.object.clone() else {
             return done();
         };
-        let client = self.context.client.clone();
+        let client = self.context.runtime.client.clone();
         let name = self.name();
         let previous_status = hcpkg.status.clone().unwrap_or_default();
         let (status, writes, deletes, events, transitions, next, fleet, guard) = match decision {
@@ -447,7 +448,7 @@ impl HostedClusterPackageActor {
         let publisher = self.state.shared.publisher.clone();
         let reference = event_reference("HostedClusterPackage", &hcpkg.metadata);
         let read_at = hcpkg.metadata.resource_version.clone();
-        let events_sink = self.context.events.clone();
+        let events_sink = self.context.runtime.events.clone();
         let run = async move {
             // The in-flight set (and the rest of the status) goes first: a crash after this point
             // finds every update it was about to make already counted. It is written only over the

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::Client;
 
-use crate::metrics::api_requests::{ApiRequestLayer, ApiRequestMetrics};
+use crate::runtime::api_request_metrics::{ApiRequestLayer, ApiRequestMetrics};
 use crate::runtime::write_fence::{WriteFence, WriteFenceLayer};
 
 /// A client could not be built.

@@ -33,8 +33,8 @@ use tracing::{info, warn};
 
 use crate::engine::shard_assignment::{drained, works_on, Member, Placement, ShardKey, ShardView};
 
-use crate::runtime::context::ManagerContext;
 use crate::runtime::registry::{ObjectRef, Registry};
+use crate::runtime::runtime_context::{RuntimeContext, SharedContext};
 use crate::runtime::takeover_lists::HOLD_LIMIT;
 
 /// The latest state of an object, from its watch.
@@ -69,7 +69,9 @@ pub trait FeedTarget:
 {
     /// The engine's view of the object (both the namespaced and the Cluster kind map to it).
     type Object: Send + 'static;
-    fn start_for(context: &ManagerContext) -> Addr<Self>;
+    /// What the actors share; the feed hands it to each actor it starts.
+    type Shared: SharedContext;
+    fn start_for(context: &Self::Shared) -> Addr<Self>;
     /// Whether this manager reconciles the object at all.
     fn wants(_object: &Self::Object) -> bool {
         true
@@ -213,7 +215,9 @@ impl<O: Clone> KnownObjects<O> {
 
 /// Feeds one kind `K` into the actors of type `A`.
 pub struct KindFeed<K, A: FeedTarget> {
-    context: ManagerContext,
+    context: A::Shared,
+    /// The runtime's part of `context`.
+    runtime: RuntimeContext,
     registry: Arc<Registry<A>>,
     tap: Option<Tap<A::Object>>,
     known: KnownObjects<A::Object>,
@@ -282,17 +286,19 @@ where
     A::Context: ToEnvelope<A, Observed<A::Object>> + ToEnvelope<A, Gone>,
 {
     pub fn new(
-        context: ManagerContext,
+        context: A::Shared,
         registry: Arc<Registry<A>>,
         tap: Option<Tap<A::Object>>,
     ) -> Self {
         let known = KnownObjects::new(tap.is_some());
-        context.feeds.feed_started();
-        if let Some(shard) = &context.shard {
+        let runtime = context.runtime().clone();
+        runtime.feeds.feed_started();
+        if let Some(shard) = &runtime.shard {
             shard.lists.register_feed();
         }
         Self {
             context,
+            runtime,
             registry,
             tap,
             known,
@@ -314,7 +320,7 @@ where
     /// Sharded, this feed watches every object (its tap follows them all) and starts actors only for the
     /// objects labelled for this replica.
     pub fn gated(mut self) -> Self {
-        if let (Some(shard), false) = (&self.context.shard, self.gated) {
+        if let (Some(shard), false) = (&self.runtime.shard, self.gated) {
             // It watches no departed member's label.
             shard.lists.unregister_feed();
         }
@@ -394,8 +400,8 @@ where
         if !A::wants(&object) {
             return;
         }
-        if self.context.shard.is_some() && self.working.insert(key.clone()) {
-            self.context.metrics.shard_objects(key.kind, 1);
+        if self.runtime.shard.is_some() && self.working.insert(key.clone()) {
+            self.runtime.metrics.shard_objects(key.kind, 1);
         }
         let addr = self
             .registry
@@ -443,7 +449,7 @@ where
         object: A::Object,
     ) {
         let namespace = (!key.namespace.is_empty()).then_some(key.namespace.as_str());
-        let api = self.dynamic_api(&self.context.watch_client, namespace);
+        let api = self.dynamic_api(&self.runtime.watch_client, namespace);
         let name = key.name.clone();
         let read = async move { api.get_opt(&name).await };
         // Answered on the feed, in order with its watch events.
@@ -497,7 +503,7 @@ where
 
     /// Whether this replica works on an object with these labels (the engine's `works_on`).
     fn shard_of(&self, meta: &kube::api::ObjectMeta) -> ShardState {
-        let Some(shard) = &self.context.shard else {
+        let Some(shard) = &self.runtime.shard else {
             return ShardState::Ours;
         };
         let key = ShardKey::of_kind(
@@ -526,7 +532,7 @@ where
         // What a departure event would have told is in the new list.
         self.released
             .retain(|_, source| *source != WatchSource::Own);
-        let mut config = match (&self.context.shard, self.gated) {
+        let mut config = match (&self.runtime.shard, self.gated) {
             // Only this replica's share is watched: the cache holds only what it works on.
             (Some(shard), false) => {
                 watcher::Config::default().labels(&format!("{SHARD_OWNER_LABEL}={}", shard.member))
@@ -543,7 +549,7 @@ where
 
     /// Starts a watch of the objects labelled for `departed`, which this replica takes over from.
     fn watch_departed(&mut self, ctx: &mut Context<Self>, departed: &Member) {
-        if let Some(shard) = &self.context.shard {
+        if let Some(shard) = &self.runtime.shard {
             shard.lists.watching(departed);
             if !shard.lists.complete(departed) {
                 self.held.insert(departed.clone(), Vec::new());
@@ -565,7 +571,7 @@ where
         source: WatchSource,
         config: watcher::Config,
     ) -> SpawnHandle {
-        let api: Api<K> = Api::all(self.context.watch_client.clone());
+        let api: Api<K> = Api::all(self.runtime.watch_client.clone());
         let events = watcher::watcher(api, config)
             .default_backoff()
             .map(move |event| (source.clone(), event));
@@ -602,7 +608,7 @@ where
             // The own watch's list answers for whatever was still held.
             self.held.remove(member);
             self.counted.remove(member);
-            if let Some(shard) = &self.context.shard {
+            if let Some(shard) = &self.runtime.shard {
                 shard.lists.ended(member);
             }
         }
@@ -625,7 +631,7 @@ where
     /// Some take-over was listed by every feed: the events held for it are routed, and a gated feed
     /// waiting for the lists routes what it holds.
     fn takeovers_listed_by_all(&mut self, ctx: &mut Context<Self>) {
-        let Some(shard) = self.context.shard.clone() else {
+        let Some(shard) = self.runtime.shard.clone() else {
             return;
         };
         let listed: Vec<Member> = self
@@ -644,7 +650,7 @@ where
 
     /// Whether every feed listed the objects of every departed member taken over from.
     fn takeovers_listed(&self) -> bool {
-        let Some(shard) = &self.context.shard else {
+        let Some(shard) = &self.runtime.shard else {
             return true;
         };
         self.view
@@ -703,7 +709,7 @@ where
                     info!(kind = %K::kind(&()), ?source, seconds = since.elapsed().as_secs_f64(), working = self.working.len(), "listed");
                 }
                 if *source == WatchSource::Own && !std::mem::replace(&mut self.synced, true) {
-                    self.context.feeds.feed_listed();
+                    self.runtime.feeds.feed_listed();
                 }
             }
             Err(e) => warn!(kind = %K::kind(&()), ?source, error = %e, "watch error; retrying"),
@@ -732,8 +738,8 @@ where
         namespace: Option<String>,
         drained: bool,
     ) {
-        let api = self.dynamic_api(&self.context.client, namespace.as_deref());
-        let metrics = self.context.metrics.clone();
+        let api = self.dynamic_api(&self.runtime.client, namespace.as_deref());
+        let metrics = self.runtime.metrics.clone();
         actix::spawn(async move {
             if let Some(actor) = actor {
                 let (done, stopped) = tokio::sync::oneshot::channel();
@@ -779,7 +785,7 @@ where
 
     fn stop_working(&mut self, key: &ObjectRef) {
         if self.working.remove(key) {
-            self.context.metrics.shard_objects(key.kind, -1);
+            self.runtime.metrics.shard_objects(key.kind, -1);
         }
     }
 
@@ -789,7 +795,7 @@ where
         for (key, state) in self.known.relist_done(source) {
             info!(kind = %K::kind(&()), object = ?key, "deleted while the watch was down");
             self.latest.remove(&key);
-            self.context.metrics.deleted_in_watch_gap(key.kind);
+            self.runtime.metrics.deleted_in_watch_gap(key.kind);
             self.deliver_gone(&key, state.as_ref());
         }
     }
@@ -805,7 +811,7 @@ where
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
-        if let Some(shard) = &self.context.shard {
+        if let Some(shard) = &self.runtime.shard {
             let view = shard.view.clone();
             self.view = view.borrow().clone();
             let changes = futures::stream::unfold(view, |mut view| async move {
@@ -861,7 +867,7 @@ where
     A::Context: ToEnvelope<A, Observed<A::Object>> + ToEnvelope<A, Gone>,
 {
     fn handle(&mut self, (source, event): WatchEvent<K>, ctx: &mut Context<Self>) {
-        if let (WatchSource::Departed(member), Some(shard)) = (&source, &self.context.shard) {
+        if let (WatchSource::Departed(member), Some(shard)) = (&source, &self.runtime.shard) {
             if matches!(event, Ok(Event::InitDone)) && self.counted.insert(member.clone()) {
                 shard.lists.listed(member);
             }

@@ -23,7 +23,7 @@ use tokio::sync::oneshot;
 use tracing::{error, info, warn};
 
 use crate::engine::lease_expiry::{LeaseRecord, LeaseSighting};
-use crate::metrics::lease_metrics::{LeaseAttempt, LeaseMetrics};
+use crate::runtime::lease_metrics::{LeaseAttempt, LeaseMetrics};
 use crate::runtime::observer_clock::ObserverClock;
 use crate::runtime::write_fence::WriteFence;
 

@@ -1,25 +1,27 @@
-//! The actor runtime the domains share: the manager context, watch feeds and their routing registry,
+//! The actor runtime the domains share: its part of the shared context, watch feeds and their routing registry,
 //! the reconcile shell every object actor runs in (`object_actor`: gate, span, metrics, backoff), the
 //! one task Kubernetes Events leave through (`event_sink`), the
-//! leader Lease and the write fence it keeps open, the rate-limited apiserver client, process
-//! start-up, and `manager.rs`, which wires every domain's feeds and actors together. It holds no
-//! reconcile rules of any kind.
+//! leader Lease and the write fence it keeps open, the rate-limited apiserver client and process
+//! start-up. It holds no reconcile rules of any kind; the wiring of the domains is `manager/`.
 
+pub mod api_request_metrics;
 pub mod cluster_client;
-pub mod context;
 pub mod event_sink;
 pub mod feed_sync;
 pub mod kind_feed;
 pub mod leader_lease;
-pub mod manager;
+pub mod lease_metrics;
 pub mod meta_view;
 pub mod object_actor;
 pub mod observer_clock;
 pub mod process_main;
 pub mod reconcile_gate;
 pub mod registry;
+pub mod runtime_context;
+pub mod runtime_metrics;
 pub mod shard_coordinator;
 pub mod shard_membership;
+pub mod shard_metrics;
 pub mod takeover_lists;
 pub mod telemetry;
 pub mod write_fence;

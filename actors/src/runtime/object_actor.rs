@@ -4,7 +4,7 @@
 //! - keeps the last observed object and filters echoes (`Reconcile::change`);
 //! - runs one reconcile at a time, coalescing requests that arrive during a run ([`ReconcileGate`]);
 //! - opens the reconcile's span, continuing the trace of the write that caused it (the object's
-//!   trace-parent annotation, [`TraceCause`]), and measures its duration and result ([`ManagerMetrics`]);
+//!   trace-parent annotation, [`TraceCause`]), and measures its duration and result ([`RuntimeMetrics`]);
 //! - retries a failed reconcile after a jittered exponential backoff, reset by a success or a new spec;
 //! - records what each observed version tells the outside (`Reconcile::report`: its metrics, and the
 //!   Kubernetes Events of its transitions) and drops the metrics when the object goes;
@@ -26,12 +26,12 @@ use tracing::{debug, info_span, warn, Span};
 use k8s_openapi::api::core::v1::ObjectReference;
 
 use crate::engine::transition_events::TransitionEvent;
-use crate::metrics::manager_metrics::{ManagerMetrics, ReconcileResult};
-use crate::runtime::context::ManagerContext;
 use crate::runtime::kind_feed::{FeedTarget, Gone, Observed, Release};
 use crate::runtime::meta_view::MetaView;
 use crate::runtime::reconcile_gate::{Backoff, ReconcileGate};
 use crate::runtime::registry::ObjectRef;
+use crate::runtime::runtime_context::SharedContext;
+use crate::runtime::runtime_metrics::{ReconcileResult, RuntimeMetrics};
 use crate::runtime::telemetry::TraceCause;
 
 /// What a newly observed version of the object asks for.
@@ -78,6 +78,8 @@ pub fn done<R: Reconcile>() -> Work<R> {
 
 /// The kind-specific part of an object actor.
 pub trait Reconcile: Sized + Unpin + 'static {
+    /// What the controller's actors share (the composition root's context).
+    type Shared: SharedContext;
     /// The engine's view of the owned object.
     type Object: Clone + Unpin + Send + MetaView + 'static;
     /// Names the controller in spans, metrics and logs.
@@ -90,11 +92,11 @@ pub trait Reconcile: Sized + Unpin + 'static {
     const EXCLUSIVE: bool = false;
     /// Reconcile again this long (jittered, `[d/2, d)`) after a successful reconcile even without an
     /// event: drift repair where no watch reports drift, or work that falls due with time.
-    fn resync(_context: &ManagerContext) -> Option<Duration> {
+    fn resync(_context: &Self::Shared) -> Option<Duration> {
         None
     }
 
-    fn new(context: &ManagerContext) -> Self;
+    fn new(context: &Self::Shared) -> Self;
     fn key(object: &Self::Object) -> ObjectRef;
     /// What the watch feed keeps of the object for a deletion a re-list finds; kinds whose objects are
     /// large (and followed by a tap) keep their metadata only.
@@ -141,12 +143,12 @@ pub trait Reconcile: Sized + Unpin + 'static {
     fn report(
         _previous: Option<&Self::Reported>,
         _current: &Self::Object,
-        _metrics: &ManagerMetrics,
+        _context: &Self::Shared,
     ) -> Report<Self::Reported> {
         Report::default()
     }
     /// The object is gone: its metrics go.
-    fn forget(_object: &Self::Object, _metrics: &ManagerMetrics) {}
+    fn forget(_object: &Self::Object, _context: &Self::Shared) {}
 }
 
 /// What [`Reconcile::report`] found in a watched version.
@@ -166,7 +168,7 @@ pub struct Notice {
 
 /// The actor that owns one object, reconciling it through `R`.
 pub struct ObjectActor<R: Reconcile> {
-    pub context: ManagerContext,
+    pub context: R::Shared,
     /// The last observed object.
     pub object: Option<R::Object>,
     /// What [`Reconcile::report`] kept of the last version the watch delivered.
@@ -174,7 +176,7 @@ pub struct ObjectActor<R: Reconcile> {
     /// The implementation's own state.
     pub state: R,
     gate: ReconcileGate,
-    metrics: ManagerMetrics,
+    metrics: RuntimeMetrics,
     resync: Option<SpawnHandle>,
     /// The write whose trace the reconciles continue.
     cause: TraceCause,
@@ -183,10 +185,10 @@ pub struct ObjectActor<R: Reconcile> {
 }
 
 impl<R: Reconcile> ObjectActor<R> {
-    pub fn new(context: ManagerContext) -> Self {
+    pub fn new(context: R::Shared) -> Self {
         Self {
             state: R::new(&context),
-            metrics: context.metrics.clone(),
+            metrics: context.runtime().metrics.clone(),
             context,
             object: None,
             reported: None,
@@ -266,7 +268,7 @@ impl<R: Reconcile> ObjectActor<R> {
     /// feed told.
     fn stop_released(&mut self, ctx: &mut Context<Self>) {
         if let Some(object) = &self.object {
-            R::forget(object, &self.metrics);
+            R::forget(object, &self.context);
         }
         ctx.stop();
         if let Some(released) = self.releasing.take() {
@@ -315,8 +317,9 @@ where
     Context<Self>: ToEnvelope<Self, Observed<R::Object>>,
 {
     type Object = R::Object;
+    type Shared = R::Shared;
 
-    fn start_for(context: &ManagerContext) -> Addr<Self> {
+    fn start_for(context: &R::Shared) -> Addr<Self> {
         Self::new(context.clone()).start()
     }
 
@@ -336,10 +339,13 @@ where
 impl<R: Reconcile> Handler<Observed<R::Object>> for ObjectActor<R> {
     type Result = ();
     fn handle(&mut self, Observed(object): Observed<R::Object>, ctx: &mut Context<Self>) {
-        let report = R::report(self.reported.as_ref(), &object, &self.metrics);
+        let report = R::report(self.reported.as_ref(), &object, &self.context);
         self.reported = Some(report.remember);
         if let Some(Notice { reference, events }) = report.notice {
-            self.context.events.raise_transitions(&reference, events);
+            self.context
+                .runtime()
+                .events
+                .raise_transitions(&reference, events);
         }
         let change = R::change(self.object.as_ref(), &object);
         self.cause.observe(object.traceparent());
@@ -372,7 +378,7 @@ impl<R: Reconcile> Handler<Gone> for ObjectActor<R> {
     type Result = ();
     fn handle(&mut self, _: Gone, ctx: &mut Context<Self>) {
         if let Some(object) = &self.object {
-            R::forget(object, &self.metrics);
+            R::forget(object, &self.context);
         }
         match R::gone(self, ctx) {
             Some(cleanup) => {

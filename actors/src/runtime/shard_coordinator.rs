@@ -36,8 +36,8 @@ use tracing::{info, warn};
 use crate::engine::shard_assignment::{
     coordinate, LabelAction, Member, Placement, ShardKey, ShardView,
 };
-use crate::metrics::shard_metrics::ShardMetrics;
 use crate::runtime::shard_membership::SUCCESSORS_ANNOTATION;
+use crate::runtime::shard_metrics::ShardMetrics;
 
 /// Label writes in flight at once for what waits on them (new objects, drains, released objects); the
 /// manager's client allows 32 requests at once (`--max-in-flight-requests`).

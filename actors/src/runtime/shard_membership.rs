@@ -17,10 +17,10 @@ use tracing::warn;
 
 use crate::engine::lease_expiry::{LeaseRecord, LeaseSightings};
 use crate::engine::shard_assignment::{Member, MemberLease, ShardView};
-use crate::metrics::lease_metrics::LeaseMetrics;
 use crate::runtime::leader_lease::{
     lease_duration_ms, lease_record, LeaseConfig, LeaseError, LeaseHolder,
 };
+use crate::runtime::lease_metrics::LeaseMetrics;
 use crate::runtime::observer_clock::ObserverClock;
 use crate::runtime::write_fence::WriteFence;
 

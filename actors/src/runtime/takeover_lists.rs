@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use tracing::info;
 
 use crate::engine::shard_assignment::Member;
-use crate::metrics::shard_metrics::ShardMetrics;
+use crate::runtime::shard_metrics::ShardMetrics;
 
 /// How long a feed holds a departed member's objects at most, waiting for the other feeds' lists: a
 /// list that fails or takes longer does not keep the others from their work.

@@ -12,9 +12,9 @@ use async_nats::{ConnectOptions, Event};
 use clap::{Parser, ValueEnum};
 use futures::StreamExt;
 use pko_actors::hypershift::connector_actor::{ConnectorActor, ConnectorInput};
-use pko_actors::metrics::api_requests::ApiRequestMetrics;
 use pko_actors::objects::applier::Applier;
 use pko_actors::objects::object_cache::ObjectCache;
+use pko_actors::runtime::api_request_metrics::ApiRequestMetrics;
 use pko_actors::runtime::cluster_client::{
     cluster_config, limited_client, ClientError, DEFAULT_MAX_IN_FLIGHT,
 };

@@ -21,15 +21,15 @@ use pko_actors::hypershift::connector_link::{
     ConnectorLink, LinkSetupError, ManagerNatsUser, DEFAULT_CREDENTIALS_VALIDITY,
     DEFAULT_MANAGER_USER_VALIDITY, DEFAULT_TEARDOWN_TIMEOUT,
 };
-use pko_actors::metrics::api_requests::ApiRequestMetrics;
+use pko_actors::manager::context::ManagerContext;
 use pko_actors::metrics::manager_metrics::ManagerMetrics;
 use pko_actors::packages::pull_secrets::PullSecretSource;
 use pko_actors::rollout::health_queries::{PrometheusQueries, PrometheusQueriesError};
 use pko_actors::rollout::rollout_publisher::DEFAULT_OUTBOX_CAPACITY;
+use pko_actors::runtime::api_request_metrics::ApiRequestMetrics;
 use pko_actors::runtime::cluster_client::{
     cluster_config, limited_client, ClientError, DEFAULT_MAX_IN_FLIGHT,
 };
-use pko_actors::runtime::context::ManagerContext;
 use pko_actors::runtime::leader_lease::{LeaseConfig, LeaseError, LeaseHolder};
 use pko_actors::runtime::process_main::{run_system, shutdown_signal, Telemetry};
 use pko_actors::runtime::shard_coordinator;
@@ -534,11 +534,11 @@ async fn run(args: Args) -> Result<(), ManagerError> {
 
     let publisher = context.rollouts.publisher.clone();
     health.set(if args.sharding {
-        Readiness::ShardMember(context.feeds.clone())
+        Readiness::ShardMember(context.runtime.feeds.clone())
     } else {
-        Readiness::Leading(context.feeds.clone())
+        Readiness::Leading(context.runtime.feeds.clone())
     });
-    let engine = pko_actors::runtime::manager::start(context);
+    let engine = pko_actors::manager::actor_tree::start(context);
     info!("manager running");
 
     let outcome = shutdown_signal()

@@ -1,5 +1,6 @@
-//! What every actor of the manager shares: the apiserver client, the applier, the managed-object cache, the
-//! package image store and, with NATS, the link to the hosted-cluster connectors.
+//! What every actor of the manager shares: the runtime's part (apiserver clients, feeds, Events, shard
+//! membership), the applier, the managed-object cache, the package image store, every metric and, with
+//! NATS, the link to the hosted-cluster connectors.
 
 use std::sync::Arc;
 
@@ -19,6 +20,7 @@ use crate::rollout::hosted_cluster_fleet::RolloutShared;
 use crate::rollout::rollout_publisher::RolloutPublisher;
 use crate::runtime::event_sink::EventSink;
 use crate::runtime::feed_sync::FeedSync;
+use crate::runtime::runtime_context::{RuntimeContext, ShardContext, SharedContext};
 use crate::runtime::takeover_lists::TakeoverLists;
 use pko_package::image::ImageStore;
 use pko_package::image_limits::ImageLimits;
@@ -26,10 +28,8 @@ use pko_package::image_limits::ImageLimits;
 /// Shared handles; cheap to clone.
 #[derive(Clone)]
 pub struct ManagerContext {
-    pub client: Client,
-    /// The watch feeds' lists and watches: a queue of their own, so the lists of a take-over never wait
-    /// behind the reconciles the objects listed before them start.
-    pub watch_client: Client,
+    /// What the runtime (the shell and the feeds) reads.
+    pub runtime: RuntimeContext,
     pub applier: Applier,
     pub cache: ObjectCache,
     /// Every ObjectDeployment's ObjectSets as its reconcile reads them, fed by the ObjectSet watches.
@@ -45,26 +45,9 @@ pub struct ManagerContext {
     pub rollouts: RolloutShared,
     /// Every metric the manager exposes.
     pub metrics: ManagerMetrics,
-    /// Whether the watch feeds have listed their kinds (readiness).
-    pub feeds: FeedSync,
-    /// Where the Kubernetes Events the manager raises go.
-    pub events: EventSink,
-    /// This replica's membership when the manager runs sharded: it works only on objects labelled for
-    /// it (`SHARD_OWNER_LABEL`); `None` in leader-election mode, where the leader works on everything.
-    pub shard: Option<ShardContext>,
     /// `--default-service-account`: the ServiceAccount namespaced owners act as unless they name their own
     /// (`objects::owner_identity`); `None` keeps the manager's identity for them.
     pub default_service_account: Option<Arc<str>>,
-}
-
-/// A sharded replica: its member name, which its owner label carries, and the members as it sees them
-/// (who works on a departed member's objects).
-#[derive(Clone)]
-pub struct ShardContext {
-    pub member: Arc<str>,
-    pub view: tokio::sync::watch::Receiver<crate::engine::shard_assignment::ShardView>,
-    /// Which take-overs the feeds have listed.
-    pub lists: TakeoverLists,
 }
 
 impl ManagerContext {
@@ -91,19 +74,22 @@ impl ManagerContext {
         );
         metrics.add_collector(Box::new(ImageStoreCollector(images.clone())));
         Self {
+            runtime: RuntimeContext {
+                events: EventSink::start(client.clone()),
+                watch_client: client.clone(),
+                client,
+                feeds: FeedSync::default(),
+                shard: None,
+                metrics: metrics.runtime.clone(),
+            },
             applier,
             cache,
             revisions: RevisionIndex::default(),
             images,
             pull_secrets,
-            events: EventSink::start(client.clone()),
-            watch_client: client.clone(),
-            client,
             connectors: None,
             rollouts: RolloutShared::default(),
             metrics,
-            feeds: FeedSync::default(),
-            shard: None,
             default_service_account: None,
         }
     }
@@ -119,7 +105,10 @@ impl ManagerContext {
     /// This context, listing and watching through `client` (by default the actors' client).
     pub fn with_watch_client(self, client: Client) -> Self {
         Self {
-            watch_client: client,
+            runtime: RuntimeContext {
+                watch_client: client,
+                ..self.runtime
+            },
             ..self
         }
     }
@@ -131,11 +120,14 @@ impl ManagerContext {
         view: tokio::sync::watch::Receiver<crate::engine::shard_assignment::ShardView>,
     ) -> Self {
         Self {
-            shard: Some(ShardContext {
-                member: Arc::from(member),
-                view,
-                lists: TakeoverLists::new(self.metrics.shards.clone()),
-            }),
+            runtime: RuntimeContext {
+                shard: Some(ShardContext {
+                    member: Arc::from(member),
+                    view,
+                    lists: TakeoverLists::new(self.metrics.shards.clone()),
+                }),
+                ..self.runtime
+            },
             ..self
         }
     }
@@ -184,5 +176,11 @@ impl ManagerContext {
             ..self.rollouts
         };
         Self { rollouts, ..self }
+    }
+}
+
+impl SharedContext for ManagerContext {
+    fn runtime(&self) -> &RuntimeContext {
+        &self.runtime
     }
 }

@@ -128,7 +128,7 @@ mod tests {
         metrics.taken_over(0.5);
         metrics.relabelled(4.0);
         metrics.takeover_listed(1.5);
-        let text = crate::metrics::encoded(|r| metrics.register(r));
+        let text = crate::runtime::runtime_metrics::encoded(|r| metrics.register(r));
         assert!(text.contains("pko_shard_keys{member=\"b\"} 4"), "{text}");
         assert!(!text.contains("member=\"a\""), "{text}");
         assert!(

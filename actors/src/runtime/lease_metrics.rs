@@ -102,7 +102,7 @@ mod tests {
         metrics.attempted("pko", LeaseAttempt::HeldElsewhere);
         metrics.attempted("pko", LeaseAttempt::Taken);
         metrics.holding("pko", true);
-        let text = crate::metrics::encoded(|r| metrics.register(r));
+        let text = crate::runtime::runtime_metrics::encoded(|r| metrics.register(r));
         assert!(
             text.contains(r#"pko_lease_attempts_total{lease="pko",result="held_elsewhere"} 2"#),
             "{text}"

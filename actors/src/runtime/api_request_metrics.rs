@@ -230,7 +230,7 @@ mod tests {
         for method in [Method::GET, Method::GET, Method::PATCH] {
             let _ = service.clone().oneshot(request(method)).await;
         }
-        let text = crate::metrics::encoded(|registry| metrics.register(registry));
+        let text = crate::runtime::runtime_metrics::encoded(|registry| metrics.register(registry));
         assert!(
             text.contains(r#"pko_apiserver_requests_total{verb="get",code="200"} 2"#),
             "{text}"

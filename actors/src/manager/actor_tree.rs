@@ -1,4 +1,5 @@
-//! Starts the manager's actor tree: the feeds for each kind pko reconciles and the registries behind them.
+//! Starts the manager's actor tree: the feeds for each kind pko reconciles, the registries behind them,
+//! and the taps that wake one kind's actors on another kind's changes.
 
 use std::sync::Arc;
 
@@ -13,9 +14,9 @@ use pko_proto::hypershift::HostedCluster;
 
 use crate::hypershift::connector_hub::ConnectorHub;
 use crate::hypershift::hosted_cluster_actor::HostedClusterActor;
+use crate::manager::context::ManagerContext;
 use crate::objects::deployment_object::DeploymentObject;
 use crate::rollout::hosted_cluster_package_actor::HostedClusterPackageActor;
-use crate::runtime::context::ManagerContext;
 
 use crate::hypershift::hypershift_detector::HyperShiftDetector;
 use crate::hypershift::remote_phase_actor::RemotePhaseActor;
@@ -29,8 +30,8 @@ use crate::runtime::kind_feed::{KindFeed, Tap};
 use crate::runtime::meta_view::MetaView;
 use crate::runtime::registry::{ObjectRef, Registry};
 
-/// The running engine.
-pub struct Engine {
+/// The running actor tree: a registry of actors per controller.
+pub struct ActorTree {
     pub sets: Arc<Registry<ObjectSetActor>>,
     pub deployments: Arc<Registry<ObjectDeploymentActor>>,
     pub packages: Arc<Registry<PackageActor>>,
@@ -40,7 +41,7 @@ pub struct Engine {
     pub rollouts: Arc<Registry<HostedClusterPackageActor>>,
 }
 
-impl Engine {
+impl ActorTree {
     /// Stops every actor of this System.
     pub fn stop(&self) {
         System::current().stop();
@@ -100,7 +101,7 @@ fn package_tap(packages: Arc<Registry<PackageActor>>) -> Tap<DeploymentObject> {
 }
 
 /// Starts the feeds on the current actix System.
-pub fn start(context: ManagerContext) -> Engine {
+pub fn start(context: ManagerContext) -> ActorTree {
     let sets: Arc<Registry<ObjectSetActor>> = Arc::default();
     let deployments: Arc<Registry<ObjectDeploymentActor>> = Arc::default();
     let tap = Some(deployment_tap(
@@ -119,7 +120,7 @@ pub fn start(context: ManagerContext) -> Engine {
     if let Some(link) = &context.connectors {
         ConnectorHub::new(
             link.clone(),
-            context.client.clone(),
+            context.runtime.client.clone(),
             remote_phases.clone(),
             context.rollouts.fleet.clone(),
             context.metrics.clone(),
@@ -144,7 +145,7 @@ pub fn start(context: ManagerContext) -> Engine {
     let templates: Arc<Registry<ObjectTemplateActor>> = Arc::default();
     KindFeed::<ObjectTemplate, _>::new(context.clone(), templates.clone(), None).start();
     KindFeed::<ClusterObjectTemplate, _>::new(context, templates.clone(), None).start();
-    Engine {
+    ActorTree {
         sets,
         deployments,
         packages,
