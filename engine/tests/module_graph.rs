@@ -246,8 +246,15 @@ fn the_actor_runtime_imports_no_domain() {
                 .map(move |target| format!("{module} → {target}"))
         })
         .collect();
-    assert!(graph.keys().any(|m| m == "runtime::object_actor"), "{graph:?}");
-    assert!(outside.is_empty(), "the runtime imports domains:\n{}", outside.join("\n"));
+    assert!(
+        graph.keys().any(|m| m == "runtime::object_actor"),
+        "{graph:?}"
+    );
+    assert!(
+        outside.is_empty(),
+        "the runtime imports domains:\n{}",
+        outside.join("\n")
+    );
 }
 
 #[test]
