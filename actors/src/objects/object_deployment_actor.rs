@@ -24,7 +24,7 @@ use crate::objects::object_meta::{event_reference, tombstone_meta};
 use crate::objects::revision_index::revision_view;
 use crate::runtime::meta_view::MetaView;
 use crate::runtime::object_actor::{
-    work, Change, Notice, ObjectActor, Outcome, Reconcile, Report, Work,
+    is_status_echo, work, Change, Notice, ObjectActor, Outcome, Reconcile, Report, Work,
 };
 use crate::runtime::reconcile_gate::Backoff;
 use crate::runtime::registry::ObjectRef;
@@ -266,12 +266,10 @@ impl Reconcile for ObjectDeploymentController {
     }
 
     fn change(previous: Option<&DeploymentObject>, od: &DeploymentObject) -> Change {
-        match previous {
-            // Our own status writes come back through the watch; they need no reconcile.
-            Some(known) if known.generation() == od.generation() && known.status == od.status => {
-                Change::Echo
-            }
-            _ => Change::Changed,
+        if is_status_echo(previous, od, |a, b| a.status == b.status) {
+            Change::Echo
+        } else {
+            Change::Changed
         }
     }
 

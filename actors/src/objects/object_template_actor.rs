@@ -23,7 +23,9 @@ use crate::objects::owner_identity::owner_applier;
 use crate::objects::template_object::TemplateObject;
 use crate::packages::package_object::environment_facts;
 use crate::runtime::meta_view::MetaView;
-use crate::runtime::object_actor::{work, Change, ObjectActor, Outcome, Reconcile, Work};
+use crate::runtime::object_actor::{
+    is_status_echo, work, Change, ObjectActor, Outcome, Reconcile, Work,
+};
 use crate::runtime::reconcile_gate::Backoff;
 use crate::runtime::registry::ObjectRef;
 use pko_package::environment::{environment_value, package_environment};
@@ -186,15 +188,10 @@ impl Reconcile for ObjectTemplateController {
     }
 
     fn change(previous: Option<&TemplateObject>, template: &TemplateObject) -> Change {
-        match previous {
-            // Our own status writes come back through the watch; they need no reconcile.
-            Some(known)
-                if known.generation() == template.generation()
-                    && known.status == template.status =>
-            {
-                Change::Echo
-            }
-            _ => Change::Changed,
+        if is_status_echo(previous, template, |a, b| a.status == b.status) {
+            Change::Echo
+        } else {
+            Change::Changed
         }
     }
 

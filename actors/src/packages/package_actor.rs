@@ -24,7 +24,7 @@ use crate::objects::object_meta::{creation_seconds, event_reference, tombstone_m
 use crate::packages::package_object::{environment_facts, DeploymentView, PackageObject};
 use crate::runtime::meta_view::MetaView;
 use crate::runtime::object_actor::{
-    work, Change, Notice, ObjectActor, Outcome, Reconcile, Report, Work,
+    is_status_echo, work, Change, Notice, ObjectActor, Outcome, Reconcile, Report, Work,
 };
 use crate::runtime::reconcile_gate::Backoff;
 use crate::runtime::registry::ObjectRef;
@@ -248,18 +248,14 @@ impl Reconcile for PackageController {
     }
 
     fn change(previous: Option<&PackageObject>, package: &PackageObject) -> Change {
-        let Some(known) = previous else {
-            return Change::Changed;
-        };
-        if known.generation() != package.generation() {
-            Change::Respecified
-        } else if known.status == package.status
-            && chunking_annotation(known) == chunking_annotation(package)
-        {
-            // Our own status writes come back through the watch; they need no reconcile.
-            Change::Echo
-        } else {
-            Change::Changed
+        let echo = is_status_echo(previous, package, |known, current| {
+            known.status == current.status
+                && chunking_annotation(known) == chunking_annotation(current)
+        });
+        match previous {
+            _ if echo => Change::Echo,
+            Some(known) if known.generation() != package.generation() => Change::Respecified,
+            _ => Change::Changed,
         }
     }
 

@@ -47,7 +47,7 @@ use crate::rollout::hcp_namespace_actor::{HcpNamespaceActor, PackageCommand, Pac
 use crate::rollout::health_queries::unconfigured;
 use crate::rollout::hosted_cluster_fleet::{FleetChanged, RolloutShared};
 use crate::runtime::object_actor::{
-    done, work, Change, ObjectActor, Outcome, Reconcile, Report, Work,
+    done, is_status_echo, work, Change, ObjectActor, Outcome, Reconcile, Report, Work,
 };
 use crate::runtime::reconcile_gate::Backoff;
 use crate::runtime::registry::ObjectRef;
@@ -182,17 +182,16 @@ impl Reconcile for HostedClusterPackageController {
     }
 
     fn change(previous: Option<&HostedClusterPackage>, hcpkg: &HostedClusterPackage) -> Change {
-        // Our own status writes are recorded before they come back, so they match.
-        // Approvals and undo requests come as annotations.
-        let changed = previous.is_none_or(|h| {
-            h.metadata.generation != hcpkg.metadata.generation
-                || h.status != hcpkg.status
-                || h.metadata.annotations != hcpkg.metadata.annotations
+        // Our own status writes are recorded before they come back, so they match. Approvals and undo
+        // requests come as annotations; any other change restarts the backoff.
+        let echo = is_status_echo(previous, hcpkg, |known, current| {
+            known.status == current.status
+                && known.metadata.annotations == current.metadata.annotations
         });
-        if changed {
-            Change::Respecified
-        } else {
+        if echo {
             Change::Echo
+        } else {
+            Change::Respecified
         }
     }
 

@@ -45,6 +45,20 @@ pub enum Change {
     Respecified,
 }
 
+/// Whether `current` is pko's own status write of `previous` coming back through the watch: the same
+/// generation and the same status, as `same_status` compares them (a kind adds what else of the object
+/// its reconcile reads, such as an annotation). The rule every kind whose status only pko writes uses in
+/// [`Reconcile::change`].
+pub fn is_status_echo<O: MetaView>(
+    previous: Option<&O>,
+    current: &O,
+    same_status: impl Fn(&O, &O) -> bool,
+) -> bool {
+    previous.is_some_and(|known| {
+        known.generation() == current.generation() && same_status(known, current)
+    })
+}
+
 /// How one reconcile ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
@@ -386,5 +400,46 @@ impl<R: Reconcile> Handler<Gone> for ObjectActor<R> {
             }
             None => ctx.stop(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    struct Viewed {
+        meta: ObjectMeta,
+        status: &'static str,
+    }
+
+    impl MetaView for Viewed {
+        fn meta(&self) -> &ObjectMeta {
+            &self.meta
+        }
+    }
+
+    fn viewed(generation: i64, status: &'static str) -> Viewed {
+        Viewed {
+            meta: ObjectMeta {
+                generation: Some(generation),
+                ..Default::default()
+            },
+            status,
+        }
+    }
+
+    #[test]
+    fn only_the_same_generation_with_the_same_status_is_an_echo() {
+        let same = |a: &Viewed, b: &Viewed| a.status == b.status;
+        let known = viewed(3, "Available");
+        assert!(is_status_echo(Some(&known), &viewed(3, "Available"), same));
+        assert!(!is_status_echo(
+            Some(&known),
+            &viewed(3, "Progressing"),
+            same
+        ));
+        assert!(!is_status_echo(Some(&known), &viewed(4, "Available"), same));
+        assert!(!is_status_echo(None, &known, same));
     }
 }
