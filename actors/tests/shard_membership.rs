@@ -13,8 +13,9 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::Api;
 use pko_actors::engine::shard_assignment::ShardView;
-use pko_actors::runtime::shard_membership::{ShardMembership, MEMBER_LABEL, SUCCESSORS_ANNOTATION};
+use pko_actors::runtime::shard_membership::ShardMembership;
 use pko_actors::runtime::write_fence::WriteFence;
+use pko_proto::well_known::{SHARD_MEMBER_LABEL, SHARD_SUCCESSORS_ANNOTATION};
 use pko_testenv::wait_until;
 use tokio::sync::watch;
 
@@ -93,7 +94,7 @@ async fn members_join_leave_and_run_out() {
             "pko-shard-replica-a",
             &PatchParams::default(),
             &Patch::Merge(serde_json::json!({"metadata": {"annotations": {
-                SUCCESSORS_ANNOTATION: "replica-b",
+                SHARD_SUCCESSORS_ANNOTATION: "replica-b",
             }}})),
         )
         .await
@@ -109,7 +110,7 @@ async fn members_join_leave_and_run_out() {
     let crashed = |member: &str, renewed: Timestamp| Lease {
         metadata: ObjectMeta {
             name: Some(format!("pko-shard-{member}")),
-            labels: Some([(MEMBER_LABEL.to_owned(), member.to_owned())].into()),
+            labels: Some([(SHARD_MEMBER_LABEL.to_owned(), member.to_owned())].into()),
             ..ObjectMeta::default()
         },
         spec: Some(LeaseSpec {

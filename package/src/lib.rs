@@ -1,5 +1,6 @@
-//! Package loading: from the files of a package (a directory today, an OCI image's `package/` tree next) to
-//! its manifest and the objects of each phase, with every problem named in Package Operator's words.
+//! Package loading: from the files of a package (a directory, or an OCI image's `package/` tree pulled and
+//! unpacked within limits by `image.rs`) to its manifest and the objects of each phase, with every
+//! problem named in Package Operator's words.
 //!
 //! Pure apart from reading a directory (`files.rs`) and the registry (`image.rs`); the manager's Package
 //! actor and `kubectl-package` share it. Depends on `pko-proto` only among pko's crates: no actors, no

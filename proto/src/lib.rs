@@ -6,7 +6,8 @@
 //! Types here are plain data with serde. They mirror Package Operator's JSON field for field, so existing
 //! Package Operator YAML deserializes unchanged. Where the CRD declares a default, the serde default is the
 //! same value, so a typed object and the apiserver's stored copy agree. This crate holds no behaviour beyond
-//! (de)serialization, schema generation, credential signing and small accessors: rules live in `actors/`.
+//! (de)serialization, schema generation, credential signing, NATS permission sets and small accessors: rules
+//! live in `engine/`, I/O in `actors/`.
 
 pub mod connector_wire;
 pub mod core;

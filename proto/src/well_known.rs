@@ -126,6 +126,17 @@ pub fn shard_member_lease(identity: &str) -> String {
     format!("pko-shard-{suffix}")
 }
 
+/// Label on every shard member Lease; its value is the member's name (the holder is cleared when it
+/// leaves).
+pub const SHARD_MEMBER_LABEL: &str = "package-operator.run/shard-member";
+/// Annotation the shard coordinator writes onto a departed member's Lease: the members, comma-separated,
+/// among which its keys are taken over.
+pub const SHARD_SUCCESSORS_ANNOTATION: &str = "shard.package-operator.run/successors";
+
+/// Annotation carrying the W3C `traceparent` of the span that wrote an object, so the actor that observes
+/// the write through its watch continues the same trace (docs/observability.md).
+pub const TRACE_PARENT_ANNOTATION: &str = "pko.run/traceparent";
+
 #[cfg(test)]
 mod tests {
     use super::*;

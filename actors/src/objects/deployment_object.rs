@@ -1,7 +1,8 @@
 //! One view of ObjectDeployment and ClusterObjectDeployment, with the apiserver calls their actor makes
 //! on the ObjectSets they own.
 
-use crate::runtime::telemetry::{current_traceparent, TRACE_PARENT_ANNOTATION};
+use crate::runtime::telemetry::current_traceparent;
+use pko_proto::well_known::TRACE_PARENT_ANNOTATION;
 use pko_proto::well_known::{
     DEPLOYMENT_LABEL, HASH_ANNOTATION, REVISION_ANNOTATION, TEARDOWN_FINALIZER,
 };

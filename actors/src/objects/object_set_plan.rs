@@ -1,8 +1,8 @@
 //! Planning an ObjectSet: from its spec (with slice contents resolved) to one [`PhasePlan`] per phase, or
 //! the first problem in the spec, named by field. Pure; the actor fetches slices and previous revisions.
 
-use crate::runtime::telemetry::TRACE_PARENT_ANNOTATION;
 use pko_proto::well_known::PHASE_CLASS_LABEL;
+use pko_proto::well_known::TRACE_PARENT_ANNOTATION;
 use pko_proto::well_known::{SERVICE_ACCOUNT_ANNOTATION, SHARD_OWNER_LABEL};
 use std::collections::BTreeMap;
 use std::sync::Arc;

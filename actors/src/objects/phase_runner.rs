@@ -1,6 +1,6 @@
 //! Runs one phase against an apiserver: observe each object, decide adoption, apply what drifted, probe,
 //! collect mapped conditions; and tears a phase down. The same functions serve the manager's local phases
-//! and (later) the hosted-cluster connector, so both follow one set of rules.
+//! and the hosted-cluster connector, so both follow one set of rules.
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -28,11 +28,12 @@ use crate::runtime::object_actor::{
 };
 use crate::runtime::reconcile_gate::Backoff;
 use crate::runtime::registry::ObjectRef;
-use crate::runtime::telemetry::{current_traceparent, TRACE_PARENT_ANNOTATION};
+use crate::runtime::telemetry::current_traceparent;
 use pko_package::canonical_hash::value_hash;
 use pko_package::chunking::{chunk, ChunkingStrategy};
 use pko_package::environment::{environment_value, package_environment};
 use pko_package::loader::load_installable;
+use pko_proto::well_known::TRACE_PARENT_ANNOTATION;
 use pko_proto::well_known::{CHUNKING_ANNOTATION, SHARD_OWNER_LABEL};
 use tracing::{info_span, Instrument};
 

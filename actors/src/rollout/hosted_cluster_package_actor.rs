@@ -51,7 +51,8 @@ use crate::runtime::object_actor::{
 };
 use crate::runtime::reconcile_gate::Backoff;
 use crate::runtime::registry::ObjectRef;
-use crate::runtime::telemetry::{current_traceparent, trace_id_of, TRACE_PARENT_ANNOTATION};
+use crate::runtime::telemetry::{current_traceparent, trace_id_of};
+use pko_proto::well_known::TRACE_PARENT_ANNOTATION;
 
 /// The root span of one rollout step (the decision to create or update one Package), linked to the
 /// reconcile that decided it.

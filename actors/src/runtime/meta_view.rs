@@ -24,12 +24,12 @@ pub trait MetaView {
         self.meta().generation.unwrap_or_default()
     }
 
-    /// The `traceparent` of the write that made this version (`telemetry::TRACE_PARENT_ANNOTATION`).
+    /// The `traceparent` of the write that made this version (`well_known::TRACE_PARENT_ANNOTATION`).
     fn traceparent(&self) -> Option<&str> {
         self.meta()
             .annotations
             .as_ref()?
-            .get(crate::runtime::telemetry::TRACE_PARENT_ANNOTATION)
+            .get(pko_proto::well_known::TRACE_PARENT_ANNOTATION)
             .map(String::as_str)
     }
 

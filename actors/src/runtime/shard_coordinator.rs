@@ -36,8 +36,8 @@ use tracing::{info, warn};
 use crate::engine::shard_assignment::{
     coordinate, LabelAction, Member, Placement, ShardKey, ShardView,
 };
-use crate::runtime::shard_membership::SUCCESSORS_ANNOTATION;
 use crate::runtime::shard_metrics::ShardMetrics;
+use pko_proto::well_known::SHARD_SUCCESSORS_ANNOTATION;
 
 /// Label writes in flight at once for what waits on them (new objects, drains, released objects); the
 /// manager's client allows 32 requests at once (`--max-in-flight-requests`).
@@ -316,7 +316,7 @@ impl Takeovers {
                 continue;
             }
             let patch = serde_json::json!({"metadata": {"annotations": {
-                SUCCESSORS_ANNOTATION: successors,
+                SHARD_SUCCESSORS_ANNOTATION: successors,
             }}});
             let written = tokio::time::timeout(
                 Duration::from_secs(10),

@@ -23,12 +23,8 @@ use crate::runtime::leader_lease::{
 use crate::runtime::lease_metrics::LeaseMetrics;
 use crate::runtime::observer_clock::ObserverClock;
 use crate::runtime::write_fence::WriteFence;
+use pko_proto::well_known::{SHARD_MEMBER_LABEL, SHARD_SUCCESSORS_ANNOTATION};
 
-/// Label on every member Lease; its value is the member's name (the holder is cleared when it leaves).
-pub const MEMBER_LABEL: &str = "package-operator.run/shard-member";
-/// Annotation the coordinator writes onto a departed member's Lease: the members, comma-separated, among
-/// which its keys are taken over.
-pub const SUCCESSORS_ANNOTATION: &str = "shard.package-operator.run/successors";
 /// The longest the view goes without being recomputed; it is recomputed sooner when a Lease runs out
 /// (Leases expire by time, not by event).
 const EXPIRY_CHECK: Duration = Duration::from_secs(5);
@@ -82,7 +78,7 @@ impl ShardMembership {
         config.metrics = metrics;
         config
             .labels
-            .insert(MEMBER_LABEL.to_owned(), identity.to_owned());
+            .insert(SHARD_MEMBER_LABEL.to_owned(), identity.to_owned());
         let holder = LeaseHolder::acquire(kube, config, fence).await?;
         let (sender, view) = watch::channel(ShardView::default());
         let follower = tokio::spawn(follow_members(Api::namespaced(client, namespace), sender));
@@ -108,7 +104,12 @@ impl ShardMembership {
 
 /// The member a Lease belongs to (its member label), and what it says about the holder.
 fn member_record(lease: &Lease) -> Option<(Member, LeaseRecord)> {
-    let member = lease.metadata.labels.as_ref()?.get(MEMBER_LABEL)?.clone();
+    let member = lease
+        .metadata
+        .labels
+        .as_ref()?
+        .get(SHARD_MEMBER_LABEL)?
+        .clone();
     Some((member, lease_record(lease.spec.as_ref()?)))
 }
 
@@ -120,7 +121,7 @@ fn member_lease(lease: &Lease, sightings: &LeaseSightings<Member>) -> Option<Mem
         .metadata
         .annotations
         .as_ref()
-        .and_then(|a| a.get(SUCCESSORS_ANNOTATION))
+        .and_then(|a| a.get(SHARD_SUCCESSORS_ANNOTATION))
         .map(|list| parse_successors(list));
     Some(MemberLease {
         member,
@@ -143,7 +144,7 @@ pub fn parse_successors(list: &str) -> BTreeSet<Member> {
 /// Keeps `view` equal to what the member Leases say (a reflector keeps the Leases, re-lists included). A
 /// Lease's renewals are timed by this process's monotonic clock from when the watch delivered them.
 async fn follow_members(api: Api<Lease>, view: watch::Sender<ShardView>) {
-    let config = watcher::Config::default().labels(MEMBER_LABEL);
+    let config = watcher::Config::default().labels(SHARD_MEMBER_LABEL);
     let (leases, writer) = reflector::store();
     let mut events = reflector(writer, watcher::watcher(api, config))
         .default_backoff()

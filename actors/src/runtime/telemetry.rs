@@ -25,10 +25,6 @@ use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
 
-/// Annotation carrying the W3C `traceparent` of the span that wrote an object, so the actor that observes
-/// the write through its watch continues the same trace (docs/observability.md).
-pub const TRACE_PARENT_ANNOTATION: &str = "pko.run/traceparent";
-
 /// What failed while setting up trace export.
 #[derive(Debug, thiserror::Error)]
 #[error("OTLP trace export ({endpoint}): {source}")]

@@ -14,11 +14,11 @@ use std::path::Path;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::Api;
-use pko_actors::runtime::shard_membership::{MEMBER_LABEL, SUCCESSORS_ANNOTATION};
 use pko_proto::core::hosted_cluster_package::HostedClusterPackage;
 use pko_proto::core::object_set::ObjectSet;
 use pko_proto::core::package::Package;
 use pko_proto::well_known::{HOSTED_CLUSTER_PACKAGE_LABEL, SHARD_OWNER_LABEL};
+use pko_proto::well_known::{SHARD_MEMBER_LABEL, SHARD_SUCCESSORS_ANNOTATION};
 use pko_testenv::{sharded_manager_args, wait_until, SHARD_COORDINATOR_LEASE};
 use serde_json::json;
 
@@ -140,7 +140,7 @@ async fn replicas_share_namespaces_and_take_over_a_killed_one() {
             l.metadata
                 .annotations
                 .as_ref()
-                .is_some_and(|a| a.contains_key(SUCCESSORS_ANNOTATION))
+                .is_some_and(|a| a.contains_key(SHARD_SUCCESSORS_ANNOTATION))
         })
         .filter_map(|l| l.metadata.name)
         .collect();
@@ -221,7 +221,7 @@ async fn replicas_share_namespaces_and_take_over_a_killed_one() {
             .map_err(|e| e.to_string())?
             .items
             .into_iter()
-            .filter_map(|l| l.metadata.labels?.get(MEMBER_LABEL).cloned())
+            .filter_map(|l| l.metadata.labels?.get(SHARD_MEMBER_LABEL).cloned())
             .filter(|member| *member == victim_owner)
             .collect();
         if left.is_empty() {
