@@ -45,6 +45,14 @@ pub struct UserLimits {
     pub leaf_node_only: bool,
 }
 
+/// Unix time `validity` from now: the expiry of credentials issued now.
+pub fn expiry_after(validity: std::time::Duration) -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|now| (now + validity).as_secs())
+        .unwrap_or_default()
+}
+
 /// What one account may use on a server (the `limits` of its JWT); -1 is unlimited, 0 forbids.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AccountLimits {
@@ -409,6 +417,20 @@ impl OperatorSetup {
         AccountSigner::from_seed(&self.signing_seed, Some(&self.account))
     }
 
+    /// Every part as one JSON object of [`OperatorSetup::to_stored`]'s names: the file the fleet's keys are
+    /// kept in.
+    pub fn to_stored_json(&self) -> Result<String, CredentialsError> {
+        let parts: std::collections::BTreeMap<&str, String> =
+            self.to_stored().into_iter().collect();
+        Ok(serde_json::to_string_pretty(&parts)?)
+    }
+
+    /// The setup [`OperatorSetup::to_stored_json`] wrote.
+    pub fn from_stored_json(text: &str) -> Result<Self, CredentialsError> {
+        let parts: std::collections::BTreeMap<String, String> = serde_json::from_str(text)?;
+        Self::from_stored(|name| parts.get(name).cloned())
+    }
+
     /// The application account's own seed, which [`AccountSigner::from_seed`] takes.
     pub fn account_seed(&self) -> &str {
         &self.account_seed
@@ -523,6 +545,8 @@ mod tests {
             setup.to_stored().into_iter().collect();
         let again = OperatorSetup::from_stored(|name| stored.get(name).cloned()).unwrap();
         assert_eq!(again.inline_server_config(), setup.inline_server_config());
+        let json = OperatorSetup::from_stored_json(&setup.to_stored_json().unwrap()).unwrap();
+        assert_eq!(json.inline_server_config(), setup.inline_server_config());
         assert_eq!(again.account, setup.account);
         let (account_claims, _, _) = decode(&setup.account_jwt);
         let signer = AccountSigner::from_seed(setup.signing_seed(), Some(&setup.account)).unwrap();

@@ -74,7 +74,6 @@ impl TestEnv {
 pub struct FleetNats {
     hub: Nats,
     leaves: Vec<(String, Nats)>,
-    keys_dir: PathBuf,
     viewer_credentials: PathBuf,
 }
 
@@ -96,11 +95,12 @@ impl FleetNats {
     pub fn credentials_file(&self) -> &Path {
         &self.viewer_credentials
     }
+}
 
-    /// The credentials management cluster `cluster`'s NATS joins the hub with.
-    pub fn member_credentials_file(&self, cluster: &str) -> PathBuf {
-        self.keys_dir.join("members").join(format!("{cluster}.creds"))
-    }
+/// Where `pko-manager nats-bootstrap fleet member` puts the credentials cluster `cluster`'s NATS joins
+/// the hub with.
+fn member_credentials(keys_dir: &Path, cluster: &str) -> PathBuf {
+    keys_dir.join("members").join(format!("{cluster}.creds"))
 }
 
 /// Runs `pko-manager nats-bootstrap fleet <step>` as the fleet's administrators would.
@@ -149,14 +149,9 @@ impl TestEnv {
         let to = hub_dir.join("hub-resolver.conf");
         std::fs::copy(&resolver, &to).map_err(io_error("copy", &resolver))?;
         let fleet_keys = keys_dir.join("fleet-operator.json");
-        let stored: std::collections::BTreeMap<String, String> = serde_json::from_slice(
-            &std::fs::read(&fleet_keys).map_err(io_error("read", &fleet_keys))?,
-        )
-        .map_err(|e| TestEnvError::Command {
-            command: format!("reading {}", fleet_keys.display()),
-            detail: e.to_string(),
-        })?;
-        let fleet = OperatorSetup::from_stored(|part| stored.get(part).cloned())?;
+        let fleet = OperatorSetup::from_stored_json(
+            &std::fs::read_to_string(&fleet_keys).map_err(io_error("read", &fleet_keys))?,
+        )?;
         let leaf_port = free_port().map_err(io_error("allocate port", &dir))?;
         let hub = self
             .start_configured_nats(
@@ -197,9 +192,7 @@ impl TestEnv {
                 ),
                 (
                     "PKO_FLEET_LEAF_CREDENTIALS".to_owned(),
-                    keys_dir
-                        .join("members")
-                        .join(format!("{cluster}.creds"))
+                    member_credentials(&keys_dir, cluster)
                         .display()
                         .to_string(),
                 ),
@@ -218,7 +211,6 @@ impl TestEnv {
             hub,
             leaves,
             viewer_credentials: keys_dir.join("viewer.creds"),
-            keys_dir,
         })
     }
 }

@@ -10,7 +10,9 @@ use std::time::Duration;
 use async_nats::client::RequestErrorKind;
 use async_nats::{ConnectOptions, HeaderMap, Request};
 use pko_proto::connector_wire::{decode, encode, HostedClusterSubjects, Reply, WireError};
-use pko_proto::nats_credentials::{AccountSigner, CredentialsError, NatsPermissions, UserLimits};
+use pko_proto::nats_credentials::{
+    expiry_after, AccountSigner, CredentialsError, NatsPermissions, UserLimits,
+};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tracing::{info, instrument, warn};
@@ -94,10 +96,7 @@ impl ManagerNatsUser {
         signer: &AccountSigner,
         metrics: &ConnectorMetrics,
     ) -> Result<pko_proto::nats_credentials::UserCredentials, CredentialsError> {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
-        let expires_at = (now + self.validity).as_secs();
+        let expires_at = expiry_after(self.validity);
         let user = signer.issue_limited_user(
             "pko-manager",
             &self.permissions,

@@ -12,7 +12,7 @@
 //! What a compromised management cluster can still do, and what it cannot, is in docs/fleet.md.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use async_nats::jetstream::{self, stream};
 use pko_proto::fleet::{
@@ -20,11 +20,13 @@ use pko_proto::fleet::{
     HUB_ACCOUNT_LIMITS, MEMBER_LINK_PAYLOAD_BYTES, MEMBER_LINK_SUBSCRIPTIONS, RECORD_MAX_AGE,
     RECORD_MAX_BYTES, STATE_BUCKET,
 };
-use pko_proto::nats_credentials::{CredentialsError, OperatorSetup, UserLimits};
+use pko_proto::nats_credentials::{expiry_after, CredentialsError, OperatorSetup, UserLimits};
 use pko_proto::nats_permissions::{
     fleet_viewer_permissions, member_link_permissions, source_delivery_prefix,
 };
 use pko_proto::rollout_events::{STREAM, STREAM_MAX_AGE, STREAM_MAX_BYTES};
+
+use crate::nats_bootstrap::{write_file, Written};
 
 /// The fleet account's name in its JWT.
 const FLEET_ACCOUNT_NAME: &str = "PKO_FLEET";
@@ -110,26 +112,13 @@ fn file_error(path: &Path) -> impl FnOnce(std::io::Error) -> FleetBootstrapError
     }
 }
 
-/// Writes `text` to `path` (owner-only when it holds a secret) and says what happened.
-fn write(path: &Path, text: &str, secret: bool) -> Result<&'static str, FleetBootstrapError> {
-    let current = std::fs::read_to_string(path).ok();
-    if current.as_deref() == Some(text) {
-        return Ok("unchanged");
-    }
+/// Writes `text` to `path` in the fleet's directory (made if missing; owner-only when it holds a
+/// secret) and says what happened.
+fn write(path: &Path, text: &str, secret: bool) -> Result<Written, FleetBootstrapError> {
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent).map_err(file_error(parent))?;
     }
-    std::fs::write(path, text).map_err(file_error(path))?;
-    if secret {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-            .map_err(file_error(path))?;
-    }
-    Ok(if current.is_some() {
-        "updated"
-    } else {
-        "created"
-    })
+    write_file(path, text, secret).map_err(file_error(path))
 }
 
 /// The fleet's operator setup, made on the first run and brought to this build's account limits.
@@ -140,12 +129,10 @@ fn fleet_setup(dir: &Path) -> Result<OperatorSetup, FleetBootstrapError> {
         message,
     };
     let (setup, made) = match std::fs::read_to_string(&path) {
-        Ok(text) => {
-            let stored: std::collections::BTreeMap<String, String> =
-                serde_json::from_str(&text).map_err(|e| keys_error(e.to_string()))?;
-            let setup = OperatorSetup::from_stored(|name| stored.get(name).cloned())?;
-            (setup, false)
-        }
+        Ok(text) => (
+            OperatorSetup::from_stored_json(&text).map_err(|e| keys_error(e.to_string()))?,
+            false,
+        ),
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => (
             OperatorSetup::generate(FLEET_ACCOUNT_NAME, &HUB_ACCOUNT_LIMITS)?,
             true,
@@ -156,21 +143,15 @@ fn fleet_setup(dir: &Path) -> Result<OperatorSetup, FleetBootstrapError> {
     let changed = limited.is_some();
     let setup = limited.unwrap_or(setup);
     if made || changed {
-        let stored: std::collections::BTreeMap<&str, String> =
-            setup.to_stored().into_iter().collect();
-        let text = serde_json::to_string_pretty(&stored).map_err(|e| keys_error(e.to_string()))?;
-        let written = write(&path, &text, true)?;
+        let written = write(&path, &setup.to_stored_json()?, true)?;
         println!("{}: {written}", path.display());
     }
     Ok(setup)
 }
 
+/// The expiry of credentials valid `days` (at least one) from now.
 fn expires_in(days: u64) -> u64 {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or_default();
-    now + days.max(1) * 24 * 60 * 60
+    expiry_after(Duration::from_secs(days.max(1) * 24 * 60 * 60))
 }
 
 /// Runs one step.
@@ -205,10 +186,7 @@ pub async fn run(step: &FleetStep) -> Result<(), FleetBootstrapError> {
                     allow_responses: false,
                 },
                 &UserLimits {
-                    expires_at: SystemTime::now()
-                        .duration_since(UNIX_EPOCH)
-                        .map(|d| (d + ADMIN_VALIDITY).as_secs())
-                        .unwrap_or_default(),
+                    expires_at: expiry_after(ADMIN_VALIDITY),
                     subscriptions: 16,
                     payload_bytes: 1 << 20,
                     leaf_node_only: false,

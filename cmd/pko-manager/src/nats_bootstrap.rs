@@ -7,7 +7,7 @@
 //! Idempotent: a later run reads the keys back and changes nothing that is already right. Seeds go to
 //! stdout only with `--print-seed`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::fleet_bootstrap::FleetStep;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
@@ -90,9 +90,9 @@ fn kube_error(what: impl Into<String>) -> impl FnOnce(kube::Error) -> BootstrapE
     move |source| BootstrapError::Kube { what, source }
 }
 
-/// What happened to one object.
+/// What happened to one object or file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Written {
+pub enum Written {
     Created,
     Updated,
     Unchanged,
@@ -225,6 +225,31 @@ where
     }
 }
 
+/// Writes `text` to `path` unless it holds it already. A `secret` file is created readable by its owner
+/// only, and an existing one is made so.
+pub fn write_file(path: &Path, text: &str, secret: bool) -> Result<Written, std::io::Error> {
+    use std::io::Write as _;
+    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+    let current = std::fs::read_to_string(path).ok();
+    if current.as_deref() == Some(text) {
+        return Ok(Written::Unchanged);
+    }
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    if secret {
+        options.mode(0o600);
+        if current.is_some() {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+        }
+    }
+    options.open(path)?.write_all(text.as_bytes())?;
+    Ok(if current.is_some() {
+        Written::Updated
+    } else {
+        Written::Created
+    })
+}
+
 /// Makes or checks everything; prints what it did (never a seed unless asked).
 pub async fn run(client: Client, args: &BootstrapArgs) -> Result<(), BootstrapError> {
     let ns = args.namespace.as_str();
@@ -281,20 +306,11 @@ pub async fn run(client: Client, args: &BootstrapArgs) -> Result<(), BootstrapEr
     println!("Secret {ns}/{}: {account}", args.account_secret);
     println!("ConfigMap {ns}/{}: {resolver}", args.resolver_configmap);
     if let Some(path) = &args.resolver_file {
-        let current = std::fs::read_to_string(path).ok();
-        let written = if current.as_deref() == Some(resolver_config.as_str()) {
-            Written::Unchanged
-        } else {
-            std::fs::write(path, &resolver_config).map_err(|source| BootstrapError::File {
+        let written =
+            write_file(path, &resolver_config, false).map_err(|source| BootstrapError::File {
                 path: path.clone(),
                 source,
             })?;
-            if current.is_some() {
-                Written::Updated
-            } else {
-                Written::Created
-            }
-        };
         println!("{}: {written}", path.display());
     }
     println!("account: {}", setup.account);
