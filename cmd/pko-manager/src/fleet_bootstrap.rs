@@ -26,7 +26,7 @@ use pko_proto::nats_permissions::{
 };
 use pko_proto::rollout_events::{STREAM, STREAM_MAX_AGE, STREAM_MAX_BYTES};
 
-use crate::nats_bootstrap::{write_file, Written};
+use crate::bootstrap_writes::{write_file, Written};
 
 /// The fleet account's name in its JWT.
 const FLEET_ACCOUNT_NAME: &str = "PKO_FLEET";

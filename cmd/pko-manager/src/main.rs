@@ -1,6 +1,7 @@
 //! `pko-manager`: the operator process. Parses flags, connects to the apiserver, optionally installs the
 //! CRDs and takes the leader lease, then runs the actor system until SIGTERM or SIGINT.
 
+mod bootstrap_writes;
 mod crd_install;
 mod fleet_bootstrap;
 mod health;

@@ -7,8 +7,9 @@
 //! Idempotent: a later run reads the keys back and changes nothing that is already right. Seeds go to
 //! stdout only with `--print-seed`.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
+use crate::bootstrap_writes::{write_file, Written};
 use crate::fleet_bootstrap::FleetStep;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -88,24 +89,6 @@ pub enum BootstrapError {
 fn kube_error(what: impl Into<String>) -> impl FnOnce(kube::Error) -> BootstrapError {
     let what = what.into();
     move |source| BootstrapError::Kube { what, source }
-}
-
-/// What happened to one object or file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Written {
-    Created,
-    Updated,
-    Unchanged,
-}
-
-impl std::fmt::Display for Written {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Written::Created => "created",
-            Written::Updated => "updated",
-            Written::Unchanged => "unchanged",
-        })
-    }
 }
 
 fn meta(name: &str, namespace: &str) -> ObjectMeta {
@@ -223,31 +206,6 @@ where
             Ok(Written::Updated)
         }
     }
-}
-
-/// Writes `text` to `path` unless it holds it already. A `secret` file is created readable by its owner
-/// only, and an existing one is made so.
-pub fn write_file(path: &Path, text: &str, secret: bool) -> Result<Written, std::io::Error> {
-    use std::io::Write as _;
-    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
-    let current = std::fs::read_to_string(path).ok();
-    if current.as_deref() == Some(text) {
-        return Ok(Written::Unchanged);
-    }
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).create(true).truncate(true);
-    if secret {
-        options.mode(0o600);
-        if current.is_some() {
-            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-        }
-    }
-    options.open(path)?.write_all(text.as_bytes())?;
-    Ok(if current.is_some() {
-        Written::Updated
-    } else {
-        Written::Created
-    })
 }
 
 /// Makes or checks everything; prints what it did (never a seed unless asked).
