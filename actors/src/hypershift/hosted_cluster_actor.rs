@@ -28,9 +28,10 @@ use crate::hypershift::connector_deployment::{
 };
 use crate::manager::context::ManagerContext;
 use crate::objects::object_meta::tombstone_meta;
-use crate::runtime::object_actor::{work, Change, ObjectActor, Outcome, Reconcile, Work};
+use crate::runtime::object_actor::{
+    work, Action, Change, ObjectActor, Reconcile, ReconcileError, Work,
+};
 use crate::runtime::reconcile_gate::Backoff;
-use crate::runtime::registry::ObjectRef;
 use pko_package::canonical_hash::value_hash;
 
 const BACKOFF_MIN: Duration = Duration::from_secs(2);
@@ -213,6 +214,7 @@ async fn remove_connector(context: &ManagerContext, namespace: &str) -> Result<(
 }
 
 /// The HostedCluster controller's own state.
+#[derive(Default)]
 pub struct HostedClusterController {
     /// Hash of the connector objects last applied, to tell a change from a repeat.
     applied: Option<u64>,
@@ -226,10 +228,6 @@ impl Reconcile for HostedClusterController {
     type Reported = ();
     const CONTROLLER: &'static str = "hosted_cluster";
     const BACKOFF: Backoff = Backoff::new(BACKOFF_MIN, Duration::from_secs(120));
-
-    fn new(_: &ManagerContext) -> Self {
-        Self { applied: None }
-    }
 
     /// Credentials fall due for renewal with time alone: look again six times per validity.
     fn resync(context: &ManagerContext) -> Option<Duration> {
@@ -248,15 +246,6 @@ impl Reconcile for HostedClusterController {
         }
     }
 
-    fn key(cluster: &HostedCluster) -> ObjectRef {
-        ObjectRef {
-            kind: "HostedCluster",
-            namespace: cluster.metadata.namespace.clone().unwrap_or_default(),
-            name: cluster.metadata.name.clone().unwrap_or_default(),
-        }
-    }
-
-    /// Every version counts: availability and the HCP namespace live in its status.
     fn change(_: Option<&HostedCluster>, _: &HostedCluster) -> Change {
         Change::Respecified
     }
@@ -278,10 +267,10 @@ impl Reconcile for HostedClusterController {
             |outcome, actor: &mut HostedClusterActor, _| match outcome {
                 InstallOutcome::Installed(hash) => {
                     actor.state.applied = Some(hash);
-                    Outcome::Done
+                    Ok(Action::AwaitChange)
                 }
-                InstallOutcome::Unchanged => Outcome::Done,
-                InstallOutcome::Failed(message) => Outcome::Retry(message),
+                InstallOutcome::Unchanged => Ok(Action::AwaitChange),
+                InstallOutcome::Failed(message) => Err(ReconcileError::Failed(message)),
             },
         )
     }

@@ -37,9 +37,10 @@ use crate::objects::object_meta::event_reference;
 use crate::objects::object_set_plan::phase_object_name;
 use crate::objects::set_object::{SetObject, HOSTED_CLUSTER_CLASS};
 use crate::runtime::meta_view::MetaView;
-use crate::runtime::object_actor::{work, Change, ObjectActor, Outcome, Reconcile, Work};
+use crate::runtime::object_actor::{
+    work, Action, Change, ObjectActor, Reconcile, ReconcileError, Work,
+};
 use crate::runtime::reconcile_gate::Backoff;
-use crate::runtime::registry::ObjectRef;
 
 /// Re-send the phase: the connector pushed a report or said hello (limited by the connector hub).
 #[derive(Debug, Message)]
@@ -64,6 +65,7 @@ enum Exchange {
 }
 
 /// The remote phase controller's own state.
+#[derive(Default)]
 pub struct RemotePhaseController {
     last: Option<Exchange>,
     /// Since when teardown requests of the deleted phase went unanswered.
@@ -86,26 +88,12 @@ impl Reconcile for RemotePhaseController {
         Some(Duration::from_secs(300))
     }
 
-    fn new(_: &ManagerContext) -> Self {
-        Self {
-            last: None,
-            unanswered_since: None,
-            previous_uids: None,
-        }
-    }
-
-    /// Namespaced ObjectSetPhases of class `hosted-cluster`: their namespace names the hosted cluster.
     fn wants(set: &SetObject) -> bool {
         set.kind.is_phase()
             && set.kind.is_namespaced()
             && set.phase_class() == Some(HOSTED_CLUSTER_CLASS)
     }
 
-    fn key(set: &SetObject) -> ObjectRef {
-        ObjectRef::of(set.kind.kind(), set)
-    }
-
-    /// Only what the connector is sent counts; status is ours.
     fn change(previous: Option<&SetObject>, phase: &SetObject) -> Change {
         let changed = previous.is_none_or(|p| {
             p.generation() != phase.generation()
@@ -165,21 +153,22 @@ impl Reconcile for RemotePhaseController {
                 };
                 let outcome = match &exchange {
                     Exchange::Reported(report) => match report.outcome {
-                        PhaseOutcome::TeardownInProgress => {
-                            Outcome::Requeue("hosted objects are being torn down".to_owned())
-                        }
-                        PhaseOutcome::PreflightError => {
-                            Outcome::Retry(format!("preflight error: {}", report.message))
-                        }
-                        _ => Outcome::Done,
+                        PhaseOutcome::TeardownInProgress => Ok(Action::Waiting(
+                            "hosted objects are being torn down".to_owned(),
+                        )),
+                        PhaseOutcome::PreflightError => Err(ReconcileError::Failed(format!(
+                            "preflight error: {}",
+                            report.message
+                        ))),
+                        _ => Ok(Action::AwaitChange),
                     },
-                    Exchange::Undelivered(message) => Outcome::Retry(message.clone()),
+                    Exchange::Undelivered(message) => Err(ReconcileError::Failed(message.clone())),
                     // Retrying sends the same bytes again: a new generation is the next chance.
-                    Exchange::TooLarge(_) => Outcome::Done,
-                    Exchange::Stale => Outcome::Requeue(
+                    Exchange::TooLarge(message) => Err(ReconcileError::Spec(message.clone())),
+                    Exchange::Stale => Ok(Action::Waiting(
                         "the ObjectSetPhase changed while it was being written".to_owned(),
-                    ),
-                    Exchange::Released => Outcome::Done,
+                    )),
+                    Exchange::Released => Ok(Action::AwaitChange),
                 };
                 actor.state.last = Some(exchange);
                 actor.publish_status(ctx);

@@ -58,10 +58,8 @@ impl MetaView for DeploymentObject {
     fn meta(&self) -> &ObjectMeta {
         &self.meta
     }
-}
 
-impl DeploymentObject {
-    pub fn kind(&self) -> &'static str {
+    fn kind(&self) -> &'static str {
         if self.sets.is_namespaced() {
             "ObjectDeployment"
         } else {
@@ -69,6 +67,12 @@ impl DeploymentObject {
         }
     }
 
+    fn same_status(&self, other: &Self) -> bool {
+        self.status == other.status
+    }
+}
+
+impl DeploymentObject {
     fn own_api(&self, client: Client) -> Api<kube::api::DynamicObject> {
         if self.sets.is_namespaced() {
             let resource = kube::api::ApiResource::erase::<ObjectDeployment>(&());

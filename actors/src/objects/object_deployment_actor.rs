@@ -3,7 +3,7 @@
 //! deployment plan decide (create a revision, bump the collision count, archive and prune old revisions),
 //! applies that, and writes status only when it changes. Events of its ObjectSets wake it directly.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use actix::prelude::*;
 use k8s_openapi::jiff::Timestamp;
@@ -23,11 +23,7 @@ use crate::objects::deployment_object::DeploymentObject;
 use crate::objects::object_meta::{event_reference, tombstone_meta};
 use crate::objects::revision_index::revision_view;
 use crate::runtime::meta_view::MetaView;
-use crate::runtime::object_actor::{
-    is_status_echo, work, Change, Notice, ObjectActor, Outcome, Reconcile, Report, Work,
-};
-use crate::runtime::reconcile_gate::Backoff;
-use crate::runtime::registry::ObjectRef;
+use crate::runtime::object_actor::{work, Action, Notice, ObjectActor, Reconcile, Report, Work};
 
 /// Collision-count bumps within one reconcile before giving up until the next event.
 const MAX_COLLISIONS_PER_RUN: usize = 5;
@@ -230,6 +226,7 @@ async fn reconcile_deployment(
 
 /// The ObjectSets come from the manager's [`RevisionIndex`](crate::objects::revision_index::RevisionIndex)
 /// or a list; the controller keeps only its status hold between reconciles.
+#[derive(Default)]
 pub struct ObjectDeploymentController {
     /// A revision just created has not reported yet: the status waits for it, briefly, instead of being
     /// written from the previous revision's report and again a moment later.
@@ -243,14 +240,6 @@ impl Reconcile for ObjectDeploymentController {
     type Object = DeploymentObject;
     type Reported = Option<i64>;
     const CONTROLLER: &'static str = "object_deployment";
-    const BACKOFF: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
-
-    fn new(_: &ManagerContext) -> Self {
-        Self {
-            hold: StatusHold::default(),
-        }
-    }
-
     /// Metadata only: the taps following this kind read nothing else of a deleted object.
     fn tombstone(object: &DeploymentObject) -> DeploymentObject {
         DeploymentObject {
@@ -258,18 +247,6 @@ impl Reconcile for ObjectDeploymentController {
             meta: tombstone_meta(&object.meta),
             spec: Default::default(),
             status: Default::default(),
-        }
-    }
-
-    fn key(od: &DeploymentObject) -> ObjectRef {
-        ObjectRef::of(od.kind(), od)
-    }
-
-    fn change(previous: Option<&DeploymentObject>, od: &DeploymentObject) -> Change {
-        if is_status_echo(previous, od, |a, b| a.status == b.status) {
-            Change::Echo
-        } else {
-            Change::Changed
         }
     }
 
@@ -309,19 +286,16 @@ impl Reconcile for ObjectDeploymentController {
         };
         work(
             run,
-            |result, actor: &mut ObjectDeploymentActor, ctx| match result {
+            |result, actor: &mut ObjectDeploymentActor, _| match result {
                 Ok((written, hold, held_for)) => {
                     actor.state.hold = hold;
                     if let (Some(status), Some(od)) = (written, actor.object.as_mut()) {
                         od.status = status;
                     }
-                    if let Some(left) = held_for {
-                        // The revision's first report wakes the deployment sooner.
-                        ctx.run_later(left, |actor, ctx| actor.request_reconcile(ctx));
-                    }
-                    Outcome::Done
+                    // The revision's first report wakes the deployment sooner.
+                    Ok(held_for.map_or(Action::AwaitChange, Action::RequeueAfter))
                 }
-                Err(e) => Outcome::Retry(e.to_string()),
+                Err(e) => Err(e.into()),
             },
         )
     }

@@ -44,10 +44,8 @@ use crate::objects::revision_index::PreviousRevision;
 use crate::objects::set_object::{SetObject, DEFAULT_CLASS};
 use crate::runtime::meta_view::MetaView;
 use crate::runtime::object_actor::{
-    work, Change, Notice, ObjectActor, Outcome, Reconcile, Report, Work,
+    work, Action, Change, Notice, ObjectActor, Reconcile, ReconcileError, Report, Work,
 };
-use crate::runtime::reconcile_gate::Backoff;
-use crate::runtime::registry::ObjectRef;
 use crate::runtime::telemetry::CapturedTrace;
 
 /// A managed object controlled by this set changed.
@@ -64,6 +62,7 @@ struct Phase {
 }
 
 /// The ObjectSet controller's own state: the installed plan and its phase actors.
+#[derive(Default)]
 pub struct ObjectSetController {
     planned_generation: Option<i64>,
     plan_version: u64,
@@ -540,27 +539,8 @@ impl Reconcile for ObjectSetController {
     type Object = SetObject;
     type Reported = Vec<Condition>;
     const CONTROLLER: &'static str = "object_set";
-    /// Retries of a plan whose inputs could not be read.
-    const BACKOFF: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
     /// Phase reports and object events must not reach a half-installed plan.
     const EXCLUSIVE: bool = true;
-
-    fn new(_: &ManagerContext) -> Self {
-        Self {
-            planned_generation: None,
-            plan_version: 0,
-            plan_error: None,
-            revision: 0,
-            phases: Vec::new(),
-            object_phase: HashMap::new(),
-            success_timer: None,
-            published: None,
-            overtaken_check: None,
-            finalizer_write_pending: false,
-            archival_report: None,
-            identity: ApplyIdentity::Manager,
-        }
-    }
 
     /// ObjectSetPhases of other classes belong to other controllers (the hosted-cluster connector, or
     /// out-of-tree ones).
@@ -577,10 +557,6 @@ impl Reconcile for ObjectSetController {
             status: Default::default(),
             given_revision: object.given_revision,
         }
-    }
-
-    fn key(set: &SetObject) -> ObjectRef {
-        ObjectRef::of(set.kind.kind(), set)
     }
 
     fn report(
@@ -713,13 +689,16 @@ impl Reconcile for ObjectSetController {
             |result, act: &mut ObjectSetActor, ctx| match result {
                 Ok(gathered) => {
                     act.install_plans(gathered, ctx);
-                    Outcome::Done
+                    Ok(Action::AwaitChange)
                 }
                 Err(unplannable) => {
-                    let (message, retry) = match unplannable {
-                        Unplannable::Spec(m) => (m, false),
-                        Unplannable::Inputs(m) => (m, true),
+                    // A spec error stays until the spec changes; slices or previous revisions may
+                    // appear later, or the apiserver recover.
+                    let error = match unplannable {
+                        Unplannable::Spec(m) => ReconcileError::Spec(m),
+                        Unplannable::Inputs(m) => ReconcileError::Failed(m),
                     };
+                    let message = error.to_string();
                     act.state.plan_error = Some(message.clone());
                     act.state.planned_generation = act.object.as_ref().map(SetObject::generation);
                     act.stop_phases();
@@ -728,13 +707,7 @@ impl Reconcile for ObjectSetController {
                         // Nothing can be torn down without a plan: let the deletion go on.
                         act.drive(ctx);
                     }
-                    if retry {
-                        // Slices or previous revisions may appear later, or the apiserver recover.
-                        Outcome::Retry(message)
-                    } else {
-                        // A spec error stays until the spec changes.
-                        Outcome::Done
-                    }
+                    Err(error)
                 }
             },
         )

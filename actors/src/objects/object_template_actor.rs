@@ -6,7 +6,6 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::Duration;
 
 use actix::prelude::*;
 use k8s_openapi::jiff::Timestamp;
@@ -24,10 +23,8 @@ use crate::objects::template_object::TemplateObject;
 use crate::packages::package_object::environment_facts;
 use crate::runtime::meta_view::MetaView;
 use crate::runtime::object_actor::{
-    is_status_echo, work, Change, ObjectActor, Outcome, Reconcile, Work,
+    work, Action, Change, ObjectActor, Reconcile, ReconcileError, Work,
 };
-use crate::runtime::reconcile_gate::Backoff;
-use crate::runtime::registry::ObjectRef;
 use pko_package::environment::{environment_value, package_environment};
 
 /// A source or the templated object changed.
@@ -166,6 +163,7 @@ async fn apply_template(
 
 /// The ObjectTemplate controller reads its sources on every reconcile; it only remembers that its route
 /// is registered.
+#[derive(Default)]
 pub struct ObjectTemplateController {
     routed: bool,
 }
@@ -177,25 +175,6 @@ impl Reconcile for ObjectTemplateController {
     type Object = TemplateObject;
     type Reported = ();
     const CONTROLLER: &'static str = "object_template";
-    const BACKOFF: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
-
-    fn new(_: &ManagerContext) -> Self {
-        Self { routed: false }
-    }
-
-    fn key(t: &TemplateObject) -> ObjectRef {
-        ObjectRef::of(t.kind(), t)
-    }
-
-    fn change(previous: Option<&TemplateObject>, template: &TemplateObject) -> Change {
-        if is_status_echo(previous, template, |a, b| a.status == b.status) {
-            Change::Echo
-        } else {
-            Change::Changed
-        }
-    }
-
-    /// The first sight registers the route by which its sources and object wake it.
     fn observed(
         actor: &mut ObjectTemplateActor,
         change: Change,
@@ -257,9 +236,9 @@ impl Reconcile for ObjectTemplateController {
                     if let Some(t) = actor.object.as_mut() {
                         t.status = status;
                     }
-                    Outcome::Done
+                    Ok(Action::AwaitChange)
                 }
-                Err(e) => Outcome::Retry(e.to_string()),
+                Err(e) => Err(ReconcileError::Failed(e.to_string())),
             },
         )
     }

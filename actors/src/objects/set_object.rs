@@ -196,6 +196,10 @@ impl MetaView for SetObject {
     fn meta(&self) -> &ObjectMeta {
         &self.meta
     }
+
+    fn kind(&self) -> &'static str {
+        self.kind.kind()
+    }
 }
 
 impl SetObject {

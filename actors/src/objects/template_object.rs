@@ -46,10 +46,8 @@ impl MetaView for TemplateObject {
     fn meta(&self) -> &ObjectMeta {
         &self.meta
     }
-}
 
-impl TemplateObject {
-    pub fn kind(&self) -> &'static str {
+    fn kind(&self) -> &'static str {
         if self.cluster {
             "ClusterObjectTemplate"
         } else {
@@ -57,6 +55,12 @@ impl TemplateObject {
         }
     }
 
+    fn same_status(&self, other: &Self) -> bool {
+        self.status == other.status
+    }
+}
+
+impl TemplateObject {
     /// The namespace sources and the object are confined to (None for ClusterObjectTemplate).
     pub fn own_namespace(&self) -> Option<&str> {
         (!self.cluster).then(|| self.namespace())

@@ -24,17 +24,16 @@ use crate::objects::object_meta::{creation_seconds, event_reference, tombstone_m
 use crate::packages::package_object::{environment_facts, DeploymentView, PackageObject};
 use crate::runtime::meta_view::MetaView;
 use crate::runtime::object_actor::{
-    is_status_echo, work, Change, Notice, ObjectActor, Outcome, Reconcile, Report, Work,
+    work, Action, Notice, ObjectActor, Reconcile, ReconcileError, Report, Work,
 };
 use crate::runtime::reconcile_gate::Backoff;
-use crate::runtime::registry::ObjectRef;
 use crate::runtime::telemetry::current_traceparent;
 use pko_package::canonical_hash::value_hash;
 use pko_package::chunking::{chunk, ChunkingStrategy};
 use pko_package::environment::{environment_value, package_environment};
 use pko_package::loader::load_installable;
+use pko_proto::well_known::SHARD_OWNER_LABEL;
 use pko_proto::well_known::TRACE_PARENT_ANNOTATION;
-use pko_proto::well_known::{CHUNKING_ANNOTATION, SHARD_OWNER_LABEL};
 use tracing::{info_span, Instrument};
 
 /// The package's ObjectDeployment changed: its state as the watch delivered it (`None`: deleted).
@@ -42,21 +41,11 @@ use tracing::{info_span, Instrument};
 #[rtype(result = "()")]
 pub struct DeploymentChanged(pub Option<DeploymentView>);
 
-/// The package's chunking annotation.
-fn chunking_annotation(package: &PackageObject) -> Option<&str> {
-    package
-        .meta
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(CHUNKING_ANNOTATION))
-        .map(String::as_str)
-}
-
 /// Hash of what an unpack depends on (spec and chunking strategy): a new one means unpacking again.
 fn spec_hash(package: &PackageObject) -> String {
     let input = serde_json::json!({
         "spec": package.spec,
-        "chunking": chunking_annotation(package),
+        "chunking": package.chunking_annotation(),
     });
     format!("{:016x}", value_hash(&input))
 }
@@ -155,7 +144,7 @@ async fn unpack(
     if let Some(message) = scope_error(&reference, &loaded) {
         return Ok(Unpack::not_applied(UnpackOutcome::Invalid(message), slices));
     }
-    let strategy = match ChunkingStrategy::from_annotation(chunking_annotation(package)) {
+    let strategy = match ChunkingStrategy::from_annotation(package.chunking_annotation()) {
         Ok(strategy) => strategy,
         Err(message) => return Ok(Unpack::not_applied(UnpackOutcome::Invalid(message), slices)),
     };
@@ -188,6 +177,7 @@ async fn unpack(
 }
 
 /// The Package controller's own state.
+#[derive(Default)]
 pub struct PackageController {
     /// The spec hash and outcome of the last unpack.
     unpacked: Option<(String, UnpackOutcome)>,
@@ -224,16 +214,6 @@ impl Reconcile for PackageController {
     const CONTROLLER: &'static str = "package";
     const BACKOFF: Backoff = Backoff::new(Duration::from_secs(10), Duration::from_secs(300));
 
-    fn new(_: &ManagerContext) -> Self {
-        Self {
-            unpacked: None,
-            slices: None,
-            deployment: None,
-            deployment_generation: 0,
-            hold: StatusHold::default(),
-        }
-    }
-
     /// Metadata only: the taps following this kind read nothing else of a deleted object.
     fn tombstone(object: &PackageObject) -> PackageObject {
         PackageObject {
@@ -241,22 +221,6 @@ impl Reconcile for PackageController {
             meta: tombstone_meta(&object.meta),
             spec: Default::default(),
             status: Default::default(),
-        }
-    }
-
-    fn key(p: &PackageObject) -> ObjectRef {
-        ObjectRef::of(p.kind(), p)
-    }
-
-    fn change(previous: Option<&PackageObject>, package: &PackageObject) -> Change {
-        let echo = is_status_echo(previous, package, |known, current| {
-            known.status == current.status
-                && chunking_annotation(known) == chunking_annotation(current)
-        });
-        match previous {
-            _ if echo => Change::Echo,
-            Some(known) if known.generation() != package.generation() => Change::Respecified,
-            _ => Change::Changed,
         }
     }
 
@@ -307,127 +271,171 @@ impl Reconcile for PackageController {
             .state
             .unpacked
             .clone()
-            .filter(|(h, o)| *h == hash && !matches!(o, UnpackOutcome::PullFailed(_)));
-        let context = actor.context.clone();
-        // Usable when no unpack runs now (an unpack applies the deployment and reports from its answer).
-        let delivered = actor.state.usable_deployment(previous.is_none());
-        let slices = actor.state.slices.clone();
-        // Reconciles of one actor never overlap: the hold goes with this one and comes back with it.
-        let mut hold = actor.state.hold.clone();
-        let run = async move {
-            let Unpack {
-                outcome,
-                applied,
-                slices,
-            } = match previous {
-                Some((_, outcome)) => Unpack::not_applied(outcome, slices),
-                None => {
-                    let started = std::time::Instant::now();
-                    let unpacked = unpack(&context, &package, slices).await?;
-                    context.metrics.upstream.package_loaded(
-                        package.name(),
-                        package.namespace(),
-                        started.elapsed().as_secs_f64(),
-                    );
-                    unpacked
-                }
-            };
-            // The generation is kept only from a read (the apply's answer is one): a delivered state
-            // sets no new floor.
-            let (deployment, read_generation) = match (&outcome, delivered) {
-                (UnpackOutcome::Unpacked, _) if applied.is_some() => {
-                    let generation = applied.as_ref().map(|d| d.generation);
-                    (applied, generation)
-                }
-                (UnpackOutcome::Unpacked, Some(delivered)) => (Some(delivered), None),
-                (UnpackOutcome::Unpacked, None) => {
-                    let read = package
-                        .deployment_status(context.runtime.client.clone())
-                        .await?;
-                    let generation = read.as_ref().map(|d| d.generation);
-                    (read, generation)
-                }
-                _ => (None, None),
-            };
-            let (conditions, phase) = package_conditions(
-                &package.status.conditions,
-                package.generation(),
-                package.spec.paused,
-                &outcome,
-                deployment
-                    .as_ref()
-                    .map(|d| (d.conditions.as_slice(), d.generation)),
-                Timestamp::now(),
-            );
-            let status = PackageStatus {
-                conditions,
-                phase: Some(phase.to_owned()),
-                unpacked_hash: if outcome == UnpackOutcome::Unpacked {
-                    hash.clone()
-                } else {
-                    package.status.unpacked_hash.clone()
-                },
-                revision: deployment
-                    .as_ref()
-                    .and_then(|d| d.revision)
-                    .unwrap_or(package.status.revision),
-            };
-            // A deployment that has not reported on its current generation yet (pko just applied a new
-            // spec to it) is waited for, briefly: its first report follows within moments.
-            let unreported = deployment
-                .as_ref()
-                .filter(|_| outcome == UnpackOutcome::Unpacked)
-                .filter(|d| !reported_for(&d.conditions, d.generation))
-                .map(|d| d.generation.to_string());
-            let mut held_for = None;
-            if status != package.status {
-                held_for = hold.hold(unreported.as_deref(), Instant::now());
-                if held_for.is_none() {
-                    package
-                        .write_status(context.runtime.client.clone(), &status)
-                        .await?;
-                }
-            }
-            let written = held_for.is_none().then_some(status);
-            Ok::<_, kube::Error>((
-                hash,
-                outcome,
-                written,
-                read_generation,
-                slices,
-                hold,
-                held_for,
-            ))
+            .filter(|(h, o)| *h == hash && !matches!(o, UnpackOutcome::PullFailed(_)))
+            .map(|(_, outcome)| outcome);
+        let run = PackageRun {
+            context: actor.context.clone(),
+            // Usable when no unpack runs now (an unpack applies the deployment and reports from its
+            // answer).
+            delivered: actor.state.usable_deployment(previous.is_none()),
+            previous,
+            slices: actor.state.slices.clone(),
+            // Reconciles of one actor never overlap: the hold goes with this one and comes back with it.
+            hold: actor.state.hold.clone(),
+            hash,
         };
-        work(run, |result, actor: &mut PackageActor, ctx| match result {
-            Ok((hash, outcome, written, read_generation, slices, hold, held_for)) => {
-                actor.state.slices = slices;
-                actor.state.hold = hold;
-                if let Some(left) = held_for {
-                    // The deployment's report wakes the Package sooner.
-                    ctx.run_later(left, |actor, ctx| actor.request_reconcile(ctx));
-                }
-                if let Some(generation) = read_generation {
-                    actor.state.deployment_generation = generation;
-                }
-                // A failed pull is retried like a failed reconcile.
-                let retry = match &outcome {
-                    UnpackOutcome::PullFailed(message) => {
-                        Outcome::Retry(format!("pulling the image: {message}"))
+        work(
+            run.reconcile(package),
+            |result, actor: &mut PackageActor, _| match result {
+                Ok(ran) => {
+                    actor.state.slices = ran.slices;
+                    actor.state.hold = ran.hold;
+                    if let Some(generation) = ran.read_generation {
+                        actor.state.deployment_generation = generation;
                     }
-                    _ => Outcome::Done,
-                };
-                actor.state.unpacked = Some((hash, outcome));
-                if let (Some(p), Some(status)) = (actor.object.as_mut(), written) {
-                    p.status = status;
+                    // A failed pull is retried like a failed reconcile.
+                    let outcome = match &ran.outcome {
+                        UnpackOutcome::PullFailed(message) => Err(ReconcileError::Failed(format!(
+                            "pulling the image: {message}"
+                        ))),
+                        // The deployment's report wakes the Package sooner.
+                        _ => Ok(ran
+                            .held_for
+                            .map_or(Action::AwaitChange, Action::RequeueAfter)),
+                    };
+                    actor.state.unpacked = Some((ran.hash, ran.outcome));
+                    if let (Some(p), Some(status)) = (actor.object.as_mut(), ran.written) {
+                        p.status = status;
+                    }
+                    outcome
                 }
-                retry
+                Err(e) => {
+                    // A failed unpack may have applied slices it did not prune: the next one lists them.
+                    actor.state.slices = None;
+                    Err(e.into())
+                }
+            },
+        )
+    }
+}
+
+/// What one reconcile of a Package starts from: taken from the actor, carried off it.
+struct PackageRun {
+    context: ManagerContext,
+    hash: String,
+    /// The last unpack's outcome when the spec it unpacked is still the Package's.
+    previous: Option<UnpackOutcome>,
+    delivered: Option<DeploymentView>,
+    slices: Option<BTreeSet<String>>,
+    hold: StatusHold,
+}
+
+/// What one reconcile of a Package found and did, taken back into the actor.
+struct PackageRan {
+    hash: String,
+    outcome: UnpackOutcome,
+    /// The status written, if one was.
+    written: Option<PackageStatus>,
+    /// The deployment's generation, when this run read it (the apply's answer is a read).
+    read_generation: Option<i64>,
+    slices: Option<BTreeSet<String>>,
+    hold: StatusHold,
+    /// How long the status write is held back for the deployment's first report.
+    held_for: Option<Duration>,
+}
+
+impl PackageRun {
+    /// Unpacks (unless the spec was unpacked already), reads the deployment, and writes the status.
+    async fn reconcile(self, package: PackageObject) -> Result<PackageRan, kube::Error> {
+        let PackageRun {
+            context,
+            hash,
+            previous,
+            delivered,
+            slices,
+            mut hold,
+        } = self;
+        let Unpack {
+            outcome,
+            applied,
+            slices,
+        } = match previous {
+            Some(outcome) => Unpack::not_applied(outcome, slices),
+            None => {
+                let started = std::time::Instant::now();
+                let unpacked = unpack(&context, &package, slices).await?;
+                context.metrics.upstream.package_loaded(
+                    package.name(),
+                    package.namespace(),
+                    started.elapsed().as_secs_f64(),
+                );
+                unpacked
             }
-            Err(e) => {
-                // A failed unpack may have applied slices it did not prune: the next one lists them.
-                actor.state.slices = None;
-                Outcome::Retry(e.to_string())
+        };
+        // The generation is kept only from a read (the apply's answer is one): a delivered state sets no
+        // new floor.
+        let (deployment, read_generation) = match (&outcome, delivered) {
+            (UnpackOutcome::Unpacked, _) if applied.is_some() => {
+                let generation = applied.as_ref().map(|d| d.generation);
+                (applied, generation)
             }
+            (UnpackOutcome::Unpacked, Some(delivered)) => (Some(delivered), None),
+            (UnpackOutcome::Unpacked, None) => {
+                let read = package
+                    .deployment_status(context.runtime.client.clone())
+                    .await?;
+                let generation = read.as_ref().map(|d| d.generation);
+                (read, generation)
+            }
+            _ => (None, None),
+        };
+        let (conditions, phase) = package_conditions(
+            &package.status.conditions,
+            package.generation(),
+            package.spec.paused,
+            &outcome,
+            deployment
+                .as_ref()
+                .map(|d| (d.conditions.as_slice(), d.generation)),
+            Timestamp::now(),
+        );
+        let status = PackageStatus {
+            conditions,
+            phase: Some(phase.to_owned()),
+            unpacked_hash: if outcome == UnpackOutcome::Unpacked {
+                hash.clone()
+            } else {
+                package.status.unpacked_hash.clone()
+            },
+            revision: deployment
+                .as_ref()
+                .and_then(|d| d.revision)
+                .unwrap_or(package.status.revision),
+        };
+        // A deployment that has not reported on its current generation yet (pko just applied a new spec
+        // to it) is waited for, briefly: its first report follows within moments.
+        let unreported = deployment
+            .as_ref()
+            .filter(|_| outcome == UnpackOutcome::Unpacked)
+            .filter(|d| !reported_for(&d.conditions, d.generation))
+            .map(|d| d.generation.to_string());
+        let mut held_for = None;
+        if status != package.status {
+            held_for = hold.hold(unreported.as_deref(), Instant::now());
+            if held_for.is_none() {
+                package
+                    .write_status(context.runtime.client.clone(), &status)
+                    .await?;
+            }
+        }
+        Ok(PackageRan {
+            hash,
+            outcome,
+            written: held_for.is_none().then_some(status),
+            read_generation,
+            slices,
+            hold,
+            held_for,
         })
     }
 }
@@ -444,7 +452,9 @@ impl Handler<DeploymentChanged> for PackageActor {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use crate::runtime::object_actor::Change;
     use pko_proto::core::package::Package;
+    use pko_proto::well_known::CHUNKING_ANNOTATION;
 
     fn package(generation: i64, chunking: Option<&str>, phase: &str) -> PackageObject {
         let annotations = chunking

@@ -12,6 +12,7 @@ use kube::{Api, Client};
 use pko_proto::core::object_deployment::{ClusterObjectDeployment, ObjectDeployment};
 use pko_proto::core::package::{ClusterPackage, Package, PackageSpec, PackageStatus};
 use pko_proto::hypershift::HostedCluster;
+use pko_proto::well_known::CHUNKING_ANNOTATION;
 use serde_json::{json, Value};
 
 use crate::engine::desired_object::FIELD_MANAGER;
@@ -96,6 +97,19 @@ impl MetaView for PackageObject {
     fn meta(&self) -> &ObjectMeta {
         &self.meta
     }
+
+    fn kind(&self) -> &'static str {
+        if self.cluster {
+            "ClusterPackage"
+        } else {
+            "Package"
+        }
+    }
+
+    /// The chunking annotation counts too: the reconcile reads it, and a change of it is no echo.
+    fn same_status(&self, other: &Self) -> bool {
+        self.status == other.status && self.chunking_annotation() == other.chunking_annotation()
+    }
 }
 
 /// A 404 means the API is not served or the object does not exist: the fact is absent.
@@ -107,12 +121,13 @@ fn absent<T>(e: kube::Error) -> Result<Option<T>, kube::Error> {
 }
 
 impl PackageObject {
-    pub fn kind(&self) -> &'static str {
-        if self.cluster {
-            "ClusterPackage"
-        } else {
-            "Package"
-        }
+    /// The package's chunking annotation.
+    pub fn chunking_annotation(&self) -> Option<&str> {
+        self.meta
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(CHUNKING_ANNOTATION))
+            .map(String::as_str)
     }
 
     pub fn package_ref(&self) -> PackageRef {

@@ -19,7 +19,7 @@ use kube::runtime::WatchStreamExt;
 use kube::Api;
 use opentelemetry::trace::TraceContextExt;
 use pko_proto::core::hosted_cluster_package::{HostedClusterPackage, HostedClusterPackageStatus};
-use pko_proto::core::package::Package;
+use pko_proto::core::package::{Package, PackageTemplateSpec};
 use pko_proto::rollout_events::RolloutEventKind;
 use pko_proto::rollout_events::{RolloutEvent, EVENT_VERSION};
 use tracing::{info_span, warn, Span};
@@ -35,22 +35,21 @@ use crate::engine::promotion_gate::{record_changed, rollout_record, GateVerdict,
 use crate::engine::resource_version::response_is_newer;
 use crate::engine::rollout_events::{policy_steps, rollout_steps, story_so_far, RolloutView};
 use crate::engine::rollout_guard::{stored_observations, HealthObservation, HealthObservations};
-use crate::engine::rollout_plan::{group_key, RolloutInput, RolloutPlan, UNKNOWN_GROUP};
+use crate::engine::rollout_plan::{group_key, Counts, RolloutInput, RolloutPlan, UNKNOWN_GROUP};
 use crate::engine::rollout_policy::HealthCheck;
 use crate::engine::rollout_status::AVAILABLE;
 use crate::engine::rollout_status::{progress_only, PROGRESSING};
 use crate::engine::status_hold::StatusHold;
-use crate::engine::transition_events::rollout_transition;
+use crate::engine::transition_events::{rollout_transition, TransitionEvent};
 use crate::manager::context::ManagerContext;
 use crate::objects::object_meta::{event_reference, write_status_over};
 use crate::rollout::hcp_namespace_actor::{HcpNamespaceActor, PackageCommand, PackageWritten};
 use crate::rollout::health_queries::unconfigured;
-use crate::rollout::hosted_cluster_fleet::{FleetChanged, RolloutShared};
+use crate::rollout::hosted_cluster_fleet::FleetChanged;
 use crate::runtime::object_actor::{
-    done, is_status_echo, work, Change, ObjectActor, Outcome, Reconcile, Report, Work,
+    done, work, Action, ObjectActor, Reconcile, ReconcileError, Report, Work,
 };
 use crate::runtime::reconcile_gate::Backoff;
-use crate::runtime::registry::ObjectRef;
 use crate::runtime::telemetry::{current_traceparent, trace_id_of};
 use pko_proto::well_known::TRACE_PARENT_ANNOTATION;
 
@@ -79,9 +78,62 @@ struct LastPlan {
     plan: RolloutPlan,
 }
 
+/// What one decision asks to be done.
+struct StepToCarry {
+    status: HostedClusterPackageStatus,
+    /// The Packages to create or update, each with the span of its rollout step.
+    writes: BTreeMap<String, Span>,
+    deletes: Vec<String>,
+    events: Vec<RolloutEvent>,
+    /// The Events to raise for the events' transitions.
+    transitions: Vec<TransitionEvent>,
+    /// The plan the next decision's events are told against.
+    next: Option<LastPlan>,
+    /// What the fleet's hub is told.
+    hub: Option<HubReport>,
+    guard: Option<Guard>,
+}
+
+impl StepToCarry {
+    /// An invalid spec: its status, nothing else.
+    fn invalid(status: HostedClusterPackageStatus) -> Self {
+        Self {
+            status,
+            writes: BTreeMap::new(),
+            deletes: Vec::new(),
+            events: Vec::new(),
+            transitions: Vec::new(),
+            next: None,
+            hub: None,
+            guard: None,
+        }
+    }
+}
+
+/// Where a rollout stands, for the fleet's hub.
+struct HubReport {
+    gate: GateVerdict,
+    template_hash: String,
+    counts: Counts,
+    partition: Option<String>,
+}
+
+/// What the rollout policy asks for after a step: the template Packages are written with, and when to
+/// look again.
+struct Guard {
+    template: PackageTemplateSpec,
+    recheck_after: Option<Duration>,
+    health_due: Vec<(String, HealthCheck)>,
+}
+
+/// The sooner of two optional delays.
+fn sooner(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
+    a.into_iter().chain(b).min()
+}
+
 /// The HostedClusterPackage controller's own state.
+#[derive(Default)]
 pub struct HostedClusterPackageController {
-    shared: RolloutShared,
     /// Owned Packages by namespace, from this supervisor's own watch of them; `None` until its first
     /// list is complete (planning on a partial view could recreate existing Packages past the budget).
     /// Shared, not copied: every reconcile snapshots the whole fleet's Packages.
@@ -109,15 +161,10 @@ pub struct HostedClusterPackageController {
     health: HealthObservations,
     /// Health checks being evaluated now.
     evaluating: BTreeSet<(String, String)>,
-    /// The pending decision at the end of a soak or a progress deadline.
-    recheck: Option<SpawnHandle>,
-    /// The pending decision when a health check is due again.
-    health_recheck: Option<SpawnHandle>,
     /// Progress alone (counts, Packages leaving `processing`) held back from the status, to be merged
-    /// into the next write within the hold's limit; and the decision that writes it when no other write
-    /// comes.
+    /// into the next write within the hold's limit (the decision that writes it when no other write
+    /// comes is the reconcile's requeue).
     progress_hold: StatusHold,
-    progress_timer: Option<SpawnHandle>,
 }
 
 /// How often a health check of a soaking group is evaluated.
@@ -151,58 +198,13 @@ impl Reconcile for HostedClusterPackageController {
     const CONTROLLER: &'static str = "hosted_cluster_package";
     const BACKOFF: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
 
-    fn new(context: &ManagerContext) -> Self {
-        Self {
-            shared: context.rollouts.clone(),
-            packages: None,
-            watching: false,
-            listing: BTreeMap::new(),
-            versions: BTreeMap::new(),
-            children: BTreeMap::new(),
-            writing: BTreeSet::new(),
-            failures: BTreeMap::new(),
-            last: None,
-            following_hub: false,
-            gate_told: None,
-            last_event_at: None,
-            health: HealthObservations::new(),
-            evaluating: BTreeSet::new(),
-            recheck: None,
-            health_recheck: None,
-            progress_hold: StatusHold::default(),
-            progress_timer: None,
-        }
-    }
-
-    fn key(hcpkg: &HostedClusterPackage) -> ObjectRef {
-        ObjectRef {
-            kind: "HostedClusterPackage",
-            namespace: String::new(),
-            name: hcpkg.metadata.name.clone().unwrap_or_default(),
-        }
-    }
-
-    fn change(previous: Option<&HostedClusterPackage>, hcpkg: &HostedClusterPackage) -> Change {
-        // Our own status writes are recorded before they come back, so they match. Approvals and undo
-        // requests come as annotations; any other change restarts the backoff.
-        let echo = is_status_echo(previous, hcpkg, |known, current| {
-            known.status == current.status
-                && known.metadata.annotations == current.metadata.annotations
-        });
-        if echo {
-            Change::Echo
-        } else {
-            Change::Respecified
-        }
-    }
-
     fn reconcile(
         actor: &mut HostedClusterPackageActor,
         hcpkg: HostedClusterPackage,
         ctx: &mut Context<HostedClusterPackageActor>,
     ) -> Work<Self> {
         let name = actor.name();
-        actor.state.shared.fleet.set_selector(
+        actor.context.rollouts.fleet.set_selector(
             &name,
             &hcpkg.spec.hosted_cluster_selector,
             ctx.address().recipient(),
@@ -219,14 +221,14 @@ impl Reconcile for HostedClusterPackageController {
                     .boxed(),
             );
         }
-        if !actor.state.shared.fleet.is_ready() {
+        if !actor.context.rollouts.fleet.is_ready() {
             // Woken by the fleet once it is complete.
             return done();
         }
         let Some(packages) = actor.state.packages.clone() else {
             return done();
         };
-        let hub = actor.state.shared.hub.clone();
+        let hub = actor.context.rollouts.hub.clone();
         if let (Some(hub), false) = (&hub, actor.state.following_hub) {
             // A rollout in a fleet decides again whenever the hub's records or reachability change: a
             // gate may open, and a release halted elsewhere halts here.
@@ -235,7 +237,7 @@ impl Reconcile for HostedClusterPackageController {
             ctx.add_stream(changes);
         }
         let gate = GateInput::Fleet {
-            cluster: actor.state.shared.source.clone(),
+            cluster: actor.context.rollouts.source.clone(),
             hub: hub.as_ref().map(|hub| hub.view(&name)),
         };
         if actor.state.health.is_empty() {
@@ -247,7 +249,7 @@ impl Reconcile for HostedClusterPackageController {
         }
         let selector = &hcpkg.spec.hosted_cluster_selector;
         let snapshot = RolloutSnapshot {
-            clusters: actor.state.shared.fleet.selected(selector),
+            clusters: actor.context.rollouts.fleet.selected(selector),
             hcpkg,
             packages,
             writing: actor.state.writing.clone(),
@@ -272,7 +274,7 @@ impl Reconcile for HostedClusterPackageController {
     /// Deleted, or moved to another replica: this one no longer writes its record at the hub (the new
     /// supervisor does, or it ages out).
     fn stopped(actor: &mut HostedClusterPackageActor) {
-        if let Some(hub) = &actor.state.shared.hub {
+        if let Some(hub) = &actor.context.rollouts.hub {
             hub.forget(&actor.name());
             hub.metrics().gate(&actor.name(), None);
         }
@@ -290,7 +292,7 @@ impl Reconcile for HostedClusterPackageController {
         _: &mut Context<HostedClusterPackageActor>,
     ) -> Option<LocalBoxFuture<'static, ()>> {
         // Its Packages go with it through their owner references.
-        actor.state.shared.fleet.remove_selector(&actor.name());
+        actor.context.rollouts.fleet.remove_selector(&actor.name());
         None
     }
 }
@@ -308,147 +310,33 @@ impl HostedClusterPackageActor {
         let Some(hcpkg) = self.object.clone() else {
             return done();
         };
-        let client = self.context.runtime.client.clone();
-        let name = self.name();
         let previous_status = hcpkg.status.clone().unwrap_or_default();
-        let (status, writes, deletes, events, transitions, next, fleet, guard) = match decision {
-            RolloutDecision::Invalid(status) => (
-                *status,
-                BTreeMap::new(),
-                Vec::new(),
-                Vec::new(),
-                Vec::new(),
-                None,
-                None,
-                None,
-            ),
-            RolloutDecision::Planned(step) => {
-                let RolloutStep {
-                    input,
-                    plan,
-                    status,
-                    deletes,
-                    gate,
-                    template_hash,
-                    template,
-                    recheck_after,
-                    health_due,
-                } = *step;
-                let generation = hcpkg.metadata.generation.unwrap_or_default();
-                let view = RolloutView {
-                    generation,
-                    input: &input,
-                    plan: &plan,
-                };
-                let previous = self.state.last.as_ref().map(|l| RolloutView {
-                    generation: l.generation,
-                    input: &l.input,
-                    plan: &l.plan,
-                });
-                // Taking over a rollout under way: what was told before is not known here, so the
-                // stream gets the story so far (it drops what it holds) and no Event is raised again.
-                let (mut steps, retold) = match (&gate, previous) {
-                    // Held at the gate: nothing of the new template happens; the steps are told
-                    // against the last plan once it opens.
-                    (GateVerdict::Closed(_), _) => (Vec::new(), false),
-                    (_, Some(previous)) => (rollout_steps(Some(&previous), &view), false),
-                    (_, None) if under_way(&hcpkg) => (story_so_far(&view), true),
-                    (_, None) => (rollout_steps(None, &view), false),
-                };
-                let gate_step = self.gate_step(&gate, generation);
-                steps.splice(0..0, gate_step);
-                steps.extend(policy_steps(&previous_status, &status));
-                let writes: Vec<String> = plan.create.iter().chain(&plan.update).cloned().collect();
-                // Each Package update is a trace of its own, from this decision to the hosted cluster.
-                let steps_traced: BTreeMap<String, Span> = writes
-                    .iter()
-                    .map(|namespace| {
-                        let group = input
-                            .targets
-                            .iter()
-                            .find(|t| t.namespace == *namespace)
-                            .and_then(|t| group_key(t.label.as_deref(), input.partition.as_ref()));
-                        let span = rollout_step_span(&name, generation, namespace, group);
-                        (namespace.clone(), span)
-                    })
-                    .collect();
-                let decision = current_traceparent();
-                let events: Vec<RolloutEvent> = steps
-                    .into_iter()
-                    .map(|s| {
-                        let traced = s
-                            .namespace
-                            .as_ref()
-                            .filter(|_| s.kind == RolloutEventKind::PackageUpdated)
-                            .and_then(|namespace| steps_traced.get(namespace));
-                        let traceparent = match traced {
-                            Some(span) => span.in_scope(current_traceparent),
-                            None => decision.clone(),
-                        };
-                        let trace_id = traceparent
-                            .as_deref()
-                            .and_then(trace_id_of)
-                            .map(str::to_owned);
-                        RolloutEvent {
-                            version: EVENT_VERSION,
-                            kind: s.kind,
-                            hosted_cluster_package: name.clone(),
-                            uid: hcpkg.metadata.uid.clone().unwrap_or_default(),
-                            generation,
-                            group: s.group,
-                            namespace: s.namespace,
-                            message: s.message,
-                            source: self.state.shared.source.clone(),
-                            trace_id,
-                            traceparent,
-                        }
-                    })
-                    .collect();
-                let counts = plan.counts;
-                let partition = plan
-                    .current_group
-                    .and_then(|i| plan.groups.get(i))
-                    .map(|g| g.name.clone().unwrap_or_else(|| UNKNOWN_GROUP.to_owned()));
-                let fleet = Some((gate.clone(), template_hash, counts, partition));
-                let next = (!gate.is_closed()).then_some(LastPlan {
-                    generation,
-                    input,
-                    plan,
-                });
-                let transitions = if retold {
-                    Vec::new()
-                } else {
-                    events.iter().filter_map(rollout_transition).collect()
-                };
-                (
-                    status,
-                    steps_traced,
-                    deletes,
-                    events,
-                    transitions,
-                    next,
-                    fleet,
-                    Some((template, recheck_after, health_due)),
-                )
-            }
+        let step = match decision {
+            RolloutDecision::Invalid(status) => StepToCarry::invalid(*status),
+            RolloutDecision::Planned(step) => self.step_to_carry(&hcpkg, &previous_status, *step),
         };
-        if !events.is_empty() {
+        if !step.events.is_empty() {
             self.state.last_event_at = Some(Timestamp::now());
         }
-        let status_changed = status != previous_status;
+        let status_changed = step.status != previous_status;
         let progress = status_changed
-            && writes.is_empty()
-            && deletes.is_empty()
-            && progress_only(&previous_status, &status);
+            && step.writes.is_empty()
+            && step.deletes.is_empty()
+            && progress_only(&previous_status, &step.status);
         let progress_wait = self
             .state
             .progress_hold
             .hold(progress.then_some(AWAITING_WRITE), Instant::now());
         let write_now = status_changed && progress_wait.is_none();
-        let publisher = self.state.shared.publisher.clone();
+        let client = self.context.runtime.client.clone();
+        let name = self.name();
+        let publisher = self.context.rollouts.publisher.clone();
         let reference = event_reference("HostedClusterPackage", &hcpkg.metadata);
         let read_at = hcpkg.metadata.resource_version.clone();
         let events_sink = self.context.runtime.events.clone();
+        let status = step.status.clone();
+        let events = step.events.clone();
+        let transitions = step.transitions.clone();
         let run = async move {
             // The in-flight set (and the rest of the status) goes first: a crash after this point
             // finds every update it was about to make already counted. It is written only over the
@@ -462,100 +350,232 @@ impl HostedClusterPackageActor {
             if let Some(publisher) = publisher {
                 publisher.enqueue(events);
             }
-            Ok::<_, StatusWriteError>((status, written_at))
+            Ok::<_, StatusWriteError>(written_at)
         };
         work(run, move |written, act: &mut Self, ctx| match written {
-            Ok((status, written_at)) => {
-                if let Some(next) = next {
-                    act.state.last = Some(next);
-                }
-                if let Some((gate, template_hash, counts, partition)) = fleet {
-                    act.report_to_hub(&status, &gate, &template_hash, &counts, partition);
-                    if let GateVerdict::Closed(closed) = &gate {
-                        if let Some(after) = closed.recheck_after {
-                            // A soak ends by itself: decide again then.
-                            ctx.run_later(after, |act, ctx| act.request_reconcile(ctx));
-                        }
-                    }
-                }
-                if written_at.is_some() || progress_wait.is_some() {
-                    act.context
-                        .metrics
-                        .rollouts
-                        .status_change(&act.name(), progress_wait.is_some());
-                }
-                match progress_wait {
-                    Some(left) => {
-                        if act.state.progress_timer.is_none() {
-                            // That decision finds the hold over and writes.
-                            let decide = ctx.run_later(left, |act, ctx| {
-                                act.state.progress_timer = None;
-                                act.request_reconcile(ctx);
-                            });
-                            act.state.progress_timer = Some(decide);
-                        }
-                    }
-                    None => {
-                        // Written (or nothing to write): the next progress starts a hold of its own.
-                        act.state.progress_hold = StatusHold::default();
-                        if let Some(decide) = act.state.progress_timer.take() {
-                            ctx.cancel_future(decide);
-                        }
-                        if let Some(h) = act.object.as_mut() {
-                            h.status = Some(status);
-                            if written_at.is_some() {
-                                h.metadata.resource_version = written_at;
-                            }
-                        }
-                    }
-                }
-                let Some((template, recheck_after, health_due)) = guard else {
-                    return Outcome::Done;
-                };
-                act.schedule_recheck(recheck_after, ctx);
-                act.evaluate_health(health_due, ctx);
-                for (namespace, step) in writes {
-                    let write =
-                        info_span!(parent: &step, "write Package", k8s.namespace.name = %namespace);
-                    let mut body = desired_package(&hcpkg, &template, &namespace);
-                    // The Package's reconcile continues this trace from the annotation it is written with.
-                    if let Some(traceparent) = write.in_scope(current_traceparent) {
-                        body["metadata"]["annotations"][TRACE_PARENT_ANNOTATION] =
-                            traceparent.into();
-                    }
-                    act.state.writing.insert(namespace.clone());
-                    act.child(&namespace, ctx)
-                        .do_send(PackageCommand::Apply(body, write));
-                }
-                for namespace in &deletes {
-                    act.child(namespace, ctx).do_send(PackageCommand::Delete);
-                }
-                Outcome::Done
-            }
-            Err(StatusWriteError::Conflict) => Outcome::Requeue(
+            Ok(written_at) => Ok(act.carried(&hcpkg, step, written_at, progress_wait, ctx)),
+            Err(StatusWriteError::Conflict) => Ok(Action::Waiting(
                 "the HostedClusterPackage changed since it was read; planning again".to_owned(),
-            ),
-            Err(StatusWriteError::Failed(error)) => {
-                Outcome::Retry(format!("{error}; no Package is written before the status"))
-            }
+            )),
+            Err(StatusWriteError::Failed(error)) => Err(ReconcileError::Failed(format!(
+                "{error}; no Package is written before the status"
+            ))),
         })
     }
 
-    /// Decides again after `after` (a soak or a progress deadline ends), replacing the pending one.
-    fn schedule_recheck(&mut self, after: Option<Duration>, ctx: &mut Context<Self>) {
-        if let Some(pending) = self.state.recheck.take() {
-            ctx.cancel_future(pending);
-        }
-        if let Some(after) = after {
-            self.state.recheck = Some(ctx.run_later(after, |act, ctx| {
-                act.state.recheck = None;
-                act.request_reconcile(ctx);
-            }));
+    /// What a planned step asks to be done: the rollout's story told since the last plan (events and
+    /// the traces of Package updates), the status, and the writes.
+    fn step_to_carry(
+        &mut self,
+        hcpkg: &HostedClusterPackage,
+        previous_status: &HostedClusterPackageStatus,
+        step: RolloutStep,
+    ) -> StepToCarry {
+        let RolloutStep {
+            input,
+            plan,
+            status,
+            deletes,
+            gate,
+            template_hash,
+            template,
+            recheck_after,
+            health_due,
+        } = step;
+        let name = self.name();
+        let generation = hcpkg.metadata.generation.unwrap_or_default();
+        let view = RolloutView {
+            generation,
+            input: &input,
+            plan: &plan,
+        };
+        let previous = self.state.last.as_ref().map(|l| RolloutView {
+            generation: l.generation,
+            input: &l.input,
+            plan: &l.plan,
+        });
+        // Taking over a rollout under way: what was told before is not known here, so the stream gets
+        // the story so far (it drops what it holds) and no Event is raised again.
+        let (mut steps, retold) = match (&gate, previous) {
+            // Held at the gate: nothing of the new template happens; the steps are told against the
+            // last plan once it opens.
+            (GateVerdict::Closed(_), _) => (Vec::new(), false),
+            (_, Some(previous)) => (rollout_steps(Some(&previous), &view), false),
+            (_, None) if under_way(hcpkg) => (story_so_far(&view), true),
+            (_, None) => (rollout_steps(None, &view), false),
+        };
+        let gate_step = self.gate_step(&gate, generation);
+        steps.splice(0..0, gate_step);
+        steps.extend(policy_steps(previous_status, &status));
+        // Each Package update is a trace of its own, from this decision to the hosted cluster.
+        let writes: BTreeMap<String, Span> = plan
+            .create
+            .iter()
+            .chain(&plan.update)
+            .map(|namespace| {
+                let group = input
+                    .targets
+                    .iter()
+                    .find(|t| t.namespace == *namespace)
+                    .and_then(|t| group_key(t.label.as_deref(), input.partition.as_ref()));
+                let span = rollout_step_span(&name, generation, namespace, group);
+                (namespace.clone(), span)
+            })
+            .collect();
+        let events = self.rollout_events(hcpkg, steps, &writes);
+        let partition = plan
+            .current_group
+            .and_then(|i| plan.groups.get(i))
+            .map(|g| g.name.clone().unwrap_or_else(|| UNKNOWN_GROUP.to_owned()));
+        let hub = HubReport {
+            gate: gate.clone(),
+            template_hash,
+            counts: plan.counts,
+            partition,
+        };
+        let next = (!gate.is_closed()).then_some(LastPlan {
+            generation,
+            input,
+            plan,
+        });
+        let transitions = if retold {
+            Vec::new()
+        } else {
+            events.iter().filter_map(rollout_transition).collect()
+        };
+        StepToCarry {
+            status,
+            writes,
+            deletes,
+            events,
+            transitions,
+            next,
+            hub: Some(hub),
+            guard: Some(Guard {
+                template,
+                recheck_after,
+                health_due,
+            }),
         }
     }
 
+    /// The rollout events of `steps`; a Package update carries the trace of its step.
+    fn rollout_events(
+        &self,
+        hcpkg: &HostedClusterPackage,
+        steps: Vec<crate::engine::rollout_events::RolloutStep>,
+        traced: &BTreeMap<String, Span>,
+    ) -> Vec<RolloutEvent> {
+        let decision = current_traceparent();
+        steps
+            .into_iter()
+            .map(|s| {
+                let step_span = s
+                    .namespace
+                    .as_ref()
+                    .filter(|_| s.kind == RolloutEventKind::PackageUpdated)
+                    .and_then(|namespace| traced.get(namespace));
+                let traceparent = match step_span {
+                    Some(span) => span.in_scope(current_traceparent),
+                    None => decision.clone(),
+                };
+                let trace_id = traceparent
+                    .as_deref()
+                    .and_then(trace_id_of)
+                    .map(str::to_owned);
+                RolloutEvent {
+                    version: EVENT_VERSION,
+                    kind: s.kind,
+                    hosted_cluster_package: self.name(),
+                    uid: hcpkg.metadata.uid.clone().unwrap_or_default(),
+                    generation: hcpkg.metadata.generation.unwrap_or_default(),
+                    group: s.group,
+                    namespace: s.namespace,
+                    message: s.message,
+                    source: self.context.rollouts.source.clone(),
+                    trace_id,
+                    traceparent,
+                }
+            })
+            .collect()
+    }
+
+    /// Takes a carried step's result back: the hub's record, the status as written, the health checks
+    /// due, and the Package writes handed to the namespaces' actors. Returns when to decide again
+    /// (a soak or a progress deadline ends, a health check falls due, a held status must be written).
+    fn carried(
+        &mut self,
+        hcpkg: &HostedClusterPackage,
+        step: StepToCarry,
+        written_at: Option<String>,
+        progress_wait: Option<Duration>,
+        ctx: &mut Context<Self>,
+    ) -> Action {
+        let StepToCarry {
+            status,
+            writes,
+            deletes,
+            next,
+            hub,
+            guard,
+            ..
+        } = step;
+        let mut again = progress_wait;
+        if let Some(next) = next {
+            self.state.last = Some(next);
+        }
+        if let Some(hub) = hub {
+            self.report_to_hub(&status, &hub);
+            if let GateVerdict::Closed(closed) = &hub.gate {
+                // A soak ends by itself: decide again then.
+                again = sooner(again, closed.recheck_after);
+            }
+        }
+        if written_at.is_some() || progress_wait.is_some() {
+            self.context
+                .metrics
+                .rollouts
+                .status_change(&self.name(), progress_wait.is_some());
+        }
+        if progress_wait.is_none() {
+            // Written (or nothing to write): the next progress starts a hold of its own.
+            self.state.progress_hold = StatusHold::default();
+            if let Some(h) = self.object.as_mut() {
+                h.status = Some(status);
+                if written_at.is_some() {
+                    h.metadata.resource_version = written_at;
+                }
+            }
+        }
+        let Some(guard) = guard else {
+            return again.map_or(Action::AwaitChange, Action::RequeueAfter);
+        };
+        again = sooner(again, guard.recheck_after);
+        again = sooner(again, self.evaluate_health(guard.health_due, ctx));
+        for (namespace, step) in writes {
+            let write = info_span!(parent: &step, "write Package", k8s.namespace.name = %namespace);
+            let mut body = desired_package(hcpkg, &guard.template, &namespace);
+            // The Package's reconcile continues this trace from the annotation it is written with.
+            if let Some(traceparent) = write.in_scope(current_traceparent) {
+                body["metadata"]["annotations"][TRACE_PARENT_ANNOTATION] = traceparent.into();
+            }
+            self.state.writing.insert(namespace.clone());
+            self.child(&namespace, ctx)
+                .do_send(PackageCommand::Apply(body, write));
+        }
+        for namespace in &deletes {
+            self.child(namespace, ctx).do_send(PackageCommand::Delete);
+        }
+        again.map_or(Action::AwaitChange, Action::RequeueAfter)
+    }
+
     /// Evaluates the due health checks that were not evaluated within the interval, off the actor.
-    fn evaluate_health(&mut self, due: Vec<(String, HealthCheck)>, ctx: &mut Context<Self>) {
+    /// Returns when the soonest check skipped now falls due.
+    fn evaluate_health(
+        &mut self,
+        due: Vec<(String, HealthCheck)>,
+        ctx: &mut Context<Self>,
+    ) -> Option<Duration> {
         let now = Timestamp::now();
         let mut soonest: Option<Duration> = None;
         for (group, check) in due {
@@ -571,7 +591,7 @@ impl HostedClusterPackageActor {
                 continue;
             }
             self.state.evaluating.insert(key);
-            let prometheus = self.state.shared.prometheus.clone();
+            let prometheus = self.context.rollouts.prometheus.clone();
             let address = ctx.address();
             actix::spawn(async move {
                 let observation = match prometheus {
@@ -585,15 +605,7 @@ impl HostedClusterPackageActor {
                 });
             });
         }
-        if let Some(pending) = self.state.health_recheck.take() {
-            ctx.cancel_future(pending);
-        }
-        if let Some(left) = soonest {
-            self.state.health_recheck = Some(ctx.run_later(left, |act, ctx| {
-                act.state.health_recheck = None;
-                act.request_reconcile(ctx);
-            }));
-        }
+        soonest
     }
 
     /// The promotion gate's own step: `promotionOpened` when it opened now, `promotionWaiting` when whom
@@ -630,15 +642,14 @@ impl HostedClusterPackageActor {
     }
 
     /// Tells the fleet's hub (when in a fleet) where this rollout stands.
-    fn report_to_hub(
-        &self,
-        status: &HostedClusterPackageStatus,
-        gate: &GateVerdict,
-        template_hash: &str,
-        counts: &crate::engine::rollout_plan::Counts,
-        partition: Option<String>,
-    ) {
-        let Some(hub) = &self.state.shared.hub else {
+    fn report_to_hub(&self, status: &HostedClusterPackageStatus, report: &HubReport) {
+        let HubReport {
+            gate,
+            template_hash,
+            counts,
+            partition,
+        } = report;
+        let Some(hub) = &self.context.rollouts.hub else {
             return;
         };
         let name = self.name();
@@ -656,7 +667,7 @@ impl HostedClusterPackageActor {
             name: &name,
             generation,
             template_hash,
-            partition,
+            partition: partition.clone(),
             counts,
             available,
             gate,

@@ -8,6 +8,19 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 pub trait MetaView {
     fn meta(&self) -> &ObjectMeta;
 
+    /// The object's kind, as keys, spans and Events name it.
+    fn kind(&self) -> &'static str;
+
+    /// Whether `other` carries the same status as this version: what pko writes of the object itself
+    /// (its status, and an annotation pko writes with it), compared to tell pko's own write coming
+    /// back from a change. `false` unless a kind says how, so that every version is taken as a change.
+    fn same_status(&self, _other: &Self) -> bool
+    where
+        Self: Sized,
+    {
+        false
+    }
+
     fn name(&self) -> &str {
         self.meta().name.as_deref().unwrap_or_default()
     }
@@ -47,10 +60,24 @@ impl MetaView for pko_proto::core::hosted_cluster_package::HostedClusterPackage 
     fn meta(&self) -> &ObjectMeta {
         &self.metadata
     }
+
+    fn kind(&self) -> &'static str {
+        "HostedClusterPackage"
+    }
+
+    /// Annotations are compared too: approvals and undo requests come as annotations, which leave the
+    /// generation as it was.
+    fn same_status(&self, other: &Self) -> bool {
+        self.status == other.status && self.metadata.annotations == other.metadata.annotations
+    }
 }
 
 impl MetaView for pko_proto::hypershift::HostedCluster {
     fn meta(&self) -> &ObjectMeta {
         &self.metadata
+    }
+
+    fn kind(&self) -> &'static str {
+        "HostedCluster"
     }
 }

@@ -5,7 +5,10 @@
 //! - runs one reconcile at a time, coalescing requests that arrive during a run ([`ReconcileGate`]);
 //! - opens the reconcile's span, continuing the trace of the write that caused it (the object's
 //!   trace-parent annotation, [`TraceCause`]), and measures its duration and result ([`RuntimeMetrics`]);
-//! - retries a failed reconcile after a jittered exponential backoff, reset by a success or a new spec;
+//! - retries a failed reconcile after a jittered exponential backoff, reset by a success or a new spec,
+//!   or waits for a change when the controller's error policy gives up (`Reconcile::error_policy`);
+//! - runs again when a reconcile asks to (`Action::RequeueAfter`) or the resync falls due, whichever
+//!   comes first, unless a change starts a run sooner;
 //! - records what each observed version tells the outside (`Reconcile::report`: its metrics, and the
 //!   Kubernetes Events of its transitions) and drops the metrics when the object goes;
 //! - stops the actor when the object is gone, after the implementation's cleanup.
@@ -21,7 +24,7 @@ use actix::dev::ToEnvelope;
 use actix::fut::{self, ActorFuture, ActorFutureExt};
 use actix::prelude::*;
 use futures::future::LocalBoxFuture;
-use tracing::{debug, info_span, warn, Span};
+use tracing::{debug, info, info_span, warn, Span};
 
 use k8s_openapi::api::core::v1::ObjectReference;
 
@@ -46,28 +49,53 @@ pub enum Change {
 }
 
 /// Whether `current` is pko's own status write of `previous` coming back through the watch: the same
-/// generation and the same status, as `same_status` compares them (a kind adds what else of the object
-/// its reconcile reads, such as an annotation). The rule every kind whose status only pko writes uses in
-/// [`Reconcile::change`].
-pub fn is_status_echo<O: MetaView>(
-    previous: Option<&O>,
-    current: &O,
-    same_status: impl Fn(&O, &O) -> bool,
-) -> bool {
+/// generation and the same status ([`MetaView::same_status`]). The rule of the default
+/// [`Reconcile::change`]; kinds that override `change` for more use it too.
+pub fn is_status_echo<O: MetaView>(previous: Option<&O>, current: &O) -> bool {
     previous.is_some_and(|known| {
-        known.generation() == current.generation() && same_status(known, current)
+        known.generation() == current.generation() && known.same_status(current)
     })
 }
 
-/// How one reconcile ended.
+/// What a finished reconcile asks of the shell (kube-runtime's `Action`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
-    Done,
-    /// Failed; run again after the backoff. The reason is logged as a warning.
-    Retry(String),
+pub enum Action {
+    /// Nothing more until the object or what it depends on changes (or the resync falls due).
+    AwaitChange,
+    /// Reconcile again after this long unless a change comes first: work that falls due with time (a
+    /// status hold running out, a soak ending, a health check due again).
+    RequeueAfter(Duration),
     /// Not finished yet (waiting on something outside pko); look again after the backoff.
-    Requeue(String),
+    Waiting(String),
 }
+
+/// Why a reconcile failed. What the shell does about it is [`Reconcile::error_policy`].
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    /// A request to the apiserver failed.
+    #[error(transparent)]
+    Api(#[from] kube::Error),
+    /// A step failed in a way a later try may mend: an image pull, a connector that did not answer or
+    /// refused, an input the plan reads that is not there yet.
+    #[error("{0}")]
+    Failed(String),
+    /// The object's spec cannot be carried out as it is; the object's status says why. Only a new spec
+    /// can change that.
+    #[error("{0}")]
+    Spec(String),
+}
+
+/// What the shell does after a failed reconcile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorPolicy {
+    /// Run again after the controller's jittered exponential backoff.
+    Backoff,
+    /// Run again only when the object changes.
+    GiveUp,
+}
+
+/// How one reconcile ended.
+pub type Outcome = Result<Action, ReconcileError>;
 
 /// One reconcile's work: an actor future, so it can take its result back into the actor (and, between
 /// async steps, read what arrived meanwhile).
@@ -87,18 +115,20 @@ where
 
 /// Work that is already finished.
 pub fn done<R: Reconcile>() -> Work<R> {
-    Box::pin(fut::ready(Outcome::Done))
+    Box::pin(fut::ready(Ok(Action::AwaitChange)))
 }
 
-/// The kind-specific part of an object actor.
-pub trait Reconcile: Sized + Unpin + 'static {
+/// The kind-specific part of an object actor: what a controller must say is its object, its context, what
+/// it reports and its reconcile; everything else has a default. Its state starts as `Default`.
+pub trait Reconcile: Default + Sized + Unpin + 'static {
     /// What the controller's actors share (the composition root's context).
     type Shared: SharedContext;
     /// The engine's view of the owned object.
     type Object: Clone + Unpin + Send + MetaView + 'static;
     /// Names the controller in spans, metrics and logs.
     const CONTROLLER: &'static str;
-    const BACKOFF: Backoff;
+    /// The retry backoff of failed reconciles.
+    const BACKOFF: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
     /// What [`Reconcile::report`] compares between watched versions (conditions, a revision).
     type Reported: Default + Unpin + 'static;
     /// Whether a running reconcile holds the actor's other messages until it ends (`ctx.wait`), for
@@ -110,8 +140,10 @@ pub trait Reconcile: Sized + Unpin + 'static {
         None
     }
 
-    fn new(context: &Self::Shared) -> Self;
-    fn key(object: &Self::Object) -> ObjectRef;
+    /// The object's key in its registry and in spans.
+    fn key(object: &Self::Object) -> ObjectRef {
+        ObjectRef::of(object.kind(), object)
+    }
     /// What the watch feed keeps of the object for a deletion a re-list finds; kinds whose objects are
     /// large (and followed by a tap) keep their metadata only.
     fn tombstone(object: &Self::Object) -> Self::Object {
@@ -122,8 +154,15 @@ pub trait Reconcile: Sized + Unpin + 'static {
         true
     }
     /// What a newly observed version asks for, given the version it replaces (`None` the first time):
-    /// where pko's own status echoes are told from real changes.
-    fn change(previous: Option<&Self::Object>, current: &Self::Object) -> Change;
+    /// where pko's own status echoes are told from real changes. By default, the same generation and
+    /// status is an echo ([`is_status_echo`]) and a new generation starts the backoff over.
+    fn change(previous: Option<&Self::Object>, current: &Self::Object) -> Change {
+        match previous {
+            _ if is_status_echo(previous, current) => Change::Echo,
+            Some(known) if known.generation() != current.generation() => Change::Respecified,
+            _ => Change::Changed,
+        }
+    }
     /// Called once the new version is in `actor.object`, with what [`Reconcile::change`] found, before the
     /// shell acts on it: for controllers that act on an observation themselves (routes, finalizers) or
     /// decide from their own state. Returns what the shell does.
@@ -140,6 +179,14 @@ pub trait Reconcile: Sized + Unpin + 'static {
         object: Self::Object,
         ctx: &mut Context<ObjectActor<Self>>,
     ) -> Work<Self>;
+    /// What to do after a failed reconcile: by default a spec error waits for a new spec and anything
+    /// else is retried after the backoff.
+    fn error_policy(error: &ReconcileError) -> ErrorPolicy {
+        match error {
+            ReconcileError::Spec(_) => ErrorPolicy::GiveUp,
+            ReconcileError::Api(_) | ReconcileError::Failed(_) => ErrorPolicy::Backoff,
+        }
+    }
     /// The object was deleted: cleanup that must finish before the actor stops.
     fn gone(
         _actor: &mut ObjectActor<Self>,
@@ -191,7 +238,9 @@ pub struct ObjectActor<R: Reconcile> {
     pub state: R,
     gate: ReconcileGate,
     metrics: RuntimeMetrics,
-    resync: Option<SpawnHandle>,
+    /// The run a finished reconcile asked for (its `RequeueAfter`, or the resync); a run that starts
+    /// sooner replaces it.
+    next_run: Option<SpawnHandle>,
     /// The write whose trace the reconciles continue.
     cause: TraceCause,
     /// Set when the object moves to another replica: answered once the running reconcile is done.
@@ -201,13 +250,13 @@ pub struct ObjectActor<R: Reconcile> {
 impl<R: Reconcile> ObjectActor<R> {
     pub fn new(context: R::Shared) -> Self {
         Self {
-            state: R::new(&context),
+            state: R::default(),
             metrics: context.runtime().metrics.clone(),
             context,
             object: None,
             reported: None,
             gate: ReconcileGate::new(R::BACKOFF),
-            resync: None,
+            next_run: None,
             cause: TraceCause::default(),
             releasing: None,
         }
@@ -224,7 +273,7 @@ impl<R: Reconcile> ObjectActor<R> {
         if !self.gate.try_start(ctx) {
             return;
         }
-        if let Some(handle) = self.resync.take() {
+        if let Some(handle) = self.next_run.take() {
             ctx.cancel_future(handle);
         }
         let key = R::key(&object);
@@ -245,29 +294,21 @@ impl<R: Reconcile> ObjectActor<R> {
             R::reconcile(self, object, ctx)
         };
         let work = InSpan { span, work }.map(move |outcome, act: &mut Self, ctx| {
-            let result = match &outcome {
-                Outcome::Done => ReconcileResult::Success,
-                Outcome::Retry(reason) => {
-                    warn!(controller = R::CONTROLLER, %reason, "reconcile failed; retrying");
-                    ReconcileResult::Error
-                }
-                Outcome::Requeue(reason) => {
-                    debug!(controller = R::CONTROLLER, %reason, "looking again later");
-                    ReconcileResult::Requeue
-                }
-            };
+            let (result, after) = Self::judge(&outcome);
             act.metrics
                 .finished(R::CONTROLLER, result, started.elapsed());
-            let failed = result != ReconcileResult::Success;
             if act.releasing.is_some() {
                 act.stop_released(ctx);
                 return;
             }
-            if let (false, Some(period)) = (failed, R::resync(&act.context)) {
-                act.resync =
-                    Some(ctx.run_later(Backoff::jittered(period), Self::request_reconcile));
+            let backoff = matches!(result, ReconcileResult::Error | ReconcileResult::Requeue);
+            let resync = (result == ReconcileResult::Success)
+                .then(|| R::resync(&act.context).map(Backoff::jittered))
+                .flatten();
+            if let Some(delay) = [after, resync].into_iter().flatten().min() {
+                act.next_run = Some(ctx.run_later(delay, Self::request_reconcile));
             }
-            if act.gate.finish(ctx, failed, Self::request_reconcile) {
+            if act.gate.finish(ctx, backoff, Self::request_reconcile) {
                 act.request_reconcile(ctx);
             }
         });
@@ -275,6 +316,28 @@ impl<R: Reconcile> ObjectActor<R> {
             ctx.wait(work);
         } else {
             ctx.spawn(work);
+        }
+    }
+
+    /// How a reconcile ended, for the metrics and the log, and when it asked to run again.
+    fn judge(outcome: &Outcome) -> (ReconcileResult, Option<Duration>) {
+        match outcome {
+            Ok(Action::AwaitChange) => (ReconcileResult::Success, None),
+            Ok(Action::RequeueAfter(after)) => (ReconcileResult::Success, Some(*after)),
+            Ok(Action::Waiting(reason)) => {
+                debug!(controller = R::CONTROLLER, %reason, "looking again later");
+                (ReconcileResult::Requeue, None)
+            }
+            Err(error) => match R::error_policy(error) {
+                ErrorPolicy::Backoff => {
+                    warn!(controller = R::CONTROLLER, %error, "reconcile failed; retrying");
+                    (ReconcileResult::Error, None)
+                }
+                ErrorPolicy::GiveUp => {
+                    info!(controller = R::CONTROLLER, %error, "reconcile failed; waiting for a change");
+                    (ReconcileResult::GivenUp, None)
+                }
+            },
         }
     }
 
@@ -379,7 +442,7 @@ impl<R: Reconcile> Handler<Release> for ObjectActor<R> {
     type Result = ();
     fn handle(&mut self, Release(released): Release, ctx: &mut Context<Self>) {
         self.releasing = Some(released);
-        if let Some(handle) = self.resync.take() {
+        if let Some(handle) = self.next_run.take() {
             ctx.cancel_future(handle);
         }
         if !self.gate.is_running() {
@@ -417,6 +480,14 @@ mod tests {
         fn meta(&self) -> &ObjectMeta {
             &self.meta
         }
+
+        fn kind(&self) -> &'static str {
+            "Viewed"
+        }
+
+        fn same_status(&self, other: &Self) -> bool {
+            self.status == other.status
+        }
     }
 
     fn viewed(generation: i64, status: &'static str) -> Viewed {
@@ -429,17 +500,98 @@ mod tests {
         }
     }
 
+    #[derive(Default)]
+    struct Plain;
+
+    /// The runtime's own context is all a controller of no kind needs.
+    impl SharedContext for crate::runtime::runtime_context::RuntimeContext {
+        fn runtime(&self) -> &crate::runtime::runtime_context::RuntimeContext {
+            self
+        }
+    }
+
+    impl Reconcile for Plain {
+        type Shared = crate::runtime::runtime_context::RuntimeContext;
+        type Object = ViewedClone;
+        type Reported = ();
+        const CONTROLLER: &'static str = "plain";
+
+        fn reconcile(
+            _: &mut ObjectActor<Self>,
+            _: ViewedClone,
+            _: &mut Context<ObjectActor<Self>>,
+        ) -> Work<Self> {
+            done()
+        }
+    }
+
+    /// `Viewed` as the shell needs an object to be (`Clone + Send`).
+    #[derive(Clone)]
+    struct ViewedClone(ObjectMeta, &'static str);
+
+    impl MetaView for ViewedClone {
+        fn meta(&self) -> &ObjectMeta {
+            &self.0
+        }
+
+        fn kind(&self) -> &'static str {
+            "Viewed"
+        }
+
+        fn same_status(&self, other: &Self) -> bool {
+            self.1 == other.1
+        }
+    }
+
     #[test]
     fn only_the_same_generation_with_the_same_status_is_an_echo() {
-        let same = |a: &Viewed, b: &Viewed| a.status == b.status;
         let known = viewed(3, "Available");
-        assert!(is_status_echo(Some(&known), &viewed(3, "Available"), same));
-        assert!(!is_status_echo(
-            Some(&known),
-            &viewed(3, "Progressing"),
-            same
-        ));
-        assert!(!is_status_echo(Some(&known), &viewed(4, "Available"), same));
-        assert!(!is_status_echo(None, &known, same));
+        assert!(is_status_echo(Some(&known), &viewed(3, "Available")));
+        assert!(!is_status_echo(Some(&known), &viewed(3, "Progressing")));
+        assert!(!is_status_echo(Some(&known), &viewed(4, "Available")));
+        assert!(!is_status_echo(None, &known));
+    }
+
+    #[test]
+    fn the_default_change_rule_restarts_the_backoff_only_for_a_new_generation() {
+        let at = |generation, status| {
+            let Viewed { meta, status } = viewed(generation, status);
+            ViewedClone(meta, status)
+        };
+        let known = at(3, "Available");
+        assert_eq!(
+            Plain::change(Some(&known), &at(3, "Available")),
+            Change::Echo
+        );
+        assert_eq!(
+            Plain::change(Some(&known), &at(3, "Degraded")),
+            Change::Changed
+        );
+        assert_eq!(
+            Plain::change(Some(&known), &at(4, "Available")),
+            Change::Respecified
+        );
+        assert_eq!(Plain::change(None, &known), Change::Changed);
+    }
+
+    #[test]
+    fn spec_errors_wait_for_a_change_and_everything_else_backs_off() {
+        let spec = ReconcileError::Spec("phase \"a\" names itself".into());
+        let missing = ReconcileError::Failed("slice \"extra\" not found".into());
+        assert_eq!(Plain::error_policy(&spec), ErrorPolicy::GiveUp);
+        assert_eq!(Plain::error_policy(&missing), ErrorPolicy::Backoff);
+        assert_eq!(
+            ObjectActor::<Plain>::judge(&Err(spec)).0,
+            ReconcileResult::GivenUp
+        );
+        assert_eq!(
+            ObjectActor::<Plain>::judge(&Err(missing)).0,
+            ReconcileResult::Error
+        );
+        let requeue = Ok(Action::RequeueAfter(Duration::from_millis(300)));
+        assert_eq!(
+            ObjectActor::<Plain>::judge(&requeue),
+            (ReconcileResult::Success, Some(Duration::from_millis(300)))
+        );
     }
 }

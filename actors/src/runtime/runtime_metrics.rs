@@ -20,6 +20,8 @@ pub enum ReconcileResult {
     Error,
     /// Not finished (waiting on something outside pko); looked at again after the backoff.
     Requeue,
+    /// Failed in a way only a change of the object can mend; not retried.
+    GivenUp,
 }
 
 impl ReconcileResult {
@@ -28,6 +30,7 @@ impl ReconcileResult {
             ReconcileResult::Success => "success",
             ReconcileResult::Error => "error",
             ReconcileResult::Requeue => "requeue",
+            ReconcileResult::GivenUp => "given_up",
         }
     }
 }
