@@ -27,8 +27,8 @@ use crate::objects::revision_index::{IndexChange, RevisionIndex};
 use crate::objects::set_object::{SetKind, SetObject};
 use crate::packages::package_actor::{DeploymentChanged, PackageActor};
 use crate::runtime::kind_feed::{KindFeed, Tap};
-use crate::runtime::meta_view::MetaView;
-use crate::runtime::registry::{ObjectRef, Registry};
+use crate::runtime::registry::Registry;
+use crate::runtime::relations::wake_controller;
 
 /// The running actor tree: a registry of actors per controller.
 pub struct ActorTree {
@@ -55,48 +55,30 @@ fn deployment_tap(
     deployments: Arc<Registry<ObjectDeploymentActor>>,
     index: RevisionIndex,
 ) -> Tap<SetObject> {
+    let owner_kind = |set: &SetObject| match set.kind {
+        SetKind::Namespaced => Some("ObjectDeployment"),
+        SetKind::Cluster => Some("ClusterObjectDeployment"),
+        SetKind::Phase | SetKind::ClusterPhase => None,
+    };
+    let wake = wake_controller(deployments, owner_kind, |_, _| RevisionChanged);
     Arc::new(move |set: &SetObject, deleted| {
-        if index.observe(set, deleted) == IndexChange::Unchanged {
-            return;
-        }
-        let Some(owner) = set.controller() else {
-            return;
-        };
-        let kind = match (set.kind, owner.kind.as_str()) {
-            (SetKind::Namespaced, "ObjectDeployment") => "ObjectDeployment",
-            (SetKind::Cluster, "ClusterObjectDeployment") => "ClusterObjectDeployment",
-            _ => return,
-        };
-        let key = ObjectRef {
-            kind,
-            namespace: set.namespace().to_owned(),
-            name: owner.name.clone(),
-        };
-        if let Some(addr) = deployments.get(&key) {
-            addr.do_send(RevisionChanged);
+        if index.observe(set, deleted) != IndexChange::Unchanged {
+            wake(set, deleted);
         }
     })
 }
 
 /// Wakes the package that controls a deployment whenever the deployment changes.
 fn package_tap(packages: Arc<Registry<PackageActor>>) -> Tap<DeploymentObject> {
-    Arc::new(move |od: &DeploymentObject, deleted| {
-        let Some(owner) = od.controller() else {
-            return;
-        };
-        let kind = match (od.sets.is_namespaced(), owner.kind.as_str()) {
-            (true, "Package") => "Package",
-            (false, "ClusterPackage") => "ClusterPackage",
-            _ => return,
-        };
-        let key = ObjectRef {
-            kind,
-            namespace: od.namespace().to_owned(),
-            name: owner.name.clone(),
-        };
-        if let Some(addr) = packages.get(&key) {
-            addr.do_send(DeploymentChanged((!deleted).then(|| od.into())));
-        }
+    let owner_kind = |od: &DeploymentObject| {
+        Some(if od.sets.is_namespaced() {
+            "Package"
+        } else {
+            "ClusterPackage"
+        })
+    };
+    wake_controller(packages, owner_kind, |od, deleted| {
+        DeploymentChanged((!deleted).then(|| od.into()))
     })
 }
 

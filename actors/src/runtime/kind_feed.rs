@@ -27,15 +27,19 @@ use futures::StreamExt;
 use kube::runtime::watcher::{self, Event, ListSemantic};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Resource};
-use pko_proto::well_known::{SHARD_DRAIN_LABEL, SHARD_OWNER_LABEL};
+use pko_proto::well_known::SHARD_OWNER_LABEL;
 use serde::de::DeserializeOwned;
 use tracing::{info, warn};
 
-use crate::engine::shard_assignment::{drained, works_on, Member, Placement, ShardKey, ShardView};
+use crate::engine::shard_assignment::{Member, ShardView};
 
 use crate::runtime::registry::{ObjectRef, Registry};
 use crate::runtime::runtime_context::{RuntimeContext, SharedContext};
-use crate::runtime::takeover_lists::HOLD_LIMIT;
+
+use crate::runtime::known_objects::{KnownObjects, WatchSource};
+
+/// The sharded part of the feed: an `impl` block of [`KindFeed`] of its own.
+mod shard_takeover;
 
 /// The latest state of an object, from its watch.
 #[derive(Debug, Message)]
@@ -61,6 +65,14 @@ enum ShardState {
     NotOurs {
         drained: bool,
     },
+}
+
+/// What a sharded feed hears of the replica besides its watches.
+enum ShardSignal {
+    /// The members changed.
+    ViewChanged(ShardView),
+    /// Every feed listed a departed member's objects.
+    TakeoverListed,
 }
 
 /// An actor that owns one object of a watched kind.
@@ -104,115 +116,6 @@ impl<K> WatchedKind for K where
 /// follow a kind).
 pub type Tap<T> = Arc<dyn Fn(&T, bool) + Send + Sync>;
 
-/// Which watch of a feed saw an object: the one on this replica's label (on every object unsharded or
-/// gated), or one on a departed member's label for as long as this replica takes over from it.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-enum WatchSource {
-    Own,
-    Departed(Member),
-}
-
-/// The last sighting of an object: its UID, the watch that saw it and, when a tap follows the kind, its
-/// state (a deletion found by a re-list has no event to hand the tap).
-struct Sighting<O> {
-    uid: String,
-    source: WatchSource,
-    state: Option<O>,
-}
-
-/// What one feed has routed, by key.
-struct KnownObjects<O> {
-    objects: HashMap<ObjectRef, Sighting<O>>,
-    keep_state: bool,
-    /// For each watch re-listing now, the keys it listed so far.
-    relisting: HashMap<WatchSource, HashSet<ObjectRef>>,
-}
-
-impl<O: Clone> KnownObjects<O> {
-    fn new(keep_state: bool) -> Self {
-        Self {
-            objects: HashMap::new(),
-            keep_state,
-            relisting: HashMap::new(),
-        }
-    }
-
-    /// Records a sighting by `source`. Returns the former incarnation when `key` held an object of another
-    /// UID (it was deleted and created again while the watch looked away): `Some(None)` when no state was
-    /// kept.
-    fn seen(
-        &mut self,
-        key: &ObjectRef,
-        uid: &str,
-        source: &WatchSource,
-        state: impl FnOnce() -> O,
-    ) -> Option<Option<O>> {
-        if let Some(listed) = self.relisting.get_mut(source) {
-            listed.insert(key.clone());
-        }
-        // Made only for feeds whose taps need it: this runs on every watch event.
-        let sighting = Sighting {
-            uid: uid.to_owned(),
-            source: source.clone(),
-            state: self.keep_state.then(state),
-        };
-        match self.objects.insert(key.clone(), sighting) {
-            Some(former) if former.uid != uid => Some(former.state),
-            _ => None,
-        }
-    }
-
-    fn sighting(&self, key: &ObjectRef) -> Option<&Sighting<O>> {
-        self.objects.get(key)
-    }
-
-    /// The object under `key` is now followed by `source`'s watch.
-    fn moved(&mut self, key: &ObjectRef, source: WatchSource) {
-        if let Some(sighting) = self.objects.get_mut(key) {
-            sighting.source = source;
-        }
-    }
-
-    /// `from`'s watch ends: the own watch's next re-list answers for what it saw.
-    fn hand_to_own(&mut self, from: &WatchSource) {
-        self.relisting.remove(from);
-        for sighting in self.objects.values_mut() {
-            if sighting.source == *from {
-                sighting.source = WatchSource::Own;
-            }
-        }
-    }
-
-    fn deleted(&mut self, key: &ObjectRef) {
-        self.objects.remove(key);
-    }
-
-    fn relist_started(&mut self, source: &WatchSource) {
-        self.relisting.insert(source.clone(), HashSet::new());
-    }
-
-    /// Ends `source`'s re-list: the objects it saw before and did not list now, forgotten, with their
-    /// last state if kept.
-    fn relist_done(&mut self, source: &WatchSource) -> Vec<(ObjectRef, Option<O>)> {
-        let Some(listed) = self.relisting.remove(source) else {
-            return Vec::new();
-        };
-        let vanished: Vec<ObjectRef> = self
-            .objects
-            .iter()
-            .filter(|(key, sighting)| sighting.source == *source && !listed.contains(*key))
-            .map(|(key, _)| key.clone())
-            .collect();
-        vanished
-            .into_iter()
-            .filter_map(|key| {
-                let sighting = self.objects.remove(&key)?;
-                Some((key, sighting.state))
-            })
-            .collect()
-    }
-}
-
 /// Feeds one kind `K` into the actors of type `A`.
 pub struct KindFeed<K, A: FeedTarget> {
     context: A::Shared,
@@ -242,7 +145,7 @@ pub struct KindFeed<K, A: FeedTarget> {
     /// When a watch started that is still listing.
     listing_since: HashMap<WatchSource, std::time::Instant>,
     /// The events of departed members' watches held until every feed listed their objects (or
-    /// [`HOLD_LIMIT`] passed): the adopted objects' reconciles start after the take-over's lists.
+    /// [`HOLD_LIMIT`](crate::runtime::takeover_lists::HOLD_LIMIT) passed): the adopted objects' reconciles start after the take-over's lists.
     held: HashMap<Member, Vec<Result<Event<K>, watcher::Error>>>,
     /// Departed members whose objects this feed listed once (told to the take-over lists).
     counted: HashSet<Member>,
@@ -250,29 +153,6 @@ pub struct KindFeed<K, A: FeedTarget> {
     reroute_pending: bool,
     /// The objects this replica works on (sharded; counted in `pko_shard_objects`).
     working: HashSet<ObjectRef>,
-}
-
-/// How long a feed waits before reading again an object whose read failed.
-const LOST_READ_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// The watch on a departed member's label. Its list is served from the apiserver's watch cache (whatever
-/// a stale list misses arrives as an event): a consistent list of a label selection reads every object of
-/// the kind from etcd and filters after, seconds for thousands of ObjectSets with every successor listing
-/// at once. The client sends `resourceVersion=0` only on an unpaged list, hence no page size.
-fn departed_watch_config(departed: &str) -> watcher::Config {
-    let mut config = watcher::Config::default()
-        .labels(&format!("{SHARD_OWNER_LABEL}={departed}"))
-        .any_semantic();
-    config.page_size = None;
-    config
-}
-
-/// What a sharded feed hears of the replica besides its watches.
-enum ShardSignal {
-    /// The members changed.
-    ViewChanged(ShardView),
-    /// Every feed listed a departed member's objects.
-    TakeoverListed,
 }
 
 /// An event of one of the feed's watches.
@@ -409,118 +289,6 @@ where
         addr.do_send(Observed(object));
     }
 
-    /// An object this replica works on is labelled for another: its actor stops, and when the coordinator
-    /// drained it, the labels go so the new owner may start.
-    fn let_go(
-        &mut self,
-        key: &ObjectRef,
-        object: &A::Object,
-        name: Option<String>,
-        namespace: Option<String>,
-        drained: bool,
-    ) {
-        let actor = self.registry.remove(key);
-        self.stop_working(key);
-        if actor.is_some() || (drained && A::wants(object)) {
-            self.release(
-                actor,
-                key.kind,
-                name.unwrap_or_default(),
-                namespace,
-                drained,
-            );
-        }
-    }
-
-    /// Whether the object under `key` was last seen by `source`'s watch as `uid` (not seen since by
-    /// another watch of this feed, and followed here at all).
-    fn last_seen_by(&self, key: &ObjectRef, source: &WatchSource, uid: &str) -> bool {
-        self.known
-            .sighting(key)
-            .is_some_and(|sighting| sighting.source == *source && sighting.uid == uid)
-    }
-
-    fn check_lost(
-        &self,
-        ctx: &mut Context<Self>,
-        source: WatchSource,
-        key: ObjectRef,
-        uid: String,
-        object: A::Object,
-    ) {
-        let namespace = (!key.namespace.is_empty()).then_some(key.namespace.as_str());
-        let api = self.dynamic_api(&self.runtime.watch_client, namespace);
-        let name = key.name.clone();
-        let read = async move { api.get_opt(&name).await };
-        // Answered on the feed, in order with its watch events.
-        ctx.spawn(read.into_actor(self).map(move |found, feed, ctx| match found {
-            Ok(found) => feed.lost_checked(source, key, uid, object, found),
-            Err(error) => {
-                // Until a read answers, the object keeps its actor.
-                warn!(kind = %K::kind(&()), object = ?key, %error, "reading an object a departed member's watch lost failed; reading again");
-                ctx.run_later(LOST_READ_RETRY, move |feed, ctx| {
-                    feed.check_lost(ctx, source, key, uid, object)
-                });
-            }
-        }));
-    }
-
-    /// What a read after a departed watch's delete found: the object itself (moved: it stays with this
-    /// replica if labelled for it, else its actor stops) or nothing of that UID (deleted).
-    fn lost_checked(
-        &mut self,
-        source: WatchSource,
-        key: ObjectRef,
-        uid: String,
-        object: A::Object,
-        found: Option<kube::api::DynamicObject>,
-    ) {
-        if !self.last_seen_by(&key, &source, &uid) {
-            // Another event about it came meanwhile and was routed.
-            return;
-        }
-        match found {
-            Some(found) if found.metadata.uid.as_deref() == Some(uid.as_str()) => {
-                match self.shard_of(&found.metadata) {
-                    ShardState::Ours => {
-                        // Labelled for this replica now: its own watch delivers it (or did).
-                        self.known.moved(&key, WatchSource::Own);
-                    }
-                    ShardState::NotOurs { drained } => {
-                        self.known.deleted(&key);
-                        let (name, namespace) = (found.metadata.name, found.metadata.namespace);
-                        self.let_go(&key, &object, name, namespace, drained);
-                    }
-                }
-            }
-            _ => {
-                info!(kind = %K::kind(&()), object = ?key, "deleted while taken over");
-                self.known.deleted(&key);
-                self.deliver_gone(&key, Some(&object));
-            }
-        }
-    }
-
-    /// Whether this replica works on an object with these labels (the engine's `works_on`).
-    fn shard_of(&self, meta: &kube::api::ObjectMeta) -> ShardState {
-        let Some(shard) = &self.runtime.shard else {
-            return ShardState::Ours;
-        };
-        let key = ShardKey::of_kind(
-            &K::kind(&()),
-            meta.namespace.as_deref(),
-            meta.name.as_deref().unwrap_or_default(),
-        );
-        let placement = Placement::from_labels(meta.labels.as_ref());
-        if works_on(&shard.member, &key, &placement, &self.view) {
-            ShardState::Ours
-        } else {
-            ShardState::NotOurs {
-                drained: drained(&shard.member, &key, &placement, &self.view),
-            }
-        }
-    }
-
     /// (Re)starts the own watch: sharded and not gated, on the objects labelled for this replica. A
     /// restart lists consistently (`MostRecent`): it follows the end of a take-over, and an object
     /// relabelled from the departed member to this replica just before must show in the list, or it
@@ -547,24 +315,6 @@ where
         self.watching = Some(self.start_watch(ctx, WatchSource::Own, config));
     }
 
-    /// Starts a watch of the objects labelled for `departed`, which this replica takes over from.
-    fn watch_departed(&mut self, ctx: &mut Context<Self>, departed: &Member) {
-        if let Some(shard) = &self.runtime.shard {
-            shard.lists.watching(departed);
-            if !shard.lists.complete(departed) {
-                self.held.insert(departed.clone(), Vec::new());
-                let member = departed.clone();
-                ctx.run_later(HOLD_LIMIT, move |feed, ctx| feed.replay(ctx, &member));
-            }
-        }
-        let source = WatchSource::Departed(departed.clone());
-        let config = departed_watch_config(departed);
-        self.listing_since
-            .insert(source.clone(), std::time::Instant::now());
-        let handle = self.start_watch(ctx, source, config);
-        self.departed.insert(departed.clone(), handle);
-    }
-
     fn start_watch(
         &self,
         ctx: &mut Context<Self>,
@@ -576,120 +326,6 @@ where
             .default_backoff()
             .map(move |event| (source.clone(), event));
         ctx.add_stream(events.boxed())
-    }
-
-    /// The take-overs changed: a watch for each departed member newly taken over from; for each whose
-    /// record went (every object relabelled), its watch stops and the own watch lists again, which
-    /// tells what of its objects went elsewhere. A gated feed routes what it holds under the new view.
-    fn takeovers_changed(&mut self, ctx: &mut Context<Self>) {
-        if self.gated {
-            self.reroute_pending = true;
-            if self.takeovers_listed() {
-                self.reroute(ctx);
-            } else {
-                ctx.run_later(HOLD_LIMIT, |feed, ctx| feed.reroute(ctx));
-            }
-            return;
-        }
-        let ended: Vec<Member> = self
-            .departed
-            .keys()
-            .filter(|m| !self.view.takeovers.contains_key(*m))
-            .cloned()
-            .collect();
-        for member in &ended {
-            if let Some(handle) = self.departed.remove(member) {
-                ctx.cancel_future(handle);
-            }
-            let source = WatchSource::Departed(member.clone());
-            self.known.hand_to_own(&source);
-            self.released.retain(|_, s| *s != source);
-            self.listing_since.remove(&source);
-            // The own watch's list answers for whatever was still held.
-            self.held.remove(member);
-            self.counted.remove(member);
-            if let Some(shard) = &self.runtime.shard {
-                shard.lists.ended(member);
-            }
-        }
-        let started: Vec<Member> = self
-            .view
-            .takeovers
-            .keys()
-            .filter(|m| !self.departed.contains_key(*m))
-            .cloned()
-            .collect();
-        for member in &started {
-            self.watch_departed(ctx, member);
-        }
-        info!(kind = %K::kind(&()), ?started, ?ended, "take-overs changed");
-        if !ended.is_empty() {
-            self.watch_own(ctx, true);
-        }
-    }
-
-    /// Some take-over was listed by every feed: the events held for it are routed, and a gated feed
-    /// waiting for the lists routes what it holds.
-    fn takeovers_listed_by_all(&mut self, ctx: &mut Context<Self>) {
-        let Some(shard) = self.runtime.shard.clone() else {
-            return;
-        };
-        let listed: Vec<Member> = self
-            .held
-            .keys()
-            .filter(|member| shard.lists.complete(member))
-            .cloned()
-            .collect();
-        for member in &listed {
-            self.replay(ctx, member);
-        }
-        if self.reroute_pending && self.takeovers_listed() {
-            self.reroute(ctx);
-        }
-    }
-
-    /// Whether every feed listed the objects of every departed member taken over from.
-    fn takeovers_listed(&self) -> bool {
-        let Some(shard) = &self.runtime.shard else {
-            return true;
-        };
-        self.view
-            .takeovers
-            .keys()
-            .all(|member| shard.lists.complete(member))
-    }
-
-    /// Gated: routes what the feed holds under the current view, where that changes who works on it.
-    fn reroute(&mut self, ctx: &mut Context<Self>) {
-        if !std::mem::take(&mut self.reroute_pending) {
-            // Done already, when the lists completed.
-            return;
-        }
-        let moved: Vec<K> = self
-            .latest
-            .iter()
-            .filter(|(key, object)| {
-                matches!(self.shard_of(object.meta()), ShardState::Ours)
-                    != self.working.contains(*key)
-            })
-            .map(|(_, object)| object.clone())
-            .collect();
-        info!(kind = %K::kind(&()), objects = moved.len(), "take-overs changed; routing what moved");
-        for object in moved {
-            self.route(ctx, &WatchSource::Own, object, false);
-        }
-    }
-
-    /// Routes the held events of `departed`'s watch, in order (every feed listed its objects, or the
-    /// hold's limit passed); from then on its events are routed as they come.
-    fn replay(&mut self, ctx: &mut Context<Self>, departed: &Member) {
-        let Some(events) = self.held.remove(departed) else {
-            return;
-        };
-        let source = WatchSource::Departed(departed.clone());
-        for event in events {
-            self.dispatch(ctx, &source, event);
-        }
     }
 
     /// Handles one watch event (after any hold).
@@ -726,46 +362,6 @@ where
             Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
             None => Api::all_with(client.clone(), &resource),
         }
-    }
-
-    /// Lets an object go: its actor (if any) stops once its running reconcile is done, then, when the
-    /// coordinator asked for it (`drained`), the shard labels are removed so the new owner may start.
-    fn release(
-        &self,
-        actor: Option<Addr<A>>,
-        kind: &'static str,
-        name: String,
-        namespace: Option<String>,
-        drained: bool,
-    ) {
-        let api = self.dynamic_api(&self.runtime.client, namespace.as_deref());
-        let metrics = self.runtime.metrics.clone();
-        actix::spawn(async move {
-            if let Some(actor) = actor {
-                let (done, stopped) = tokio::sync::oneshot::channel();
-                if actor.send(Release(done)).await.is_ok() {
-                    let _ = stopped.await;
-                }
-            }
-            if !drained {
-                return;
-            }
-            let patch = serde_json::json!({"metadata": {"labels": {
-                SHARD_OWNER_LABEL: null, SHARD_DRAIN_LABEL: null,
-            }}});
-            match api
-                .patch(
-                    &name,
-                    &kube::api::PatchParams::default(),
-                    &kube::api::Patch::Merge(&patch),
-                )
-                .await
-            {
-                Ok(_) => metrics.shard_released(kind),
-                Err(kube::Error::Api(e)) if e.code == 404 => {}
-                Err(error) => warn!(%kind, %name, %error, "releasing to another replica failed"),
-            }
-        });
     }
 
     /// The object last seen under `key` is deleted: the tap hears of it (when its state is known) and its
@@ -835,30 +431,6 @@ where
     }
 }
 
-impl<K, A> StreamHandler<ShardSignal> for KindFeed<K, A>
-where
-    A: FeedTarget,
-    A::Object: From<K> + Clone + Unpin,
-    K: WatchedKind,
-    A::Context: ToEnvelope<A, Observed<A::Object>> + ToEnvelope<A, Gone>,
-{
-    fn handle(&mut self, signal: ShardSignal, ctx: &mut Context<Self>) {
-        match signal {
-            ShardSignal::ViewChanged(view) => {
-                let changed = !self.view.takeovers.keys().eq(view.takeovers.keys());
-                self.view = view;
-                if changed {
-                    self.takeovers_changed(ctx);
-                }
-            }
-            ShardSignal::TakeoverListed => self.takeovers_listed_by_all(ctx),
-        }
-    }
-
-    /// The view ends only when the process does; the feed keeps its last view until then.
-    fn finished(&mut self, _: &mut Context<Self>) {}
-}
-
 impl<K, A> StreamHandler<WatchEvent<K>> for KindFeed<K, A>
 where
     A: FeedTarget,
@@ -883,87 +455,4 @@ where
 
     /// A watch ends only when the feed cancels it; the feed goes on with its other watches.
     fn finished(&mut self, _: &mut Context<Self>) {}
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn key(name: &str) -> ObjectRef {
-        ObjectRef {
-            kind: "HostedCluster",
-            namespace: "clusters".to_owned(),
-            name: name.to_owned(),
-        }
-    }
-
-    const OWN: WatchSource = WatchSource::Own;
-
-    #[test]
-    fn a_departed_watch_lists_from_the_watch_cache() {
-        let config = departed_watch_config("b-1");
-        // kube sends resourceVersion=0 (the watch cache) only with Any and no page size.
-        assert_eq!(config.list_semantic, ListSemantic::Any);
-        assert_eq!(config.page_size, None);
-        assert_eq!(
-            config.label_selector.as_deref(),
-            Some(format!("{SHARD_OWNER_LABEL}=b-1").as_str())
-        );
-    }
-
-    #[test]
-    fn a_relist_reports_exactly_the_objects_it_did_not_list() {
-        let mut known = KnownObjects::new(true);
-        known.seen(&key("a"), "uid-a", &OWN, || "a1");
-        known.seen(&key("b"), "uid-b", &OWN, || "b1");
-        known.seen(&key("c"), "uid-c", &OWN, || "c1");
-        known.deleted(&key("c"));
-        known.relist_started(&OWN);
-        assert_eq!(known.seen(&key("a"), "uid-a", &OWN, || "a2"), None);
-        assert_eq!(known.relist_done(&OWN), vec![(key("b"), Some("b1"))]);
-        // Outside a re-list nothing vanishes, and b is forgotten.
-        assert!(known.relist_done(&OWN).is_empty());
-        known.relist_started(&OWN);
-        assert!(known.relist_done(&OWN) == vec![(key("a"), Some("a2"))]);
-    }
-
-    #[test]
-    fn a_new_uid_under_a_known_name_is_a_replacement() {
-        let mut known = KnownObjects::new(false);
-        assert_eq!(known.seen(&key("a"), "uid-1", &OWN, || ()), None);
-        assert_eq!(known.seen(&key("a"), "uid-1", &OWN, || ()), None);
-        assert_eq!(known.seen(&key("a"), "uid-2", &OWN, || ()), Some(None));
-        assert_eq!(known.seen(&key("a"), "uid-2", &OWN, || ()), None);
-        let mut kept = KnownObjects::new(true);
-        kept.seen(&key("a"), "uid-1", &OWN, || "old");
-        assert_eq!(
-            kept.seen(&key("a"), "uid-2", &OWN, || "new"),
-            Some(Some("old"))
-        );
-    }
-
-    #[test]
-    fn a_watch_relists_only_for_what_it_saw_last() {
-        let departed = WatchSource::Departed("b-1".to_owned());
-        let mut known = KnownObjects::new(false);
-        known.seen(&key("own"), "uid-own", &OWN, || ());
-        known.seen(&key("taken"), "uid-taken", &departed, || ());
-        known.seen(&key("moved"), "uid-moved", &departed, || ());
-        // Relabelled for this replica: its own watch saw it after the departed member's.
-        known.seen(&key("moved"), "uid-moved", &OWN, || ());
-        // The departed member's watch lists again and finds nothing: only what it saw last is gone.
-        known.relist_started(&departed);
-        assert_eq!(known.relist_done(&departed), vec![(key("taken"), None)]);
-        // The own watch listing meanwhile does not answer for the departed member's objects.
-        known.seen(&key("taken"), "uid-taken", &departed, || ());
-        known.relist_started(&OWN);
-        known.seen(&key("own"), "uid-own", &OWN, || ());
-        assert_eq!(known.relist_done(&OWN), vec![(key("moved"), None)]);
-        assert!(known.sighting(&key("taken")).is_some());
-        // When its watch ends the own watch answers for it.
-        known.hand_to_own(&departed);
-        known.relist_started(&OWN);
-        known.seen(&key("own"), "uid-own", &OWN, || ());
-        assert_eq!(known.relist_done(&OWN), vec![(key("taken"), None)]);
-    }
 }
