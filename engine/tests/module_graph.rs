@@ -1,7 +1,9 @@
 //! No import cycles between the modules of any crate of the workspace, and no domain imported by the actor
 //! runtime (issue 40): a module that needs another must not be needed back, directly or around a longer
-//! circle, so each can be read, tested and moved on its own. Read from the sources as text: `crate::…` and `super::…` paths outside test modules
-//! are edges from the file's module to the longest module path they name; `mod` declarations are not.
+//! circle, so each can be read, tested and moved on its own. Read from the sources as text: `crate::…`,
+//! `super::…` and bare `child::…` paths (to a module's own submodules) outside test modules are edges
+//! from the file's module to the longest module path they name; `mod` declarations are not. So a parent
+//! whose submodules add `impl` blocks to its types must not import from them.
 //! The crate roots (`lib.rs`, `main.rs`) are left out: a binary's root is its composition root.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -123,12 +125,28 @@ fn import_graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
         }
         let text = std::fs::read_to_string(file).unwrap_or_default();
         let mut edges = BTreeSet::new();
+        // A module's own submodules are named by a bare path (`child::Item`).
+        let children: Vec<(String, String)> = modules
+            .iter()
+            .filter(|m| parent(m) == module)
+            .map(|m| (format!("{}::", &m[module.len() + 2..]), module.clone()))
+            .collect();
+        let markers = [
+            ("crate::".to_owned(), String::new()),
+            ("super::".to_owned(), parent(&module)),
+        ];
         for line in production_lines(&text) {
-            for (marker, base) in [("crate::", String::new()), ("super::", parent(&module))] {
+            for (marker, base) in markers.iter().chain(&children) {
+                let marker = marker.as_str();
+                let base = if children.iter().any(|(c, _)| c == marker) {
+                    format!("{base}::{}", marker.trim_end_matches("::"))
+                } else {
+                    base.clone()
+                };
                 for (at, _) in line.match_indices(marker) {
                     // `pko_proto::…::crate::` does not occur; a word before `super::` would be a path
                     // of another crate's module named super, which does not occur either.
-                    if line[..at].ends_with(|c: char| c.is_alphanumeric() || c == '_') {
+                    if line[..at].ends_with(|c: char| c.is_alphanumeric() || c == '_' || c == ':') {
                         continue;
                     }
                     for path in paths_at(&line[at + marker.len()..]) {

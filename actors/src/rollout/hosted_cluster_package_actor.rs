@@ -3,7 +3,9 @@
 //! `status.processing` before any update is written, hands each write to the namespace's
 //! [`HcpNamespaceActor`], writes the status when it changes, and publishes the rollout's steps.
 //!
-//! The rules live in `engine::rollout_plan`; this actor only gathers inputs and carries out plans.
+//! The rules live in `engine::rollout_plan`; this actor only gathers inputs and carries out plans. Its
+//! parts are submodules that add to the same actor: the watch of its Packages (`owned_packages`), what a
+//! step tells (`rollout_story`), the health checks (`health_checks`) and the fleet's hub (`fleet_hub`).
 
 use pko_proto::well_known::HOSTED_CLUSTER_PACKAGE_LABEL;
 use std::collections::{BTreeMap, BTreeSet};
@@ -17,59 +19,37 @@ use k8s_openapi::jiff::Timestamp;
 use kube::runtime::watcher;
 use kube::runtime::WatchStreamExt;
 use kube::Api;
-use opentelemetry::trace::TraceContextExt;
 use pko_proto::core::hosted_cluster_package::{HostedClusterPackage, HostedClusterPackageStatus};
 use pko_proto::core::package::{Package, PackageTemplateSpec};
-use pko_proto::rollout_events::RolloutEventKind;
-use pko_proto::rollout_events::{RolloutEvent, EVENT_VERSION};
-use tracing::{info_span, warn, Span};
-use tracing_opentelemetry::OpenTelemetrySpanExt;
+use pko_proto::rollout_events::RolloutEvent;
+use tracing::{info_span, Span};
 
-use crate::engine::api_time::elapsed;
-use crate::engine::health_check::HealthState;
 use crate::engine::hosted_cluster_package::{
     decide_rollout, desired_package, GateInput, OwnedPackage, RolloutDecision, RolloutSnapshot,
-    RolloutStep,
 };
-use crate::engine::promotion_gate::{record_changed, rollout_record, GateVerdict, OwnRollout};
-use crate::engine::resource_version::response_is_newer;
-use crate::engine::rollout_events::{policy_steps, rollout_steps, story_so_far, RolloutView};
-use crate::engine::rollout_guard::{stored_observations, HealthObservation, HealthObservations};
-use crate::engine::rollout_plan::{group_key, Counts, RolloutInput, RolloutPlan, UNKNOWN_GROUP};
+use crate::engine::promotion_gate::GateVerdict;
+use crate::engine::rollout_guard::{stored_observations, HealthObservations};
+use crate::engine::rollout_plan::{Counts, RolloutInput, RolloutPlan};
 use crate::engine::rollout_policy::HealthCheck;
-use crate::engine::rollout_status::AVAILABLE;
 use crate::engine::rollout_status::{progress_only, PROGRESSING};
 use crate::engine::status_hold::StatusHold;
-use crate::engine::transition_events::{rollout_transition, TransitionEvent};
+use crate::engine::transition_events::TransitionEvent;
 use crate::manager::context::ManagerContext;
 use crate::objects::object_meta::{event_reference, write_status_over};
-use crate::rollout::hcp_namespace_actor::{HcpNamespaceActor, PackageCommand, PackageWritten};
-use crate::rollout::health_queries::unconfigured;
+use crate::rollout::hcp_namespace_actor::{HcpNamespaceActor, PackageCommand};
 use crate::rollout::hosted_cluster_fleet::FleetChanged;
 use crate::runtime::object_actor::{
     done, work, Action, ObjectActor, Reconcile, ReconcileError, Report, Work,
 };
 use crate::runtime::reconcile_gate::Backoff;
-use crate::runtime::telemetry::{current_traceparent, trace_id_of};
+use crate::runtime::telemetry::current_traceparent;
 use pko_proto::well_known::TRACE_PARENT_ANNOTATION;
 
-/// The root span of one rollout step (the decision to create or update one Package), linked to the
-/// reconcile that decided it.
-fn rollout_step_span(name: &str, generation: i64, namespace: &str, group: Option<String>) -> Span {
-    let span = info_span!(
-        parent: None,
-        "rollout step",
-        pko.hostedclusterpackage = %name,
-        pko.revision = generation,
-        pko.partition = group.as_deref().unwrap_or(UNKNOWN_GROUP),
-        k8s.namespace.name = %namespace,
-    );
-    let decided_in = Span::current().context().span().span_context().clone();
-    if decided_in.is_valid() {
-        span.add_link(decided_in);
-    }
-    span
-}
+// The supervisor's parts, each an `impl` of the same actor.
+mod fleet_hub;
+mod health_checks;
+mod owned_packages;
+mod rollout_story;
 
 /// The previous plan, for the events between it and the next.
 struct LastPlan {
@@ -167,27 +147,10 @@ pub struct HostedClusterPackageController {
     progress_hold: StatusHold,
 }
 
-/// How often a health check of a soaking group is evaluated.
-const HEALTH_CHECK_INTERVAL: Duration = Duration::from_secs(10);
-
 /// What the progress hold waits for: a write that stores it along. Each Package moving through its
 /// update changes the counts two or three times, and with several Packages in flight those changes are
 /// merged into the writes that store the next updates, instead of one status write each.
 const AWAITING_WRITE: &str = "a write that stores the progress";
-
-/// One health check evaluated.
-#[derive(Debug, Message)]
-#[rtype(result = "()")]
-struct HealthEvaluated {
-    group: String,
-    check: String,
-    observation: HealthObservation,
-}
-
-/// What the fleet's hub reports changed.
-#[derive(Debug, Message)]
-#[rtype(result = "()")]
-struct HubChanged;
 
 pub type HostedClusterPackageActor = ObjectActor<HostedClusterPackageController>;
 
@@ -229,12 +192,8 @@ impl Reconcile for HostedClusterPackageController {
             return done();
         };
         let hub = actor.context.rollouts.hub.clone();
-        if let (Some(hub), false) = (&hub, actor.state.following_hub) {
-            // A rollout in a fleet decides again whenever the hub's records or reachability change: a
-            // gate may open, and a release halted elsewhere halts here.
-            actor.state.following_hub = true;
-            let changes = hub_changes(hub.subscribe());
-            ctx.add_stream(changes);
+        if let Some(hub) = &hub {
+            actor.follow_hub(hub, ctx);
         }
         let gate = GateInput::Fleet {
             cluster: actor.context.rollouts.source.clone(),
@@ -363,143 +322,6 @@ impl HostedClusterPackageActor {
         })
     }
 
-    /// What a planned step asks to be done: the rollout's story told since the last plan (events and
-    /// the traces of Package updates), the status, and the writes.
-    fn step_to_carry(
-        &mut self,
-        hcpkg: &HostedClusterPackage,
-        previous_status: &HostedClusterPackageStatus,
-        step: RolloutStep,
-    ) -> StepToCarry {
-        let RolloutStep {
-            input,
-            plan,
-            status,
-            deletes,
-            gate,
-            template_hash,
-            template,
-            recheck_after,
-            health_due,
-        } = step;
-        let name = self.name();
-        let generation = hcpkg.metadata.generation.unwrap_or_default();
-        let view = RolloutView {
-            generation,
-            input: &input,
-            plan: &plan,
-        };
-        let previous = self.state.last.as_ref().map(|l| RolloutView {
-            generation: l.generation,
-            input: &l.input,
-            plan: &l.plan,
-        });
-        // Taking over a rollout under way: what was told before is not known here, so the stream gets
-        // the story so far (it drops what it holds) and no Event is raised again.
-        let (mut steps, retold) = match (&gate, previous) {
-            // Held at the gate: nothing of the new template happens; the steps are told against the
-            // last plan once it opens.
-            (GateVerdict::Closed(_), _) => (Vec::new(), false),
-            (_, Some(previous)) => (rollout_steps(Some(&previous), &view), false),
-            (_, None) if under_way(hcpkg) => (story_so_far(&view), true),
-            (_, None) => (rollout_steps(None, &view), false),
-        };
-        let gate_step = self.gate_step(&gate, generation);
-        steps.splice(0..0, gate_step);
-        steps.extend(policy_steps(previous_status, &status));
-        // Each Package update is a trace of its own, from this decision to the hosted cluster.
-        let writes: BTreeMap<String, Span> = plan
-            .create
-            .iter()
-            .chain(&plan.update)
-            .map(|namespace| {
-                let group = input
-                    .targets
-                    .iter()
-                    .find(|t| t.namespace == *namespace)
-                    .and_then(|t| group_key(t.label.as_deref(), input.partition.as_ref()));
-                let span = rollout_step_span(&name, generation, namespace, group);
-                (namespace.clone(), span)
-            })
-            .collect();
-        let events = self.rollout_events(hcpkg, steps, &writes);
-        let partition = plan
-            .current_group
-            .and_then(|i| plan.groups.get(i))
-            .map(|g| g.name.clone().unwrap_or_else(|| UNKNOWN_GROUP.to_owned()));
-        let hub = HubReport {
-            gate: gate.clone(),
-            template_hash,
-            counts: plan.counts,
-            partition,
-        };
-        let next = (!gate.is_closed()).then_some(LastPlan {
-            generation,
-            input,
-            plan,
-        });
-        let transitions = if retold {
-            Vec::new()
-        } else {
-            events.iter().filter_map(rollout_transition).collect()
-        };
-        StepToCarry {
-            status,
-            writes,
-            deletes,
-            events,
-            transitions,
-            next,
-            hub: Some(hub),
-            guard: Some(Guard {
-                template,
-                recheck_after,
-                health_due,
-            }),
-        }
-    }
-
-    /// The rollout events of `steps`; a Package update carries the trace of its step.
-    fn rollout_events(
-        &self,
-        hcpkg: &HostedClusterPackage,
-        steps: Vec<crate::engine::rollout_events::RolloutStep>,
-        traced: &BTreeMap<String, Span>,
-    ) -> Vec<RolloutEvent> {
-        let decision = current_traceparent();
-        steps
-            .into_iter()
-            .map(|s| {
-                let step_span = s
-                    .namespace
-                    .as_ref()
-                    .filter(|_| s.kind == RolloutEventKind::PackageUpdated)
-                    .and_then(|namespace| traced.get(namespace));
-                let traceparent = match step_span {
-                    Some(span) => span.in_scope(current_traceparent),
-                    None => decision.clone(),
-                };
-                let trace_id = traceparent
-                    .as_deref()
-                    .and_then(trace_id_of)
-                    .map(str::to_owned);
-                RolloutEvent {
-                    version: EVENT_VERSION,
-                    kind: s.kind,
-                    hosted_cluster_package: self.name(),
-                    uid: hcpkg.metadata.uid.clone().unwrap_or_default(),
-                    generation: hcpkg.metadata.generation.unwrap_or_default(),
-                    group: s.group,
-                    namespace: s.namespace,
-                    message: s.message,
-                    source: self.context.rollouts.source.clone(),
-                    trace_id,
-                    traceparent,
-                }
-            })
-            .collect()
-    }
-
     /// Takes a carried step's result back: the hub's record, the status as written, the health checks
     /// due, and the Package writes handed to the namespaces' actors. Returns when to decide again
     /// (a soak or a progress deadline ends, a health check falls due, a held status must be written).
@@ -569,123 +391,6 @@ impl HostedClusterPackageActor {
         again.map_or(Action::AwaitChange, Action::RequeueAfter)
     }
 
-    /// Evaluates the due health checks that were not evaluated within the interval, off the actor.
-    /// Returns when the soonest check skipped now falls due.
-    fn evaluate_health(
-        &mut self,
-        due: Vec<(String, HealthCheck)>,
-        ctx: &mut Context<Self>,
-    ) -> Option<Duration> {
-        let now = Timestamp::now();
-        let mut soonest: Option<Duration> = None;
-        for (group, check) in due {
-            let key = (group.clone(), check.name.clone());
-            if self.state.evaluating.contains(&key) {
-                continue;
-            }
-            let age = self.state.health.get(&key).map(|o| elapsed(o.at, now));
-            if let Some(age) = age.filter(|a| *a < HEALTH_CHECK_INTERVAL) {
-                // Evaluated lately: again once the interval is over.
-                let left = HEALTH_CHECK_INTERVAL - age;
-                soonest = Some(soonest.map_or(left, |s| s.min(left)));
-                continue;
-            }
-            self.state.evaluating.insert(key);
-            let prometheus = self.context.rollouts.prometheus.clone();
-            let address = ctx.address();
-            actix::spawn(async move {
-                let observation = match prometheus {
-                    Some(p) => p.evaluate(&check).await,
-                    None => unconfigured(),
-                };
-                address.do_send(HealthEvaluated {
-                    group,
-                    check: check.name,
-                    observation,
-                });
-            });
-        }
-        soonest
-    }
-
-    /// The promotion gate's own step: `promotionOpened` when it opened now, `promotionWaiting` when whom
-    /// it waits for changed.
-    fn gate_step(
-        &mut self,
-        gate: &GateVerdict,
-        generation: i64,
-    ) -> Option<crate::engine::rollout_events::RolloutStep> {
-        let (kind, message) = match gate {
-            GateVerdict::Ungated | GateVerdict::Open { opened: None } => return None,
-            GateVerdict::Open { opened: Some(_) } => {
-                self.state.gate_told = None;
-                (RolloutEventKind::PromotionOpened, String::new())
-            }
-            GateVerdict::Closed(closed) => {
-                let told = (
-                    generation,
-                    format!("{}: {}", closed.reason, closed.waiting_for),
-                );
-                if self.state.gate_told.as_ref() == Some(&told) {
-                    return None;
-                }
-                self.state.gate_told = Some(told);
-                (RolloutEventKind::PromotionWaiting, closed.message.clone())
-            }
-        };
-        Some(crate::engine::rollout_events::RolloutStep {
-            kind,
-            group: None,
-            namespace: None,
-            message,
-        })
-    }
-
-    /// Tells the fleet's hub (when in a fleet) where this rollout stands.
-    fn report_to_hub(&self, status: &HostedClusterPackageStatus, report: &HubReport) {
-        let HubReport {
-            gate,
-            template_hash,
-            counts,
-            partition,
-        } = report;
-        let Some(hub) = &self.context.rollouts.hub else {
-            return;
-        };
-        let name = self.name();
-        let generation = self
-            .object
-            .as_ref()
-            .and_then(|h| h.metadata.generation)
-            .unwrap_or_default();
-        let available = status
-            .conditions
-            .iter()
-            .any(|c| c.type_ == AVAILABLE && c.status == "True");
-        let own = OwnRollout {
-            cluster: hub.cluster(),
-            name: &name,
-            generation,
-            template_hash,
-            partition: partition.clone(),
-            counts,
-            available,
-            gate,
-            last_event_at: self.state.last_event_at,
-            halted: status.halted.as_ref().map(|h| h.template_hash.as_str()),
-        };
-        let previous = hub.own_record(&name);
-        let record = rollout_record(&own, previous.as_ref(), Timestamp::now());
-        let changed = previous.as_ref().is_none_or(|p| record_changed(p, &record));
-        hub.report(record, changed);
-        let open = match gate {
-            GateVerdict::Ungated => None,
-            GateVerdict::Open { .. } => Some(true),
-            GateVerdict::Closed(_) => Some(false),
-        };
-        hub.metrics().gate(&name, open);
-    }
-
     fn child(&mut self, namespace: &str, ctx: &mut Context<Self>) -> Addr<HcpNamespaceActor> {
         let name = self.name();
         let context = self.context.clone();
@@ -738,159 +443,9 @@ async fn write_status(
     }
 }
 
-/// The hub's changes as a stream of [`HubChanged`].
-fn hub_changes(
-    changes: tokio::sync::watch::Receiver<u64>,
-) -> impl futures::Stream<Item = HubChanged> {
-    futures::stream::unfold(changes, |mut changes| async move {
-        changes.changed().await.ok()?;
-        Some((HubChanged, changes))
-    })
-}
-
-impl StreamHandler<HubChanged> for HostedClusterPackageActor {
-    fn handle(&mut self, _: HubChanged, ctx: &mut Context<Self>) {
-        self.request_reconcile(ctx);
-    }
-
-    /// The hub link lives as long as the manager.
-    fn finished(&mut self, _: &mut Context<Self>) {}
-}
-
-impl Handler<HealthEvaluated> for HostedClusterPackageActor {
-    type Result = ();
-    fn handle(&mut self, evaluated: HealthEvaluated, ctx: &mut Context<Self>) {
-        let key = (evaluated.group, evaluated.check);
-        self.state.evaluating.remove(&key);
-        let result = match evaluated.observation.state {
-            HealthState::Passing => "passing",
-            HealthState::Failing => "failing",
-            HealthState::Unknown => "unknown",
-        };
-        self.context
-            .metrics
-            .rollouts
-            .health_check(&self.name(), result);
-        self.state.health.insert(key, evaluated.observation);
-        self.request_reconcile(ctx);
-    }
-}
-
 impl Handler<FleetChanged> for HostedClusterPackageActor {
     type Result = ();
     fn handle(&mut self, _: FleetChanged, ctx: &mut Context<Self>) {
-        self.request_reconcile(ctx);
-    }
-}
-
-impl StreamHandler<Result<watcher::Event<Package>, watcher::Error>> for HostedClusterPackageActor {
-    fn handle(
-        &mut self,
-        event: Result<watcher::Event<Package>, watcher::Error>,
-        ctx: &mut Context<Self>,
-    ) {
-        let owned = |package: Package| {
-            let owned = OwnedPackage::from(package);
-            (
-                owned.meta.namespace.clone().unwrap_or_default(),
-                Arc::new(owned),
-            )
-        };
-        let state = &mut self.state;
-        // Every state the watch shows is the version a write's answer must be newer than to be taken.
-        if let Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) = &event {
-            if let (Some(namespace), Some(version)) =
-                (&p.metadata.namespace, &p.metadata.resource_version)
-            {
-                state.versions.insert(namespace.clone(), version.clone());
-            }
-        }
-        match event {
-            Ok(watcher::Event::Init) => {
-                state.listing.clear();
-                return;
-            }
-            Ok(watcher::Event::InitApply(package)) => {
-                let (namespace, package) = owned(package);
-                state.listing.insert(namespace, package);
-                return;
-            }
-            // A complete list replaces what was known: Packages deleted meanwhile are gone.
-            Ok(watcher::Event::InitDone) => {
-                let listed = std::mem::take(&mut state.listing);
-                state
-                    .versions
-                    .retain(|namespace, _| listed.contains_key(namespace));
-                if state.packages.as_ref() == Some(&listed) {
-                    return;
-                }
-                state.packages = Some(listed);
-            }
-            // Most events of a Package change nothing the decision reads (its own status writes of
-            // other fields, labels, the echo of this supervisor's write): those wake nobody.
-            Ok(watcher::Event::Apply(package)) => {
-                let (namespace, package) = owned(package);
-                let Some(packages) = state.packages.as_mut() else {
-                    return;
-                };
-                if packages.get(&namespace) == Some(&package) {
-                    return;
-                }
-                packages.insert(namespace, package);
-            }
-            Ok(watcher::Event::Delete(package)) => {
-                let (namespace, _) = owned(package);
-                state.versions.remove(&namespace);
-                let Some(packages) = state.packages.as_mut() else {
-                    return;
-                };
-                if packages.remove(&namespace).is_none() {
-                    return;
-                }
-            }
-            Err(error) => {
-                warn!(%error, "watching the owned Packages; retrying");
-                return;
-            }
-        }
-        self.request_reconcile(ctx);
-    }
-
-    /// The watch ends only with the actor.
-    fn finished(&mut self, _: &mut Context<Self>) {}
-}
-
-impl Handler<PackageWritten> for HostedClusterPackageActor {
-    type Result = ();
-    fn handle(&mut self, written: PackageWritten, ctx: &mut Context<Self>) {
-        self.state.writing.remove(&written.namespace);
-        match written.result {
-            Ok(stored) => {
-                self.state.failures.remove(&written.namespace);
-                if let (Some(packages), Some(stored)) = (self.state.packages.as_mut(), stored) {
-                    match serde_json::from_value::<Package>(stored) {
-                        // Taken only when newer than what the watch already showed: the Package may
-                        // have moved on (become available) between the write and this answer.
-                        Ok(p) => {
-                            let version = p.metadata.resource_version.clone();
-                            let watched = self.state.versions.get(&written.namespace);
-                            if response_is_newer(version.as_deref(), watched.map(String::as_str)) {
-                                if let Some(version) = version {
-                                    self.state
-                                        .versions
-                                        .insert(written.namespace.clone(), version);
-                                }
-                                packages.insert(written.namespace, Arc::new(p.into()));
-                            }
-                        }
-                        Err(e) => warn!(error = %e, "cannot read back a written Package"),
-                    }
-                }
-            }
-            Err(error) => {
-                self.state.failures.insert(written.namespace, error);
-            }
-        }
         self.request_reconcile(ctx);
     }
 }

@@ -1,0 +1,176 @@
+//! What a planned step tells: the rollout events since the last plan (or the story so far when this
+//! supervisor takes over a rollout under way), the Events of their transitions, and a trace per Package
+//! update, from the decision to the hosted cluster.
+
+use std::collections::BTreeMap;
+
+use opentelemetry::trace::TraceContextExt;
+use pko_proto::core::hosted_cluster_package::{HostedClusterPackage, HostedClusterPackageStatus};
+use pko_proto::rollout_events::{RolloutEvent, RolloutEventKind, EVENT_VERSION};
+use tracing::{info_span, Span};
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+use super::{under_way, Guard, HostedClusterPackageActor, HubReport, LastPlan, StepToCarry};
+use crate::engine::hosted_cluster_package::RolloutStep;
+use crate::engine::promotion_gate::GateVerdict;
+use crate::engine::rollout_events::{policy_steps, rollout_steps, story_so_far, RolloutView};
+use crate::engine::rollout_plan::{group_key, UNKNOWN_GROUP};
+use crate::engine::transition_events::rollout_transition;
+use crate::runtime::telemetry::{current_traceparent, trace_id_of};
+
+/// The root span of one rollout step (the decision to create or update one Package), linked to the
+/// reconcile that decided it.
+fn rollout_step_span(name: &str, generation: i64, namespace: &str, group: Option<String>) -> Span {
+    let span = info_span!(
+        parent: None,
+        "rollout step",
+        pko.hostedclusterpackage = %name,
+        pko.revision = generation,
+        pko.partition = group.as_deref().unwrap_or(UNKNOWN_GROUP),
+        k8s.namespace.name = %namespace,
+    );
+    let decided_in = Span::current().context().span().span_context().clone();
+    if decided_in.is_valid() {
+        span.add_link(decided_in);
+    }
+    span
+}
+
+impl HostedClusterPackageActor {
+    /// What a planned step asks to be done: the rollout's story told since the last plan (events and
+    /// the traces of Package updates), the status, and the writes.
+    pub(super) fn step_to_carry(
+        &mut self,
+        hcpkg: &HostedClusterPackage,
+        previous_status: &HostedClusterPackageStatus,
+        step: RolloutStep,
+    ) -> StepToCarry {
+        let RolloutStep {
+            input,
+            plan,
+            status,
+            deletes,
+            gate,
+            template_hash,
+            template,
+            recheck_after,
+            health_due,
+        } = step;
+        let name = self.name();
+        let generation = hcpkg.metadata.generation.unwrap_or_default();
+        let view = RolloutView {
+            generation,
+            input: &input,
+            plan: &plan,
+        };
+        let previous = self.state.last.as_ref().map(|l| RolloutView {
+            generation: l.generation,
+            input: &l.input,
+            plan: &l.plan,
+        });
+        // Taking over a rollout under way: what was told before is not known here, so the stream gets
+        // the story so far (it drops what it holds) and no Event is raised again.
+        let (mut steps, retold) = match (&gate, previous) {
+            // Held at the gate: nothing of the new template happens; the steps are told against the
+            // last plan once it opens.
+            (GateVerdict::Closed(_), _) => (Vec::new(), false),
+            (_, Some(previous)) => (rollout_steps(Some(&previous), &view), false),
+            (_, None) if under_way(hcpkg) => (story_so_far(&view), true),
+            (_, None) => (rollout_steps(None, &view), false),
+        };
+        let gate_step = self.gate_step(&gate, generation);
+        steps.splice(0..0, gate_step);
+        steps.extend(policy_steps(previous_status, &status));
+        // Each Package update is a trace of its own, from this decision to the hosted cluster.
+        let writes: BTreeMap<String, Span> = plan
+            .create
+            .iter()
+            .chain(&plan.update)
+            .map(|namespace| {
+                let group = input
+                    .targets
+                    .iter()
+                    .find(|t| t.namespace == *namespace)
+                    .and_then(|t| group_key(t.label.as_deref(), input.partition.as_ref()));
+                let span = rollout_step_span(&name, generation, namespace, group);
+                (namespace.clone(), span)
+            })
+            .collect();
+        let events = self.rollout_events(hcpkg, steps, &writes);
+        let partition = plan
+            .current_group
+            .and_then(|i| plan.groups.get(i))
+            .map(|g| g.name.clone().unwrap_or_else(|| UNKNOWN_GROUP.to_owned()));
+        let hub = HubReport {
+            gate: gate.clone(),
+            template_hash,
+            counts: plan.counts,
+            partition,
+        };
+        let next = (!gate.is_closed()).then_some(LastPlan {
+            generation,
+            input,
+            plan,
+        });
+        let transitions = if retold {
+            Vec::new()
+        } else {
+            events.iter().filter_map(rollout_transition).collect()
+        };
+        StepToCarry {
+            status,
+            writes,
+            deletes,
+            events,
+            transitions,
+            next,
+            hub: Some(hub),
+            guard: Some(Guard {
+                template,
+                recheck_after,
+                health_due,
+            }),
+        }
+    }
+
+    /// The rollout events of `steps`; a Package update carries the trace of its step.
+    fn rollout_events(
+        &self,
+        hcpkg: &HostedClusterPackage,
+        steps: Vec<crate::engine::rollout_events::RolloutStep>,
+        traced: &BTreeMap<String, Span>,
+    ) -> Vec<RolloutEvent> {
+        let decision = current_traceparent();
+        steps
+            .into_iter()
+            .map(|s| {
+                let step_span = s
+                    .namespace
+                    .as_ref()
+                    .filter(|_| s.kind == RolloutEventKind::PackageUpdated)
+                    .and_then(|namespace| traced.get(namespace));
+                let traceparent = match step_span {
+                    Some(span) => span.in_scope(current_traceparent),
+                    None => decision.clone(),
+                };
+                let trace_id = traceparent
+                    .as_deref()
+                    .and_then(trace_id_of)
+                    .map(str::to_owned);
+                RolloutEvent {
+                    version: EVENT_VERSION,
+                    kind: s.kind,
+                    hosted_cluster_package: self.name(),
+                    uid: hcpkg.metadata.uid.clone().unwrap_or_default(),
+                    generation: hcpkg.metadata.generation.unwrap_or_default(),
+                    group: s.group,
+                    namespace: s.namespace,
+                    message: s.message,
+                    source: self.context.rollouts.source.clone(),
+                    trace_id,
+                    traceparent,
+                }
+            })
+            .collect()
+    }
+}
