@@ -16,4 +16,5 @@ pub mod phase_actor;
 pub mod phase_runner;
 pub mod revision_index;
 pub mod set_object;
+pub mod set_plan_inputs;
 pub mod template_object;

@@ -4,49 +4,43 @@
 //! and writes status only when it changes. Succeeded fires from a timer, not from the next event.
 
 use pko_proto::well_known::{
-    INSTANCE_LABEL, ORPHAN_FINALIZER, PHASE_CLASS_LABEL, SOURCE_IMAGE_ANNOTATION,
-    TEARDOWN_FINALIZER,
+    INSTANCE_LABEL, ORPHAN_FINALIZER, SOURCE_IMAGE_ANNOTATION, TEARDOWN_FINALIZER,
 };
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
 use futures::future::LocalBoxFuture;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use k8s_openapi::jiff::Timestamp;
-use kube::api::ListParams;
-use pko_proto::core::common::{ControlledObjectReference, LifecycleState, RemotePhaseReference};
+use pko_proto::core::common::LifecycleState;
 use pko_proto::core::object_set::ObjectSetStatus;
-use serde_json::Value;
-use tracing::{info_span, warn, Instrument};
+use tracing::warn;
 
-use crate::engine::adoption::revision_of;
 use crate::engine::apply_identity::ApplyIdentity;
 use crate::engine::conditions::find_condition;
 use crate::engine::object_ref::ObjectKey;
 use crate::engine::object_set_status::{
-    object_set_conditions, phase_reach, PhaseProgress, PhaseReach, SetObservation, ARCHIVED,
-    SUCCEEDED,
+    phase_reach, PhaseProgress, PhaseReach, ARCHIVED, SUCCEEDED,
 };
 use crate::engine::transition_events::object_set_transitions;
 use crate::manager::context::ManagerContext;
 use crate::metrics::upstream_metrics::ObjectSetFacts;
-use crate::objects::applier::Applier;
 use crate::objects::object_meta::{creation_seconds, event_reference, tombstone_meta};
-use crate::objects::object_set_plan::{plan_object_set, PlanInputs};
-use crate::objects::owner_identity::owner_applier;
 use crate::objects::phase_actor::{
     PhaseActor, PhaseCommand, PhaseFinished, PhaseOutcome, UpdatePlan,
 };
-use crate::objects::phase_runner::{PhasePlan, PhaseReport};
-use crate::objects::revision_index::PreviousRevision;
+use crate::objects::phase_runner::PhaseReport;
 use crate::objects::set_object::{SetObject, DEFAULT_CLASS};
+use crate::objects::set_plan_inputs::{gather_plan, GatheredPlan};
 use crate::runtime::meta_view::MetaView;
 use crate::runtime::object_actor::{
-    work, Action, Change, Notice, ObjectActor, Reconcile, ReconcileError, Report, Work,
+    work, Action, Change, Notice, ObjectActor, Reconcile, Report, Work,
 };
 use crate::runtime::telemetry::CapturedTrace;
+
+/// The set's status: an `impl` of the same actor.
+mod status_publishing;
 
 /// A managed object controlled by this set changed.
 #[derive(Debug, Message)]
@@ -107,133 +101,6 @@ const OVERTAKEN_RECHECK: Duration = Duration::from_secs(1);
 /// objects went to a newer revision, nothing to delete): their status goes straight to `Archived`, one
 /// write instead of two in a row.
 const ARCHIVAL_SETTLE: Duration = Duration::from_millis(500);
-
-/// Why a set could not be planned.
-enum Unplannable {
-    /// The spec itself is wrong.
-    Spec(String),
-    /// Something the plan needs could not be read (missing slice, apiserver error).
-    Inputs(String),
-}
-
-/// Looks up previous revisions (UIDs and revision numbers; `indexed` holds those the watch-fed index
-/// had, the rest are read) and slices, then plans the set: the planned generation, its revision number
-/// and the phases' plans.
-async fn gather_plan(
-    context: ManagerContext,
-    set: SetObject,
-    indexed: BTreeMap<String, PreviousRevision>,
-    shard_owner: Option<String>,
-) -> Result<GatheredPlan, Unplannable> {
-    let client = context.runtime.client.clone();
-    let namespace = set.kind.is_namespaced().then(|| set.namespace().to_owned());
-    let (identity, applier) = owner_applier(&context, namespace.as_deref(), &set.meta)
-        .await
-        .map_err(Unplannable::Spec)?;
-    let api = set
-        .kind
-        .revision_kind()
-        .api(client.clone(), set.namespace());
-    let mut inputs = PlanInputs {
-        shard_owner,
-        ..PlanInputs::default()
-    };
-    let mut highest_previous = 0;
-    for previous in &set.spec.previous {
-        if let Some(p) = indexed.get(&previous.name) {
-            inputs.previous_uids.extend(p.uid.clone());
-            highest_previous = highest_previous.max(p.status_revision);
-            continue;
-        }
-        match api.get_opt(&previous.name).await {
-            Ok(Some(p)) => {
-                if let Some(uid) = p.metadata.uid.clone() {
-                    inputs.previous_uids.push(uid);
-                }
-                let value = serde_json::to_value(&p).unwrap_or(Value::Null);
-                let rev = value
-                    .pointer("/status/revision")
-                    .and_then(Value::as_i64)
-                    .unwrap_or_default();
-                highest_previous = highest_previous.max(rev);
-            }
-            Ok(None) => {}
-            Err(e) => {
-                return Err(Unplannable::Inputs(format!(
-                    "reading previous revision {:?}: {e}",
-                    previous.name
-                )))
-            }
-        }
-    }
-    if set.delegated_phase_name().is_some() && !inputs.previous_uids.is_empty() {
-        // A delegated phase adopts from every phase of a previous revision, not only the one of its own
-        // name: an object may move between phases from one revision to the next.
-        let phases = set
-            .kind
-            .phase_kind()
-            .api(client.clone(), set.namespace())
-            .list(&ListParams::default().labels(PHASE_CLASS_LABEL))
-            .await
-            .map_err(|e| Unplannable::Inputs(format!("listing previous phases: {e}")))?;
-        let previous_sets: HashSet<String> = inputs.previous_uids.iter().cloned().collect();
-        inputs
-            .previous_uids
-            .extend(phases.items.into_iter().filter_map(|phase| {
-                let controlled_by_previous = phase
-                    .metadata
-                    .owner_references
-                    .iter()
-                    .flatten()
-                    .any(|r| r.controller == Some(true) && previous_sets.contains(&r.uid));
-                phase.metadata.uid.filter(|_| controlled_by_previous)
-            }));
-    }
-    for (index, phase) in set.spec.template.phases.iter().enumerate() {
-        for name in &phase.slices {
-            match set.use_slice(client.clone(), name).await {
-                Ok(Some(objects)) => {
-                    inputs.slices.insert(name.clone(), objects);
-                }
-                Ok(None) => {
-                    return Err(Unplannable::Inputs(format!(
-                        "spec.phases[{index}].slices: slice {name:?} not found"
-                    )));
-                }
-                Err(e) => return Err(Unplannable::Inputs(format!("reading slice {name:?}: {e}"))),
-            }
-        }
-    }
-    let annotated = set
-        .meta
-        .annotations
-        .as_ref()
-        .and_then(|a| revision_of(&serde_json::json!({"metadata": {"annotations": a}})));
-    inputs.revision = match (set.status.revision, annotated) {
-        _ if set.given_revision.is_some() => set.given_revision.unwrap_or_default(),
-        (r, _) if r > 0 => r,
-        (_, Some(r)) if r > 0 => r,
-        _ => highest_previous + 1,
-    };
-    // A spec error stays until the spec changes; no retry for it.
-    let plans = plan_object_set(&set, &inputs).map_err(|e| Unplannable::Spec(e.to_string()))?;
-    Ok(GatheredPlan {
-        generation: set.generation(),
-        revision: inputs.revision,
-        plans,
-        identity,
-        applier,
-    })
-}
-
-/// What planning a set gathered: its phases' plans, and whose rights they are applied with.
-struct GatheredPlan {
-    generation: i64,
-    revision: i64,
-    plans: Vec<PhasePlan>,
-    identity: ApplyIdentity,
-    applier: Applier,
-}
 
 impl ObjectSetActor {
     /// The set's lifecycle; a set being deleted is torn down like an archived one.
@@ -419,119 +286,6 @@ impl ObjectSetActor {
             .collect();
         phase_reach(&progress)
     }
-
-    fn observation(&self, set: &SetObject) -> SetObservation {
-        let mut phases = Vec::new();
-        let mut mapped = Vec::new();
-        for phase in &self.state.phases {
-            let Some(report) = &phase.report else { break };
-            phases.push((phase.name.clone(), report.progress.clone()));
-            mapped.extend(report.mapped.iter().cloned());
-            if report.progress != PhaseProgress::Available {
-                break;
-            }
-        }
-        SetObservation {
-            lifecycle: self.lifecycle(),
-            generation: set.generation(),
-            phases,
-            total_phases: self.state.phases.len(),
-            success_delay_seconds: set.spec.template.success_delay_seconds,
-            teardown_complete: self.state.phases.iter().all(|p| p.torn_down),
-            plan_error: self.state.plan_error.clone(),
-            mapped,
-        }
-    }
-
-    fn publish_status(&mut self, ctx: &mut Context<Self>) {
-        let Some(set) = self.object.clone() else {
-            return;
-        };
-        let decision = object_set_conditions(
-            &set.status.conditions,
-            &self.observation(&set),
-            Timestamp::now(),
-        );
-        if let Some(handle) = self.state.success_timer.take() {
-            ctx.cancel_future(handle);
-        }
-        if let Some(handle) = self.state.archival_report.take() {
-            ctx.cancel_future(handle);
-        }
-        if let Some(after) = decision.recheck_after {
-            self.state.success_timer =
-                Some(ctx.run_later(after, |act, ctx| act.publish_status(ctx)));
-        }
-        let reports = || {
-            self.state
-                .phases
-                .iter()
-                .filter_map(|p| p.report.as_ref().map(|r| (p.delegated, r)))
-        };
-        // Inline phases' objects, and what delegated phases' ObjectSetPhases control, in phase order.
-        let mut controller_of: Vec<ControlledObjectReference> = reports()
-            .flat_map(|(delegated, r)| {
-                let inline = r
-                    .controlled
-                    .iter()
-                    .filter(move |_| !delegated)
-                    .map(|(k, _)| ControlledObjectReference {
-                        kind: k.kind.clone(),
-                        group: k.group.clone(),
-                        name: k.name.clone(),
-                        namespace: k.namespace.clone(),
-                    });
-                inline.chain(r.phase_controls.iter().cloned())
-            })
-            .collect();
-        if self.lifecycle() == LifecycleState::Archived {
-            controller_of.clear();
-        }
-        let remote_phases = reports()
-            .filter(|(delegated, _)| *delegated)
-            .flat_map(|(_, r)| r.controlled.iter())
-            .map(|(k, uid)| RemotePhaseReference {
-                name: k.name.clone(),
-                uid: uid.clone(),
-            })
-            .collect();
-        let status = set.kind.status_view(ObjectSetStatus {
-            conditions: decision.conditions,
-            phase: Some(decision.phase.to_owned()),
-            revision: self.state.revision,
-            remote_phases,
-            controller_of,
-        });
-        self.state.published = Some(status.clone());
-        if status == set.status {
-            return;
-        }
-        self.write_status(status, ctx);
-    }
-
-    fn write_status(&mut self, status: ObjectSetStatus, ctx: &mut Context<Self>) {
-        let Some(set) = self.object.as_mut() else {
-            return;
-        };
-        set.status = status.clone();
-        let set = set.clone();
-        let client = self.context.runtime.client.clone();
-        let span = info_span!(
-            "write_status",
-            kind = set.kind.kind(),
-            namespace = set.namespace(),
-            name = set.name()
-        );
-        ctx.spawn(
-            async move {
-                if let Err(e) = set.write_status(client, &status).await {
-                    warn!(error = %e, "status write failed");
-                }
-            }
-            .instrument(span)
-            .into_actor(self),
-        );
-    }
 }
 
 impl Reconcile for ObjectSetController {
@@ -691,13 +445,9 @@ impl Reconcile for ObjectSetController {
                     act.install_plans(gathered, ctx);
                     Ok(Action::AwaitChange)
                 }
-                Err(unplannable) => {
+                Err(error) => {
                     // A spec error stays until the spec changes; slices or previous revisions may
-                    // appear later, or the apiserver recover.
-                    let error = match unplannable {
-                        Unplannable::Spec(m) => ReconcileError::Spec(m),
-                        Unplannable::Inputs(m) => ReconcileError::Failed(m),
-                    };
+                    // appear later, or the apiserver recover (`Reconcile::error_policy`).
                     let message = error.to_string();
                     act.state.plan_error = Some(message.clone());
                     act.state.planned_generation = act.object.as_ref().map(SetObject::generation);
