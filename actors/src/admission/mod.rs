@@ -5,5 +5,6 @@
 //! Owns the TLS identity (`serving_cert`) and the listener (`webhook_server`); the rule itself is
 //! `engine::immutable_fields`.
 
+pub mod cert_material;
 pub mod serving_cert;
 pub mod webhook_server;
