@@ -2,7 +2,8 @@
 //! spec fields of ObjectSets and ObjectSetPhases (and their Cluster variants), which upstream declares
 //! as CRD validation rules that kube-apiserver 1.20 cannot evaluate.
 //!
-//! Owns the TLS identity (`serving_cert`) and the listener (`webhook_server`); the rule itself is
+//! Owns the TLS identity (`cert_material` issues it, `serving_cert` keeps it in its Secret and the
+//! caBundle) and the listener (`webhook_server`); the rule itself is
 //! `engine::immutable_fields`.
 
 pub mod cert_material;
