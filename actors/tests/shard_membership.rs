@@ -12,7 +12,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::Api;
-use pko_actors::engine::shard_assignment::ShardView;
+use pko_actors::engine::sharding::shard_assignment::ShardView;
 use pko_actors::runtime::shard_membership::ShardMembership;
 use pko_actors::runtime::write_fence::WriteFence;
 use pko_proto::well_known::{SHARD_MEMBER_LABEL, SHARD_SUCCESSORS_ANNOTATION};

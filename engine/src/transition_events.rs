@@ -5,8 +5,8 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use pko_proto::rollout_events::{RolloutEvent, RolloutEventKind};
 
-use super::conditions::{bounded_text, find_condition};
-use super::object_set_status::{BlockReason, AVAILABLE};
+use crate::conditions::{bounded_text, find_condition};
+use crate::objects::object_set_status::{BlockReason, AVAILABLE};
 
 /// The apiserver keeps an Event's note to 1 KiB.
 const EVENT_NOTE_BYTES: usize = 1024;

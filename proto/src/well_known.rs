@@ -28,7 +28,7 @@ pub const DEPLOYMENT_LABEL: &str = "package-operator.run/object-deployment";
 pub const HASH_ANNOTATION: &str = "package-operator.run/hash";
 
 /// Name of every connector object pko creates in an HCP namespace (ServiceAccount, Role, RoleBinding,
-/// Deployment). Reserved: no owner's objects may take it (`engine::reserved_objects`).
+/// Deployment). Reserved: no owner's objects may take it (`engine::objects::reserved_objects`).
 pub const CONNECTOR_NAME: &str = "pko-connector";
 /// Name of the Secret with a connector's NATS credentials, in its HCP namespace. Reserved like
 /// [`CONNECTOR_NAME`].

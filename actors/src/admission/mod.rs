@@ -4,7 +4,7 @@
 //!
 //! Owns the TLS identity (`cert_material` issues it, `serving_cert` keeps it in its Secret and the
 //! caBundle) and the listener (`webhook_server`); the rule itself is
-//! `engine::immutable_fields`.
+//! `engine::objects::immutable_fields`.
 
 pub mod cert_material;
 pub mod serving_cert;

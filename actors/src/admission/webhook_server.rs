@@ -1,5 +1,5 @@
 //! The HTTPS listener the apiserver calls for admission reviews. Every replica serves it (the Service
-//! in front of them, or one shared port in tests, picks any), answering from `engine::immutable_fields`.
+//! in front of them, or one shared port in tests, picks any), answering from `engine::objects::immutable_fields`.
 //!
 //! Owns the transport and the AdmissionReview envelope; the rules live in the engine and the TLS
 //! identity in `serving_cert`. It never reads the cluster: a review is answered from its own content.
@@ -20,7 +20,7 @@ use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 use tracing::{debug, info_span, warn};
 
-use crate::engine::immutable_fields::{changed_fields, denial_message, GuardedKind};
+use crate::engine::objects::immutable_fields::{changed_fields, denial_message, GuardedKind};
 use crate::metrics::manager_metrics::ManagerMetrics;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;

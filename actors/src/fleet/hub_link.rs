@@ -2,7 +2,7 @@
 //! announces the cluster (name and labels), writes the records of the rollouts it runs, and follows every
 //! cluster's records for the promotion gates. The hub's bucket and aggregate stream belong to the fleet's
 //! administrators (`pko-manager nats-bootstrap fleet`); the hub lets this cluster write only its own
-//! records. Nothing here decides a gate (`engine::promotion_gate` does) or blocks a rollout on
+//! records. Nothing here decides a gate (`engine::fleet::promotion_gate` does) or blocks a rollout on
 //! the hub: readers get a snapshot of what was last read and whether the hub answers now.
 //!
 //! Everything goes through JetStream's domain prefix (`$JS.<hub>.API`), so the manager needs no
@@ -23,7 +23,7 @@ use pko_proto::fleet::{
 use tokio::sync::{watch, Notify};
 use tracing::{info, warn};
 
-use crate::engine::promotion_gate::{HubState, HubView, RecordSighting, RECORD_HEARTBEAT};
+use crate::engine::fleet::promotion_gate::{HubState, HubView, RecordSighting, RECORD_HEARTBEAT};
 use crate::metrics::fleet_metrics::FleetMetrics;
 use crate::runtime::observer_clock::ObserverClock;
 

@@ -6,7 +6,7 @@
 //! It trusts the subject, not the body, for the namespace: NATS permissions confine each connector to its
 //! own subjects, so a report whose body names another namespace is dropped. A message on subjects bound
 //! to another HostedCluster than the namespace's current one (credentials of an earlier cluster of the
-//! namespace) is dropped and counted. The wakes one connector causes are limited (`engine::wake_limit`):
+//! namespace) is dropped and counted. The wakes one connector causes are limited (`engine::hypershift::wake_limit`):
 //! the first at once, then at most one per second, with what came in between folded into it, so a flood of
 //! hellos or reports costs each phase at most one re-send a second and none is lost. Hellos and reports
 //! never shorten a phase's backoff.
@@ -21,7 +21,7 @@ use futures::StreamExt;
 use pko_proto::connector_wire::{decode, Hello, HostedClusterSubjects, PhaseReport};
 use tracing::{debug, info, warn};
 
-use crate::engine::wake_limit::{Wake, WakeLimit};
+use crate::engine::hypershift::wake_limit::{Wake, WakeLimit};
 use crate::hypershift::connector_link::ConnectorLink;
 use crate::hypershift::hosted_leftovers;
 use crate::hypershift::remote_phase_actor::{RemotePhaseActor, Resend};

@@ -21,7 +21,7 @@ use pko_proto::nats_credentials::UserLimits;
 use serde_json::{json, Value};
 use tracing::{info, warn};
 
-use crate::engine::object_ref::ObjectKey;
+use crate::engine::objects::object_ref::ObjectKey;
 use crate::hypershift::connector_deployment::{
     connector_objects, credentials_current, credentials_hash, credentials_secret,
     ConnectorSettings, CredentialsBinding, CREDENTIALS_KEY, CREDENTIALS_SECRET,

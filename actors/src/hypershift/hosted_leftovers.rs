@@ -9,7 +9,7 @@
 //! Who can reach it: anyone allowed to write ConfigMaps in the HCP namespace can add keys. A key naming a
 //! phase that still exists (a live phase's UID) is dropped unsent, so a forged record cannot tear down a
 //! live phase; a key naming a UID nothing owns deletes nothing. It must not decide when a teardown is
-//! given up (`engine::hosted_teardown` does).
+//! given up (`engine::hypershift::hosted_teardown` does).
 
 use std::collections::{BTreeMap, HashSet};
 

@@ -16,9 +16,9 @@ use pko_proto::core::common::ControlledObjectReference;
 use pko_proto::core::object_set_phase::ObjectSetPhase;
 use pko_proto::{GROUP, VERSION};
 
-use crate::engine::desired_object::{prepare_phase, OwnerRef};
-use crate::engine::object_set_status::{BlockReason, MappedCondition, PhaseProgress};
-use crate::engine::probe::ProbeSet;
+use crate::engine::objects::desired_object::{prepare_phase, OwnerRef};
+use crate::engine::objects::object_set_status::{BlockReason, MappedCondition, PhaseProgress};
+use crate::engine::objects::probe::ProbeSet;
 use crate::objects::object_set_plan::PlanError;
 use crate::objects::phase_actor::PhaseOutcome;
 use crate::objects::phase_runner::PhasePlan;
@@ -181,7 +181,7 @@ mod tests {
     use super::*;
     use pko_proto::well_known::OWNERS_ANNOTATION;
 
-    use crate::engine::object_ref::ObjectKey;
+    use crate::engine::objects::object_ref::ObjectKey;
     use crate::objects::phase_actor::PhaseOutcome as RunOutcome;
     use crate::objects::phase_runner::{PhaseReport as RunReport, TeardownReport};
     use pko_proto::core::common::ObjectSetObject;

@@ -24,8 +24,8 @@ use pko_proto::core::common::LifecycleState;
 use pko_proto::core::object_set::ObjectSetStatus;
 use tracing::{info_span, warn, Instrument};
 
-use crate::engine::hosted_teardown::{after_unanswered_teardown, SkipReason};
-use crate::engine::object_set_status::{
+use crate::engine::hypershift::hosted_teardown::{after_unanswered_teardown, SkipReason};
+use crate::engine::objects::object_set_status::{
     object_set_conditions, BlockReason, PhaseProgress, SetObservation,
 };
 use crate::hypershift::connector_link::LinkError;

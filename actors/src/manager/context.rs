@@ -117,7 +117,7 @@ impl ManagerContext {
     pub fn sharded(
         self,
         member: &str,
-        view: tokio::sync::watch::Receiver<crate::engine::shard_assignment::ShardView>,
+        view: tokio::sync::watch::Receiver<crate::engine::sharding::shard_assignment::ShardView>,
     ) -> Self {
         Self {
             runtime: RuntimeContext {

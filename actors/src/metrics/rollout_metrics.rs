@@ -13,9 +13,9 @@ use prometheus_client::registry::Registry;
 use std::sync::Arc;
 
 use crate::engine::conditions::find_condition;
-use crate::engine::hosted_cluster_package::rollout_settings;
-use crate::engine::rollout_plan::RolloutStrategy;
-use crate::engine::rollout_status::{rollout_state, RolloutState, PROGRESSING};
+use crate::engine::rollout::hosted_cluster_package::rollout_settings;
+use crate::engine::rollout::rollout_plan::RolloutStrategy;
+use crate::engine::rollout::rollout_status::{rollout_state, RolloutState, PROGRESSING};
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct CountLabels {

@@ -19,9 +19,9 @@ use kube::{Api, Client};
 use serde_json::{json, Value};
 use tracing::instrument;
 
-use crate::engine::apply_identity::ApplyIdentity;
-use crate::engine::desired_object::FIELD_MANAGER;
-use crate::engine::object_ref::ObjectKey;
+use crate::engine::objects::apply_identity::ApplyIdentity;
+use crate::engine::objects::desired_object::FIELD_MANAGER;
+use crate::engine::objects::object_ref::ObjectKey;
 use crate::metrics::manager_metrics::ManagerMetrics;
 use crate::runtime::cluster_client::impersonating;
 

@@ -29,10 +29,10 @@ use prometheus_client::metrics::counter::Counter;
 use serde_json::Value;
 use tracing::{debug, warn};
 
-use crate::engine::adoption::{controller_of, without_unread_field_records};
+use crate::engine::objects::adoption::{controller_of, without_unread_field_records};
 use crate::objects::applier::ResolvedKind;
 
-use crate::engine::object_ref::ObjectKey;
+use crate::engine::objects::object_ref::ObjectKey;
 
 type KindId = (String, String, String);
 

@@ -11,12 +11,12 @@ use pko_proto::core::common::{ControlledObjectReference, LifecycleState};
 use pko_proto::core::object_deployment::ObjectDeploymentStatus;
 use tracing::warn;
 
-use crate::engine::deployment_plan::{
+use crate::engine::objects::deployment_plan::{
     deployment_conditions, plan_deployment, revision_name, DeploymentAction, RevisionContent,
     RevisionView,
 };
+use crate::engine::objects::template_hash::template_hash;
 use crate::engine::status_hold::StatusHold;
-use crate::engine::template_hash::template_hash;
 use crate::engine::transition_events::deployment_transitions;
 use crate::manager::context::ManagerContext;
 use crate::objects::deployment_object::DeploymentObject;

@@ -8,7 +8,7 @@ use kube::Resource;
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 
-use crate::engine::desired_object::FIELD_MANAGER;
+use crate::engine::objects::desired_object::FIELD_MANAGER;
 use pko_proto::well_known::SERVICE_ACCOUNT_ANNOTATION;
 
 /// The object's creation time in Unix seconds (0 when the apiserver has not set it).

@@ -17,10 +17,10 @@ use pko_proto::core::common::LifecycleState;
 use pko_proto::core::object_set::ObjectSetStatus;
 use tracing::warn;
 
-use crate::engine::apply_identity::ApplyIdentity;
 use crate::engine::conditions::find_condition;
-use crate::engine::object_ref::ObjectKey;
-use crate::engine::object_set_status::{
+use crate::engine::objects::apply_identity::ApplyIdentity;
+use crate::engine::objects::object_ref::ObjectKey;
+use crate::engine::objects::object_set_status::{
     phase_reach, PhaseProgress, PhaseReach, ARCHIVED, SUCCEEDED,
 };
 use crate::engine::transition_events::object_set_transitions;
@@ -276,7 +276,7 @@ impl ObjectSetActor {
         self.publish_status(ctx);
     }
 
-    /// How far the phases may run (`engine::object_set_status::phase_reach`).
+    /// How far the phases may run (`engine::objects::object_set_status::phase_reach`).
     fn reach(&self) -> PhaseReach {
         let progress: Vec<Option<&PhaseProgress>> = self
             .state

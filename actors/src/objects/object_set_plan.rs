@@ -13,10 +13,10 @@ use pko_proto::core::common::{
 };
 use serde_json::json;
 
-use crate::engine::desired_object::{
+use crate::engine::objects::desired_object::{
     find_duplicate, prepare_phase, DesiredObject, InvalidObject, OwnerRef,
 };
-use crate::engine::probe::{ProbeSet, ProbeSpecError};
+use crate::engine::objects::probe::{ProbeSet, ProbeSpecError};
 use crate::objects::object_meta::requested_service_account;
 use crate::objects::phase_runner::PhasePlan;
 use crate::objects::set_object::{SetObject, HOSTED_CLUSTER_CLASS};

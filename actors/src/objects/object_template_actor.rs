@@ -12,8 +12,8 @@ use k8s_openapi::jiff::Timestamp;
 use pko_proto::core::object_template::ObjectTemplateStatus;
 use serde_json::{Map, Value};
 
-use crate::engine::object_ref::ObjectKey;
-use crate::engine::object_template::{
+use crate::engine::objects::object_ref::ObjectKey;
+use crate::engine::objects::object_template::{
     copy_items, render_object, source_key, template_conditions, TemplateProblem,
 };
 use crate::manager::context::ManagerContext;

@@ -1,11 +1,11 @@
 //! Which applier an owner's objects go through: the manager's own, or one impersonating the owner's
-//! ServiceAccount (`engine::apply_identity` decides; this module gathers what it needs: the annotation,
+//! ServiceAccount (`engine::objects::apply_identity` decides; this module gathers what it needs: the annotation,
 //! the manager's `--default-service-account`, and whether the namespace hosts a HostedCluster's control
 //! plane). It must not decide anything itself.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::engine::apply_identity::{apply_identity, ApplyIdentity, IdentityInputs};
+use crate::engine::objects::apply_identity::{apply_identity, ApplyIdentity, IdentityInputs};
 use crate::manager::context::ManagerContext;
 use crate::objects::applier::Applier;
 use crate::objects::object_meta::requested_service_account;

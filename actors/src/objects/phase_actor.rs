@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use actix::prelude::*;
 
-use crate::engine::object_set_status::{BlockReason, PhaseProgress};
+use crate::engine::objects::object_set_status::{BlockReason, PhaseProgress};
 use crate::objects::applier::Applier;
 use crate::objects::object_cache::ObjectCache;
 use crate::objects::phase_runner::{

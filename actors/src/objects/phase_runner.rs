@@ -11,17 +11,19 @@ use pko_proto::core::common::ControlledObjectReference;
 use serde_json::Value;
 use tracing::{instrument, warn};
 
-use crate::engine::adoption::{
+use crate::engine::conditions::current_condition;
+use crate::engine::objects::adoption::{
     controller_of, decide_adoption, handed_over_entirely, reference_applied_only_by, Adopter,
     AdoptionDecision,
 };
-use crate::engine::conditions::current_condition;
-use crate::engine::desired_object::{DesiredObject, FIELD_MANAGER};
-use crate::engine::drift::is_subset;
-use crate::engine::object_ref::ObjectKey;
-use crate::engine::object_set_status::{BlockReason, MappedCondition, PhaseProgress};
-use crate::engine::phase_verdict::{blocked, phase_progress, probed_finding, ObjectFinding};
-use crate::engine::probe::{ProbeResult, ProbeSet};
+use crate::engine::objects::desired_object::{DesiredObject, FIELD_MANAGER};
+use crate::engine::objects::drift::is_subset;
+use crate::engine::objects::object_ref::ObjectKey;
+use crate::engine::objects::object_set_status::{BlockReason, MappedCondition, PhaseProgress};
+use crate::engine::objects::phase_verdict::{
+    blocked, phase_progress, probed_finding, ObjectFinding,
+};
+use crate::engine::objects::probe::{ProbeResult, ProbeSet};
 use crate::objects::applier::{Applier, ApplyError};
 use crate::objects::object_cache::ObjectCache;
 use pko_package::canonical_hash::value_hash;

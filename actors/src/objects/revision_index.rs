@@ -13,9 +13,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use pko_proto::well_known::DEPLOYMENT_LABEL;
 use serde_json::json;
 
-use crate::engine::adoption::{controller_of, revision_of};
 use crate::engine::conditions::{is_current, is_mapped, is_true_for, reported_for};
-use crate::engine::deployment_plan::{RevisionContent, RevisionView};
+use crate::engine::objects::adoption::{controller_of, revision_of};
+use crate::engine::objects::deployment_plan::{RevisionContent, RevisionView};
 use crate::objects::set_object::{SetKind, SetObject};
 use crate::runtime::meta_view::MetaView;
 

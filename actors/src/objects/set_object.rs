@@ -17,7 +17,7 @@ use pko_proto::well_known::PHASE_CLASS_LABEL;
 use serde_json::json;
 
 use crate::engine::conditions::is_mapped;
-use crate::engine::desired_object::OwnerRef;
+use crate::engine::objects::desired_object::OwnerRef;
 use crate::objects::object_meta::write_status;
 use crate::runtime::meta_view::MetaView;
 

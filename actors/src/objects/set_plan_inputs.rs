@@ -9,8 +9,8 @@ use std::collections::{BTreeMap, HashSet};
 use kube::api::ListParams;
 use serde_json::Value;
 
-use crate::engine::adoption::revision_of;
-use crate::engine::apply_identity::ApplyIdentity;
+use crate::engine::objects::adoption::revision_of;
+use crate::engine::objects::apply_identity::ApplyIdentity;
 use crate::manager::context::ManagerContext;
 use crate::objects::applier::Applier;
 use crate::objects::object_set_plan::{plan_object_set, PlanInputs};

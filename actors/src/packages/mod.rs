@@ -1,6 +1,6 @@
 //! Package and ClusterPackage actors: pull, load and render through `pko-package`, write the
 //! ObjectDeployment, report conditions; plus the pull-secret lookup. Loading rules live in `pko-package`,
-//! the Package → ObjectDeployment rules in `engine::package_deployment`.
+//! the Package → ObjectDeployment rules in `engine::packages::package_deployment`.
 
 pub mod package_actor;
 pub mod package_object;

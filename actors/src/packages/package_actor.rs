@@ -13,7 +13,7 @@ use k8s_openapi::jiff::Timestamp;
 use pko_proto::core::package::PackageStatus;
 
 use crate::engine::conditions::{find_condition, reported_for};
-use crate::engine::package_deployment::{
+use crate::engine::packages::package_deployment::{
     package_conditions, package_deployment, scope_error, UnpackOutcome,
 };
 use crate::engine::status_hold::StatusHold;

@@ -15,8 +15,8 @@ use pko_proto::hypershift::HostedCluster;
 use pko_proto::well_known::CHUNKING_ANNOTATION;
 use serde_json::{json, Value};
 
-use crate::engine::desired_object::FIELD_MANAGER;
-use crate::engine::package_deployment::PackageRef;
+use crate::engine::objects::desired_object::FIELD_MANAGER;
+use crate::engine::packages::package_deployment::PackageRef;
 use crate::objects::deployment_object::DeploymentObject;
 use crate::objects::object_meta::{requested_service_account, write_status};
 use crate::runtime::meta_view::MetaView;

@@ -9,7 +9,7 @@ use actix::prelude::*;
 use serde_json::Value;
 use tracing::{info_span, warn, Instrument, Span};
 
-use crate::engine::object_ref::ObjectKey;
+use crate::engine::objects::object_ref::ObjectKey;
 use crate::manager::context::ManagerContext;
 use crate::runtime::reconcile_gate::{Backoff, ReconcileGate};
 

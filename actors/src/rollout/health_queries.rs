@@ -1,14 +1,14 @@
 //! Rollout health checks against the Prometheus the manager is pointed at (`--prometheus-url`): one
-//! instant query per evaluation, bounded in time, its answer judged by `engine::health_check`. It owns
+//! instant query per evaluation, bounded in time, its answer judged by `engine::rollout::health_check`. It owns
 //! the HTTP client; it must not decide anything about the rollout.
 
 use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 
-use crate::engine::health_check::{health_verdict, HealthState};
-use crate::engine::rollout_guard::HealthObservation;
-use crate::engine::rollout_policy::HealthCheck;
+use crate::engine::rollout::health_check::{health_verdict, HealthState};
+use crate::engine::rollout::rollout_guard::HealthObservation;
+use crate::engine::rollout::rollout_policy::HealthCheck;
 
 /// How long one query may take; a slower Prometheus proves nothing for this evaluation.
 const QUERY_TIMEOUT: Duration = Duration::from_secs(10);

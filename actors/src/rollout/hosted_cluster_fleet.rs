@@ -15,7 +15,7 @@ use pko_proto::hypershift::HostedCluster;
 
 use actix::prelude::*;
 
-use crate::engine::hosted_teardown::HostedClusterPresence;
+use crate::engine::hypershift::hosted_teardown::HostedClusterPresence;
 use crate::engine::label_selector::selector_matches;
 use crate::fleet::hub_link::HubLink;
 use crate::rollout::health_queries::PrometheusQueries;

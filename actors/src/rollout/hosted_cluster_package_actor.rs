@@ -3,7 +3,7 @@
 //! `status.processing` before any update is written, hands each write to the namespace's
 //! [`HcpNamespaceActor`], writes the status when it changes, and publishes the rollout's steps.
 //!
-//! The rules live in `engine::rollout_plan`; this actor only gathers inputs and carries out plans. Its
+//! The rules live in `engine::rollout::rollout_plan`; this actor only gathers inputs and carries out plans. Its
 //! parts are submodules that add to the same actor: the watch of its Packages (`owned_packages`), what a
 //! step tells (`rollout_story`), the health checks (`health_checks`) and the fleet's hub (`fleet_hub`).
 
@@ -24,14 +24,14 @@ use pko_proto::core::package::{Package, PackageTemplateSpec};
 use pko_proto::rollout_events::RolloutEvent;
 use tracing::{info_span, Span};
 
-use crate::engine::hosted_cluster_package::{
+use crate::engine::fleet::promotion_gate::GateVerdict;
+use crate::engine::rollout::hosted_cluster_package::{
     decide_rollout, desired_package, GateInput, OwnedPackage, RolloutDecision, RolloutSnapshot,
 };
-use crate::engine::promotion_gate::GateVerdict;
-use crate::engine::rollout_guard::{stored_observations, HealthObservations};
-use crate::engine::rollout_plan::{Counts, RolloutInput, RolloutPlan};
-use crate::engine::rollout_policy::HealthCheck;
-use crate::engine::rollout_status::{progress_only, PROGRESSING};
+use crate::engine::rollout::rollout_guard::{stored_observations, HealthObservations};
+use crate::engine::rollout::rollout_plan::{Counts, RolloutInput, RolloutPlan};
+use crate::engine::rollout::rollout_policy::HealthCheck;
+use crate::engine::rollout::rollout_status::{progress_only, PROGRESSING};
 use crate::engine::status_hold::StatusHold;
 use crate::engine::transition_events::TransitionEvent;
 use crate::manager::context::ManagerContext;

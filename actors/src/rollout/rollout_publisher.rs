@@ -5,7 +5,7 @@
 //! so a retry whose acknowledgement was lost, or a restarted manager telling a rollout's story again, is
 //! stored once. The stream is created, or its limits brought up to date, before the first publish.
 //!
-//! It must not decide what to tell; `engine::rollout_events` does.
+//! It must not decide what to tell; `engine::rollout::rollout_events` does.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};

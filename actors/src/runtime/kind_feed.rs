@@ -31,7 +31,7 @@ use pko_proto::well_known::SHARD_OWNER_LABEL;
 use serde::de::DeserializeOwned;
 use tracing::{info, warn};
 
-use crate::engine::shard_assignment::{Member, ShardView};
+use crate::engine::sharding::shard_assignment::{Member, ShardView};
 
 use crate::runtime::registry::{ObjectRef, Registry};
 use crate::runtime::runtime_context::{RuntimeContext, SharedContext};

@@ -4,7 +4,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use crate::engine::shard_assignment::Member;
+use crate::engine::sharding::shard_assignment::Member;
 use crate::runtime::registry::ObjectRef;
 
 /// Which watch of a feed saw an object: the one on this replica's label (on every object unsharded or

@@ -4,7 +4,7 @@
 //! What it must prevent is two holders writing at once. The holder renews every `retry_period` and gives
 //! up `renew_deadline` after the start of its last successful renewal (client-go's defaults: 15 s Lease,
 //! 10 s, 2 s). A standby times the Lease by its own monotonic clock from when it saw the Lease's record
-//! last change, and takes it `duration` after that (`engine::lease_expiry`): never by comparing the
+//! last change, and takes it `duration` after that (`engine::sharding::lease_expiry`): never by comparing the
 //! holder's renewTime with its own wall clock, so a skewed clock on either side cannot make two holders.
 //! Giving up means two things at once: the [`WriteFence`] of the process's clients has closed (every
 //! write after the deadline is refused, even by a thread that was stopped and runs again) and the process
@@ -22,7 +22,7 @@ use kube::{Api, Client};
 use tokio::sync::oneshot;
 use tracing::{error, info, warn};
 
-use crate::engine::lease_expiry::{LeaseRecord, LeaseSighting};
+use crate::engine::sharding::lease_expiry::{LeaseRecord, LeaseSighting};
 use crate::runtime::lease_metrics::{LeaseAttempt, LeaseMetrics};
 use crate::runtime::observer_clock::ObserverClock;
 use crate::runtime::write_fence::WriteFence;

@@ -1,7 +1,7 @@
 //! Leases this process takes part in (the leader Lease, the shard coordinator's, its own member Lease):
 //! each attempt to take or renew one, by outcome, and whether this process holds it. Labelled by the
 //! Lease's name, of which a process has at most three. It records; the Lease rules are in
-//! `engine::lease_expiry` and `runtime::leader_lease`.
+//! `engine::sharding::lease_expiry` and `runtime::leader_lease`.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;

@@ -1,5 +1,5 @@
 //! This process's own monotonic clock, in the milliseconds the engine's sighting rules take
-//! (`engine::sighting`, `engine::lease_expiry`, `engine::wake_limit`): when this process saw something,
+//! (`engine::sighting`, `engine::sharding::lease_expiry`, `engine::hypershift::wake_limit`): when this process saw something,
 //! never a time another process wrote. It owns the reading of the clock, nothing else.
 
 use std::time::Instant;

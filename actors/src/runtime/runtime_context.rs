@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use kube::Client;
 
-use crate::engine::shard_assignment::ShardView;
+use crate::engine::sharding::shard_assignment::ShardView;
 use crate::runtime::event_sink::EventSink;
 use crate::runtime::feed_sync::FeedSync;
 use crate::runtime::runtime_metrics::RuntimeMetrics;

@@ -1,5 +1,5 @@
 //! The shard coordinator (sharded mode; one replica runs it, the holder of the manager's Lease): it keeps
-//! the shard labels of every object pko reconciles as `engine::shard_assignment::coordinate` says for the
+//! the shard labels of every object pko reconciles as `engine::sharding::shard_assignment::coordinate` says for the
 //! live members — labels new objects for their key's owner, drains keys whose owner changed, and labels
 //! them for the new owner once the old one let go. It reads metadata only (no specs or statuses in its
 //! cache) and writes nothing but the two shard labels. Which replica works on what is decided by the labels
@@ -33,7 +33,7 @@ use pko_proto::well_known::{
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::engine::shard_assignment::{
+use crate::engine::sharding::shard_assignment::{
     coordinate, LabelAction, Member, Placement, ShardKey, ShardView,
 };
 use crate::runtime::shard_metrics::ShardMetrics;

@@ -1,4 +1,4 @@
-//! Shard membership (docs in `engine::shard_assignment`): this replica's own Lease, held and renewed by a
+//! Shard membership (docs in `engine::sharding::shard_assignment`): this replica's own Lease, held and renewed by a
 //! [`LeaseHolder`] like the leader Lease (so a replica that cannot renew closes its write fence and exits
 //! before the Lease runs out), and the [`ShardView`] read from every member Lease in the namespace: the
 //! live members, the departed ones, and the take-over records the coordinator wrote onto departed
@@ -15,8 +15,8 @@ use pko_proto::well_known::shard_member_lease;
 use tokio::sync::watch;
 use tracing::warn;
 
-use crate::engine::lease_expiry::{LeaseRecord, LeaseSightings};
-use crate::engine::shard_assignment::{Member, MemberLease, ShardView};
+use crate::engine::sharding::lease_expiry::{LeaseRecord, LeaseSightings};
+use crate::engine::sharding::shard_assignment::{Member, MemberLease, ShardView};
 use crate::runtime::leader_lease::{
     lease_duration_ms, lease_record, LeaseConfig, LeaseError, LeaseHolder,
 };

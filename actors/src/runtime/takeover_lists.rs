@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use tracing::info;
 
-use crate::engine::shard_assignment::Member;
+use crate::engine::sharding::shard_assignment::Member;
 use crate::runtime::shard_metrics::ShardMetrics;
 
 /// How long a feed holds a departed member's objects at most, waiting for the other feeds' lists: a

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use async_nats::jetstream::{self, kv};
 use futures::StreamExt;
 use k8s_openapi::jiff::Timestamp;
-use pko_engine::promotion_gate::RECORD_STALE_AFTER;
+use pko_engine::fleet::promotion_gate::RECORD_STALE_AFTER;
 use pko_proto::fleet::{FleetRecords, STATE_BUCKET};
 
 use crate::args::FleetStatusArgs;

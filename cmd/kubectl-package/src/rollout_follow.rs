@@ -5,7 +5,7 @@
 //! `--nats-url`; for a (Cluster)Package or (Cluster)ObjectDeployment it follows Available and Progressing
 //! of the current generation. `plan` gathers what the manager's planner reads (the HostedClusterPackage,
 //! the HostedClusters it selects, its Packages) and runs that planner, `pko_engine`'s `decide_rollout`: the
-//! CLI never has rules of its own. Rollout states come from `pko_engine::rollout_status::rollout_state`.
+//! CLI never has rules of its own. Rollout states come from `pko_engine::rollout::rollout_status::rollout_state`.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -20,13 +20,13 @@ use kube::api::ListParams;
 use kube::runtime::watcher;
 use kube::{Api, Client};
 use pko_engine::conditions::find_condition;
-use pko_engine::hosted_cluster_package::{
+use pko_engine::label_selector::selector_matches;
+use pko_engine::rollout::hosted_cluster_package::{
     decide_rollout, package_state, GateInput, OwnedPackage, RolloutDecision, RolloutSnapshot,
 };
-use pko_engine::label_selector::selector_matches;
-use pko_engine::rollout_guard;
-use pko_engine::rollout_plan::{RolloutStrategy, UNKNOWN_GROUP};
-use pko_engine::rollout_status::{rollout_state, RolloutState};
+use pko_engine::rollout::rollout_guard;
+use pko_engine::rollout::rollout_plan::{RolloutStrategy, UNKNOWN_GROUP};
+use pko_engine::rollout::rollout_status::{rollout_state, RolloutState};
 use pko_proto::core::hosted_cluster_package::{HostedClusterPackage, HostedClusterPackageStatus};
 use pko_proto::core::package::{Package, PackageTemplateSpec};
 use pko_proto::hypershift::HostedCluster;
@@ -93,7 +93,7 @@ fn parse_duration(text: &str) -> Result<Option<Duration>, String> {
     if text.is_empty() {
         return Ok(None);
     }
-    let duration = pko_engine::rollout_policy::parse_duration(text).ok_or_else(|| {
+    let duration = pko_engine::rollout::rollout_policy::parse_duration(text).ok_or_else(|| {
         format!("invalid --timeout {text:?}: want a duration such as 30s, 5m or 1h")
     })?;
     Ok((!duration.is_zero()).then_some(duration))
@@ -567,8 +567,10 @@ pub fn plan_text(name: &str, decision: &RolloutDecision) -> String {
         if state.updated || plan.update.contains(&target.namespace) {
             continue;
         }
-        let group =
-            pko_engine::rollout_plan::group_key(target.label.as_deref(), input.partition.as_ref());
+        let group = pko_engine::rollout::rollout_plan::group_key(
+            target.label.as_deref(),
+            input.partition.as_ref(),
+        );
         let why = if state.paused {
             "paused".to_owned()
         } else if current.is_some_and(|g| g.name != group) {
@@ -645,8 +647,8 @@ mod tests {
 
     #[test]
     fn a_plan_names_the_next_wave_and_why_the_others_wait() {
-        use pko_engine::hosted_cluster_package::RolloutStep;
-        use pko_engine::rollout_plan::{
+        use pko_engine::rollout::hosted_cluster_package::RolloutStep;
+        use pko_engine::rollout::rollout_plan::{
             plan_rollout, PackageState, PartitionOrder, RolloutInput, Target,
         };
         let target = |namespace: &str, label: &str, updated: bool, live: bool| Target {
@@ -679,7 +681,7 @@ mod tests {
             plan,
             status: HostedClusterPackageStatus::default(),
             deletes: Vec::new(),
-            gate: pko_engine::promotion_gate::GateVerdict::Ungated,
+            gate: pko_engine::fleet::promotion_gate::GateVerdict::Ungated,
             template_hash: String::new(),
             template: Default::default(),
             recheck_after: None,

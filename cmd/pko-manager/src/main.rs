@@ -225,7 +225,8 @@ fn quantity(text: &str) -> Result<String, String> {
 
 /// A flag naming a ServiceAccount.
 fn service_account_name(name: &str) -> Result<String, String> {
-    pko_actors::engine::apply_identity::valid_service_account_name(name).map(|()| name.to_owned())
+    pko_actors::engine::objects::apply_identity::valid_service_account_name(name)
+        .map(|()| name.to_owned())
 }
 
 /// Why the manager could not start or keep running.
@@ -390,7 +391,7 @@ async fn serve_webhook(
 async fn run(args: Args) -> Result<(), ManagerError> {
     let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "pko-manager".to_owned());
     // A shard member's name is one process's, so a restarted replica never returns to keys taken over
-    // from it (engine::shard_assignment).
+    // from it (engine::sharding::shard_assignment).
     let identity = if args.sharding {
         member_identity(&host, std::process::id())
     } else {

@@ -8,7 +8,7 @@ use kube::api::{
     ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
 };
 use kube::Api;
-use pko_actors::engine::template_hash::template_hash;
+use pko_actors::engine::objects::template_hash::template_hash;
 use pko_proto::core::object_deployment::ObjectDeployment;
 use pko_proto::core::object_set::ObjectSet;
 use pko_testenv::wait_until;

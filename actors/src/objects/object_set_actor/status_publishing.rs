@@ -10,7 +10,9 @@ use pko_proto::core::object_set::ObjectSetStatus;
 use tracing::{info_span, warn, Instrument};
 
 use super::ObjectSetActor;
-use crate::engine::object_set_status::{object_set_conditions, PhaseProgress, SetObservation};
+use crate::engine::objects::object_set_status::{
+    object_set_conditions, PhaseProgress, SetObservation,
+};
 use crate::objects::set_object::SetObject;
 use crate::runtime::meta_view::MetaView;
 

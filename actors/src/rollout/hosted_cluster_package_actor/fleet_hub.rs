@@ -7,8 +7,10 @@ use pko_proto::core::hosted_cluster_package::HostedClusterPackageStatus;
 use pko_proto::rollout_events::RolloutEventKind;
 
 use super::{HostedClusterPackageActor, HubReport};
-use crate::engine::promotion_gate::{record_changed, rollout_record, GateVerdict, OwnRollout};
-use crate::engine::rollout_status::AVAILABLE;
+use crate::engine::fleet::promotion_gate::{
+    record_changed, rollout_record, GateVerdict, OwnRollout,
+};
+use crate::engine::rollout::rollout_status::AVAILABLE;
 use crate::fleet::hub_link::HubLink;
 
 /// What the fleet's hub reports changed.
@@ -50,7 +52,7 @@ impl HostedClusterPackageActor {
         &mut self,
         gate: &GateVerdict,
         generation: i64,
-    ) -> Option<crate::engine::rollout_events::RolloutStep> {
+    ) -> Option<crate::engine::rollout::rollout_events::RolloutStep> {
         let (kind, message) = match gate {
             GateVerdict::Ungated | GateVerdict::Open { opened: None } => return None,
             GateVerdict::Open { opened: Some(_) } => {
@@ -69,7 +71,7 @@ impl HostedClusterPackageActor {
                 (RolloutEventKind::PromotionWaiting, closed.message.clone())
             }
         };
-        Some(crate::engine::rollout_events::RolloutStep {
+        Some(crate::engine::rollout::rollout_events::RolloutStep {
             kind,
             group: None,
             namespace: None,

@@ -9,9 +9,9 @@ use k8s_openapi::jiff::Timestamp;
 
 use super::HostedClusterPackageActor;
 use crate::engine::api_time::elapsed;
-use crate::engine::health_check::HealthState;
-use crate::engine::rollout_guard::HealthObservation;
-use crate::engine::rollout_policy::HealthCheck;
+use crate::engine::rollout::health_check::HealthState;
+use crate::engine::rollout::rollout_guard::HealthObservation;
+use crate::engine::rollout::rollout_policy::HealthCheck;
 use crate::rollout::health_queries::unconfigured;
 
 /// How often a health check of a soaking group is evaluated.

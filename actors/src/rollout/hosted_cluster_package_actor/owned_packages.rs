@@ -11,8 +11,8 @@ use pko_proto::core::package::Package;
 use tracing::warn;
 
 use super::HostedClusterPackageActor;
-use crate::engine::hosted_cluster_package::OwnedPackage;
 use crate::engine::resource_version::response_is_newer;
+use crate::engine::rollout::hosted_cluster_package::OwnedPackage;
 use crate::rollout::hcp_namespace_actor::PackageWritten;
 
 impl StreamHandler<Result<watcher::Event<Package>, watcher::Error>> for HostedClusterPackageActor {

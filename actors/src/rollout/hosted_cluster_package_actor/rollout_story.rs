@@ -11,10 +11,12 @@ use tracing::{info_span, Span};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use super::{under_way, Guard, HostedClusterPackageActor, HubReport, LastPlan, StepToCarry};
-use crate::engine::hosted_cluster_package::RolloutStep;
-use crate::engine::promotion_gate::GateVerdict;
-use crate::engine::rollout_events::{policy_steps, rollout_steps, story_so_far, RolloutView};
-use crate::engine::rollout_plan::{group_key, UNKNOWN_GROUP};
+use crate::engine::fleet::promotion_gate::GateVerdict;
+use crate::engine::rollout::hosted_cluster_package::RolloutStep;
+use crate::engine::rollout::rollout_events::{
+    policy_steps, rollout_steps, story_so_far, RolloutView,
+};
+use crate::engine::rollout::rollout_plan::{group_key, UNKNOWN_GROUP};
 use crate::engine::transition_events::rollout_transition;
 use crate::runtime::telemetry::{current_traceparent, trace_id_of};
 
@@ -137,7 +139,7 @@ impl HostedClusterPackageActor {
     fn rollout_events(
         &self,
         hcpkg: &HostedClusterPackage,
-        steps: Vec<crate::engine::rollout_events::RolloutStep>,
+        steps: Vec<crate::engine::rollout::rollout_events::RolloutStep>,
         traced: &BTreeMap<String, Span>,
     ) -> Vec<RolloutEvent> {
         let decision = current_traceparent();

@@ -10,7 +10,7 @@ use pko_proto::well_known::{SHARD_DRAIN_LABEL, SHARD_OWNER_LABEL};
 use tracing::{info, warn};
 
 use super::{FeedTarget, Gone, KindFeed, Observed, Release, ShardSignal, ShardState, WatchedKind};
-use crate::engine::shard_assignment::{drained, works_on, Member, Placement, ShardKey};
+use crate::engine::sharding::shard_assignment::{drained, works_on, Member, Placement, ShardKey};
 use crate::runtime::known_objects::WatchSource;
 use crate::runtime::registry::ObjectRef;
 use crate::runtime::takeover_lists::HOLD_LIMIT;

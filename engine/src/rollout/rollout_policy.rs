@@ -1,6 +1,6 @@
 //! A HostedClusterPackage's rollout policy (pko extension `spec.rolloutPolicy`, and the percentage form of
 //! `maxUnavailable`) checked and turned into plain settings: durations, budgets, per-group rules. Errors
-//! name the field and what is wrong. What the settings do to a rollout is `engine::rollout_guard`'s.
+//! name the field and what is wrong. What the settings do to a rollout is `engine::rollout::rollout_guard`'s.
 //!
 //! Pure: no I/O, no clock.
 
@@ -13,7 +13,7 @@ use pko_proto::core::hosted_cluster_package::{
     HostedClusterPackageRolloutPolicy,
 };
 
-use crate::rollout_plan::UNKNOWN_GROUP;
+use crate::rollout::rollout_plan::UNKNOWN_GROUP;
 
 /// The longest duration a policy takes (a soak or deadline longer than a month is a typo).
 const MAX_DURATION: Duration = Duration::from_secs(31 * 24 * 60 * 60);

@@ -10,10 +10,10 @@ use pko_proto::core::object_template::ObjectTemplateSource;
 use pko_proto::well_known::CACHE_LABEL;
 use serde_json::{json, Map, Value};
 
-use super::conditions::{remove_condition, set_condition, ConditionUpdate};
+use crate::conditions::{remove_condition, set_condition, ConditionUpdate};
 
-use super::object_ref::{split_api_version, ObjectKey};
-use super::reserved_objects::reserved_for_pko;
+use crate::objects::object_ref::{split_api_version, ObjectKey};
+use crate::objects::reserved_objects::reserved_for_pko;
 use pko_package::template::render;
 use pko_package::template_funcs::package_funcs;
 use pko_package::yaml::parse_untrusted_yaml;

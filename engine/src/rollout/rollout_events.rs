@@ -9,9 +9,9 @@ use pko_proto::rollout_events::RolloutEventKind;
 
 use pko_proto::core::hosted_cluster_package::HostedClusterPackageStatus;
 
-use super::conditions::find_condition;
-use super::rollout_guard::{group_state, AWAITING_APPROVAL, ROLLOUT_PAUSED};
-use super::rollout_plan::{
+use crate::conditions::find_condition;
+use crate::rollout::rollout_guard::{group_state, AWAITING_APPROVAL, ROLLOUT_PAUSED};
+use crate::rollout::rollout_plan::{
     group_key, PackageState, RolloutInput, RolloutPlan, RolloutState, UNKNOWN_GROUP,
 };
 
@@ -299,7 +299,7 @@ pub fn policy_steps(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rollout_plan::{plan_rollout, PartitionOrder, RolloutStrategy, Target};
+    use crate::rollout::rollout_plan::{plan_rollout, PartitionOrder, RolloutStrategy, Target};
     use std::collections::BTreeSet;
 
     fn input(states: &[(&str, &str, bool, bool)]) -> RolloutInput {

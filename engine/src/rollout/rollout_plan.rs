@@ -23,7 +23,7 @@
 //!   paused, or its target is gone). The caller must record each update's response in its view: the new
 //!   generation makes the Package unavailable until its status catches up, which keeps it counted.
 //!
-//! - Group rules (the rollout policy, issue 22, decided by `engine::rollout_guard`): a soaking group
+//! - Group rules (the rollout policy, issue 22, decided by `engine::rollout::rollout_guard`): a soaking group
 //!   has every Package done and still does not count as finished; a group may tolerate some failed
 //!   Packages (they count as done for the barrier, and still hold their budget slot while unavailable);
 //!   a group awaiting approval gets no update; a rollback orders the groups in reverse.

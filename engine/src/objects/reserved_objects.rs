@@ -11,7 +11,7 @@
 use pko_proto::well_known::{CONNECTOR_CREDENTIALS_SECRET, CONNECTOR_NAME};
 use serde_json::Value;
 
-use crate::object_ref::ObjectKey;
+use crate::objects::object_ref::ObjectKey;
 
 const RBAC_GROUP: &str = "rbac.authorization.k8s.io";
 

@@ -21,12 +21,12 @@ use pko_proto::core::hosted_cluster_package::{
 
 use crate::api_time::{elapsed, stamp};
 use crate::conditions::ConditionUpdate;
-use crate::health_check::HealthState;
-use crate::rollout_plan::{
+use crate::rollout::health_check::HealthState;
+use crate::rollout::rollout_plan::{
     group_key, GroupRules, RolloutInput, RolloutPlan, RolloutState, RolloutStrategy, Target,
     UNKNOWN_GROUP,
 };
-use crate::rollout_policy::{HealthCheck, RolloutPolicy};
+use crate::rollout::rollout_policy::{HealthCheck, RolloutPolicy};
 
 pub const HALTED: &str = "Halted";
 pub const AWAITING_APPROVAL: &str = "AwaitingApproval";
@@ -124,7 +124,7 @@ pub fn carried_halt(
 /// failed, saying so.
 pub fn apply_deadlines(
     targets: &mut [Target],
-    input_partition: Option<&crate::rollout_plan::PartitionOrder>,
+    input_partition: Option<&crate::rollout::rollout_plan::PartitionOrder>,
     policy: &RolloutPolicy,
     since: &BTreeMap<String, Timestamp>,
     now: Timestamp,
@@ -526,12 +526,12 @@ pub fn guard_conditions(
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::deployment_plan::LATEST_REVISION_UNAVAILABLE;
-    use crate::hosted_cluster_package::{
+    use crate::fleet::promotion_gate::package_template_hash;
+    use crate::objects::deployment_plan::LATEST_REVISION_UNAVAILABLE;
+    use crate::rollout::hosted_cluster_package::{
         decide_rollout, undo_request, GateInput, OwnedPackage, RolloutDecision, RolloutSnapshot,
         RolloutStep,
     };
-    use crate::promotion_gate::package_template_hash;
     use pko_proto::core::hosted_cluster_package::HostedClusterPackage;
     use pko_proto::hypershift::HostedCluster;
     use proptest::prelude::*;

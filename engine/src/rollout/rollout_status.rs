@@ -4,8 +4,8 @@
 //! (`NoPackagePaused` False / `AtLeastOnePackagePaused` True). While updated Packages fail, Progressing
 //! names them and why, and says which group the rollout is halted in. Pure.
 
-use super::conditions::{find_condition, ConditionUpdate};
-use super::rollout_plan::{RolloutInput, RolloutPlan, RolloutStrategy, UNKNOWN_GROUP};
+use crate::conditions::{find_condition, ConditionUpdate};
+use crate::rollout::rollout_plan::{RolloutInput, RolloutPlan, RolloutStrategy, UNKNOWN_GROUP};
 use pko_proto::core::hosted_cluster_package::{
     HostedClusterPackageCounts, HostedClusterPackageStatus,
 };
@@ -158,7 +158,7 @@ pub fn rollout_state(status: &HostedClusterPackageStatus) -> RolloutState {
     let moving = c.in_flight_packages > 0 || !status.processing.is_empty();
     if status.halted.is_some() {
         RolloutState::Halted
-    } else if holds(crate::rollout_guard::ROLLOUT_PAUSED) {
+    } else if holds(crate::rollout::rollout_guard::ROLLOUT_PAUSED) {
         RolloutState::Paused
     } else if !holds(PROGRESSING) {
         RolloutState::Finished
@@ -217,7 +217,7 @@ pub fn progress_only(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rollout_plan::{plan_rollout, PackageState, RolloutInput, Target};
+    use crate::rollout::rollout_plan::{plan_rollout, PackageState, RolloutInput, Target};
 
     fn fleet(states: &[(bool, bool, bool)]) -> RolloutInput {
         RolloutInput {

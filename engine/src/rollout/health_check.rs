@@ -6,7 +6,7 @@
 
 use serde_json::Value;
 
-use crate::rollout_policy::HealthCheck;
+use crate::rollout::rollout_policy::HealthCheck;
 
 /// Names the check in status and events.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

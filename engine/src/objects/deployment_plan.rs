@@ -5,10 +5,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 use pko_proto::core::common::{LifecycleState, ObjectSetTemplateSpec};
 
-use super::conditions::{
+use crate::conditions::{
     is_mapped, is_true_for, mirror_conditions, set_condition, ConditionUpdate,
 };
-use super::object_ref::ObjectKey;
+use crate::objects::object_ref::ObjectKey;
 use pko_package::canonical_hash::value_digest;
 use std::collections::BTreeSet;
 

@@ -23,21 +23,21 @@ use serde_json::{json, Value};
 
 use crate::api_time::{elapsed, stamp};
 use crate::conditions::{is_current, is_true_for, set_condition, ConditionUpdate};
-use crate::deployment_plan::LATEST_REVISION_UNAVAILABLE;
-use crate::label_selector::selector_matches;
-use crate::promotion_gate::{
+use crate::fleet::promotion_gate::{
     package_template_hash, poisoned_release, promotion_gate, GateVerdict, HubView,
 };
-use crate::rollout_guard::{
+use crate::label_selector::selector_matches;
+use crate::objects::deployment_plan::LATEST_REVISION_UNAVAILABLE;
+use crate::rollout::rollout_guard::{
     annotate_partitions, apply_deadlines, base_rules, carried_halt, failure_halt, guard_conditions,
     hold, new_halt, soak, GuardReport, HealthObservations, Soak,
 };
-use crate::rollout_plan::{
+use crate::rollout::rollout_plan::{
     group_key, plan_rollout, Counts, GroupRules, PackageState, PartitionOrder, RolloutInput,
     RolloutPlan, RolloutState, RolloutStrategy, Target, UNKNOWN_GROUP,
 };
-use crate::rollout_policy::{budget, rollout_policy, Budget, HealthCheck, RolloutPolicy};
-use crate::rollout_status::rollout_conditions;
+use crate::rollout::rollout_policy::{budget, rollout_policy, Budget, HealthCheck, RolloutPolicy};
+use crate::rollout::rollout_status::rollout_conditions;
 
 /// The Package conditions a rollout judges a Package on ([`package_state`]).
 pub const JUDGED_CONDITIONS: [&str; 5] =
@@ -95,7 +95,10 @@ impl StrategySetting {
             StrategySetting::Instant => RolloutStrategy::Instant,
             StrategySetting::RollingUpgrade { max_unavailable } => {
                 RolloutStrategy::RollingUpgrade {
-                    max_unavailable: crate::rollout_policy::max_unavailable(max_unavailable, total),
+                    max_unavailable: crate::rollout::rollout_policy::max_unavailable(
+                        max_unavailable,
+                        total,
+                    ),
                 }
             }
         }
@@ -413,7 +416,7 @@ pub struct RolloutStep {
 }
 
 /// The rollout step for `snapshot` at `now`: which Packages to create, update and delete (through
-/// `engine::rollout_plan`, guarded by the rollout policy of `engine::rollout_guard`) and the status that
+/// `engine::rollout::rollout_plan`, guarded by the rollout policy of `engine::rollout::rollout_guard`) and the status that
 /// says so. A HostedCluster that is not Available gets no Package until it is; one that has its Package
 /// keeps being counted.
 pub fn decide_rollout(snapshot: &RolloutSnapshot, now: Timestamp) -> RolloutDecision {
@@ -454,7 +457,7 @@ pub fn decide_rollout(snapshot: &RolloutSnapshot, now: Timestamp) -> RolloutDeci
 
 struct GuardedStep {
     step: RolloutDecision,
-    new_halt: Option<crate::rollout_guard::HaltCause>,
+    new_halt: Option<crate::rollout::rollout_guard::HaltCause>,
 }
 
 /// One decision with `halt` standing.
@@ -730,7 +733,7 @@ fn uses_policy(hcpkg: &HostedClusterPackage, status: &HostedClusterPackageStatus
         || status
             .conditions
             .iter()
-            .any(|c| c.type_ == crate::rollout_guard::HALTED)
+            .any(|c| c.type_ == crate::rollout::rollout_guard::HALTED)
 }
 
 /// The approvals annotation; an unreadable one approves nothing.
@@ -1169,7 +1172,7 @@ mod tests {
 
     #[test]
     fn a_release_halted_in_another_management_cluster_halts_here_too() {
-        use crate::promotion_gate::{HubState, ObservedRollout, POISONED_RELEASE};
+        use crate::fleet::promotion_gate::{HubState, ObservedRollout, POISONED_RELEASE};
         use pko_proto::fleet::{FleetRolloutRecord, RECORD_VERSION};
         let spec = json!({"template": template(), "rolloutPolicy": {"rollback": "Automatic"}});
         let mut s = snapshot(spec, vec![cluster("a", true), cluster("b", true)]);

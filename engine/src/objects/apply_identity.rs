@@ -9,7 +9,7 @@ use std::fmt;
 
 use pko_proto::well_known::SERVICE_ACCOUNT_ANNOTATION;
 
-use crate::desired_object::InvalidObject;
+use crate::objects::desired_object::InvalidObject;
 
 /// The identity an owner's reads and writes go out as.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]

@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 use pko_proto::core::common::{CollisionProtection, ConditionMapping, ObjectSetObject};
 use serde_json::{json, Map, Value};
 
-use super::object_ref::ObjectKey;
-use super::reserved_objects::reserved_for_pko;
+use crate::objects::object_ref::ObjectKey;
+use crate::objects::reserved_objects::reserved_for_pko;
 
 /// Field manager of every server-side apply pko makes.
 pub const FIELD_MANAGER: &str = "package-operator";

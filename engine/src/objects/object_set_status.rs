@@ -10,7 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 use pko_proto::core::common::LifecycleState;
 
-use super::conditions::{
+use crate::conditions::{
     bounded_text, find_condition, remove_condition, set_condition, ConditionUpdate,
 };
 

@@ -1,8 +1,8 @@
 //! The verdict on one run of a phase: from what each of its objects showed to where the phase stands
 //! ([`PhaseProgress`]). Pure; the phase runner gathers the findings and does the writes.
 
-use crate::object_set_status::{BlockReason, PhaseProgress};
-use crate::probe::ProbeResult;
+use crate::objects::object_set_status::{BlockReason, PhaseProgress};
+use crate::objects::probe::ProbeResult;
 
 /// What one object of the phase showed in this run.
 #[derive(Debug, Clone, PartialEq, Eq)]

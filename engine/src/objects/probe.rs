@@ -10,8 +10,8 @@ use pko_package::cel::{compile_bounded, evaluate_cel_with, CelRule};
 use pko_proto::core::common::{ObjectSetProbe, Probe, ProbeSelector};
 use serde_json::Value;
 
-use super::label_selector::{selector_matches, SelectorError};
-use super::object_ref::ObjectKey;
+use crate::label_selector::{selector_matches, SelectorError};
+use crate::objects::object_ref::ObjectKey;
 
 /// A probe set that cannot be evaluated because the spec is wrong.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

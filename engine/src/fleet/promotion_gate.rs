@@ -22,8 +22,8 @@ use pko_proto::fleet::{
 
 use crate::conditions::ConditionUpdate;
 use crate::label_selector::selector_matches;
-use crate::rollout_guard::HaltCause;
-use crate::rollout_plan::Counts;
+use crate::rollout::rollout_guard::HaltCause;
+use crate::rollout::rollout_plan::Counts;
 use crate::sighting::Sighting;
 use pko_package::canonical_hash::CanonicalHasher;
 

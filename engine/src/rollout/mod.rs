@@ -1,0 +1,11 @@
+//! The HostedClusterPackage rollout: the decision (`hosted_cluster_package`), the plan by groups and
+//! budget, the rollout policy and its guard (soak, deadline, failures, rollback, health checks), the
+//! status and the rollout events.
+
+pub mod health_check;
+pub mod hosted_cluster_package;
+pub mod rollout_events;
+pub mod rollout_guard;
+pub mod rollout_plan;
+pub mod rollout_policy;
+pub mod rollout_status;
