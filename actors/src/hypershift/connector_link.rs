@@ -17,7 +17,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tracing::{info, instrument, warn};
 
-use crate::hypershift::connector_deployment::ConnectorResources;
+use crate::engine::hypershift::connector_deployment::ConnectorResources;
 use crate::metrics::connector_metrics::ConnectorMetrics;
 use crate::runtime::telemetry::inject_current;
 

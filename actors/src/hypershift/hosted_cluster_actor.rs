@@ -21,11 +21,11 @@ use pko_proto::nats_credentials::UserLimits;
 use serde_json::{json, Value};
 use tracing::{info, warn};
 
-use crate::engine::objects::object_ref::ObjectKey;
-use crate::hypershift::connector_deployment::{
+use crate::engine::hypershift::connector_deployment::{
     connector_objects, credentials_current, credentials_hash, credentials_secret,
     ConnectorSettings, CredentialsBinding, CREDENTIALS_KEY, CREDENTIALS_SECRET,
 };
+use crate::engine::objects::object_ref::ObjectKey;
 use crate::manager::context::ManagerContext;
 use crate::objects::object_meta::tombstone_meta;
 use crate::runtime::object_actor::{

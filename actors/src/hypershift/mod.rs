@@ -3,7 +3,6 @@
 //! and phase plan. It does not decide rollouts (`rollout/` does).
 
 pub mod connector_actor;
-pub mod connector_deployment;
 pub mod connector_hub;
 pub mod connector_link;
 pub mod hosted_cluster_actor;

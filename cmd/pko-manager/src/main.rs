@@ -16,8 +16,8 @@ use std::time::Duration;
 use clap::{Parser, ValueEnum};
 use pko_actors::admission::serving_cert::{ServingCert, ServingCertConfig, ServingCertError};
 use pko_actors::admission::webhook_server::{self, ReviewCounts};
+use pko_actors::engine::hypershift::connector_deployment::ConnectorResources;
 use pko_actors::fleet::hub_link::FleetMember;
-use pko_actors::hypershift::connector_deployment::ConnectorResources;
 use pko_actors::hypershift::connector_link::{
     ConnectorLink, LinkSetupError, ManagerNatsUser, DEFAULT_CREDENTIALS_VALIDITY,
     DEFAULT_MANAGER_USER_VALIDITY, DEFAULT_TEARDOWN_TIMEOUT,
@@ -214,7 +214,7 @@ struct Args {
 
 /// A flag holding a resource quantity.
 fn quantity(text: &str) -> Result<String, String> {
-    if pko_actors::hypershift::connector_deployment::valid_quantity(text) {
+    if pko_actors::engine::hypershift::connector_deployment::valid_quantity(text) {
         Ok(text.to_owned())
     } else {
         Err(format!(

@@ -296,7 +296,7 @@ mod tests {
         assert_eq!(
             std::fs::read_to_string(&path).unwrap_or_default(),
             text,
-            "{} is stale; regenerate with PKO_UPDATE_CONNECTOR_RBAC=1 cargo test -p pko-actors connector_rbac",
+            "{} is stale; regenerate with PKO_UPDATE_CONNECTOR_RBAC=1 cargo test -p pko-engine connector_rbac",
             path.display()
         );
     }
