@@ -25,8 +25,9 @@ use pko_proto::rollout_events::RolloutEvent;
 use tracing::{info_span, Span};
 
 use crate::engine::fleet::promotion_gate::GateVerdict;
-use crate::engine::rollout::hosted_cluster_package::{
-    decide_rollout, desired_package, GateInput, OwnedPackage, RolloutDecision, RolloutSnapshot,
+use crate::engine::rollout::hosted_cluster_package::{desired_package, OwnedPackage};
+use crate::engine::rollout::rollout_decision::{
+    decide_rollout, GateInput, RolloutDecision, RolloutSnapshot,
 };
 use crate::engine::rollout::rollout_guard::{stored_observations, HealthObservations};
 use crate::engine::rollout::rollout_plan::{Counts, RolloutInput, RolloutPlan};

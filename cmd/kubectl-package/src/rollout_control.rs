@@ -10,7 +10,7 @@ use kube::config::Kubeconfig;
 use kube::Api;
 use pko_engine::api_time::stamp;
 use pko_engine::fleet::promotion_gate::package_template_hash;
-use pko_engine::rollout::hosted_cluster_package::{annotations_approvals, undo_request};
+use pko_engine::rollout::rollout_decision::{annotations_approvals, undo_request};
 use pko_proto::core::hosted_cluster_package::{HostedClusterPackage, RolloutApproval};
 use pko_proto::well_known::{ROLLOUT_APPROVALS_ANNOTATION, ROLLOUT_UNDO_ANNOTATION};
 use serde_json::{json, Value};

@@ -21,8 +21,9 @@ use kube::runtime::watcher;
 use kube::{Api, Client};
 use pko_engine::conditions::find_condition;
 use pko_engine::label_selector::selector_matches;
-use pko_engine::rollout::hosted_cluster_package::{
-    decide_rollout, package_state, GateInput, OwnedPackage, RolloutDecision, RolloutSnapshot,
+use pko_engine::rollout::hosted_cluster_package::{package_state, OwnedPackage};
+use pko_engine::rollout::rollout_decision::{
+    decide_rollout, GateInput, RolloutDecision, RolloutSnapshot,
 };
 use pko_engine::rollout::rollout_guard;
 use pko_engine::rollout::rollout_plan::{RolloutStrategy, UNKNOWN_GROUP};
@@ -647,7 +648,7 @@ mod tests {
 
     #[test]
     fn a_plan_names_the_next_wave_and_why_the_others_wait() {
-        use pko_engine::rollout::hosted_cluster_package::RolloutStep;
+        use pko_engine::rollout::rollout_decision::RolloutStep;
         use pko_engine::rollout::rollout_plan::{
             plan_rollout, PackageState, PartitionOrder, RolloutInput, Target,
         };

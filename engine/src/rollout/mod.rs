@@ -4,6 +4,7 @@
 
 pub mod health_check;
 pub mod hosted_cluster_package;
+pub mod rollout_decision;
 pub mod rollout_events;
 pub mod rollout_guard;
 pub mod rollout_plan;

@@ -528,9 +528,9 @@ mod tests {
     use super::*;
     use crate::fleet::promotion_gate::package_template_hash;
     use crate::objects::deployment_plan::LATEST_REVISION_UNAVAILABLE;
-    use crate::rollout::hosted_cluster_package::{
-        decide_rollout, undo_request, GateInput, OwnedPackage, RolloutDecision, RolloutSnapshot,
-        RolloutStep,
+    use crate::rollout::hosted_cluster_package::OwnedPackage;
+    use crate::rollout::rollout_decision::{
+        decide_rollout, undo_request, GateInput, RolloutDecision, RolloutSnapshot, RolloutStep,
     };
     use pko_proto::core::hosted_cluster_package::HostedClusterPackage;
     use pko_proto::hypershift::HostedCluster;

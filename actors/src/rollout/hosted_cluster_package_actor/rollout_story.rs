@@ -12,7 +12,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use super::{under_way, Guard, HostedClusterPackageActor, HubReport, LastPlan, StepToCarry};
 use crate::engine::fleet::promotion_gate::GateVerdict;
-use crate::engine::rollout::hosted_cluster_package::RolloutStep;
+use crate::engine::rollout::rollout_decision::RolloutStep;
 use crate::engine::rollout::rollout_events::{
     policy_steps, rollout_steps, story_so_far, RolloutView,
 };
