@@ -164,70 +164,11 @@ pub fn object_set_conditions(
         remove_condition(&mut conditions, PAUSED);
     }
 
-    let blocked = obs.phases.iter().find_map(|(name, p)| match p {
-        PhaseProgress::Blocked { reason, message } => Some((name, *reason, message)),
-        PhaseProgress::Available => None,
-    });
-    let all_available =
-        obs.plan_error.is_none() && blocked.is_none() && obs.phases.len() == obs.total_phases;
-    match (&obs.plan_error, blocked) {
-        (Some(message), _) => {
-            let reason = BlockReason::PreflightError.as_str();
-            set(
-                &mut conditions,
-                ConditionUpdate::new(AVAILABLE, false, reason, message.clone()),
-            );
-            let waiting = "The spec cannot be reconciled; see Available.";
-            set(
-                &mut conditions,
-                ConditionUpdate::new(IN_TRANSITION, true, "InTransition", waiting),
-            );
-        }
-        (None, Some((name, reason, message))) => {
-            let msg = format!("Phase {name:?} failed: {}", bounded_message(message));
-            set(
-                &mut conditions,
-                ConditionUpdate::new(AVAILABLE, false, reason.as_str(), msg),
-            );
-            let waiting = format!("Phase {name:?} has not passed its probes yet.");
-            set(
-                &mut conditions,
-                ConditionUpdate::new(IN_TRANSITION, true, "InTransition", waiting),
-            );
-        }
-        (None, None) if all_available => {
-            set(
-                &mut conditions,
-                ConditionUpdate::new(
-                    AVAILABLE,
-                    true,
-                    "Available",
-                    "Object is available and passes all probes.",
-                ),
-            );
-            remove_condition(&mut conditions, IN_TRANSITION);
-        }
-        (None, None) => {
-            // Fewer outcomes than phases without a blocked one: the caller stopped early (e.g. paused mid-way).
-            set(
-                &mut conditions,
-                ConditionUpdate::new(
-                    AVAILABLE,
-                    false,
-                    "Pending",
-                    "Not all phases reconciled yet.",
-                ),
-            );
-            set(
-                &mut conditions,
-                ConditionUpdate::new(
-                    IN_TRANSITION,
-                    true,
-                    "InTransition",
-                    "Not all phases reconciled yet.",
-                ),
-            );
-        }
+    let (all_available, available, in_transition) = availability(obs);
+    set(&mut conditions, available);
+    match in_transition {
+        Some(update) => set(&mut conditions, update),
+        None => remove_condition(&mut conditions, IN_TRANSITION),
     }
 
     for mapped in &obs.mapped {
@@ -242,31 +183,7 @@ pub fn object_set_conditions(
         );
     }
 
-    let mut recheck_after = None;
-    let already_succeeded =
-        find_condition(&conditions, SUCCEEDED).is_some_and(|c| c.status == "True");
-    if all_available && !already_succeeded {
-        let since = find_condition(&conditions, AVAILABLE)
-            .map(|c| c.last_transition_time.0)
-            .unwrap_or(now);
-        let delay =
-            Duration::from_secs(u64::try_from(obs.success_delay_seconds.max(0)).unwrap_or(0));
-        let held = now.duration_since(since);
-        let held = Duration::try_from(held).unwrap_or(Duration::ZERO);
-        if held >= delay {
-            set(
-                &mut conditions,
-                ConditionUpdate::new(
-                    SUCCEEDED,
-                    true,
-                    "RolloutSuccess",
-                    "ObjectSet completed its rollout.",
-                ),
-            );
-        } else {
-            recheck_after = Some(delay - held);
-        }
-    }
+    let recheck_after = settle_success(&mut conditions, obs, all_available, now);
 
     let phase = if paused {
         "Paused"
@@ -280,6 +197,99 @@ pub fn object_set_conditions(
         phase,
         recheck_after,
     }
+}
+
+/// Whether every phase is available, the Available condition that says so or why not, and the
+/// InTransition condition while the set is not there yet (`None`: remove it).
+fn availability(obs: &SetObservation) -> (bool, ConditionUpdate, Option<ConditionUpdate>) {
+    let blocked = obs.phases.iter().find_map(|(name, p)| match p {
+        PhaseProgress::Blocked { reason, message } => Some((name, *reason, message)),
+        PhaseProgress::Available => None,
+    });
+    let transition = |message: String| {
+        Some(ConditionUpdate::new(
+            IN_TRANSITION,
+            true,
+            "InTransition",
+            message,
+        ))
+    };
+    match (&obs.plan_error, blocked) {
+        (Some(message), _) => {
+            let reason = BlockReason::PreflightError.as_str();
+            (
+                false,
+                ConditionUpdate::new(AVAILABLE, false, reason, message.clone()),
+                transition("The spec cannot be reconciled; see Available.".to_owned()),
+            )
+        }
+        (None, Some((name, reason, message))) => {
+            let msg = format!("Phase {name:?} failed: {}", bounded_message(message));
+            (
+                false,
+                ConditionUpdate::new(AVAILABLE, false, reason.as_str(), msg),
+                transition(format!("Phase {name:?} has not passed its probes yet.")),
+            )
+        }
+        (None, None) if obs.phases.len() == obs.total_phases => (
+            true,
+            ConditionUpdate::new(
+                AVAILABLE,
+                true,
+                "Available",
+                "Object is available and passes all probes.",
+            ),
+            None,
+        ),
+        // Fewer outcomes than phases without a blocked one: the caller stopped early (e.g. paused
+        // mid-way).
+        (None, None) => (
+            false,
+            ConditionUpdate::new(
+                AVAILABLE,
+                false,
+                "Pending",
+                "Not all phases reconciled yet.",
+            ),
+            transition("Not all phases reconciled yet.".to_owned()),
+        ),
+    }
+}
+
+/// Sets Succeeded once every phase has been available for the set's success delay; returns how long
+/// is left of it otherwise.
+fn settle_success(
+    conditions: &mut Vec<Condition>,
+    obs: &SetObservation,
+    all_available: bool,
+    now: Timestamp,
+) -> Option<Duration> {
+    let already_succeeded =
+        find_condition(conditions, SUCCEEDED).is_some_and(|c| c.status == "True");
+    if !all_available || already_succeeded {
+        return None;
+    }
+    let since = find_condition(conditions, AVAILABLE)
+        .map(|c| c.last_transition_time.0)
+        .unwrap_or(now);
+    let delay = Duration::from_secs(u64::try_from(obs.success_delay_seconds.max(0)).unwrap_or(0));
+    let held = now.duration_since(since);
+    let held = Duration::try_from(held).unwrap_or(Duration::ZERO);
+    if held < delay {
+        return Some(delay - held);
+    }
+    set_condition(
+        conditions,
+        ConditionUpdate::new(
+            SUCCEEDED,
+            true,
+            "RolloutSuccess",
+            "ObjectSet completed its rollout.",
+        ),
+        obs.generation,
+        now,
+    );
+    None
 }
 
 /// How far a set's phases may run.
