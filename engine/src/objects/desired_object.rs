@@ -117,6 +117,30 @@ fn prepare_object(
         .or_insert_with(|| Value::Object(Map::new()))
         .as_object_mut()
         .ok_or_else(|| invalid(&format!("{field}.object.metadata"), "must be an object"))?;
+    check_metadata(field, metadata)?;
+    confine_namespace(owner, field, metadata)?;
+    if managed {
+        mark_managed(owner, revision, metadata);
+    }
+    let key = ObjectKey::of(&object)
+        .ok_or_else(|| invalid(&format!("{field}.object.apiVersion"), "is malformed"))?;
+    // A hosted cluster has no connector objects of pko's; on the management cluster they are pko's own.
+    if !owner.remote {
+        if let Some(problem) = reserved_for_pko(&key, &object) {
+            return Err(invalid(&format!("{field}.object"), problem));
+        }
+    }
+    Ok(DesiredObject {
+        key,
+        object,
+        collision_protection: spec.collision_protection.clone(),
+        condition_mappings: spec.condition_mappings.clone(),
+        managed,
+    })
+}
+
+/// The metadata checks of an object in a spec: a name, and no owners of its own (pko sets them).
+fn check_metadata(field: &str, metadata: &Map<String, Value>) -> Result<(), InvalidObject> {
     if metadata
         .get("name")
         .and_then(Value::as_str)
@@ -147,6 +171,15 @@ fn prepare_object(
             "must not be set: pko sets the owner itself",
         ));
     }
+    Ok(())
+}
+
+/// An object of a namespaced owner goes into the owner's namespace (the default) and no other one.
+fn confine_namespace(
+    owner: &OwnerRef,
+    field: &str,
+    metadata: &mut Map<String, Value>,
+) -> Result<(), InvalidObject> {
     if let Some(owner_ns) = owner.namespace.as_ref().filter(|_| !owner.remote) {
         match metadata.get("namespace").and_then(Value::as_str) {
             None | Some("") => {
@@ -161,58 +194,47 @@ fn prepare_object(
             Some(_) => {}
         }
     }
-    if managed {
-        insert_string(metadata, "labels", CACHE_LABEL, "True");
+    Ok(())
+}
+
+/// What marks an object as managed by `owner` at `revision`: the cache label, the revision annotation,
+/// and the owner (a controller reference, or for a hosted cluster the owners annotation).
+fn mark_managed(owner: &OwnerRef, revision: i64, metadata: &mut Map<String, Value>) {
+    insert_string(metadata, "labels", CACHE_LABEL, "True");
+    insert_string(
+        metadata,
+        "annotations",
+        REVISION_ANNOTATION,
+        &revision.to_string(),
+    );
+    if owner.remote {
+        let owners = json!([{
+            "apiVersion": owner.api_version,
+            "kind": owner.kind,
+            "name": owner.name,
+            "namespace": owner.namespace,
+            "uid": owner.uid,
+            "controller": true,
+        }]);
         insert_string(
             metadata,
             "annotations",
-            REVISION_ANNOTATION,
-            &revision.to_string(),
+            OWNERS_ANNOTATION,
+            &owners.to_string(),
         );
-        if owner.remote {
-            let owners = json!([{
+    } else {
+        metadata.insert(
+            "ownerReferences".to_owned(),
+            json!([{
                 "apiVersion": owner.api_version,
                 "kind": owner.kind,
                 "name": owner.name,
-                "namespace": owner.namespace,
                 "uid": owner.uid,
                 "controller": true,
-            }]);
-            insert_string(
-                metadata,
-                "annotations",
-                OWNERS_ANNOTATION,
-                &owners.to_string(),
-            );
-        } else {
-            metadata.insert(
-                "ownerReferences".to_owned(),
-                json!([{
-                    "apiVersion": owner.api_version,
-                    "kind": owner.kind,
-                    "name": owner.name,
-                    "uid": owner.uid,
-                    "controller": true,
-                    "blockOwnerDeletion": true,
-                }]),
-            );
-        }
+                "blockOwnerDeletion": true,
+            }]),
+        );
     }
-    let key = ObjectKey::of(&object)
-        .ok_or_else(|| invalid(&format!("{field}.object.apiVersion"), "is malformed"))?;
-    // A hosted cluster has no connector objects of pko's; on the management cluster they are pko's own.
-    if !owner.remote {
-        if let Some(problem) = reserved_for_pko(&key, &object) {
-            return Err(invalid(&format!("{field}.object"), problem));
-        }
-    }
-    Ok(DesiredObject {
-        key,
-        object,
-        collision_protection: spec.collision_protection.clone(),
-        condition_mappings: spec.condition_mappings.clone(),
-        managed,
-    })
 }
 
 fn insert_string(metadata: &mut Map<String, Value>, map: &str, key: &str, value: &str) {
