@@ -284,20 +284,14 @@ fn count(targets: &[&Target]) -> Counts {
     counts
 }
 
-/// Plans one step of the rollout.
-pub fn plan_rollout(input: &RolloutInput) -> RolloutPlan {
-    let order = input.partition.as_ref();
-    let mut grouped: BTreeMap<Option<String>, Vec<&Target>> = BTreeMap::new();
-    for t in &input.targets {
-        grouped
-            .entry(group_key(t.label.as_deref(), order))
-            .or_default()
-            .push(t);
-    }
-    let mut names: Vec<Option<String>> = grouped.keys().cloned().collect();
-    let rules = &input.rules;
-    names.sort_by(|a, b| compare_groups(a, b, order, rules.reverse));
-    let groups: Vec<GroupStatus> = names
+/// Each group's counts, in rollout order, and whether it is done (every member done or failed within
+/// what the group tolerates) and finished (done, and not soaking).
+fn group_statuses(
+    names: &[Option<String>],
+    grouped: &BTreeMap<Option<String>, Vec<&Target>>,
+    rules: &GroupRules,
+) -> Vec<GroupStatus> {
+    names
         .iter()
         .enumerate()
         .map(|(order, name)| {
@@ -316,7 +310,23 @@ pub fn plan_rollout(input: &RolloutInput) -> RolloutPlan {
                 finished: done && !rules.soaking.contains(name),
             }
         })
-        .collect();
+        .collect()
+}
+
+/// Plans one step of the rollout.
+pub fn plan_rollout(input: &RolloutInput) -> RolloutPlan {
+    let order = input.partition.as_ref();
+    let mut grouped: BTreeMap<Option<String>, Vec<&Target>> = BTreeMap::new();
+    for t in &input.targets {
+        grouped
+            .entry(group_key(t.label.as_deref(), order))
+            .or_default()
+            .push(t);
+    }
+    let mut names: Vec<Option<String>> = grouped.keys().cloned().collect();
+    let rules = &input.rules;
+    names.sort_by(|a, b| compare_groups(a, b, order, rules.reverse));
+    let groups = group_statuses(&names, &grouped, rules);
     let current_group = groups.iter().position(|g| !g.finished);
 
     let targets: BTreeMap<&str, &Target> = input
