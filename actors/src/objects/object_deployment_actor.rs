@@ -181,47 +181,58 @@ async fn reconcile_deployment(
                 (current, others)
             }
         };
-        let (conditions, phase) = deployment_conditions(
-            &od.status.conditions,
-            od.generation(),
-            od.spec.paused,
-            current,
-            &others,
-            Timestamp::now(),
-        );
-        let mut controlled: Vec<&RevisionView> = current.into_iter().chain(&others).collect();
-        controlled.sort_by_key(|v| v.revision);
-        let controller_of = controlled
-            .into_iter()
-            .map(|v| ControlledObjectReference {
-                kind: od.sets.kind().to_owned(),
-                group: pko_proto::GROUP.to_owned(),
-                name: v.name.clone(),
-                namespace: if od.sets.is_namespaced() {
-                    od.namespace().to_owned()
-                } else {
-                    String::new()
-                },
-            })
-            .collect();
-        let unreported = current
-            .filter(|c| c.ours && !c.reported)
-            .map(|c| c.name.clone());
-        let status = ObjectDeploymentStatus {
-            conditions,
-            phase: Some(phase.to_owned()),
-            collision_count: od.status.collision_count,
-            template_hash: Some(hash),
-            revision: current.map(|c| c.revision).or(od.status.revision),
-            controller_of,
-        };
-        return Ok((status, unreported));
+        return Ok(deployment_status(&od, hash, current, &others));
     }
     warn!(
         deployment = od.name(),
         "template hash keeps colliding; will retry on the next event"
     );
     Ok((od.status, None))
+}
+
+/// The status that reports `current` (the revision the template names, if it exists) and the other
+/// revisions this deployment controls, and the name of `current` while it has not reported yet.
+fn deployment_status(
+    od: &DeploymentObject,
+    hash: String,
+    current: Option<&RevisionView>,
+    others: &[RevisionView],
+) -> (ObjectDeploymentStatus, Option<String>) {
+    let (conditions, phase) = deployment_conditions(
+        &od.status.conditions,
+        od.generation(),
+        od.spec.paused,
+        current,
+        others,
+        Timestamp::now(),
+    );
+    let mut controlled: Vec<&RevisionView> = current.into_iter().chain(others).collect();
+    controlled.sort_by_key(|v| v.revision);
+    let controller_of = controlled
+        .into_iter()
+        .map(|v| ControlledObjectReference {
+            kind: od.sets.kind().to_owned(),
+            group: pko_proto::GROUP.to_owned(),
+            name: v.name.clone(),
+            namespace: if od.sets.is_namespaced() {
+                od.namespace().to_owned()
+            } else {
+                String::new()
+            },
+        })
+        .collect();
+    let unreported = current
+        .filter(|c| c.ours && !c.reported)
+        .map(|c| c.name.clone());
+    let status = ObjectDeploymentStatus {
+        conditions,
+        phase: Some(phase.to_owned()),
+        collision_count: od.status.collision_count,
+        template_hash: Some(hash),
+        revision: current.map(|c| c.revision).or(od.status.revision),
+        controller_of,
+    };
+    (status, unreported)
 }
 
 /// The ObjectSets come from the manager's [`RevisionIndex`](crate::objects::revision_index::RevisionIndex)
