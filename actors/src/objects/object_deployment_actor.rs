@@ -63,6 +63,15 @@ async fn revisions(
         .collect())
 }
 
+/// The revisions this deployment controls other than `current`.
+fn ours_besides(views: &[RevisionView], current: &str) -> Vec<RevisionView> {
+    views
+        .iter()
+        .filter(|v| v.ours && v.name != current)
+        .cloned()
+        .collect()
+}
+
 /// One reconcile; returns the status to publish, and the name of the current revision when it has not
 /// reported a status for its generation yet (one this deployment just created).
 async fn reconcile_deployment(
@@ -126,23 +135,15 @@ async fn reconcile_deployment(
                         .await?;
                 }
                 let current = views.iter().find(|v| v.name == name);
-                let others = views
-                    .iter()
-                    .filter(|v| v.ours && v.name != name)
-                    .cloned()
-                    .collect();
-                (current, others)
+                (current, ours_besides(&views, &name))
             }
             DeploymentAction::Resume { current } => {
                 od.set_lifecycle(client.clone(), current, LifecycleState::Active)
                     .await?;
-                let current = views.iter().find(|v| &v.name == current);
-                let others = views
-                    .iter()
-                    .filter(|v| v.ours && Some(&v.name) != current.map(|c| &c.name))
-                    .cloned()
-                    .collect();
-                (current, others)
+                (
+                    views.iter().find(|v| &v.name == current),
+                    ours_besides(&views, current),
+                )
             }
             DeploymentAction::Settle {
                 current,
