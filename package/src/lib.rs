@@ -20,6 +20,7 @@ pub mod image_limits;
 pub mod image_lock;
 pub mod loader;
 pub mod manifest;
+pub mod object_checks;
 pub mod oci_layout;
 pub mod pull_auth;
 pub mod render_budget;

@@ -1,25 +1,18 @@
 //! From package files to a manifest and the objects of each phase: finds and checks the manifest (and
 //! lock file), renders `*.gotmpl` and `*.hbs` files, splits object files as Package Operator does, and
-//! checks every object (apiVersion/kind, labels, phase annotation naming a declared phase, pko's object
-//! annotations). Problems are reported in upstream's words, naming the file and document index, all of
-//! them at once. Manager and `kubectl-package` share this loader; it must not do I/O.
+//! checks every object (`object_checks`). Problems are reported in upstream's words, naming the file and
+//! document index, all of them at once. Manager and `kubectl-package` share this loader; it must not do I/O.
 
-use pko_proto::well_known::{
-    COLLISION_ANNOTATION, CONDITION_ANNOTATION, CONDITION_MAP_ANNOTATION, INSTANCE_LABEL,
-    PACKAGE_LABEL, PHASE_ANNOTATION,
-};
+use pko_proto::well_known::{CONDITION_ANNOTATION, INSTANCE_LABEL, PACKAGE_LABEL};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use pko_proto::core::common::{
-    CollisionProtection, ConditionMapping, ObjectSetObject, ObjectSetTemplatePhase,
-    ObjectSetTemplateSpec,
-};
+use pko_proto::core::common::{ObjectSetObject, ObjectSetTemplatePhase, ObjectSetTemplateSpec};
 use pko_proto::manifests::{PackageManifest, PackageManifestLock};
 use serde_json::Value;
 
 use super::components::{in_component, select_component};
-use super::config::{admit_config, field_error_aggregate, PACKAGE_CONFIG_PATH};
+use super::config::{admit_config, PACKAGE_CONFIG_PATH};
 use super::files::PackageFiles;
 use super::filtering::Filter;
 use super::hbs_template::render_hbs;
@@ -27,10 +20,12 @@ use super::image_lock::resolve_images;
 use super::manifest::{
     config_schema, load_lock, load_manifest, text, PackageError, LOCK_FILES, MANIFEST_FILES,
 };
+use super::object_checks::{check_object, duplicate_objects};
 use super::template::render;
 use super::template_funcs::package_funcs;
 use super::violation::{reason, Violation};
 use super::yaml::{first_document, parse_yaml, split_object_file};
+use gotmpl::FuncMap;
 
 /// A text file of the package: (path, content).
 type SourceFile = (String, String);
@@ -178,132 +173,27 @@ pub fn load_package_with(
         ),
     };
 
-    // Rendered files first: a template's output replaces a static file of the same name.
-    let mut rendered: BTreeMap<String, String> = BTreeMap::new();
-    for (path, bytes) in files {
-        if MANIFEST_FILES.contains(&path.as_str()) || LOCK_FILES.contains(&path.as_str()) {
-            continue;
-        }
-        let template = if let Some(name) = path.strip_suffix(".gotmpl") {
-            Some((name, false))
-        } else {
-            path.strip_suffix(".hbs").map(|name| (name, true))
-        };
-        match template {
-            Some((name, hbs)) => {
-                if render_mode == Render::StaticOnly || basename(path).starts_with('_') {
-                    continue;
-                }
-                let source = text(path, bytes)?;
-                let content = if hbs {
-                    render_hbs(path, &source, &partials, &funcs, context)?
-                } else {
-                    render(path, &source, &helpers, &funcs, context)?
-                };
-                rendered.insert(name.to_owned(), content);
-            }
-            None => {
-                if !rendered.contains_key(path) && is_object_file(path) {
-                    rendered.insert(path.clone(), text(path, bytes)?);
-                }
-            }
-        }
-    }
+    let sources = TemplateSources {
+        partials: &partials,
+        helpers: &helpers,
+        funcs: &funcs,
+        context,
+    };
+    let rendered = render_files(files, render_mode, &sources)?;
 
-    let mut violations = Vec::new();
-    let mut objects: Vec<(String, usize, Value)> = Vec::new();
-    let mut object_files = BTreeMap::new();
     let instance = context
         .pointer("/package/metadata/name")
         .and_then(Value::as_str)
         .unwrap_or_default();
-    let manifest_name = manifest.metadata.name.clone().unwrap_or_default();
-    // Objects in upstream's order: by path, `/` before every other character, then document order.
-    let mut rendered: Vec<(String, String)> = rendered.into_iter().collect();
-    rendered.sort_by_cached_key(|(name, _)| name.replace('/', "\0"));
-    for (name, content) in rendered {
-        if !is_object_file(&name) || filter.as_ref().is_some_and(|f| !f.keeps_path(&name)) {
-            continue;
-        }
-        let mut index = 0;
-        let mut kept = Vec::new();
-        let mut filtered_any = false;
-        for (part, doc) in split_object_file(&content).into_iter().enumerate() {
-            let object: Value = match parse_yaml::<Value>(first_document(doc)) {
-                Ok(Value::Null) => continue,
-                // Absent, null or empty: Kubernetes' decoder finds no kind in all three.
-                Ok(Value::Object(map))
-                    if map
-                        .get("kind")
-                        .is_none_or(|kind| kind.is_null() || kind.as_str() == Some("")) =>
-                {
-                    let json = serde_json::to_string(&map).unwrap_or_default();
-                    violations.push(
-                        Violation::new(reason::INVALID_YAML)
-                            .at(name.clone(), part)
-                            .details(format!("error unmarshaling JSON: while decoding JSON: Object 'Kind' is missing in '{json}'"))
-                            .subject(doc),
-                    );
-                    continue;
-                }
-                Ok(object @ Value::Object(_)) => object,
-                Ok(other) => {
-                    violations.push(
-                        Violation::new(reason::INVALID_YAML)
-                            .at(name.clone(), part)
-                            .details(format!(
-                                "error unmarshaling JSON: while decoding JSON: json: cannot unmarshal {} into Go value of type map[string]interface {{}}",
-                                json_type(&other)
-                            ))
-                            .subject(doc),
-                    );
-                    continue;
-                }
-                Err(e) => {
-                    violations.push(
-                        Violation::new(reason::INVALID_YAML)
-                            .at(name.clone(), part)
-                            .details(e.to_string())
-                            .subject(doc),
-                    );
-                    continue;
-                }
-            };
-            let at = index;
-            index += 1;
-            let keep = match filter
-                .as_ref()
-                .map_or(Ok(true), |f| f.keeps_object(&object))
-            {
-                Ok(keep) => keep,
-                Err(message) => {
-                    violations.push(
-                        Violation::new(reason::ANNOTATION_INVALID)
-                            .at(name.clone(), at)
-                            .details(format!("{CONDITION_ANNOTATION}: {message}")),
-                    );
-                    continue;
-                }
-            };
-            if !keep {
-                filtered_any = true;
-                continue;
-            }
-            kept.push(doc.trim().to_owned());
-            let mut object = object;
-            add_package_labels(&mut object, &manifest_name, instance);
-            objects.push((name.clone(), at, object));
-        }
-        if index > 0 || filtered_any {
-            object_files.insert(
-                name,
-                RenderedFile {
-                    text: content,
-                    kept: filtered_any.then_some(kept),
-                },
-            );
-        }
-    }
+    let labels = PackageLabels {
+        manifest_name: manifest.metadata.name.clone().unwrap_or_default(),
+        instance,
+    };
+    let Collected {
+        objects,
+        object_files,
+        mut violations,
+    } = collect_objects(rendered, filter.as_ref(), &labels);
 
     let declared: Vec<&str> = manifest
         .spec
@@ -343,6 +233,177 @@ pub fn load_package_with(
         phases,
         object_files,
     })
+}
+
+/// What templates are rendered with: partials (`.hbs`) and `define`s (`.gotmpl`) of `_`-prefixed files,
+/// the template functions and the context.
+struct TemplateSources<'a> {
+    partials: &'a [SourceFile],
+    helpers: &'a [SourceFile],
+    funcs: &'a FuncMap,
+    context: &'a Value,
+}
+
+/// Every file objects may come from, by name: templates rendered (unless `render_mode` skips them) under
+/// their name without the template suffix, and static object files not replaced by a template's output.
+fn render_files(
+    files: &PackageFiles,
+    render_mode: Render,
+    sources: &TemplateSources<'_>,
+) -> Result<BTreeMap<String, String>, PackageError> {
+    let TemplateSources {
+        partials,
+        helpers,
+        funcs,
+        context,
+    } = sources;
+    // Rendered files first: a template's output replaces a static file of the same name.
+    let mut rendered: BTreeMap<String, String> = BTreeMap::new();
+    for (path, bytes) in files {
+        if MANIFEST_FILES.contains(&path.as_str()) || LOCK_FILES.contains(&path.as_str()) {
+            continue;
+        }
+        let template = if let Some(name) = path.strip_suffix(".gotmpl") {
+            Some((name, false))
+        } else {
+            path.strip_suffix(".hbs").map(|name| (name, true))
+        };
+        match template {
+            Some((name, hbs)) => {
+                if render_mode == Render::StaticOnly || basename(path).starts_with('_') {
+                    continue;
+                }
+                let source = text(path, bytes)?;
+                let content = if hbs {
+                    render_hbs(path, &source, partials, funcs, context)?
+                } else {
+                    render(path, &source, helpers, funcs, context)?
+                };
+                rendered.insert(name.to_owned(), content);
+            }
+            None => {
+                if !rendered.contains_key(path) && is_object_file(path) {
+                    rendered.insert(path.clone(), text(path, bytes)?);
+                }
+            }
+        }
+    }
+
+    Ok(rendered)
+}
+
+/// The labels every object of a package gets.
+struct PackageLabels<'a> {
+    manifest_name: String,
+    /// The package instance's name.
+    instance: &'a str,
+}
+
+/// The objects of a package's files, in upstream's order: each with its file and index there, the files
+/// they came from (and what a filter kept of each), and what was wrong with the documents.
+struct Collected {
+    objects: Vec<(String, usize, Value)>,
+    object_files: BTreeMap<String, RenderedFile>,
+    violations: Vec<Violation>,
+}
+
+/// Parses the object files among `rendered`, keeps what `filter` keeps, and labels the objects.
+fn collect_objects(
+    rendered: BTreeMap<String, String>,
+    filter: Option<&Filter>,
+    labels: &PackageLabels<'_>,
+) -> Collected {
+    let mut violations = Vec::new();
+    let mut objects: Vec<(String, usize, Value)> = Vec::new();
+    let mut object_files = BTreeMap::new();
+    // Objects in upstream's order: by path, `/` before every other character, then document order.
+    let mut rendered: Vec<(String, String)> = rendered.into_iter().collect();
+    rendered.sort_by_cached_key(|(name, _)| name.replace('/', "\0"));
+    for (name, content) in rendered {
+        if !is_object_file(&name) || filter.is_some_and(|f| !f.keeps_path(&name)) {
+            continue;
+        }
+        let mut index = 0;
+        let mut kept = Vec::new();
+        let mut filtered_any = false;
+        for (part, doc) in split_object_file(&content).into_iter().enumerate() {
+            let object = match parse_document(&name, part, doc) {
+                Ok(Some(object)) => object,
+                Ok(None) => continue,
+                Err(violation) => {
+                    violations.push(*violation);
+                    continue;
+                }
+            };
+            let at = index;
+            index += 1;
+            let keep = match filter.map_or(Ok(true), |f| f.keeps_object(&object)) {
+                Ok(keep) => keep,
+                Err(message) => {
+                    violations.push(
+                        Violation::new(reason::ANNOTATION_INVALID)
+                            .at(name.clone(), at)
+                            .details(format!("{CONDITION_ANNOTATION}: {message}")),
+                    );
+                    continue;
+                }
+            };
+            if !keep {
+                filtered_any = true;
+                continue;
+            }
+            kept.push(doc.trim().to_owned());
+            let mut object = object;
+            add_package_labels(&mut object, &labels.manifest_name, labels.instance);
+            objects.push((name.clone(), at, object));
+        }
+        if index > 0 || filtered_any {
+            object_files.insert(
+                name,
+                RenderedFile {
+                    text: content,
+                    kept: filtered_any.then_some(kept),
+                },
+            );
+        }
+    }
+
+    Collected {
+        objects,
+        object_files,
+        violations,
+    }
+}
+
+/// One document of an object file: the object, `None` for an empty document, or why it is no object
+/// (not YAML, not a map, no kind), as upstream words it.
+fn parse_document(name: &str, part: usize, doc: &str) -> Result<Option<Value>, Box<Violation>> {
+    let invalid = |details: String| {
+        Box::new(
+            Violation::new(reason::INVALID_YAML)
+                .at(name.to_owned(), part)
+                .details(details)
+                .subject(doc),
+        )
+    };
+    match parse_yaml::<Value>(first_document(doc)) {
+        Ok(Value::Null) => Ok(None),
+        // Absent, null or empty: Kubernetes' decoder finds no kind in all three.
+        Ok(Value::Object(map))
+            if map
+                .get("kind")
+                .is_none_or(|kind| kind.is_null() || kind.as_str() == Some("")) =>
+        {
+            let json = serde_json::to_string(&map).unwrap_or_default();
+            Err(invalid(format!("error unmarshaling JSON: while decoding JSON: Object 'Kind' is missing in '{json}'")))
+        }
+        Ok(object @ Value::Object(_)) => Ok(Some(object)),
+        Ok(other) => Err(invalid(format!(
+            "error unmarshaling JSON: while decoding JSON: json: cannot unmarshal {} into Go value of type map[string]interface {{}}",
+            json_type(&other)
+        ))),
+        Err(e) => Err(invalid(e.to_string())),
+    }
 }
 
 /// The order upstream's validators run in (parse errors first, pko's own checks last).
@@ -394,257 +455,14 @@ fn add_package_labels(object: &mut Value, manifest_name: &str, instance: &str) {
     }
 }
 
-/// An object's (group, version, kind); the core group is "".
-pub fn object_gvk(object: &Value) -> (&str, &str, &str) {
-    let field = |p: &str| {
-        object
-            .pointer(p)
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-    };
-    let api_version = field("/apiVersion");
-    let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
-    (group, version, field("/kind"))
-}
-
-/// Objects with the same group, kind, namespace and name (the version does not count).
-fn duplicate_objects(objects: &[(String, usize, Value)]) -> Vec<Violation> {
-    let mut seen = std::collections::HashSet::new();
-    let mut found = Vec::new();
-    for (path, index, object) in objects {
-        let (group, _, kind) = object_gvk(object);
-        let field = |p: &str| {
-            object
-                .pointer(p)
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-        };
-        let key = (
-            group,
-            kind,
-            field("/metadata/namespace"),
-            field("/metadata/name"),
-        );
-        if !seen.insert(key) {
-            found.push(Violation::new(reason::DUPLICATE_OBJECT).at(path.clone(), *index));
-        }
-    }
-    found
-}
-
 fn basename(path: &str) -> &str {
     path.rsplit('/').next().unwrap_or(path)
-}
-
-/// Upstream's object validators (GVK set, labels valid, phase annotation) plus pko's (the phase is
-/// declared, pko's annotations parse); returns the object's phase and spec, or every violation found.
-fn check_object(
-    file: &str,
-    index: usize,
-    object: Value,
-    declared: &[&str],
-) -> Result<(String, ObjectSetObject), Vec<Violation>> {
-    let at = |r: &'static str| Violation::new(r).at(file.to_owned(), index);
-    let mut violations = Vec::new();
-    let (_, version, kind) = object_gvk(&object);
-    if version.is_empty() || kind.is_empty() {
-        violations.push(at(reason::MISSING_GVK));
-    }
-    if let Some(labels) = object
-        .pointer("/metadata/labels")
-        .and_then(Value::as_object)
-    {
-        let errors: Vec<String> = labels
-            .iter()
-            .flat_map(|(key, value)| {
-                let key_errors = check_label_key(key).err().map(|p| (key.as_str(), p));
-                let value_errors = check_label_value(value.as_str().unwrap_or("\u{0}"))
-                    .err()
-                    .map(|p| (value.as_str().unwrap_or_default(), p));
-                key_errors.into_iter().chain(value_errors)
-            })
-            .map(|(v, problem)| format!("metadata.labels: Invalid value: {v:?}: {problem}"))
-            .collect();
-        if !errors.is_empty() {
-            violations.push(at(reason::LABELS_INVALID).details(field_error_aggregate(&errors)));
-        }
-    }
-    let annotations = |key: &str| {
-        object
-            .pointer("/metadata/annotations")
-            .and_then(|a| a.get(key))
-            .and_then(Value::as_str)
-    };
-    let phase = annotations(PHASE_ANNOTATION).unwrap_or_default().to_owned();
-    if phase.is_empty() {
-        violations.push(at(reason::MISSING_PHASE_ANNOTATION));
-    } else if !declared.contains(&phase.as_str()) {
-        violations.push(at(reason::UNKNOWN_PHASE));
-    }
-    let invalid_annotation = |annotation: &str, problem: String| {
-        at(reason::ANNOTATION_INVALID).details(format!("{annotation}: {problem}"))
-    };
-    let collision_protection = match annotations(COLLISION_ANNOTATION) {
-        None => CollisionProtection::default(),
-        Some(v) => match serde_json::from_value::<CollisionProtection>(Value::String(v.to_owned()))
-        {
-            Ok(parsed) if parsed.is_known() => parsed,
-            _ => {
-                violations.push(invalid_annotation(
-                    COLLISION_ANNOTATION,
-                    format!("{v:?} is not Prevent, IfNoController or None"),
-                ));
-                CollisionProtection::default()
-            }
-        },
-    };
-    let condition_mappings = match annotations(CONDITION_MAP_ANNOTATION).map(parse_condition_map) {
-        None => Vec::new(),
-        Some(Ok(mappings)) => mappings,
-        Some(Err(problem)) => {
-            violations.push(invalid_annotation(CONDITION_MAP_ANNOTATION, problem));
-            Vec::new()
-        }
-    };
-    if !violations.is_empty() {
-        return Err(violations);
-    }
-    Ok((
-        phase,
-        ObjectSetObject {
-            object,
-            collision_protection,
-            condition_mappings,
-        },
-    ))
-}
-
-/// Parses `SourceType => domain/DestinationType` lines.
-pub fn parse_condition_map(text: &str) -> Result<Vec<ConditionMapping>, String> {
-    text.lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .map(|line| {
-            let (source, destination) = line.split_once("=>").ok_or_else(|| {
-                format!("line {line:?}: want `SourceType => domain/DestinationType`")
-            })?;
-            let (source, destination) = (source.trim(), destination.trim());
-            if source.is_empty() || !destination.contains('/') {
-                return Err(format!(
-                    "line {line:?}: want `SourceType => domain/DestinationType`"
-                ));
-            }
-            Ok(ConditionMapping {
-                source_type: source.to_owned(),
-                destination_type: destination.to_owned(),
-            })
-        })
-        .collect()
-}
-
-fn is_label_name(s: &str) -> bool {
-    let bytes = s.as_bytes();
-    !s.is_empty()
-        && s.len() <= 63
-        && bytes[0].is_ascii_alphanumeric()
-        && bytes[bytes.len() - 1].is_ascii_alphanumeric()
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
-}
-
-fn is_dns_subdomain(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 253
-        && s.split('.').all(|part| {
-            let b = part.as_bytes();
-            !part.is_empty()
-                && b[0].is_ascii_alphanumeric()
-                && b[b.len() - 1].is_ascii_alphanumeric()
-                && part
-                    .bytes()
-                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
-        })
-}
-
-const QUALIFIED_NAME_RULE: &str = "must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character";
-
-/// Kubernetes label key rules (`IsQualifiedName`): optional DNS-subdomain prefix and `/`, then a name of at
-/// most 63 characters. The error is Kubernetes' wording.
-pub fn check_label_key(key: &str) -> Result<(), String> {
-    let parts: Vec<&str> = key.split('/').collect();
-    let (prefix, name) = match parts.as_slice() {
-        [name] => (None, *name),
-        [prefix, name] => (Some(*prefix), *name),
-        _ => {
-            return Err(format!("a qualified name {QUALIFIED_NAME_RULE} with an optional DNS subdomain prefix and '/' (e.g. 'example.com/MyName')"));
-        }
-    };
-    if let Some(prefix) = prefix {
-        if prefix.is_empty() {
-            return Err("prefix part must be non-empty".to_owned());
-        }
-        if !is_dns_subdomain(prefix) {
-            return Err("prefix part a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')".to_owned());
-        }
-    }
-    if name.is_empty() {
-        return Err("name part must be non-empty".to_owned());
-    }
-    if name.len() > 63 {
-        return Err("name part must be no more than 63 characters".to_owned());
-    }
-    if !is_label_name(name) {
-        return Err(format!("name part {QUALIFIED_NAME_RULE} (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')"));
-    }
-    Ok(())
-}
-
-/// Kubernetes label value rules: empty, or a name of at most 63 characters. The error is Kubernetes'
-/// wording.
-pub fn check_label_value(value: &str) -> Result<(), String> {
-    if value.len() > 63 {
-        Err("must be no more than 63 characters".to_owned())
-    } else if value.is_empty() || is_label_name(value) {
-        Ok(())
-    } else {
-        Err("a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  or '12345', regex used for validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')".to_owned())
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use proptest::prelude::*;
     use serde_json::json;
-
-    #[test]
-    fn condition_maps_parse_and_reject_garbage() {
-        assert_eq!(
-            parse_condition_map("Available => my.domain/Available\n\n Ready=>x/Ready ").unwrap(),
-            vec![
-                ConditionMapping {
-                    source_type: "Available".into(),
-                    destination_type: "my.domain/Available".into()
-                },
-                ConditionMapping {
-                    source_type: "Ready".into(),
-                    destination_type: "x/Ready".into()
-                },
-            ]
-        );
-        assert!(parse_condition_map("Available -> x/Y").is_err());
-        assert!(parse_condition_map("Available => NoDomain").is_err());
-    }
-
-    #[test]
-    fn label_rules() {
-        assert!(check_label_key("app.kubernetes.io/name").is_ok());
-        assert!(check_label_key("simple").is_ok());
-        assert!(check_label_key("Bad_Prefix/x").is_err());
-        assert!(check_label_key(&"a".repeat(64)).is_err());
-        assert!(check_label_value("").is_ok());
-        assert!(check_label_value("-leading").is_err());
-    }
 
     #[test]
     fn objects_land_in_their_phase_in_path_order() {
@@ -774,19 +592,5 @@ mod tests {
             objects[1].object["metadata"]["labels"],
             json!({"package-operator.run/package": "p", "package-operator.run/instance": "inst"})
         );
-    }
-
-    proptest! {
-        /// Any label name the apiserver would accept as a plain key is accepted, and vice versa for junk.
-        #[test]
-        fn generated_valid_names_pass(name in "[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?") {
-            prop_assert!(check_label_key(&name).is_ok());
-            prop_assert!(check_label_value(&name).is_ok());
-        }
-
-        #[test]
-        fn names_with_spaces_fail(name in "[a-z]{1,10} [a-z]{1,10}") {
-            prop_assert!(check_label_key(&name).is_err());
-        }
     }
 }

@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
 use std::path::Path;
 
-use pko_package::loader::object_gvk;
+use pko_package::object_checks::object_gvk;
 use serde_json::{json, Map, Value};
 
 /// Upstream's preset phases, in order.

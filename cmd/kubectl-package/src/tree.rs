@@ -6,8 +6,9 @@ use std::path::Path;
 
 use pko_package::config::{admit_config, PACKAGE_CONFIG_PATH};
 use pko_package::files::PackageFiles;
-use pko_package::loader::{load_package_with, object_gvk, Images, LoadedPackage, Render};
+use pko_package::loader::{load_package_with, Images, LoadedPackage, Render};
 use pko_package::manifest::{config_schema, parse_manifest, PackageError};
+use pko_package::object_checks::object_gvk;
 use pko_package::violation::{reason, Violation};
 use pko_package::yaml::split_documents;
 use pko_proto::manifests::PackageManifestScope;
