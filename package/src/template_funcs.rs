@@ -48,12 +48,24 @@ fn string_fn(
 pub fn package_funcs(files: Arc<PackageFiles>, context: Arc<Json>) -> FuncMap {
     let mut map = FuncMap::new();
     super::sprig_funcs::register(&mut map);
-    string_fn(&mut map, "upper", str::to_uppercase);
-    string_fn(&mut map, "lower", str::to_lowercase);
-    string_fn(&mut map, "trim", |s| s.trim().to_owned());
-    string_fn(&mut map, "quote", |s| format!("{s:?}"));
-    string_fn(&mut map, "squote", |s| format!("'{s}'"));
-    string_fn(&mut map, "b64enc", |s| {
+    string_funcs(&mut map);
+    collection_funcs(&mut map);
+    encoding_funcs(&mut map);
+    choice_funcs(&mut map);
+    file_and_cel_funcs(&mut map, files, context);
+    // Go's text-building builtins join the map so they are checked too; everything within the budget.
+    guard_text_builtins(&mut map);
+    guarded(map)
+}
+
+/// Strings: case, trimming, quoting, base64, search and replace, indentation.
+fn string_funcs(map: &mut FuncMap) {
+    string_fn(map, "upper", str::to_uppercase);
+    string_fn(map, "lower", str::to_lowercase);
+    string_fn(map, "trim", |s| s.trim().to_owned());
+    string_fn(map, "quote", |s| format!("{s:?}"));
+    string_fn(map, "squote", |s| format!("'{s}'"));
+    string_fn(map, "b64enc", |s| {
         base64::engine::general_purpose::STANDARD.encode(s)
     });
     map.insert(
@@ -160,6 +172,10 @@ pub fn package_funcs(files: Arc<PackageFiles>, context: Arc<Json>) -> FuncMap {
             )))
         }),
     );
+}
+
+/// Defaults and emptiness, lists, dicts and joins.
+fn collection_funcs(map: &mut FuncMap) {
     map.insert(
         "default".into(),
         Arc::new(|args: &[Value]| {
@@ -213,6 +229,10 @@ pub fn package_funcs(files: Arc<PackageFiles>, context: Arc<Json>) -> FuncMap {
             }
         }),
     );
+}
+
+/// JSON and YAML, both ways (parsed as untrusted input).
+fn encoding_funcs(map: &mut FuncMap) {
     map.insert(
         "toJson".into(),
         Arc::new(|args: &[Value]| Ok(Value::from(to_json(arg("toJson", args, 0)?).to_string()))),
@@ -241,6 +261,10 @@ pub fn package_funcs(files: Arc<PackageFiles>, context: Arc<Json>) -> FuncMap {
             from_json("fromYaml", &json)
         }),
     );
+}
+
+/// Dict lookups, choices, and slicing and splitting strings.
+fn choice_funcs(map: &mut FuncMap) {
     map.insert(
         "hasKey".into(),
         Arc::new(|args: &[Value]| match arg("hasKey", args, 0)? {
@@ -316,6 +340,10 @@ pub fn package_funcs(files: Arc<PackageFiles>, context: Arc<Json>) -> FuncMap {
             ))
         }),
     );
+}
+
+/// pko's own: the package's files (`getFile`, `getFileGlob`) and CEL over the template context (`cel`).
+fn file_and_cel_funcs(map: &mut FuncMap, files: Arc<PackageFiles>, context: Arc<Json>) {
     let file_source = files.clone();
     map.insert(
         "getFile".into(),
@@ -363,9 +391,6 @@ pub fn package_funcs(files: Arc<PackageFiles>, context: Arc<Json>) -> FuncMap {
                 .map_err(|e| fail("cel", format!("{rule:?}: {e}")))
         }),
     );
-    // Go's text-building builtins join the map so they are checked too; everything within the budget.
-    guard_text_builtins(&mut map);
-    guarded(map)
 }
 
 /// `*` within a path segment, `**` across segments, `?` one character.
