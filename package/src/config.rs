@@ -129,6 +129,56 @@ fn type_name(value: &Value) -> &'static str {
     }
 }
 
+/// `minimum` and `maximum` of a number.
+fn check_bounds(schema: &Value, value: &Value, n: f64, path: &str, errors: &mut Vec<String>) {
+    if let Some(min) = schema.get("minimum").and_then(Value::as_f64) {
+        if n < min {
+            errors.push(format!(
+                "{path}: Invalid value: {value}: {path} in body should be greater than or equal to {min}"
+            ));
+        }
+    }
+    if let Some(max) = schema.get("maximum").and_then(Value::as_f64) {
+        if n > max {
+            errors.push(format!(
+                "{path}: Invalid value: {value}: {path} in body should be less than or equal to {max}"
+            ));
+        }
+    }
+}
+
+/// `minLength`, `maxLength` and `pattern` of a string.
+fn check_string(schema: &Value, s: &str, path: &str, errors: &mut Vec<String>) {
+    let len = s.chars().count() as u64;
+    if let Some(m) = schema
+        .get("minLength")
+        .and_then(Value::as_u64)
+        .filter(|m| len < *m)
+    {
+        errors.push(format!(
+            "{path}: Invalid value: {s:?}: {path} in body should be at least {m} chars long"
+        ));
+    }
+    if let Some(m) = schema
+        .get("maxLength")
+        .and_then(Value::as_u64)
+        .filter(|m| len > *m)
+    {
+        errors.push(format!("{path}: Too long: may not be more than {m} bytes"));
+    }
+    if let Some(pattern) = schema.get("pattern").and_then(Value::as_str) {
+        match Regex::new(pattern) {
+            Ok(re) if !re.is_match(s) => errors.push(format!(
+                "{path}: Invalid value: {s:?}: {path} in body should match '{pattern}'"
+            )),
+            Ok(_) => {}
+            Err(e) => errors.push(format!(
+                "{path}: the schema's pattern {pattern:?} is invalid: {e}"
+            )),
+        }
+    }
+}
+
 fn validate(schema: &Value, value: &Value, path: &str, errors: &mut Vec<String>) {
     let nullable = schema.get("nullable").and_then(Value::as_bool) == Some(true);
     if value.is_null() {
@@ -175,50 +225,10 @@ fn validate(schema: &Value, value: &Value, path: &str, errors: &mut Vec<String>)
         }
     }
     if let Some(n) = value.as_f64() {
-        if let Some(min) = schema.get("minimum").and_then(Value::as_f64) {
-            if n < min {
-                errors.push(format!(
-                    "{path}: Invalid value: {value}: {path} in body should be greater than or equal to {min}"
-                ));
-            }
-        }
-        if let Some(max) = schema.get("maximum").and_then(Value::as_f64) {
-            if n > max {
-                errors.push(format!(
-                    "{path}: Invalid value: {value}: {path} in body should be less than or equal to {max}"
-                ));
-            }
-        }
+        check_bounds(schema, value, n, path, errors);
     }
-    if let Some(s) = value.as_str() {
-        let len = s.chars().count() as u64;
-        if let Some(m) = schema
-            .get("minLength")
-            .and_then(Value::as_u64)
-            .filter(|m| len < *m)
-        {
-            errors.push(format!(
-                "{path}: Invalid value: {s:?}: {path} in body should be at least {m} chars long"
-            ));
-        }
-        if let Some(m) = schema
-            .get("maxLength")
-            .and_then(Value::as_u64)
-            .filter(|m| len > *m)
-        {
-            errors.push(format!("{path}: Too long: may not be more than {m} bytes"));
-        }
-        if let Some(pattern) = schema.get("pattern").and_then(Value::as_str) {
-            match Regex::new(pattern) {
-                Ok(re) if !re.is_match(s) => errors.push(format!(
-                    "{path}: Invalid value: {s:?}: {path} in body should match '{pattern}'"
-                )),
-                Ok(_) => {}
-                Err(e) => errors.push(format!(
-                    "{path}: the schema's pattern {pattern:?} is invalid: {e}"
-                )),
-            }
-        }
+    if let Some(text) = value.as_str() {
+        check_string(schema, text, path, errors);
     }
     match value {
         Value::Object(map) => {
