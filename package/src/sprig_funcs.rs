@@ -106,7 +106,15 @@ fn insert(
 
 /// Adds the functions to `map`.
 pub fn register(map: &mut FuncMap) {
-    // Integers.
+    integer_funcs(map);
+    string_funcs(map);
+    list_funcs(map);
+    dict_funcs(map);
+    control_funcs(map);
+}
+
+/// Integers and checked arithmetic.
+fn integer_funcs(map: &mut FuncMap) {
     insert(map, "int", |a| {
         Ok(Value::Int(int("int", arg("int", a, 0)?)?))
     });
@@ -179,8 +187,10 @@ pub fn register(map: &mut FuncMap) {
             .map(Value::Int)
             .ok_or_else(|| fail("min", "no arguments"))
     });
+}
 
-    // Strings.
+/// Strings.
+fn string_funcs(map: &mut FuncMap) {
     insert(map, "title", |a| {
         let s = string_arg("title", a, 0)?;
         Ok(Value::from(
@@ -296,8 +306,10 @@ pub fn register(map: &mut FuncMap) {
                 .collect::<Vec<_>>(),
         ))
     });
+}
 
-    // Lists.
+/// Lists.
+fn list_funcs(map: &mut FuncMap) {
     insert(map, "first", |a| {
         from_json(
             "first",
@@ -398,8 +410,10 @@ pub fn register(map: &mut FuncMap) {
             (0..n.max(0)).map(Value::Int).collect::<Vec<_>>(),
         ))
     });
+}
 
-    // Dicts.
+/// Dicts.
+fn dict_funcs(map: &mut FuncMap) {
     insert(map, "get", |a| {
         let d = dict("get", arg("get", a, 0)?)?;
         d.get(&string_arg("get", a, 1)?)
@@ -469,8 +483,10 @@ pub fn register(map: &mut FuncMap) {
         }
         from_json("dig", &current)
     });
+}
 
-    // Control.
+/// Control: failing on purpose and type tests.
+fn control_funcs(map: &mut FuncMap) {
     insert(map, "fail", |a| {
         Err(fail("fail", string_arg("fail", a, 0)?))
     });
