@@ -27,7 +27,7 @@ pub mod render_budget;
 pub mod sprig_funcs;
 pub mod template;
 pub mod template_funcs;
+pub mod template_test_cases;
 pub mod template_values;
-pub mod test_fixtures;
 pub mod violation;
 pub mod yaml;

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use pko_package::loader::LoadedPackage;
-use pko_package::test_fixtures::{check_case_name, fixture_files, FIXTURE_DIR};
+use pko_package::template_test_cases::{check_case_name, fixture_files, FIXTURE_DIR};
 
 /// How a test case compares with its fixtures.
 pub enum CaseCheck {

@@ -11,7 +11,7 @@ use pko_package::image_lock::resolve_images;
 use pko_package::loader::{load_package_with, Images, Render};
 use pko_package::manifest::{load_lock, manifest_errors, PackageError};
 use pko_package::oci_layout::read_layout;
-use pko_package::test_fixtures::load_case;
+use pko_package::template_test_cases::load_case;
 use pko_package::violation::{reason, Violation};
 use pko_proto::manifests::PackageManifest;
 use serde_json::json;
