@@ -27,7 +27,7 @@ use crate::hypershift::hosted_leftovers;
 use crate::hypershift::remote_phase_actor::{RemotePhaseActor, Resend};
 use crate::metrics::connector_metrics::{HelloResult, ReportResult};
 use crate::metrics::manager_metrics::ManagerMetrics;
-use crate::rollout::hosted_cluster_fleet::Fleet;
+use crate::rollout::hosted_cluster_index::HostedClusterIndex;
 use crate::runtime::observer_clock::ObserverClock;
 use crate::runtime::registry::{ObjectRef, Registry};
 
@@ -79,7 +79,7 @@ pub struct ConnectorHub {
     client: kube::Client,
     phases: Arc<Registry<RemotePhaseActor>>,
     /// The HostedClusters, for the UID each namespace's subjects must be bound to.
-    fleet: Arc<Fleet>,
+    clusters: Arc<HostedClusterIndex>,
     metrics: ManagerMetrics,
     wakes: WakeLimit<String>,
     pending: HashMap<String, Pending>,
@@ -91,7 +91,7 @@ impl ConnectorHub {
         link: ConnectorLink,
         client: kube::Client,
         phases: Arc<Registry<RemotePhaseActor>>,
-        fleet: Arc<Fleet>,
+        clusters: Arc<HostedClusterIndex>,
         metrics: ManagerMetrics,
     ) -> Self {
         let interval = u64::try_from(WAKE_INTERVAL.as_millis()).unwrap_or(1_000);
@@ -99,7 +99,7 @@ impl ConnectorHub {
             link,
             client,
             phases,
-            fleet,
+            clusters,
             metrics,
             wakes: WakeLimit::new(interval),
             pending: HashMap::new(),
@@ -110,7 +110,7 @@ impl ConnectorHub {
     /// Whether `subject` is bound to another HostedCluster than the namespace's current one (unbound
     /// subjects count as another once the namespace has a HostedCluster).
     fn stale(&self, namespace: &str, subject: &str) -> bool {
-        self.fleet
+        self.clusters
             .cluster_uid(namespace)
             .is_some_and(|current| HostedClusterSubjects::cluster_uid_of(subject) != Some(&current))
     }
@@ -236,7 +236,7 @@ impl ConnectorHub {
             (self.client.clone(), self.link.clone(), self.metrics.clone());
         let namespace = namespace.to_owned();
         let subjects =
-            HostedClusterSubjects::of(&namespace, self.fleet.cluster_uid(&namespace).as_deref());
+            HostedClusterSubjects::of(&namespace, self.clusters.cluster_uid(&namespace).as_deref());
         async move {
             let subjects = match subjects {
                 Ok(s) => s,

@@ -1,7 +1,7 @@
 //! Notices the HostedCluster API: watches for the `hostedclusters.hypershift.openshift.io` CRD and, once it
 //! is established (at start or any time later, without a restart), lists the HostedClusters into the
-//! HostedClusterPackages' fleet and starts the HostedCluster feed (connectors and fleet updates). Without
-//! the API the fleet is complete and empty, and nothing HyperShift-related runs.
+//! HostedCluster index and starts the HostedCluster feed (connectors and index updates). Without
+//! the API the index is complete and empty, and nothing HyperShift-related runs.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,7 +18,7 @@ use tracing::{info, warn};
 
 use crate::hypershift::hosted_cluster_actor::HostedClusterActor;
 use crate::manager::context::ManagerContext;
-use crate::rollout::hosted_cluster_fleet::Fleet;
+use crate::rollout::hosted_cluster_index::HostedClusterIndex;
 use crate::runtime::kind_feed::{KindFeed, Tap};
 use crate::runtime::registry::Registry;
 
@@ -28,9 +28,9 @@ pub const HOSTED_CLUSTER_CRD: &str = "hostedclusters.hypershift.openshift.io";
 pub struct HyperShiftDetector {
     context: ManagerContext,
     clusters: Arc<Registry<HostedClusterActor>>,
-    /// Sees every HostedCluster event too (the HostedClusterPackages' fleet).
+    /// Sees every HostedCluster event too (the HostedCluster index).
     tap: Tap<HostedCluster>,
-    fleet: Arc<Fleet>,
+    index: Arc<HostedClusterIndex>,
     starting: bool,
     feed: Option<Addr<KindFeed<HostedCluster, HostedClusterActor>>>,
 }
@@ -42,7 +42,7 @@ impl HyperShiftDetector {
         tap: Tap<HostedCluster>,
     ) -> Self {
         Self {
-            fleet: context.rollouts.fleet.clone(),
+            index: context.rollouts.clusters.clone(),
             context,
             clusters,
             tap,
@@ -51,23 +51,23 @@ impl HyperShiftDetector {
         }
     }
 
-    /// Lists the HostedClusters into the fleet (so it is complete before anything plans on it), then
+    /// Lists the HostedClusters into the index (so it is complete before anything plans on it), then
     /// starts the feed that keeps it current. A failed LIST is retried.
     fn start_feed(&mut self, ctx: &mut Context<Self>) {
         let api: Api<HostedCluster> = Api::all(self.context.runtime.watch_client.clone());
         let list = async move { api.list(&ListParams::default()).await };
         ctx.spawn(list.into_actor(self).map(|listed, act, ctx| match listed {
             Ok(list) => {
-                act.fleet.seed(Some(list.items.clone()));
+                act.index.seed(Some(list.items.clone()));
                 act.feed = Some(
                     KindFeed::<HostedCluster, _>::new(
                         act.context.clone(),
                         act.clusters.clone(),
                         Some(act.tap.clone()),
                     )
-                    // A cluster deleted before the feed's own first list leaves the fleet then.
+                    // A cluster deleted before the feed's own first list leaves the index then.
                     .knowing(list.items)
-                    // Sharded, every replica's fleet holds every HostedCluster; each runs the actors
+                    // Sharded, every replica's index holds every HostedCluster; each runs the actors
                     // of its own.
                     .gated()
                     .start(),
@@ -117,8 +117,8 @@ impl StreamHandler<Result<Event<CustomResourceDefinition>, watcher::Error>> for 
                     self.start_feed(ctx);
                 }
             }
-            // No HostedCluster API at start: the fleet is complete, and empty.
-            Ok(Event::InitDone) if !self.starting => self.fleet.seed(None),
+            // No HostedCluster API at start: the index is complete, and empty.
+            Ok(Event::InitDone) if !self.starting => self.index.seed(None),
             Ok(_) => {}
             Err(e) => warn!(error = %e, "watching for the HostedCluster CRD; retrying"),
         }

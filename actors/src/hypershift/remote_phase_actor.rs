@@ -268,7 +268,7 @@ async fn teardown(
     let (Exchange::Undelivered(why), Some(link)) = (&exchange, &context.connectors) else {
         return exchange;
     };
-    let presence = context.rollouts.fleet.presence(phase.namespace());
+    let presence = context.rollouts.clusters.presence(phase.namespace());
     let unanswered_for = unanswered_since.map(|t| t.elapsed()).unwrap_or_default();
     let Some(skip) = after_unanswered_teardown(presence, unanswered_for, link.teardown_timeout)
     else {
@@ -364,7 +364,7 @@ async fn exchange(
     // Bound to the namespace's HostedCluster, whose connector alone holds credentials for them.
     let cluster_uid = context
         .rollouts
-        .fleet
+        .clusters
         .hosted_cluster_for(Some(phase.namespace()))
         .await
         .and_then(|clusters| clusters.into_iter().next())

@@ -104,16 +104,16 @@ pub fn start(context: ManagerContext) -> ActorTree {
             link.clone(),
             context.runtime.client.clone(),
             remote_phases.clone(),
-            context.rollouts.fleet.clone(),
+            context.rollouts.clusters.clone(),
             context.metrics.clone(),
         )
         .start();
     }
-    // HostedClusters feed both their connectors and the HostedClusterPackages' fleet.
-    let fleet = context.rollouts.fleet.clone();
-    let fleet_tap: Tap<HostedCluster> =
-        Arc::new(move |cluster: &HostedCluster, deleted| fleet.observe(cluster, deleted));
-    HyperShiftDetector::new(context.clone(), hosted_clusters.clone(), fleet_tap).start();
+    // HostedClusters feed both their connectors and the HostedCluster index.
+    let index = context.rollouts.clusters.clone();
+    let index_tap: Tap<HostedCluster> =
+        Arc::new(move |cluster: &HostedCluster, deleted| index.observe(cluster, deleted));
+    HyperShiftDetector::new(context.clone(), hosted_clusters.clone(), index_tap).start();
     let rollouts: Arc<Registry<HostedClusterPackageActor>> = Arc::default();
     KindFeed::<HostedClusterPackage, _>::new(context.clone(), rollouts.clone(), None).start();
     let packages: Arc<Registry<PackageActor>> = Arc::default();

@@ -16,7 +16,7 @@ use crate::objects::object_cache::ObjectCache;
 use crate::objects::revision_index::RevisionIndex;
 use crate::packages::pull_secrets::PullSecretSource;
 use crate::rollout::health_queries::PrometheusQueries;
-use crate::rollout::hosted_cluster_fleet::RolloutShared;
+use crate::rollout::hosted_cluster_index::RolloutShared;
 use crate::rollout::rollout_publisher::RolloutPublisher;
 use crate::runtime::event_sink::EventSink;
 use crate::runtime::feed_sync::FeedSync;

@@ -115,7 +115,7 @@ async fn apply_template(
     // The same `.environment` a Package in the template's namespace sees.
     let hosted_clusters = context
         .rollouts
-        .fleet
+        .clusters
         .hosted_cluster_for(template.own_namespace())
         .await;
     let facts = environment_facts(context.runtime.client.clone(), hosted_clusters)

@@ -23,7 +23,7 @@ pub async fn owner_applier(
     let hosted_control_plane = match (namespace, requested, default_service_account) {
         (Some(ns), None, Some(_)) => context
             .rollouts
-            .fleet
+            .clusters
             .hosted_cluster_for(Some(ns))
             .await
             .is_some_and(|clusters| !clusters.is_empty()),

@@ -111,7 +111,7 @@ async fn unpack(
     };
     let hosted_clusters = context
         .rollouts
-        .fleet
+        .clusters
         .hosted_cluster_for((!package.cluster).then(|| package.namespace()))
         .await;
     let facts = environment_facts(context.runtime.client.clone(), hosted_clusters).await?;

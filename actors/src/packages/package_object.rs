@@ -335,7 +335,7 @@ impl PackageObject {
 
 /// What the cluster says about itself for `.environment`: each optional API that is not served (or
 /// object that does not exist) is simply absent. `hosted_clusters` comes from the manager's fleet
-/// (see [`crate::rollout::hosted_cluster_fleet::Fleet::hosted_cluster_for`]): listing every HostedCluster for
+/// (see [`crate::rollout::hosted_cluster_index::Fleet::hosted_cluster_for`]): listing every HostedCluster for
 /// every package made creating N packages cost N² objects read. ObjectTemplates read the same facts.
 pub async fn environment_facts(
     client: Client,

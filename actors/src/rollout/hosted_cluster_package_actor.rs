@@ -38,7 +38,7 @@ use crate::engine::transition_events::TransitionEvent;
 use crate::manager::context::ManagerContext;
 use crate::objects::object_meta::{event_reference, write_status_over};
 use crate::rollout::hcp_namespace_actor::{HcpNamespaceActor, PackageCommand};
-use crate::rollout::hosted_cluster_fleet::FleetChanged;
+use crate::rollout::hosted_cluster_index::SelectionChanged;
 use crate::runtime::object_actor::{
     done, work, Action, ObjectActor, Reconcile, ReconcileError, Report, Work,
 };
@@ -168,7 +168,7 @@ impl Reconcile for HostedClusterPackageController {
         ctx: &mut Context<HostedClusterPackageActor>,
     ) -> Work<Self> {
         let name = actor.name();
-        actor.context.rollouts.fleet.set_selector(
+        actor.context.rollouts.clusters.set_selector(
             &name,
             &hcpkg.spec.hosted_cluster_selector,
             ctx.address().recipient(),
@@ -185,7 +185,7 @@ impl Reconcile for HostedClusterPackageController {
                     .boxed(),
             );
         }
-        if !actor.context.rollouts.fleet.is_ready() {
+        if !actor.context.rollouts.clusters.is_ready() {
             // Woken by the fleet once it is complete.
             return done();
         }
@@ -209,7 +209,7 @@ impl Reconcile for HostedClusterPackageController {
         }
         let selector = &hcpkg.spec.hosted_cluster_selector;
         let snapshot = RolloutSnapshot {
-            clusters: actor.context.rollouts.fleet.selected(selector),
+            clusters: actor.context.rollouts.clusters.selected(selector),
             hcpkg,
             packages,
             writing: actor.state.writing.clone(),
@@ -252,7 +252,11 @@ impl Reconcile for HostedClusterPackageController {
         _: &mut Context<HostedClusterPackageActor>,
     ) -> Option<LocalBoxFuture<'static, ()>> {
         // Its Packages go with it through their owner references.
-        actor.context.rollouts.fleet.remove_selector(&actor.name());
+        actor
+            .context
+            .rollouts
+            .clusters
+            .remove_selector(&actor.name());
         None
     }
 }
@@ -444,9 +448,9 @@ async fn write_status(
     }
 }
 
-impl Handler<FleetChanged> for HostedClusterPackageActor {
+impl Handler<SelectionChanged> for HostedClusterPackageActor {
     type Result = ();
-    fn handle(&mut self, _: FleetChanged, ctx: &mut Context<Self>) {
+    fn handle(&mut self, _: SelectionChanged, ctx: &mut Context<Self>) {
         self.request_reconcile(ctx);
     }
 }

@@ -4,6 +4,6 @@
 
 pub mod hcp_namespace_actor;
 pub mod health_queries;
-pub mod hosted_cluster_fleet;
+pub mod hosted_cluster_index;
 pub mod hosted_cluster_package_actor;
 pub mod rollout_publisher;

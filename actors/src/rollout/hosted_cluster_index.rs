@@ -1,6 +1,6 @@
 //! The HostedClusters that HostedClusterPackages choose from, kept from the HostedCluster feed. A change of
 //! a cluster reaches only the HostedClusterPackages whose selector matches the cluster before or after the
-//! change: the fleet is not re-evaluated for every package on every event. Packages read their
+//! change: the index is not re-evaluated for every package on every event. Packages read their
 //! `.environment.hyperShift` from it too, instead of each listing every HostedCluster.
 
 use std::collections::BTreeMap;
@@ -21,15 +21,15 @@ use crate::fleet::hub_link::HubLink;
 use crate::rollout::health_queries::PrometheusQueries;
 use crate::rollout::rollout_publisher::RolloutPublisher;
 
-/// A selected HostedCluster changed (or the fleet became complete).
+/// A selected HostedCluster changed (or the index became complete).
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
-pub struct FleetChanged;
+pub struct SelectionChanged;
 
-/// What the HostedClusterPackage supervisors share: the fleet and the event publisher.
+/// What the HostedClusterPackage supervisors share: the HostedCluster index and the event publisher.
 #[derive(Clone, Default)]
 pub struct RolloutShared {
-    pub fleet: Arc<Fleet>,
+    pub clusters: Arc<HostedClusterIndex>,
     pub publisher: Option<Arc<RolloutPublisher>>,
     /// Names this management cluster in events.
     pub source: String,
@@ -43,7 +43,7 @@ pub struct RolloutShared {
 /// What one supervisor selects, and where to tell it that its selection changed.
 struct Selection {
     selector: LabelSelector,
-    supervisor: Recipient<FleetChanged>,
+    supervisor: Recipient<SelectionChanged>,
 }
 
 type ClusterKey = (String, String);
@@ -62,11 +62,11 @@ fn matches(selector: &LabelSelector, cluster: &HostedCluster) -> bool {
 }
 
 /// Every HostedCluster, and which HostedClusterPackage selects by what.
-pub struct Fleet {
+pub struct HostedClusterIndex {
     /// Shared, not copied: every HostedClusterPackage reconcile takes the clusters it selects.
     clusters: DashMap<ClusterKey, Arc<HostedCluster>>,
     selections: DashMap<String, Selection>,
-    /// True once the fleet is complete (listed, or known to be empty): planning on a partial fleet would
+    /// True once the index is complete (listed, or known to be empty): planning on a partial index would
     /// delete the Packages of clusters not seen yet, and rendering a package before its cluster is seen
     /// would leave out `.environment.hyperShift.hostedCluster`.
     ready: watch::Sender<bool>,
@@ -74,7 +74,7 @@ pub struct Fleet {
     api_served: AtomicBool,
 }
 
-impl Default for Fleet {
+impl Default for HostedClusterIndex {
     fn default() -> Self {
         Self {
             clusters: DashMap::new(),
@@ -85,7 +85,7 @@ impl Default for Fleet {
     }
 }
 
-impl Fleet {
+impl HostedClusterIndex {
     /// A cluster changed (or was deleted): remember it and wake the HostedClusterPackages it concerns.
     pub fn observe(&self, cluster: &HostedCluster, deleted: bool) {
         let key = key(cluster);
@@ -99,12 +99,12 @@ impl Fleet {
             let concerned = matches(selector, cluster)
                 || previous.as_ref().is_some_and(|p| matches(selector, p));
             if concerned {
-                entry.value().supervisor.do_send(FleetChanged);
+                entry.value().supervisor.do_send(SelectionChanged);
             }
         }
     }
 
-    /// Fills the fleet from a LIST (before the feed starts), or with nothing when the HostedCluster API
+    /// Fills the index from a LIST (before the feed starts), or with nothing when the HostedCluster API
     /// is not served (`None`), and marks it complete; every HostedClusterPackage and package render
     /// waiting for it is woken.
     pub fn seed(&self, clusters: Option<Vec<HostedCluster>>) {
@@ -119,16 +119,16 @@ impl Fleet {
         }
         self.ready.send_replace(true);
         for entry in self.selections.iter() {
-            entry.value().supervisor.do_send(FleetChanged);
+            entry.value().supervisor.do_send(SelectionChanged);
         }
     }
 
-    /// Whether the fleet is complete.
+    /// Whether the index is complete.
     pub fn is_ready(&self) -> bool {
         *self.ready.borrow()
     }
 
-    /// Whether a HostedCluster has `hcp_namespace` as its HCP namespace; unknown while the fleet is not
+    /// Whether a HostedCluster has `hcp_namespace` as its HCP namespace; unknown while the index is not
     /// complete or the HostedCluster API is not served.
     pub fn presence(&self, hcp_namespace: &str) -> HostedClusterPresence {
         if !self.is_ready() || !self.api_served.load(Ordering::SeqCst) {
@@ -154,7 +154,7 @@ impl Fleet {
         })
     }
 
-    /// What `.environment.hyperShift` of a package in `hcp_namespace` is made from, once the fleet is
+    /// What `.environment.hyperShift` of a package in `hcp_namespace` is made from, once the index is
     /// complete: `None` without the HostedCluster API; else the HostedCluster whose HCP namespace that
     /// is, if any (none for a ClusterPackage, `hcp_namespace: None`).
     pub async fn hosted_cluster_for(
@@ -162,7 +162,7 @@ impl Fleet {
         hcp_namespace: Option<&str>,
     ) -> Option<Vec<HostedCluster>> {
         let mut ready = self.ready.subscribe();
-        // The sender lives as long as the fleet, which outlives every package render.
+        // The sender lives as long as the index, which outlives every package render.
         let _ = ready.wait_for(|complete| *complete).await;
         if !self.api_served.load(Ordering::SeqCst) {
             return None;
@@ -185,7 +185,7 @@ impl Fleet {
         &self,
         hcpkg: &str,
         selector: &LabelSelector,
-        supervisor: Recipient<FleetChanged>,
+        supervisor: Recipient<SelectionChanged>,
     ) {
         self.selections.insert(
             hcpkg.to_owned(),
