@@ -18,10 +18,10 @@ use pko_proto::{GROUP, VERSION};
 
 use crate::engine::objects::desired_object::{prepare_phase, OwnerRef};
 use crate::engine::objects::object_set_status::{BlockReason, MappedCondition, PhaseProgress};
+use crate::engine::objects::phase_plan::PhaseOutcome;
+use crate::engine::objects::phase_plan::PhasePlan;
 use crate::engine::objects::probe::ProbeSet;
 use crate::objects::object_set_plan::PlanError;
-use crate::objects::phase_actor::PhaseOutcome;
-use crate::objects::phase_runner::PhasePlan;
 
 /// The ObjectSetPhase a hosted object belongs to, as its owners annotation records it.
 fn owner_of(phase: &PhaseRef) -> OwnerRef {
@@ -182,8 +182,8 @@ mod tests {
     use pko_proto::well_known::OWNERS_ANNOTATION;
 
     use crate::engine::objects::object_ref::ObjectKey;
-    use crate::objects::phase_actor::PhaseOutcome as RunOutcome;
-    use crate::objects::phase_runner::{PhaseReport as RunReport, TeardownReport};
+    use crate::engine::objects::phase_plan::PhaseOutcome as RunOutcome;
+    use crate::engine::objects::phase_plan::{PhaseReport as RunReport, TeardownReport};
     use pko_proto::core::common::ObjectSetObject;
     use serde_json::json;
 

@@ -23,14 +23,13 @@ use crate::engine::objects::object_ref::ObjectKey;
 use crate::engine::objects::object_set_status::{
     phase_reach, PhaseProgress, PhaseReach, ARCHIVED, SUCCEEDED,
 };
+use crate::engine::objects::phase_plan::PhaseOutcome;
+use crate::engine::objects::phase_plan::PhaseReport;
 use crate::engine::transition_events::object_set_transitions;
 use crate::manager::context::ManagerContext;
 use crate::metrics::upstream_metrics::ObjectSetFacts;
 use crate::objects::object_meta::{creation_seconds, event_reference, tombstone_meta};
-use crate::objects::phase_actor::{
-    PhaseActor, PhaseCommand, PhaseFinished, PhaseOutcome, UpdatePlan,
-};
-use crate::objects::phase_runner::PhaseReport;
+use crate::objects::phase_actor::{PhaseActor, PhaseCommand, PhaseFinished, UpdatePlan};
 use crate::objects::set_object::{SetObject, DEFAULT_CLASS};
 use crate::objects::set_plan_inputs::{gather_plan, GatheredPlan};
 use crate::runtime::meta_view::MetaView;

@@ -16,9 +16,9 @@ use serde_json::json;
 use crate::engine::objects::desired_object::{
     find_duplicate, prepare_phase, DesiredObject, InvalidObject, OwnerRef,
 };
+use crate::engine::objects::phase_plan::PhasePlan;
 use crate::engine::objects::probe::{ProbeSet, ProbeSpecError};
 use crate::objects::object_meta::requested_service_account;
-use crate::objects::phase_runner::PhasePlan;
 use crate::objects::set_object::{SetObject, HOSTED_CLUSTER_CLASS};
 use crate::runtime::meta_view::MetaView;
 

@@ -9,11 +9,11 @@ use std::time::Duration;
 use actix::prelude::*;
 
 use crate::engine::objects::object_set_status::{BlockReason, PhaseProgress};
+use crate::engine::objects::phase_plan::PhaseOutcome;
+use crate::engine::objects::phase_plan::{PhasePlan, PhaseReport};
 use crate::objects::applier::Applier;
 use crate::objects::object_cache::ObjectCache;
-use crate::objects::phase_runner::{
-    reconcile_phase, teardown_phase, AppliedHashes, PhasePlan, PhaseReport, TeardownReport,
-};
+use crate::objects::phase_runner::{reconcile_phase, teardown_phase, AppliedHashes};
 use crate::runtime::reconcile_gate::{Backoff, ReconcileGate};
 use crate::runtime::telemetry::{CapturedTrace, TraceCause};
 use tracing::{info_span, Instrument};
@@ -49,12 +49,6 @@ pub struct PhaseFinished {
     pub outcome: PhaseOutcome,
     /// The run's span, for what the owner does with the result (a connector's reply).
     pub run: CapturedTrace,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PhaseOutcome {
-    Reconciled(PhaseReport),
-    TornDown(TeardownReport),
 }
 
 pub struct PhaseActor {

@@ -3,7 +3,6 @@
 //! and the hosted-cluster connector, so both follow one set of rules.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{stream, StreamExt};
@@ -19,11 +18,12 @@ use crate::engine::objects::adoption::{
 use crate::engine::objects::desired_object::{DesiredObject, FIELD_MANAGER};
 use crate::engine::objects::drift::is_subset;
 use crate::engine::objects::object_ref::ObjectKey;
-use crate::engine::objects::object_set_status::{BlockReason, MappedCondition, PhaseProgress};
+use crate::engine::objects::object_set_status::{BlockReason, MappedCondition};
+use crate::engine::objects::phase_plan::{PhasePlan, PhaseReport, TeardownReport};
 use crate::engine::objects::phase_verdict::{
     blocked, phase_progress, probed_finding, ObjectFinding,
 };
-use crate::engine::objects::probe::{ProbeResult, ProbeSet};
+use crate::engine::objects::probe::ProbeResult;
 use crate::objects::applier::{Applier, ApplyError};
 use crate::objects::object_cache::ObjectCache;
 use pko_package::canonical_hash::value_hash;
@@ -35,33 +35,6 @@ const APPLY_CONCURRENCY: usize = 16;
 /// on the phase's next look: the net under a watch event pko might have missed. Younger states are an
 /// object on its way; reading those on every retry cost a GET per object and retry.
 const REREAD_AFTER: Duration = Duration::from_secs(10);
-
-/// Everything needed to reconcile one phase, derived from the owner's spec.
-#[derive(Debug, Clone)]
-pub struct PhasePlan {
-    pub name: String,
-    pub objects: Vec<DesiredObject>,
-    pub probes: Arc<ProbeSet>,
-    pub owner_uid: String,
-    pub revision: i64,
-    pub previous_uids: Vec<String>,
-    /// The phase's only object is the ObjectSetPhase it was delegated to.
-    pub delegated: bool,
-}
-
-/// What one reconcile of a phase found.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PhaseReport {
-    pub progress: PhaseProgress,
-    /// Managed objects this owner controls after the run, with their UIDs.
-    pub controlled: Vec<(ObjectKey, String)>,
-    /// A delegated phase: the objects its ObjectSetPhase reports controlling (its `status.controllerOf`),
-    /// which the set lists as its own, as upstream does.
-    pub phase_controls: Vec<ControlledObjectReference>,
-    pub mapped: Vec<MappedCondition>,
-    /// Set when a failure may go away by itself (apiserver unavailable, conflict): retry with backoff.
-    pub transient_error: bool,
-}
 
 /// Per-phase memory of what was last applied (desired-body hash by object); lets an unchanged phase skip
 /// its writes.
@@ -443,20 +416,6 @@ fn mapped_conditions(desired: &DesiredObject, observed: &Value) -> Vec<MappedCon
             ))
         })
         .collect()
-}
-
-/// Result of one teardown pass over a phase.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TeardownReport {
-    /// Objects this owner still controls (deletion requested, not yet observed gone).
-    pub remaining: Vec<ObjectKey>,
-    pub errors: Vec<String>,
-}
-
-impl TeardownReport {
-    pub fn complete(&self) -> bool {
-        self.remaining.is_empty() && self.errors.is_empty()
-    }
 }
 
 /// Deletes the objects of a phase that this owner still controls. Objects another revision took over are

@@ -11,11 +11,11 @@ use serde_json::Value;
 
 use crate::engine::objects::adoption::revision_of;
 use crate::engine::objects::apply_identity::ApplyIdentity;
+use crate::engine::objects::phase_plan::PhasePlan;
 use crate::manager::context::ManagerContext;
 use crate::objects::applier::Applier;
 use crate::objects::object_set_plan::{plan_object_set, PlanInputs};
 use crate::objects::owner_identity::owner_applier;
-use crate::objects::phase_runner::PhasePlan;
 use crate::objects::revision_index::PreviousRevision;
 use crate::objects::set_object::SetObject;
 use crate::runtime::meta_view::MetaView;

@@ -11,6 +11,7 @@ pub mod immutable_fields;
 pub mod object_ref;
 pub mod object_set_status;
 pub mod object_template;
+pub mod phase_plan;
 pub mod phase_verdict;
 pub mod probe;
 pub mod reserved_objects;
