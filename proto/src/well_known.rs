@@ -21,6 +21,11 @@ pub const SOURCE_IMAGE_ANNOTATION: &str = "package-operator.run/package-source-i
 /// Label naming the class of a delegated phase.
 pub const PHASE_CLASS_LABEL: &str = "package-operator.run/phase-class";
 
+/// The phase class the manager reconciles itself.
+pub const DEFAULT_PHASE_CLASS: &str = "default";
+/// The phase class applied to a hosted cluster by the connector in the phase's HCP namespace.
+pub const HOSTED_CLUSTER_PHASE_CLASS: &str = "hosted-cluster";
+
 /// Label linking an ObjectSet to its deployment.
 pub const DEPLOYMENT_LABEL: &str = "package-operator.run/object-deployment";
 

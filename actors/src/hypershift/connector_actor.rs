@@ -20,9 +20,9 @@ use serde::Serialize;
 use tokio::sync::mpsc;
 use tracing::{debug, info, info_span, warn, Span};
 
+use crate::engine::hypershift::hosted_phase::{plan_apply, plan_teardown, refused, report_of_run};
 use crate::engine::objects::phase_plan::PhaseOutcome;
 use crate::engine::objects::phase_plan::PhasePlan;
-use crate::hypershift::hosted_phase::{plan_apply, plan_teardown, refused, report_of_run};
 use crate::objects::applier::Applier;
 use crate::objects::object_cache::ObjectCache;
 use crate::objects::phase_actor::{PhaseActor, PhaseCommand, PhaseFinished, UpdatePlan};

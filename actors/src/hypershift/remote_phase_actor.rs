@@ -24,23 +24,24 @@ use pko_proto::core::common::LifecycleState;
 use pko_proto::core::object_set::ObjectSetStatus;
 use tracing::{info_span, warn, Instrument};
 
+use crate::engine::hypershift::hosted_phase::{mapped_of_report, progress_of_report};
 use crate::engine::hypershift::hosted_teardown::{after_unanswered_teardown, SkipReason};
+use crate::engine::objects::object_set_plan::phase_object_name;
 use crate::engine::objects::object_set_status::{
     object_set_conditions, BlockReason, PhaseProgress, SetObservation,
 };
 use crate::hypershift::connector_link::LinkError;
 use crate::hypershift::hosted_leftovers::{self, leftover_request};
-use crate::hypershift::hosted_phase::{mapped_of_report, progress_of_report};
 use crate::manager::context::ManagerContext;
 use crate::metrics::connector_metrics::RequestResult;
 use crate::objects::object_meta::event_reference;
-use crate::objects::object_set_plan::phase_object_name;
-use crate::objects::set_object::{SetObject, HOSTED_CLUSTER_CLASS};
+use crate::objects::set_object::SetObject;
 use crate::runtime::meta_view::MetaView;
 use crate::runtime::object_actor::{
     work, Action, Change, ObjectActor, Reconcile, ReconcileError, Work,
 };
 use crate::runtime::reconcile_gate::Backoff;
+use pko_proto::well_known::HOSTED_CLUSTER_PHASE_CLASS;
 
 /// Re-send the phase: the connector pushed a report or said hello (limited by the connector hub).
 #[derive(Debug, Message)]
@@ -91,7 +92,7 @@ impl Reconcile for RemotePhaseController {
     fn wants(set: &SetObject) -> bool {
         set.kind.is_phase()
             && set.kind.is_namespaced()
-            && set.phase_class() == Some(HOSTED_CLUSTER_CLASS)
+            && set.phase_class() == Some(HOSTED_CLUSTER_PHASE_CLASS)
     }
 
     fn change(previous: Option<&SetObject>, phase: &SetObject) -> Change {

@@ -9,7 +9,6 @@ pub mod object_cache;
 pub mod object_deployment_actor;
 pub mod object_meta;
 pub mod object_set_actor;
-pub mod object_set_plan;
 pub mod object_template_actor;
 pub mod owner_identity;
 pub mod phase_actor;

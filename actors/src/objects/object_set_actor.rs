@@ -30,13 +30,14 @@ use crate::manager::context::ManagerContext;
 use crate::metrics::upstream_metrics::ObjectSetFacts;
 use crate::objects::object_meta::{creation_seconds, event_reference, tombstone_meta};
 use crate::objects::phase_actor::{PhaseActor, PhaseCommand, PhaseFinished, UpdatePlan};
-use crate::objects::set_object::{SetObject, DEFAULT_CLASS};
+use crate::objects::set_object::SetObject;
 use crate::objects::set_plan_inputs::{gather_plan, GatheredPlan};
 use crate::runtime::meta_view::MetaView;
 use crate::runtime::object_actor::{
     work, Action, Change, Notice, ObjectActor, Reconcile, Report, Work,
 };
 use crate::runtime::telemetry::CapturedTrace;
+use pko_proto::well_known::DEFAULT_PHASE_CLASS;
 
 /// The set's status: an `impl` of the same actor.
 mod status_publishing;
@@ -298,7 +299,7 @@ impl Reconcile for ObjectSetController {
     /// ObjectSetPhases of other classes belong to other controllers (the hosted-cluster connector, or
     /// out-of-tree ones).
     fn wants(set: &SetObject) -> bool {
-        !set.kind.is_phase() || set.phase_class() == Some(DEFAULT_CLASS)
+        !set.kind.is_phase() || set.phase_class() == Some(DEFAULT_PHASE_CLASS)
     }
 
     /// Metadata only: the taps following this kind read nothing else of a deleted object.

@@ -18,13 +18,10 @@ use serde_json::json;
 
 use crate::engine::conditions::is_mapped;
 use crate::engine::objects::desired_object::OwnerRef;
+use crate::engine::objects::object_set_plan::SetToPlan;
+use crate::objects::object_meta::requested_service_account;
 use crate::objects::object_meta::write_status;
 use crate::runtime::meta_view::MetaView;
-
-/// The phase class this manager reconciles itself.
-pub const DEFAULT_CLASS: &str = "default";
-/// The phase class applied to a hosted cluster by the connector in the phase's HCP namespace.
-pub const HOSTED_CLUSTER_CLASS: &str = "hosted-cluster";
 
 /// Which kind an object driven by the set actor is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -215,6 +212,17 @@ impl SetObject {
                 .is_namespaced()
                 .then(|| self.namespace().to_owned()),
             remote: false,
+        }
+    }
+
+    /// What the planner (`engine::objects::object_set_plan`) reads of the set.
+    pub fn to_plan(&self) -> SetToPlan<'_> {
+        SetToPlan {
+            owner: self.owner(),
+            phase_kind: self.kind.phase_kind().kind(),
+            spec: &self.spec,
+            traceparent: self.traceparent(),
+            service_account: requested_service_account(&self.meta),
         }
     }
 

@@ -11,10 +11,10 @@ use serde_json::Value;
 
 use crate::engine::objects::adoption::revision_of;
 use crate::engine::objects::apply_identity::ApplyIdentity;
+use crate::engine::objects::object_set_plan::{plan_object_set, PlanInputs};
 use crate::engine::objects::phase_plan::PhasePlan;
 use crate::manager::context::ManagerContext;
 use crate::objects::applier::Applier;
-use crate::objects::object_set_plan::{plan_object_set, PlanInputs};
 use crate::objects::owner_identity::owner_applier;
 use crate::objects::revision_index::PreviousRevision;
 use crate::objects::set_object::SetObject;
@@ -125,7 +125,8 @@ pub async fn gather_plan(
         _ => highest_previous + 1,
     };
     // A spec error stays until the spec changes (the error policy retries it only then).
-    let plans = plan_object_set(&set, &inputs).map_err(|e| ReconcileError::Spec(e.to_string()))?;
+    let plans = plan_object_set(&set.to_plan(), &inputs)
+        .map_err(|e| ReconcileError::Spec(e.to_string()))?;
     Ok(GatheredPlan {
         generation: set.generation(),
         revision: inputs.revision,

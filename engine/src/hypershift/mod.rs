@@ -2,5 +2,6 @@
 //! its namespace's phases.
 
 pub mod connector_deployment;
+pub mod hosted_phase;
 pub mod hosted_teardown;
 pub mod wake_limit;

@@ -9,6 +9,7 @@ pub mod desired_object;
 pub mod drift;
 pub mod immutable_fields;
 pub mod object_ref;
+pub mod object_set_plan;
 pub mod object_set_status;
 pub mod object_template;
 pub mod phase_plan;

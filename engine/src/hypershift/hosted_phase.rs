@@ -16,12 +16,12 @@ use pko_proto::core::common::ControlledObjectReference;
 use pko_proto::core::object_set_phase::ObjectSetPhase;
 use pko_proto::{GROUP, VERSION};
 
-use crate::engine::objects::desired_object::{prepare_phase, OwnerRef};
-use crate::engine::objects::object_set_status::{BlockReason, MappedCondition, PhaseProgress};
-use crate::engine::objects::phase_plan::PhaseOutcome;
-use crate::engine::objects::phase_plan::PhasePlan;
-use crate::engine::objects::probe::ProbeSet;
+use crate::objects::desired_object::{prepare_phase, OwnerRef};
 use crate::objects::object_set_plan::PlanError;
+use crate::objects::object_set_status::{BlockReason, MappedCondition, PhaseProgress};
+use crate::objects::phase_plan::PhaseOutcome;
+use crate::objects::phase_plan::PhasePlan;
+use crate::objects::probe::ProbeSet;
 
 /// The ObjectSetPhase a hosted object belongs to, as its owners annotation records it.
 fn owner_of(phase: &PhaseRef) -> OwnerRef {
@@ -181,9 +181,9 @@ mod tests {
     use super::*;
     use pko_proto::well_known::OWNERS_ANNOTATION;
 
-    use crate::engine::objects::object_ref::ObjectKey;
-    use crate::engine::objects::phase_plan::PhaseOutcome as RunOutcome;
-    use crate::engine::objects::phase_plan::{PhaseReport as RunReport, TeardownReport};
+    use crate::objects::object_ref::ObjectKey;
+    use crate::objects::phase_plan::PhaseOutcome as RunOutcome;
+    use crate::objects::phase_plan::{PhaseReport as RunReport, TeardownReport};
     use pko_proto::core::common::ObjectSetObject;
     use serde_json::json;
 

@@ -1,9 +1,11 @@
 //! Planning an ObjectSet: from its spec (with slice contents resolved) to one [`PhasePlan`] per phase, or
-//! the first problem in the spec, named by field. Pure; the actor fetches slices and previous revisions.
+//! the first problem in the spec, named by field. Pure; the actor fetches slices and previous revisions
+//! and hands the set over as a [`SetToPlan`].
 
-use pko_proto::well_known::PHASE_CLASS_LABEL;
-use pko_proto::well_known::TRACE_PARENT_ANNOTATION;
-use pko_proto::well_known::{SERVICE_ACCOUNT_ANNOTATION, SHARD_OWNER_LABEL};
+use pko_proto::well_known::{
+    HOSTED_CLUSTER_PHASE_CLASS, PHASE_CLASS_LABEL, SERVICE_ACCOUNT_ANNOTATION, SHARD_OWNER_LABEL,
+    TRACE_PARENT_ANNOTATION,
+};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -13,14 +15,27 @@ use pko_proto::core::common::{
 };
 use serde_json::json;
 
-use crate::engine::objects::desired_object::{
+use pko_proto::core::object_set::ObjectSetSpec;
+
+use crate::objects::desired_object::{
     find_duplicate, prepare_phase, DesiredObject, InvalidObject, OwnerRef,
 };
-use crate::engine::objects::phase_plan::PhasePlan;
-use crate::engine::objects::probe::{ProbeSet, ProbeSpecError};
-use crate::objects::object_meta::requested_service_account;
-use crate::objects::set_object::{SetObject, HOSTED_CLUSTER_CLASS};
-use crate::runtime::meta_view::MetaView;
+use crate::objects::phase_plan::PhasePlan;
+use crate::objects::probe::{ProbeSet, ProbeSpecError};
+
+/// What planning reads of a set (an ObjectSet, ClusterObjectSet or ObjectSetPhase).
+#[derive(Debug, Clone)]
+pub struct SetToPlan<'a> {
+    /// The set as the owner of its objects (its name, UID, kind and namespace).
+    pub owner: OwnerRef,
+    /// The kind its delegated phases get: `ObjectSetPhase` or `ClusterObjectSetPhase`.
+    pub phase_kind: &'static str,
+    pub spec: &'a ObjectSetSpec,
+    /// The trace parent of the write that made this version, which its ObjectSetPhases carry on.
+    pub traceparent: Option<&'a str>,
+    /// The ServiceAccount the set's objects are applied as, when it names one.
+    pub service_account: Option<&'a str>,
+}
 
 /// Why a set cannot be planned; shown as `PreflightError` on the set.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -66,18 +81,17 @@ pub fn phase_object_name(set: &str, phase: &str) -> String {
 /// The ObjectSetPhase carrying a delegated phase: its objects (slices inlined), every availability probe of
 /// the set, revision, previous and the pause flag.
 fn phase_object(
-    set: &SetObject,
+    set: &SetToPlan<'_>,
     phase: &ObjectSetTemplatePhase,
     objects: &[ObjectSetObject],
     inputs: &PlanInputs,
 ) -> serde_json::Value {
     let revision = inputs.revision;
-    let kind = set.kind.phase_kind();
     let mut object = json!({
         "apiVersion": format!("{}/{}", pko_proto::GROUP, pko_proto::VERSION),
-        "kind": kind.kind(),
+        "kind": set.phase_kind,
         "metadata": {
-            "name": phase_object_name(set.name(), &phase.name),
+            "name": phase_object_name(&set.owner.name, &phase.name),
             "labels": { PHASE_CLASS_LABEL: phase.class },
         },
         "spec": {
@@ -92,21 +106,21 @@ fn phase_object(
     // The phase's own reconciler (a connector's, through the remote phase actor) continues the trace of
     // the write that made this set: the set's annotation is stable, so the ObjectSetPhase is not
     // rewritten for it.
-    if let Some(traceparent) = set.traceparent() {
+    if let Some(traceparent) = set.traceparent {
         object["metadata"]["annotations"] = json!({ TRACE_PARENT_ANNOTATION: traceparent });
     }
     if let Some(owner) = &inputs.shard_owner {
         object["metadata"]["labels"][SHARD_OWNER_LABEL] = owner.as_str().into();
     }
     // A default-class ObjectSetPhase applies with the set's identity.
-    if let Some(account) = requested_service_account(&set.meta) {
+    if let Some(account) = set.service_account {
         object["metadata"]["annotations"][SERVICE_ACCOUNT_ANNOTATION] = account.into();
     }
     object
 }
 
 /// A delegated phase is available when its ObjectSetPhase reports Available for its current generation.
-fn delegated_probe(set: &SetObject) -> Arc<ProbeSet> {
+fn delegated_probe(set: &SetToPlan<'_>) -> Arc<ProbeSet> {
     let probe = ObjectSetProbe {
         probes: vec![Probe {
             condition: Some(ProbeConditionSpec {
@@ -118,7 +132,7 @@ fn delegated_probe(set: &SetObject) -> Arc<ProbeSet> {
         selector: ProbeSelector {
             kind: PackageProbeKindSpec {
                 group: pko_proto::GROUP.into(),
-                kind: set.kind.phase_kind().kind().into(),
+                kind: set.phase_kind.into(),
             },
             selector: None,
         },
@@ -128,12 +142,15 @@ fn delegated_probe(set: &SetObject) -> Arc<ProbeSet> {
 }
 
 /// Plans every phase of `set`.
-pub fn plan_object_set(set: &SetObject, inputs: &PlanInputs) -> Result<Vec<PhasePlan>, PlanError> {
+pub fn plan_object_set(
+    set: &SetToPlan<'_>,
+    inputs: &PlanInputs,
+) -> Result<Vec<PhasePlan>, PlanError> {
     let probes = Arc::new(ProbeSet::compile(
         &set.spec.template.availability_probes,
         "spec.availabilityProbes",
     )?);
-    let owner = set.owner();
+    let owner = set.owner.clone();
     let mut names = BTreeMap::new();
     let mut plans = Vec::with_capacity(set.spec.template.phases.len());
     for (index, phase) in set.spec.template.phases.iter().enumerate() {
@@ -148,7 +165,7 @@ pub fn plan_object_set(set: &SetObject, inputs: &PlanInputs) -> Result<Vec<Phase
         // Validated here even when delegated: a broken object fails the set, not some other controller.
         // Hosted-cluster objects are checked as the connector will prepare them (any namespace).
         let validation_owner = OwnerRef {
-            remote: phase.class == HOSTED_CLUSTER_CLASS,
+            remote: phase.class == HOSTED_CLUSTER_PHASE_CLASS,
             ..owner.clone()
         };
         let prepared = prepare_phase(
@@ -205,14 +222,32 @@ mod tests {
     use super::*;
     use pko_proto::core::object_set::ObjectSet;
 
-    fn set(phases: serde_json::Value) -> SetObject {
-        let set: ObjectSet = serde_json::from_value(json!({
+    /// An ObjectSet `s` in `ns` with these phases.
+    fn set(phases: serde_json::Value) -> ObjectSet {
+        serde_json::from_value(json!({
             "apiVersion": "package-operator.run/v1alpha1", "kind": "ObjectSet",
             "metadata": {"name": "s", "namespace": "ns", "uid": "u1"},
             "spec": {"phases": phases},
         }))
-        .unwrap();
-        SetObject::from(set)
+        .unwrap()
+    }
+
+    fn plan(set: &ObjectSet, inputs: &PlanInputs) -> Result<Vec<PhasePlan>, PlanError> {
+        let to_plan = SetToPlan {
+            owner: OwnerRef {
+                api_version: "package-operator.run/v1alpha1".into(),
+                kind: "ObjectSet".into(),
+                name: "s".into(),
+                uid: "u1".into(),
+                namespace: Some("ns".into()),
+                remote: false,
+            },
+            phase_kind: "ObjectSetPhase",
+            spec: &set.spec,
+            traceparent: None,
+            service_account: None,
+        };
+        plan_object_set(&to_plan, inputs)
     }
 
     fn cm(name: &str) -> serde_json::Value {
@@ -233,7 +268,7 @@ mod tests {
             "more".into(),
             vec![serde_json::from_value(cm("z")).unwrap()],
         );
-        let plans = plan_object_set(&s, &inputs).unwrap();
+        let plans = plan(&s, &inputs).unwrap();
         assert!(!plans[0].delegated);
         assert!(plans[1].delegated);
         let phase = &plans[1].objects[0];
@@ -259,10 +294,10 @@ mod tests {
         let hosted = json!({"object": {"apiVersion": "v1", "kind": "ConfigMap",
                                        "metadata": {"name": "c", "namespace": "openshift-config"}}});
         let s = set(json!([{"name": "a", "class": "hosted-cluster", "objects": [hosted.clone()]}]));
-        let plans = plan_object_set(&s, &PlanInputs::default()).unwrap();
+        let plans = plan(&s, &PlanInputs::default()).unwrap();
         assert!(plans[0].delegated);
         let local = set(json!([{"name": "a", "objects": [hosted]}]));
-        let err = plan_object_set(&local, &PlanInputs::default()).unwrap_err();
+        let err = plan(&local, &PlanInputs::default()).unwrap_err();
         assert!(
             err.to_string().contains("outside the owner's namespace"),
             "{err}"
@@ -273,7 +308,7 @@ mod tests {
     fn spec_problems_are_named() {
         let dup = set(json!([{"name": "a", "objects": [cm("x")]}, {"name": "a", "objects": []}]));
         assert_eq!(
-            plan_object_set(&dup, &PlanInputs::default()).unwrap_err(),
+            plan(&dup, &PlanInputs::default()).unwrap_err(),
             PlanError::DuplicatePhase {
                 index: 1,
                 name: "a".into()
@@ -281,7 +316,7 @@ mod tests {
         );
         let twice =
             set(json!([{"name": "a", "objects": [cm("x")]}, {"name": "b", "objects": [cm("x")]}]));
-        let err = plan_object_set(&twice, &PlanInputs::default()).unwrap_err();
+        let err = plan(&twice, &PlanInputs::default()).unwrap_err();
         assert!(
             err.to_string()
                 .starts_with("spec.phases[1].objects[0]: duplicates spec.phases[0].objects[0]"),
