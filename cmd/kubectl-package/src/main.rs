@@ -15,6 +15,7 @@ mod registry_auth;
 mod repository;
 mod rollout_control;
 mod rollout_follow;
+mod rollout_plan_view;
 mod tree;
 mod validation;
 
@@ -170,7 +171,7 @@ fn run(cli: Cli) -> Outcome {
             command: Some(RolloutCommand::Plan(args)),
         } => {
             range_args(&args.positionals.args, 1, 2)?;
-            on_cluster(rollout_follow::plan(&args, kubeconfig))
+            on_cluster(rollout_plan_view::plan(&args, kubeconfig))
         }
         Command::Rollout {
             command: Some(RolloutCommand::Approve(args)),
