@@ -3,32 +3,12 @@
 //! sources as text: a file's production part ends at its `#[cfg(test)]` module; a function runs from its
 //! `fn` line to the closing brace at the same indentation.
 
-use std::path::{Path, PathBuf};
+mod sources;
+use sources::{rust_files, workspace_root};
 
 const MAX_FILE_LINES: usize = 600;
 const MAX_FUNCTION_LINES: usize = 120;
 const CRATES: [&str; 3] = ["actors", "engine", "package"];
-
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("engine/ lives in the workspace root")
-        .to_owned()
-}
-
-fn rust_files(dir: &Path, files: &mut Vec<PathBuf>) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let path = entry.path();
-        if path.is_dir() {
-            rust_files(&path, files);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            files.push(path);
-        }
-    }
-}
 
 /// The lines before the file's test module.
 fn production(lines: &[&str]) -> usize {

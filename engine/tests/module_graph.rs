@@ -9,12 +9,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("engine/ lives in the workspace root")
-        .to_owned()
-}
+mod sources;
+use sources::{rust_files, workspace_root};
 
 /// Every crate's `src/` directory in the workspace.
 fn crate_sources(root: &Path) -> Vec<PathBuf> {
@@ -54,20 +50,6 @@ fn module_of(src: &Path, file: &Path) -> String {
         parts.pop();
     }
     parts.join("::")
-}
-
-fn rust_files(dir: &Path, files: &mut Vec<PathBuf>) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let path = entry.path();
-        if path.is_dir() {
-            rust_files(&path, files);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            files.push(path);
-        }
-    }
 }
 
 /// The path after `crate::` or `super::` at `rest`, expanded over one level of braces
