@@ -90,7 +90,7 @@ pub enum ReconcileError {
 pub enum ErrorPolicy {
     /// Run again after the controller's jittered exponential backoff.
     Backoff,
-    /// Run again only when the object changes.
+    /// Run again only when the object changes (or the controller's resync falls due).
     GiveUp,
 }
 
@@ -302,7 +302,8 @@ impl<R: Reconcile> ObjectActor<R> {
                 return;
             }
             let backoff = matches!(result, ReconcileResult::Error | ReconcileResult::Requeue);
-            let resync = (result == ReconcileResult::Success)
+            // The resync is drift repair: it follows every run the backoff does not.
+            let resync = (!backoff)
                 .then(|| R::resync(&act.context).map(Backoff::jittered))
                 .flatten();
             if let Some(delay) = [after, resync].into_iter().flatten().min() {
