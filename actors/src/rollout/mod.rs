@@ -1,5 +1,5 @@
 //! HostedClusterPackage rollouts: the supervisor per HostedClusterPackage, the actor per HCP namespace,
-//! the fleet of HostedClusters they select from, and the JetStream event publisher. The rollout
+//! the index of HostedClusters they select from, and the JetStream event publisher. The rollout
 //! decision itself is `engine::rollout::rollout_decision::decide_rollout` over `engine::rollout::rollout_plan`.
 
 pub mod hcp_namespace_actor;
