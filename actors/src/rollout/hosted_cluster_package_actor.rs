@@ -275,7 +275,7 @@ impl HostedClusterPackageActor {
             return done();
         };
         let previous_status = hcpkg.status.clone().unwrap_or_default();
-        let step = match decision {
+        let mut step = match decision {
             RolloutDecision::Invalid(status) => StepToCarry::invalid(*status),
             RolloutDecision::Planned(step) => self.step_to_carry(&hcpkg, &previous_status, *step),
         };
@@ -298,9 +298,10 @@ impl HostedClusterPackageActor {
         let reference = event_reference("HostedClusterPackage", &hcpkg.metadata);
         let read_at = hcpkg.metadata.resource_version.clone();
         let events_sink = self.context.runtime.events.clone();
-        let status = step.status.clone();
-        let events = step.events.clone();
-        let transitions = step.transitions.clone();
+        // What the write and the publisher take goes with them; the status comes back to `carried`.
+        let status = std::mem::take(&mut step.status);
+        let events = std::mem::take(&mut step.events);
+        let transitions = std::mem::take(&mut step.transitions);
         let run = async move {
             // The in-flight set (and the rest of the status) goes first: a crash after this point
             // finds every update it was about to make already counted. It is written only over the
@@ -314,10 +315,12 @@ impl HostedClusterPackageActor {
             if let Some(publisher) = publisher {
                 publisher.enqueue(events);
             }
-            Ok::<_, StatusWriteError>(written_at)
+            Ok::<_, StatusWriteError>((status, written_at))
         };
         work(run, move |written, act: &mut Self, ctx| match written {
-            Ok(written_at) => Ok(act.carried(&hcpkg, step, written_at, progress_wait, ctx)),
+            Ok((status, written_at)) => {
+                Ok(act.carried(&hcpkg, step, status, written_at, progress_wait, ctx))
+            }
             Err(StatusWriteError::Conflict) => Ok(Action::Waiting(
                 "the HostedClusterPackage changed since it was read; planning again".to_owned(),
             )),
@@ -327,19 +330,19 @@ impl HostedClusterPackageActor {
         })
     }
 
-    /// Takes a carried step's result back: the hub's record, the status as written, the health checks
+    /// Takes a carried step's result back (`status` is the step's, back from the write): the hub's record, the status as written, the health checks
     /// due, and the Package writes handed to the namespaces' actors. Returns when to decide again
     /// (a soak or a progress deadline ends, a health check falls due, a held status must be written).
     fn carried(
         &mut self,
         hcpkg: &HostedClusterPackage,
         step: StepToCarry,
+        status: HostedClusterPackageStatus,
         written_at: Option<String>,
         progress_wait: Option<Duration>,
         ctx: &mut Context<Self>,
     ) -> Action {
         let StepToCarry {
-            status,
             writes,
             deletes,
             next,
