@@ -213,6 +213,7 @@ fn guarded_step(
     }
     let status = step_status(StepFacts {
         snapshot,
+        previous: &previous,
         spec_hash,
         effective_hash,
         rolling_back,
@@ -325,6 +326,8 @@ fn rollout_targets(
 /// What one guarded step decided, for the status that says so.
 struct StepFacts<'a> {
     snapshot: &'a RolloutSnapshot,
+    /// The status the step was decided from.
+    previous: &'a HostedClusterPackageStatus,
     spec_hash: &'a str,
     /// The template rolled out: the spec's, or the one rolled back to.
     effective_hash: &'a str,
@@ -346,6 +349,7 @@ struct StepFacts<'a> {
 fn step_status(facts: StepFacts<'_>) -> HostedClusterPackageStatus {
     let StepFacts {
         snapshot,
+        previous,
         spec_hash,
         effective_hash,
         rolling_back,
@@ -360,7 +364,6 @@ fn step_status(facts: StepFacts<'_>) -> HostedClusterPackageStatus {
     } = facts;
     let hcpkg = &snapshot.hcpkg;
     let generation = hcpkg.metadata.generation.unwrap_or_default();
-    let previous = hcpkg.status.clone().unwrap_or_default();
     let strategy = input.strategy;
     // An update written now starts its deadline now, even for a Package already in flight with an
     // earlier template.
