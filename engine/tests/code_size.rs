@@ -4,19 +4,11 @@
 //! `fn` line to the closing brace at the same indentation.
 
 mod sources;
-use sources::{rust_files, workspace_root};
+use sources::{production, rust_files, workspace_root};
 
 const MAX_FILE_LINES: usize = 600;
 const MAX_FUNCTION_LINES: usize = 120;
 const CRATES: [&str; 3] = ["actors", "engine", "package"];
-
-/// The lines before the file's test module.
-fn production(lines: &[&str]) -> usize {
-    lines
-        .windows(2)
-        .position(|pair| pair[0].trim() == "#[cfg(test)]" && pair[1].starts_with("mod "))
-        .unwrap_or(lines.len())
-}
 
 /// The name of the function a line opens, if it opens one with a body.
 fn function_at(line: &str) -> Option<&str> {

@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 mod sources;
-use sources::{rust_files, workspace_root};
+use sources::{production, rust_files, workspace_root};
 
 /// Every crate's `src/` directory in the workspace.
 fn crate_sources(root: &Path) -> Vec<PathBuf> {
@@ -71,11 +71,14 @@ fn paths_at(rest: &str) -> Vec<String> {
     vec![path.trim_end_matches("::").to_owned()]
 }
 
-/// The production code of a file: without comments and without its `#[cfg(test)]` module(s) at the end.
-fn production_lines(text: &str) -> impl Iterator<Item = &str> {
-    text.lines()
-        .take_while(|line| line.trim() != "#[cfg(test)]")
+/// The production code of a file: without comments and without its `#[cfg(test)]` module at the end.
+fn production_lines(text: &str) -> Vec<&str> {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[..production(&lines)]
+        .iter()
+        .copied()
         .filter(|line| !line.trim_start().starts_with("//"))
+        .collect()
 }
 
 /// The longest known module that `path` (relative to the crate root) starts with.

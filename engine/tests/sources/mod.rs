@@ -24,3 +24,11 @@ pub fn rust_files(dir: &Path, files: &mut Vec<PathBuf>) {
         }
     }
 }
+
+/// How many of a file's lines are production code: those before its `#[cfg(test)]` module.
+pub fn production(lines: &[&str]) -> usize {
+    lines
+        .windows(2)
+        .position(|pair| pair[0].trim() == "#[cfg(test)]" && pair[1].starts_with("mod "))
+        .unwrap_or(lines.len())
+}
