@@ -323,15 +323,49 @@ async fn installed_from_its_manifests_pko_rolls_out_on_its_own_service_account_a
             })
             .collect();
         about.sort_by_key(|e| e.event_time.clone().map(|t| t.0));
+        let told: Vec<String> = about
+            .iter()
+            .map(|e| {
+                format!(
+                    "{}: {}",
+                    e.reason.as_deref().unwrap_or(""),
+                    e.note.as_deref().unwrap_or("")
+                )
+            })
+            .collect();
         let reasons: Vec<String> = about.into_iter().filter_map(|e| e.reason).collect();
         if reasons.last().map(String::as_str) == Some("RolloutFinished") {
-            Ok(reasons)
+            Ok((reasons, told))
         } else {
             Err(format!("{reasons:?}"))
         }
     })
     .await
     .unwrap();
+    let (reasons, mut told) = reasons;
+    // What the Packages' namespaces were told meanwhile, to explain an unexpected step.
+    for cluster in &clusters {
+        let listed = Api::<KubeEvent>::namespaced(client.clone(), &cluster.hcp_namespace)
+            .list(&ListParams::default())
+            .await
+            .unwrap();
+        told.extend(listed.items.into_iter().map(|e| {
+            format!(
+                "{} {}/{}: {}: {}",
+                cluster.hcp_namespace,
+                e.regarding
+                    .as_ref()
+                    .and_then(|r| r.kind.clone())
+                    .unwrap_or_default(),
+                e.regarding
+                    .as_ref()
+                    .and_then(|r| r.name.clone())
+                    .unwrap_or_default(),
+                e.reason.unwrap_or_default(),
+                e.note.unwrap_or_default()
+            )
+        }));
+    }
     assert_eq!(
         reasons,
         [
@@ -340,7 +374,8 @@ async fn installed_from_its_manifests_pko_rolls_out_on_its_own_service_account_a
             "PartitionFinished",
             "RolloutFinished"
         ],
-        "{reasons:?}"
+        "{told:#?}\n{}",
+        manager.log_tail()
     );
     let package_events: Api<KubeEvent> =
         Api::namespaced(client.clone(), &clusters[0].hcp_namespace);
