@@ -74,6 +74,8 @@ impl TestEnv {
 pub struct FleetNats {
     hub: Nats,
     leaves: Vec<(String, Nats)>,
+    /// Each leaf's link to the hub through a proxy that can cut it, when started with cuttable links.
+    links: Vec<(String, crate::stall_proxy::StallLink)>,
     viewer_credentials: PathBuf,
 }
 
@@ -89,6 +91,18 @@ impl FleetNats {
             .iter()
             .find(|(name, _)| name == cluster)
             .map(|(_, nats)| nats)
+    }
+
+    /// Cuts (`true`) or restores management cluster `cluster`'s link to the hub: both servers run on,
+    /// no byte moves between them. False when the fleet was not started with cuttable links.
+    pub fn cut_link(&self, cluster: &str, cut: bool) -> bool {
+        let link = self.links.iter().find(|(name, _)| name == cluster);
+        match link {
+            Some((_, link)) if cut => link.stall(),
+            Some((_, link)) => link.resume(),
+            None => return false,
+        }
+        true
     }
 
     /// Read-only credentials for the hub (`kubectl package fleet --nats-creds`).
@@ -137,6 +151,20 @@ impl TestEnv {
         manager: &Path,
         clusters: &[&str],
     ) -> Result<FleetNats, TestEnvError> {
+        self.start_fleet_nats_with(name, deploy_dir, manager, clusters, false)
+            .await
+    }
+
+    /// [`TestEnv::start_fleet_nats`], with each leaf's link to the hub through a proxy when
+    /// `cuttable_links` ([`FleetNats::cut_link`]); the proxies' tasks run on the calling runtime.
+    pub async fn start_fleet_nats_with(
+        &self,
+        name: &str,
+        deploy_dir: &Path,
+        manager: &Path,
+        clusters: &[&str],
+        cuttable_links: bool,
+    ) -> Result<FleetNats, TestEnvError> {
         let dir = self.root_dir().join(name);
         let (hub_dir, keys_dir) = (dir.join("hub"), dir.join("fleet-keys"));
         std::fs::create_dir_all(&hub_dir).map_err(io_error("create", &hub_dir))?;
@@ -165,7 +193,20 @@ impl TestEnv {
             )
             .await?;
         let mut leaves = Vec::new();
+        let mut links = Vec::new();
         for cluster in clusters {
+            let hub_port = if cuttable_links {
+                let link = crate::stall_proxy::StallLink::start(
+                    format!("127.0.0.1:{leaf_port}"),
+                    &format!("{name}-{cluster}-link"),
+                )
+                .await?;
+                let port = link.port();
+                links.push(((*cluster).to_owned(), link));
+                port
+            } else {
+                leaf_port
+            };
             fleet_bootstrap(
                 manager,
                 &keys_dir,
@@ -188,7 +229,7 @@ impl TestEnv {
                 ("PKO_CLUSTER_NAME".to_owned(), (*cluster).to_owned()),
                 (
                     "PKO_FLEET_HUB_URL".to_owned(),
-                    format!("nats-leaf://127.0.0.1:{leaf_port}"),
+                    format!("nats-leaf://127.0.0.1:{hub_port}"),
                 ),
                 (
                     "PKO_FLEET_LEAF_CREDENTIALS".to_owned(),
@@ -210,6 +251,7 @@ impl TestEnv {
         Ok(FleetNats {
             hub,
             leaves,
+            links,
             viewer_credentials: keys_dir.join("viewer.creds"),
         })
     }

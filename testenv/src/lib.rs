@@ -74,7 +74,7 @@ cluster_only! {
     pub use nats::Nats;
     pub use otlp_receiver::{span_tree, OtlpReceiver, ReceivedSpan};
     pub use prometheus::{Prometheus, Sample, Series};
-    pub use stall_proxy::StallProxy;
+    pub use stall_proxy::{StallLink, StallProxy};
     pub use write_audit::{shard_write_audit, WriteAudit};
 }
 

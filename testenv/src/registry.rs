@@ -30,12 +30,28 @@ pub struct Registry {
     pub(crate) process: ManagedProcess,
     port: u16,
     authenticated: bool,
+    /// The binary and configuration it was started with, to start it again.
+    command: (std::path::PathBuf, std::path::PathBuf),
 }
 
 impl Registry {
     /// `127.0.0.1:<port>`, the registry part of image references (`127.0.0.1:5000/pkg:v1`).
     pub fn host(&self) -> String {
         format!("127.0.0.1:{}", self.port)
+    }
+
+    /// Kills the registry (SIGKILL): pulls and pushes fail until [`Registry::restart`].
+    pub fn kill(&self) {
+        self.process.stop();
+    }
+
+    /// Starts the registry again with the same port and storage, and waits until it answers.
+    pub async fn restart(&self) -> Result<(), TestEnvError> {
+        let (binary, config) = &self.command;
+        let mut command = Command::new(binary);
+        command.arg("serve").arg(config);
+        self.process.respawn(command)?;
+        wait_serving(&self.process, self.port, self.authenticated).await
     }
 
     /// (user, password) when the registry requires basic auth (`REGISTRY_USER`/`REGISTRY_PASSWORD`).
@@ -111,21 +127,31 @@ pub(crate) async fn start(
         command.arg("serve").arg(&config);
         let process =
             ManagedProcess::spawn("docker-registry", command, &dir.join(format!("{name}.log")))?;
-        // An authenticated registry is up when it challenges anonymous requests.
-        let ready = if authenticated { 401 } else { 200 };
-        process
-            .wait_ready(READY_TIMEOUT, || async move {
-                match http_get(port, "/v2/").await? {
-                    (status, _) if status == ready => Ok(()),
-                    (status, body) => Err(format!("/v2/ answered {status}: {body}")),
-                }
-            })
-            .await?;
+        wait_serving(&process, port, authenticated).await?;
         Ok(Registry {
             process,
             port,
             authenticated,
+            command: (binaries.registry.clone(), config),
         })
     })
     .await
+}
+
+/// Until the registry on `port` answers as it should.
+async fn wait_serving(
+    process: &ManagedProcess,
+    port: u16,
+    authenticated: bool,
+) -> Result<(), TestEnvError> {
+    // An authenticated registry is up when it challenges anonymous requests.
+    let ready = if authenticated { 401 } else { 200 };
+    process
+        .wait_ready(READY_TIMEOUT, || async move {
+            match http_get(port, "/v2/").await? {
+                (status, _) if status == ready => Ok(()),
+                (status, body) => Err(format!("/v2/ answered {status}: {body}")),
+            }
+        })
+        .await
 }

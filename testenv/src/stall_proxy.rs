@@ -1,6 +1,7 @@
-//! A TCP proxy in front of an apiserver whose forwarding a test can stall: connections stay open but no
-//! byte moves either way, as when a network path hangs (the process on the other side runs on, unlike
-//! one stopped with SIGSTOP).
+//! A TCP proxy whose forwarding a test can stall: connections stay open but no byte moves either way, as
+//! when a network path hangs (the process on the other side runs on, unlike one stopped with SIGSTOP).
+//! In front of an apiserver ([`StallProxy`], with a kubeconfig for it) or any TCP service
+//! ([`StallLink`]: a NATS leaf node's link to its hub).
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -14,18 +15,71 @@ use crate::apiserver::ApiServer;
 use crate::error::{io_error, TestEnvError};
 use crate::kubeconfig;
 
-/// A running proxy; stops accepting and forwarding when dropped.
+/// A running proxy in front of an apiserver; stops accepting and forwarding when dropped.
 #[derive(Debug)]
 pub struct StallProxy {
-    stalled: watch::Sender<bool>,
+    link: StallLink,
     kubeconfig: PathBuf,
-    acceptor: JoinHandle<()>,
 }
 
 impl StallProxy {
     /// A kubeconfig like the apiserver's, pointing at the proxy.
     pub fn kubeconfig_path(&self) -> &Path {
         &self.kubeconfig
+    }
+
+    /// From now on no byte is forwarded in either direction (what is read is held).
+    pub fn stall(&self) {
+        self.link.stall();
+    }
+
+    /// Forwarding goes on, held bytes first.
+    pub fn resume(&self) {
+        self.link.resume();
+    }
+}
+
+/// A running TCP proxy on a loopback port; stops accepting and forwarding when dropped.
+#[derive(Debug)]
+pub struct StallLink {
+    stalled: watch::Sender<bool>,
+    port: u16,
+    acceptor: JoinHandle<()>,
+}
+
+impl StallLink {
+    /// Starts a proxy to `upstream` (`host:port`) on a free loopback port. Its tasks run on the calling
+    /// runtime.
+    pub async fn start(upstream: String, name: &str) -> Result<Self, TestEnvError> {
+        let listener = TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
+            .await
+            .map_err(io_error("bind proxy", Path::new(name)))?;
+        let port = listener
+            .local_addr()
+            .map_err(io_error("bind proxy", Path::new(name)))?
+            .port();
+        let (stalled, watching) = watch::channel(false);
+        let acceptor = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = TcpStream::connect(&upstream).await else {
+                    continue;
+                };
+                let (client_read, client_write) = client.into_split();
+                let (server_read, server_write) = server.into_split();
+                tokio::spawn(pipe(client_read, server_write, watching.clone()));
+                tokio::spawn(pipe(server_read, client_write, watching.clone()));
+            }
+        });
+        Ok(Self {
+            stalled,
+            port,
+            acceptor,
+        })
+    }
+
+    /// The loopback port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
     }
 
     /// From now on no byte is forwarded in either direction (what is read is held).
@@ -39,7 +93,7 @@ impl StallProxy {
     }
 }
 
-impl Drop for StallProxy {
+impl Drop for StallLink {
     fn drop(&mut self) {
         self.acceptor.abort();
     }
@@ -74,37 +128,14 @@ impl ApiServer {
     /// Starts a proxy on a free loopback port that forwards to this apiserver, and writes a kubeconfig for
     /// it next to the server's own. Its tasks run on the calling runtime.
     pub async fn stall_proxy(&self, name: &str) -> Result<StallProxy, TestEnvError> {
-        let listener = TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
-            .await
-            .map_err(io_error("bind proxy", Path::new(name)))?;
-        let port = listener
-            .local_addr()
-            .map_err(io_error("bind proxy", Path::new(name)))?
-            .port();
+        let link = StallLink::start(self.url().replace("https://", ""), name).await?;
         let dir = self.kubeconfig_path().parent().unwrap_or(Path::new("."));
         let kubeconfig = dir.join(format!("kubeconfig-{name}"));
         kubeconfig::with_server(
             self.kubeconfig_path(),
             &kubeconfig,
-            &format!("https://127.0.0.1:{port}"),
+            &format!("https://127.0.0.1:{}", link.port()),
         )?;
-        let upstream = self.url().replace("https://", "");
-        let (stalled, watching) = watch::channel(false);
-        let acceptor = tokio::spawn(async move {
-            while let Ok((client, _)) = listener.accept().await {
-                let Ok(server) = TcpStream::connect(&upstream).await else {
-                    continue;
-                };
-                let (client_read, client_write) = client.into_split();
-                let (server_read, server_write) = server.into_split();
-                tokio::spawn(pipe(client_read, server_write, watching.clone()));
-                tokio::spawn(pipe(server_read, client_write, watching.clone()));
-            }
-        });
-        Ok(StallProxy {
-            stalled,
-            kubeconfig,
-            acceptor,
-        })
+        Ok(StallProxy { link, kubeconfig })
     }
 }

@@ -67,6 +67,7 @@ enum Workload {
 /// its old Pod and never gets all replicas updated.
 pub struct WorkloadSimulator {
     broken: Arc<Mutex<BTreeSet<(String, String)>>>,
+    namespaces: Arc<Mutex<BTreeSet<String>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -77,6 +78,14 @@ impl WorkloadSimulator {
 
     pub fn deployments(client: &Client, namespaces: BTreeSet<String>, lag: Duration) -> Self {
         Self::start(client, namespaces, Workload::Deployments, lag)
+    }
+
+    /// From now on, the workloads of `namespace` are reported on too (a HostedCluster that joined).
+    pub fn add_namespace(&self, namespace: &str) {
+        self.namespaces
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert(namespace.to_owned());
     }
 
     /// From now on, `release` fails in `namespace`.
@@ -94,6 +103,8 @@ impl WorkloadSimulator {
         lag: Duration,
     ) -> Self {
         let broken: Arc<Mutex<BTreeSet<(String, String)>>> = Arc::default();
+        let namespaces = Arc::new(Mutex::new(namespaces));
+        let watched = namespaces.clone();
         let resource = match workload {
             Workload::Widgets => widget_resource(),
             Workload::Deployments => ApiResource::erase::<Deployment>(&()),
@@ -113,7 +124,11 @@ impl WorkloadSimulator {
                     continue;
                 };
                 let ns = o.metadata.namespace.clone().unwrap_or_default();
-                if !namespaces.contains(&ns) {
+                let known = watched
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .contains(&ns);
+                if !known {
                     continue;
                 }
                 let name = o.metadata.name.clone().unwrap_or_default();
@@ -147,7 +162,11 @@ impl WorkloadSimulator {
                 });
             }
         });
-        Self { broken, task }
+        Self {
+            broken,
+            namespaces,
+            task,
+        }
     }
 }
 

@@ -21,8 +21,11 @@ pub struct WriteAudit {
     pub overlaps: Vec<String>,
 }
 
-/// When, and by which replica (`None`: the coordinator's label write).
-type AuditedWrite = (String, Option<String>);
+/// When, by which replica (`None`: the coordinator's label write), and what (verb, subresource).
+type AuditedWrite = (String, Option<String>, String);
+
+/// Writes of a key shown before an overlap, to tell how it came about.
+const OVERLAP_HISTORY: usize = 8;
 
 /// Reads `audit_log` (JSON lines) and checks every shard key's tenures.
 pub fn shard_write_audit(audit_log: &Path) -> Result<WriteAudit, TestEnvError> {
@@ -60,27 +63,49 @@ pub fn shard_write_audit(audit_log: &Path) -> Result<WriteAudit, TestEnvError> {
             _ => (resource, name),
         };
         let at = event["stageTimestamp"].as_str().unwrap_or_default().to_owned();
+        let what = format!(
+            "{} {}{}",
+            event["verb"].as_str().unwrap_or_default(),
+            object["name"].as_str().unwrap_or_default(),
+            object["subresource"]
+                .as_str()
+                .map(|s| format!("/{s}"))
+                .unwrap_or_default()
+        );
         audit.writes += 1;
         writes
             .entry(key)
             .or_default()
-            .push((at, (!coordinator).then(|| agent.to_owned())));
+            .push((at, (!coordinator).then(|| agent.to_owned()), what));
     }
     takeovers.sort();
     for (key, mut events) in writes {
         events.sort();
         let mut tenure: BTreeSet<String> = BTreeSet::new();
         let mut recorded = takeovers.iter().peekable();
-        for (at, writer) in events {
-            while let Some((_, lease)) = recorded.next_if(|(recorded_at, _)| *recorded_at <= at) {
+        let mut history: Vec<String> = Vec::new();
+        for (at, writer, what) in events {
+            while let Some((taken_at, lease)) =
+                recorded.next_if(|(recorded_at, _)| *recorded_at <= at)
+            {
+                if tenure.iter().any(|agent| member_lease(agent) == *lease) {
+                    history.push(format!("{taken_at} take-over of {lease}"));
+                }
                 tenure.retain(|agent| member_lease(agent) != *lease);
             }
+            history.push(format!(
+                "{at} {} {what}",
+                writer.as_deref().unwrap_or("coordinator")
+            ));
             match writer {
                 None => tenure.clear(),
                 Some(writer) => {
                     tenure.insert(writer);
                     if tenure.len() > 1 {
-                        audit.overlaps.push(format!("{key:?}: {tenure:?}"));
+                        let recent = &history[history.len().saturating_sub(OVERLAP_HISTORY)..];
+                        audit
+                            .overlaps
+                            .push(format!("{key:?}: {tenure:?}; {}", recent.join(" | ")));
                         break;
                     }
                 }
