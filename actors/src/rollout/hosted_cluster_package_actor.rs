@@ -103,6 +103,8 @@ struct HubReport {
 /// look again.
 struct Guard {
     template: PackageTemplateSpec,
+    /// The last template that finished everywhere, for Packages created in groups not reached yet.
+    proven: Option<(BTreeSet<String>, PackageTemplateSpec)>,
     recheck_after: Option<Duration>,
     health_due: Vec<(String, HealthCheck)>,
 }
@@ -384,7 +386,11 @@ impl HostedClusterPackageActor {
         again = sooner(again, self.evaluate_health(guard.health_due, ctx));
         for (namespace, step) in writes {
             let write = info_span!(parent: &step, "write Package", k8s.namespace.name = %namespace);
-            let mut body = desired_package(hcpkg, &guard.template, &namespace);
+            let template = match &guard.proven {
+                Some((namespaces, proven)) if namespaces.contains(&namespace) => proven,
+                _ => &guard.template,
+            };
+            let mut body = desired_package(hcpkg, template, &namespace);
             // The Package's reconcile continues this trace from the annotation it is written with.
             if let Some(traceparent) = write.in_scope(current_traceparent) {
                 body["metadata"]["annotations"][TRACE_PARENT_ANNOTATION] = traceparent.into();

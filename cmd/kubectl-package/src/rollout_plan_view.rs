@@ -145,6 +145,11 @@ pub fn plan_text(name: &str, decision: &RolloutDecision) -> String {
         .create
         .iter()
         .map(|ns| format!("{ns} (create)"))
+        .chain(
+            plan.create_proven
+                .iter()
+                .map(|ns| format!("{ns} (create with the last template that finished)")),
+        )
         .chain(plan.update.iter().map(|ns| format!("{ns} (update)")))
         .collect();
     lines.push(if wave.is_empty() {
@@ -245,6 +250,7 @@ mod tests {
             gate: pko_engine::fleet::promotion_gate::GateVerdict::Ungated,
             template_hash: String::new(),
             template: Default::default(),
+            proven_template: None,
             recheck_after: None,
             health_due: Vec::new(),
         }));

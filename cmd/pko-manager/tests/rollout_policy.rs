@@ -572,3 +572,82 @@ async fn a_rollback_brings_the_failed_cluster_back_within_the_budget() {
         "{worst} Packages were not live at once (maxUnavailable 2)"
     );
 }
+
+/// Found by the chaos run (issue 41, seed 2): a HostedCluster that joined a later group while a release
+/// was on trial (failing) in the first group got that release at once. It gets the last template that
+/// finished everywhere, and the new one only when its group's turn comes.
+#[tokio::test]
+async fn a_cluster_joining_a_later_group_gets_the_last_good_template_until_its_turn() {
+    let (api, client, name, members) = rollout(
+        "policy-join",
+        &[("early", 1), ("late", 1)],
+        json!(1),
+        json!({}),
+    )
+    .await;
+    let good = api.get(&name).await.unwrap();
+    let early = &members.iter().find(|(_, g)| g == "early").unwrap().0;
+    // v2 adds the region `taken`, whose ConfigMap the early cluster already has, owned by nobody: v2
+    // fails there and the early group stays on trial.
+    let taken_name = format!("{name}-region-taken");
+    let taken: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": taken_name}, "data": {"owner": "someone else"},
+    }))
+    .unwrap();
+    let configmaps =
+        Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), early);
+    configmaps
+        .create(&PostParams::default(), &taken)
+        .await
+        .unwrap();
+    let image = good.spec.template.spec.image.clone();
+    set_template(
+        &api,
+        &name,
+        json!({"image": image, "config": {"greeting": "v2", "regions": ["eu", "us", "taken"]}}),
+    )
+    .await;
+    wait_status(&api, &name, log, "v2 failing in the early group", |h| {
+        h.status
+            .as_ref()
+            .is_some_and(|s| s.counts.failed_packages == 1)
+    })
+    .await;
+    // A cluster joins the late group meanwhile.
+    let fleet_ns = name.trim_end_matches("-rollout");
+    let labels = BTreeMap::from([
+        ("fleet".to_owned(), fleet_ns.to_owned()),
+        ("risk".to_owned(), "late".to_owned()),
+    ]);
+    let joined = env()
+        .add_hosted_cluster(fleet_ns, "hc-joined", labels, true)
+        .await
+        .unwrap();
+    let packages = Api::<Package>::namespaced(client.clone(), &joined.hcp_namespace);
+    wait_until("the joined cluster's Package", TIMEOUT, || async {
+        packages
+            .get_opt(&name)
+            .await
+            .map_err(|e| e.to_string())?
+            .map(drop)
+            .ok_or_else(|| "not yet".to_owned())
+    })
+    .await
+    .unwrap();
+    assert_eq!(greeting(&client, &joined.hcp_namespace, &name).await, "hi");
+    // A v3 without the taken region rolls out in the early group, then the late group's turn brings it
+    // to the joined cluster too.
+    set_template(
+        &api,
+        &name,
+        json!({"image": image, "config": {"greeting": "v3", "regions": ["eu", "us"]}}),
+    )
+    .await;
+    wait_status(&api, &name, log, "v3 everywhere", |h| {
+        h.status
+            .as_ref()
+            .is_some_and(|s| s.counts.updated_packages == 3 && s.counts.available_packages == 3)
+    })
+    .await;
+    assert_eq!(greeting(&client, &joined.hcp_namespace, &name).await, "v3");
+}

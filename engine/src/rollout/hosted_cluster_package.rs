@@ -731,6 +731,58 @@ mod tests {
         assert_eq!(step.status.observed_generation, 2);
     }
 
+    /// Found by the chaos run (issue 41, seed 2): a HostedCluster joining a group the rollout had not
+    /// reached got the template still on trial in the canary group.
+    #[test]
+    fn a_cluster_joining_a_later_group_is_created_with_the_last_template_that_finished() {
+        let spec = json!({
+            "template": template(),
+            "partition": {"labelKey": "group", "order": {"static": ["canary", "rest"]}},
+            "strategy": {"rollingUpgrade": {"maxUnavailable": 1}},
+        });
+        let labelled = |name: &str, group: &str| {
+            let mut c = (*cluster(name, true)).clone();
+            c.metadata.labels = Some([("group".to_owned(), group.to_owned())].into());
+            Arc::new(c)
+        };
+        let mut s = snapshot(
+            spec,
+            vec![
+                labelled("a", "canary"),
+                labelled("b", "rest"),
+                labelled("c", "rest"),
+            ],
+        );
+        s.packages.insert(
+            "clusters-a".into(),
+            owned("clusters-a", "registry/addon:v2"),
+        );
+        s.packages.insert(
+            "clusters-b".into(),
+            owned("clusters-b", "registry/addon:v1"),
+        );
+        let proven: PackageTemplateSpec =
+            serde_json::from_value(json!({"spec": {"image": "registry/addon:v1"}})).unwrap();
+        s.hcpkg.status = Some(HostedClusterPackageStatus {
+            last_succeeded: Some(
+                pko_proto::core::hosted_cluster_package::HostedClusterPackageSucceededTemplate {
+                    template_hash: "v1-hash".into(),
+                    template: proven.clone(),
+                    finished_at: "2026-01-31T00:00:00Z".into(),
+                },
+            ),
+            ..HostedClusterPackageStatus::default()
+        });
+        let RolloutDecision::Planned(step) = decide_rollout(&s, now()) else {
+            panic!("expected a plan");
+        };
+        assert_eq!(step.plan.current_group, Some(0), "{:?}", step.plan.groups);
+        assert!(step.plan.create.is_empty());
+        assert_eq!(step.plan.create_proven, ["clusters-c"]);
+        assert_eq!(step.proven_template, Some(proven));
+        assert_eq!(step.template.spec.image, "registry/addon:v2");
+    }
+
     #[test]
     fn a_closed_promotion_gate_writes_nothing_and_says_why() {
         let spec = json!({"template": template(), "promotion": {"managementClusters": ["canary"]}});

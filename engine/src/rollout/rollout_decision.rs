@@ -86,6 +86,8 @@ pub struct RolloutStep {
     /// The template Packages are created and updated with: the spec's, or while rolling back the last
     /// one that finished rolling out everywhere.
     pub template: PackageTemplateSpec,
+    /// The last template that finished rolling out everywhere, which `plan.create_proven` creates with.
+    pub proven_template: Option<PackageTemplateSpec>,
     /// Decide again after this long (a soak or a progress deadline ends), if nothing happens before.
     pub recheck_after: Option<std::time::Duration>,
     /// Health checks to evaluate now, with the name of the group that soaks.
@@ -184,6 +186,8 @@ fn guarded_step(
         rules: GroupRules::default(),
     };
     input.rules = base_rules(policy, &input, &approvals, spec_hash, rolling_back);
+    let proven_template = proven_template(&previous, spec_hash, rolling_back);
+    input.rules.proven_template = proven_template.is_some();
     // Soak and health are measured on a plan without soaking: which groups have every Package done.
     let soaked = if rolling_back || !matches!(strategy, RolloutStrategy::RollingUpgrade { .. }) {
         Soak::default()
@@ -242,6 +246,7 @@ fn guarded_step(
             gate,
             template_hash: spec_hash.to_owned(),
             template: template.clone(),
+            proven_template,
             recheck_after,
             health_due: if held.is_some() {
                 Vec::new()
@@ -251,6 +256,21 @@ fn guarded_step(
         })),
         new_halt,
     }
+}
+
+/// The last template that finished everywhere, when another one is on trial: what a HostedCluster joining
+/// a group the rollout has not reached is created with. Not while rolling back: the template rolled out
+/// then is that one.
+fn proven_template(
+    previous: &HostedClusterPackageStatus,
+    spec_hash: &str,
+    rolling_back: bool,
+) -> Option<PackageTemplateSpec> {
+    previous
+        .last_succeeded
+        .as_ref()
+        .filter(|last| !rolling_back && last.template_hash != spec_hash)
+        .map(|last| last.template.clone())
 }
 
 /// What the fleet says of this release: the promotion gate, and whether another management cluster
@@ -523,6 +543,7 @@ pub fn annotations_approvals(hcpkg: &HostedClusterPackage) -> RolloutApprovals {
 /// A closed gate: no Package is created or updated; what is in flight already stays counted.
 fn hold_at_gate(plan: &mut RolloutPlan) {
     plan.create.clear();
+    plan.create_proven.clear();
     let held: BTreeSet<String> = plan.update.drain(..).collect();
     plan.processing.retain(|ns| !held.contains(ns));
     plan.blocked = None;

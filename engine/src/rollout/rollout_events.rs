@@ -115,6 +115,7 @@ pub fn rollout_steps(
             .update
             .iter()
             .chain(&next.plan.create)
+            .chain(&next.plan.create_proven)
             .any(|u| u == ns)
         {
             steps.push(step(PackageUpdated, group.clone(), namespace.clone()));
@@ -171,6 +172,7 @@ pub fn story_so_far(next: &RolloutView<'_>) -> Vec<RolloutStep> {
             .update
             .iter()
             .chain(&next.plan.create)
+            .chain(&next.plan.create_proven)
             .any(|u| u == ns)
     };
     for (index, group) in next.plan.groups.iter().enumerate() {

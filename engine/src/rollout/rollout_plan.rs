@@ -139,6 +139,10 @@ pub struct GroupRules {
     pub tolerated_failures: BTreeMap<Option<String>, usize>,
     /// Groups that may not get updates yet (approval required and not given for this template).
     pub awaiting_approval: BTreeSet<Option<String>>,
+    /// An older template finished rolling out everywhere: a HostedCluster joining a group the rollout has
+    /// not reached gets that one (`RolloutPlan::create_proven`), not the template still on trial in an
+    /// earlier group.
+    pub proven_template: bool,
 }
 
 /// Counts of one group or of the whole fleet.
@@ -182,6 +186,10 @@ pub struct Blocked {
 pub struct RolloutPlan {
     /// Targets without a Package: create it with the current template.
     pub create: Vec<String>,
+    /// Targets without a Package in a group the rollout has not reached, when an older template finished
+    /// everywhere (`GroupRules::proven_template`): create it with that one; its group's turn updates it
+    /// within the budget like any other.
+    pub create_proven: Vec<String>,
     /// Outdated Packages to update now.
     pub update: Vec<String>,
     /// The in-flight set to persist before writing the updates.
@@ -349,12 +357,24 @@ pub fn plan_rollout(input: &RolloutInput) -> RolloutPlan {
         })
         .cloned()
         .collect();
-    let create: Vec<String> = input
+    // A group after the current one has not been reached by the template on trial.
+    let not_reached: BTreeSet<&Option<String>> = match current_group {
+        Some(current) if rules.proven_template => groups[current + 1..]
+            .iter()
+            .filter(|g| !g.finished)
+            .map(|g| &g.name)
+            .collect(),
+        _ => BTreeSet::new(),
+    };
+    let (create_proven, create): (Vec<&Target>, Vec<&Target>) = input
         .targets
         .iter()
         .filter(|t| t.package.is_none())
-        .map(|t| t.namespace.clone())
-        .collect();
+        .partition(|t| not_reached.contains(&group_key(t.label.as_deref(), order)));
+    let namespaces = |targets: Vec<&Target>| -> Vec<String> {
+        targets.iter().map(|t| t.namespace.clone()).collect()
+    };
+    let (create, create_proven) = (namespaces(create), namespaces(create_proven));
 
     let outdated = |t: &Target| t.package.is_some_and(|p| !p.updated && !p.paused);
     let mut update = Vec::new();
@@ -409,6 +429,7 @@ pub fn plan_rollout(input: &RolloutInput) -> RolloutPlan {
         .collect();
     RolloutPlan {
         create,
+        create_proven,
         update,
         processing,
         groups,
@@ -575,6 +596,41 @@ mod tests {
             })
         );
         assert_eq!(plan.processing, BTreeSet::from(["b".to_owned()]));
+    }
+
+    /// Found by the chaos run (issue 41, seed 2): a HostedCluster that joined the `rest` group while a
+    /// broken release was on trial in `canary` got that release at once, outside its group.
+    #[test]
+    fn a_cluster_joining_a_group_not_reached_yet_gets_the_proven_template() {
+        let targets = vec![
+            target("canary", Some("early"), pkg(true, false)),
+            target("early-new", Some("early"), None),
+            target("late-old", Some("late"), pkg(false, true)),
+            target("late-new", Some("late"), None),
+        ];
+        let mut input = rolling(targets, 1, static_order());
+        input.rules.proven_template = true;
+        let plan = plan_rollout(&input);
+        assert_eq!(plan.current_group, Some(0));
+        // The group on trial gets the template on trial; the group not reached gets the proven one.
+        assert_eq!(plan.create, ["early-new"]);
+        assert_eq!(plan.create_proven, ["late-new"]);
+        assert!(plan.update.is_empty(), "{plan:?}");
+
+        // Without a proven template (the first rollout) there is nothing older to give it.
+        input.rules.proven_template = false;
+        let plan = plan_rollout(&input);
+        assert_eq!(plan.create, ["early-new", "late-new"]);
+        assert!(plan.create_proven.is_empty());
+
+        // Once the rollout reaches its group, a new cluster there gets the current template.
+        input.targets[0].package = pkg(true, true);
+        input.targets[1].package = pkg(true, true);
+        input.rules.proven_template = true;
+        let plan = plan_rollout(&input);
+        assert_eq!(plan.current_group, Some(1));
+        assert_eq!(plan.create, ["late-new"]);
+        assert!(plan.create_proven.is_empty());
     }
 
     #[test]

@@ -55,6 +55,7 @@ impl HostedClusterPackageActor {
             gate,
             template_hash,
             template,
+            proven_template,
             recheck_after,
             health_due,
         } = step;
@@ -84,9 +85,11 @@ impl HostedClusterPackageActor {
         steps.splice(0..0, gate_step);
         steps.extend(policy_steps(previous_status, &status));
         // Each Package update is a trace of its own, from this decision to the hosted cluster.
+        let proven = proven_template.map(|t| (plan.create_proven.iter().cloned().collect(), t));
         let writes: BTreeMap<String, Span> = plan
             .create
             .iter()
+            .chain(&plan.create_proven)
             .chain(&plan.update)
             .map(|namespace| {
                 let group = input
@@ -129,6 +132,7 @@ impl HostedClusterPackageActor {
             hub: Some(hub),
             guard: Some(Guard {
                 template,
+                proven,
                 recheck_after,
                 health_due,
             }),
