@@ -31,7 +31,7 @@ use serde_json::json;
 use crate::object_set_bench::{manager_path, percentile};
 use crate::rollout_bench::usage;
 
-const PACKAGE: [(&str, &str); 2] = [
+pub(crate) const PACKAGE: [(&str, &str); 2] = [
     (
         "manifest.yaml",
         include_str!("../../cmd/kubectl-package/tests/packages/fleet-widget/manifest.yaml"),
@@ -361,7 +361,7 @@ fn print_request_mix(
     }
 }
 
-async fn push_release(env: &TestEnv) -> Result<String, String> {
+pub(crate) async fn push_release(env: &TestEnv) -> Result<String, String> {
     let registry = env.registry().host();
     let files: PackageFiles = PACKAGE
         .iter()
@@ -492,7 +492,10 @@ fn system_nanos(at: Instant) -> i128 {
 }
 
 /// Every message of `stream` at `nats`: (message id, stored at, event).
-async fn stored(nats: &Nats, stream: &str) -> Result<Vec<(String, i128, RolloutEvent)>, String> {
+pub(crate) async fn stored(
+    nats: &Nats,
+    stream: &str,
+) -> Result<Vec<(String, i128, RolloutEvent)>, String> {
     let js = jetstream::new(nats.client().await.map_err(|e| e.to_string())?);
     let Ok(mut stream) = js.get_stream(stream).await else {
         return Ok(Vec::new());

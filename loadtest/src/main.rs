@@ -4,8 +4,10 @@
 //! cold and a warm image, and package render time. `hosted-phase`: what a hosted-cluster phase adds over a
 //! local one, and objects per second through one connector. `rollout`: HostedClusterPackage hand-off
 //! latency, and the manager's CPU time and memory for a fleet of HostedClusters. `sharding`: the same
-//! rollout under 1, 2 and 4 sharded replicas, take-over time and the write audit.
+//! rollout under 1, 2 and 4 sharded replicas, take-over time and the write audit. `chaos`: a seeded
+//! schedule of faults at once under continuous releases, judged by an independent observer.
 
+mod chaos;
 mod env_startup;
 mod fleet_bench;
 mod hosted_phase_bench;
@@ -136,6 +138,23 @@ enum Measurement {
         #[arg(long)]
         manager: Option<PathBuf>,
     },
+    /// Two management clusters of sharded replicas under a hub NATS, releases every 30 s (some broken on
+    /// the canary), and a seeded schedule of faults at once; an independent observer judges the rollout
+    /// invariants, the write audit, the hub's event stream and convergence. A seed replays its schedule.
+    Chaos {
+        /// The schedule's seed.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Minutes of faults (then a final release and convergence).
+        #[arg(long, default_value_t = 3.0)]
+        minutes: f64,
+        /// HostedClusters per management cluster.
+        #[arg(long, default_value_t = 6)]
+        clusters: usize,
+        /// pko-manager binary (default: next to this binary).
+        #[arg(long)]
+        manager: Option<PathBuf>,
+    },
 }
 
 #[tokio::main]
@@ -189,6 +208,20 @@ async fn main() -> std::process::ExitCode {
                 readiness_lag: Duration::from_secs(readiness_lag_seconds),
                 soak: Duration::from_secs(soak_seconds),
                 outage: Duration::from_secs(outage_seconds),
+                manager,
+            })
+            .await
+        }
+        Measurement::Chaos {
+            seed,
+            minutes,
+            clusters,
+            manager,
+        } => {
+            chaos::run(chaos::ChaosRun {
+                seed,
+                minutes,
+                clusters,
                 manager,
             })
             .await

@@ -1,0 +1,305 @@
+//! Carrying out the schedule against the live topology: each fault begins at its offset and is undone
+//! (a process started again, a server back) when it ends. A fault that cannot be carried out (its
+//! target's apiserver away at that moment) is counted as skipped, not retried: the schedule stays the
+//! seed's.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{DeleteParams, ListParams};
+use kube::Api;
+use pko_proto::core::object_set::ObjectSet;
+use pko_proto::hypershift::{hosted_control_plane_namespace, HostedCluster};
+use pko_testenv::{add_hosted_cluster_to, FleetNats, TestEnv};
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::chaos::observer::Observed;
+use crate::chaos::schedule::{Fault, FaultKind};
+use crate::chaos::topology::{ClusterUnderTest, HOSTED_CLUSTERS};
+
+/// One replica memory sample.
+#[derive(Debug, Clone, Copy)]
+pub struct RssSample {
+    pub at: Duration,
+    pub cluster: usize,
+    pub replica: usize,
+    pub pid: u32,
+    pub kib: u64,
+}
+
+/// Everything a fault may touch.
+pub struct World<'a> {
+    pub env: &'a TestEnv,
+    pub nats: &'a FleetNats,
+    pub manager: PathBuf,
+    pub clusters: Vec<ClusterUnderTest<'a>>,
+    /// The cluster whose HostedClusters come and go.
+    pub churned: usize,
+    pub to_judge: UnboundedSender<Observed>,
+    created: usize,
+    pub skipped: BTreeMap<&'static str, usize>,
+    pub rss: Vec<RssSample>,
+}
+
+/// How often replica memory is sampled.
+const RSS_SAMPLE: Duration = Duration::from_secs(5);
+
+impl<'a> World<'a> {
+    pub fn new(
+        env: &'a TestEnv,
+        nats: &'a FleetNats,
+        manager: PathBuf,
+        clusters: Vec<ClusterUnderTest<'a>>,
+        to_judge: UnboundedSender<Observed>,
+    ) -> Self {
+        Self {
+            env,
+            nats,
+            manager,
+            clusters,
+            churned: 0,
+            to_judge,
+            created: 0,
+            skipped: BTreeMap::new(),
+            rss: Vec::new(),
+        }
+    }
+
+    /// Carries out `faults` from `started`, each begun and undone at its time; returns when the last
+    /// one is undone.
+    pub async fn carry_out(&mut self, faults: &[Fault], started: Instant) {
+        let mut steps: Vec<(Duration, bool, usize)> = faults
+            .iter()
+            .enumerate()
+            .flat_map(|(i, f)| [(f.at, true, i), (f.ends(), false, i)])
+            .collect();
+        steps.sort();
+        let mut sampling = tokio::time::interval(RSS_SAMPLE);
+        for (at, begins, i) in steps {
+            // The schedule's own pace: each step waits for its offset; RSS is sampled meanwhile.
+            let due = tokio::time::sleep_until((started + at).into());
+            tokio::pin!(due);
+            loop {
+                tokio::select! {
+                    () = &mut due => break,
+                    _ = sampling.tick() => self.sample_rss(started),
+                }
+            }
+            let fault = &faults[i];
+            let done = if begins {
+                self.begin(&fault.kind).await
+            } else {
+                self.end(&fault.kind).await
+            };
+            if let Err(e) = done {
+                println!(
+                    "  {:>7.1}s {} {}: skipped ({e})",
+                    started.elapsed().as_secs_f64(),
+                    fault.kind.name(),
+                    if begins { "begin" } else { "end" }
+                );
+                *self.skipped.entry(fault.kind.name()).or_default() += 1;
+            }
+        }
+    }
+
+    /// RSS of every running replica, by (cluster, replica) slot.
+    pub fn sample_rss(&mut self, started: Instant) {
+        let at = started.elapsed();
+        for (c, cluster) in self.clusters.iter().enumerate() {
+            for (r, replica) in cluster.replicas.iter().enumerate() {
+                let Some(pid) = replica.pid() else { continue };
+                let kib = crate::rss_kib(pid);
+                if kib > 0 {
+                    self.rss.push(RssSample {
+                        at,
+                        cluster: c,
+                        replica: r,
+                        pid,
+                        kib,
+                    });
+                }
+            }
+        }
+    }
+
+    async fn begin(&mut self, kind: &FaultKind) -> Result<(), String> {
+        match *kind {
+            FaultKind::KillManager { cluster, replica } => {
+                self.clusters[cluster].replicas[replica].kill();
+                Ok(())
+            }
+            FaultKind::PauseManager { cluster, replica } => self.clusters[cluster].replicas
+                [replica]
+                .pause()
+                .map_err(|e| e.to_string()),
+            FaultKind::RestartLeaf { cluster } => {
+                self.leaf(cluster)?.kill();
+                Ok(())
+            }
+            FaultKind::RestartHub => {
+                self.nats.hub().kill();
+                Ok(())
+            }
+            FaultKind::RestartApiServer { cluster } => self.clusters[cluster]
+                .server
+                .restart()
+                .await
+                .map_err(|e| e.to_string()),
+            FaultKind::StallApiServer { cluster } => {
+                self.clusters[cluster].stall.stall();
+                Ok(())
+            }
+            FaultKind::CutHubLink { cluster } => self.cut_link(cluster, true),
+            FaultKind::RegistryDown => {
+                self.env.registry().kill();
+                Ok(())
+            }
+            FaultKind::CreateHostedCluster => self.create_hosted_cluster().await,
+            FaultKind::DeleteHostedCluster => self.delete_hosted_cluster().await,
+            FaultKind::DeleteObjectSet { orphan } => self.delete_object_set(orphan).await,
+        }
+    }
+
+    fn cut_link(&self, cluster: usize, cut: bool) -> Result<(), String> {
+        let name = &self.clusters[cluster].name;
+        if self.nats.cut_link(name, cut) {
+            Ok(())
+        } else {
+            Err(format!("{name}'s hub link cannot be cut"))
+        }
+    }
+
+    async fn end(&mut self, kind: &FaultKind) -> Result<(), String> {
+        match *kind {
+            FaultKind::KillManager { cluster, replica } => {
+                let c = &self.clusters[cluster];
+                let launch = c.launch(replica, self.leaf(cluster)?);
+                let args: Vec<&str> = c.args.iter().map(String::as_str).collect();
+                let started = self
+                    .env
+                    .spawn_manager_with(&self.manager, &launch, &args)
+                    .map_err(|e| e.to_string())?;
+                self.clusters[cluster].replicas[replica] = started;
+                Ok(())
+            }
+            FaultKind::PauseManager { cluster, replica } => self.clusters[cluster].replicas
+                [replica]
+                .resume()
+                .map_err(|e| e.to_string()),
+            FaultKind::RestartLeaf { cluster } => self
+                .leaf(cluster)?
+                .restart()
+                .await
+                .map_err(|e| e.to_string()),
+            FaultKind::RestartHub => self.nats.hub().restart().await.map_err(|e| e.to_string()),
+            FaultKind::StallApiServer { cluster } => {
+                self.clusters[cluster].stall.resume();
+                Ok(())
+            }
+            FaultKind::CutHubLink { cluster } => self.cut_link(cluster, false),
+            FaultKind::RegistryDown => self
+                .env
+                .registry()
+                .restart()
+                .await
+                .map_err(|e| e.to_string()),
+            FaultKind::RestartApiServer { .. }
+            | FaultKind::CreateHostedCluster
+            | FaultKind::DeleteHostedCluster
+            | FaultKind::DeleteObjectSet { .. } => Ok(()),
+        }
+    }
+
+    fn leaf(&self, cluster: usize) -> Result<&'a pko_testenv::Nats, String> {
+        let name = &self.clusters[cluster].name;
+        self.nats
+            .leaf(name)
+            .ok_or_else(|| format!("no NATS leaf for {name}"))
+    }
+
+    async fn create_hosted_cluster(&mut self) -> Result<(), String> {
+        self.created += 1;
+        let name = format!("joined-{:03}", self.created);
+        let cluster = &mut self.clusters[self.churned];
+        let namespace = hosted_control_plane_namespace(HOSTED_CLUSTERS, &name);
+        // Reported on before its Package can exist.
+        cluster.workload.add_namespace(&namespace);
+        let labels = BTreeMap::from([
+            ("fleet".to_owned(), HOSTED_CLUSTERS.to_owned()),
+            ("group".to_owned(), "rest".to_owned()),
+        ]);
+        add_hosted_cluster_to(cluster.server, HOSTED_CLUSTERS, &name, labels, true)
+            .await
+            .map_err(|e| e.to_string())?;
+        cluster.hosted.insert(name, namespace);
+        Ok(())
+    }
+
+    /// Deletes the newest ObjectSet of a Package that is not the canary's (its deployment makes it again);
+    /// with `orphan`, its objects stay for the new one to adopt.
+    async fn delete_object_set(&mut self, orphan: bool) -> Result<(), String> {
+        let cluster = &self.clusters[self.churned];
+        let namespace = cluster
+            .hosted
+            .iter()
+            .filter(|(name, _)| name.as_str() != "hc-000")
+            .nth(self.created % cluster.hosted.len().max(1))
+            .map(|(_, ns)| ns.clone())
+            .ok_or("no Package to delete an ObjectSet of")?;
+        let client = cluster.server.client().await.map_err(|e| e.to_string())?;
+        let sets: Api<ObjectSet> = Api::namespaced(client, &namespace);
+        let newest = sets
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?
+            .items
+            .into_iter()
+            .filter(|s| s.metadata.deletion_timestamp.is_none())
+            .max_by_key(|s| s.metadata.creation_timestamp.clone().map(|t| t.0))
+            .ok_or_else(|| format!("no ObjectSet in {namespace}"))?;
+        let params = if orphan {
+            DeleteParams::orphan()
+        } else {
+            DeleteParams::background()
+        };
+        sets.delete(&newest.metadata.name.unwrap_or_default(), &params)
+            .await
+            .map(drop)
+            .map_err(|e| e.to_string())
+    }
+
+    /// Deletes the newest HostedCluster that is not the canary (the first one), and its HCP namespace.
+    async fn delete_hosted_cluster(&mut self) -> Result<(), String> {
+        let churned = self.churned;
+        let cluster = &mut self.clusters[churned];
+        let Some((name, namespace)) = cluster
+            .hosted
+            .iter()
+            .filter(|(name, _)| name.as_str() != "hc-000")
+            .max_by_key(|(name, _)| name.starts_with("joined-"))
+            .map(|(n, ns)| (n.clone(), ns.clone()))
+        else {
+            return Err("no HostedCluster left to delete".to_owned());
+        };
+        let client = cluster.server.client().await.map_err(|e| e.to_string())?;
+        // Told first: the Package may be gone before the delete returns.
+        let _ = self.to_judge.send(Observed::Left {
+            cluster: churned,
+            namespace: namespace.clone(),
+        });
+        Api::<HostedCluster>::namespaced(client.clone(), HOSTED_CLUSTERS)
+            .delete(&name, &DeleteParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        cluster.hosted.remove(&name);
+        Api::<Namespace>::all(client)
+            .delete(&namespace, &DeleteParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        cluster.deleted.push(namespace);
+        Ok(())
+    }
+}

@@ -1,0 +1,269 @@
+//! The end of a chaos run: what the apiservers' audit logs, the NATS streams and the clusters' objects
+//! say, and the memory and watch figures. Each check returns its findings (violations) and prints its
+//! figures.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{DynamicObject, ListParams};
+use kube::{Api, Client};
+use pko_proto::core::hosted_cluster_package::HostedClusterPackage;
+use pko_proto::core::object_set::ObjectSet;
+use pko_proto::fleet::AGGREGATE_STREAM;
+use pko_proto::rollout_events::STREAM;
+use pko_proto::well_known::SHARD_OWNER_LABEL;
+use pko_testenv::workload::widget_resource;
+use pko_testenv::{wait_until, ApiServer, FleetNats};
+
+use crate::chaos::event_stream::stream_findings;
+use crate::chaos::faults::RssSample;
+use crate::chaos::topology::{ClusterUnderTest, CLUSTERS, NAME};
+use crate::fleet_bench::stored;
+
+/// How long deletions may still take at the end (namespaces, ObjectSets' finalizers).
+const CLEANUP_BOUND: Duration = Duration::from_secs(120);
+
+/// Keys written by two replicas within one tenure, per apiserver.
+pub fn double_writers(servers: &[&ApiServer]) -> Result<Vec<String>, String> {
+    let mut findings = Vec::new();
+    for server in servers {
+        let audit =
+            pko_testenv::shard_write_audit(&server.audit_log_path()).map_err(|e| e.to_string())?;
+        println!(
+            "{}: {} audited writes, keys written by two replicas in one tenure: {}",
+            server.name(),
+            audit.writes,
+            audit.overlaps.len()
+        );
+        findings.extend(
+            audit
+                .overlaps
+                .iter()
+                .map(|o| format!("double writer at {}: {o}", server.name())),
+        );
+    }
+    Ok(findings)
+}
+
+/// Every event each cluster stored, once and in order at the hub.
+pub async fn event_stream(nats: &FleetNats) -> Result<Vec<String>, String> {
+    let mut own = BTreeMap::new();
+    for name in CLUSTERS {
+        let leaf = nats.leaf(name).ok_or("no NATS leaf")?;
+        let ids = stored(leaf, STREAM).await?.into_iter().map(|(id, _, _)| id);
+        own.insert(name.to_owned(), ids.collect::<Vec<_>>());
+    }
+    let at_hub: Vec<(String, String)> = stored(nats.hub(), AGGREGATE_STREAM)
+        .await?
+        .into_iter()
+        .map(|(id, _, e)| (e.source, id))
+        .collect();
+    println!(
+        "rollout events: {} at the hub, {} in the clusters' own streams",
+        at_hub.len(),
+        own.values().map(Vec::len).sum::<usize>()
+    );
+    Ok(stream_findings(&own, &at_hub)
+        .into_iter()
+        .map(|f| format!("event stream: {f}"))
+        .collect())
+}
+
+/// What is left behind, once deletions had `CLEANUP_BOUND` to finish: namespaces of deleted
+/// HostedClusters still there, ObjectSets stuck in deletion, Widgets no existing ObjectSet controls.
+pub async fn leftovers(clusters: &[ClusterUnderTest<'_>]) -> Result<Vec<String>, String> {
+    let mut findings = Vec::new();
+    for cluster in clusters {
+        let client = cluster.server.client().await.map_err(|e| e.to_string())?;
+        let left = wait_until(
+            &format!("{}: nothing left behind", cluster.name),
+            CLEANUP_BOUND,
+            || async {
+                match left_behind(&client, &cluster.deleted).await {
+                    Ok(left) if left.is_empty() => Ok(left),
+                    Ok(left) => Err(left.join("; ")),
+                    Err(e) => Err(e),
+                }
+            },
+        )
+        .await;
+        if let Err(e) = left {
+            findings.push(format!("leftover in {}: {e}", cluster.name));
+        }
+    }
+    Ok(findings)
+}
+
+async fn left_behind(client: &Client, deleted: &[String]) -> Result<Vec<String>, String> {
+    let mut left = Vec::new();
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    for namespace in deleted {
+        if let Some(ns) = namespaces
+            .get_opt(namespace)
+            .await
+            .map_err(|e| e.to_string())?
+        {
+            let phase = ns.status.and_then(|s| s.phase).unwrap_or_default();
+            left.push(format!("namespace {namespace} ({phase})"));
+        }
+    }
+    let sets = Api::<ObjectSet>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut live_sets: BTreeSet<(String, String)> = BTreeSet::new();
+    for set in &sets.items {
+        let key = (
+            set.metadata.namespace.clone().unwrap_or_default(),
+            set.metadata.name.clone().unwrap_or_default(),
+        );
+        if set.metadata.deletion_timestamp.is_some() {
+            left.push(format!(
+                "ObjectSet {}/{} deleting, finalizers {:?}",
+                key.0, key.1, set.metadata.finalizers
+            ));
+        } else {
+            live_sets.insert(key);
+        }
+    }
+    let widgets = Api::<DynamicObject>::all_with(client.clone(), &widget_resource())
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    for widget in widgets.items {
+        let namespace = widget.metadata.namespace.clone().unwrap_or_default();
+        let controlled = widget.metadata.owner_references.iter().flatten().any(|o| {
+            o.controller == Some(true)
+                && o.kind == "ObjectSet"
+                && live_sets.contains(&(namespace.clone(), o.name.clone()))
+        });
+        if !controlled {
+            left.push(format!(
+                "Widget {namespace}/{} controlled by no live ObjectSet",
+                widget.metadata.name.unwrap_or_default()
+            ));
+        }
+    }
+    Ok(left)
+}
+
+/// Where each cluster's HostedClusterPackage says it stands, and which replica it is labelled for: what
+/// to read first when the run did not converge.
+pub async fn rollout_standing(clients: &[Client]) -> Result<(), String> {
+    for (client, cluster) in clients.iter().zip(CLUSTERS) {
+        let h = Api::<HostedClusterPackage>::all(client.clone())
+            .get(NAME)
+            .await
+            .map_err(|e| e.to_string())?;
+        let owner = h
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(SHARD_OWNER_LABEL))
+            .cloned()
+            .unwrap_or_default();
+        let status = h.status.unwrap_or_default();
+        println!(
+            "  {cluster}: HostedClusterPackage on {owner}, generation {:?} observed {}, halted {:?}",
+            h.metadata.generation, status.observed_generation, status.halted
+        );
+        for c in &status.conditions {
+            println!("    {}={} {}: {}", c.type_, c.status, c.reason, c.message);
+        }
+    }
+    Ok(())
+}
+
+/// Watches open at each apiserver: its long-running requests of verb WATCH (`apiserver_longrunning_gauge`
+/// up to Kubernetes 1.22, `apiserver_longrunning_requests` after).
+pub async fn open_watches(servers: &[&ApiServer]) -> Result<Vec<f64>, String> {
+    let mut counts = Vec::new();
+    for server in servers {
+        let client = server.client().await.map_err(|e| e.to_string())?;
+        let request = http::Request::get("/metrics")
+            .body(Vec::new())
+            .map_err(|e| e.to_string())?;
+        let text = client
+            .request_text(request)
+            .await
+            .map_err(|e| format!("{} /metrics: {e}", server.name()))?;
+        counts.push(
+            text.lines()
+                .filter(|l| {
+                    (l.starts_with("apiserver_longrunning_gauge{")
+                        || l.starts_with("apiserver_longrunning_requests{"))
+                        && l.contains("verb=\"WATCH\"")
+                })
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum(),
+        );
+    }
+    Ok(counts)
+}
+
+/// RSS per replica slot: first and last sample and the slope over the last half of the run, for slots
+/// whose process ran through that half. Returns the largest such slope (MiB per minute).
+pub fn print_rss(samples: &[RssSample]) -> Option<f64> {
+    let end = samples.iter().map(|s| s.at).max()?;
+    let half = end / 2;
+    let mut slots: BTreeMap<(usize, usize), Vec<RssSample>> = BTreeMap::new();
+    for s in samples {
+        slots.entry((s.cluster, s.replica)).or_default().push(*s);
+    }
+    println!("manager RSS (MiB) per replica, first → last, slope over the last half:");
+    let mut steepest: Option<f64> = None;
+    for ((c, r), series) in slots {
+        let last_pid = series.last().map(|s| s.pid).unwrap_or(0);
+        let late: Vec<(f64, f64)> = series
+            .iter()
+            .filter(|s| s.at >= half && s.pid == last_pid)
+            .map(|s| (s.at.as_secs_f64(), s.kib as f64 / 1024.0))
+            .collect();
+        let mib = |s: Option<&RssSample>| s.map(|s| s.kib as f64 / 1024.0).unwrap_or(0.0);
+        let (first, last) = (mib(series.first()), mib(series.last()));
+        match slope_per_minute(&late) {
+            Some(slope) => {
+                steepest = Some(steepest.map_or(slope, |s: f64| s.max(slope)));
+                println!(
+                    "  {} replica {r}: {first:.0} → {last:.0}, {slope:+.2} MiB/min",
+                    CLUSTERS[c]
+                );
+            }
+            None => println!(
+                "  {} replica {r}: {first:.0} → {last:.0} (restarted in the last half)",
+                CLUSTERS[c]
+            ),
+        }
+    }
+    steepest
+}
+
+/// Least-squares slope of (seconds, MiB) in MiB per minute; `None` with fewer than 3 points.
+fn slope_per_minute(points: &[(f64, f64)]) -> Option<f64> {
+    if points.len() < 3 {
+        return None;
+    }
+    let n = points.len() as f64;
+    let mean_x = points.iter().map(|p| p.0).sum::<f64>() / n;
+    let mean_y = points.iter().map(|p| p.1).sum::<f64>() / n;
+    let covariance: f64 = points.iter().map(|p| (p.0 - mean_x) * (p.1 - mean_y)).sum();
+    let variance: f64 = points.iter().map(|p| (p.0 - mean_x).powi(2)).sum();
+    (variance > 0.0).then(|| covariance / variance * 60.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_slope_is_per_minute_and_needs_three_points() {
+        let growing = [(0.0, 100.0), (30.0, 101.0), (60.0, 102.0)];
+        assert!((slope_per_minute(&growing).unwrap() - 2.0).abs() < 1e-9);
+        assert_eq!(slope_per_minute(&growing[..2]), None);
+        assert_eq!(
+            slope_per_minute(&[(5.0, 1.0), (5.0, 2.0), (5.0, 3.0)]),
+            None
+        );
+    }
+}
