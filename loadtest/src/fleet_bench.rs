@@ -297,18 +297,35 @@ async fn measure(bench: &FleetBench) -> Result<(), String> {
     Ok(())
 }
 
+/// An apiserver's own metrics (its `/metrics`, as its admin).
+pub(crate) async fn apiserver_metrics(server: &ApiServer) -> Result<String, String> {
+    let client = server.client().await.map_err(|e| e.to_string())?;
+    let request = http::Request::get("/metrics")
+        .body(Vec::new())
+        .map_err(|e| e.to_string())?;
+    client
+        .request_text(request)
+        .await
+        .map_err(|e| format!("{} /metrics: {e}", server.name()))
+}
+
+/// The HostedCluster stand-in and Widget CRDs in `server`, a management cluster of the fleet; its client.
+pub(crate) async fn install_fleet_crds(server: &ApiServer) -> Result<kube::Client, String> {
+    let client = server.client().await.map_err(|e| e.to_string())?;
+    install_hosted_cluster_crd(server)
+        .await
+        .map_err(|e| e.to_string())?;
+    install_widget_crd(&client, WIDGET_GROUP)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(client)
+}
+
 /// Requests served by every apiserver so far, per verb and resource (`apiserver_request_total`).
 async fn request_counts(servers: &[&ApiServer]) -> Result<BTreeMap<String, f64>, String> {
     let mut counts = BTreeMap::new();
     for server in servers {
-        let client = server.client().await.map_err(|e| e.to_string())?;
-        let request = http::Request::get("/metrics")
-            .body(Vec::new())
-            .map_err(|e| e.to_string())?;
-        let text = client
-            .request_text(request)
-            .await
-            .map_err(|e| format!("{} /metrics: {e}", server.name()))?;
+        let text = apiserver_metrics(server).await?;
         for (key, value) in text.lines().filter_map(request_sample) {
             *counts.entry(key).or_insert(0.0) += value;
         }
@@ -383,13 +400,7 @@ async fn start_cluster<'a>(
     manager: &std::path::Path,
     bench: &FleetBench,
 ) -> Result<Cluster<'a>, String> {
-    let client = server.client().await.map_err(|e| e.to_string())?;
-    install_hosted_cluster_crd(server)
-        .await
-        .map_err(|e| e.to_string())?;
-    install_widget_crd(&client, WIDGET_GROUP)
-        .await
-        .map_err(|e| e.to_string())?;
+    let client = install_fleet_crds(server).await?;
     let created: Vec<Result<String, String>> = stream::iter(0..bench.hosted_clusters)
         .map(|i| async move {
             let labels = BTreeMap::from([("fleet".to_owned(), "bench".to_owned())]);

@@ -19,7 +19,7 @@ use pko_testenv::{wait_until, ApiServer, FleetNats};
 use crate::chaos::event_stream::stream_findings;
 use crate::chaos::faults::RssSample;
 use crate::chaos::topology::{ClusterUnderTest, CLUSTERS, NAME};
-use crate::fleet_bench::stored;
+use crate::fleet_bench::{apiserver_metrics, stored};
 
 /// How long deletions may still take at the end (namespaces, ObjectSets' finalizers).
 const CLEANUP_BOUND: Duration = Duration::from_secs(120);
@@ -180,14 +180,7 @@ pub async fn rollout_standing(clients: &[Client]) -> Result<(), String> {
 pub async fn open_watches(servers: &[&ApiServer]) -> Result<Vec<f64>, String> {
     let mut counts = Vec::new();
     for server in servers {
-        let client = server.client().await.map_err(|e| e.to_string())?;
-        let request = http::Request::get("/metrics")
-            .body(Vec::new())
-            .map_err(|e| e.to_string())?;
-        let text = client
-            .request_text(request)
-            .await
-            .map_err(|e| format!("{} /metrics: {e}", server.name()))?;
+        let text = apiserver_metrics(server).await?;
         counts.push(
             text.lines()
                 .filter(|l| {

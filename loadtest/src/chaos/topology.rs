@@ -10,12 +10,14 @@ use kube::api::PostParams;
 use kube::Api;
 use pko_proto::core::hosted_cluster_package::HostedClusterPackage;
 use pko_proto::hypershift::hosted_control_plane_namespace;
-use pko_testenv::workload::{install_widget_crd, WorkloadSimulator, WIDGET_GROUP};
+use pko_testenv::workload::WorkloadSimulator;
 use pko_testenv::{
-    add_hosted_cluster_to, fleet_manager_args, install_hosted_cluster_crd, sharded_manager_args,
-    ApiServer, FleetNats, ManagerLaunch, ManagerProcess, StallProxy, TestEnv,
+    add_hosted_cluster_to, fleet_manager_args, sharded_manager_args, ApiServer, FleetNats,
+    ManagerLaunch, ManagerProcess, StallProxy, TestEnv,
 };
 use serde_json::json;
+
+use crate::fleet_bench::install_fleet_crds;
 
 /// The namespace of the run's HostedClusters.
 pub const HOSTED_CLUSTERS: &str = "chaos";
@@ -71,13 +73,7 @@ pub struct ClusterSetup {
 
 /// CRDs, `size` HostedClusters and the Widget workload in `server`.
 pub async fn prepare(server: &ApiServer, size: usize) -> Result<ClusterSetup, String> {
-    let client = server.client().await.map_err(|e| e.to_string())?;
-    install_hosted_cluster_crd(server)
-        .await
-        .map_err(|e| e.to_string())?;
-    install_widget_crd(&client, WIDGET_GROUP)
-        .await
-        .map_err(|e| e.to_string())?;
+    let client = install_fleet_crds(server).await?;
     let mut hosted = BTreeMap::new();
     for i in 0..size {
         let name = format!("hc-{i:03}");
