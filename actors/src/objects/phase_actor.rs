@@ -129,10 +129,11 @@ impl PhaseActor {
             work.into_actor(self)
                 .map(move |(outcome, applied), act, ctx| {
                     act.applied = applied;
-                    // A phase waiting on its probes looks again with backoff, level-triggered, so a
-                    // status change whose event pko missed cannot wedge it.
+                    // A phase waiting on its probes, or on an object pko does not own, looks again with
+                    // backoff, level-triggered: a status change whose event pko missed, or a colliding
+                    // object deleted (pko does not watch it), cannot wedge it.
                     let retry = match &outcome {
-                        PhaseOutcome::Reconciled(r) => r.transient_error || waits_on_probes(r),
+                        PhaseOutcome::Reconciled(r) => r.transient_error || waits_on_others(r),
                         PhaseOutcome::TornDown(t) => !t.errors.is_empty(),
                     };
                     if !retry {
@@ -175,11 +176,15 @@ impl Handler<UpdatePlan> for PhaseActor {
     }
 }
 
-fn waits_on_probes(report: &PhaseReport) -> bool {
+/// Blocked by what others may change without pko hearing of it: its objects' status, or an object
+/// someone else controls (a collision).
+fn waits_on_others(report: &PhaseReport) -> bool {
     matches!(
         report.progress,
         PhaseProgress::Blocked {
-            reason: BlockReason::ProbeFailure | BlockReason::AwaitingStatus,
+            reason: BlockReason::ProbeFailure
+                | BlockReason::AwaitingStatus
+                | BlockReason::CollisionDetected,
             ..
         }
     )
