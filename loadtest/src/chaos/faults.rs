@@ -17,6 +17,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use crate::chaos::observer::Observed;
 use crate::chaos::schedule::{Fault, FaultKind};
+use crate::chaos::standalone;
 use crate::chaos::topology::{ClusterUnderTest, HOSTED_CLUSTERS};
 
 /// One replica memory sample.
@@ -159,7 +160,10 @@ impl<'a> World<'a> {
             }
             FaultKind::CreateHostedCluster => self.create_hosted_cluster().await,
             FaultKind::DeleteHostedCluster => self.delete_hosted_cluster().await,
-            FaultKind::DeleteObjectSet { orphan } => self.delete_object_set(orphan).await,
+            FaultKind::DeleteObjectSet { orphan: false } => self.delete_object_set().await,
+            FaultKind::DeleteObjectSet { orphan: true } => {
+                standalone::orphan(&self.churned_client().await?).await
+            }
         }
     }
 
@@ -206,10 +210,13 @@ impl<'a> World<'a> {
                 .restart()
                 .await
                 .map_err(|e| e.to_string()),
+            FaultKind::DeleteObjectSet { orphan: true } => {
+                standalone::recreate(&self.churned_client().await?).await
+            }
             FaultKind::RestartApiServer { .. }
             | FaultKind::CreateHostedCluster
             | FaultKind::DeleteHostedCluster
-            | FaultKind::DeleteObjectSet { .. } => Ok(()),
+            | FaultKind::DeleteObjectSet { orphan: false } => Ok(()),
         }
     }
 
@@ -238,9 +245,17 @@ impl<'a> World<'a> {
         Ok(())
     }
 
-    /// Deletes the newest ObjectSet of a Package that is not the canary's (its deployment makes it again);
-    /// with `orphan`, its objects stay for the new one to adopt.
-    async fn delete_object_set(&mut self, orphan: bool) -> Result<(), String> {
+    async fn churned_client(&self) -> Result<kube::Client, String> {
+        self.clusters[self.churned]
+            .server
+            .client()
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    /// Deletes the newest ObjectSet of a Package that is not the canary's, and its objects with it (its
+    /// deployment makes it again).
+    async fn delete_object_set(&mut self) -> Result<(), String> {
         let cluster = &self.clusters[self.churned];
         let namespace = cluster
             .hosted
@@ -260,15 +275,13 @@ impl<'a> World<'a> {
             .filter(|s| s.metadata.deletion_timestamp.is_none())
             .max_by_key(|s| s.metadata.creation_timestamp.clone().map(|t| t.0))
             .ok_or_else(|| format!("no ObjectSet in {namespace}"))?;
-        let params = if orphan {
-            DeleteParams::orphan()
-        } else {
-            DeleteParams::background()
-        };
-        sets.delete(&newest.metadata.name.unwrap_or_default(), &params)
-            .await
-            .map(drop)
-            .map_err(|e| e.to_string())
+        sets.delete(
+            &newest.metadata.name.unwrap_or_default(),
+            &DeleteParams::background(),
+        )
+        .await
+        .map(drop)
+        .map_err(|e| e.to_string())
     }
 
     /// Deletes the newest HostedCluster that is not the canary (the first one), and its HCP namespace.

@@ -4,8 +4,8 @@
 //!
 //! What it holds pko to, per management cluster:
 //! - **budget**: Packages updated to a template and not yet live on it never exceed maxUnavailable
-//!   (Packages created for a new HostedCluster, and ones that were live on their template and then broke,
-//!   are not pko's doing and are left out);
+//!   (Packages created for a new HostedCluster, ones updated while not live already, and ones that were
+//!   live on their template and then broke, are not pko's doing and are left out);
 //! - **containment**: a release broken on the canary HostedCluster never reaches another Package;
 //! - **gate**: a release reaches the gated cluster only after the canary cluster had every Package live on
 //!   it;
@@ -57,6 +57,9 @@ struct PackageState {
     was_live: bool,
     /// Created on `release` (a new HostedCluster's Package: not an update the budget covers).
     created: bool,
+    /// Not live when it was updated to `release`: the update took nothing away that was there, so it costs
+    /// no budget (pko updates such Packages first, for free).
+    disrupted_before: bool,
 }
 
 /// What became of the broken releases: set, taken by the canary, rolled back (after how long), or left
@@ -156,6 +159,11 @@ impl Judge {
             created: match &previous {
                 None => true,
                 Some(p) => p.created && !changed,
+            },
+            disrupted_before: match &previous {
+                Some(p) if changed => !p.live,
+                Some(p) => p.disrupted_before,
+                None => false,
             },
             release: release.clone(),
         };
@@ -299,7 +307,7 @@ impl Judge {
 
     fn in_flight(&self, cluster: usize) -> Vec<String> {
         self.staying(cluster)
-            .filter(|(_, p)| !p.live && !p.was_live && !p.created)
+            .filter(|(_, p)| !p.live && !p.was_live && !p.created && !p.disrupted_before)
             .map(|(ns, p)| format!("{ns} ({})", p.release))
             .collect()
     }
@@ -470,10 +478,13 @@ mod tests {
         // a was live on r1 and broke: not pko's update.
         judge.observe(seen(3, 0, "c", "r1", false));
         assert!(judge.violations.is_empty(), "{:?}", judge.violations);
+        // c was not live when it got r2: updating it took nothing away.
+        judge.observe(seen(4, 0, "c", "r2", false));
+        assert!(judge.violations.is_empty(), "{:?}", judge.violations);
         judge.observe(seen(4, 0, "b", "r2", false));
         assert_eq!(invariants(&judge), ["budget"]);
         assert!(judge.violations[0].what.contains("a (r2), b (r2)"));
-        assert_eq!(judge.violations[0].history.len(), 9);
+        assert_eq!(judge.violations[0].history.len(), 10);
     }
 
     #[test]

@@ -15,6 +15,7 @@ mod observer;
 mod releases;
 mod report;
 mod schedule;
+mod standalone;
 mod topology;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -147,6 +148,7 @@ async fn drive(chaos: &ChaosRun) -> Result<usize, String> {
     for (i, (server, setup)) in servers.iter().zip(&setups).enumerate() {
         clusters.push(topology::start(&env, &nats, &manager, i, server, setup).await?);
     }
+    let kept_uid = standalone::start(&clients[0]).await?;
     let first = release_name(0);
     let image = push_image(&env, &first).await?;
     let _ = to_judge.send(Observed::Release {
@@ -251,6 +253,7 @@ async fn drive(chaos: &ChaosRun) -> Result<usize, String> {
         })
         .collect();
     findings.extend(report::leftovers(&world.clusters).await?);
+    findings.extend(standalone::findings(&clients[0], &kept_uid).await);
     findings.extend(report::double_writers(&servers)?);
     findings.extend(report::event_stream(&nats).await?);
     let watches_after = report::open_watches(&servers).await?;

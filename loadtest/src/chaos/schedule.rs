@@ -32,7 +32,8 @@ pub enum FaultKind {
     CutHubLink { cluster: usize },
     /// The registry killed, started again after `down`.
     RegistryDown,
-    /// The current ObjectSet of a Package deleted, its objects orphaned or not.
+    /// An ObjectSet deleted: a Package's current one with its objects (its deployment makes it again),
+    /// or, `orphan`, the run's own set with `propagationPolicy: Orphan`, made again when the fault ends.
     DeleteObjectSet { orphan: bool },
     /// A HostedCluster (with its HCP namespace) joins the fleet of the management cluster whose
     /// controller-manager runs (it collects what a deletion leaves to the garbage collector).
