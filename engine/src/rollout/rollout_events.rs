@@ -115,7 +115,6 @@ pub fn rollout_steps(
             .update
             .iter()
             .chain(&next.plan.create)
-            .chain(&next.plan.create_proven)
             .any(|u| u == ns)
         {
             steps.push(step(PackageUpdated, group.clone(), namespace.clone()));
@@ -172,7 +171,6 @@ pub fn story_so_far(next: &RolloutView<'_>) -> Vec<RolloutStep> {
             .update
             .iter()
             .chain(&next.plan.create)
-            .chain(&next.plan.create_proven)
             .any(|u| u == ns)
     };
     for (index, group) in next.plan.groups.iter().enumerate() {
@@ -333,6 +331,46 @@ mod tests {
             .iter()
             .map(|s| (s.kind, s.namespace.as_deref().or(s.group.as_deref())))
             .collect()
+    }
+
+    /// A Package created with the last template that finished (its group not reached yet) did not take
+    /// this generation's template: its update comes at its group's turn and is told then, once (the
+    /// stream keeps one event per message id, so telling it at creation would drop the real one).
+    #[test]
+    fn a_package_created_with_the_proven_template_is_updated_once_at_its_groups_turn() {
+        use RolloutEventKind::*;
+        let mut a = input(&[("e", "early", true, false), ("l", "late", false, true)]);
+        a.targets.push(Target {
+            namespace: "joined".into(),
+            label: Some("late".into()),
+            package: None,
+            failure: None,
+        });
+        a.rules.proven_template = true;
+        let pa = plan_rollout(&a);
+        assert_eq!(pa.create_proven, ["joined"]);
+        let view = |input, plan| RolloutView {
+            generation: 2,
+            input,
+            plan,
+        };
+        let told = rollout_steps(None, &view(&a, &pa));
+        assert!(
+            !kinds(&told).contains(&(PackageUpdated, Some("joined"))),
+            "{:?}",
+            kinds(&told)
+        );
+        assert!(!kinds(&story_so_far(&view(&a, &pa))).contains(&(PackageUpdated, Some("joined"))));
+        // Its group's turn: the outdated Package it got is updated, and that is told.
+        let b = input(&[
+            ("e", "early", true, true),
+            ("l", "late", true, true),
+            ("joined", "late", false, true),
+        ]);
+        let pb = plan_rollout(&b);
+        assert_eq!(pb.update, ["joined"]);
+        let told = rollout_steps(Some(&view(&a, &pa)), &view(&b, &pb));
+        assert!(kinds(&told).contains(&(PackageUpdated, Some("joined"))));
     }
 
     #[test]
