@@ -366,15 +366,15 @@ pub fn plan_rollout(input: &RolloutInput) -> RolloutPlan {
             .collect(),
         _ => BTreeSet::new(),
     };
-    let (create_proven, create): (Vec<&Target>, Vec<&Target>) = input
-        .targets
-        .iter()
-        .filter(|t| t.package.is_none())
-        .partition(|t| not_reached.contains(&group_key(t.label.as_deref(), order)));
-    let namespaces = |targets: Vec<&Target>| -> Vec<String> {
-        targets.iter().map(|t| t.namespace.clone()).collect()
-    };
-    let (create, create_proven) = (namespaces(create), namespaces(create_proven));
+    let (mut create, mut create_proven) = (Vec::new(), Vec::new());
+    for t in input.targets.iter().filter(|t| t.package.is_none()) {
+        let list = if not_reached.contains(&group_key(t.label.as_deref(), order)) {
+            &mut create_proven
+        } else {
+            &mut create
+        };
+        list.push(t.namespace.clone());
+    }
 
     let outdated = |t: &Target| t.package.is_some_and(|p| !p.updated && !p.paused);
     let mut update = Vec::new();
