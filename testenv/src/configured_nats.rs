@@ -96,11 +96,13 @@ impl FleetNats {
     /// Cuts (`true`) or restores management cluster `cluster`'s link to the hub: both servers run on,
     /// no byte moves between them. False when the fleet was not started with cuttable links.
     pub fn cut_link(&self, cluster: &str, cut: bool) -> bool {
-        let link = self.links.iter().find(|(name, _)| name == cluster);
-        match link {
-            Some((_, link)) if cut => link.stall(),
-            Some((_, link)) => link.resume(),
-            None => return false,
+        let Some((_, link)) = self.links.iter().find(|(name, _)| name == cluster) else {
+            return false;
+        };
+        if cut {
+            link.stall();
+        } else {
+            link.resume();
         }
         true
     }
