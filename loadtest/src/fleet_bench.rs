@@ -31,7 +31,7 @@ use serde_json::json;
 use crate::object_set_bench::{manager_path, percentile};
 use crate::rollout_bench::usage;
 
-pub(crate) const PACKAGE: [(&str, &str); 2] = [
+const PACKAGE: [(&str, &str); 2] = [
     (
         "manifest.yaml",
         include_str!("../../cmd/kubectl-package/tests/packages/fleet-widget/manifest.yaml"),
@@ -378,12 +378,24 @@ fn print_request_mix(
     }
 }
 
-pub(crate) async fn push_release(env: &TestEnv) -> Result<String, String> {
-    let registry = env.registry().host();
-    let files: PackageFiles = PACKAGE
+/// The fleet-widget package; with `release`, its manifest marked with it, so each release's image has a
+/// digest of its own.
+pub(crate) fn fleet_widget_files(release: Option<&str>) -> PackageFiles {
+    PACKAGE
         .iter()
-        .map(|(path, text)| ((*path).to_owned(), text.as_bytes().to_vec()))
-        .collect();
+        .map(|(path, text)| {
+            let text = match (*path, release) {
+                ("manifest.yaml", Some(release)) => format!("# release {release}\n{text}"),
+                _ => (*text).to_owned(),
+            };
+            ((*path).to_owned(), text.into_bytes())
+        })
+        .collect()
+}
+
+async fn push_release(env: &TestEnv) -> Result<String, String> {
+    let registry = env.registry().host();
+    let files = fleet_widget_files(None);
     let image = format!("{registry}/bench/fleet-widget:v1");
     ImageStore::new(vec![registry])
         .push(&image, &files, &RegistryAuth::Anonymous)

@@ -11,25 +11,23 @@ pub fn stream_findings(
 ) -> Vec<String> {
     let mut findings = Vec::new();
     for (cluster, ids) in own {
-        let mut unique = BTreeSet::new();
-        for id in ids {
-            if !unique.insert(id) {
-                findings.push(format!(
-                    "{cluster}: event {id} stored twice in its own stream"
-                ));
-            }
-        }
+        let (unique, stored_twice) = distinct(ids.iter());
+        findings.extend(
+            stored_twice
+                .iter()
+                .map(|id| format!("{cluster}: event {id} stored twice in its own stream")),
+        );
         let at_hub: Vec<&String> = hub
             .iter()
             .filter(|(source, _)| source == cluster)
             .map(|(_, id)| id)
             .collect();
-        let mut seen = BTreeSet::new();
-        for id in &at_hub {
-            if !seen.insert(*id) {
-                findings.push(format!("{cluster}: event {id} twice at the hub"));
-            }
-        }
+        let (seen, twice_at_hub) = distinct(at_hub.iter().copied());
+        findings.extend(
+            twice_at_hub
+                .iter()
+                .map(|id| format!("{cluster}: event {id} twice at the hub")),
+        );
         let missing: Vec<&String> = ids.iter().filter(|id| !seen.contains(id)).collect();
         if !missing.is_empty() {
             findings.push(format!(
@@ -38,31 +36,31 @@ pub fn stream_findings(
                 missing.first()
             ));
         }
-        let hub_order: Vec<&String> = at_hub
-            .iter()
-            .copied()
-            .filter(|id| unique.contains(id))
-            .collect();
-        let own_order: Vec<&String> = ids.iter().filter(|id| seen.contains(id)).collect();
-        let mut deduped = Vec::new();
-        for id in hub_order {
-            if !deduped.contains(&id) {
-                deduped.push(id);
-            }
-        }
-        let mut own_deduped = Vec::new();
-        for id in own_order {
-            if !own_deduped.contains(&id) {
-                own_deduped.push(id);
-            }
-        }
-        if deduped != own_deduped {
+        let both: BTreeSet<&String> = unique.intersection(&seen).copied().collect();
+        if first_order(at_hub.iter().copied(), &both) != first_order(ids.iter(), &both) {
             findings.push(format!(
                 "{cluster}: the hub holds its events in another order"
             ));
         }
     }
     findings
+}
+
+/// The distinct ids, and every repeat of one (in order).
+fn distinct<'a>(ids: impl Iterator<Item = &'a String>) -> (BTreeSet<&'a String>, Vec<&'a String>) {
+    let mut distinct = BTreeSet::new();
+    let repeats = ids.filter(|id| !distinct.insert(*id)).collect();
+    (distinct, repeats)
+}
+
+/// `ids` in the order each first appears, of those in `both` only.
+fn first_order<'a>(
+    ids: impl Iterator<Item = &'a String>,
+    both: &BTreeSet<&String>,
+) -> Vec<&'a String> {
+    let mut taken = BTreeSet::new();
+    ids.filter(|id| both.contains(id) && taken.insert(*id))
+        .collect()
 }
 
 #[cfg(test)]

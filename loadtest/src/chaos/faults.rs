@@ -18,7 +18,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use crate::chaos::observer::Observed;
 use crate::chaos::schedule::{Fault, FaultKind};
 use crate::chaos::standalone;
-use crate::chaos::topology::{ClusterUnderTest, HOSTED_CLUSTERS};
+use crate::chaos::topology::{ClusterUnderTest, CANARY, CHURNED, HOSTED_CLUSTERS};
 
 /// One replica memory sample.
 #[derive(Debug, Clone, Copy)]
@@ -36,10 +36,11 @@ pub struct World<'a> {
     pub nats: &'a FleetNats,
     pub manager: PathBuf,
     pub clusters: Vec<ClusterUnderTest<'a>>,
-    /// The cluster whose HostedClusters come and go.
-    pub churned: usize,
     pub to_judge: UnboundedSender<Observed>,
+    /// HostedClusters created so far (they are named after the count).
     created: usize,
+    /// ObjectSets deleted so far (each deletion takes the next Package in turn).
+    sets_deleted: usize,
     pub skipped: BTreeMap<&'static str, usize>,
     pub rss: Vec<RssSample>,
 }
@@ -60,9 +61,9 @@ impl<'a> World<'a> {
             nats,
             manager,
             clusters,
-            churned: 0,
             to_judge,
             created: 0,
+            sets_deleted: 0,
             skipped: BTreeMap::new(),
             rss: Vec::new(),
         }
@@ -230,7 +231,7 @@ impl<'a> World<'a> {
     async fn create_hosted_cluster(&mut self) -> Result<(), String> {
         self.created += 1;
         let name = format!("joined-{:03}", self.created);
-        let cluster = &mut self.clusters[self.churned];
+        let cluster = &mut self.clusters[CHURNED];
         let namespace = hosted_control_plane_namespace(HOSTED_CLUSTERS, &name);
         // Reported on before its Package can exist.
         cluster.workload.add_namespace(&namespace);
@@ -246,7 +247,7 @@ impl<'a> World<'a> {
     }
 
     async fn churned_client(&self) -> Result<kube::Client, String> {
-        self.clusters[self.churned]
+        self.clusters[CHURNED]
             .server
             .client()
             .await
@@ -256,14 +257,18 @@ impl<'a> World<'a> {
     /// Deletes the newest ObjectSet of a Package that is not the canary's, and its objects with it (its
     /// deployment makes it again).
     async fn delete_object_set(&mut self) -> Result<(), String> {
-        let cluster = &self.clusters[self.churned];
-        let namespace = cluster
+        let cluster = &self.clusters[CHURNED];
+        let candidates: Vec<&String> = cluster
             .hosted
             .iter()
-            .filter(|(name, _)| name.as_str() != "hc-000")
-            .nth(self.created % cluster.hosted.len().max(1))
-            .map(|(_, ns)| ns.clone())
+            .filter(|(name, _)| name.as_str() != CANARY)
+            .map(|(_, ns)| ns)
+            .collect();
+        let namespace = candidates
+            .get(self.sets_deleted % candidates.len().max(1))
+            .map(|ns| (*ns).clone())
             .ok_or("no Package to delete an ObjectSet of")?;
+        self.sets_deleted += 1;
         let client = cluster.server.client().await.map_err(|e| e.to_string())?;
         let sets: Api<ObjectSet> = Api::namespaced(client, &namespace);
         let newest = sets
@@ -286,12 +291,11 @@ impl<'a> World<'a> {
 
     /// Deletes the newest HostedCluster that is not the canary (the first one), and its HCP namespace.
     async fn delete_hosted_cluster(&mut self) -> Result<(), String> {
-        let churned = self.churned;
-        let cluster = &mut self.clusters[churned];
+        let cluster = &mut self.clusters[CHURNED];
         let Some((name, namespace)) = cluster
             .hosted
             .iter()
-            .filter(|(name, _)| name.as_str() != "hc-000")
+            .filter(|(name, _)| name.as_str() != CANARY)
             .max_by_key(|(name, _)| name.starts_with("joined-"))
             .map(|(n, ns)| (n.clone(), ns.clone()))
         else {
@@ -300,7 +304,7 @@ impl<'a> World<'a> {
         let client = cluster.server.client().await.map_err(|e| e.to_string())?;
         // Told first: the Package may be gone before the delete returns.
         let _ = self.to_judge.send(Observed::Left {
-            cluster: churned,
+            cluster: CHURNED,
             namespace: namespace.clone(),
         });
         Api::<HostedCluster>::namespaced(client.clone(), HOSTED_CLUSTERS)

@@ -62,6 +62,20 @@ struct PackageState {
     disrupted_before: bool,
 }
 
+impl std::fmt::Display for Violation {
+    /// The invariant, when and what, then the observations before it, one per line.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} at {:.1} s: {}\n      {}",
+            self.invariant,
+            self.at.as_secs_f64(),
+            self.what,
+            self.history.join("\n      ")
+        )
+    }
+}
+
 /// What became of the broken releases: set, taken by the canary, rolled back (after how long), or left
 /// for a later release first.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -31,14 +31,14 @@ use pko_testenv::{wait_until, ApiServer, EnvConfig, TestEnv};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::chaos::faults::World;
-use crate::chaos::judge::{Judge, Rules};
+use crate::chaos::judge::{Judge, RollbackTally, Rules};
 use crate::chaos::observer::{watch_packages, Observed};
 use crate::chaos::releases::{
     publish, push_image, release_continuously, release_name, ReleaseTargets,
 };
-use crate::chaos::schedule::{count_by_kind, schedule, Topology};
+use crate::chaos::schedule::{count_by_kind, schedule, Fault, Topology};
 use crate::chaos::topology::{
-    ClusterUnderTest, CANARY, CLUSTERS, HOSTED_CLUSTERS, MAX_UNAVAILABLE, NAME, REPLICAS,
+    ClusterUnderTest, CANARY, CHURNED, CLUSTERS, HOSTED_CLUSTERS, MAX_UNAVAILABLE, NAME, REPLICAS,
 };
 use crate::object_set_bench::{manager_path, percentile};
 
@@ -120,12 +120,12 @@ async fn drive(chaos: &ChaosRun) -> Result<usize, String> {
         .map_err(|e| e.to_string())?;
     let servers: [&ApiServer; 2] = [env.management(), &prod];
     let started = Instant::now();
+    // The canary cluster's canary HostedCluster: the one place a broken release may go.
+    let canary_namespace =
+        pko_proto::hypershift::hosted_control_plane_namespace(HOSTED_CLUSTERS, CANARY);
     let judge = Arc::new(Mutex::new(Judge::new(Rules {
         max_unavailable: MAX_UNAVAILABLE,
-        canary: (
-            0,
-            pko_proto::hypershift::hosted_control_plane_namespace(HOSTED_CLUSTERS, CANARY),
-        ),
+        canary: (0, canary_namespace.clone()),
         gated: Some((1, 0)),
     })));
     let (to_judge, judging) = start_judging(judge.clone());
@@ -148,7 +148,7 @@ async fn drive(chaos: &ChaosRun) -> Result<usize, String> {
     for (i, (server, setup)) in servers.iter().zip(&setups).enumerate() {
         clusters.push(topology::start(&env, &nats, &manager, i, server, setup).await?);
     }
-    let kept_uid = standalone::start(&clients[0]).await?;
+    let kept_uid = standalone::start(&clients[CHURNED]).await?;
     let first = release_name(0);
     let image = push_image(&env, &first).await?;
     let _ = to_judge.send(Observed::Release {
@@ -179,11 +179,6 @@ async fn drive(chaos: &ChaosRun) -> Result<usize, String> {
         replicas: REPLICAS,
     };
     let faults = schedule(chaos.seed, window, &topology);
-    let canary_namespace = clusters[0]
-        .hosted
-        .get(CANARY)
-        .cloned()
-        .ok_or("no canary HostedCluster")?;
     let targets = ReleaseTargets {
         env: &env,
         clients: &clients,
@@ -210,27 +205,8 @@ async fn drive(chaos: &ChaosRun) -> Result<usize, String> {
     };
     judging.abort();
 
-    println!(
-        "faults injected ({} in {:.1} min):",
-        faults.len(),
-        chaos.minutes
-    );
-    for (kind, n) in count_by_kind(&faults) {
-        match world.skipped.get(kind) {
-            Some(skipped) => println!("  {kind}: {n} ({skipped} steps skipped)"),
-            None => println!("  {kind}: {n}"),
-        }
-    }
-    let mut rolled = rollbacks.rolled_back.clone();
-    rolled.sort();
-    println!(
-        "releases: {released} during the faults, then {last}; broken on the canary {}, taken by it {}, rolled back {} (after {}), left for a later release first {}",
-        rollbacks.broken,
-        rollbacks.reached,
-        rolled.len(),
-        rolled.iter().map(|d| format!("{:.0} s", d.as_secs_f64())).collect::<Vec<_>>().join(", "),
-        rollbacks.superseded
-    );
+    print_faults(&faults, &world.skipped, chaos.minutes);
+    print_releases(released, &last, rollbacks);
     if let Err(e) = &converged {
         println!(
             "convergence: not within {} s: {e}",
@@ -240,41 +216,49 @@ async fn drive(chaos: &ChaosRun) -> Result<usize, String> {
     }
     print_convergence(times);
     report::print_rss(&world.rss);
-    let mut findings: Vec<String> = violations
-        .iter()
-        .map(|v| {
-            format!(
-                "{} at {:.1} s: {}\n      {}",
-                v.invariant,
-                v.at.as_secs_f64(),
-                v.what,
-                v.history.join("\n      ")
-            )
-        })
-        .collect();
+    let mut findings: Vec<String> = violations.iter().map(ToString::to_string).collect();
     findings.extend(report::leftovers(&world.clusters).await?);
-    findings.extend(standalone::findings(&clients[0], &kept_uid).await);
+    findings.extend(standalone::findings(&clients[CHURNED], &kept_uid).await);
     findings.extend(report::double_writers(&servers)?);
     findings.extend(report::event_stream(&nats).await?);
     let watches_after = report::open_watches(&servers).await?;
-    for ((server, before), after) in servers.iter().zip(&watches_before).zip(&watches_after) {
-        println!(
-            "{}: open watches {before} when settled, {after} at the end",
-            server.name()
-        );
-        // Every process of the run is the same kind as before the faults: a leak grows with them.
-        if *after > before * 1.5 + 10.0 {
-            findings.push(format!(
-                "watch leak at {}: {before} → {after}",
-                server.name()
-            ));
-        }
-    }
+    findings.extend(report::watch_leaks(
+        &servers,
+        &watches_before,
+        &watches_after,
+    ));
     println!("violations: {}", findings.len());
     for f in &findings {
         println!("  {f}");
     }
     Ok(findings.len())
+}
+
+fn print_faults(faults: &[Fault], skipped: &BTreeMap<&'static str, usize>, minutes: f64) {
+    println!("faults injected ({} in {minutes:.1} min):", faults.len());
+    for (kind, n) in count_by_kind(faults) {
+        match skipped.get(kind) {
+            Some(skipped) => println!("  {kind}: {n} ({skipped} steps skipped)"),
+            None => println!("  {kind}: {n}"),
+        }
+    }
+}
+
+fn print_releases(released: usize, last: &str, tally: RollbackTally) {
+    let mut rolled = tally.rolled_back;
+    rolled.sort();
+    let after: Vec<String> = rolled
+        .iter()
+        .map(|d| format!("{:.0} s", d.as_secs_f64()))
+        .collect();
+    println!(
+        "releases: {released} during the faults, then {last}; broken on the canary {}, taken by it {}, rolled back {} (after {}), left for a later release first {}",
+        tally.broken,
+        tally.reached,
+        rolled.len(),
+        after.join(", "),
+        tally.superseded
+    );
 }
 
 fn print_convergence(mut times: Vec<Duration>) {

@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
 use oci_client::secrets::RegistryAuth;
-use pko_package::files::PackageFiles;
 use pko_package::image::ImageStore;
 use pko_proto::core::hosted_cluster_package::HostedClusterPackage;
 use pko_testenv::workload::WorkloadSimulator;
@@ -17,7 +16,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use crate::chaos::observer::Observed;
 use crate::chaos::topology::NAME;
-use crate::fleet_bench::PACKAGE;
+use crate::fleet_bench::fleet_widget_files;
 
 const RELEASE_EVERY: Duration = Duration::from_secs(30);
 /// One release in this many is broken on the canary HostedCluster.
@@ -34,16 +33,7 @@ pub fn release_name(n: usize) -> String {
 /// each has a digest of its own) and returns its reference, waiting for the registry when it is down.
 pub async fn push_image(env: &TestEnv, release: &str) -> Result<String, String> {
     let registry = env.registry().host();
-    let files: PackageFiles = PACKAGE
-        .iter()
-        .map(|(path, text)| {
-            let text = match *path {
-                "manifest.yaml" => format!("# release {release}\n{text}"),
-                _ => (*text).to_owned(),
-            };
-            ((*path).to_owned(), text.into_bytes())
-        })
-        .collect();
+    let files = fleet_widget_files(Some(release));
     let image = format!("{registry}/chaos/fleet-widget:{release}");
     let store = ImageStore::new(vec![registry]);
     wait_until(&format!("push {image}"), PUBLISH_TIMEOUT, || async {

@@ -195,6 +195,25 @@ pub async fn open_watches(servers: &[&ApiServer]) -> Result<Vec<f64>, String> {
     Ok(counts)
 }
 
+/// Watches each apiserver has open at the end against when the run settled: every process of the run is
+/// of the same kind as before the faults, so a leak grows with them and a restart alone does not.
+pub fn watch_leaks(servers: &[&ApiServer], before: &[f64], after: &[f64]) -> Vec<String> {
+    let mut leaks = Vec::new();
+    for ((server, before), after) in servers.iter().zip(before).zip(after) {
+        println!(
+            "{}: open watches {before} when settled, {after} at the end",
+            server.name()
+        );
+        if *after > before * 1.5 + 10.0 {
+            leaks.push(format!(
+                "watch leak at {}: {before} → {after}",
+                server.name()
+            ));
+        }
+    }
+    leaks
+}
+
 /// RSS per replica slot: first and last sample and the slope over the last half of the run, for slots
 /// whose process ran through that half. Returns the largest such slope (MiB per minute).
 pub fn print_rss(samples: &[RssSample]) -> Option<f64> {

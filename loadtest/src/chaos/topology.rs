@@ -59,6 +59,9 @@ pub const STALLED_REPLICA: usize = REPLICAS - 1;
 pub const MAX_UNAVAILABLE: usize = 2;
 /// The HostedClusterPackage of the run, in every cluster.
 pub const NAME: &str = "chaos";
+/// The management cluster whose HostedClusters and ObjectSets come and go: the canary's, whose
+/// controller-manager collects what a deletion leaves to the garbage collector.
+pub const CHURNED: usize = 0;
 /// The canary HostedCluster of each cluster: its partition group holds only it.
 pub const CANARY: &str = "hc-000";
 const LEASE_SECONDS: u64 = 15;
