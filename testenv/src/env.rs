@@ -11,7 +11,7 @@ use crate::nats::{self, Nats};
 use crate::net::free_port;
 use crate::process::ManagedProcess;
 use crate::registry::{self, Registry};
-use crate::workdir::{new_root_dir, start_on_own_runtime};
+use crate::workdir::{new_root_dir, start_on_own_runtime, KEPT_MARKER};
 use crate::{controller_manager, etcd, webhook};
 
 /// What to start.
@@ -65,6 +65,8 @@ pub struct TestEnv {
     timings: StartupTimings,
     /// The admin token every apiserver of the environment accepts.
     token: String,
+    /// Whether dropping the environment leaves its files (logs, audit logs) for a look afterwards.
+    keep_files: std::sync::atomic::AtomicBool,
 }
 
 impl TestEnv {
@@ -79,6 +81,16 @@ impl TestEnv {
             let _ = std::fs::remove_dir_all(&root);
         }
         result
+    }
+
+    /// Leaves the environment's files (every server's log, the audit logs) when it is dropped, and marks
+    /// them so a later environment's clean-up of dead owners' directories spares them; returns where.
+    pub fn keep_files(&self) -> Result<&Path, TestEnvError> {
+        let marker = self.root.join(KEPT_MARKER);
+        std::fs::write(&marker, b"").map_err(io_error("write", &marker))?;
+        self.keep_files
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        Ok(&self.root)
     }
 
     /// Loopback port the managers serve the admission webhook on; the management apiserver calls it.
@@ -185,7 +197,9 @@ impl Drop for TestEnv {
         self.registry.process.stop();
         self.authenticated_registry.process.stop();
         self.etcd.process.stop();
-        let _ = std::fs::remove_dir_all(&self.root);
+        if !self.keep_files.load(std::sync::atomic::Ordering::Relaxed) {
+            let _ = std::fs::remove_dir_all(&self.root);
+        }
     }
 }
 
@@ -291,6 +305,7 @@ async fn start_in(
         webhook_port,
         timings,
         token,
+        keep_files: std::sync::atomic::AtomicBool::new(false),
     })
 }
 

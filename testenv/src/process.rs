@@ -115,7 +115,6 @@ impl ManagedProcess {
 
     /// Stops the process if it runs and starts `command` in its place, appending to the same log (a
     /// server restarted on its old port and data).
-    #[cfg(feature = "cluster")]
     pub(crate) fn respawn(&self, mut command: Command) -> Result<(), TestEnvError> {
         self.stop();
         let out = std::fs::OpenOptions::new()

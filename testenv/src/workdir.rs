@@ -19,8 +19,12 @@ fn base_dir() -> PathBuf {
     }
 }
 
+/// The file that marks an environment's directory as kept on purpose (`TestEnv::keep_files`).
+pub(crate) const KEPT_MARKER: &str = "kept";
+
 /// A fresh `<base>/<pid>-<n>` directory. Directories of processes that no longer exist (a shared
-/// environment outlives its test binary's statics, so nothing dropped it) are removed first.
+/// environment outlives its test binary's statics, so nothing dropped it) are removed first, except
+/// those kept on purpose.
 pub(crate) fn new_root_dir() -> Result<PathBuf, TestEnvError> {
     use std::sync::atomic::{AtomicU32, Ordering};
     static ENVIRONMENTS: AtomicU32 = AtomicU32::new(0);
@@ -34,7 +38,7 @@ pub(crate) fn new_root_dir() -> Result<PathBuf, TestEnvError> {
                 .next()
                 .and_then(|pid| pid.parse::<u32>().ok())
                 .is_some_and(|pid| Path::new("/proc").join(pid.to_string()).exists());
-            if !owner_alive {
+            if !owner_alive && !entry.path().join(KEPT_MARKER).exists() {
                 let _ = std::fs::remove_dir_all(entry.path());
             }
         }

@@ -231,6 +231,13 @@ async fn drive(chaos: &ChaosRun) -> Result<usize, String> {
     for f in &findings {
         println!("  {f}");
     }
+    if !findings.is_empty() {
+        let kept = env.keep_files().map_err(|e| e.to_string())?;
+        println!(
+            "files of the run (every process's log, the audit logs): {}",
+            kept.display()
+        );
+    }
     Ok(findings.len())
 }
 
