@@ -15,6 +15,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
 use kube::core::GroupVersionKind;
 use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
 use kube::{Api, Client};
 use serde_json::{json, Value};
 
@@ -113,9 +114,12 @@ impl WorkloadSimulator {
         let client = client.clone();
         let failing = broken.clone();
         let task = tokio::spawn(async move {
-            // (namespace, name, generation) already handled.
-            let mut handled: BTreeSet<(String, String, String)> = BTreeSet::new();
-            let mut stream = watcher::watcher(api, watcher::Config::default()).boxed();
+            // (namespace, name, UID, generation) already handled: an object deleted and made again
+            // under its name starts over at generation 1.
+            let mut handled: BTreeSet<(String, String, String, String)> = BTreeSet::new();
+            let mut stream = watcher::watcher(api, watcher::Config::default())
+                .default_backoff()
+                .boxed();
             while let Some(event) = stream.next().await {
                 let Ok(Event::Apply(o) | Event::InitApply(o)) = event else {
                     continue;
@@ -138,7 +142,8 @@ impl WorkloadSimulator {
                         status_pending(&object, "/spec/template/metadata/annotations/release")
                     }
                 };
-                if !pending || !handled.insert((ns.clone(), name.clone(), version.clone())) {
+                let uid = o.metadata.uid.clone().unwrap_or_default();
+                if !pending || !handled.insert((ns.clone(), name.clone(), uid, version.clone())) {
                     continue;
                 }
                 let fails = failing
@@ -155,10 +160,7 @@ impl WorkloadSimulator {
                         Workload::Widgets => widget_status(&version, &release, fails),
                         Workload::Deployments => deployment_status(&version, fails),
                     };
-                    // The object may be gone or replaced meanwhile; the next event says so.
-                    let _ = api
-                        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
-                        .await;
+                    report(&api, &name, &status).await;
                 });
             }
         });
@@ -166,6 +168,31 @@ impl WorkloadSimulator {
             broken,
             namespaces,
             task,
+        }
+    }
+}
+
+/// How long a workload controller keeps trying to report a status the apiserver refused.
+const REPORT_PATIENCE: Duration = Duration::from_secs(120);
+
+/// Writes `status`, again after a failure (the apiserver restarting, say), as a workload's controller
+/// would: each version is reported once, so a lost write would leave it unreported for good. An object
+/// gone meanwhile is not reported on.
+async fn report(api: &Api<DynamicObject>, name: &str, status: &Value) {
+    let started = std::time::Instant::now();
+    let mut pause = Duration::from_millis(250);
+    loop {
+        match api
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(status))
+            .await
+        {
+            Ok(_) => return,
+            Err(kube::Error::Api(e)) if e.code == 404 => return,
+            Err(_) if started.elapsed() >= REPORT_PATIENCE => return,
+            Err(_) => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(8));
+            }
         }
     }
 }

@@ -231,6 +231,115 @@ async fn dropping_an_environment_stops_its_servers_and_removes_its_files() {
     assert!(!root.exists(), "{} not removed", root.display());
 }
 
+/// A run that found something keeps its servers' logs for a look afterwards; the clean-up of dead
+/// owners' directories a later environment does spares them.
+#[tokio::test]
+async fn kept_files_outlive_the_environment_and_the_next_clean_up() {
+    let env = TestEnv::start(MINIMAL).await.unwrap();
+    let root = env.keep_files().unwrap().to_owned();
+    drop(env);
+    assert!(root.join("etcd.log").exists(), "{} removed", root.display());
+    // The owner is gone for the next environment's clean-up only once this process is; a directory
+    // named for a dead pid stands in for it.
+    let dead_owner = root.with_file_name("999999999-0");
+    std::fs::rename(&root, &dead_owner).unwrap();
+    let next = TestEnv::start(MINIMAL).await.unwrap();
+    drop(next);
+    assert!(
+        dead_owner.join("etcd.log").exists(),
+        "kept files cleaned up"
+    );
+    std::fs::remove_dir_all(&dead_owner).unwrap();
+}
+
+/// The stand-in workload controller reports each version of a Widget, also once it was deleted and made
+/// again under its name (its generations start over): the chaos run's Package deletion fault left a
+/// made-again Widget unreported, and its rollout halted on the harness's account.
+#[tokio::test]
+async fn the_workload_simulator_reports_a_widget_made_again_under_its_name() {
+    use kube::api::{DynamicObject, Patch, PatchParams};
+    use pko_testenv::workload::{
+        install_widget_crd, widget_resource, WorkloadSimulator, WIDGET_GROUP,
+    };
+
+    let env = shared().unwrap();
+    let client = env.management().client().await.unwrap();
+    install_widget_crd(&client, WIDGET_GROUP).await.unwrap();
+    let namespace = "simulated-widgets";
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    let _ = namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(serde_json::json!({"metadata": {"name": namespace}})).unwrap(),
+        )
+        .await;
+    let _simulator = WorkloadSimulator::widgets(
+        &client,
+        [namespace.to_owned()].into(),
+        Duration::from_millis(10),
+    );
+    let widgets: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), namespace, &widget_resource());
+    let apply = |release: &'static str| {
+        let widgets = widgets.clone();
+        async move {
+            let widget = serde_json::json!({
+                "apiVersion": format!("{WIDGET_GROUP}/v1"), "kind": "Widget",
+                "metadata": {"name": "w"}, "spec": {"release": release},
+            });
+            let params = PatchParams::apply("environment-test").force();
+            widgets
+                .patch("w", &params, &Patch::Apply(&widget))
+                .await
+                .unwrap()
+        }
+    };
+    let reported = |generation: i64| {
+        let widgets = widgets.clone();
+        async move {
+            wait_until(
+                &format!("generation {generation} reported"),
+                DEADLINE,
+                || {
+                    let widgets = widgets.clone();
+                    async move {
+                        let w = widgets.get("w").await.map_err(|e| e.to_string())?;
+                        let value = serde_json::to_value(&w).map_err(|e| e.to_string())?;
+                        let observed = value.pointer("/status/conditions/0/observedGeneration");
+                        if observed == Some(&serde_json::json!(generation)) {
+                            Ok(())
+                        } else {
+                            Err(format!("status {:?}", value.get("status")))
+                        }
+                    }
+                },
+            )
+            .await
+            .unwrap();
+        }
+    };
+    apply("r1").await;
+    reported(1).await;
+    apply("r2").await;
+    reported(2).await;
+    widgets.delete("w", &DeleteParams::default()).await.unwrap();
+    wait_until("the Widget gone", DEADLINE, || {
+        let widgets = widgets.clone();
+        async move {
+            match widgets.get_opt("w").await.map_err(|e| e.to_string())? {
+                None => Ok(()),
+                Some(_) => Err("still there".to_owned()),
+            }
+        }
+    })
+    .await
+    .unwrap();
+    apply("r3").await;
+    reported(1).await;
+    apply("r4").await;
+    reported(2).await;
+}
+
 const CRASH_CHILD: &str = "PKO_TESTENV_CRASH_CHILD";
 
 /// Run by `servers_die_with_a_crashing_test_process` in a child process: starts servers, then aborts
