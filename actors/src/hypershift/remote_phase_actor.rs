@@ -239,8 +239,10 @@ impl RemotePhaseActor {
             name = phase.name()
         );
         let written = status.clone();
-        ctx.spawn(
-            async move { phase.write_status(client, &written).await }
+        let write = async move { phase.write_status(client, &written).await };
+        self.spawn_write(
+            ctx,
+            write
                 .instrument(span)
                 .into_actor(self)
                 .map(move |result, act, ctx| {

@@ -36,6 +36,7 @@ use crate::runtime::meta_view::MetaView;
 use crate::runtime::object_actor::{
     work, Action, Change, Notice, ObjectActor, Reconcile, Report, Work,
 };
+use crate::runtime::reconcile_gate::{retire, Retiring};
 use crate::runtime::telemetry::CapturedTrace;
 use pko_proto::well_known::DEFAULT_PHASE_CLASS;
 
@@ -78,6 +79,9 @@ pub struct ObjectSetController {
     archival_report: Option<SpawnHandle>,
     /// Whose rights the running phase actors apply with.
     identity: ApplyIdentity,
+    /// Phase actors asked to retire (a plan of another shape, a deletion, a release) that had not
+    /// stopped when last looked at.
+    retiring: Vec<Retiring>,
 }
 
 impl ObjectSetController {
@@ -137,20 +141,20 @@ impl ObjectSetActor {
         }
         self.state.finalizer_write_pending = true;
         let client = self.context.runtime.client.clone();
-        ctx.spawn(
-            async move { set.set_finalizer(client, TEARDOWN_FINALIZER, present).await }
-                .into_actor(self)
-                .map(move |result, act, ctx| {
-                    act.state.finalizer_write_pending = false;
-                    if let Err(e) = result {
-                        // Mostly a conflict with our own status write; by the retry the watch has brought
-                        // the current resourceVersion.
-                        warn!(error = %e, "writing the teardown finalizer failed; retrying");
-                        ctx.run_later(FINALIZER_RETRY, move |act, ctx| {
-                            act.write_finalizer(present, ctx)
-                        });
-                    }
-                }),
+        let write = async move { set.set_finalizer(client, TEARDOWN_FINALIZER, present).await };
+        self.spawn_write(
+            ctx,
+            write.into_actor(self).map(move |result, act, ctx| {
+                act.state.finalizer_write_pending = false;
+                if let Err(e) = result {
+                    // Mostly a conflict with our own status write; by the retry the watch has brought
+                    // the current resourceVersion.
+                    warn!(error = %e, "writing the teardown finalizer failed; retrying");
+                    ctx.run_later(FINALIZER_RETRY, move |act, ctx| {
+                        act.write_finalizer(present, ctx)
+                    });
+                }
+            }),
         );
     }
 
@@ -224,10 +228,19 @@ impl ObjectSetActor {
         self.drive(ctx);
     }
 
+    /// Retires the phase actors: none applies or retries again once its running run ends (a phase left
+    /// to run on could write an object after the set moved to another replica, or after an orphaning).
     fn stop_phases(&mut self) {
-        // Dropping the addresses stops the phase actors once their queues drain.
-        self.state.phases.clear();
+        self.state.retiring.retain_mut(|r| !r.stopped());
+        let retiring = self.state.phases.drain(..).map(|p| retire(&p.actor));
+        self.state.retiring.extend(retiring);
         self.state.object_phase.clear();
+    }
+
+    /// Resolves once every phase actor this set stopped has stopped.
+    fn phases_stopped(&mut self) -> LocalBoxFuture<'static, ()> {
+        self.stop_phases();
+        Box::pin(Retiring::all(std::mem::take(&mut self.state.retiring)))
     }
 
     /// Starts the next step: the first phase without a current report (Active/Paused), or the last phase
@@ -467,8 +480,14 @@ impl Reconcile for ObjectSetController {
         actor: &mut ObjectSetActor,
         _: &mut Context<ObjectSetActor>,
     ) -> Option<LocalBoxFuture<'static, ()>> {
-        actor.stop_phases();
-        None
+        Some(actor.phases_stopped())
+    }
+
+    fn let_go(
+        actor: &mut ObjectSetActor,
+        _: &mut Context<ObjectSetActor>,
+    ) -> Option<LocalBoxFuture<'static, ()>> {
+        Some(actor.phases_stopped())
     }
 
     fn stopped(actor: &mut ObjectSetActor) {

@@ -14,7 +14,7 @@ use crate::engine::objects::phase_plan::{PhasePlan, PhaseReport};
 use crate::objects::applier::Applier;
 use crate::objects::object_cache::ObjectCache;
 use crate::objects::phase_runner::{reconcile_phase, teardown_phase, AppliedHashes};
-use crate::runtime::reconcile_gate::{Backoff, ReconcileGate};
+use crate::runtime::reconcile_gate::{Backoff, ReconcileGate, Retire};
 use crate::runtime::telemetry::{CapturedTrace, TraceCause};
 use tracing::{info_span, Instrument};
 
@@ -163,6 +163,15 @@ impl Handler<PhaseCommand> for PhaseActor {
     fn handle(&mut self, command: PhaseCommand, ctx: &mut Context<Self>) {
         self.command = command;
         self.run(ctx);
+    }
+}
+
+/// The owner stopped (its object deleted, or moved to another replica): the phase applies nothing more,
+/// retries nothing, and stops once its running run ends.
+impl Handler<Retire> for PhaseActor {
+    type Result = ();
+    fn handle(&mut self, retire: Retire, ctx: &mut Context<Self>) {
+        self.gate.retire(ctx, retire);
     }
 }
 

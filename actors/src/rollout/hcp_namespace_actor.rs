@@ -11,7 +11,7 @@ use tracing::{info_span, warn, Instrument, Span};
 
 use crate::engine::objects::object_ref::ObjectKey;
 use crate::manager::context::ManagerContext;
-use crate::runtime::reconcile_gate::{Backoff, ReconcileGate};
+use crate::runtime::reconcile_gate::{Backoff, ReconcileGate, Retire};
 
 const BACKOFF: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
 
@@ -127,6 +127,15 @@ impl HcpNamespaceActor {
 
 impl Actor for HcpNamespaceActor {
     type Context = Context<Self>;
+}
+
+/// The supervisor stopped (its HostedClusterPackage deleted, or moved to another replica): no Package
+/// write starts or is retried from here; the running one ends first.
+impl Handler<Retire> for HcpNamespaceActor {
+    type Result = ();
+    fn handle(&mut self, retire: Retire, ctx: &mut Context<Self>) {
+        self.gate.retire(ctx, retire);
+    }
 }
 
 impl Handler<PackageCommand> for HcpNamespaceActor {

@@ -43,6 +43,7 @@ use crate::runtime::object_actor::{
     done, work, Action, ObjectActor, Reconcile, ReconcileError, Report, Work,
 };
 use crate::runtime::reconcile_gate::Backoff;
+use crate::runtime::reconcile_gate::{retire, Retiring};
 use crate::runtime::telemetry::current_traceparent;
 use pko_proto::well_known::TRACE_PARENT_ANNOTATION;
 
@@ -253,17 +254,33 @@ impl Reconcile for HostedClusterPackageController {
         actor: &mut HostedClusterPackageActor,
         _: &mut Context<HostedClusterPackageActor>,
     ) -> Option<LocalBoxFuture<'static, ()>> {
-        // Its Packages go with it through their owner references.
+        // Its Packages go with it through their owner references; no writer may make one again.
         actor
             .context
             .rollouts
             .clusters
             .remove_selector(&actor.name());
-        None
+        Some(actor.retire_children())
+    }
+
+    /// Moved to another replica: the Package writers end their running write and retry none, so no
+    /// Package spec of this supervisor's lands once the new one decides.
+    fn let_go(
+        actor: &mut HostedClusterPackageActor,
+        _: &mut Context<HostedClusterPackageActor>,
+    ) -> Option<LocalBoxFuture<'static, ()>> {
+        Some(actor.retire_children())
     }
 }
 
 impl HostedClusterPackageActor {
+    /// Retires every HCP namespace writer; resolves once all stopped.
+    fn retire_children(&mut self) -> LocalBoxFuture<'static, ()> {
+        let children = std::mem::take(&mut self.state.children);
+        let retiring = children.values().map(retire).collect();
+        Box::pin(Retiring::all(retiring))
+    }
+
     fn name(&self) -> String {
         self.object
             .as_ref()

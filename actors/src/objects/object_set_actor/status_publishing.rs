@@ -119,14 +119,11 @@ impl ObjectSetActor {
             namespace = set.namespace(),
             name = set.name()
         );
-        ctx.spawn(
-            async move {
-                if let Err(e) = set.write_status(client, &status).await {
-                    warn!(error = %e, "status write failed");
-                }
+        let write = async move {
+            if let Err(e) = set.write_status(client, &status).await {
+                warn!(error = %e, "status write failed");
             }
-            .instrument(span)
-            .into_actor(self),
-        );
+        };
+        self.spawn_write(ctx, write.instrument(span).into_actor(self));
     }
 }
