@@ -79,13 +79,19 @@ pub struct ReleaseTargets<'a> {
     pub canary_namespace: &'a str,
 }
 
+/// Whether each release in turn (r001, r002, ...) is broken on the canary: drawn from `seed` alone.
+pub fn broken_releases(seed: u64) -> impl Iterator<Item = bool> {
+    let mut rng = fastrand::Rng::with_seed(seed.rotate_left(17));
+    std::iter::repeat_with(move || rng.u64(0..BROKEN_ONE_IN) == 0)
+}
+
 /// A release every `RELEASE_EVERY` through `window`, broken ones drawn from `seed`; returns how many.
 pub async fn release_continuously(
     seed: u64,
     window: Duration,
     targets: &ReleaseTargets<'_>,
 ) -> Result<usize, String> {
-    let mut rng = fastrand::Rng::with_seed(seed.rotate_left(17));
+    let mut broken_ones = broken_releases(seed);
     let started = Instant::now();
     let mut n = 0;
     while started.elapsed() + RELEASE_EVERY <= window {
@@ -93,7 +99,7 @@ pub async fn release_continuously(
         tokio::time::sleep(RELEASE_EVERY).await;
         n += 1;
         let release = release_name(n);
-        let broken = rng.u64(0..BROKEN_ONE_IN) == 0;
+        let broken = broken_ones.next().unwrap_or(false);
         publish(targets, &release, broken).await?;
         println!(
             "  {:>7.1}s release {release}{}",

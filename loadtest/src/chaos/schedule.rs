@@ -216,6 +216,21 @@ mod tests {
         }
     }
 
+    /// The seed `loadtest/tests/chaos.rs` runs in CI, three minutes long.
+    const CI_SEED: u64 = 113;
+
+    /// The CI run is short, so its seed must be one that tries everything: every fault kind, and a
+    /// release broken on the canary early enough for its rollback to finish inside the window.
+    #[test]
+    fn the_ci_seed_draws_every_kind_and_an_early_broken_release_in_three_minutes() {
+        let faults = schedule(CI_SEED, Duration::from_secs(180), &TOPOLOGY);
+        assert_eq!(count_by_kind(&faults).len(), 12);
+        let broken: Vec<bool> = crate::chaos::releases::broken_releases(CI_SEED)
+            .take(4)
+            .collect();
+        assert!(broken.contains(&true), "{broken:?}");
+    }
+
     #[test]
     fn a_long_window_holds_every_kind_and_faults_at_once() {
         let faults = schedule(7, Duration::from_secs(20 * 60), &TOPOLOGY);
