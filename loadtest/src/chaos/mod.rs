@@ -215,8 +215,8 @@ async fn drive(chaos: &ChaosRun) -> Result<usize, String> {
         report::rollout_standing(&clients).await?;
     }
     print_convergence(times);
-    report::print_rss(&world.rss);
     let mut findings: Vec<String> = violations.iter().map(ToString::to_string).collect();
+    findings.extend(report::rss_findings(&world.rss));
     findings.extend(report::leftovers(&world.clusters).await?);
     findings.extend(standalone::findings(&clients[CHURNED], &kept_uid).await);
     findings.extend(report::double_writers(&servers)?);

@@ -214,17 +214,37 @@ pub fn watch_leaks(servers: &[&ApiServer], before: &[f64], after: &[f64]) -> Vec
     leaks
 }
 
-/// RSS per replica slot: first and last sample and the slope over the last half of the run, for slots
-/// whose process ran through that half. Returns the largest such slope (MiB per minute).
-pub fn print_rss(samples: &[RssSample]) -> Option<f64> {
-    let end = samples.iter().map(|s| s.at).max()?;
+/// Runs shorter than this say nothing about a leak: a replica started mid-run is still warming up.
+const RSS_JUDGED_FROM: Duration = Duration::from_secs(10 * 60);
+/// The steepest a replica's RSS may rise over the run's last half (least squares, MiB per minute) in a
+/// judged run: the fleet is the same size throughout, so steady growth is a leak.
+const RSS_SLOPE_BOUND: f64 = 1.0;
+
+/// Prints each replica's RSS (first, last, slope over the last half of the run, of the process running
+/// at the end) and returns, for a run of at least [`RSS_JUDGED_FROM`], a finding per replica whose
+/// slope exceeds [`RSS_SLOPE_BOUND`].
+pub fn rss_findings(samples: &[RssSample]) -> Vec<String> {
+    let Some(end) = samples.iter().map(|s| s.at).max() else {
+        return Vec::new();
+    };
     let half = end / 2;
+    let judged = end >= RSS_JUDGED_FROM;
     let mut slots: BTreeMap<(usize, usize), Vec<RssSample>> = BTreeMap::new();
     for s in samples {
         slots.entry((s.cluster, s.replica)).or_default().push(*s);
     }
-    println!("manager RSS (MiB) per replica, first → last, slope over the last half:");
-    let mut steepest: Option<f64> = None;
+    println!(
+        "manager RSS (MiB) per replica, first → last, slope over the last half{}:",
+        if judged {
+            format!(" (bound {RSS_SLOPE_BOUND} MiB/min)")
+        } else {
+            format!(
+                " (not judged: runs of {} min or more are)",
+                RSS_JUDGED_FROM.as_secs() / 60
+            )
+        }
+    );
+    let mut findings = Vec::new();
     for ((c, r), series) in slots {
         let last_pid = series.last().map(|s| s.pid).unwrap_or(0);
         let late: Vec<(f64, f64)> = series
@@ -234,21 +254,22 @@ pub fn print_rss(samples: &[RssSample]) -> Option<f64> {
             .collect();
         let mib = |s: Option<&RssSample>| s.map(|s| s.kib as f64 / 1024.0).unwrap_or(0.0);
         let (first, last) = (mib(series.first()), mib(series.last()));
+        let replica = format!("{} replica {r}", CLUSTERS[c]);
+        // A process that started in the last half has not a whole half behind it to judge.
+        let whole_half = series.iter().any(|s| s.at < half && s.pid == last_pid);
         match slope_per_minute(&late) {
-            Some(slope) => {
-                steepest = Some(steepest.map_or(slope, |s: f64| s.max(slope)));
-                println!(
-                    "  {} replica {r}: {first:.0} → {last:.0}, {slope:+.2} MiB/min",
-                    CLUSTERS[c]
-                );
+            Some(slope) if whole_half => {
+                println!("  {replica}: {first:.0} → {last:.0}, {slope:+.2} MiB/min");
+                if judged && slope > RSS_SLOPE_BOUND {
+                    findings.push(format!(
+                        "RSS of {replica} grows {slope:.2} MiB/min over the run's last half (bound {RSS_SLOPE_BOUND}): {first:.0} → {last:.0} MiB"
+                    ));
+                }
             }
-            None => println!(
-                "  {} replica {r}: {first:.0} → {last:.0} (restarted in the last half)",
-                CLUSTERS[c]
-            ),
+            _ => println!("  {replica}: {first:.0} → {last:.0} (restarted in the last half)"),
         }
     }
-    steepest
+    findings
 }
 
 /// Least-squares slope of (seconds, MiB) in MiB per minute; `None` with fewer than 3 points.
@@ -267,6 +288,35 @@ fn slope_per_minute(points: &[(f64, f64)]) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn samples(
+        minutes: u64,
+        replica: usize,
+        pid_from: impl Fn(u64) -> u32,
+        mib_per_min: f64,
+    ) -> Vec<RssSample> {
+        (0..=minutes * 12)
+            .map(|i| RssSample {
+                at: Duration::from_secs(i * 5),
+                cluster: 0,
+                replica,
+                pid: pid_from(i * 5),
+                kib: ((70.0 + mib_per_min * (i * 5) as f64 / 60.0) * 1024.0) as u64,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn steady_growth_over_a_long_run_is_a_finding_and_a_short_run_or_a_restart_is_not() {
+        let mut long = samples(20, 0, |_| 1, 2.0);
+        long.extend(samples(20, 1, |_| 2, 0.1));
+        // Restarted at minute 15: its last process has no whole half behind it.
+        long.extend(samples(20, 2, |at| if at < 900 { 3 } else { 4 }, 3.0));
+        let findings = rss_findings(&long);
+        assert_eq!(findings.len(), 1, "{findings:?}");
+        assert!(findings[0].contains("canary replica 0"), "{findings:?}");
+        assert!(rss_findings(&samples(3, 0, |_| 1, 5.0)).is_empty());
+    }
 
     #[test]
     fn the_slope_is_per_minute_and_needs_three_points() {
