@@ -39,15 +39,12 @@ use crate::engine::sharding::shard_assignment::{
 use crate::runtime::shard_metrics::ShardMetrics;
 use pko_proto::well_known::SHARD_SUCCESSORS_ANNOTATION;
 
+mod background_relabel;
+use background_relabel::BackgroundRelabel;
+
 /// Label writes in flight at once for what waits on them (new objects, drains, released objects); the
 /// manager's client allows 32 requests at once (`--max-in-flight-requests`).
 const WRITE_CONCURRENCY: usize = 32;
-/// Relabels of taken-over objects in flight at once: they move no work (the successor already works on
-/// them), so they yield the apiserver to the successors' re-lists and reconciles.
-const RELABEL_CONCURRENCY: usize = 4;
-/// How long a relabel waits after it is queued: a take-over queues the departed member's whole share at
-/// once, while the successors list that share; their lists come first (`takeover_lists`).
-const RELABEL_DELAY: Duration = Duration::from_secs(10);
 /// How long a label write waits for its echo before it is written again. Events the watch delivers
 /// after a write may predate it (a backlog of status updates): they must not trigger the same write
 /// again and again.
@@ -226,7 +223,11 @@ pub async fn run(
                 match action {
                     // The label follows the work in the background.
                     Some(LabelAction::Follow(member)) => {
-                        relabel.queue(id, &kinds[id.kind].resource, member);
+                        if let Some(departed) = objects.get(id).and_then(|p| p.holder.clone()) {
+                            let object = (id.namespace.as_deref(), id.name.as_str());
+                            let resource = &kinds[id.kind].resource;
+                            relabel.queue(id, object, resource, departed, member);
+                        }
                     }
                     Some(action) => {
                         relabel.settled(id);
@@ -392,7 +393,7 @@ fn absorb(
     kinds: &[ShardedKind],
     placements: &mut Placements,
     dirty: &mut BTreeSet<ShardKey>,
-    relabel: &BackgroundRelabel,
+    relabel: &BackgroundRelabel<ObjectId>,
     unechoed: &mut HashMap<ObjectId, (LabelAction, Instant)>,
     kind: usize,
     event: Result<Event<Meta>, watcher::Error>,
@@ -519,73 +520,6 @@ async fn write_label(
         Err(_) => {
             warn!(object = %id.name, "writing shard labels timed out");
             false
-        }
-    }
-}
-
-/// Relabels taken-over objects for their successor, a few at a time, off the coordinator's loop (so new
-/// objects and drains are labelled meanwhile). An object is queued once, until the coordinator sees its
-/// label settled (or its write failed: then the next pass over its key queues it again). Relabelling for the member that works on
-/// an object never moves work, whatever happens meanwhile: a label naming a successor that departed in
-/// turn resolves to the same worker through that successor's own record.
-struct BackgroundRelabel {
-    queue: tokio::sync::mpsc::UnboundedSender<(ObjectId, ApiResource, Member, Instant)>,
-    queued: std::sync::Arc<std::sync::Mutex<HashSet<ObjectId>>>,
-}
-
-impl BackgroundRelabel {
-    fn start(client: Client, metrics: ShardMetrics) -> Self {
-        let (queue, receiver) = tokio::sync::mpsc::unbounded_channel();
-        let queued = std::sync::Arc::new(std::sync::Mutex::new(HashSet::new()));
-        let done = queued.clone();
-        let items = stream::unfold(receiver, |mut receiver| async move {
-            let item = receiver.recv().await?;
-            Some((item, receiver))
-        });
-        tokio::spawn(items.for_each_concurrent(
-            RELABEL_CONCURRENCY,
-            move |(id, resource, member, queued): (ObjectId, ApiResource, Member, Instant)| {
-                let (client, metrics, done) = (client.clone(), metrics.clone(), done.clone());
-                async move {
-                    tokio::time::sleep_until((queued + RELABEL_DELAY).into()).await;
-                    let key = id.clone();
-                    let written = write_label(
-                        &client,
-                        &resource,
-                        id,
-                        LabelAction::Follow(member),
-                        &metrics,
-                    )
-                    .await;
-                    if !written {
-                        if let Ok(mut queued) = done.lock() {
-                            queued.remove(&key);
-                        }
-                    }
-                }
-            },
-        ));
-        Self { queue, queued }
-    }
-
-    /// The coordinator saw `id` needing no background relabel (any more).
-    fn settled(&self, id: &ObjectId) {
-        if let Ok(mut queued) = self.queued.lock() {
-            queued.remove(id);
-        }
-    }
-
-    fn queue(&self, id: &ObjectId, resource: &ApiResource, member: Member) {
-        let Ok(mut queued) = self.queued.lock() else {
-            return;
-        };
-        if queued.insert(id.clone())
-            && self
-                .queue
-                .send((id.clone(), resource.clone(), member, Instant::now()))
-                .is_err()
-        {
-            queued.remove(id);
         }
     }
 }
