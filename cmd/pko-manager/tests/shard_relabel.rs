@@ -12,7 +12,6 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
-use k8s_openapi::api::coordination::v1::Lease;
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::Api;
@@ -20,9 +19,10 @@ use pko_proto::core::object_set::ObjectSet;
 use pko_proto::well_known::{
     shard_member_lease, SHARD_DRAIN_LABEL, SHARD_OWNER_LABEL, SHARD_SUCCESSORS_ANNOTATION,
 };
-use pko_testenv::{sharded_manager_args, wait_until, SHARD_COORDINATOR_LEASE};
+use pko_testenv::wait_until;
 use serde_json::json;
 
+use common::shard_group::{shard_group, wait_coordinating};
 use common::*;
 
 const LEASE_SECONDS: u64 = 3;
@@ -87,32 +87,12 @@ async fn owners(client: &kube::Client, namespaces: &[String]) -> BTreeMap<String
 async fn a_member_joining_during_a_take_over_keeps_the_keys_it_was_given() {
     let env = env();
     let client = env.management().client().await.unwrap();
-    let lease_ns = env
-        .management()
-        .create_namespace("relabel-leases")
-        .await
-        .unwrap();
-    let args = sharded_manager_args(&lease_ns, LEASE_SECONDS);
+    let (leases, args) = shard_group("relabel-leases", LEASE_SECONDS).await;
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let binary = Path::new(env!("CARGO_BIN_EXE_pko-manager"));
-    let leases = Api::<Lease>::namespaced(client.clone(), &lease_ns);
     let coordinator = env.start_manager(binary, &args).await.unwrap();
     let coordinator_pid = format!("-{}", coordinator.pid().unwrap());
-    wait_until("the first replica coordinates", TIMEOUT, || async {
-        let holder = leases
-            .get_opt(SHARD_COORDINATOR_LEASE)
-            .await
-            .map_err(|e| e.to_string())?
-            .and_then(|l| l.spec?.holder_identity)
-            .unwrap_or_default();
-        if holder.ends_with(&coordinator_pid) {
-            Ok(())
-        } else {
-            Err(holder)
-        }
-    })
-    .await
-    .unwrap();
+    wait_coordinating(&leases, &coordinator).await;
     let departing = env.start_manager(binary, &args).await.unwrap();
     let departing_pid = format!("-{}", departing.pid().unwrap());
     let mut namespaces = Vec::new();

@@ -11,7 +11,6 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::Api;
 use pko_proto::core::hosted_cluster_package::HostedClusterPackage;
@@ -19,10 +18,11 @@ use pko_proto::core::object_set::ObjectSet;
 use pko_proto::core::package::Package;
 use pko_proto::well_known::{HOSTED_CLUSTER_PACKAGE_LABEL, SHARD_OWNER_LABEL};
 use pko_proto::well_known::{SHARD_MEMBER_LABEL, SHARD_SUCCESSORS_ANNOTATION};
-use pko_testenv::{sharded_manager_args, wait_until, SHARD_COORDINATOR_LEASE};
+use pko_testenv::{wait_until, SHARD_COORDINATOR_LEASE};
 use serde_json::json;
 
 use common::rollout::{all_available, condition, fleet, hcpkg, wait_status, RolloutObserver};
+use common::shard_group::{shard_group, wait_coordinating};
 use common::*;
 
 const LEASE_SECONDS: u64 = 3;
@@ -63,18 +63,12 @@ async fn owners(client: &kube::Client, namespaces: &[String]) -> BTreeMap<String
 async fn replicas_share_namespaces_and_take_over_a_killed_one() {
     let env = env();
     let client = env.management().client().await.unwrap();
-    let lease_ns = env
-        .management()
-        .create_namespace("shard-leases")
-        .await
-        .unwrap();
-    let args = sharded_manager_args(&lease_ns, LEASE_SECONDS);
+    let (leases, args) = shard_group("shard-leases", LEASE_SECONDS).await;
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let binary = Path::new(env!("CARGO_BIN_EXE_pko-manager"));
     // Clocks apart (issue 39, item 1): the coordinator's runs 30 s ahead, another replica's 30 s behind.
     // Leases are timed from when each was seen renewed, so every replica stays a member.
     let mut replicas: Vec<pko_testenv::ManagerProcess> = Vec::new();
-    let leases = Api::<Lease>::namespaced(client.clone(), &lease_ns);
     for offset in [Some("+30s"), None, Some("-30s")] {
         let launch = pko_testenv::ManagerLaunch {
             clock_offset: offset,
@@ -86,22 +80,7 @@ async fn replicas_share_namespaces_and_take_over_a_killed_one() {
                 .unwrap(),
         );
         if replicas.len() == 1 {
-            let pid = format!("-{}", replicas[0].pid().unwrap());
-            wait_until("the first replica coordinates", TIMEOUT, || async {
-                let holder = leases
-                    .get_opt(SHARD_COORDINATOR_LEASE)
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .and_then(|l| l.spec?.holder_identity)
-                    .unwrap_or_default();
-                if holder.ends_with(&pid) {
-                    Ok(())
-                } else {
-                    Err(holder)
-                }
-            })
-            .await
-            .unwrap();
+            wait_coordinating(&leases, &replicas[0]).await;
         }
     }
     let mut namespaces = Vec::new();

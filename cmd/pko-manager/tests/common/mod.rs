@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod rollout;
+pub mod shard_group;
 pub mod shipped;
 pub mod workload;
 
