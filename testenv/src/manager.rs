@@ -80,6 +80,11 @@ impl ManagerProcess {
         self.process.wait_exit(timeout).await
     }
 
+    /// An error (with the exit status and the log's tail) once the process has exited.
+    pub fn check_running(&self) -> Result<(), TestEnvError> {
+        self.process.check_running()
+    }
+
     /// Freezes the process (SIGSTOP): it holds its connections but neither reads nor writes.
     pub fn pause(&self) -> Result<(), TestEnvError> {
         self.process.signal("-STOP")

@@ -3,7 +3,7 @@
 //! target's apiserver away at that moment) is counted as skipped, not retried: the schedule stays the
 //! seed's.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -43,6 +43,10 @@ pub struct World<'a> {
     sets_deleted: usize,
     pub skipped: BTreeMap<&'static str, usize>,
     pub rss: Vec<RssSample>,
+    /// Replicas a SIGKILL fault holds down until it ends: (cluster, replica).
+    held_down: BTreeSet<(usize, usize)>,
+    /// Replicas started again after they exited on their own (a Lease lost while paused or cut off).
+    pub restarted: usize,
 }
 
 /// How often replica memory is sampled.
@@ -66,7 +70,67 @@ impl<'a> World<'a> {
             sets_deleted: 0,
             skipped: BTreeMap::new(),
             rss: Vec::new(),
+            held_down: BTreeSet::new(),
+            restarted: 0,
         }
+    }
+
+    /// Starts again, as their Deployment's kubelet would, the replicas that exited on their own (pko
+    /// exits when it cannot renew its Lease in time: paused past it, or cut off from its apiserver);
+    /// ones a kill fault holds down wait for its end.
+    pub fn restart_exited(&mut self, started: Instant) {
+        for c in 0..self.clusters.len() {
+            for r in 0..self.clusters[c].replicas.len() {
+                if self.held_down.contains(&(c, r))
+                    || self.clusters[c].replicas[r].check_running().is_ok()
+                {
+                    continue;
+                }
+                match self.restart_replica(c, r) {
+                    Ok(()) => {
+                        self.restarted += 1;
+                        println!(
+                            "  {:>7.1}s {} replica {r} exited on its own; started again",
+                            started.elapsed().as_secs_f64(),
+                            self.clusters[c].name
+                        );
+                    }
+                    Err(e) => println!(
+                        "  {:>7.1}s {} replica {r} exited; starting it again failed: {e}",
+                        started.elapsed().as_secs_f64(),
+                        self.clusters[c].name
+                    ),
+                }
+            }
+        }
+    }
+
+    /// Keeps the replicas running (see [`World::restart_exited`]) until `until` finishes.
+    pub async fn tend_until<T>(
+        &mut self,
+        started: Instant,
+        until: impl std::future::Future<Output = T>,
+    ) -> T {
+        tokio::pin!(until);
+        let mut tending = tokio::time::interval(RSS_SAMPLE);
+        loop {
+            tokio::select! {
+                done = &mut until => return done,
+                _ = tending.tick() => self.restart_exited(started),
+            }
+        }
+    }
+
+    fn restart_replica(&mut self, cluster: usize, replica: usize) -> Result<(), String> {
+        let c = &self.clusters[cluster];
+        let launch = c.launch(replica, self.leaf(cluster)?);
+        let args: Vec<&str> = c.args.iter().map(String::as_str).collect();
+        let started = self
+            .env
+            .spawn_manager_with(&self.manager, &launch, &args)
+            .map_err(|e| e.to_string())?;
+        self.clusters[cluster].replicas[replica] = started;
+        Ok(())
     }
 
     /// Carries out `faults` from `started`, each begun and undone at its time; returns when the last
@@ -86,7 +150,10 @@ impl<'a> World<'a> {
             loop {
                 tokio::select! {
                     () = &mut due => break,
-                    _ = sampling.tick() => self.sample_rss(started),
+                    _ = sampling.tick() => {
+                        self.sample_rss(started);
+                        self.restart_exited(started);
+                    }
                 }
             }
             let fault = &faults[i];
@@ -130,6 +197,7 @@ impl<'a> World<'a> {
     async fn begin(&mut self, kind: &FaultKind) -> Result<(), String> {
         match *kind {
             FaultKind::KillManager { cluster, replica } => {
+                self.held_down.insert((cluster, replica));
                 self.clusters[cluster].replicas[replica].kill();
                 Ok(())
             }
@@ -180,15 +248,8 @@ impl<'a> World<'a> {
     async fn end(&mut self, kind: &FaultKind) -> Result<(), String> {
         match *kind {
             FaultKind::KillManager { cluster, replica } => {
-                let c = &self.clusters[cluster];
-                let launch = c.launch(replica, self.leaf(cluster)?);
-                let args: Vec<&str> = c.args.iter().map(String::as_str).collect();
-                let started = self
-                    .env
-                    .spawn_manager_with(&self.manager, &launch, &args)
-                    .map_err(|e| e.to_string())?;
-                self.clusters[cluster].replicas[replica] = started;
-                Ok(())
+                self.held_down.remove(&(cluster, replica));
+                self.restart_replica(cluster, replica)
             }
             FaultKind::PauseManager { cluster, replica } => self.clusters[cluster].replicas
                 [replica]

@@ -197,7 +197,10 @@ async fn drive(chaos: &ChaosRun) -> Result<usize, String> {
     publish(&targets, &last, false).await?;
     let quiet_from = started.elapsed();
     let expected_now = expected(&world.clusters);
-    let converged = wait_converged(&judge, &expected_now, &last).await;
+    let converged = world
+        .tend_until(window_start, wait_converged(&judge, &expected_now, &last))
+        .await;
+    world.restart_exited(window_start);
     let (violations, times, rollbacks) = {
         let mut judge = judge.lock().unwrap_or_else(|p| p.into_inner());
         let times = judge.finish(started.elapsed(), &last, quiet_from, &expected_now);
@@ -206,6 +209,10 @@ async fn drive(chaos: &ChaosRun) -> Result<usize, String> {
     judging.abort();
 
     print_faults(&faults, &world.skipped, chaos.minutes);
+    println!(
+        "replicas that exited on their own (a Lease lost) and were started again: {}",
+        world.restarted
+    );
     print_releases(released, &last, rollbacks);
     if let Err(e) = &converged {
         println!(
