@@ -212,7 +212,13 @@ where
     wait_until(&format!("{name} deleted"), TIMEOUT, || async {
         match api.get_opt(name).await.map_err(|e| e.to_string())? {
             None => Ok(()),
-            Some(_) => Err("still there".to_owned()),
+            // What holds it, should it stay: its finalizers (a foreground deletion waits on its
+            // dependents) and since when it is being deleted.
+            Some(object) => Err(format!(
+                "still there: finalizers {:?}, deletion requested {:?}",
+                object.meta().finalizers,
+                object.meta().deletion_timestamp.as_ref().map(|t| t.0)
+            )),
         }
     })
     .await
