@@ -115,6 +115,37 @@ pub fn shard_write_audit(audit_log: &Path) -> Result<WriteAudit, TestEnvError> {
     Ok(audit)
 }
 
+/// The names of the `resource` objects a manager made in `namespace` (successful creates), in the order
+/// the audit log has them.
+pub fn manager_creates(
+    audit_log: &Path,
+    resource: &str,
+    namespace: &str,
+) -> Result<Vec<String>, TestEnvError> {
+    let text = std::fs::read_to_string(audit_log).map_err(io_error("read", audit_log))?;
+    Ok(text
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|event| {
+            let object = &event["objectRef"];
+            event["stage"] == "ResponseComplete"
+                && event["verb"] == "create"
+                && event["responseStatus"]["code"] == 201
+                && event["userAgent"]
+                    .as_str()
+                    .is_some_and(|agent| agent.starts_with("pko-manager/"))
+                && object["resource"] == resource
+                && object["namespace"] == namespace
+        })
+        .map(|event| {
+            event["objectRef"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .collect())
+}
+
 /// The member Lease of the replica behind a user agent `pko-manager/<version> (<identity>)`.
 fn member_lease(agent: &str) -> String {
     let identity = agent

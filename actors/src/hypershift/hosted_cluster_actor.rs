@@ -227,6 +227,7 @@ impl Reconcile for HostedClusterController {
     type Object = HostedCluster;
     type Reported = ();
     const CONTROLLER: &'static str = "hosted_cluster";
+    const RECONCILED_WHILE_DELETING: bool = true;
     const BACKOFF: Backoff = Backoff::new(BACKOFF_MIN, Duration::from_secs(120));
 
     /// Credentials fall due for renewal with time alone: look again six times per validity.

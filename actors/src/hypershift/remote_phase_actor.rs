@@ -82,6 +82,7 @@ impl Reconcile for RemotePhaseController {
     type Object = SetObject;
     type Reported = ();
     const CONTROLLER: &'static str = "remote_phase";
+    const RECONCILED_WHILE_DELETING: bool = true;
     const BACKOFF: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
     /// The connector repairs drift it sees; re-sending now and then covers what it cannot see (a
     /// restarted connector starts empty and a hello can be lost).

@@ -306,6 +306,7 @@ impl Reconcile for ObjectSetController {
     type Object = SetObject;
     type Reported = Vec<Condition>;
     const CONTROLLER: &'static str = "object_set";
+    const RECONCILED_WHILE_DELETING: bool = true;
     /// Phase reports and object events must not reach a half-installed plan.
     const EXCLUSIVE: bool = true;
 

@@ -40,7 +40,7 @@ use crate::objects::object_meta::{event_reference, write_status_over};
 use crate::rollout::hcp_namespace_actor::{HcpNamespaceActor, PackageCommand};
 use crate::rollout::hosted_cluster_index::SelectionChanged;
 use crate::runtime::object_actor::{
-    done, work, Action, ObjectActor, Reconcile, ReconcileError, Report, Work,
+    done, work, Action, Change, ObjectActor, Reconcile, ReconcileError, Report, Work,
 };
 use crate::runtime::reconcile_gate::Backoff;
 use crate::runtime::reconcile_gate::{retire, Retiring};
@@ -164,6 +164,24 @@ impl Reconcile for HostedClusterPackageController {
     type Reported = ();
     const CONTROLLER: &'static str = "hosted_cluster_package";
     const BACKOFF: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
+
+    /// Being deleted, it is not reconciled again (`Reconcile::RECONCILED_WHILE_DELETING`), and no Package
+    /// writer it started may make a Package the collector already deleted.
+    fn observed(
+        actor: &mut HostedClusterPackageActor,
+        change: Change,
+        _: &mut Context<HostedClusterPackageActor>,
+    ) -> Change {
+        let deleting = actor
+            .object
+            .as_ref()
+            .is_some_and(|h| h.metadata.deletion_timestamp.is_some());
+        if deleting && !actor.state.children.is_empty() {
+            // The writers stop on their own; nothing waits for them here.
+            drop(actor.retire_children());
+        }
+        change
+    }
 
     fn reconcile(
         actor: &mut HostedClusterPackageActor,

@@ -134,6 +134,12 @@ pub trait Reconcile: Default + Sized + Unpin + 'static {
     /// Whether a running reconcile holds the actor's other messages until it ends (`ctx.wait`), for
     /// actors whose messages must not see a half-installed reconcile.
     const EXCLUSIVE: bool = false;
+    /// Whether an object being deleted (a deletionTimestamp) is still reconciled. By default it is not:
+    /// what it made goes with it through the garbage collector, and a reconcile could only make a
+    /// dependent again (a revision, a deployment, a Package), which a foreground deletion then waits on
+    /// and deletes in turn, for as long as pko keeps making them. Kinds that tear down under a
+    /// finalizer of their own, or that do not own what they act on, say `true`.
+    const RECONCILED_WHILE_DELETING: bool = false;
     /// Reconcile again this long (jittered, `[d/2, d)`) after a successful reconcile even without an
     /// event: drift repair where no watch reports drift, or work that falls due with time.
     fn resync(_context: &Self::Shared) -> Option<Duration> {
@@ -323,6 +329,9 @@ impl<R: Reconcile> ObjectActor<R> {
         let Some(object) = self.object.clone() else {
             return;
         };
+        if !R::RECONCILED_WHILE_DELETING && object.meta().deletion_timestamp.is_some() {
+            return;
+        }
         if !self.gate.try_start(ctx) {
             return;
         }

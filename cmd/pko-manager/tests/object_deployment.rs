@@ -636,3 +636,57 @@ async fn revision_series_go_with_the_revisions_the_history_limit_deletes() {
         }
     }
 }
+
+/// A deployment being deleted makes no revision again. A foreground deletion deletes its sets first; a
+/// set made again once the last one went holds the deletion up (and a Package's above it) for as long as
+/// pko keeps making them: CI saw a foreground-deleted Package stay for over a minute.
+#[tokio::test]
+async fn a_deployment_being_deleted_makes_no_revision_again() {
+    let (client, ns) = setup("od-deleting").await;
+    let api = Api::<ObjectDeployment>::namespaced(client.clone(), &ns);
+    // Someone else's finalizer keeps the deployment once the collector is done with it.
+    const HOLD: &str = "example.com/hold";
+    let mut od = deployment("web", vec![configmap("conf", json!({"v": "1"}))], json!({}));
+    od.metadata.finalizers = Some(vec![HOLD.to_owned()]);
+    api.create(&PostParams::default(), &od).await.unwrap();
+    wait_deployment(&client, &ns, "web", "available", |od| {
+        condition(od, "Available").is_some_and(|(s, _)| s == "True")
+    })
+    .await;
+
+    api.delete("web", &kube::api::DeleteParams::foreground())
+        .await
+        .unwrap();
+    wait_until(
+        "the collector done with the deployment",
+        TIMEOUT,
+        || async {
+            let od = api.get("web").await.map_err(|e| e.to_string())?;
+            let sets: Vec<_> = sets_of(&client, &ns, "web")
+                .await
+                .into_iter()
+                .filter_map(|s| s.metadata.name)
+                .collect();
+            let finalizers = od.metadata.finalizers.unwrap_or_default();
+            if sets.is_empty() && finalizers == [HOLD] {
+                Ok(())
+            } else {
+                Err(format!("sets {sets:?}, finalizers {finalizers:?}"))
+            }
+        },
+    )
+    .await
+    .unwrap();
+    let audit = env().management().audit_log_path();
+    let created = pko_testenv::manager_creates(&audit, "objectsets", &ns).unwrap();
+    assert_eq!(created.len(), 1, "sets made: {created:?}");
+
+    api.patch(
+        "web",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .unwrap();
+    wait_gone(&api, "web").await;
+}
