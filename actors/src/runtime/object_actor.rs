@@ -235,6 +235,9 @@ pub struct Report<T> {
     pub notice: Option<Notice>,
 }
 
+/// A release still unanswered this long is logged with what it waits on.
+const RELEASE_REPORTED_AFTER: Duration = Duration::from_secs(15);
+
 /// Events to raise about one object.
 #[derive(Debug, Clone)]
 pub struct Notice {
@@ -509,6 +512,20 @@ impl<R: Reconcile> Handler<Release> for ObjectActor<R> {
         if let Some(handle) = self.next_run.take() {
             ctx.cancel_future(handle);
         }
+        // A hand-off holds the key unworked until the release is answered: one that lasts is told, with
+        // what it waits on.
+        ctx.run_later(RELEASE_REPORTED_AFTER, |act, _| {
+            if act.releasing.is_some() {
+                warn!(
+                    controller = R::CONTROLLER,
+                    object = ?act.object.as_ref().map(R::key),
+                    reconcile_running = act.gate.is_running(),
+                    writes_in_flight = act.writes_in_flight,
+                    parts_stopping = act.letting_go,
+                    "a release is still waiting"
+                );
+            }
+        });
         self.release_when_idle(ctx);
     }
 }

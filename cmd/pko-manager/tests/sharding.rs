@@ -9,7 +9,7 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::Api;
@@ -254,6 +254,8 @@ async fn replicas_share_namespaces_and_take_over_a_killed_one() {
     .unwrap();
     replicas.remove(victim);
     replicas.push(env.start_manager(binary, &args).await.unwrap());
+    // Every replica's log, the departed ones' too: a key stuck mid-hand-off is told by both sides.
+    let mut logs: Vec<PathBuf> = replicas.iter().map(|r| r.log_path().to_owned()).collect();
 
     // A fleet of 24: its Packages spread over all three replicas.
     let risks = [None; 24];
@@ -274,7 +276,7 @@ async fn replicas_share_namespaces_and_take_over_a_killed_one() {
     )
     .await
     .unwrap();
-    let log = || String::new();
+    let log = || replica_log_tails(&logs);
     wait_status(&api, &name, log, "24/24 available on v1", |h| {
         all_available(h, 24)
     })
@@ -294,7 +296,7 @@ async fn replicas_share_namespaces_and_take_over_a_killed_one() {
     );
 
     // v2, with one replica killed once a few Packages took it.
-    let rolled = roll(&client, &api, &name, &v2, &group_of, || {
+    let rolled = roll(&client, &api, &name, &v2, &group_of, &logs, || {
         let victim = replicas.remove(0);
         victim.kill();
     })
@@ -306,7 +308,8 @@ async fn replicas_share_namespaces_and_take_over_a_killed_one() {
     replicas.push(env.start_manager(binary, &args).await.unwrap());
     assert_eq!(replicas.len(), 3);
     replicas.push(env.start_manager(binary, &args).await.unwrap());
-    let rolled = roll(&client, &api, &name, &v3, &group_of, || {
+    logs.extend(replicas[2..].iter().map(|r| r.log_path().to_owned()));
+    let rolled = roll(&client, &api, &name, &v3, &group_of, &logs, || {
         let stopped = replicas.remove(0);
         let killed = replicas.remove(0);
         std::thread::spawn(move || {
@@ -359,6 +362,7 @@ async fn roll(
     name: &str,
     image: &str,
     group_of: &BTreeMap<String, usize>,
+    logs: &[PathBuf],
     meanwhile: impl FnOnce(),
 ) -> Vec<String> {
     let spec = json!({"image": image, "config": {"greeting": "hi"}});
@@ -382,7 +386,7 @@ async fn roll(
     wait_status(
         api,
         name,
-        String::new,
+        || replica_log_tails(logs),
         "every Package done on the new image",
         |h| {
             all_available(h, total)
@@ -391,4 +395,26 @@ async fn roll(
     )
     .await;
     observer.finish(3)
+}
+
+/// Of each replica log, the last lines on shard work and failures (warnings, hand-offs, take-overs).
+fn replica_log_tails(logs: &[PathBuf]) -> String {
+    let mut tails = String::new();
+    for path in logs {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        let lines: Vec<&str> = text
+            .lines()
+            .filter(|l| {
+                ["WARN", "ERROR", "releas", "shard", "take-over", "leader"]
+                    .iter()
+                    .any(|word| l.contains(word))
+            })
+            .collect();
+        tails.push_str(&format!(
+            "\n--- {}:\n{}",
+            path.display(),
+            lines[lines.len().saturating_sub(25)..].join("\n")
+        ));
+    }
+    tails
 }
