@@ -5,12 +5,13 @@
 
 mod common;
 
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::{ApiResource, Patch, PatchParams, PostParams};
 use kube::Api;
 use oci_client::secrets::RegistryAuth;
 use pko_package::files::PackageFiles;
 use pko_package::image::ImageStore;
 use pko_proto::core::object_deployment::ObjectDeployment;
+use pko_proto::core::object_set::ObjectSet;
 use pko_proto::core::package::{ClusterPackage, Package};
 use pko_testenv::wait_until;
 use serde_json::json;
@@ -780,7 +781,13 @@ async fn the_managed_cache_metric_counts_a_packages_workload_while_it_lives() {
         .delete("widget", &kube::api::DeleteParams::foreground())
         .await
         .unwrap();
-    wait_gone(&packages, "widget").await;
+    let kinds = [
+        ApiResource::erase::<Package>(&()),
+        ApiResource::erase::<ObjectDeployment>(&()),
+        ApiResource::erase::<ObjectSet>(&()),
+        workload::widget_resource(),
+    ];
+    wait_gone_explained(&packages, "widget", &ns, &kinds).await;
     // Read once, as soon as the Package is gone.
     let left = series(
         "package_operator_managed_cache_objects_total",

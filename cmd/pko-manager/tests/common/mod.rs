@@ -225,6 +225,49 @@ where
     .unwrap()
 }
 
+/// Waits until `api` has no object `name`; should it stay, panics with what holds it up in `ns`: every
+/// object of `kinds` there (finalizers, deletion, conditions) and the shared manager's log lines on `ns`.
+pub async fn wait_gone_explained<K>(api: &Api<K>, name: &str, ns: &str, kinds: &[ApiResource])
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let gone = wait_until(&format!("{name} deleted"), TIMEOUT, || async {
+        match api.get_opt(name).await.map_err(|e| e.to_string())? {
+            None => Ok(()),
+            Some(_) => Err("still there".to_owned()),
+        }
+    })
+    .await;
+    if let Err(error) = gone {
+        let client = env().management().client().await.unwrap();
+        let mut story = Vec::new();
+        for kind in kinds {
+            let objects = Api::<DynamicObject>::namespaced_with(client.clone(), ns, kind)
+                .list(&Default::default())
+                .await
+                .map(|l| l.items)
+                .unwrap_or_default();
+            for o in objects {
+                story.push(format!(
+                    "{} {:?}: finalizers {:?}, deleting since {:?}, conditions {}",
+                    kind.kind,
+                    o.metadata.name,
+                    o.metadata.finalizers,
+                    o.metadata.deletion_timestamp.as_ref().map(|t| t.0),
+                    o.data.pointer("/status/conditions").unwrap_or(&Value::Null)
+                ));
+            }
+        }
+        let log = std::fs::read_to_string(manager().log_path()).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().filter(|l| l.contains(ns)).collect();
+        panic!(
+            "{error}\n{}\nmanager log on {ns}:\n{}",
+            story.join("\n"),
+            lines[lines.len().saturating_sub(60)..].join("\n")
+        );
+    }
+}
+
 /// Waits until ConfigMap `ns/name` is gone.
 pub async fn wait_cm_gone(client: &Client, ns: &str, name: &str) {
     wait_gone(&Api::<ConfigMap>::namespaced(client.clone(), ns), name).await
