@@ -65,6 +65,11 @@ impl ApiServer {
         self.process.pid()
     }
 
+    /// Kills kube-apiserver (SIGKILL): its clients get refused connections until [`ApiServer::restart`].
+    pub fn kill(&self) {
+        self.process.stop();
+    }
+
     /// Kills kube-apiserver (SIGKILL) and starts it again with the same flags, port and etcd data, then
     /// waits until it is ready. Its watch cache starts afresh at the current etcd revision, so a client
     /// that resumes a watch from an older resourceVersion gets 410 Gone and must re-list.

@@ -3,11 +3,13 @@
 //! management apiserver and, for each, runs one pko-connector process with the container's arguments, its
 //! Secret volumes written to host directories standing in for the mount paths, and `POD_NAMESPACE` /
 //! `POD_NAME` as the Downward API would set them. Like a kubelet it restarts a process that died or whose
-//! Deployment changed, and stops it when the Deployment goes. In a real cluster nothing of this runs.
+//! Deployment changed, stops it when the Deployment goes, and retries a Deployment whose Secret is not
+//! there yet. In a real cluster nothing of this runs.
 
 use pko_proto::well_known::CONNECTOR_LABEL;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -18,6 +20,7 @@ use kube::runtime::WatchStreamExt;
 use kube::{Api, Client};
 use tokio::sync::oneshot;
 
+use crate::apiserver::ApiServer;
 use crate::connector::{spawn_connector_in, ConnectorLaunch, ConnectorProcess};
 use crate::env::TestEnv;
 use crate::error::TestEnvError;
@@ -25,11 +28,15 @@ use crate::error::TestEnvError;
 /// How often dead processes are noticed and restarted.
 const LIVENESS_INTERVAL: Duration = Duration::from_millis(500);
 
+/// The process id of each connector running now, by its Deployment's namespace and name.
+type RunningPids = Arc<Mutex<BTreeMap<(String, String), u32>>>;
+
 /// Runs connector Deployments as host processes until dropped (which kills them) or stopped.
 pub struct ConnectorRunner {
     /// `Some(grace)`: terminate the connectors as a kubelet would; `None`: kill them.
     stop: Option<oneshot::Sender<Option<Duration>>>,
     thread: Option<std::thread::JoinHandle<()>>,
+    pids: RunningPids,
 }
 
 impl std::fmt::Debug for ConnectorRunner {
@@ -39,6 +46,30 @@ impl std::fmt::Debug for ConnectorRunner {
 }
 
 impl ConnectorRunner {
+    /// The process id of each connector running now, by its Deployment's namespace and name: for a
+    /// test that kills or freezes one (the runner starts a killed one again, as a kubelet would).
+    pub fn pids(&self) -> BTreeMap<(String, String), u32> {
+        self.pids
+            .lock()
+            .map(|pids| pids.clone())
+            .unwrap_or_default()
+    }
+
+    /// Sends `signal` (`-KILL`, `-STOP`, `-CONT`) to the connector of Deployment `namespace/name`.
+    pub fn signal(&self, deployment: &(String, String), signal: &str) -> Result<(), TestEnvError> {
+        let name = format!("connector {}/{}", deployment.0, deployment.1);
+        let pid = self
+            .pids()
+            .get(deployment)
+            .copied()
+            .ok_or_else(|| TestEnvError::Exited {
+                name: name.clone(),
+                status: "not running".to_owned(),
+                log_tail: String::new(),
+            })?;
+        crate::process::signal_process(&name, pid, signal, String::new)
+    }
+
     /// Stops every connector as a kubelet deleting its pod would (SIGTERM, SIGKILL after `grace`), so they
     /// shut down cleanly (release their Lease, flush their traces), and stops the runner.
     pub fn stop(mut self, grace: Duration) {
@@ -70,6 +101,10 @@ struct Running {
 
 struct Runner {
     client: Client,
+    /// Deployments waiting for a Secret they mount: tried again each liveness tick, as a kubelet
+    /// retries a volume.
+    waiting: HashMap<(String, String), Deployment>,
+    pids: RunningPids,
     /// URL of the management apiserver, for the ServiceAccount kubeconfigs.
     server: String,
     dir: PathBuf,
@@ -95,12 +130,28 @@ impl TestEnv {
         binary: &Path,
         env_overrides: Vec<(String, String)>,
     ) -> Result<ConnectorRunner, TestEnvError> {
-        let dir = self.root_dir().join("connector-runner");
+        self.start_connector_runner_on(self.management(), binary, env_overrides)
+            .await
+    }
+
+    /// Like [`TestEnv::start_connector_runner_with`], for the connector Deployments of `management`
+    /// (another apiserver playing a management cluster of a fleet).
+    pub async fn start_connector_runner_on(
+        &self,
+        management: &ApiServer,
+        binary: &Path,
+        env_overrides: Vec<(String, String)>,
+    ) -> Result<ConnectorRunner, TestEnvError> {
+        let dir = self
+            .root_dir()
+            .join(format!("connector-runner-{}", management.name()));
         std::fs::create_dir_all(&dir).map_err(crate::error::io_error("create", &dir))?;
-        let kubeconfig = self.management().kubeconfig_path().to_owned();
-        let name = self.management().name().to_owned();
-        let server = self.management().url();
+        let kubeconfig = management.kubeconfig_path().to_owned();
+        let name = management.name().to_owned();
+        let server = management.url();
         let binary = binary.to_owned();
+        let pids = RunningPids::default();
+        let runner_pids = pids.clone();
         let (stop, stopped) = oneshot::channel();
         let thread = std::thread::Builder::new()
             .name("connector-runner".into())
@@ -125,6 +176,8 @@ impl TestEnv {
                     };
                     let mut runner = Runner {
                         client,
+                        waiting: HashMap::new(),
+                        pids: runner_pids,
                         server,
                         dir,
                         binary,
@@ -141,6 +194,7 @@ impl TestEnv {
         Ok(ConnectorRunner {
             stop: Some(stop),
             thread: Some(thread),
+            pids,
         })
     }
 }
@@ -185,13 +239,20 @@ impl Runner {
                 event = events.next() => match event {
                     Some(Ok(Event::Apply(d))) | Some(Ok(Event::InitApply(d))) => self.ensure(&d).await,
                     Some(Ok(Event::Delete(d))) => {
+                        self.waiting.remove(&key(&d));
                         self.running.remove(&key(&d));
+                        self.publish_pids();
                     }
                     Some(Ok(_)) => {}
                     Some(Err(e)) => tracing::warn!(error = %e, "connector runner: watch error"),
                     None => return,
                 },
-                _ = liveness.tick() => self.restart_dead(),
+                _ = liveness.tick() => {
+                    self.restart_dead();
+                    for deployment in self.waiting.clone().into_values() {
+                        self.ensure(&deployment).await;
+                    }
+                }
             }
         }
     }
@@ -206,10 +267,22 @@ impl Runner {
                 }
             }
         }
+        self.publish_pids();
+    }
+
+    fn publish_pids(&self) {
+        if let Ok(mut pids) = self.pids.lock() {
+            *pids = self
+                .running
+                .iter()
+                .filter_map(|(key, running)| Some((key.clone(), running.process.pid()?)))
+                .collect();
+        }
     }
 
     async fn ensure(&mut self, deployment: &Deployment) {
         let key = key(deployment);
+        self.waiting.remove(&key);
         match self.launch(deployment).await {
             Ok((fingerprint, launch)) => {
                 if self
@@ -235,11 +308,13 @@ impl Runner {
                     }
                     Err(e) => tracing::warn!(error = %e, "connector runner: start failed"),
                 }
+                self.publish_pids();
             }
             // Like a pod waiting for its volume; simulated HostedClusters have no hosted apiserver, so
             // no kubeconfig Secret, and nothing to connect to.
             Err(NotRun::MissingSecret(what)) => {
-                tracing::debug!(namespace = %key.0, %what, "connector runner: waiting for a Secret")
+                tracing::debug!(namespace = %key.0, %what, "connector runner: waiting for a Secret");
+                self.waiting.insert(key, deployment.clone());
             }
             Err(NotRun::Failed(e)) => {
                 tracing::warn!(namespace = %key.0, error = %e, "connector runner: cannot run")

@@ -55,7 +55,6 @@ impl TestEnv {
         let mut simulated = Vec::new();
         for server in self.hosted_clusters() {
             let name = server.name().to_owned();
-            let kubeconfig_path = server.kubeconfig_path();
             let mut cluster = HostedCluster {
                 metadata: ObjectMeta {
                     name: Some(name.clone()),
@@ -92,21 +91,7 @@ impl TestEnv {
             apply_namespace(&namespaces, &params, &hcp_namespace)
                 .await
                 .map_err(kube_error)?;
-            let kubeconfig =
-                std::fs::read(kubeconfig_path).map_err(io_error("read", kubeconfig_path))?;
-            let secret = Secret {
-                metadata: ObjectMeta {
-                    name: Some(KUBECONFIG_SECRET.to_owned()),
-                    namespace: Some(hcp_namespace.clone()),
-                    ..Default::default()
-                },
-                data: Some([("kubeconfig".to_owned(), ByteString(kubeconfig))].into()),
-                ..Default::default()
-            };
-            Api::<Secret>::namespaced(client.clone(), &hcp_namespace)
-                .patch(KUBECONFIG_SECRET, &params, &Patch::Apply(&secret))
-                .await
-                .map_err(kube_error)?;
+            connect_hosted_cluster(management, &hcp_namespace, server).await?;
             simulated.push(SimulatedHostedCluster {
                 name,
                 namespace: HOSTED_CLUSTERS_NAMESPACE.to_owned(),
@@ -198,6 +183,40 @@ pub async fn add_hosted_cluster_to(
         namespace: namespace.to_owned(),
         hcp_namespace,
     })
+}
+
+/// Puts `hosted`'s admin kubeconfig into HCP namespace `hcp_namespace` of `management`, as HyperShift
+/// provides it ([`KUBECONFIG_SECRET`]): the HostedCluster there is then backed by that apiserver (several
+/// may share one).
+pub async fn connect_hosted_cluster(
+    management: &ApiServer,
+    hcp_namespace: &str,
+    hosted: &ApiServer,
+) -> Result<(), TestEnvError> {
+    let client = management.client().await?;
+    let path = hosted.kubeconfig_path();
+    let kubeconfig = std::fs::read(path).map_err(io_error("read", path))?;
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some(KUBECONFIG_SECRET.to_owned()),
+            namespace: Some(hcp_namespace.to_owned()),
+            ..Default::default()
+        },
+        data: Some([("kubeconfig".to_owned(), ByteString(kubeconfig))].into()),
+        ..Default::default()
+    };
+    Api::<Secret>::namespaced(client, hcp_namespace)
+        .patch(
+            KUBECONFIG_SECRET,
+            &PatchParams::apply("pko-testenv").force(),
+            &Patch::Apply(&secret),
+        )
+        .await
+        .map(drop)
+        .map_err(|error| TestEnvError::Kube {
+            server: management.name().to_owned(),
+            source: Box::new(error),
+        })
 }
 
 async fn apply_namespace(

@@ -197,20 +197,9 @@ impl ManagedProcess {
     /// Sends `signal` (as `kill` spells it: `-STOP`, `-TERM`, …) to the process.
     #[cfg(feature = "cluster")]
     pub(crate) fn signal(&self, signal: &str) -> Result<(), TestEnvError> {
-        let pid = self.pid().unwrap_or_default().to_string();
-        let status = std::process::Command::new("kill")
-            .args([signal, &pid])
-            .status()
-            .map_err(crate::error::io_error("run kill", Path::new("kill")))?;
-        if status.success() {
-            Ok(())
-        } else {
-            Err(TestEnvError::Exited {
-                name: format!("{} (kill {signal} {pid})", self.name),
-                status: status.to_string(),
-                log_tail: self.log_tail(),
-            })
-        }
+        signal_process(&self.name, self.pid().unwrap_or_default(), signal, || {
+            self.log_tail()
+        })
     }
 
     /// Asks the process to stop (SIGTERM) as a kubelet does, and waits up to `grace` for it to exit; kills
@@ -320,5 +309,27 @@ where
             }
             other => return other,
         }
+    }
+}
+
+/// Sends `signal` (`-STOP`, `-KILL`, ...) to process `pid`, which `name` names in errors.
+pub(crate) fn signal_process(
+    name: &str,
+    pid: u32,
+    signal: &str,
+    log_tail: impl FnOnce() -> String,
+) -> Result<(), TestEnvError> {
+    let status = std::process::Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .map_err(crate::error::io_error("run kill", Path::new("kill")))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(TestEnvError::Exited {
+            name: format!("{name} (kill {signal} {pid})"),
+            status: status.to_string(),
+            log_tail: log_tail(),
+        })
     }
 }
