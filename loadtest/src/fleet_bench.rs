@@ -380,22 +380,16 @@ fn print_request_mix(
 
 /// The fleet-widget package; with `release`, its manifest marked with it, so each release's image has a
 /// digest of its own.
-pub(crate) fn fleet_widget_files(release: Option<&str>) -> PackageFiles {
+fn fleet_widget_files() -> PackageFiles {
     PACKAGE
         .iter()
-        .map(|(path, text)| {
-            let text = match (*path, release) {
-                ("manifest.yaml", Some(release)) => format!("# release {release}\n{text}"),
-                _ => (*text).to_owned(),
-            };
-            ((*path).to_owned(), text.into_bytes())
-        })
+        .map(|(path, text)| ((*path).to_owned(), text.as_bytes().to_vec()))
         .collect()
 }
 
 async fn push_release(env: &TestEnv) -> Result<String, String> {
     let registry = env.registry().host();
-    let files = fleet_widget_files(None);
+    let files = fleet_widget_files();
     let image = format!("{registry}/bench/fleet-widget:v1");
     ImageStore::new(vec![registry])
         .push(&image, &files, &RegistryAuth::Anonymous)

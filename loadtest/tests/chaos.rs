@@ -11,7 +11,7 @@ use std::process::Command;
 /// The seed and length CI runs: every fault kind of the schedule comes up in it, and a release broken
 /// on the canary early enough for its rollback to finish inside the window (a unit test of
 /// `chaos/schedule.rs` holds both).
-const SEED: &str = "113";
+const SEED: &str = "839";
 const MINUTES: &str = "3";
 const HOSTED_CLUSTERS: &str = "4";
 

@@ -12,7 +12,7 @@ use kube::api::{DeleteParams, ListParams};
 use kube::Api;
 use pko_proto::core::object_set::ObjectSet;
 use pko_proto::hypershift::{hosted_control_plane_namespace, HostedCluster};
-use pko_testenv::{add_hosted_cluster_to, FleetNats, TestEnv};
+use pko_testenv::{add_hosted_cluster_to, connect_hosted_cluster, FleetNats, TestEnv};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::chaos::observer::Observed;
@@ -20,12 +20,12 @@ use crate::chaos::schedule::{Fault, FaultKind};
 use crate::chaos::standalone;
 use crate::chaos::topology::{ClusterUnderTest, CANARY, CHURNED, HOSTED_CLUSTERS};
 
-/// One replica memory sample.
-#[derive(Debug, Clone, Copy)]
+/// One memory sample of a manager replica or a connector.
+#[derive(Debug, Clone)]
 pub struct RssSample {
     pub at: Duration,
-    pub cluster: usize,
-    pub replica: usize,
+    /// `<cluster> replica <n>` or `<cluster> connector <HCP namespace>`.
+    pub process: String,
     pub pid: u32,
     pub kib: u64,
 }
@@ -47,6 +47,8 @@ pub struct World<'a> {
     held_down: BTreeSet<(usize, usize)>,
     /// Replicas started again after they exited on their own (a Lease lost while paused or cut off).
     pub restarted: usize,
+    /// The connector Deployment each pause fault froze, by the fault's (cluster, which).
+    paused_connectors: BTreeMap<(usize, usize), (String, String)>,
 }
 
 /// How often replica memory is sampled.
@@ -72,6 +74,7 @@ impl<'a> World<'a> {
             rss: Vec::new(),
             held_down: BTreeSet::new(),
             restarted: 0,
+            paused_connectors: BTreeMap::new(),
         }
     }
 
@@ -174,18 +177,30 @@ impl<'a> World<'a> {
         }
     }
 
-    /// RSS of every running replica, by (cluster, replica) slot.
+    /// RSS of every running replica (by its slot) and connector (by its HCP namespace).
     pub fn sample_rss(&mut self, started: Instant) {
         let at = started.elapsed();
-        for (c, cluster) in self.clusters.iter().enumerate() {
-            for (r, replica) in cluster.replicas.iter().enumerate() {
-                let Some(pid) = replica.pid() else { continue };
+        for cluster in &self.clusters {
+            let replicas = cluster
+                .replicas
+                .iter()
+                .enumerate()
+                .filter_map(|(r, replica)| {
+                    Some((format!("{} replica {r}", cluster.name), replica.pid()?))
+                });
+            let connectors = cluster
+                .connectors
+                .pids()
+                .into_iter()
+                .map(|((namespace, _), pid)| {
+                    (format!("{} connector {namespace}", cluster.name), pid)
+                });
+            for (process, pid) in replicas.chain(connectors) {
                 let kib = crate::rss_kib(pid);
                 if kib > 0 {
                     self.rss.push(RssSample {
                         at,
-                        cluster: c,
-                        replica: r,
+                        process,
                         pid,
                         kib,
                     });
@@ -227,6 +242,16 @@ impl<'a> World<'a> {
                 self.env.registry().kill();
                 Ok(())
             }
+            FaultKind::KillConnector { cluster, which } => {
+                self.signal_connector(cluster, which, "-KILL")
+            }
+            FaultKind::PauseConnector { cluster, which } => {
+                self.signal_connector(cluster, which, "-STOP")
+            }
+            FaultKind::HostedApiServerDown { cluster } => {
+                self.clusters[cluster].hosted_server.kill();
+                Ok(())
+            }
             FaultKind::CreateHostedCluster => self.create_hosted_cluster().await,
             FaultKind::DeleteHostedCluster => self.delete_hosted_cluster().await,
             FaultKind::DeleteObjectSet { orphan: false } => self.delete_object_set().await,
@@ -234,6 +259,30 @@ impl<'a> World<'a> {
                 standalone::orphan(&self.churned_client().await?).await
             }
         }
+    }
+
+    /// Signals the connector of cluster `cluster`'s `which`-th HCP namespace, in name order among those
+    /// whose connector runs now. The one a pause froze is thawed by HCP namespace, wherever the order
+    /// has moved meanwhile.
+    fn signal_connector(
+        &mut self,
+        cluster: usize,
+        which: usize,
+        signal: &str,
+    ) -> Result<(), String> {
+        let connectors = &self.clusters[cluster].connectors;
+        let running: Vec<(String, String)> = connectors.pids().into_keys().collect();
+        let deployment = running
+            .get(which % running.len().max(1))
+            .cloned()
+            .ok_or("no connector running")?;
+        connectors
+            .signal(&deployment, signal)
+            .map_err(|e| e.to_string())?;
+        if signal == "-STOP" {
+            self.paused_connectors.insert((cluster, which), deployment);
+        }
+        Ok(())
     }
 
     fn cut_link(&self, cluster: usize, cut: bool) -> Result<(), String> {
@@ -275,7 +324,24 @@ impl<'a> World<'a> {
             FaultKind::DeleteObjectSet { orphan: true } => {
                 standalone::recreate(&self.churned_client().await?).await
             }
-            FaultKind::RestartApiServer { .. }
+            FaultKind::PauseConnector { cluster, which } => {
+                let deployment = self
+                    .paused_connectors
+                    .remove(&(cluster, which))
+                    .ok_or("no connector paused")?;
+                // A connector the runner replaced meanwhile (its Deployment changed) is not this one.
+                let _ = self.clusters[cluster]
+                    .connectors
+                    .signal(&deployment, "-CONT");
+                Ok(())
+            }
+            FaultKind::HostedApiServerDown { cluster } => self.clusters[cluster]
+                .hosted_server
+                .restart()
+                .await
+                .map_err(|e| e.to_string()),
+            FaultKind::KillConnector { .. }
+            | FaultKind::RestartApiServer { .. }
             | FaultKind::CreateHostedCluster
             | FaultKind::DeleteHostedCluster
             | FaultKind::DeleteObjectSet { orphan: false } => Ok(()),
@@ -301,6 +367,9 @@ impl<'a> World<'a> {
             ("group".to_owned(), "rest".to_owned()),
         ]);
         add_hosted_cluster_to(cluster.server, HOSTED_CLUSTERS, &name, labels, true)
+            .await
+            .map_err(|e| e.to_string())?;
+        connect_hosted_cluster(cluster.server, &namespace, cluster.hosted_server)
             .await
             .map_err(|e| e.to_string())?;
         cluster.hosted.insert(name, namespace);

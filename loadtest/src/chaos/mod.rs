@@ -2,7 +2,8 @@
 //!
 //! Two management clusters (canary and prod: an apiserver and a NATS leaf each under one hub NATS, the
 //! canary's with a controller-manager), three `--sharding` replicas in each, simulated HostedClusters
-//! whose Widgets report ready a second after each change (`topology.rs`). A release every 30 s, some
+//! whose Widgets report ready a second after each change, backed by a hosted-cluster apiserver per
+//! management cluster that their connectors apply a hosted phase to (`topology.rs`). A release every 30 s, some
 //! broken on the canary HostedCluster (`releases.rs`), while the seed's fault schedule runs
 //! (`schedule.rs`, carried out by `faults.rs`). Then a final release, and the judge (`judge.rs`, fed by
 //! the observer's own watches in `observer.rs`), the apiservers' audit logs, the NATS streams and the
@@ -38,7 +39,8 @@ use crate::chaos::releases::{
 };
 use crate::chaos::schedule::{count_by_kind, schedule, Fault, Topology};
 use crate::chaos::topology::{
-    ClusterUnderTest, CANARY, CHURNED, CLUSTERS, HOSTED_CLUSTERS, MAX_UNAVAILABLE, NAME, REPLICAS,
+    ClusterServers, ClusterUnderTest, CANARY, CHURNED, CLUSTERS, HOSTED_CLUSTERS, MAX_UNAVAILABLE,
+    NAME, REPLICAS,
 };
 use crate::object_set_bench::{manager_path, percentile};
 
@@ -104,7 +106,7 @@ fn expected(clusters: &[ClusterUnderTest<'_>]) -> BTreeMap<usize, BTreeSet<Strin
 async fn drive(chaos: &ChaosRun) -> Result<usize, String> {
     let manager = manager_path(chaos.manager.clone())?;
     let env = TestEnv::start(EnvConfig {
-        hosted_clusters: 0,
+        hosted_clusters: CLUSTERS.len(),
         controller_manager: true,
     })
     .await
@@ -141,12 +143,17 @@ async fn drive(chaos: &ChaosRun) -> Result<usize, String> {
             started,
             to_judge.clone(),
         ));
-        setups.push(topology::prepare(server, chaos.clusters).await?);
+        let hosted = &env.hosted_clusters()[i];
+        setups.push(topology::prepare(server, hosted, chaos.clusters).await?);
         clients.push(client);
     }
     let mut clusters = Vec::new();
     for (i, (server, setup)) in servers.iter().zip(&setups).enumerate() {
-        clusters.push(topology::start(&env, &nats, &manager, i, server, setup).await?);
+        let servers = ClusterServers {
+            management: server,
+            hosted: &env.hosted_clusters()[i],
+        };
+        clusters.push(topology::start(&env, &nats, &manager, i, servers, setup).await?);
     }
     let kept_uid = standalone::start(&clients[CHURNED]).await?;
     let first = release_name(0);
@@ -177,6 +184,7 @@ async fn drive(chaos: &ChaosRun) -> Result<usize, String> {
     let topology = Topology {
         clusters: CLUSTERS.len(),
         replicas: REPLICAS,
+        hosted_clusters: chaos.clusters,
     };
     let faults = schedule(chaos.seed, window, &topology);
     let targets = ReleaseTargets {

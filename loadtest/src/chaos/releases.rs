@@ -16,7 +16,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use crate::chaos::observer::Observed;
 use crate::chaos::topology::NAME;
-use crate::fleet_bench::fleet_widget_files;
+use pko_package::files::PackageFiles;
 
 const RELEASE_EVERY: Duration = Duration::from_secs(30);
 /// One release in this many is broken on the canary HostedCluster.
@@ -24,17 +24,44 @@ const BROKEN_ONE_IN: u64 = 4;
 /// How long a release waits for the registry and the apiservers the schedule took away.
 const PUBLISH_TIMEOUT: Duration = Duration::from_secs(300);
 
+/// The chaos run's package (`package/`): the fleet bench's Widget, then a hosted phase.
+const PACKAGE: [(&str, &str); 3] = [
+    ("manifest.yaml", include_str!("package/manifest.yaml")),
+    (
+        "widget.yaml.gotmpl",
+        include_str!("../../../cmd/kubectl-package/tests/packages/fleet-widget/widget.yaml.gotmpl"),
+    ),
+    (
+        "hosted.yaml.gotmpl",
+        include_str!("package/hosted.yaml.gotmpl"),
+    ),
+];
+
+/// The package's files, its manifest marked with `release` so each release has a digest of its own.
+fn package_files(release: &str) -> PackageFiles {
+    PACKAGE
+        .iter()
+        .map(|(path, text)| {
+            let text = match *path {
+                "manifest.yaml" => format!("# release {release}\n{text}"),
+                _ => (*text).to_owned(),
+            };
+            ((*path).to_owned(), text.into_bytes())
+        })
+        .collect()
+}
+
 /// `r001`, `r002`, …
 pub fn release_name(n: usize) -> String {
     format!("r{n:03}")
 }
 
-/// Pushes release `release`'s image (the fleet-widget package, its manifest marked with the release so
-/// each has a digest of its own) and returns its reference, waiting for the registry when it is down.
+/// Pushes release `release`'s image ([`package_files`]) and returns its reference, waiting for the
+/// registry when it is down.
 pub async fn push_image(env: &TestEnv, release: &str) -> Result<String, String> {
     let registry = env.registry().host();
-    let files = fleet_widget_files(Some(release));
-    let image = format!("{registry}/chaos/fleet-widget:{release}");
+    let files = package_files(release);
+    let image = format!("{registry}/chaos/chaos-widget:{release}");
     let store = ImageStore::new(vec![registry]);
     wait_until(&format!("push {image}"), PUBLISH_TIMEOUT, || async {
         store

@@ -220,21 +220,21 @@ const RSS_JUDGED_FROM: Duration = Duration::from_secs(10 * 60);
 /// judged run: the fleet is the same size throughout, so steady growth is a leak.
 const RSS_SLOPE_BOUND: f64 = 1.0;
 
-/// Prints each replica's RSS (first, last, slope over the last half of the run, of the process running
-/// at the end) and returns, for a run of at least [`RSS_JUDGED_FROM`], a finding per replica whose
-/// slope exceeds [`RSS_SLOPE_BOUND`].
+/// Prints each process's RSS (a replica's or a connector's: first, last, slope over the last half of the
+/// run, of the process running at the end) and returns, for a run of at least [`RSS_JUDGED_FROM`], a
+/// finding per process whose slope exceeds [`RSS_SLOPE_BOUND`].
 pub fn rss_findings(samples: &[RssSample]) -> Vec<String> {
     let Some(end) = samples.iter().map(|s| s.at).max() else {
         return Vec::new();
     };
     let half = end / 2;
     let judged = end >= RSS_JUDGED_FROM;
-    let mut slots: BTreeMap<(usize, usize), Vec<RssSample>> = BTreeMap::new();
+    let mut slots: BTreeMap<&str, Vec<&RssSample>> = BTreeMap::new();
     for s in samples {
-        slots.entry((s.cluster, s.replica)).or_default().push(*s);
+        slots.entry(&s.process).or_default().push(s);
     }
     println!(
-        "manager RSS (MiB) per replica, first → last, slope over the last half{}:",
+        "RSS (MiB) per manager replica and connector, first → last, slope over the last half{}:",
         if judged {
             format!(" (bound {RSS_SLOPE_BOUND} MiB/min)")
         } else {
@@ -245,28 +245,31 @@ pub fn rss_findings(samples: &[RssSample]) -> Vec<String> {
         }
     );
     let mut findings = Vec::new();
-    for ((c, r), series) in slots {
+    for (process, series) in slots {
         let last_pid = series.last().map(|s| s.pid).unwrap_or(0);
         let late: Vec<(f64, f64)> = series
             .iter()
             .filter(|s| s.at >= half && s.pid == last_pid)
             .map(|s| (s.at.as_secs_f64(), s.kib as f64 / 1024.0))
             .collect();
-        let mib = |s: Option<&RssSample>| s.map(|s| s.kib as f64 / 1024.0).unwrap_or(0.0);
+        let mib = |s: Option<&&RssSample>| s.map(|s| s.kib as f64 / 1024.0).unwrap_or(0.0);
         let (first, last) = (mib(series.first()), mib(series.last()));
-        let replica = format!("{} replica {r}", CLUSTERS[c]);
         // A process that started in the last half has not a whole half behind it to judge.
         let whole_half = series.iter().any(|s| s.at < half && s.pid == last_pid);
+        let gone_early = series.last().is_some_and(|s| s.at < half);
         match slope_per_minute(&late) {
             Some(slope) if whole_half => {
-                println!("  {replica}: {first:.0} → {last:.0}, {slope:+.2} MiB/min");
+                println!("  {process}: {first:.0} → {last:.0}, {slope:+.2} MiB/min");
                 if judged && slope > RSS_SLOPE_BOUND {
                     findings.push(format!(
-                        "RSS of {replica} grows {slope:.2} MiB/min over the run's last half (bound {RSS_SLOPE_BOUND}): {first:.0} → {last:.0} MiB"
+                        "RSS of {process} grows {slope:.2} MiB/min over the run's last half (bound {RSS_SLOPE_BOUND}): {first:.0} → {last:.0} MiB"
                     ));
                 }
             }
-            _ => println!("  {replica}: {first:.0} → {last:.0} (restarted in the last half)"),
+            _ if gone_early => {
+                println!("  {process}: {first:.0} → {last:.0} (gone before the last half)")
+            }
+            _ => println!("  {process}: {first:.0} → {last:.0} (restarted in the last half)"),
         }
     }
     findings
@@ -298,8 +301,7 @@ mod tests {
         (0..=minutes * 12)
             .map(|i| RssSample {
                 at: Duration::from_secs(i * 5),
-                cluster: 0,
-                replica,
+                process: format!("canary replica {replica}"),
                 pid: pid_from(i * 5),
                 kib: ((70.0 + mib_per_min * (i * 5) as f64 / 60.0) * 1024.0) as u64,
             })

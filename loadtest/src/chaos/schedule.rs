@@ -10,6 +10,8 @@ pub struct Topology {
     pub clusters: usize,
     /// Manager replicas per management cluster.
     pub replicas: usize,
+    /// HostedClusters per management cluster at the start, each with its connector.
+    pub hosted_clusters: usize,
 }
 
 /// One fault, as carried out.
@@ -32,6 +34,14 @@ pub enum FaultKind {
     CutHubLink { cluster: usize },
     /// The registry killed, started again after `down`.
     RegistryDown,
+    /// SIGKILL of the connector of a cluster's `which`-th HCP namespace (in name order, of those with a
+    /// connector running); the connector runner starts it again at once, as a kubelet would.
+    KillConnector { cluster: usize, which: usize },
+    /// SIGSTOP of such a connector, SIGCONT after `down`: its NATS connection and credentials age under it.
+    PauseConnector { cluster: usize, which: usize },
+    /// The hosted-cluster apiserver behind a management cluster's HostedClusters killed, started again
+    /// after `down`: their connectors can neither apply nor probe meanwhile.
+    HostedApiServerDown { cluster: usize },
     /// An ObjectSet deleted: a Package's current one with its objects (its deployment makes it again),
     /// or, `orphan`, the run's own set with `propagationPolicy: Orphan`, made again when the fault ends.
     DeleteObjectSet { orphan: bool },
@@ -54,6 +64,9 @@ impl FaultKind {
             FaultKind::StallApiServer { .. } => "stall-apiserver-connection",
             FaultKind::CutHubLink { .. } => "cut-hub-link",
             FaultKind::RegistryDown => "registry-down",
+            FaultKind::KillConnector { .. } => "kill-connector",
+            FaultKind::PauseConnector { .. } => "pause-connector",
+            FaultKind::HostedApiServerDown { .. } => "hosted-apiserver-down",
             FaultKind::DeleteObjectSet { orphan: false } => "delete-object-set",
             FaultKind::DeleteObjectSet { orphan: true } => "delete-object-set-orphaning",
             FaultKind::CreateHostedCluster => "create-hosted-cluster",
@@ -75,6 +88,9 @@ impl FaultKind {
             }
             FaultKind::CutHubLink { cluster } => Target::Link(cluster),
             FaultKind::RegistryDown => Target::Registry,
+            FaultKind::KillConnector { cluster, which }
+            | FaultKind::PauseConnector { cluster, which } => Target::Connector(cluster, which),
+            FaultKind::HostedApiServerDown { cluster } => Target::HostedApiServer(cluster),
             FaultKind::CreateHostedCluster
             | FaultKind::DeleteHostedCluster
             | FaultKind::DeleteObjectSet { .. } => Target::Churn,
@@ -90,6 +106,8 @@ enum Target {
     ApiServer(usize),
     Link(usize),
     Registry,
+    Connector(usize, usize),
+    HostedApiServer(usize),
     Churn,
 }
 
@@ -124,8 +142,9 @@ pub fn schedule(seed: u64, window: Duration, topology: &Topology) -> Vec<Fault> 
     while at_ms < window_ms {
         let kind = draw_kind(&mut rng, topology);
         let max_down = match kind {
-            FaultKind::PauseManager { .. } => MAX_PAUSE_MS,
-            FaultKind::CreateHostedCluster
+            FaultKind::PauseManager { .. } | FaultKind::PauseConnector { .. } => MAX_PAUSE_MS,
+            FaultKind::KillConnector { .. }
+            | FaultKind::CreateHostedCluster
             | FaultKind::DeleteHostedCluster
             | FaultKind::DeleteObjectSet { .. } => MIN_DOWN_MS,
             _ => MAX_DOWN_MS,
@@ -151,18 +170,22 @@ pub fn schedule(seed: u64, window: Duration, topology: &Topology) -> Vec<Fault> 
 fn draw_kind(rng: &mut fastrand::Rng, topology: &Topology) -> FaultKind {
     let cluster = rng.usize(0..topology.clusters.max(1));
     let replica = rng.usize(0..topology.replicas.max(1));
+    let which = rng.usize(0..topology.hosted_clusters.max(1));
     match rng.u8(0..100) {
-        0..=15 => FaultKind::KillManager { cluster, replica },
-        16..=25 => FaultKind::PauseManager { cluster, replica },
-        26..=33 => FaultKind::RestartLeaf { cluster },
-        34..=39 => FaultKind::RestartHub,
-        40..=47 => FaultKind::CutHubLink { cluster },
-        48..=55 => FaultKind::RestartApiServer { cluster },
-        56..=63 => FaultKind::StallApiServer { cluster },
-        64..=69 => FaultKind::RegistryDown,
-        70..=79 => FaultKind::CreateHostedCluster,
-        80..=87 => FaultKind::DeleteHostedCluster,
-        88..=93 => FaultKind::DeleteObjectSet { orphan: false },
+        0..=12 => FaultKind::KillManager { cluster, replica },
+        13..=20 => FaultKind::PauseManager { cluster, replica },
+        21..=26 => FaultKind::RestartLeaf { cluster },
+        27..=31 => FaultKind::RestartHub,
+        32..=37 => FaultKind::CutHubLink { cluster },
+        38..=43 => FaultKind::RestartApiServer { cluster },
+        44..=49 => FaultKind::StallApiServer { cluster },
+        50..=54 => FaultKind::RegistryDown,
+        55..=61 => FaultKind::KillConnector { cluster, which },
+        62..=67 => FaultKind::PauseConnector { cluster, which },
+        68..=73 => FaultKind::HostedApiServerDown { cluster },
+        74..=81 => FaultKind::CreateHostedCluster,
+        82..=88 => FaultKind::DeleteHostedCluster,
+        89..=94 => FaultKind::DeleteObjectSet { orphan: false },
         _ => FaultKind::DeleteObjectSet { orphan: true },
     }
 }
@@ -184,6 +207,7 @@ mod tests {
     const TOPOLOGY: Topology = Topology {
         clusters: 2,
         replicas: 3,
+        hosted_clusters: 4,
     };
 
     proptest! {
@@ -204,10 +228,15 @@ mod tests {
                     | FaultKind::PauseManager { cluster, replica } => {
                         prop_assert!(cluster < 2 && replica < 3);
                     }
+                    FaultKind::KillConnector { cluster, which }
+                    | FaultKind::PauseConnector { cluster, which } => {
+                        prop_assert!(cluster < 2 && which < 4);
+                    }
                     FaultKind::RestartLeaf { cluster }
                     | FaultKind::RestartApiServer { cluster }
                     | FaultKind::StallApiServer { cluster }
-                    | FaultKind::CutHubLink { cluster } => {
+                    | FaultKind::CutHubLink { cluster }
+                    | FaultKind::HostedApiServerDown { cluster } => {
                         prop_assert!(cluster < 2);
                     }
                     _ => {}
@@ -216,15 +245,18 @@ mod tests {
         }
     }
 
+    /// Fault kinds there are.
+    const KINDS: usize = 15;
+
     /// The seed `loadtest/tests/chaos.rs` runs in CI, three minutes long.
-    const CI_SEED: u64 = 113;
+    const CI_SEED: u64 = 839;
 
     /// The CI run is short, so its seed must be one that tries everything: every fault kind, and a
     /// release broken on the canary early enough for its rollback to finish inside the window.
     #[test]
     fn the_ci_seed_draws_every_kind_and_an_early_broken_release_in_three_minutes() {
         let faults = schedule(CI_SEED, Duration::from_secs(180), &TOPOLOGY);
-        assert_eq!(count_by_kind(&faults).len(), 12);
+        assert_eq!(count_by_kind(&faults).len(), KINDS);
         let broken: Vec<bool> = crate::chaos::releases::broken_releases(CI_SEED)
             .take(4)
             .collect();
@@ -235,7 +267,7 @@ mod tests {
     fn a_long_window_holds_every_kind_and_faults_at_once() {
         let faults = schedule(7, Duration::from_secs(20 * 60), &TOPOLOGY);
         let counts = count_by_kind(&faults);
-        assert_eq!(counts.len(), 12, "{counts:?}");
+        assert_eq!(counts.len(), KINDS, "{counts:?}");
         let concurrent = faults
             .iter()
             .enumerate()

@@ -1,6 +1,8 @@
 //! The fleet a chaos run works on: per management cluster its CRDs, simulated HostedClusters (the first
-//! one the canary, alone in its partition group), the Widget workload, a Lease namespace and three
-//! `--sharding` replicas (the last behind a stall proxy), and the HostedClusterPackage over them.
+//! one the canary, alone in its partition group) all backed by one hosted-cluster apiserver of the
+//! cluster's own, their connectors (run by a connector runner, as a kubelet would), the Widget workload, a
+//! Lease namespace and three `--sharding` replicas (the last behind a stall proxy), and the
+//! HostedClusterPackage over them.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -12,8 +14,8 @@ use pko_proto::core::hosted_cluster_package::HostedClusterPackage;
 use pko_proto::hypershift::hosted_control_plane_namespace;
 use pko_testenv::workload::WorkloadSimulator;
 use pko_testenv::{
-    add_hosted_cluster_to, fleet_manager_args, sharded_manager_args, ApiServer, FleetNats,
-    ManagerLaunch, ManagerProcess, StallProxy, TestEnv,
+    add_hosted_cluster_to, connect_hosted_cluster, fleet_manager_args, sharded_manager_args,
+    ApiServer, ConnectorRunner, FleetNats, ManagerLaunch, ManagerProcess, StallProxy, TestEnv,
 };
 use serde_json::json;
 
@@ -26,6 +28,11 @@ pub const HOSTED_CLUSTERS: &str = "chaos";
 pub struct ClusterUnderTest<'a> {
     pub name: String,
     pub server: &'a ApiServer,
+    /// The hosted-cluster apiserver behind every HostedCluster of this cluster (each Package's hosted
+    /// phase puts a ConfigMap named after its HCP namespace there).
+    pub hosted_server: &'a ApiServer,
+    /// Runs the connector Deployments pko installs in the HCP namespaces.
+    pub connectors: ConnectorRunner,
     /// The stalled replica's route to the apiserver, which the schedule may stall.
     pub stall: StallProxy,
     pub replicas: Vec<ManagerProcess>,
@@ -74,8 +81,12 @@ pub struct ClusterSetup {
     pub workload: WorkloadSimulator,
 }
 
-/// CRDs, `size` HostedClusters and the Widget workload in `server`.
-pub async fn prepare(server: &ApiServer, size: usize) -> Result<ClusterSetup, String> {
+/// CRDs, `size` HostedClusters backed by `hosted_server`, and the Widget workload in `server`.
+pub async fn prepare(
+    server: &ApiServer,
+    hosted_server: &ApiServer,
+    size: usize,
+) -> Result<ClusterSetup, String> {
     let client = install_fleet_crds(server).await?;
     let mut hosted = BTreeMap::new();
     for i in 0..size {
@@ -89,6 +100,9 @@ pub async fn prepare(server: &ApiServer, size: usize) -> Result<ClusterSetup, St
             .await
             .map_err(|e| e.to_string())?;
         let namespace = hosted_control_plane_namespace(HOSTED_CLUSTERS, &name);
+        connect_hosted_cluster(server, &namespace, hosted_server)
+            .await
+            .map_err(|e| e.to_string())?;
         hosted.insert(name, namespace);
     }
     let workload =
@@ -103,15 +117,27 @@ pub async fn prepare(server: &ApiServer, size: usize) -> Result<ClusterSetup, St
     Ok(ClusterSetup { hosted, workload })
 }
 
-/// Starts the replicas of cluster `index` and waits until each is ready.
+/// Where cluster `index` runs: its management apiserver and the hosted-cluster apiserver behind its
+/// HostedClusters.
+pub struct ClusterServers<'a> {
+    pub management: &'a ApiServer,
+    pub hosted: &'a ApiServer,
+}
+
+/// Starts the connector runner and the replicas of cluster `index` and waits until each replica is
+/// ready; the connectors are the `pko-connector` next to `manager`.
 pub async fn start<'a>(
     env: &TestEnv,
     nats: &'a FleetNats,
     manager: &Path,
     index: usize,
-    server: &'a ApiServer,
+    servers: ClusterServers<'a>,
     setup: &'a ClusterSetup,
 ) -> Result<ClusterUnderTest<'a>, String> {
+    let ClusterServers {
+        management: server,
+        hosted: hosted_server,
+    } = servers;
     let name = CLUSTERS[index];
     let labels = if index == 0 { "env=canary" } else { "env=prod" };
     let mut args = fleet_manager_args(name, labels);
@@ -120,9 +146,15 @@ pub async fn start<'a>(
         .stall_proxy(&format!("chaos-{name}"))
         .await
         .map_err(|e| e.to_string())?;
+    let connectors = env
+        .start_connector_runner_on(server, &manager.with_file_name("pko-connector"), Vec::new())
+        .await
+        .map_err(|e| e.to_string())?;
     let mut cluster = ClusterUnderTest {
         name: name.to_owned(),
         server,
+        hosted_server,
+        connectors,
         stall,
         replicas: Vec::new(),
         args,
