@@ -142,6 +142,34 @@ impl Placements {
         self.listed.len() >= kinds
     }
 
+    /// The coordinator's decision (`coordinate`) for each object of the `dirty` keys, with its holder,
+    /// which it takes out of `dirty`; none until every one of the `kinds` is listed. Before that a key's
+    /// objects are partly unseen (a new coordinator's first lists, or one held up by a failed attempt),
+    /// the key looks settled while its holder still works on the rest, and an object labelled for the
+    /// new owner would put two replicas on one key.
+    fn decide(
+        &self,
+        dirty: &mut BTreeSet<ShardKey>,
+        kinds: usize,
+        view: &ShardView,
+    ) -> Vec<(ObjectId, Option<Member>, Option<LabelAction>)> {
+        if !self.synced(kinds) {
+            return Vec::new();
+        }
+        let mut decided = Vec::new();
+        for key in std::mem::take(dirty) {
+            let Some(objects) = self.keys.get(&key) else {
+                continue;
+            };
+            let placed: Vec<Placement> = objects.values().cloned().collect();
+            let actions = coordinate(&key, &placed, view);
+            for ((id, placement), action) in objects.iter().zip(actions) {
+                decided.push((id.clone(), placement.holder.clone(), action));
+            }
+        }
+        decided
+    }
+
     /// Ends a kind's re-list: what it did not list is gone.
     fn relist_done(&mut self, kind: usize) -> Vec<ShardKey> {
         self.listed.insert(kind);
@@ -211,37 +239,29 @@ pub async fn run(
         }
         // Successors are recorded before any label moves, so the labels follow who already works.
         members.record(&leases, &metrics).await;
-        let current = members.current();
         let mut writes: Vec<(ObjectId, LabelAction)> = Vec::new();
-        for key in std::mem::take(&mut dirty) {
-            let Some(objects) = placements.keys.get(&key) else {
-                continue;
-            };
-            let placed: Vec<Placement> = objects.values().cloned().collect();
-            let actions = coordinate(&key, &placed, &current);
-            for (id, action) in objects.keys().zip(actions) {
-                match action {
-                    // The label follows the work in the background.
-                    Some(LabelAction::Follow(member)) => {
-                        if let Some(departed) = objects.get(id).and_then(|p| p.holder.clone()) {
-                            let object = (id.namespace.as_deref(), id.name.as_str());
-                            let resource = &kinds[id.kind].resource;
-                            relabel.queue(id, object, resource, departed, member);
-                        }
+        for (id, holder, action) in placements.decide(&mut dirty, kinds.len(), &members.current()) {
+            match action {
+                // The label follows the work in the background.
+                Some(LabelAction::Follow(member)) => {
+                    if let Some(departed) = holder {
+                        let object = (id.namespace.as_deref(), id.name.as_str());
+                        let resource = &kinds[id.kind].resource;
+                        relabel.queue(&id, object, resource, departed, member);
                     }
-                    Some(action) => {
-                        relabel.settled(id);
-                        let awaiting_echo = unechoed.get(id).is_some_and(|(written, at)| {
-                            *written == action && at.elapsed() < ECHO_WAIT
-                        });
-                        if !awaiting_echo {
-                            writes.push((id.clone(), action));
-                        }
+                }
+                Some(action) => {
+                    relabel.settled(&id);
+                    let awaiting_echo = unechoed.get(&id).is_some_and(|(written, at)| {
+                        *written == action && at.elapsed() < ECHO_WAIT
+                    });
+                    if !awaiting_echo {
+                        writes.push((id, action));
                     }
-                    None => {
-                        relabel.settled(id);
-                        unechoed.remove(id);
-                    }
+                }
+                None => {
+                    relabel.settled(&id);
+                    unechoed.remove(&id);
                 }
             }
         }
@@ -521,5 +541,68 @@ async fn write_label(
             warn!(object = %id.name, "writing shard labels timed out");
             false
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn placed(
+        kind: usize,
+        name: &str,
+        holder: Option<&str>,
+        draining: bool,
+    ) -> (ObjectId, Placement) {
+        let id = ObjectId {
+            kind,
+            namespace: Some("clusters-a".to_owned()),
+            name: name.to_owned(),
+        };
+        let placement = Placement {
+            holder: holder.map(str::to_owned),
+            draining,
+        };
+        (id, placement)
+    }
+
+    /// The chaos run's seed 7 (20 minutes): a new coordinator had listed the key's Package but not yet
+    /// its deployment and sets. The old holder had let the drained Package go; the key looked settled,
+    /// the Package went to the new owner, and two replicas worked on one namespace.
+    #[test]
+    fn no_key_is_decided_before_every_kind_is_listed() {
+        const PACKAGES: usize = 0;
+        const SETS: usize = 1;
+        let key = ShardKey::Namespace("clusters-a".to_owned());
+        let view = ShardView::live(["old".to_owned(), "new".to_owned()].into());
+        let owner = crate::engine::sharding::shard_assignment::owner(&key, &view.live)
+            .unwrap()
+            .clone();
+        let holder = if owner == "old" { "new" } else { "old" };
+        let mut placements = Placements::default();
+        // The Package, released by its holder; the set, still its holder's and not listed yet.
+        let (package, released) = placed(PACKAGES, "addon", None, false);
+        let mut dirty = BTreeSet::from([placements.upsert(package.clone(), key.clone(), released)]);
+        placements.relist_done(PACKAGES);
+        assert!(
+            placements.decide(&mut dirty, 2, &view).is_empty(),
+            "decided with the sets unlisted"
+        );
+        assert_eq!(dirty.len(), 1, "the key waits to be decided");
+
+        let (set, working) = placed(SETS, "addon-1", Some(holder), false);
+        dirty.insert(placements.upsert(set.clone(), key.clone(), working));
+        placements.relist_done(SETS);
+        let decided = placements.decide(&mut dirty, 2, &view);
+        // The holder still works on the set: it is drained, and the Package waits for the key.
+        assert_eq!(
+            decided,
+            vec![
+                (package, None, None),
+                (set, Some(holder.to_owned()), Some(LabelAction::Drain)),
+            ]
+        );
+        assert!(dirty.is_empty());
     }
 }
