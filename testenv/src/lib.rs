@@ -63,8 +63,8 @@ cluster_only! {
     pub use env::{shared, shared_with, EnvConfig, StartupTimings, TestEnv};
     pub use kubeconfig::client as client_for;
     pub use hypershift::{
-        add_hosted_cluster_to, connect_hosted_cluster, install_hosted_cluster_crd, SimulatedHostedCluster,
-        HOSTED_CLUSTERS_NAMESPACE, KUBECONFIG_SECRET,
+        add_hosted_cluster_to, connect_hosted_cluster, install_hosted_cluster_crd,
+        SimulatedHostedCluster, HOSTED_CLUSTERS_NAMESPACE, KUBECONFIG_SECRET,
     };
     pub use manager::{
         fleet_manager_args, sharded_manager_args, ManagerLaunch, ManagerProcess,

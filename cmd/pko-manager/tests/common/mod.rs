@@ -209,6 +209,14 @@ pub async fn wait_gone<K>(api: &Api<K>, name: &str)
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
+    until_gone(api, name).await.unwrap()
+}
+
+/// Until `api` has no object `name`, or [`TIMEOUT`].
+async fn until_gone<K>(api: &Api<K>, name: &str) -> Result<(), pko_testenv::TestEnvError>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
     wait_until(&format!("{name} deleted"), TIMEOUT, || async {
         match api.get_opt(name).await.map_err(|e| e.to_string())? {
             None => Ok(()),
@@ -222,7 +230,6 @@ where
         }
     })
     .await
-    .unwrap()
 }
 
 /// Waits until `api` has no object `name`; should it stay, panics with what holds it up in `ns`: every
@@ -231,14 +238,7 @@ pub async fn wait_gone_explained<K>(api: &Api<K>, name: &str, ns: &str, kinds: &
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
-    let gone = wait_until(&format!("{name} deleted"), TIMEOUT, || async {
-        match api.get_opt(name).await.map_err(|e| e.to_string())? {
-            None => Ok(()),
-            Some(_) => Err("still there".to_owned()),
-        }
-    })
-    .await;
-    if let Err(error) = gone {
+    if let Err(error) = until_gone(api, name).await {
         let client = env().management().client().await.unwrap();
         let mut story = Vec::new();
         for kind in kinds {
