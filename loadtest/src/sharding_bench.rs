@@ -151,9 +151,11 @@ async fn measure(size: usize, count: usize, manager: &std::path::Path) -> Result
     let audit = pko_testenv::shard_write_audit(&env.management().audit_log_path())
         .map_err(|e| e.to_string())?;
     println!(
-        "  keys written by two replicas in one tenure: {} (of {} audited writes)",
+        "  keys written by two replicas in one tenure: {} (of {} audited writes; {} too close to a \
+         label write to place)",
         audit.overlaps.len(),
-        audit.writes
+        audit.writes,
+        audit.unplaced
     );
     Ok(())
 }

@@ -6,6 +6,13 @@
 //! replica (a patch of its member Lease) ends that replica's tenures everywhere: its successors start on
 //! its keys from then on. Package specs are left out: a HostedClusterPackage's supervisor writes them from
 //! whichever replica owns the HostedClusterPackage.
+//!
+//! The log does not say in which order etcd stored two writes, only when each request came in and when
+//! its answer was done; a write is stored between the two. A holder's release can be answered after the
+//! coordinator's label write that it made possible, so ordering by either time alone accuses the holder
+//! (the chaos run did). So a write is placed in a tenure only when every label write of its key was
+//! surely before it or surely after it; a write whose request overlaps a label write's cannot be placed,
+//! and is counted, not judged.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -17,12 +24,36 @@ use crate::error::{io_error, TestEnvError};
 pub struct WriteAudit {
     /// Successful writes of manager replicas and the coordinator counted.
     pub writes: usize,
+    /// Replica writes whose request overlapped a label write of their key: which tenure they fell in is
+    /// not known from the log, so they are not judged.
+    pub unplaced: usize,
     /// Shard keys written by two replicas in one tenure, with the writers.
     pub overlaps: Vec<String>,
 }
 
-/// When, by which replica (`None`: the coordinator's label write), and what (verb, subresource).
-type AuditedWrite = (String, Option<String>, String);
+/// When the apiserver received a request and when it was done with it (RFC 3339, microseconds): the
+/// write was stored in between.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Span {
+    received: String,
+    done: String,
+}
+
+impl Span {
+    /// Surely stored before `other` was.
+    fn before(&self, other: &Span) -> bool {
+        self.done < other.received
+    }
+}
+
+/// One successful write of a key: when, by which replica (`None`: the coordinator's label write), and
+/// what (verb, name, subresource).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct AuditedWrite {
+    at: Span,
+    writer: Option<String>,
+    what: String,
+}
 
 /// Writes of a key shown before an overlap, to tell how it came about.
 const OVERLAP_HISTORY: usize = 8;
@@ -32,7 +63,7 @@ pub fn shard_write_audit(audit_log: &Path) -> Result<WriteAudit, TestEnvError> {
     let text = std::fs::read_to_string(audit_log).map_err(io_error("read", audit_log))?;
     let mut writes: BTreeMap<(String, String), Vec<AuditedWrite>> = BTreeMap::new();
     // When the coordinator recorded a take-over, and of which member Lease.
-    let mut takeovers: Vec<(String, String)> = Vec::new();
+    let mut takeovers: Vec<(Span, String)> = Vec::new();
     let mut audit = WriteAudit::default();
     for line in text.lines() {
         let Ok(event) = serde_json::from_str::<serde_json::Value>(line) else {
@@ -46,10 +77,16 @@ pub fn shard_write_audit(audit_log: &Path) -> Result<WriteAudit, TestEnvError> {
         let object = &event["objectRef"];
         let resource = object["resource"].as_str().unwrap_or_default().to_owned();
         let coordinator = agent.contains("shard-coordinator");
+        let at = Span {
+            received: event["requestReceivedTimestamp"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+            done: event["stageTimestamp"].as_str().unwrap_or_default().to_owned(),
+        };
         if resource == "leases" {
             if coordinator {
                 let lease = object["name"].as_str().unwrap_or_default().to_owned();
-                let at = event["stageTimestamp"].as_str().unwrap_or_default().to_owned();
                 takeovers.push((at, lease));
             }
             continue;
@@ -62,7 +99,6 @@ pub fn shard_write_audit(audit_log: &Path) -> Result<WriteAudit, TestEnvError> {
             Some(namespace) if !namespace.is_empty() => (String::new(), namespace.to_owned()),
             _ => (resource, name),
         };
-        let at = event["stageTimestamp"].as_str().unwrap_or_default().to_owned();
         let what = format!(
             "{} {}{}",
             event["verb"].as_str().unwrap_or_default(),
@@ -73,46 +109,87 @@ pub fn shard_write_audit(audit_log: &Path) -> Result<WriteAudit, TestEnvError> {
                 .unwrap_or_default()
         );
         audit.writes += 1;
-        writes
-            .entry(key)
-            .or_default()
-            .push((at, (!coordinator).then(|| agent.to_owned()), what));
+        writes.entry(key).or_default().push(AuditedWrite {
+            at,
+            writer: (!coordinator).then(|| agent.to_owned()),
+            what,
+        });
     }
     takeovers.sort();
     for (key, mut events) in writes {
         events.sort();
-        let mut tenure: BTreeSet<String> = BTreeSet::new();
-        let mut recorded = takeovers.iter().peekable();
-        let mut history: Vec<String> = Vec::new();
-        for (at, writer, what) in events {
-            while let Some((taken_at, lease)) =
-                recorded.next_if(|(recorded_at, _)| *recorded_at <= at)
-            {
-                if tenure.iter().any(|agent| member_lease(agent) == *lease) {
-                    history.push(format!("{taken_at} take-over of {lease}"));
-                }
-                tenure.retain(|agent| member_lease(agent) != *lease);
+        let labels: Vec<&Span> = events
+            .iter()
+            .filter(|w| w.writer.is_none())
+            .map(|w| &w.at)
+            .collect();
+        // Each placeable replica write under the number of label writes surely before it: its tenure.
+        let mut tenures: BTreeMap<usize, Vec<&AuditedWrite>> = BTreeMap::new();
+        for write in events.iter().filter(|w| w.writer.is_some()) {
+            let surely_before = labels.iter().filter(|l| l.before(&write.at)).count();
+            let maybe_before = labels.iter().filter(|l| !write.at.before(l)).count();
+            if surely_before == maybe_before {
+                tenures.entry(surely_before).or_default().push(write);
+            } else {
+                audit.unplaced += 1;
             }
-            history.push(format!(
-                "{at} {} {what}",
-                writer.as_deref().unwrap_or("coordinator")
+        }
+        if let Some(overlap) = tenures
+            .values()
+            .find_map(|tenure| overlap_in(tenure, &takeovers))
+        {
+            let shown: Vec<String> = events
+                .iter()
+                .filter(|w| w.at.received <= overlap.last.received)
+                .map(|w| {
+                    format!(
+                        "{}..{} {} {}",
+                        w.at.received,
+                        w.at.done,
+                        w.writer.as_deref().unwrap_or("coordinator"),
+                        w.what
+                    )
+                })
+                .collect();
+            let recent = &shown[shown.len().saturating_sub(OVERLAP_HISTORY)..];
+            audit.overlaps.push(format!(
+                "{key:?}: {:?}; {}",
+                overlap.writers,
+                recent.join(" | ")
             ));
-            match writer {
-                None => tenure.clear(),
-                Some(writer) => {
-                    tenure.insert(writer);
-                    if tenure.len() > 1 {
-                        let recent = &history[history.len().saturating_sub(OVERLAP_HISTORY)..];
-                        audit
-                            .overlaps
-                            .push(format!("{key:?}: {tenure:?}; {}", recent.join(" | ")));
-                        break;
-                    }
-                }
-            }
         }
     }
     Ok(audit)
+}
+
+/// Two replicas writing within one tenure: who, and the write that made them two.
+struct Overlap<'a> {
+    writers: BTreeSet<&'a str>,
+    last: &'a Span,
+}
+
+/// The first write of `tenure` (one tenure's writes, in order) by a second replica, unless a take-over
+/// record that may have come before it ended the first replica's tenure.
+fn overlap_in<'a>(
+    tenure: &[&'a AuditedWrite],
+    takeovers: &[(Span, String)],
+) -> Option<Overlap<'a>> {
+    let mut writers: BTreeSet<&str> = BTreeSet::new();
+    let mut recorded = takeovers.iter().peekable();
+    for write in tenure {
+        let writer = write.writer.as_deref()?;
+        while let Some((_, lease)) = recorded.next_if(|(at, _)| !write.at.before(at)) {
+            writers.retain(|agent| member_lease(agent) != *lease);
+        }
+        writers.insert(writer);
+        if writers.len() > 1 {
+            return Some(Overlap {
+                writers,
+                last: &write.at,
+            });
+        }
+    }
+    None
 }
 
 /// The names of the `resource` objects a manager made in `namespace` (successful creates), in the order
@@ -160,40 +237,75 @@ fn member_lease(agent: &str) -> String {
 mod tests {
     use super::*;
 
-    fn line(at: &str, agent: &str, resource: &str, namespace: &str, name: &str) -> String {
+    /// A successful write received at `received` and answered at `done` (seconds of one minute).
+    fn line(at: (f64, f64), agent: &str, resource: &str, namespace: &str, name: &str) -> String {
+        let time = |s: f64| format!("2026-01-01T00:00:{s:09.6}Z");
         serde_json::json!({
             "stage": "ResponseComplete",
             "userAgent": agent,
             "responseStatus": {"code": 200},
-            "stageTimestamp": at,
+            "requestReceivedTimestamp": time(at.0),
+            "stageTimestamp": time(at.1),
             "objectRef": {"resource": resource, "namespace": namespace, "name": name},
         })
         .to_string()
     }
 
-    #[test]
-    fn a_recorded_take_over_ends_the_departed_replicas_tenure_and_nothing_else_does() {
-        let a = "pko-manager/0.1.0 (host-a-1)";
-        let b = "pko-manager/0.1.0 (host-b-2)";
-        let coordinator = "pko-manager/0.1.0 (host-b-2; shard-coordinator)";
-        let dir = std::env::temp_dir().join(format!("pko-audit-{}", std::process::id()));
+    const A: &str = "pko-manager/0.1.0 (host-a-1)";
+    const B: &str = "pko-manager/0.1.0 (host-b-2)";
+    const COORDINATOR: &str = "pko-manager/0.1.0 (host-b-2; shard-coordinator)";
+
+    fn audit_of(name: &str, lines: &[String]) -> WriteAudit {
+        let dir = std::env::temp_dir().join(format!("pko-audit-{}-{name}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let log = dir.join("audit.log");
-        let lines = [
-            line("2026-01-01T00:00:01Z", a, "objectsets", "ns-1", "x"),
-            line("2026-01-01T00:00:02Z", coordinator, "leases", "leases", "pko-shard-host-a-1"),
-            line("2026-01-01T00:00:03Z", b, "objectsets", "ns-1", "x"),
-            line("2026-01-01T00:00:01Z", a, "objectsets", "ns-2", "y"),
-            line("2026-01-01T00:00:03Z", b, "objectsets", "ns-2", "y"),
-        ];
         std::fs::write(&log, lines.join("\n")).unwrap();
         let audit = shard_write_audit(&log).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        audit
+    }
+
+    #[test]
+    fn a_recorded_take_over_ends_the_departed_replicas_tenure_and_nothing_else_does() {
+        let lines = [
+            line((1.0, 1.01), A, "objectsets", "ns-1", "x"),
+            line((2.0, 2.01), COORDINATOR, "leases", "leases", "pko-shard-host-a-1"),
+            line((3.0, 3.01), B, "objectsets", "ns-1", "x"),
+            line((1.0, 1.01), A, "objectsets", "ns-2", "y"),
+            line((3.0, 3.01), B, "objectsets", "ns-2", "y"),
+        ];
+        let audit = audit_of("takeover", &lines);
         // ns-1 and ns-2 alike: the record came before b's writes; so both pass.
         assert!(audit.overlaps.is_empty(), "{:?}", audit.overlaps);
         assert_eq!(audit.writes, 4);
         // Without the record, b writing after a is an overlap.
-        std::fs::write(&log, [lines[0].clone(), lines[2].clone()].join("\n")).unwrap();
-        assert_eq!(shard_write_audit(&log).unwrap().overlaps.len(), 1);
-        std::fs::remove_dir_all(&dir).unwrap();
+        let audit = audit_of("no-takeover", &[lines[0].clone(), lines[2].clone()]);
+        assert_eq!(audit.overlaps.len(), 1, "{:?}", audit.overlaps);
+    }
+
+    /// The chaos run's case: the holder's release was answered 7 ms after the coordinator's label write
+    /// for the newcomer, which the release made possible (so was stored after it).
+    #[test]
+    fn a_release_answered_after_the_label_write_it_allowed_is_not_an_overlap() {
+        let key = ("hostedclusterpackages", "", "chaos");
+        let write = |at, agent| line(at, agent, key.0, key.1, key.2);
+        let drain = write((0.018, 0.020), COORDINATOR);
+        let release = write((0.040, 0.059), A);
+        let label_for_b = write((0.048, 0.052), COORDINATOR);
+        let status_of_b = write((1.210, 1.222), B);
+        let audit = audit_of(
+            "release",
+            &[drain.clone(), release, label_for_b, status_of_b.clone()],
+        );
+        assert!(audit.overlaps.is_empty(), "{:?}", audit.overlaps);
+        assert_eq!(audit.unplaced, 1);
+        // The holder still writing well after the label write for the newcomer is one.
+        let late = write((0.100, 0.110), A);
+        let audit = audit_of(
+            "late-holder",
+            &[drain, write((0.048, 0.052), COORDINATOR), late, status_of_b],
+        );
+        assert_eq!(audit.overlaps.len(), 1, "{:?}", audit.overlaps);
+        assert_eq!(audit.unplaced, 0);
     }
 }

@@ -31,9 +31,11 @@ pub fn double_writers(servers: &[&ApiServer]) -> Result<Vec<String>, String> {
         let audit =
             pko_testenv::shard_write_audit(&server.audit_log_path()).map_err(|e| e.to_string())?;
         println!(
-            "{}: {} audited writes, keys written by two replicas in one tenure: {}",
+            "{}: {} audited writes ({} too close to a label write to place), keys written by two \
+             replicas in one tenure: {}",
             server.name(),
             audit.writes,
+            audit.unplaced,
             audit.overlaps.len()
         );
         findings.extend(
