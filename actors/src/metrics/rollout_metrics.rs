@@ -71,6 +71,7 @@ pub struct RolloutMetrics {
     max_unavailable: Family<NameLabels, Gauge>,
     health_checks: Family<HealthCheckLabels, Counter>,
     status_changes: Family<StatusChangeLabels, Counter>,
+    updates_refused: Family<NameLabels, Counter>,
     /// The partition groups each HostedClusterPackage exports, to drop those that went.
     partitions: Arc<DashMap<String, Vec<String>>>,
 }
@@ -108,6 +109,12 @@ impl RolloutMetrics {
             self.status_changes.clone(),
         );
         registry.register(
+            "pko_hostedclusterpackage_updates_refused_changed",
+            "Package updates that were free only because the Package was seen down, refused by the \
+             apiserver because the Package changed before they landed (decided again on what changed).",
+            self.updates_refused.clone(),
+        );
+        registry.register(
             "pko_hostedclusterpackage_max_unavailable",
             "Packages the strategy lets be unavailable at once (0 for the instant strategy).",
             self.max_unavailable.clone(),
@@ -136,6 +143,15 @@ impl RolloutMetrics {
             .get_or_create(&StatusChangeLabels {
                 hostedclusterpackage: name.to_owned(),
                 outcome: if held { "held" } else { "written" },
+            })
+            .inc();
+    }
+
+    /// An update of one of `name`'s Packages was refused: the Package changed since it was seen down.
+    pub fn update_refused_changed(&self, name: &str) {
+        self.updates_refused
+            .get_or_create(&NameLabels {
+                hostedclusterpackage: name.to_owned(),
             })
             .inc();
     }
@@ -204,6 +220,9 @@ impl RolloutMetrics {
 
     /// A HostedClusterPackage is gone.
     pub fn forget(&self, name: &str) {
+        self.updates_refused.remove(&NameLabels {
+            hostedclusterpackage: name.to_owned(),
+        });
         for outcome in ["written", "held"] {
             self.status_changes.remove(&StatusChangeLabels {
                 hostedclusterpackage: name.to_owned(),

@@ -19,8 +19,13 @@ const BACKOFF: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_sec
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "()")]
 pub enum PackageCommand {
-    /// Server-side apply this Package, in this span (the rollout step's write).
-    Apply(Value, Span),
+    /// Server-side apply this Package, in `span` (the rollout step's write); with `over`, only over that
+    /// resourceVersion of it (an update decided on that version that must not land on a newer one).
+    Apply {
+        body: Value,
+        over: Option<String>,
+        span: Span,
+    },
     /// Delete the Package.
     Delete,
 }
@@ -30,8 +35,18 @@ pub enum PackageCommand {
 #[rtype(result = "()")]
 pub struct PackageWritten {
     pub namespace: String,
+    pub outcome: WriteOutcome,
+}
+
+#[derive(Debug)]
+pub enum WriteOutcome {
     /// The stored Package after an apply; `None` after a delete.
-    pub result: Result<Option<Value>, String>,
+    Stored(Option<Value>),
+    /// Not written: the Package changed since the version the write was to land on. Not retried: the
+    /// supervisor decides again on what changed.
+    Changed,
+    /// Failed; retried with backoff until a newer wish replaces it.
+    Failed(String),
 }
 
 pub struct HcpNamespaceActor {
@@ -83,40 +98,45 @@ impl HcpNamespaceActor {
         let applier = self.context.applier.clone();
         let key = self.key();
         let span = match &command {
-            PackageCommand::Apply(_, write) => write.clone(),
+            PackageCommand::Apply { span, .. } => span.clone(),
             PackageCommand::Delete => {
                 info_span!("delete Package", k8s.namespace.name = %self.namespace, pko.object.name = %self.name)
             }
         };
         let work = async move {
             match &command {
-                PackageCommand::Apply(body, _) => applier
-                    .apply(&key, body)
-                    .await
-                    .map(Some)
-                    .map_err(|e| e.to_string()),
+                PackageCommand::Apply { body, over, .. } => {
+                    let applied = match over {
+                        Some(version) => applier.apply_over(&key, body, version).await,
+                        None => applier.apply(&key, body).await,
+                    };
+                    match applied {
+                        Ok(stored) => WriteOutcome::Stored(Some(stored)),
+                        Err(e) if over.is_some() && e.is_conflict() => WriteOutcome::Changed,
+                        Err(e) => WriteOutcome::Failed(e.to_string()),
+                    }
+                }
                 PackageCommand::Delete => match applier.get(&key).await {
-                    Ok(Some(observed)) => applier
-                        .delete_observed(&key, &observed)
-                        .await
-                        .map(|_| None)
-                        .map_err(|e| e.to_string()),
-                    Ok(None) => Ok(None),
-                    Err(e) => Err(e.to_string()),
+                    Ok(Some(observed)) => match applier.delete_observed(&key, &observed).await {
+                        Ok(_) => WriteOutcome::Stored(None),
+                        Err(e) => WriteOutcome::Failed(e.to_string()),
+                    },
+                    Ok(None) => WriteOutcome::Stored(None),
+                    Err(e) => WriteOutcome::Failed(e.to_string()),
                 },
             }
         }
         .instrument(span);
-        ctx.spawn(work.into_actor(self).map(move |result, act, ctx| {
-            let failed = result.is_err();
-            if let Err(error) = &result {
+        ctx.spawn(work.into_actor(self).map(move |outcome, act, ctx| {
+            let failed = matches!(outcome, WriteOutcome::Failed(_));
+            if let WriteOutcome::Failed(error) = &outcome {
                 warn!(namespace = %act.namespace, %error, "writing the Package failed; retrying");
             } else if act.desired.as_ref().is_some_and(|(n, _)| *n == written) {
                 act.desired = None;
             }
             act.supervisor.do_send(PackageWritten {
                 namespace: act.namespace.clone(),
-                result,
+                outcome,
             });
             if act.gate.finish(ctx, failed, Self::write) {
                 act.write(ctx);

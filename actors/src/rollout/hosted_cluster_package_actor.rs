@@ -108,6 +108,9 @@ struct Guard {
     proven: Option<(BTreeSet<String>, PackageTemplateSpec)>,
     recheck_after: Option<Duration>,
     health_due: Vec<(String, HealthCheck)>,
+    /// Updates free only because their Package was seen down (`RolloutPlan::update_if_unchanged`),
+    /// with the resourceVersion it was seen at: written only over that version.
+    if_unchanged: BTreeMap<String, String>,
 }
 
 /// The sooner of two optional delays.
@@ -126,8 +129,11 @@ pub struct HostedClusterPackageController {
     watching: bool,
     listing: BTreeMap<String, Arc<OwnedPackage>>,
     /// The resourceVersion of each owned Package as last taken into `packages` (from the watch or a
-    /// write's response): a response older than what the watch showed is not taken.
+    /// write's response): a response older than what the watch showed is not taken, and an update that
+    /// is free only because the Package was seen down is written over it (`Guard::if_unchanged`).
     versions: BTreeMap<String, String>,
+    /// The versions of the re-list under way, which become `versions` with it.
+    listing_versions: BTreeMap<String, String>,
     children: BTreeMap<String, Addr<HcpNamespaceActor>>,
     /// Writes handed to children and not answered yet: planned as updated and unavailable.
     writing: BTreeSet<String>,
@@ -431,8 +437,12 @@ impl HostedClusterPackageActor {
                 body["metadata"]["annotations"][TRACE_PARENT_ANNOTATION] = traceparent.into();
             }
             self.state.writing.insert(namespace.clone());
-            self.child(&namespace, ctx)
-                .do_send(PackageCommand::Apply(body, write));
+            let over = guard.if_unchanged.get(&namespace).cloned();
+            self.child(&namespace, ctx).do_send(PackageCommand::Apply {
+                body,
+                over,
+                span: write,
+            });
         }
         for namespace in &deletes {
             self.child(namespace, ctx).do_send(PackageCommand::Delete);

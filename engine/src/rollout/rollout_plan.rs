@@ -192,6 +192,10 @@ pub struct RolloutPlan {
     pub create_proven: Vec<String>,
     /// Outdated Packages to update now.
     pub update: Vec<String>,
+    /// Of `update`, those that cost no budget slot only because their Package was seen disrupted (not
+    /// live, and holding no slot of the in-flight set): each is written only over the Package version it
+    /// was seen at, so one that became live meanwhile is not taken down beyond the budget.
+    pub update_if_unchanged: BTreeSet<String>,
     /// The in-flight set to persist before writing the updates.
     pub processing: BTreeSet<String>,
     pub groups: Vec<GroupStatus>,
@@ -321,6 +325,46 @@ fn group_statuses(
         .collect()
 }
 
+/// Outdated and not paused: its Package is to be updated.
+fn outdated(t: &Target) -> bool {
+    t.package.is_some_and(|p| !p.updated && !p.paused)
+}
+
+/// A rolling upgrade's updates in the current group (`members`): the free ones first, then as many as
+/// the budget leaves room for; with the free ones written only over the version seen
+/// (`RolloutPlan::update_if_unchanged`), and why the rest wait, if only for the budget.
+fn rolling_updates(
+    targets: &[Target],
+    members: &[&Target],
+    processing: &BTreeSet<String>,
+    max_unavailable: usize,
+) -> (Vec<String>, BTreeSet<String>, Option<Blocked>) {
+    let disrupted: BTreeSet<&str> = targets
+        .iter()
+        .filter(|t| is_disrupted(t))
+        .map(|t| t.namespace.as_str())
+        .chain(processing.iter().map(String::as_str))
+        .collect();
+    // Free first: outdated Packages that are unavailable or in flight already.
+    let (free, costly): (Vec<&&Target>, Vec<&&Target>) = members
+        .iter()
+        .filter(|t| outdated(t))
+        .partition(|t| disrupted.contains(t.namespace.as_str()));
+    let mut update: Vec<String> = free.iter().map(|t| t.namespace.clone()).collect();
+    let if_unchanged = free
+        .iter()
+        .filter(|t| !processing.contains(&t.namespace))
+        .map(|t| t.namespace.clone())
+        .collect();
+    let room = max_unavailable.saturating_sub(disrupted.len());
+    update.extend(costly.iter().take(room).map(|t| t.namespace.clone()));
+    let blocked = (room == 0 && !costly.is_empty()).then(|| Blocked {
+        holders: disrupted.iter().map(|s| (*s).to_owned()).collect(),
+        max_unavailable,
+    });
+    (update, if_unchanged, blocked)
+}
+
 /// Plans one step of the rollout.
 pub fn plan_rollout(input: &RolloutInput) -> RolloutPlan {
     let order = input.partition.as_ref();
@@ -376,49 +420,27 @@ pub fn plan_rollout(input: &RolloutInput) -> RolloutPlan {
         list.push(t.namespace.clone());
     }
 
-    let outdated = |t: &Target| t.package.is_some_and(|p| !p.updated && !p.paused);
-    let mut update = Vec::new();
-    let mut blocked = None;
-    match input.strategy {
+    let (update, update_if_unchanged, blocked) = match input.strategy {
         RolloutStrategy::Instant => {
-            update.extend(
-                input
-                    .targets
-                    .iter()
-                    .filter(|t| outdated(t))
-                    .map(|t| t.namespace.clone()),
-            );
+            let all = input.targets.iter().filter(|t| outdated(t));
+            let update = all.map(|t| t.namespace.clone()).collect();
+            (update, BTreeSet::new(), None)
         }
         RolloutStrategy::RollingUpgrade { max_unavailable } => {
-            if let Some(current) = current_group.filter(|&i| {
+            match current_group.filter(|&i| {
                 // A group awaiting approval gets nothing, not even the free updates.
                 !rules.awaiting_approval.contains(&groups[i].name)
             }) {
-                let members = &grouped[&groups[current].name];
-                let disrupted: BTreeSet<&str> = input
-                    .targets
-                    .iter()
-                    .filter(|t| is_disrupted(t))
-                    .map(|t| t.namespace.as_str())
-                    .chain(processing.iter().map(String::as_str))
-                    .collect();
-                // Free first: outdated Packages that are unavailable or in flight already.
-                let (free, costly): (Vec<&&Target>, Vec<&&Target>) = members
-                    .iter()
-                    .filter(|t| outdated(t))
-                    .partition(|t| disrupted.contains(t.namespace.as_str()));
-                update.extend(free.iter().map(|t| t.namespace.clone()));
-                let room = max_unavailable.saturating_sub(disrupted.len());
-                update.extend(costly.iter().take(room).map(|t| t.namespace.clone()));
-                if room == 0 && !costly.is_empty() {
-                    blocked = Some(Blocked {
-                        holders: disrupted.iter().map(|s| (*s).to_owned()).collect(),
-                        max_unavailable,
-                    });
-                }
+                Some(current) => rolling_updates(
+                    &input.targets,
+                    &grouped[&groups[current].name],
+                    &processing,
+                    max_unavailable,
+                ),
+                None => (Vec::new(), BTreeSet::new(), None),
             }
         }
-    }
+    };
     processing.extend(update.iter().cloned());
     let all: Vec<&Target> = input.targets.iter().collect();
     let failed = names
@@ -431,6 +453,7 @@ pub fn plan_rollout(input: &RolloutInput) -> RolloutPlan {
         create,
         create_proven,
         update,
+        update_if_unchanged,
         processing,
         groups,
         current_group,
@@ -596,6 +619,41 @@ mod tests {
             })
         );
         assert_eq!(plan.processing, BTreeSet::from(["b".to_owned()]));
+    }
+
+    /// Found by the chaos run (issue 41, seed 21): two Packages in flight under maxUnavailable 2, two more
+    /// seen not live for a moment. Updating those two is free only while they stay down; they were live
+    /// again when the writes landed, and four were down. So such an update is written only over the
+    /// version it was decided on; one whose slot the in-flight set holds needs no such guard.
+    #[test]
+    fn a_free_update_of_a_package_seen_down_is_written_only_over_that_version() {
+        let mut input = rolling(
+            vec![
+                target("a", None, pkg(true, false)),
+                target("b", None, pkg(true, false)),
+                target("c", None, pkg(false, false)),
+                target("d", None, pkg(false, false)),
+                target("e", None, pkg(false, true)),
+            ],
+            2,
+            None,
+        );
+        input.processing = BTreeSet::from(["a".to_owned(), "b".to_owned()]);
+        let plan = plan_rollout(&input);
+        assert_eq!(
+            plan.update,
+            ["c", "d"],
+            "free: both down already; e has no room"
+        );
+        assert_eq!(
+            plan.update_if_unchanged,
+            BTreeSet::from(["c".to_owned(), "d".to_owned()])
+        );
+        // Persisted as in flight (and still down), c holds its slot: updated again, unguarded.
+        input.processing.insert("c".to_owned());
+        let plan = plan_rollout(&input);
+        assert_eq!(plan.update, ["c", "d"]);
+        assert_eq!(plan.update_if_unchanged, BTreeSet::from(["d".to_owned()]));
     }
 
     /// Found by the chaos run (issue 41, seed 2): a HostedCluster that joined the `rest` group while a
@@ -851,6 +909,69 @@ mod tests {
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Packages seen down may be live again when the updates land (issue 41, seed 21). With the
+        /// guarded updates of the ones that changed refused, the updates never take down more than the
+        /// budget: what the in-flight set holds, plus the updates landing on a live Package, stays
+        /// within maxUnavailable.
+        #[test]
+        fn packages_recovering_before_the_writes_land_keep_the_budget(
+            kinds in prop::collection::vec(0u8..4, 1..12),
+            extra in 0usize..3,
+            recovers in prop::collection::vec(any::<bool>(), 12),
+        ) {
+            // 0: live, outdated; 1: down for its own reasons, outdated; 2: down, outdated, its slot held
+            // (persisted, not written before a crash); 3: updated and in flight, its slot held.
+            let package = |kind: u8| PackageState {
+                updated: kind == 3,
+                available: kind == 0,
+                live: kind == 0,
+                progressed: kind == 0,
+                ..PackageState::default()
+            };
+            let targets: Vec<Target> = kinds
+                .iter()
+                .enumerate()
+                .map(|(i, kind)| target(&format!("ns-{i:02}"), None, Some(package(*kind))))
+                .collect();
+            let processing: BTreeSet<String> = targets
+                .iter()
+                .zip(&kinds)
+                .filter(|(_, kind)| **kind >= 2)
+                .map(|(t, _)| t.namespace.clone())
+                .collect();
+            let max = (processing.len() + extra).max(1);
+            let mut input = rolling(targets, max, None);
+            input.processing = processing.clone();
+            let plan = plan_rollout(&input);
+            // Before the writes land, some Packages down for their own reasons are live again.
+            let recovered: BTreeSet<&str> = input
+                .targets
+                .iter()
+                .zip(&kinds)
+                .zip(&recovers)
+                .filter(|((_, kind), recovers)| **kind == 1 && **recovers)
+                .map(|((t, _), _)| t.namespace.as_str())
+                .collect();
+            let live = |ns: &str| {
+                recovered.contains(ns)
+                    || input.targets.iter().any(|t| t.namespace == ns && t.package.is_some_and(|p| p.live))
+            };
+            let landed_on_live: BTreeSet<&str> = plan
+                .update
+                .iter()
+                .map(String::as_str)
+                .filter(|ns| !(plan.update_if_unchanged.contains(*ns) && recovered.contains(ns)))
+                .filter(|ns| live(ns))
+                .collect();
+            let down_by_updates: BTreeSet<&str> = processing
+                .iter()
+                .map(String::as_str)
+                .chain(landed_on_live.iter().copied())
+                .collect();
+            prop_assert!(down_by_updates.len() <= max,
+                "{down_by_updates:?} taken down by updates, maxUnavailable {max}; plan {plan:?}");
+        }
 
         /// The budget, the barrier (a group is finished only when every Package in it is live) and the
         /// unknown-group-last rule hold at every step of random histories (recoveries, failures,

@@ -8,12 +8,12 @@ use std::sync::Arc;
 use actix::prelude::*;
 use kube::runtime::watcher;
 use pko_proto::core::package::Package;
-use tracing::warn;
+use tracing::{info, warn};
 
 use super::HostedClusterPackageActor;
 use crate::engine::resource_version::response_is_newer;
 use crate::engine::rollout::hosted_cluster_package::OwnedPackage;
-use crate::rollout::hcp_namespace_actor::PackageWritten;
+use crate::rollout::hcp_namespace_actor::{PackageWritten, WriteOutcome};
 
 impl StreamHandler<Result<watcher::Event<Package>, watcher::Error>> for HostedClusterPackageActor {
     fn handle(
@@ -29,17 +29,24 @@ impl StreamHandler<Result<watcher::Event<Package>, watcher::Error>> for HostedCl
             )
         };
         let state = &mut self.state;
-        // Every state the watch shows is the version a write's answer must be newer than to be taken.
+        // The version each entry of `packages` was read at: a write's answer must be newer to be taken,
+        // and an update decided on the entry lands only over it. A re-list's versions count once the
+        // list replaces `packages`.
         if let Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) = &event {
             if let (Some(namespace), Some(version)) =
                 (&p.metadata.namespace, &p.metadata.resource_version)
             {
-                state.versions.insert(namespace.clone(), version.clone());
+                let versions = match &event {
+                    Ok(watcher::Event::InitApply(_)) => &mut state.listing_versions,
+                    _ => &mut state.versions,
+                };
+                versions.insert(namespace.clone(), version.clone());
             }
         }
         match event {
             Ok(watcher::Event::Init) => {
                 state.listing.clear();
+                state.listing_versions.clear();
                 return;
             }
             Ok(watcher::Event::InitApply(package)) => {
@@ -50,9 +57,7 @@ impl StreamHandler<Result<watcher::Event<Package>, watcher::Error>> for HostedCl
             // A complete list replaces what was known: Packages deleted meanwhile are gone.
             Ok(watcher::Event::InitDone) => {
                 let listed = std::mem::take(&mut state.listing);
-                state
-                    .versions
-                    .retain(|namespace, _| listed.contains_key(namespace));
+                state.versions = std::mem::take(&mut state.listing_versions);
                 if state.packages.as_ref() == Some(&listed) {
                     return;
                 }
@@ -96,8 +101,8 @@ impl Handler<PackageWritten> for HostedClusterPackageActor {
     type Result = ();
     fn handle(&mut self, written: PackageWritten, ctx: &mut Context<Self>) {
         self.state.writing.remove(&written.namespace);
-        match written.result {
-            Ok(stored) => {
+        match written.outcome {
+            WriteOutcome::Stored(stored) => {
                 self.state.failures.remove(&written.namespace);
                 if let (Some(packages), Some(stored)) = (self.state.packages.as_mut(), stored) {
                     match serde_json::from_value::<Package>(stored) {
@@ -119,8 +124,16 @@ impl Handler<PackageWritten> for HostedClusterPackageActor {
                     }
                 }
             }
-            Err(error) => {
+            WriteOutcome::Failed(error) => {
                 self.state.failures.insert(written.namespace, error);
+            }
+            // Its watch brings the newer version; the next decision is made on that.
+            WriteOutcome::Changed => {
+                info!(namespace = %written.namespace, "a Package seen down changed before its update landed; deciding again");
+                self.context
+                    .metrics
+                    .rollouts
+                    .update_refused_changed(&self.name());
             }
         }
         self.request_reconcile(ctx);

@@ -86,11 +86,19 @@ impl HostedClusterPackageActor {
         steps.extend(policy_steps(previous_status, &status));
         // Each Package update is a trace of its own, from this decision to the hosted cluster.
         let proven = proven_template.map(|t| (plan.create_proven.iter().cloned().collect(), t));
+        // A guarded update goes out only with the version its Package was seen at (always known for a
+        // Package seen; without one it waits for the next decision).
+        let if_unchanged: BTreeMap<String, String> = plan
+            .update_if_unchanged
+            .iter()
+            .filter_map(|ns| Some((ns.clone(), self.state.versions.get(ns)?.clone())))
+            .collect();
         let writes: BTreeMap<String, Span> = plan
             .create
             .iter()
             .chain(&plan.create_proven)
             .chain(&plan.update)
+            .filter(|ns| !plan.update_if_unchanged.contains(*ns) || if_unchanged.contains_key(*ns))
             .map(|namespace| {
                 let group = input
                     .targets
@@ -135,6 +143,7 @@ impl HostedClusterPackageActor {
                 proven,
                 recheck_after,
                 health_due,
+                if_unchanged,
             }),
         }
     }
