@@ -40,7 +40,7 @@ use crate::runtime::shard_metrics::ShardMetrics;
 use pko_proto::well_known::SHARD_SUCCESSORS_ANNOTATION;
 
 mod background_relabel;
-use background_relabel::BackgroundRelabel;
+use background_relabel::{BackgroundRelabel, REQUEST_TIMEOUT};
 
 /// Label writes in flight at once for what waits on them (new objects, drains, released objects); the
 /// manager's client allows 32 requests at once (`--max-in-flight-requests`).
@@ -237,6 +237,7 @@ pub async fn run(
                 dirty.extend(placements.keys.keys().cloned());
             }
         }
+        let pass = Instant::now();
         // Successors are recorded before any label moves, so the labels follow who already works.
         members.record(&leases, &metrics).await;
         let mut writes: Vec<(ObjectId, LabelAction)> = Vec::new();
@@ -275,6 +276,7 @@ pub async fn run(
         if placements.synced(kinds.len()) {
             members.retire(&held, &leases, &metrics).await;
         }
+        metrics.coordinator_pass(pass.elapsed().as_secs_f64());
     }
 }
 
@@ -340,7 +342,7 @@ impl Takeovers {
                 SHARD_SUCCESSORS_ANNOTATION: successors,
             }}});
             let written = tokio::time::timeout(
-                Duration::from_secs(10),
+                REQUEST_TIMEOUT,
                 leases.patch(
                     &shard_member_lease(member),
                     &PatchParams::default(),
@@ -391,18 +393,21 @@ impl Takeovers {
             if !current.takeovers.contains_key(member) || self.retired.contains(member) {
                 continue;
             }
-            match leases
-                .delete(&shard_member_lease(member), &DeleteParams::default())
-                .await
-            {
-                Ok(_) => {
+            let deleted = tokio::time::timeout(
+                REQUEST_TIMEOUT,
+                leases.delete(&shard_member_lease(member), &DeleteParams::default()),
+            )
+            .await;
+            match deleted {
+                Ok(Ok(_)) => {
                     info!(%member, "departed member's Lease deleted");
                     self.retired.insert(member.clone());
                 }
-                Err(kube::Error::Api(e)) if e.code == 404 => {
+                Ok(Err(kube::Error::Api(e))) if e.code == 404 => {
                     self.retired.insert(member.clone());
                 }
-                Err(error) => warn!(%member, %error, "deleting a departed member's Lease"),
+                Ok(Err(error)) => warn!(%member, %error, "deleting a departed member's Lease"),
+                Err(_) => warn!(%member, "deleting a departed member's Lease timed out"),
             }
         }
     }
@@ -522,7 +527,7 @@ async fn write_label(
     };
     let patch = serde_json::json!({"metadata": {"labels": labels}});
     let written = tokio::time::timeout(
-        Duration::from_secs(10),
+        REQUEST_TIMEOUT,
         api.patch(&id.name, &PatchParams::default(), &Patch::Merge(&patch)),
     )
     .await;

@@ -35,6 +35,7 @@ pub struct ShardMetrics {
     takeover: Histogram,
     relabel: Histogram,
     takeover_listed: Histogram,
+    pass: Histogram,
 }
 
 impl Default for ShardMetrics {
@@ -45,6 +46,7 @@ impl Default for ShardMetrics {
             takeover: takeover_histogram(),
             relabel: takeover_histogram(),
             takeover_listed: takeover_histogram(),
+            pass: takeover_histogram(),
         }
     }
 }
@@ -80,6 +82,13 @@ impl ShardMetrics {
              listed that member's objects (their actors start then).",
             self.takeover_listed.clone(),
         );
+        registry.register(
+            "pko_shard_coordinator_pass_seconds",
+            "One pass of the coordinator's loop (take-over records, label writes, retired Leases). A \
+             coordinating replica passes at least every 30 s; a count that stops rising means its loop \
+             is stuck while it holds the coordinator's Lease.",
+            self.pass.clone(),
+        );
     }
 
     /// The keys labelled for each member now; members not listed are dropped.
@@ -108,6 +117,10 @@ impl ShardMetrics {
 
     pub fn relabelled(&self, seconds: f64) {
         self.relabel.observe(seconds);
+    }
+
+    pub fn coordinator_pass(&self, seconds: f64) {
+        self.pass.observe(seconds);
     }
 
     pub fn takeover_listed(&self, seconds: f64) {

@@ -15,6 +15,10 @@ use tracing::warn;
 use crate::engine::sharding::shard_assignment::{Member, Placement};
 use crate::runtime::shard_metrics::ShardMetrics;
 
+/// How long any one request of the coordinator may take. Its client has no read timeout (watches stay
+/// open), and one request hung on a stalled connection would otherwise hold its loop, and every label
+/// with it, for good while the process keeps the coordinator's Lease.
+pub(super) const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// Relabels of taken-over objects in flight at once: they move no work (the successor already works on
 /// them), so they yield the apiserver to the successors' re-lists and reconciles.
 const RELABEL_CONCURRENCY: usize = 4;
@@ -149,12 +153,17 @@ async fn relabel_unchanged<K>(
         Some(ns) => Api::namespaced_with(client.clone(), ns, &item.resource),
         None => Api::all_with(client.clone(), &item.resource),
     };
-    let meta = match api.get_metadata_opt(&item.name).await {
-        Ok(Some(meta)) => meta.metadata,
+    let read = tokio::time::timeout(REQUEST_TIMEOUT, api.get_metadata_opt(&item.name)).await;
+    let meta = match read {
+        Ok(Ok(Some(meta))) => meta.metadata,
         // Deleted meanwhile: nothing to relabel.
-        Ok(None) => return true,
-        Err(error) => {
+        Ok(Ok(None)) => return true,
+        Ok(Err(error)) => {
             warn!(object = %item.name, %error, "reading an object to relabel");
+            return false;
+        }
+        Err(_) => {
+            warn!(object = %item.name, "reading an object to relabel timed out");
             return false;
         }
     };
@@ -166,19 +175,25 @@ async fn relabel_unchanged<K>(
         "resourceVersion": meta.resource_version,
         "labels": {SHARD_OWNER_LABEL: item.successor, SHARD_DRAIN_LABEL: null},
     }});
-    match api
-        .patch(&item.name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-    {
-        Ok(_) => {
+    let written = tokio::time::timeout(
+        REQUEST_TIMEOUT,
+        api.patch(&item.name, &PatchParams::default(), &Patch::Merge(&patch)),
+    )
+    .await;
+    match written {
+        Ok(Ok(_)) => {
             metrics.label_written(false);
             true
         }
-        Err(kube::Error::Api(e)) if e.code == 404 => true,
+        Ok(Err(kube::Error::Api(e))) if e.code == 404 => true,
         // Written by someone since it was read: the next pass decides from what it then sees.
-        Err(kube::Error::Api(e)) if e.code == 409 => false,
-        Err(error) => {
+        Ok(Err(kube::Error::Api(e))) if e.code == 409 => false,
+        Ok(Err(error)) => {
             warn!(object = %item.name, %error, "relabelling a taken-over object");
+            false
+        }
+        Err(_) => {
+            warn!(object = %item.name, "relabelling a taken-over object timed out");
             false
         }
     }
