@@ -610,4 +610,35 @@ mod tests {
         );
         assert!(dirty.is_empty());
     }
+    /// The chaos run's seed 42 (20 minutes): the coordinator labelled nothing more for 17 minutes while
+    /// it kept its Lease, and a namespace it had drained was never labelled again. Its client has no read
+    /// timeout, and deleting a departed member's Lease was its one request without one of its own: a
+    /// peer that never answers held the loop for good. Here the peer is a listener that takes the
+    /// connection and never answers; the clock is paused, so the 10 s pass by at once.
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_deletion_nobody_answers_gives_up_and_is_tried_again() {
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", silent.local_addr().unwrap());
+        let holding = tokio::spawn(async move {
+            let mut connections = Vec::new();
+            while let Ok((connection, _)) = silent.accept().await {
+                connections.push(connection);
+            }
+        });
+        let client = Client::try_from(kube::Config::new(url.parse().unwrap())).unwrap();
+        let leases: Api<Lease> = Api::namespaced(client, "pko-system");
+        let mut view = ShardView::live(["a".to_owned()].into());
+        view.departed.insert("gone".to_owned());
+        view.takeovers.insert("gone".to_owned(), view.live.clone());
+        let mut members = Takeovers::new(view);
+        let (held, metrics) = (BTreeMap::new(), ShardMetrics::default());
+        let retiring = members.retire(&held, &leases, &metrics);
+        let finished = tokio::time::timeout(Duration::from_secs(600), retiring).await;
+        assert!(finished.is_ok(), "the deletion held the loop for 600 s");
+        assert!(
+            !members.retired.contains("gone"),
+            "not deleted, so not retired: the next pass tries again"
+        );
+        holding.abort();
+    }
 }
