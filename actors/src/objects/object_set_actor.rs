@@ -28,6 +28,7 @@ use crate::engine::objects::phase_plan::PhaseReport;
 use crate::engine::transition_events::object_set_transitions;
 use crate::manager::context::ManagerContext;
 use crate::metrics::upstream_metrics::ObjectSetFacts;
+use crate::objects::applier::Applier;
 use crate::objects::object_meta::{creation_seconds, event_reference, tombstone_meta};
 use crate::objects::phase_actor::{PhaseActor, PhaseCommand, PhaseFinished, UpdatePlan};
 use crate::objects::set_object::SetObject;
@@ -42,6 +43,9 @@ use pko_proto::well_known::DEFAULT_PHASE_CLASS;
 
 /// The set's status: an `impl` of the same actor.
 mod status_publishing;
+
+/// Letting go of the objects of a set deleted with orphaning.
+mod orphaning;
 
 /// A managed object controlled by this set changed.
 #[derive(Debug, Message)]
@@ -82,6 +86,10 @@ pub struct ObjectSetController {
     /// Phase actors asked to retire (a plan of another shape, a deletion, a release) that had not
     /// stopped when last looked at.
     retiring: Vec<Retiring>,
+    /// The applier the phases were started with: an orphaning lets go of their objects with it.
+    applier: Option<Applier>,
+    /// Being orphaned: the objects the plan had, whose reference to this set is taken off.
+    orphaned: Option<Vec<ObjectKey>>,
 }
 
 impl ObjectSetController {
@@ -166,11 +174,20 @@ impl ObjectSetActor {
             identity,
             applier,
         } = gathered;
+        if self.orphaning() {
+            // No phase starts again: what the plan names is let go of (`orphaning`).
+            if self.state.orphaned.is_none() {
+                self.state.applier = Some(applier);
+            }
+            let planned = plans.iter().flat_map(|p| &p.objects);
+            return self.orphan_objects(Some(planned.map(|o| o.key.clone()).collect()), ctx);
+        }
         self.state.plan_error = None;
         self.state.planned_generation = Some(generation);
         self.state.revision = revision;
         self.state.plan_version += 1;
         let paused = self.lifecycle() == LifecycleState::Paused;
+        self.state.applier = Some(applier.clone());
         // Phase actors keep the applier they were started with: another identity starts new ones.
         let same_shape = identity == self.state.identity
             && plans.len() == self.state.phases.len()
@@ -247,10 +264,9 @@ impl ObjectSetActor {
     /// not yet torn down (Archived).
     fn drive(&mut self, ctx: &mut Context<Self>) {
         if self.orphaning() {
-            // No phase applies again: a reference written back after the collector took it off would
-            // make the collector delete the object once this set is gone.
-            self.stop_phases();
-            self.write_finalizer(false, ctx);
+            // No phase applies again, and a reference written back after the collector took it off
+            // goes before the finalizer does (`orphaning`).
+            self.orphan_objects(None, ctx);
             return;
         }
         if self.lifecycle() == LifecycleState::Archived {
