@@ -286,6 +286,15 @@ impl Applier {
         got.map(|o| Self::to_value(key, o)).transpose()
     }
 
+    /// Like [`Applier::get`], with a kind the apiserver does not serve (its CRD gone) read as no
+    /// object: what lets go of objects has nothing to let go of there.
+    pub async fn get_served(&self, key: &ObjectKey) -> Result<Option<Value>, ApplyError> {
+        match self.get(key).await {
+            Err(ApplyError::UnknownKind { .. }) => Ok(None),
+            got => got,
+        }
+    }
+
     /// Lists every object of `key`'s kind in `key`'s namespace (cluster-wide for cluster-scoped kinds).
     #[instrument(skip(self), fields(pko.object.kind = %key.kind, k8s.namespace.name = %key.namespace))]
     pub async fn list_like(&self, key: &ObjectKey) -> Result<Vec<Value>, ApplyError> {

@@ -441,9 +441,8 @@ pub async fn teardown_phase(
         {
             continue;
         }
-        let observed = match applier.get(key).await {
+        let observed = match applier.get_served(key).await {
             Ok(o) => o,
-            Err(ApplyError::UnknownKind { .. }) => None,
             Err(e) => {
                 report.errors.push(e.to_string());
                 continue;

@@ -46,7 +46,7 @@ impl ObjectSetActor {
             stopped.await;
             let mut released = 0;
             for key in &keys {
-                if let Some(observed) = applier.get(key).await? {
+                if let Some(observed) = applier.get_served(key).await? {
                     let stored = applier.release_owner(key, &observed, &uid).await?;
                     released += usize::from(stored != observed);
                 }
