@@ -38,7 +38,8 @@ use crate::runtime::runtime_context::{RuntimeContext, SharedContext};
 
 use crate::runtime::known_objects::{KnownObjects, WatchSource};
 
-/// The sharded part of the feed: an `impl` block of [`KindFeed`] of its own.
+/// The sharded part of the feed: `impl` blocks of [`KindFeed`] of their own.
+pub mod shard_release;
 mod shard_takeover;
 
 /// The latest state of an object, from its watch.
@@ -65,6 +66,39 @@ enum ShardState {
     NotOurs {
         drained: bool,
     },
+}
+
+/// What is done once the actor of an object this replica let go of has stopped: decided by the latest
+/// event about the object, which may come while it stops.
+enum AfterStop<T> {
+    /// The coordinator drained it: the shard labels go, if they still say what they said then.
+    RemoveLabels(LabelledAs),
+    /// Labelled for this replica again meanwhile: a new actor takes this state.
+    Resume(T),
+    /// Labelled for another replica, or deleted.
+    Nothing,
+}
+
+/// What an object's shard labels said when the feed decided to let it go.
+struct LabelledAs {
+    name: String,
+    namespace: Option<String>,
+    /// The owner label (a departed member's, for an object taken over).
+    holder: Option<String>,
+}
+
+impl LabelledAs {
+    fn of(meta: &kube::api::ObjectMeta) -> Self {
+        Self {
+            name: meta.name.clone().unwrap_or_default(),
+            namespace: meta.namespace.clone(),
+            holder: meta
+                .labels
+                .as_ref()
+                .and_then(|labels| labels.get(SHARD_OWNER_LABEL))
+                .cloned(),
+        }
+    }
 }
 
 /// What a sharded feed hears of the replica besides its watches.
@@ -153,6 +187,9 @@ pub struct KindFeed<K, A: FeedTarget> {
     reroute_pending: bool,
     /// The objects this replica works on (sharded; counted in `pko_shard_objects`).
     working: HashSet<ObjectRef>,
+    /// Objects let go of whose actor is still stopping: one stop per object, and what follows it waits
+    /// for it (`shard_release.rs`).
+    stopping: HashMap<ObjectRef, AfterStop<A::Object>>,
 }
 
 /// An event of one of the feed's watches.
@@ -194,6 +231,7 @@ where
             counted: HashSet::new(),
             reroute_pending: false,
             working: HashSet::new(),
+            stopping: HashMap::new(),
         }
     }
 
@@ -225,7 +263,7 @@ where
     fn route(&mut self, ctx: &mut Context<Self>, source: &WatchSource, object: K, deleted: bool) {
         let uid = object.meta().uid.clone().unwrap_or_default();
         let shard = self.shard_of(object.meta());
-        let (name, namespace) = (object.meta().name.clone(), object.meta().namespace.clone());
+        let labelled = LabelledAs::of(object.meta());
         let latest = (self.gated && !deleted).then(|| object.clone());
         let object = A::Object::from(object);
         let key = A::key(&object);
@@ -237,7 +275,11 @@ where
         }
         if deleted {
             if self.released.remove(&key).is_some() {
-                // It left this replica's watch when we let it go; its new owner has it.
+                // It left this replica's watch when we let it go; its new owner has it. While its actor
+                // still stops, no release was sent: another replica or the coordinator moved it.
+                if let Some(after) = self.stopping.get_mut(&key) {
+                    *after = AfterStop::Nothing;
+                }
                 return;
             }
             if let WatchSource::Departed(_) = source {
@@ -264,9 +306,11 @@ where
                 self.known.deleted(&key);
                 self.released.insert(key.clone(), source.clone());
             }
-            self.let_go(&key, &object, name, namespace, drained);
+            self.let_go(ctx, &key, &object, labelled, drained);
             return;
         }
+        // Ours (again): no departure from a watch is to come.
+        self.released.remove(&key);
         if let Some(former) = self
             .known
             .seen(&key, &uid, source, || A::tombstone(&object))
@@ -283,9 +327,19 @@ where
         if self.runtime.shard.is_some() && self.working.insert(key.clone()) {
             self.runtime.metrics.shard_objects(key.kind, 1);
         }
+        if let Some(after) = self.stopping.get_mut(&key) {
+            // Its former actor is still stopping; a second one must not start beside it.
+            *after = AfterStop::Resume(object);
+            return;
+        }
+        self.deliver(&key, object);
+    }
+
+    /// Hands the object's latest state to its actor (started if there is none).
+    fn deliver(&self, key: &ObjectRef, object: A::Object) {
         let addr = self
             .registry
-            .get_or_start(&key, || A::start_for(&self.context));
+            .get_or_start(key, || A::start_for(&self.context));
         addr.do_send(Observed(object));
     }
 
@@ -367,6 +421,9 @@ where
     /// The object last seen under `key` is deleted: the tap hears of it (when its state is known) and its
     /// actor stops.
     fn deliver_gone(&mut self, key: &ObjectRef, object: Option<&A::Object>) {
+        if let Some(after) = self.stopping.get_mut(key) {
+            *after = AfterStop::Nothing;
+        }
         if let (Some(tap), Some(object)) = (&self.tap, object) {
             tap(object, true);
         }

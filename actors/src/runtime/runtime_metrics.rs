@@ -64,6 +64,7 @@ pub struct RuntimeMetrics {
     active: Family<ControllerLabels, Gauge>,
     watch_gap_deletions: Family<KindLabels, Counter>,
     shard_releases: Family<KindLabels, Counter>,
+    shard_releases_refused: Family<KindLabels, Counter>,
     shard_objects: Family<KindLabels, Gauge>,
 }
 
@@ -75,6 +76,7 @@ impl Default for RuntimeMetrics {
             active: Family::default(),
             watch_gap_deletions: Family::default(),
             shard_releases: Family::default(),
+            shard_releases_refused: Family::default(),
             shard_objects: Family::default(),
         }
     }
@@ -106,6 +108,12 @@ impl RuntimeMetrics {
             "pko_shard_releases",
             "Objects this replica let go of to another replica when sharded (hand-offs), by kind.",
             self.shard_releases.clone(),
+        );
+        registry.register(
+            "pko_shard_releases_refused",
+            "Hand-offs not written because the object's shard labels changed after this replica decided to \
+             let it go (labelled for another replica, or no longer drained), by kind.",
+            self.shard_releases_refused.clone(),
         );
         registry.register(
             "pko_shard_objects",
@@ -147,6 +155,13 @@ impl RuntimeMetrics {
     /// An object was handed to another replica (sharded mode).
     pub fn shard_released(&self, kind: &'static str) {
         self.shard_releases
+            .get_or_create(&KindLabels { kind })
+            .inc();
+    }
+
+    /// A hand-off of an object of `kind` was not written: its labels changed since it was decided.
+    pub fn shard_release_refused(&self, kind: &'static str) {
+        self.shard_releases_refused
             .get_or_create(&KindLabels { kind })
             .inc();
     }

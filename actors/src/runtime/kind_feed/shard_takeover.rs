@@ -1,15 +1,17 @@
 //! The sharded part of a watch feed: which objects this replica works on under the current view, the
 //! watches on departed members' labels it takes over from (their events held until every feed listed
-//! them), the read that tells an object relabelled from one deleted, and letting an object go to the
-//! replica it moved to. The feed's routing itself is `kind_feed.rs`.
+//! them) and the read that tells an object relabelled from one deleted. Letting an object go is
+//! `shard_release.rs`; the feed's routing itself is `kind_feed.rs`.
 
 use actix::dev::ToEnvelope;
 use actix::prelude::*;
 use kube::runtime::watcher;
-use pko_proto::well_known::{SHARD_DRAIN_LABEL, SHARD_OWNER_LABEL};
+use pko_proto::well_known::SHARD_OWNER_LABEL;
 use tracing::{info, warn};
 
-use super::{FeedTarget, Gone, KindFeed, Observed, Release, ShardSignal, ShardState, WatchedKind};
+use super::{
+    FeedTarget, Gone, KindFeed, LabelledAs, Observed, ShardSignal, ShardState, WatchedKind,
+};
 use crate::engine::sharding::shard_assignment::{drained, works_on, Member, Placement, ShardKey};
 use crate::runtime::known_objects::WatchSource;
 use crate::runtime::registry::ObjectRef;
@@ -61,29 +63,6 @@ where
     K: WatchedKind,
     A::Context: ToEnvelope<A, Observed<A::Object>> + ToEnvelope<A, Gone>,
 {
-    /// An object this replica works on is labelled for another: its actor stops, and when the coordinator
-    /// drained it, the labels go so the new owner may start.
-    pub(super) fn let_go(
-        &mut self,
-        key: &ObjectRef,
-        object: &A::Object,
-        name: Option<String>,
-        namespace: Option<String>,
-        drained: bool,
-    ) {
-        let actor = self.registry.remove(key);
-        self.stop_working(key);
-        if actor.is_some() || (drained && A::wants(object)) {
-            self.release(
-                actor,
-                key.kind,
-                name.unwrap_or_default(),
-                namespace,
-                drained,
-            );
-        }
-    }
-
     /// Whether the object under `key` was last seen by `source`'s watch as `uid` (not seen since by
     /// another watch of this feed, and followed here at all).
     pub(super) fn last_seen_by(&self, key: &ObjectRef, source: &WatchSource, uid: &str) -> bool {
@@ -106,7 +85,7 @@ where
         let read = async move { api.get_opt(&name).await };
         // Answered on the feed, in order with its watch events.
         ctx.spawn(read.into_actor(self).map(move |found, feed, ctx| match found {
-            Ok(found) => feed.lost_checked(source, key, uid, object, found),
+            Ok(found) => feed.lost_checked(ctx, source, key, uid, object, found),
             Err(error) => {
                 // Until a read answers, the object keeps its actor.
                 warn!(kind = %K::kind(&()), object = ?key, %error, "reading an object a departed member's watch lost failed; reading again");
@@ -121,6 +100,7 @@ where
     /// replica if labelled for it, else its actor stops) or nothing of that UID (deleted).
     pub(super) fn lost_checked(
         &mut self,
+        ctx: &mut Context<Self>,
         source: WatchSource,
         key: ObjectRef,
         uid: String,
@@ -140,8 +120,8 @@ where
                     }
                     ShardState::NotOurs { drained } => {
                         self.known.deleted(&key);
-                        let (name, namespace) = (found.metadata.name, found.metadata.namespace);
-                        self.let_go(&key, &object, name, namespace, drained);
+                        let labelled = LabelledAs::of(&found.metadata);
+                        self.let_go(ctx, &key, &object, labelled, drained);
                     }
                 }
             }
@@ -303,46 +283,6 @@ where
         for event in events {
             self.dispatch(ctx, &source, event);
         }
-    }
-
-    /// Lets an object go: its actor (if any) stops once its running reconcile is done, then, when the
-    /// coordinator asked for it (`drained`), the shard labels are removed so the new owner may start.
-    pub(super) fn release(
-        &self,
-        actor: Option<Addr<A>>,
-        kind: &'static str,
-        name: String,
-        namespace: Option<String>,
-        drained: bool,
-    ) {
-        let api = self.dynamic_api(&self.runtime.client, namespace.as_deref());
-        let metrics = self.runtime.metrics.clone();
-        actix::spawn(async move {
-            if let Some(actor) = actor {
-                let (done, stopped) = tokio::sync::oneshot::channel();
-                if actor.send(Release(done)).await.is_ok() {
-                    let _ = stopped.await;
-                }
-            }
-            if !drained {
-                return;
-            }
-            let patch = serde_json::json!({"metadata": {"labels": {
-                SHARD_OWNER_LABEL: null, SHARD_DRAIN_LABEL: null,
-            }}});
-            match api
-                .patch(
-                    &name,
-                    &kube::api::PatchParams::default(),
-                    &kube::api::Patch::Merge(&patch),
-                )
-                .await
-            {
-                Ok(_) => metrics.shard_released(kind),
-                Err(kube::Error::Api(e)) if e.code == 404 => {}
-                Err(error) => warn!(%kind, %name, %error, "releasing to another replica failed"),
-            }
-        });
     }
 }
 
