@@ -183,6 +183,15 @@ fn view(live: &[&str], takeovers: &[(&str, &str)]) -> ShardView {
 
 impl Replica {
     async fn start(member: &str) -> Self {
+        Self::start_feed(member, false).await
+    }
+
+    /// Sharded replicas watch HostedClusters with a gated feed: every object, actors only for theirs.
+    async fn start_gated(member: &str) -> Self {
+        Self::start_feed(member, true).await
+    }
+
+    async fn start_feed(member: &str, gated: bool) -> Self {
         let env = pko_testenv::shared().unwrap();
         let client = env.management().client().await.unwrap();
         let (view_tx, view_rx) = watch::channel(view(&[member, "other-replica"], &[]));
@@ -210,7 +219,12 @@ impl Replica {
             working: Arc::default(),
             overlapped: overlapped.clone(),
         };
-        KindFeed::<ConfigMap, Holding>::new(heard, Arc::new(Registry::default()), None).start();
+        let feed = KindFeed::<ConfigMap, Holding>::new(heard, Arc::new(Registry::default()), None);
+        if gated {
+            feed.gated().start();
+        } else {
+            feed.start();
+        }
         Self {
             member: member.to_owned(),
             view: view_tx,
@@ -443,6 +457,51 @@ type ReleaseCase = (
     Option<&'static str>,
     ReleaseOutcome,
 );
+
+/// A take-over that finds the departed member's object drained already (a member joined between the
+/// departure and the take-over record) lets it go although it never worked on it. The gated feed
+/// routed only what moved between "ours" and "not ours", so the drained HostedCluster stayed labelled
+/// for the departed member, and the coordinator never gave its HCP namespace to the newcomer (seed 3,
+/// 20 minutes: the canary's last release never rolled out).
+#[actix::test]
+async fn a_take_over_releases_what_it_finds_drained() {
+    let api = namespace_api("release-gated").await;
+    let mut replica = Replica::start_gated("release-gated-a").await;
+    let departed = format!("{}-departed", replica.member);
+    let drained = [
+        (SHARD_OWNER_LABEL, departed.as_str()),
+        (SHARD_DRAIN_LABEL, "true"),
+    ];
+    api.create(&PostParams::default(), &labelled("object", &drained))
+        .await
+        .unwrap();
+    let marker = api
+        .create(
+            &PostParams::default(),
+            &labelled("zz-marker", &[(SHARD_OWNER_LABEL, replica.member.as_str())]),
+        )
+        .await
+        .unwrap();
+    replica
+        .observed("zz-marker", &marker.metadata.resource_version.unwrap())
+        .await;
+
+    replica
+        .view
+        .send(view(
+            &[&replica.member, "other-replica"],
+            &[(&departed, &replica.member)],
+        ))
+        .unwrap();
+    wait_released(&api, "object").await;
+    assert!(
+        replica
+            .started
+            .try_recv()
+            .is_ok_and(|s| s.name == "zz-marker"),
+        "only the marker's actor started"
+    );
+}
 
 /// The release removes the shard labels only while they say what it was decided on, in the same write:
 /// drained, held by the replica it names.

@@ -261,9 +261,12 @@ where
         let moved: Vec<K> = self
             .latest
             .iter()
-            .filter(|(key, object)| {
-                matches!(self.shard_of(object.meta()), ShardState::Ours)
-                    != self.working.contains(*key)
+            .filter(|(key, object)| match self.shard_of(object.meta()) {
+                ShardState::Ours => !self.working.contains(*key),
+                // Drained for this replica, which lets it go even if it never worked on it: a take-over
+                // can find the departed member's object drained already (a member joined meanwhile),
+                // and nothing else would release it (a HostedCluster may not change for hours).
+                ShardState::NotOurs { drained } => drained || self.working.contains(*key),
             })
             .map(|(_, object)| object.clone())
             .collect();
