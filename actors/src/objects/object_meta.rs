@@ -9,6 +9,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 
 use crate::engine::objects::desired_object::FIELD_MANAGER;
+use crate::engine::objects::status_patch::merge_patch_between;
 use pko_proto::well_known::SERVICE_ACCOUNT_ANNOTATION;
 
 /// The object's creation time in Unix seconds (0 when the apiserver has not set it).
@@ -96,7 +97,39 @@ pub async fn write_status_over<K>(
 where
     K: Clone + DeserializeOwned + std::fmt::Debug + Resource,
 {
-    let patch = status_merge_patch_over(status, lists, read_at);
+    send_status_patch(api, name, status_merge_patch_over(status, lists, read_at)).await
+}
+
+/// Writes `status` over `stored`, the status of the object at `read_at`: the patch is the difference
+/// between the two ([`merge_patch_between`]), so a field `status` no longer has is removed, where
+/// [`write_status_over`] would keep it. Returns the resourceVersion written.
+pub async fn replace_status_over<K>(
+    api: &Api<K>,
+    name: &str,
+    stored: &impl serde::Serialize,
+    status: &impl serde::Serialize,
+    read_at: Option<&str>,
+) -> Result<Option<String>, kube::Error>
+where
+    K: Clone + DeserializeOwned + std::fmt::Debug + Resource,
+{
+    let stored = serde_json::to_value(stored).unwrap_or_else(|_| json!({}));
+    let status = serde_json::to_value(status).unwrap_or_else(|_| json!({}));
+    let mut patch = json!({ "status": merge_patch_between(&stored, &status) });
+    if let Some(version) = read_at {
+        patch["metadata"] = json!({ "resourceVersion": version });
+    }
+    send_status_patch(api, name, patch).await
+}
+
+async fn send_status_patch<K>(
+    api: &Api<K>,
+    name: &str,
+    patch: Value,
+) -> Result<Option<String>, kube::Error>
+where
+    K: Clone + DeserializeOwned + std::fmt::Debug + Resource,
+{
     let written = api
         .patch_status(
             name,

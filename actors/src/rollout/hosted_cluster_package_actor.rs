@@ -36,7 +36,7 @@ use crate::engine::rollout::rollout_status::{progress_only, PROGRESSING};
 use crate::engine::status_hold::StatusHold;
 use crate::engine::transition_events::TransitionEvent;
 use crate::manager::context::ManagerContext;
-use crate::objects::object_meta::{event_reference, write_status_over};
+use crate::objects::object_meta::{event_reference, replace_status_over};
 use crate::rollout::hcp_namespace_actor::{HcpNamespaceActor, PackageCommand};
 use crate::rollout::hosted_cluster_index::SelectionChanged;
 use crate::runtime::object_actor::{
@@ -340,6 +340,7 @@ impl HostedClusterPackageActor {
         let publisher = self.context.rollouts.publisher.clone();
         let reference = event_reference("HostedClusterPackage", &hcpkg.metadata);
         let read_at = hcpkg.metadata.resource_version.clone();
+        let stored = previous_status.clone();
         let events_sink = self.context.runtime.events.clone();
         // What the write and the publisher take goes with them; the status comes back to `carried`.
         let status = std::mem::take(&mut step.status);
@@ -350,7 +351,7 @@ impl HostedClusterPackageActor {
             // finds every update it was about to make already counted. It is written only over the
             // version it was planned from, so a replica that lost its leadership cannot overwrite it.
             let written_at = if write_now {
-                write_status(&client, &name, read_at.as_deref(), &status).await?
+                write_status(&client, &name, read_at.as_deref(), &stored, &status).await?
             } else {
                 None
             };
@@ -485,17 +486,18 @@ enum StatusWriteError {
     Failed(String),
 }
 
-/// Writes `status` if the object is still at `read_at` (a resourceVersion precondition); returns the
-/// resourceVersion written. Emptied lists (processing, partitions) are cleared too.
+/// Writes `status` if the object is still at `read_at` (a resourceVersion precondition), whose status
+/// is `stored`; returns the resourceVersion written. What went away since `stored` is removed: a halt
+/// that ended, an earlier halt's `rolledBackAt`, emptied lists.
 async fn write_status(
     client: &kube::Client,
     name: &str,
     read_at: Option<&str>,
+    stored: &HostedClusterPackageStatus,
     status: &HostedClusterPackageStatus,
 ) -> Result<Option<String>, StatusWriteError> {
-    let lists = ["conditions", "partitions", "processing"];
     let api = Api::<HostedClusterPackage>::all(client.clone());
-    match write_status_over(&api, name, status, &lists, read_at).await {
+    match replace_status_over(&api, name, stored, status, read_at).await {
         Ok(written) => Ok(written),
         Err(kube::Error::Api(e)) if e.code == 409 => Err(StatusWriteError::Conflict),
         Err(e) => Err(StatusWriteError::Failed(format!("writing the status: {e}"))),

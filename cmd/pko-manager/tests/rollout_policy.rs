@@ -397,6 +397,21 @@ async fn a_missed_deadline_rolls_the_fleet_back_to_the_last_good_template() {
     let again = api.get(&name).await.unwrap();
     assert_eq!(again.metadata.generation, generation);
     assert!(again.status.unwrap().processing.is_empty());
+
+    // A new template ends the halt: the stored status says so, not only the Halted condition (a merge
+    // patch of the new status alone kept the old halt, and a later halt inherited its rolledBackAt:
+    // chaos seed 3).
+    set_greeting(&api, &good, "v3").await;
+    let done = wait_status(&api, &name, log, "the next template rolled out", |h| {
+        h.status.as_ref().is_some_and(|s| {
+            s.last_succeeded
+                .as_ref()
+                .is_some_and(|l| l.template_hash != good_hash)
+                && s.counts.available_packages == 3
+        })
+    })
+    .await;
+    assert_eq!(done.status.unwrap().halted, None, "the ended halt stayed");
 }
 
 #[tokio::test]

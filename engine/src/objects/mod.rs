@@ -1,6 +1,7 @@
 //! The object engine's rules: what an ObjectSet's objects are (desired objects, reserved ones, whose
 //! identity applies them), adoption and drift, probes and the phase verdict, ObjectSet status,
-//! ObjectDeployment revision plans and template hashes, ObjectTemplate rendering, immutable fields.
+//! ObjectDeployment revision plans and template hashes, ObjectTemplate rendering, immutable fields, and
+//! the merge patch between two statuses.
 
 pub mod adoption;
 pub mod apply_identity;
@@ -16,4 +17,5 @@ pub mod phase_plan;
 pub mod phase_verdict;
 pub mod probe;
 pub mod reserved_objects;
+pub mod status_patch;
 pub mod template_hash;
