@@ -60,7 +60,11 @@ pub fn status_merge_patch_over(
     lists: &[&str],
     read_at: Option<&str>,
 ) -> Value {
-    let mut patch = status_merge_patch(status, lists);
+    over_version(status_merge_patch(status, lists), read_at)
+}
+
+/// `patch` with `read_at`, when given, as its resourceVersion precondition.
+fn over_version(mut patch: Value, read_at: Option<&str>) -> Value {
     if let Some(version) = read_at {
         patch["metadata"] = json!({ "resourceVersion": version });
     }
@@ -115,11 +119,8 @@ where
 {
     let stored = serde_json::to_value(stored).unwrap_or_else(|_| json!({}));
     let status = serde_json::to_value(status).unwrap_or_else(|_| json!({}));
-    let mut patch = json!({ "status": merge_patch_between(&stored, &status) });
-    if let Some(version) = read_at {
-        patch["metadata"] = json!({ "resourceVersion": version });
-    }
-    send_status_patch(api, name, patch).await
+    let patch = json!({ "status": merge_patch_between(&stored, &status) });
+    send_status_patch(api, name, over_version(patch, read_at)).await
 }
 
 async fn send_status_patch<K>(

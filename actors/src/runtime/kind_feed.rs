@@ -263,7 +263,9 @@ where
     fn route(&mut self, ctx: &mut Context<Self>, source: &WatchSource, object: K, deleted: bool) {
         let uid = object.meta().uid.clone().unwrap_or_default();
         let shard = self.shard_of(object.meta());
-        let labelled = LabelledAs::of(object.meta());
+        // Only an object let go of needs its labels kept (most events are of this replica's own).
+        let labelled =
+            matches!(shard, ShardState::NotOurs { .. }).then(|| LabelledAs::of(object.meta()));
         let latest = (self.gated && !deleted).then(|| object.clone());
         let object = A::Object::from(object);
         let key = A::key(&object);
@@ -295,7 +297,7 @@ where
             self.deliver_gone(&key, Some(&object));
             return;
         }
-        if let ShardState::NotOurs { drained } = shard {
+        if let (ShardState::NotOurs { drained }, Some(labelled)) = (shard, labelled) {
             if self.gated {
                 self.known
                     .seen(&key, &uid, source, || A::tombstone(&object));
