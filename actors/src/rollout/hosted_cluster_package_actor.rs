@@ -9,7 +9,6 @@
 
 use pko_proto::well_known::HOSTED_CLUSTER_PACKAGE_LABEL;
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
@@ -25,6 +24,7 @@ use pko_proto::rollout_events::RolloutEvent;
 use tracing::{info_span, Span};
 
 use crate::engine::fleet::promotion_gate::GateVerdict;
+use crate::engine::resource_version::NewestSeen;
 use crate::engine::rollout::hosted_cluster_package::{desired_package, OwnedPackage};
 use crate::engine::rollout::rollout_decision::{
     decide_rollout, GateInput, RolloutDecision, RolloutSnapshot,
@@ -121,19 +121,14 @@ fn sooner(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
 /// The HostedClusterPackage controller's own state.
 #[derive(Default)]
 pub struct HostedClusterPackageController {
-    /// Owned Packages by namespace, from this supervisor's own watch of them; `None` until its first
-    /// list is complete (planning on a partial view could recreate existing Packages past the budget).
-    /// Shared, not copied: every reconcile snapshots the whole fleet's Packages.
-    packages: Option<BTreeMap<String, Arc<OwnedPackage>>>,
-    /// Whether the watch of the owned Packages runs; what its current re-list found so far.
+    /// Owned Packages by namespace, from this supervisor's own watch of them and its writes' answers,
+    /// each at the newest version seen; none until its first list is complete (planning on a partial
+    /// view could recreate existing Packages past the budget). Shared, not copied: every reconcile
+    /// snapshots the whole fleet's Packages. An update that is free only because the Package was seen
+    /// down is written over the version it was seen at (`Guard::if_unchanged`).
+    packages: NewestSeen<OwnedPackage>,
+    /// Whether the watch of the owned Packages runs.
     watching: bool,
-    listing: BTreeMap<String, Arc<OwnedPackage>>,
-    /// The resourceVersion of each owned Package as last taken into `packages` (from the watch or a
-    /// write's response): a response older than what the watch showed is not taken, and an update that
-    /// is free only because the Package was seen down is written over it (`Guard::if_unchanged`).
-    versions: BTreeMap<String, String>,
-    /// The versions of the re-list under way, which become `versions` with it.
-    listing_versions: BTreeMap<String, String>,
     children: BTreeMap<String, Addr<HcpNamespaceActor>>,
     /// Writes handed to children and not answered yet: planned as updated and unavailable.
     writing: BTreeSet<String>,
@@ -216,7 +211,7 @@ impl Reconcile for HostedClusterPackageController {
             // Woken by the fleet once it is complete.
             return done();
         }
-        let Some(packages) = actor.state.packages.clone() else {
+        let Some(packages) = actor.state.packages.objects().cloned() else {
             return done();
         };
         let hub = actor.context.rollouts.hub.clone();

@@ -230,7 +230,7 @@ async fn broken_release_stays_in_its_group(
         "{:?}",
         o.barrier_violations
     );
-    assert!(o.worst <= MAX_UNAVAILABLE, "{} disrupted at once", o.worst);
+    o.assert_within_budget(MAX_UNAVAILABLE);
     victim
 }
 

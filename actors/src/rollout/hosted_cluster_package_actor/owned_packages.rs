@@ -1,7 +1,7 @@
 //! The supervisor's own view of the Packages it owns: a label-selected watch of them (a complete list
-//! replaces what was known), and the answers of the writes it handed to the HCP namespace actors, taken
-//! only when newer than what the watch showed. Either wakes the supervisor when the decision's inputs
-//! changed.
+//! replaces what was known), and the answers of the writes it handed to the HCP namespace actors; each
+//! Package at the newest version either path showed (`engine::resource_version::NewestSeen`). Either
+//! wakes the supervisor when the decision's inputs changed.
 
 use std::sync::Arc;
 
@@ -11,7 +11,6 @@ use pko_proto::core::package::Package;
 use tracing::{info, warn};
 
 use super::HostedClusterPackageActor;
-use crate::engine::resource_version::response_is_newer;
 use crate::engine::rollout::hosted_cluster_package::OwnedPackage;
 use crate::rollout::hcp_namespace_actor::{PackageWritten, WriteOutcome};
 
@@ -21,76 +20,38 @@ impl StreamHandler<Result<watcher::Event<Package>, watcher::Error>> for HostedCl
         event: Result<watcher::Event<Package>, watcher::Error>,
         ctx: &mut Context<Self>,
     ) {
-        let owned = |package: Package| {
-            let owned = OwnedPackage::from(package);
-            (
-                owned.meta.namespace.clone().unwrap_or_default(),
-                Arc::new(owned),
-            )
-        };
-        let state = &mut self.state;
-        // The version each entry of `packages` was read at: a write's answer must be newer to be taken,
-        // and an update decided on the entry lands only over it. A re-list's versions count once the
-        // list replaces `packages`.
-        if let Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) = &event {
-            if let (Some(namespace), Some(version)) =
-                (&p.metadata.namespace, &p.metadata.resource_version)
-            {
-                let versions = match &event {
-                    Ok(watcher::Event::InitApply(_)) => &mut state.listing_versions,
-                    _ => &mut state.versions,
-                };
-                versions.insert(namespace.clone(), version.clone());
-            }
-        }
-        match event {
+        let packages = &mut self.state.packages;
+        let changed = match event {
             Ok(watcher::Event::Init) => {
-                state.listing.clear();
-                state.listing_versions.clear();
-                return;
+                packages.list_started();
+                false
             }
             Ok(watcher::Event::InitApply(package)) => {
-                let (namespace, package) = owned(package);
-                state.listing.insert(namespace, package);
-                return;
+                let (namespace, package, version) = owned(package);
+                packages.listed(namespace, package, version);
+                false
             }
             // A complete list replaces what was known: Packages deleted meanwhile are gone.
-            Ok(watcher::Event::InitDone) => {
-                let listed = std::mem::take(&mut state.listing);
-                state.versions = std::mem::take(&mut state.listing_versions);
-                if state.packages.as_ref() == Some(&listed) {
-                    return;
-                }
-                state.packages = Some(listed);
-            }
+            Ok(watcher::Event::InitDone) => packages.list_done(),
             // Most events of a Package change nothing the decision reads (its own status writes of
-            // other fields, labels, the echo of this supervisor's write): those wake nobody.
+            // other fields, labels, the echo of this supervisor's write): those wake nobody. Nor does
+            // one older than a write's answer already taken.
             Ok(watcher::Event::Apply(package)) => {
-                let (namespace, package) = owned(package);
-                let Some(packages) = state.packages.as_mut() else {
-                    return;
-                };
-                if packages.get(&namespace) == Some(&package) {
-                    return;
-                }
-                packages.insert(namespace, package);
+                let (namespace, package, version) = owned(package);
+                packages.watched(namespace, package, version)
             }
             Ok(watcher::Event::Delete(package)) => {
-                let (namespace, _) = owned(package);
-                state.versions.remove(&namespace);
-                let Some(packages) = state.packages.as_mut() else {
-                    return;
-                };
-                if packages.remove(&namespace).is_none() {
-                    return;
-                }
+                let (namespace, _, version) = owned(package);
+                packages.deleted(&namespace, version.as_deref())
             }
             Err(error) => {
                 warn!(%error, "watching the owned Packages; retrying");
-                return;
+                false
             }
+        };
+        if changed {
+            self.request_reconcile(ctx);
         }
-        self.request_reconcile(ctx);
     }
 
     /// The watch ends only with the actor.
@@ -104,24 +65,15 @@ impl Handler<PackageWritten> for HostedClusterPackageActor {
         match written.outcome {
             WriteOutcome::Stored(stored) => {
                 self.state.failures.remove(&written.namespace);
-                if let (Some(packages), Some(stored)) = (self.state.packages.as_mut(), stored) {
-                    match serde_json::from_value::<Package>(stored) {
-                        // Taken only when newer than what the watch already showed: the Package may
-                        // have moved on (become available) between the write and this answer.
-                        Ok(p) => {
-                            let version = p.metadata.resource_version.clone();
-                            let watched = self.state.versions.get(&written.namespace);
-                            if response_is_newer(version.as_deref(), watched.map(String::as_str)) {
-                                if let Some(version) = version {
-                                    self.state
-                                        .versions
-                                        .insert(written.namespace.clone(), version);
-                                }
-                                packages.insert(written.namespace, Arc::new(p.into()));
-                            }
-                        }
-                        Err(e) => warn!(error = %e, "cannot read back a written Package"),
+                // Taken only when newer than what the watch already showed: the Package may have
+                // moved on (become available) between the write and this answer.
+                match stored.map(serde_json::from_value::<Package>) {
+                    Some(Ok(p)) => {
+                        let (namespace, package, version) = owned(p);
+                        self.state.packages.written(namespace, package, version);
                     }
+                    Some(Err(e)) => warn!(error = %e, "cannot read back a written Package"),
+                    None => {}
                 }
             }
             WriteOutcome::Failed(error) => {
@@ -138,4 +90,12 @@ impl Handler<PackageWritten> for HostedClusterPackageActor {
         }
         self.request_reconcile(ctx);
     }
+}
+
+/// A Package as the supervisor keeps it: by namespace, with the version it was read at.
+fn owned(package: Package) -> (String, Arc<OwnedPackage>, Option<String>) {
+    let version = package.metadata.resource_version.clone();
+    let owned = OwnedPackage::from(package);
+    let namespace = owned.meta.namespace.clone().unwrap_or_default();
+    (namespace, Arc::new(owned), version)
 }

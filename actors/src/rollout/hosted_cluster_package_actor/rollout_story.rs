@@ -91,7 +91,7 @@ impl HostedClusterPackageActor {
         let if_unchanged: BTreeMap<String, String> = plan
             .update_if_unchanged
             .iter()
-            .filter_map(|ns| Some((ns.clone(), self.state.versions.get(ns)?.clone())))
+            .filter_map(|ns| Some((ns.clone(), self.state.packages.version(ns)?.to_owned())))
             .collect();
         let writes: BTreeMap<String, Span> = plan
             .create

@@ -221,6 +221,21 @@ pub struct Observed {
     pub update_order: Vec<String>,
     /// For each update: namespaces of earlier groups not yet done on the new template at that moment.
     pub barrier_violations: Vec<String>,
+    /// Every change of a Package's (on the new template, done), in order, with the disruption after it:
+    /// printed when an assertion on the budget fails.
+    pub timeline: Vec<String>,
+}
+
+impl Observed {
+    /// Fails when more than `max_unavailable` Packages were disrupted at once, with the timeline.
+    pub fn assert_within_budget(&self, max_unavailable: usize) {
+        assert!(
+            self.worst <= max_unavailable,
+            "at some moment {} Packages were unavailable (maxUnavailable {max_unavailable}):\n{}",
+            self.worst,
+            self.timeline.join("\n")
+        );
+    }
 }
 
 /// The strict definition of a Package that is done, independent of pko's: Available=True and
@@ -294,11 +309,7 @@ impl RolloutObserver {
     pub fn finish(self, max_unavailable: usize) -> Vec<String> {
         self.task.abort();
         let o = self.observed.lock().unwrap();
-        assert!(
-            o.worst <= max_unavailable,
-            "at some moment {} Packages were unavailable (maxUnavailable {max_unavailable})",
-            o.worst
-        );
+        o.assert_within_budget(max_unavailable);
         assert!(
             o.barrier_violations.is_empty(),
             "{:?}",
@@ -344,9 +355,26 @@ impl Observed {
             self.updated_at_generation
                 .insert(ns.clone(), generation.unwrap_or_default());
         }
-        self.packages.insert(ns, (on_new, done));
+        let changed = self.packages.insert(ns.clone(), (on_new, done)) != Some((on_new, done));
         let disrupted = self.packages.values().filter(|(_, done)| !done).count();
         self.worst = self.worst.max(disrupted);
+        if changed {
+            let conditions: Vec<String> = p
+                .status
+                .iter()
+                .flat_map(|s| &s.conditions)
+                .map(|c| {
+                    format!(
+                        "{}={}/{}@{:?}",
+                        c.type_, c.status, c.reason, c.observed_generation
+                    )
+                })
+                .collect();
+            self.timeline.push(format!(
+                "{ns} gen {generation:?} rv {:?}: new={on_new} done={done} -> {disrupted} disrupted {conditions:?}",
+                p.metadata.resource_version
+            ));
+        }
     }
 }
 
