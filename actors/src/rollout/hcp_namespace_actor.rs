@@ -36,6 +36,10 @@ pub enum PackageCommand {
 pub struct PackageWritten {
     pub namespace: String,
     pub outcome: WriteOutcome,
+    /// No wish is left to write: this one landed (or was refused as `Changed`) and none came after it.
+    /// Otherwise a write is still on its way (this one retried, or a newer one) and may land at any
+    /// time.
+    pub settled: bool,
 }
 
 #[derive(Debug)]
@@ -45,7 +49,7 @@ pub enum WriteOutcome {
     /// Not written: the Package changed since the version the write was to land on. Not retried: the
     /// supervisor decides again on what changed.
     Changed,
-    /// Failed; retried with backoff until a newer wish replaces it.
+    /// Failed; retried with backoff until it lands or a newer wish replaces it.
     Failed(String),
 }
 
@@ -137,6 +141,7 @@ impl HcpNamespaceActor {
             act.supervisor.do_send(PackageWritten {
                 namespace: act.namespace.clone(),
                 outcome,
+                settled: act.desired.is_none(),
             });
             if act.gate.finish(ctx, failed, Self::write) {
                 act.write(ctx);

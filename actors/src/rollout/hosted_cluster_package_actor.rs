@@ -19,7 +19,7 @@ use kube::runtime::watcher;
 use kube::runtime::WatchStreamExt;
 use kube::Api;
 use pko_proto::core::hosted_cluster_package::{HostedClusterPackage, HostedClusterPackageStatus};
-use pko_proto::core::package::{Package, PackageTemplateSpec};
+use pko_proto::core::package::{Package, PackageSpec, PackageTemplateSpec};
 use pko_proto::rollout_events::RolloutEvent;
 use tracing::{info_span, Span};
 
@@ -130,8 +130,10 @@ pub struct HostedClusterPackageController {
     /// Whether the watch of the owned Packages runs.
     watching: bool,
     children: BTreeMap<String, Addr<HcpNamespaceActor>>,
-    /// Writes handed to children and not answered yet: planned as updated and unavailable.
-    writing: BTreeSet<String>,
+    /// Writes handed to children and not settled yet (a failed one is retried until it lands or a
+    /// newer one replaces it), with the spec each carries: planned as unavailable, and as updated only
+    /// when that is the template's spec (`RolloutSnapshot::writing`).
+    writing: BTreeMap<String, PackageSpec>,
     /// Namespaces whose last write failed, with why.
     failures: BTreeMap<String, String>,
     last: Option<LastPlan>,
@@ -432,7 +434,9 @@ impl HostedClusterPackageActor {
             if let Some(traceparent) = write.in_scope(current_traceparent) {
                 body["metadata"]["annotations"][TRACE_PARENT_ANNOTATION] = traceparent.into();
             }
-            self.state.writing.insert(namespace.clone());
+            self.state
+                .writing
+                .insert(namespace.clone(), template.spec.clone());
             let over = guard.if_unchanged.get(&namespace).cloned();
             self.child(&namespace, ctx).do_send(PackageCommand::Apply {
                 body,

@@ -14,6 +14,7 @@ use std::path::Path;
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
+use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
@@ -661,4 +662,176 @@ async fn a_cluster_joining_a_later_group_gets_the_last_good_template_until_its_t
     })
     .await;
     assert_eq!(greeting(&client, &joined.hcp_namespace, &name).await, "v3");
+}
+
+/// Every create and update of a Package in `namespace` refused by the apiserver, the way a webhook
+/// that cannot be reached refuses them (failing closed): one nobody serves, for that namespace alone.
+/// Returns once the apiserver applies it; deleting the configuration it names ends it.
+async fn refuse_package_writes(client: &Client, namespace: &str, package: &str) -> String {
+    let label = "pko-test/refuse-package-writes";
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+        .patch(
+            namespace,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {label: "true"}}})),
+        )
+        .await
+        .unwrap();
+    let name = format!("refuse-packages-{namespace}");
+    let configuration: ValidatingWebhookConfiguration = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "webhooks": [{
+            "name": "refuse.packages.pko.test",
+            "clientConfig": {"url": "https://127.0.0.1:1/refuse"},
+            "rules": [{"apiGroups": ["package-operator.run"], "apiVersions": ["*"],
+                "operations": ["CREATE", "UPDATE"], "resources": ["packages"], "scope": "Namespaced"}],
+            "namespaceSelector": {"matchLabels": {label: "true"}},
+            "failurePolicy": "Fail", "sideEffects": "None", "admissionReviewVersions": ["v1"],
+            "timeoutSeconds": 2,
+        }],
+    }))
+    .unwrap();
+    Api::<ValidatingWebhookConfiguration>::all(client.clone())
+        .create(&PostParams::default(), &configuration)
+        .await
+        .unwrap();
+    // The apiserver takes it from its own watch: a dry-run update tells when it does.
+    let packages = Api::<Package>::namespaced(client.clone(), namespace);
+    let probe = PatchParams {
+        dry_run: true,
+        ..PatchParams::default()
+    };
+    let touch = json!({"metadata": {"annotations": {"pko-test/probe": "refused?"}}});
+    wait_until("the webhook refuses Package writes", TIMEOUT, || async {
+        match packages.patch(package, &probe, &Patch::Merge(&touch)).await {
+            Err(e) if e.to_string().contains("refuse.packages.pko.test") => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await
+    .unwrap();
+    name
+}
+
+/// Found reading the HostedClusterPackage supervisor (issue 41): a Package write that failed was
+/// forgotten by the supervisor, which then planned the Package as it was last seen, while the
+/// namespace's writer kept retrying it. A write of a release that was then rolled back landed once the
+/// apiserver took it again: the broken release after its rollback, outside the budget. A retried write
+/// stays counted as on its way, and the rollback replaces it.
+#[tokio::test]
+async fn a_retried_write_of_a_rolled_back_release_never_lands() {
+    let (api, client, name, members) = rollout(
+        "policy-retried",
+        &[("early", 2), ("late", 1)],
+        json!(2),
+        json!({"defaults": {"maxFailures": 0}, "rollback": "Automatic"}),
+    )
+    .await;
+    let good = api.get(&name).await.unwrap();
+    let early: Vec<&String> = members
+        .iter()
+        .filter(|(_, g)| g == "early")
+        .map(|(ns, _)| ns)
+        .collect();
+    let (broken_ns, refused_ns) = (early[0], early[1]);
+    // v2 adds the region `taken`; its ConfigMap already exists in one cluster, owned by nobody.
+    let taken: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": format!("{name}-region-taken")}, "data": {"owner": "someone else"},
+    }))
+    .unwrap();
+    Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), broken_ns)
+        .create(&PostParams::default(), &taken)
+        .await
+        .unwrap();
+    // The other early cluster's Package cannot be written until the webhook goes.
+    let refused = Api::<Package>::namespaced(client.clone(), refused_ns);
+    let generation = refused.get(&name).await.unwrap().metadata.generation;
+    let webhook = refuse_package_writes(&client, refused_ns, &name).await;
+    let image = good.spec.template.spec.image.clone();
+    let v2 =
+        json!({"image": image, "config": {"greeting": "v2", "regions": ["eu", "us", "taken"]}});
+    let group_of: BTreeMap<String, usize> = members
+        .iter()
+        .map(|(ns, g)| (ns.clone(), usize::from(g == "late")))
+        .collect();
+    let v2_package_spec = json!({"image": image, "config": v2["config"]});
+    let observer = RolloutObserver::start(&client, &name, &v2_package_spec, group_of).await;
+    set_template(&api, &name, v2).await;
+    // v2 fails where its region is taken, and the fleet goes back to the good template there, while
+    // the write to the refused cluster keeps failing.
+    let failing = |h: &HostedClusterPackage| {
+        condition(h, "Progressing").is_some_and(|c| {
+            c.message.contains("Failing, retried with backoff") && c.message.contains(refused_ns)
+        })
+    };
+    let halted = wait_status(
+        &api,
+        &name,
+        log,
+        "rolling back, the refused write named",
+        |h| {
+            h.status
+                .as_ref()
+                .is_some_and(|s| s.halted.as_ref().is_some_and(|h| h.rolling_back))
+                && failing(h)
+        },
+    )
+    .await;
+    wait_until(
+        &format!("{broken_ns} live on the good template"),
+        TIMEOUT,
+        || async {
+            let p = Api::<Package>::namespaced(client.clone(), broken_ns)
+                .get(&name)
+                .await
+                .map_err(|e| e.to_string())?;
+            if p.spec.config == good.spec.template.spec.config && is_done(&p) {
+                Ok(())
+            } else {
+                Err(format!("{:?}", p.status.map(|s| s.conditions)))
+            }
+        },
+    )
+    .await
+    .unwrap();
+    // A write on its way may still land: the rollback is not complete while it is.
+    let h = api.get(&name).await.unwrap();
+    assert!(
+        failing(&h)
+            && h.status
+                .as_ref()
+                .unwrap()
+                .halted
+                .as_ref()
+                .unwrap()
+                .rolled_back_at
+                .is_none(),
+        "{:?}\nhalted at: {:?}",
+        h.status,
+        halted.status.map(|s| s.halted)
+    );
+    Api::<ValidatingWebhookConfiguration>::all(client.clone())
+        .delete(&webhook, &Default::default())
+        .await
+        .unwrap();
+    wait_status(&api, &name, log, "rolled back, nothing failing", |h| {
+        h.status.as_ref().is_some_and(|s| {
+            s.halted
+                .as_ref()
+                .is_some_and(|h| h.rolled_back_at.is_some())
+                && s.counts.available_packages == 3
+        }) && !failing(h)
+    })
+    .await;
+    // The refused write was never v2's: the Package kept its spec and generation.
+    let p = refused.get(&name).await.unwrap();
+    assert_eq!(p.metadata.generation, generation);
+    assert_eq!(p.spec.config, good.spec.template.spec.config);
+    let observed = observer.observed.lock().unwrap();
+    assert!(
+        !observed.update_order.contains(refused_ns),
+        "{refused_ns} took the rolled-back release:\n{}",
+        observed.timeline.join("\n")
+    );
+    observed.assert_within_budget(2);
 }

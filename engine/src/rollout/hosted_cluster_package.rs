@@ -351,7 +351,6 @@ mod tests {
     use crate::fleet::promotion_gate::{package_template_hash, HubView};
     use crate::rollout::rollout_decision::*;
     use pko_proto::hypershift::HostedCluster;
-    use std::collections::BTreeSet;
 
     fn hcpkg(spec: Value) -> HostedClusterPackage {
         serde_json::from_value(json!({
@@ -660,13 +659,35 @@ mod tests {
         Arc::new(p.into())
     }
 
+    /// A Package live on `image` for its generation.
+    fn live(namespace: &str, image: &str) -> Arc<OwnedPackage> {
+        let p: Package = serde_json::from_value(json!({
+            "apiVersion": "package-operator.run/v1alpha1", "kind": "Package",
+            "metadata": {"name": "addon", "namespace": namespace, "uid": format!("uid-{namespace}"),
+                "generation": 1},
+            "spec": {"image": image},
+            "status": {"conditions": [
+                {"type": "Available", "status": "True", "reason": "R", "message": "",
+                 "observedGeneration": 1, "lastTransitionTime": "2026-01-01T00:00:00Z"},
+                {"type": "Progressing", "status": "False", "reason": "R", "message": "",
+                 "observedGeneration": 1, "lastTransitionTime": "2026-01-01T00:00:00Z"},
+            ]},
+        }))
+        .unwrap();
+        Arc::new(p.into())
+    }
+
+    fn template_spec(image: &str) -> PackageSpec {
+        serde_json::from_value(json!({"image": image})).unwrap()
+    }
+
     fn snapshot(spec: Value, clusters: Vec<Arc<HostedCluster>>) -> RolloutSnapshot {
         let mut hcpkg = hcpkg(spec);
         hcpkg.metadata.generation = Some(2);
         RolloutSnapshot {
             hcpkg,
             packages: BTreeMap::new(),
-            writing: BTreeSet::new(),
+            writing: BTreeMap::new(),
             clusters,
             failures: BTreeMap::new(),
             gate: GateInput::Preview,
@@ -901,7 +922,8 @@ mod tests {
             "clusters-b".into(),
             owned("clusters-b", "registry/addon:v1"),
         );
-        s.writing.insert("clusters-a".into());
+        s.writing
+            .insert("clusters-a".into(), template_spec("registry/addon:v2"));
         s.failures
             .insert("clusters-b".into(), "quota exceeded".into());
         let RolloutDecision::Planned(step) = decide_rollout(&s, now()) else {
@@ -926,5 +948,31 @@ mod tests {
             "{}",
             progressing.message
         );
+    }
+
+    /// A write retried after a failure may land whatever was observed since. Decided before the
+    /// template changed (a rollback), it does not count as done on the new template: it is planned as
+    /// outdated and unavailable, written again with the template (replacing the retried one), and
+    /// holds its place in the budget.
+    #[test]
+    fn a_retried_write_of_another_template_is_replaced_and_holds_the_budget() {
+        let mut s = snapshot(
+            json!({"template": template(), "strategy": {"rollingUpgrade": {"maxUnavailable": 1}}}),
+            vec![cluster("a", true), cluster("b", true)],
+        );
+        s.packages
+            .insert("clusters-a".into(), live("clusters-a", "registry/addon:v2"));
+        s.packages
+            .insert("clusters-b".into(), live("clusters-b", "registry/addon:v1"));
+        s.writing
+            .insert("clusters-a".into(), template_spec("registry/addon:v1"));
+        s.failures
+            .insert("clusters-a".into(), "webhook refused".into());
+        let RolloutDecision::Planned(step) = decide_rollout(&s, now()) else {
+            panic!("expected a plan");
+        };
+        assert_eq!(step.input.targets[0].package, Some(PackageState::default()));
+        assert_eq!(step.plan.update, ["clusters-a"]);
+        assert_eq!(step.status.counts.unavailable_packages, 1);
     }
 }

@@ -11,7 +11,7 @@ use pko_proto::core::hosted_cluster_package::{
     HostedClusterPackage, HostedClusterPackageHalt, HostedClusterPackageStatus,
     HostedClusterPackageSucceededTemplate, RolloutApprovals,
 };
-use pko_proto::core::package::PackageTemplateSpec;
+use pko_proto::core::package::{PackageSpec, PackageTemplateSpec};
 use pko_proto::hypershift::HostedCluster;
 
 use crate::api_time::{elapsed, stamp};
@@ -38,8 +38,11 @@ pub struct RolloutSnapshot {
     pub hcpkg: HostedClusterPackage,
     /// The owned Packages by namespace.
     pub packages: BTreeMap<String, Arc<OwnedPackage>>,
-    /// Namespaces whose Package write is on its way: planned as updated and unavailable.
-    pub writing: BTreeSet<String>,
+    /// Namespaces whose Package write is on its way (retried until it lands or a newer one replaces
+    /// it), with the spec it carries: planned as updated and unavailable when that is the template's
+    /// spec, and as outdated and unavailable otherwise (decided before a rollback), so a newer write
+    /// replaces it.
+    pub writing: BTreeMap<String, PackageSpec>,
     /// The selected HostedClusters.
     pub clusters: Vec<Arc<HostedCluster>>,
     /// Namespaces whose last Package write failed, with why.
@@ -318,13 +321,14 @@ fn rollout_targets(
             continue;
         }
         wanted.insert(namespace.clone());
-        let (state, failure) = if snapshot.writing.contains(&namespace) {
-            (Some(PackageState::just_updated()), None)
-        } else {
-            match package.map(|p| package_state(template, p)) {
+        let (state, failure) = match snapshot.writing.get(&namespace) {
+            Some(spec) if *spec == template.spec => (Some(PackageState::just_updated()), None),
+            // Whatever is observed, that write may still land: not live, and not on this template.
+            Some(_) => (Some(PackageState::default()), None),
+            None => match package.map(|p| package_state(template, p)) {
                 Some((state, failure)) => (Some(state), failure),
                 None => (None, None),
-            }
+            },
         };
         let label = label_key.and_then(|k| {
             cluster

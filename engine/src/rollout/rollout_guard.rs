@@ -647,7 +647,7 @@ mod tests {
             RolloutSnapshot {
                 hcpkg: self.hcpkg(),
                 packages,
-                writing: BTreeSet::new(),
+                writing: BTreeMap::new(),
                 clusters,
                 failures: BTreeMap::new(),
                 gate: GateInput::Preview,

@@ -61,7 +61,12 @@ impl StreamHandler<Result<watcher::Event<Package>, watcher::Error>> for HostedCl
 impl Handler<PackageWritten> for HostedClusterPackageActor {
     type Result = ();
     fn handle(&mut self, written: PackageWritten, ctx: &mut Context<Self>) {
-        self.state.writing.remove(&written.namespace);
+        // A failed write stays counted as on its way while it is retried: it may land at any time,
+        // so its slot in the budget stays taken, and a decision that no longer wants it (a rollback)
+        // replaces it instead of leaving it to land later.
+        if written.settled {
+            self.state.writing.remove(&written.namespace);
+        }
         match written.outcome {
             WriteOutcome::Stored(stored) => {
                 self.state.failures.remove(&written.namespace);
