@@ -254,6 +254,67 @@ fn cli(args: &[&str]) -> String {
     text
 }
 
+/// A release of `good`'s image that fails in `namespace` alone: it adds the region `taken`, whose
+/// ConfigMap that namespace already has, owned by nobody. Returns the template's spec.
+async fn release_failing_in(
+    client: &Client,
+    good: &HostedClusterPackage,
+    namespace: &str,
+) -> Value {
+    let name = good.metadata.name.as_deref().unwrap();
+    let taken: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": format!("{name}-region-taken")}, "data": {"owner": "someone else"},
+    }))
+    .unwrap();
+    Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), namespace)
+        .create(&PostParams::default(), &taken)
+        .await
+        .unwrap();
+    let image = &good.spec.template.spec.image;
+    json!({"image": image, "config": {"greeting": "v2", "regions": ["eu", "us", "taken"]}})
+}
+
+/// Observes the rollout of `release` (a template spec) over `members` in groups `early` then `late`.
+async fn observe_release(
+    client: &Client,
+    name: &str,
+    members: &[(String, String)],
+    release: &Value,
+) -> RolloutObserver {
+    let group_of: BTreeMap<String, usize> = members
+        .iter()
+        .map(|(ns, g)| (ns.clone(), usize::from(g == "late")))
+        .collect();
+    let package_spec = json!({"image": release["image"], "config": release["config"]});
+    RolloutObserver::start(client, name, &package_spec, group_of).await
+}
+
+/// Waits until `namespace`'s Package is strictly live on `good`'s template; returns it.
+async fn live_on_good_template(
+    client: &Client,
+    good: &HostedClusterPackage,
+    namespace: &str,
+) -> Package {
+    let name = good.metadata.name.as_deref().unwrap();
+    wait_until(
+        &format!("{namespace} live on the good template"),
+        TIMEOUT,
+        || async {
+            let p = Api::<Package>::namespaced(client.clone(), namespace)
+                .get(name)
+                .await
+                .map_err(|e| e.to_string())?;
+            if p.spec.config == good.spec.template.spec.config && is_done(&p) {
+                Ok(p)
+            } else {
+                Err(format!("{:?}", p.status.map(|s| s.conditions)))
+            }
+        },
+    )
+    .await
+    .unwrap()
+}
+
 #[tokio::test]
 async fn a_soak_holds_the_next_group_and_approvals_bind_to_their_template() {
     let soak = 6;
@@ -528,24 +589,8 @@ async fn a_rollback_brings_the_failed_cluster_back_within_the_budget() {
     .await;
     let good = api.get(&name).await.unwrap();
     let broken_ns = &members.iter().find(|(_, g)| g == "early").unwrap().0;
-    // v2 adds the region `taken`; its ConfigMap already exists in one cluster, owned by nobody.
-    let taken: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(json!({
-        "metadata": {"name": format!("{name}-region-taken")}, "data": {"owner": "someone else"},
-    }))
-    .unwrap();
-    Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), broken_ns)
-        .create(&PostParams::default(), &taken)
-        .await
-        .unwrap();
-    let image = good.spec.template.spec.image.clone();
-    let v2 =
-        json!({"image": image, "config": {"greeting": "v2", "regions": ["eu", "us", "taken"]}});
-    let group_of: BTreeMap<String, usize> = members
-        .iter()
-        .map(|(ns, g)| (ns.clone(), usize::from(g == "late")))
-        .collect();
-    let v2_package_spec = json!({"image": image, "config": v2["config"]});
-    let observer = RolloutObserver::start(&client, &name, &v2_package_spec, group_of).await;
+    let v2 = release_failing_in(&client, &good, broken_ns).await;
+    let observer = observe_release(&client, &name, &members, &v2).await;
     set_template(&api, &name, v2).await;
     let h = wait_status(&api, &name, log, "rolled back, every Package live", |h| {
         h.status.as_ref().is_some_and(|s| {
@@ -562,23 +607,7 @@ async fn a_rollback_brings_the_failed_cluster_back_within_the_budget() {
     );
     // Strictly live on the good template, the failed cluster included.
     for (ns, _) in &members {
-        let p = wait_until(
-            &format!("{ns} live on the good template"),
-            TIMEOUT,
-            || async {
-                let p = Api::<Package>::namespaced(client.clone(), ns)
-                    .get(&name)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                if p.spec.config == good.spec.template.spec.config && is_done(&p) {
-                    Ok(p)
-                } else {
-                    Err(format!("{:?}", p.status.map(|s| s.conditions)))
-                }
-            },
-        )
-        .await
-        .unwrap();
+        let p = live_on_good_template(&client, &good, ns).await;
         assert_eq!(p.spec.image, good.spec.template.spec.image);
     }
     assert_eq!(greeting(&client, broken_ns, &name).await, "hi");
@@ -599,26 +628,9 @@ async fn a_cluster_joining_a_later_group_gets_the_last_good_template_until_its_t
     .await;
     let good = api.get(&name).await.unwrap();
     let early = &members.iter().find(|(_, g)| g == "early").unwrap().0;
-    // v2 adds the region `taken`, whose ConfigMap the early cluster already has, owned by nobody: v2
-    // fails there and the early group stays on trial.
-    let taken_name = format!("{name}-region-taken");
-    let taken: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(json!({
-        "metadata": {"name": taken_name}, "data": {"owner": "someone else"},
-    }))
-    .unwrap();
-    let configmaps =
-        Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), early);
-    configmaps
-        .create(&PostParams::default(), &taken)
-        .await
-        .unwrap();
-    let image = good.spec.template.spec.image.clone();
-    set_template(
-        &api,
-        &name,
-        json!({"image": image, "config": {"greeting": "v2", "regions": ["eu", "us", "taken"]}}),
-    )
-    .await;
+    // v2 fails in the early cluster, and the early group stays on trial.
+    let v2 = release_failing_in(&client, &good, early).await;
+    set_template(&api, &name, v2).await;
     wait_status(&api, &name, log, "v2 failing in the early group", |h| {
         h.status
             .as_ref()
@@ -652,7 +664,7 @@ async fn a_cluster_joining_a_later_group_gets_the_last_good_template_until_its_t
     set_template(
         &api,
         &name,
-        json!({"image": image, "config": {"greeting": "v3", "regions": ["eu", "us"]}}),
+        json!({"image": good.spec.template.spec.image, "config": {"greeting": "v3", "regions": ["eu", "us"]}}),
     )
     .await;
     wait_status(&api, &name, log, "v3 everywhere", |h| {
@@ -734,28 +746,12 @@ async fn a_retried_write_of_a_rolled_back_release_never_lands() {
         .map(|(ns, _)| ns)
         .collect();
     let (broken_ns, refused_ns) = (early[0], early[1]);
-    // v2 adds the region `taken`; its ConfigMap already exists in one cluster, owned by nobody.
-    let taken: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(json!({
-        "metadata": {"name": format!("{name}-region-taken")}, "data": {"owner": "someone else"},
-    }))
-    .unwrap();
-    Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), broken_ns)
-        .create(&PostParams::default(), &taken)
-        .await
-        .unwrap();
+    let v2 = release_failing_in(&client, &good, broken_ns).await;
     // The other early cluster's Package cannot be written until the webhook goes.
     let refused = Api::<Package>::namespaced(client.clone(), refused_ns);
     let generation = refused.get(&name).await.unwrap().metadata.generation;
     let webhook = refuse_package_writes(&client, refused_ns, &name).await;
-    let image = good.spec.template.spec.image.clone();
-    let v2 =
-        json!({"image": image, "config": {"greeting": "v2", "regions": ["eu", "us", "taken"]}});
-    let group_of: BTreeMap<String, usize> = members
-        .iter()
-        .map(|(ns, g)| (ns.clone(), usize::from(g == "late")))
-        .collect();
-    let v2_package_spec = json!({"image": image, "config": v2["config"]});
-    let observer = RolloutObserver::start(&client, &name, &v2_package_spec, group_of).await;
+    let observer = observe_release(&client, &name, &members, &v2).await;
     set_template(&api, &name, v2).await;
     // v2 fails where its region is taken, and the fleet goes back to the good template there, while
     // the write to the refused cluster keeps failing.
@@ -777,23 +773,7 @@ async fn a_retried_write_of_a_rolled_back_release_never_lands() {
         },
     )
     .await;
-    wait_until(
-        &format!("{broken_ns} live on the good template"),
-        TIMEOUT,
-        || async {
-            let p = Api::<Package>::namespaced(client.clone(), broken_ns)
-                .get(&name)
-                .await
-                .map_err(|e| e.to_string())?;
-            if p.spec.config == good.spec.template.spec.config && is_done(&p) {
-                Ok(())
-            } else {
-                Err(format!("{:?}", p.status.map(|s| s.conditions)))
-            }
-        },
-    )
-    .await
-    .unwrap();
+    live_on_good_template(&client, &good, broken_ns).await;
     // A write on its way may still land: the rollback is not complete while it is.
     let h = api.get(&name).await.unwrap();
     assert!(

@@ -649,11 +649,16 @@ mod tests {
     }
 
     fn owned(namespace: &str, image: &str) -> Arc<OwnedPackage> {
+        owned_with_status(namespace, image, json!({}))
+    }
+
+    fn owned_with_status(namespace: &str, image: &str, status: Value) -> Arc<OwnedPackage> {
         let p: Package = serde_json::from_value(json!({
             "apiVersion": "package-operator.run/v1alpha1", "kind": "Package",
             "metadata": {"name": "addon", "namespace": namespace, "uid": format!("uid-{namespace}"),
                 "generation": 1},
             "spec": {"image": image},
+            "status": status,
         }))
         .unwrap();
         Arc::new(p.into())
@@ -661,20 +666,15 @@ mod tests {
 
     /// A Package live on `image` for its generation.
     fn live(namespace: &str, image: &str) -> Arc<OwnedPackage> {
-        let p: Package = serde_json::from_value(json!({
-            "apiVersion": "package-operator.run/v1alpha1", "kind": "Package",
-            "metadata": {"name": "addon", "namespace": namespace, "uid": format!("uid-{namespace}"),
-                "generation": 1},
-            "spec": {"image": image},
-            "status": {"conditions": [
-                {"type": "Available", "status": "True", "reason": "R", "message": "",
-                 "observedGeneration": 1, "lastTransitionTime": "2026-01-01T00:00:00Z"},
-                {"type": "Progressing", "status": "False", "reason": "R", "message": "",
-                 "observedGeneration": 1, "lastTransitionTime": "2026-01-01T00:00:00Z"},
-            ]},
-        }))
-        .unwrap();
-        Arc::new(p.into())
+        let condition = |type_: &str, status: &str| {
+            json!({"type": type_, "status": status, "reason": "R", "message": "",
+                   "observedGeneration": 1, "lastTransitionTime": "2026-01-01T00:00:00Z"})
+        };
+        let conditions = [
+            condition("Available", "True"),
+            condition("Progressing", "False"),
+        ];
+        owned_with_status(namespace, image, json!({ "conditions": conditions }))
     }
 
     fn template_spec(image: &str) -> PackageSpec {
