@@ -42,8 +42,11 @@ const CONNECTOR_PAYLOAD_BYTES: i64 = 2 * MAX_MESSAGE_BYTES as i64;
 
 /// What a reconcile did, for the event it deserves.
 enum InstallOutcome {
-    /// Nothing to do: no NATS, not available yet, or already current.
+    /// Nothing to do: no NATS, or not available yet.
     Unchanged,
+    /// The connector objects are as wanted (hash of them); nothing was written, or only a repair of
+    /// objects already installed.
+    Current(u64),
     /// The connector objects were created or changed (hash of what was applied).
     Installed(u64),
     Failed(String),
@@ -65,6 +68,18 @@ async fn apply(context: &ManagerContext, object: &Value) -> Result<Value, String
         .applier
         .apply(&key, object)
         .await
+        .map_err(|e| e.to_string())
+}
+
+/// Applies `object` only if it is not as wanted already; whether it was written. Every reconcile looks
+/// (a restart, a resync), so an unchanged connector costs reads only.
+async fn apply_unless_current(context: &ManagerContext, object: &Value) -> Result<bool, String> {
+    let key = ObjectKey::of(object).ok_or_else(|| format!("malformed object {object}"))?;
+    context
+        .applier
+        .apply_unless_current(&key, object)
+        .await
+        .map(|(_, written)| written)
         .map_err(|e| e.to_string())
 }
 
@@ -154,22 +169,24 @@ async fn ensure_connector(
     };
     let objects = connector_objects(&namespace, uid, &settings, &credentials_hash(&secret));
     let hash = value_hash(&Value::Array(objects.clone()));
+    let mut written = false;
     for object in &objects {
-        if let Err(e) = apply(context, object).await {
-            return InstallOutcome::Failed(format!("connector in {namespace}: {e}"));
+        match apply_unless_current(context, object).await {
+            Ok(wrote) => written |= wrote,
+            Err(e) => return InstallOutcome::Failed(format!("connector in {namespace}: {e}")),
         }
     }
-    if applied == Some(hash) {
-        InstallOutcome::Unchanged
-    } else {
+    if written && applied != Some(hash) {
         InstallOutcome::Installed(hash)
+    } else {
+        InstallOutcome::Current(hash)
     }
 }
 
 /// An event on the HostedCluster for what changed; repeats are not recorded.
 fn record(context: &ManagerContext, cluster: &HostedCluster, outcome: &InstallOutcome) {
     let (type_, reason, note) = match outcome {
-        InstallOutcome::Unchanged => return,
+        InstallOutcome::Unchanged | InstallOutcome::Current(_) => return,
         InstallOutcome::Installed(_) => (
             EventType::Normal,
             "ConnectorInstalled",
@@ -266,7 +283,7 @@ impl Reconcile for HostedClusterController {
         work(
             run,
             |outcome, actor: &mut HostedClusterActor, _| match outcome {
-                InstallOutcome::Installed(hash) => {
+                InstallOutcome::Installed(hash) | InstallOutcome::Current(hash) => {
                     actor.state.applied = Some(hash);
                     Ok(Action::AwaitChange)
                 }

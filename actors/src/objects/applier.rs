@@ -21,6 +21,7 @@ use tracing::instrument;
 
 use crate::engine::objects::apply_identity::ApplyIdentity;
 use crate::engine::objects::desired_object::FIELD_MANAGER;
+use crate::engine::objects::drift::apply_is_current;
 use crate::engine::objects::object_ref::ObjectKey;
 use crate::metrics::manager_metrics::ManagerMetrics;
 use crate::runtime::cluster_client::impersonating;
@@ -322,6 +323,23 @@ impl Applier {
             .apply_duration
             .observe(started.elapsed().as_secs_f64());
         Self::to_value(key, stored.map_err(Self::api_error(key))?)
+    }
+
+    /// Like [`Applier::apply`], but reads the object first and applies only when the apply would change
+    /// it ([`apply_is_current`]): what a process that does not know its own last apply (a restarted
+    /// manager) uses, so that re-observing an unchanged object costs a read, not a write. The object as
+    /// stored, and whether it was written.
+    pub async fn apply_unless_current(
+        &self,
+        key: &ObjectKey,
+        body: &Value,
+    ) -> Result<(Value, bool), ApplyError> {
+        if let Some(observed) = self.get(key).await? {
+            if apply_is_current(body, &observed, FIELD_MANAGER) {
+                return Ok((observed, false));
+            }
+        }
+        Ok((self.apply(key, body).await?, true))
     }
 
     /// Like [`Applier::apply`], but only over the object at `resource_version`: a forced apply that

@@ -16,7 +16,7 @@ use crate::engine::objects::adoption::{
     AdoptionDecision,
 };
 use crate::engine::objects::desired_object::{DesiredObject, FIELD_MANAGER};
-use crate::engine::objects::drift::is_subset;
+use crate::engine::objects::drift::{apply_is_current, is_subset};
 use crate::engine::objects::object_ref::ObjectKey;
 use crate::engine::objects::object_set_status::{BlockReason, MappedCondition};
 use crate::engine::objects::phase_plan::{PhasePlan, PhaseReport, TeardownReport};
@@ -337,15 +337,30 @@ async fn reconcile_object(
             AdoptionDecision::Superseded(reason) => {
                 return Ok(ObjectOutcome::HandedOver(key.clone(), reason))
             }
-            AdoptionDecision::AlreadyOwned => {
-                if last_applied == Some(hash) && is_subset(&desired.object, existing) {
+            AdoptionDecision::AlreadyOwned if is_subset(&desired.object, existing) => {
+                if last_applied == Some(hash) {
                     return Ok(ObjectOutcome::Ready {
                         key: key.clone(),
                         observed,
                         applied_hash: None,
                     });
                 }
+                // This phase does not know its last apply (the manager restarted, or the phase actor is
+                // new): the object read whole tells what that apply set. The cache keeps no field
+                // records, so this costs one read, once, instead of a write.
+                if last_applied.is_none() {
+                    if let Some(whole) = applier.get(key).await? {
+                        if apply_is_current(&desired.object, &whole, FIELD_MANAGER) {
+                            return Ok(ObjectOutcome::Ready {
+                                key: key.clone(),
+                                observed,
+                                applied_hash: Some(hash),
+                            });
+                        }
+                    }
+                }
             }
+            AdoptionDecision::AlreadyOwned => {}
             // A reference only pko's applies wrote (a previous revision's, the usual handover) goes
             // with the taking apply itself; any other is demoted first.
             AdoptionDecision::Adopt { demote: Some(uid) }

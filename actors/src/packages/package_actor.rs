@@ -72,10 +72,13 @@ impl Unpack {
 
 /// Pulls, loads and applies the deployment (errors become outcomes, except apiserver failures).
 /// `slices`: what the Package owned after the last unpack, if known.
+/// With `first_unpack` (this process has not unpacked the Package before: it just started, or took the
+/// Package over), an ObjectDeployment already as wanted is not written again.
 async fn unpack(
     context: &ManagerContext,
     package: &PackageObject,
     slices: Option<BTreeSet<String>>,
+    first_unpack: bool,
 ) -> Result<Unpack, kube::Error> {
     let (auth, credentials) = context
         .pull_secrets
@@ -164,7 +167,7 @@ async fn unpack(
         deployment["metadata"]["labels"][SHARD_OWNER_LABEL] = (*shard.member).into();
     }
     let applied = package
-        .apply_deployment(context.runtime.client.clone(), &deployment)
+        .apply_deployment(context.runtime.client.clone(), &deployment, first_unpack)
         .await?;
     let slices = package
         .prune_slices(context.runtime.client.clone(), &slices, known.as_ref())
@@ -275,6 +278,7 @@ impl Reconcile for PackageController {
             .map(|(_, outcome)| outcome);
         let run = PackageRun {
             context: actor.context.clone(),
+            first_unpack: actor.state.unpacked.is_none(),
             // Usable when no unpack runs now (an unpack applies the deployment and reports from its
             // answer).
             delivered: actor.state.usable_deployment(previous.is_none()),
@@ -325,6 +329,8 @@ struct PackageRun {
     hash: String,
     /// The last unpack's outcome when the spec it unpacked is still the Package's.
     previous: Option<UnpackOutcome>,
+    /// No unpack of this Package ran in this process yet.
+    first_unpack: bool,
     delivered: Option<DeploymentView>,
     slices: Option<BTreeSet<String>>,
     hold: StatusHold,
@@ -351,6 +357,7 @@ impl PackageRun {
             context,
             hash,
             previous,
+            first_unpack,
             delivered,
             slices,
             mut hold,
@@ -363,7 +370,7 @@ impl PackageRun {
             Some(outcome) => Unpack::not_applied(outcome, slices),
             None => {
                 let started = std::time::Instant::now();
-                let unpacked = unpack(&context, &package, slices).await?;
+                let unpacked = unpack(&context, &package, slices, first_unpack).await?;
                 context.metrics.upstream.package_loaded(
                     package.name(),
                     package.namespace(),

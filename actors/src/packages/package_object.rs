@@ -12,10 +12,11 @@ use kube::{Api, Client};
 use pko_proto::core::object_deployment::{ClusterObjectDeployment, ObjectDeployment};
 use pko_proto::core::package::{ClusterPackage, Package, PackageSpec, PackageStatus};
 use pko_proto::hypershift::HostedCluster;
-use pko_proto::well_known::CHUNKING_ANNOTATION;
+use pko_proto::well_known::{CHUNKING_ANNOTATION, TRACE_PARENT_ANNOTATION};
 use serde_json::{json, Value};
 
 use crate::engine::objects::desired_object::FIELD_MANAGER;
+use crate::engine::objects::drift::apply_is_current;
 use crate::engine::packages::package_deployment::PackageRef;
 use crate::objects::deployment_object::DeploymentObject;
 use crate::objects::object_meta::{requested_service_account, write_status};
@@ -176,12 +177,29 @@ impl PackageObject {
     }
 
     /// Server-side applies the package's ObjectDeployment.
+    ///
+    /// With `unless_current`, the deployment is read first and left alone when the apply would change
+    /// nothing but its trace annotation ([`apply_is_current`]): a restarted manager re-observes its
+    /// Packages without a write each.
     pub async fn apply_deployment(
         &self,
         client: Client,
         deployment: &Value,
+        unless_current: bool,
     ) -> Result<DeploymentView, kube::Error> {
         let api = self.api(client, &self.deployment_resource());
+        if unless_current {
+            if let Some(observed) = api.get_opt(self.name()).await? {
+                let observed_value = serde_json::to_value(&observed).unwrap_or_default();
+                if apply_is_current(
+                    &with_trace_of(deployment, &observed_value),
+                    &observed_value,
+                    FIELD_MANAGER,
+                ) {
+                    return DeploymentView::of(&observed);
+                }
+            }
+        }
         let applied = api
             .patch(
                 self.name(),
@@ -377,4 +395,28 @@ pub async fn environment_facts(
         proxy,
         hosted_clusters,
     })
+}
+
+/// `deployment` with the trace annotation `observed` carries (or none if it carries none): the trace of
+/// an apply says which reconcile wrote it, not what the deployment should be.
+fn with_trace_of(deployment: &Value, observed: &Value) -> Value {
+    let mut compared = deployment.clone();
+    let observed_trace = observed
+        .pointer("/metadata/annotations")
+        .and_then(|a| a.get(TRACE_PARENT_ANNOTATION))
+        .cloned();
+    if let Some(annotations) = compared
+        .pointer_mut("/metadata/annotations")
+        .and_then(Value::as_object_mut)
+    {
+        match observed_trace {
+            Some(trace) => {
+                annotations.insert(TRACE_PARENT_ANNOTATION.to_owned(), trace);
+            }
+            None => {
+                annotations.remove(TRACE_PARENT_ANNOTATION);
+            }
+        }
+    }
+    compared
 }
