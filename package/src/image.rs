@@ -30,6 +30,11 @@ use super::image_limits::{
 const REGISTRY_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 /// How long a registry may stay silent while answering a request.
 const REGISTRY_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
+/// Registry operations (a digest lookup, a pull) in flight at once. The registry client opens a
+/// connection for every request it cannot give an idle one and keeps each for a while: 500 Packages
+/// unpacking at once held 500 connections (their buffers about 24 KiB each) and asked the registry 500
+/// times at once.
+const REGISTRY_OPERATIONS_IN_FLIGHT: usize = 16;
 /// The directory inside image layers that holds the package.
 pub const PACKAGE_PREFIX: &str = "package/";
 
@@ -65,6 +70,22 @@ impl ImageError {
     /// True when the image itself breaks a limit: pulling it again gives the same answer.
     pub fn is_limit(&self) -> bool {
         matches!(self, ImageError::Limit { .. })
+    }
+}
+
+/// One operation counted as waiting until it is dropped, also when its future is dropped while waiting.
+struct Waiting<'a>(&'a AtomicU64);
+
+impl<'a> Waiting<'a> {
+    fn count(waiting: &'a AtomicU64) -> Self {
+        waiting.fetch_add(1, Ordering::Relaxed);
+        Self(waiting)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -114,6 +135,10 @@ pub struct ImageStore {
     by_digest: Mutex<DigestCache>,
     /// One registry client per set of credentials (see [`ImageStore::client`]).
     clients: DashMap<String, Client>,
+    /// Bounds registry operations in flight ([`REGISTRY_OPERATIONS_IN_FLIGHT`]).
+    in_flight: tokio::sync::Semaphore,
+    /// Operations waiting for a place among them.
+    waiting: AtomicU64,
     pulls: AtomicU64,
     cache_hits: AtomicU64,
 }
@@ -140,6 +165,8 @@ impl ImageStore {
                 budget: limits.cache_bytes,
             }),
             clients: DashMap::new(),
+            in_flight: tokio::sync::Semaphore::new(REGISTRY_OPERATIONS_IN_FLIGHT),
+            waiting: AtomicU64::new(0),
             pulls: AtomicU64::new(0),
             cache_hits: AtomicU64::new(0),
         }
@@ -203,6 +230,7 @@ impl ImageStore {
         auth: &RegistryAuth,
     ) -> Result<(String, Arc<PackageFiles>), ImageError> {
         let reference = parse_reference(image)?;
+        let _slot = self.slot(image).await?;
         let client = self.client(auth);
         let digest = client
             .fetch_manifest_digest(&reference, auth)
@@ -231,7 +259,25 @@ impl ImageStore {
         auth: &RegistryAuth,
     ) -> Result<PackageFiles, ImageError> {
         let reference = parse_reference(image)?;
+        let _slot = self.slot(image).await?;
         self.pull_files(image, &reference, prefix, auth).await
+    }
+
+    /// A place among the registry operations in flight for `image`, held until it is dropped.
+    async fn slot(&self, image: &str) -> Result<tokio::sync::SemaphorePermit<'_>, ImageError> {
+        let waiting = Waiting::count(&self.waiting);
+        let slot = self.in_flight.acquire().await;
+        drop(waiting);
+        // The semaphore is never closed; the error is there for the type.
+        slot.map_err(|e| ImageError::Registry {
+            reference: image.to_owned(),
+            message: e.to_string(),
+        })
+    }
+
+    /// Registry operations waiting for a place among those in flight now.
+    pub fn registry_operations_waiting(&self) -> usize {
+        usize::try_from(self.waiting.load(Ordering::Relaxed)).unwrap_or(usize::MAX)
     }
 
     /// Downloads the layers of `reference` and unpacks the files under `prefix`. The manifest's layer
@@ -567,6 +613,68 @@ pub fn pack_under(files: &PackageFiles, prefix: &str) -> Result<Vec<u8>, ImageEr
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A registry that takes connections and never answers; the number it took so far.
+    fn silent_registry(
+        listener: tokio::net::TcpListener,
+    ) -> (Arc<AtomicU64>, tokio::task::JoinHandle<()>) {
+        let accepted = Arc::new(AtomicU64::new(0));
+        let counted = accepted.clone();
+        let server = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((connection, _)) = listener.accept().await {
+                held.push(connection);
+                counted.fetch_add(1, Ordering::SeqCst);
+            }
+        });
+        (accepted, server)
+    }
+
+    /// Polls `condition` until it holds, failing after ten seconds.
+    async fn eventually(what: &str, condition: impl Fn() -> bool) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !condition() {
+            assert!(std::time::Instant::now() < deadline, "never: {what}");
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn registry_operations_in_flight_are_bounded() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let host = listener.local_addr().unwrap().to_string();
+        let (accepted, server) = silent_registry(listener);
+        let store = Arc::new(ImageStore::new(vec![host.clone()]));
+        let image = format!("{host}/bounded/package:v1");
+        let fetches = 3 * REGISTRY_OPERATIONS_IN_FLIGHT;
+        let attempts: Vec<_> = (0..fetches)
+            .map(|_| {
+                let (store, image) = (store.clone(), image.clone());
+                tokio::spawn(async move { store.fetch(&image, &RegistryAuth::Anonymous).await })
+            })
+            .collect();
+        let queued = fetches - REGISTRY_OPERATIONS_IN_FLIGHT;
+        eventually("the fetches beyond the bound wait", || {
+            store.registry_operations_waiting() == queued
+        })
+        .await;
+        eventually("the fetches within the bound reach the registry", || {
+            accepted.load(Ordering::SeqCst) == REGISTRY_OPERATIONS_IN_FLIGHT as u64
+        })
+        .await;
+        // The waiting ones hold no connection: only the bound's worth reached the registry.
+        assert_eq!(store.registry_operations_waiting(), queued);
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            REGISTRY_OPERATIONS_IN_FLIGHT as u64
+        );
+        // The registry goes away: every fetch fails, none hangs.
+        server.abort();
+        for attempt in attempts {
+            assert!(attempt.await.unwrap().is_err());
+        }
+        assert_eq!(store.registry_operations_waiting(), 0);
+    }
 
     fn files(pairs: &[(&str, &str)]) -> PackageFiles {
         pairs

@@ -98,6 +98,13 @@ impl Collector for ImageStoreCollector {
                 None,
                 MetricType::Gauge,
             )?,
-        )
+        )?;
+        ConstGauge::new(i64::try_from(store.registry_operations_waiting()).unwrap_or(i64::MAX))
+            .encode(encoder.encode_descriptor(
+                "pko_package_registry_operations_waiting",
+                "Registry operations (digest lookups, pulls) waiting for one of the 16 places in flight.",
+                None,
+                MetricType::Gauge,
+            )?)
     }
 }
