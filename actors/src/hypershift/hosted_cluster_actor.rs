@@ -62,11 +62,14 @@ fn settings(context: &ManagerContext) -> Option<ConnectorSettings> {
     })
 }
 
+fn key_of(object: &Value) -> Result<ObjectKey, String> {
+    ObjectKey::of(object).ok_or_else(|| format!("malformed object {object}"))
+}
+
 async fn apply(context: &ManagerContext, object: &Value) -> Result<Value, String> {
-    let key = ObjectKey::of(object).ok_or_else(|| format!("malformed object {object}"))?;
     context
         .applier
-        .apply(&key, object)
+        .apply(&key_of(object)?, object)
         .await
         .map_err(|e| e.to_string())
 }
@@ -74,10 +77,9 @@ async fn apply(context: &ManagerContext, object: &Value) -> Result<Value, String
 /// Applies `object` only if it is not as wanted already; whether it was written. Every reconcile looks
 /// (a restart, a resync), so an unchanged connector costs reads only.
 async fn apply_unless_current(context: &ManagerContext, object: &Value) -> Result<bool, String> {
-    let key = ObjectKey::of(object).ok_or_else(|| format!("malformed object {object}"))?;
     context
         .applier
-        .apply_unless_current(&key, object)
+        .apply_unless_current(&key_of(object)?, object)
         .await
         .map(|(_, written)| written)
         .map_err(|e| e.to_string())
