@@ -1,5 +1,6 @@
 //! `object-set`: the issue-3 figures. (1) time for an ObjectSet of N ConfigMaps in 3 phases to become
-//! Available, against a plain kube-rs loop server-side-applying the same N objects; (2) object writes the
+//! Available, against a plain kube-rs loop server-side-applying the same N objects one after another and
+//! with as many in flight as the manager keeps; (2) object writes the
 //! manager makes when an unchanged, available set is reconciled again (from its /metrics); (3) latency from
 //! a change of a probed object to the set's Available condition flipping; (4) the time the admission
 //! webhook adds to an ObjectSet update, against the same patch of an ObjectSlice that is not reviewed.
@@ -19,6 +20,9 @@ use pko_testenv::{wait_until, EnvConfig, ManagerLaunch, ManagerProcess, OtlpRece
 use serde_json::{json, Value};
 
 const TIMEOUT: Duration = Duration::from_secs(600);
+/// Applies the concurrent baseline keeps in flight: what one phase of the manager keeps
+/// (`APPLY_CONCURRENCY` in actors/src/objects/phase_runner.rs).
+const APPLIES_IN_FLIGHT: usize = 16;
 
 fn configmap(i: usize) -> Value {
     json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": format!("cm-{i:04}")},
@@ -86,6 +90,57 @@ async fn wait_available(api: &Api<ObjectSet>, name: &str, want: bool) -> Result<
     )
     .await
     .map_err(|e| e.to_string())
+}
+
+/// CPU time the manager and the apiserver used from a moment on.
+struct CpuMeter {
+    pids: [Option<u32>; 2],
+    before: [Duration; 2],
+}
+
+impl CpuMeter {
+    fn new(pko: &ManagerProcess, apiserver: Option<u32>) -> Self {
+        let pids = [pko.pid(), apiserver];
+        Self {
+            pids,
+            before: pids.map(cpu_time),
+        }
+    }
+
+    /// "manager S s, apiserver S s" since [`CpuMeter::new`].
+    fn since(&self) -> Result<String, String> {
+        let [manager, apiserver] = [0, 1].map(|i| {
+            cpu_time(self.pids[i])
+                .saturating_sub(self.before[i])
+                .as_secs_f64()
+        });
+        Ok(format!("{manager:.2} s, {apiserver:.2} s"))
+    }
+}
+
+fn cpu_time(pid: Option<u32>) -> Duration {
+    pid.and_then(|pid| crate::rollout_bench::usage(pid).ok())
+        .map(|u| u.cpu)
+        .unwrap_or_default()
+}
+
+/// Creates `set` and returns the time until a watch of it shows it Available for its generation. A watch,
+/// not polling: a GET of a 500-object set every few milliseconds would load the apiserver being measured.
+async fn create_until_available(api: &Api<ObjectSet>, set: &ObjectSet) -> Result<Duration, String> {
+    let name = set.metadata.name.clone().unwrap_or_default();
+    let started = Instant::now();
+    api.create(&PostParams::default(), set)
+        .await
+        .map_err(|e| e.to_string())?;
+    let availability =
+        kube::runtime::wait::await_condition(api.clone(), &name, |s: Option<&ObjectSet>| {
+            s.and_then(available) == Some(true)
+        });
+    tokio::time::timeout(TIMEOUT, availability)
+        .await
+        .map_err(|_| format!("ObjectSet {name} not Available after {TIMEOUT:?}"))?
+        .map_err(|e| e.to_string())?;
+    Ok(started.elapsed())
 }
 
 /// Waits until the set reports a condition for its current generation (the manager has seen it).
@@ -191,6 +246,7 @@ async fn measure(
         .map_err(|e| e.to_string())?;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
     let params = PatchParams::apply("bench").force();
+    let cpu = CpuMeter::new(&pko, mgmt.pid());
     let started = Instant::now();
     for i in 0..objects {
         let cm = configmap(i);
@@ -199,8 +255,35 @@ async fn measure(
             .map_err(|e| e.to_string())?;
     }
     let baseline = started.elapsed();
+    let cpu_loop = cpu.since()?;
 
-    // (1b) The same objects as an ObjectSet in three phases.
+    // (1b) Baseline: the same objects with as many applies in flight as a phase of the manager keeps.
+    let ns = mgmt
+        .create_namespace("bench-concurrent")
+        .await
+        .map_err(|e| e.to_string())?;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let cpu = CpuMeter::new(&pko, mgmt.pid());
+    let started = Instant::now();
+    let applied: Vec<Result<ConfigMap, kube::Error>> = futures::stream::iter(0..objects)
+        .map(|i| {
+            let (cms, params) = (&cms, &params);
+            async move {
+                cms.patch(&format!("cm-{i:04}"), params, &Patch::Apply(&configmap(i)))
+                    .await
+            }
+        })
+        .buffer_unordered(APPLIES_IN_FLIGHT)
+        .collect()
+        .await;
+    applied
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| e.to_string())?;
+    let concurrent = started.elapsed();
+    let cpu_concurrent = cpu.since()?;
+
+    // (1c) The same objects as an ObjectSet in three phases.
     let ns = mgmt
         .create_namespace("bench-set")
         .await
@@ -222,12 +305,9 @@ async fn measure(
     let sets: Api<ObjectSet> = Api::namespaced(client.clone(), &ns);
     let writes_before = pko.metric("pko_object_writes_total").await?;
     let failed_before = failed_requests(&pko).await?;
-    let started = Instant::now();
-    sets.create(&PostParams::default(), &set)
-        .await
-        .map_err(|e| e.to_string())?;
-    wait_available(&sets, "bench", true).await?;
-    let engine = started.elapsed();
+    let cpu = CpuMeter::new(&pko, mgmt.pid());
+    let engine = create_until_available(&sets, &set).await?;
+    let cpu_set = cpu.since()?;
     let writes_first = pko.metric("pko_object_writes_total").await? - writes_before;
     // Writes are counted per attempt: a retried apply shows here with the answer that made it retry.
     let failed_first: Vec<String> = failed_requests(&pko)
@@ -238,6 +318,18 @@ async fn measure(
             (new > 0).then(|| format!("{labels}: {new}"))
         })
         .collect();
+
+    // (1d) The same set again in another namespace: the manager knows the kind and watches it now, as a
+    // manager that has run for a while does.
+    let ns = mgmt
+        .create_namespace("bench-set-warm")
+        .await
+        .map_err(|e| e.to_string())?;
+    let writes_before = pko.metric("pko_object_writes_total").await?;
+    let cpu = CpuMeter::new(&pko, mgmt.pid());
+    let engine_warm = create_until_available(&Api::namespaced(client.clone(), &ns), &set).await?;
+    let cpu_warm = cpu.since()?;
+    let writes_warm = pko.metric("pko_object_writes_total").await? - writes_before;
 
     // (2) Re-reconcile every phase of the unchanged set: pausing and resuming it (the phases and probes
     // are immutable) makes two new generations that touch no object, so every phase runs again.
@@ -376,12 +468,7 @@ async fn measure(
         Some([(SERVICE_ACCOUNT_ANNOTATION.to_owned(), DEPLOYER.to_owned())].into());
     let sets: Api<ObjectSet> = Api::namespaced(client.clone(), &ns);
     let writes_before = pko.metric("pko_object_writes_total").await?;
-    let started = Instant::now();
-    sets.create(&PostParams::default(), &impersonated)
-        .await
-        .map_err(|e| e.to_string())?;
-    wait_available(&sets, "bench", true).await?;
-    let engine_impersonated = started.elapsed();
+    let engine_impersonated = create_until_available(&sets, &impersonated).await?;
     let writes_impersonated = pko.metric("pko_object_writes_total").await? - writes_before;
     let identities = |account: Option<&str>, prefix: &'static str| {
         let (client, pko) = (client.clone(), &pko);
@@ -427,7 +514,16 @@ async fn measure(
         "  plain SSA loop (sequential):        {:>8.2} s",
         baseline.as_secs_f64()
     );
-    println!("  ObjectSet create -> Available:      {:>8.2} s  ({:.2}x the loop; {writes_first} object writes)", engine.as_secs_f64(), engine.as_secs_f64() / baseline.as_secs_f64());
+    println!(
+        "  plain SSA, {APPLIES_IN_FLIGHT} in flight:           {:>8.2} s  ({:.2}x the loop)",
+        concurrent.as_secs_f64(),
+        concurrent.as_secs_f64() / baseline.as_secs_f64()
+    );
+    println!("  ObjectSet create -> Available:      {:>8.2} s  ({:.2}x the loop, {:.2}x {APPLIES_IN_FLIGHT} in flight; {writes_first} object writes)", engine.as_secs_f64(), engine.as_secs_f64() / baseline.as_secs_f64(), engine.as_secs_f64() / concurrent.as_secs_f64());
+    println!("  the same set again, kind now known:  {:>8.2} s  ({:.2}x the loop, {:.2}x {APPLIES_IN_FLIGHT} in flight; {writes_warm} object writes)", engine_warm.as_secs_f64(), engine_warm.as_secs_f64() / baseline.as_secs_f64(), engine_warm.as_secs_f64() / concurrent.as_secs_f64());
+    println!(
+        "  CPU (manager, apiserver):           loop {cpu_loop}; {APPLIES_IN_FLIGHT} in flight {cpu_concurrent}; set {cpu_set}; again {cpu_warm}"
+    );
     println!(
         "  apiserver answers that failed then:  {}",
         if failed_first.is_empty() {
