@@ -322,7 +322,9 @@ pub(crate) async fn install_fleet_crds(server: &ApiServer) -> Result<kube::Clien
 }
 
 /// Requests served by every apiserver so far, per verb and resource (`apiserver_request_total`).
-async fn request_counts(servers: &[&ApiServer]) -> Result<BTreeMap<String, f64>, String> {
+pub(crate) async fn request_counts(
+    servers: &[&ApiServer],
+) -> Result<BTreeMap<String, f64>, String> {
     let mut counts = BTreeMap::new();
     for server in servers {
         let text = apiserver_metrics(server).await?;

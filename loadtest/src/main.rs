@@ -4,7 +4,8 @@
 //! cold and a warm image, and package render time. `hosted-phase`: what a hosted-cluster phase adds over a
 //! local one, and objects per second through one connector. `rollout`: HostedClusterPackage hand-off
 //! latency, and the manager's CPU time and memory for a fleet of HostedClusters. `sharding`: the same
-//! rollout under 1, 2 and 4 sharded replicas, take-over time and the write audit. `chaos`: a seeded
+//! rollout under 1, 2 and 4 sharded replicas, take-over time and the write audit. `restart`: a manager
+//! restarting over a settled fleet, and the writes it makes. `chaos`: a seeded
 //! schedule of faults at once under continuous releases, judged by an independent observer.
 
 mod chaos;
@@ -13,6 +14,7 @@ mod fleet_bench;
 mod hosted_phase_bench;
 mod object_set_bench;
 mod package_bench;
+mod restart_bench;
 mod rollout_bench;
 mod sharding_bench;
 
@@ -92,10 +94,21 @@ enum Measurement {
         /// Rollouts across the hand-off fleet.
         #[arg(long, default_value_t = 4)]
         rollouts: usize,
-        /// HostedClusters in the fleet whose cost is measured.
-        #[arg(long, default_value_t = 500)]
-        fleet: usize,
+        /// HostedClusters in the fleet whose cost is measured; several sizes, comma-separated, each in a
+        /// fresh environment (e.g. 250,500,1000,2000).
+        #[arg(long, value_delimiter = ',', default_values_t = [500usize])]
+        fleet: Vec<usize>,
         /// pko-manager binary (default: next to this binary).
+        #[arg(long)]
+        manager: Option<PathBuf>,
+    },
+    /// A manager restarting over a settled fleet: time to ready and until every object is reconciled
+    /// again, its CPU, and the writes the apiserver served meanwhile (none expected).
+    Restart {
+        /// HostedClusters in the fleet, their Packages live.
+        #[arg(long, default_value_t = 1000)]
+        hosted_clusters: usize,
+        /// pko-manager binary (default: next to this binary; pko-connector must be next to it).
         #[arg(long)]
         manager: Option<PathBuf>,
     },
@@ -187,6 +200,10 @@ async fn main() -> std::process::ExitCode {
             fleet,
             manager,
         } => rollout_bench::run(handoff_clusters, rollouts, fleet, manager).await,
+        Measurement::Restart {
+            hosted_clusters,
+            manager,
+        } => restart_bench::run(hosted_clusters, manager).await,
         Measurement::Sharding {
             hosted_clusters,
             replicas,

@@ -4,7 +4,8 @@
 //! template is the rollout's own
 //! overhead; both moments are seen by one watch. (2) The manager's CPU time and memory for a fleet of N
 //! HostedClusters: the fleet arriving (each gets its connector objects), a HostedClusterPackage creating
-//! N Packages, a rolling update across all of them, and the idle fleet afterwards.
+//! N Packages, a rolling update across all of them, and the idle fleet afterwards; with several sizes, each
+//! in a fresh environment, then the cost per HostedCluster of each size side by side.
 
 use pko_proto::well_known::{CONNECTOR_LABEL, HOSTED_CLUSTER_PACKAGE_LABEL};
 use std::collections::{BTreeMap, HashMap};
@@ -38,10 +39,10 @@ const CREATE_CONCURRENCY: usize = 16;
 pub async fn run(
     handoff_clusters: usize,
     rollouts: usize,
-    fleet_size: usize,
+    fleet_sizes: Vec<usize>,
     manager: Option<PathBuf>,
 ) -> ExitCode {
-    match measure(handoff_clusters, rollouts, fleet_size, manager).await {
+    match measure(handoff_clusters, rollouts, fleet_sizes, manager).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("pko-loadtest rollout: {e}");
@@ -53,14 +54,41 @@ pub async fn run(
 async fn measure(
     handoff_clusters: usize,
     rollouts: usize,
-    fleet_size: usize,
+    fleet_sizes: Vec<usize>,
     manager: Option<PathBuf>,
 ) -> Result<(), String> {
-    let (env, client, pko) = start_with_manager(&manager_path(manager)?, 0).await?;
-    env.simulate_hypershift().await.map_err(|e| e.to_string())?;
-    let images = Images::new(&env);
-    handoff(&env, &client, &images, handoff_clusters, rollouts).await?;
-    fleet_cost(&env, &client, &pko, &images, fleet_size).await
+    let manager = manager_path(manager)?;
+    let mut per_cluster = Vec::new();
+    for (i, &size) in fleet_sizes.iter().enumerate() {
+        // Each size in an environment and manager of its own: nothing left over from the one before.
+        let (env, client, pko) = start_with_manager(&manager, 0).await?;
+        env.simulate_hypershift().await.map_err(|e| e.to_string())?;
+        let images = Images::new(&env);
+        if i == 0 {
+            handoff(&env, &client, &images, handoff_clusters, rollouts).await?;
+        }
+        per_cluster.push((size, fleet_cost(&env, &client, &pko, &images, size).await?));
+    }
+    if per_cluster.len() > 1 {
+        println!("per HostedCluster (the fleet arriving, its Packages created and live, a rolling update):");
+        for (size, cost) in per_cluster {
+            println!(
+                "  {size:>5}: {:.1} ms wall, {:.2} ms manager CPU, {:.0} KiB manager RSS",
+                cost.wall.as_secs_f64() * 1e3 / size as f64,
+                cost.cpu.as_secs_f64() * 1e3 / size as f64,
+                cost.rss_kib as f64 / size as f64
+            );
+        }
+    }
+    Ok(())
+}
+
+/// What a fleet cost the manager from before it arrived until its rolling update was done.
+struct FleetCost {
+    wall: Duration,
+    cpu: Duration,
+    /// RSS growth.
+    rss_kib: i64,
 }
 
 /// Package images of distinct digests, pushed on demand.
@@ -372,9 +400,10 @@ async fn fleet_cost(
     pko: &ManagerProcess,
     images: &Images,
     size: usize,
-) -> Result<(), String> {
+) -> Result<FleetCost, String> {
     let pid = pko.pid().ok_or("the manager has no pid")?;
     let mut before = usage(pid)?;
+    let (start, started_at) = (usage(pid)?, Instant::now());
     println!(
         "fleet of {size}: manager before, CPU {:.1} s, RSS {:.0} MiB",
         before.cpu.as_secs_f64(),
@@ -416,6 +445,12 @@ async fn fleet_cost(
         started,
     )?;
 
+    let cost = FleetCost {
+        wall: started_at.elapsed(),
+        cpu: before.cpu.saturating_sub(start.cpu),
+        rss_kib: before.rss_kib as i64 - start.rss_kib as i64,
+    };
+
     // Afterwards nothing changes: what the manager still does (old revisions archived and torn down)
     // should fade to next to nothing. Three windows show the trend.
     for window in 1..=IDLE_WINDOWS {
@@ -432,5 +467,5 @@ async fn fleet_cost(
             started,
         )?;
     }
-    Ok(())
+    Ok(cost)
 }
