@@ -420,3 +420,32 @@ fn with_trace_of(deployment: &Value, observed: &Value) -> Value {
     }
     compared
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_annotations(annotations: Value) -> Value {
+        json!({"metadata": {"name": "p", "annotations": annotations}, "spec": {"revisionHistoryLimit": 10}})
+    }
+
+    #[test]
+    fn the_trace_annotation_is_compared_as_the_deployment_carries_it() {
+        let desired = with_annotations(json!({"keep": "1", TRACE_PARENT_ANNOTATION: "00-new-01"}));
+        // The deployment carries an older trace: compared with that one, the rest as wanted.
+        let observed = with_annotations(json!({"keep": "1", TRACE_PARENT_ANNOTATION: "00-old-01"}));
+        assert_eq!(
+            with_trace_of(&desired, &observed),
+            with_annotations(json!({"keep": "1", TRACE_PARENT_ANNOTATION: "00-old-01"}))
+        );
+        // The deployment carries none: compared without one.
+        let untraced = with_annotations(json!({"keep": "1"}));
+        assert_eq!(with_trace_of(&desired, &untraced), untraced);
+        // Other annotations are compared as wanted: a changed one is still a change.
+        let changed = with_annotations(json!({"keep": "2"}));
+        assert_ne!(
+            with_trace_of(&desired, &changed)["metadata"]["annotations"]["keep"],
+            "2"
+        );
+    }
+}
