@@ -25,16 +25,12 @@ use super::files::{is_hidden, PackageFiles};
 use super::image_limits::{
     check_entry_type, check_path, read_file, BoundedStream, ImageLimits, LimitViolation,
 };
+use super::registry_slots::RegistrySlots;
 
 /// How long connecting to a registry may take.
 const REGISTRY_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 /// How long a registry may stay silent while answering a request.
 const REGISTRY_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
-/// Registry operations (a digest lookup, a pull) in flight at once. The registry client opens a
-/// connection for every request it cannot give an idle one and keeps each for a while: 500 Packages
-/// unpacking at once held 500 connections (their buffers about 24 KiB each) and asked the registry 500
-/// times at once.
-const REGISTRY_OPERATIONS_IN_FLIGHT: usize = 16;
 /// The directory inside image layers that holds the package.
 pub const PACKAGE_PREFIX: &str = "package/";
 
@@ -70,22 +66,6 @@ impl ImageError {
     /// True when the image itself breaks a limit: pulling it again gives the same answer.
     pub fn is_limit(&self) -> bool {
         matches!(self, ImageError::Limit { .. })
-    }
-}
-
-/// One operation counted as waiting until it is dropped, also when its future is dropped while waiting.
-struct Waiting<'a>(&'a AtomicU64);
-
-impl<'a> Waiting<'a> {
-    fn count(waiting: &'a AtomicU64) -> Self {
-        waiting.fetch_add(1, Ordering::Relaxed);
-        Self(waiting)
-    }
-}
-
-impl Drop for Waiting<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -135,10 +115,8 @@ pub struct ImageStore {
     by_digest: Mutex<DigestCache>,
     /// One registry client per set of credentials (see [`ImageStore::client`]).
     clients: DashMap<String, Client>,
-    /// Bounds registry operations in flight ([`REGISTRY_OPERATIONS_IN_FLIGHT`]).
-    in_flight: tokio::sync::Semaphore,
-    /// Operations waiting for a place among them.
-    waiting: AtomicU64,
+    /// Bounds registry operations in flight.
+    slots: RegistrySlots,
     pulls: AtomicU64,
     cache_hits: AtomicU64,
 }
@@ -165,8 +143,7 @@ impl ImageStore {
                 budget: limits.cache_bytes,
             }),
             clients: DashMap::new(),
-            in_flight: tokio::sync::Semaphore::new(REGISTRY_OPERATIONS_IN_FLIGHT),
-            waiting: AtomicU64::new(0),
+            slots: RegistrySlots::default(),
             pulls: AtomicU64::new(0),
             cache_hits: AtomicU64::new(0),
         }
@@ -265,11 +242,7 @@ impl ImageStore {
 
     /// A place among the registry operations in flight for `image`, held until it is dropped.
     async fn slot(&self, image: &str) -> Result<tokio::sync::SemaphorePermit<'_>, ImageError> {
-        let waiting = Waiting::count(&self.waiting);
-        let slot = self.in_flight.acquire().await;
-        drop(waiting);
-        // The semaphore is never closed; the error is there for the type.
-        slot.map_err(|e| ImageError::Registry {
+        self.slots.take().await.map_err(|e| ImageError::Registry {
             reference: image.to_owned(),
             message: e.to_string(),
         })
@@ -277,7 +250,7 @@ impl ImageStore {
 
     /// Registry operations waiting for a place among those in flight now.
     pub fn registry_operations_waiting(&self) -> usize {
-        usize::try_from(self.waiting.load(Ordering::Relaxed)).unwrap_or(usize::MAX)
+        self.slots.waiting()
     }
 
     /// Downloads the layers of `reference` and unpacks the files under `prefix`. The manifest's layer
@@ -613,6 +586,7 @@ pub fn pack_under(files: &PackageFiles, prefix: &str) -> Result<Vec<u8>, ImageEr
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::registry_slots::REGISTRY_OPERATIONS_IN_FLIGHT;
 
     /// A registry that takes connections and never answers; the number it took so far.
     fn silent_registry(

@@ -23,6 +23,7 @@ pub mod manifest;
 pub mod object_checks;
 pub mod oci_layout;
 pub mod pull_auth;
+pub mod registry_slots;
 pub mod render_budget;
 pub mod sprig_funcs;
 pub mod template;
