@@ -29,7 +29,7 @@ use pko_testenv::{
 use serde_json::json;
 
 use crate::object_set_bench::{manager_path, percentile};
-use crate::rollout_bench::usage;
+use crate::process_usage::usage;
 
 const PACKAGE: [(&str, &str); 2] = [
     (

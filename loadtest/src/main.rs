@@ -14,6 +14,7 @@ mod fleet_bench;
 mod hosted_phase_bench;
 mod object_set_bench;
 mod package_bench;
+mod process_usage;
 mod restart_bench;
 mod rollout_bench;
 mod sharding_bench;

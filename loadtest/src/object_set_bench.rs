@@ -119,7 +119,7 @@ impl CpuMeter {
 }
 
 fn cpu_time(pid: Option<u32>) -> Duration {
-    pid.and_then(|pid| crate::rollout_bench::usage(pid).ok())
+    pid.and_then(|pid| crate::process_usage::usage(pid).ok())
         .map(|u| u.cpu)
         .unwrap_or_default()
 }

@@ -16,7 +16,8 @@ use pko_testenv::{ManagerLaunch, ManagerProcess, TestEnv};
 
 use crate::fleet_bench::request_counts;
 use crate::object_set_bench::{manager_path, start_with_manager};
-use crate::rollout_bench::{create_hcpkg, fleet, follow_rollout, usage, wait_connectors, Images};
+use crate::process_usage::usage;
+use crate::rollout_bench::{create_hcpkg, fleet, follow_rollout, wait_connectors, Images};
 
 /// A fleet is settled when the apiserver served no write for this long.
 const QUIET: Duration = Duration::from_secs(10);

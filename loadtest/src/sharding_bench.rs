@@ -23,8 +23,9 @@ use pko_testenv::{
 };
 
 use crate::object_set_bench::manager_path;
+use crate::process_usage::{usage, Usage};
 use crate::rollout_bench::{
-    create_hcpkg, fleet, follow_rollout, set_image, usage, wait_connectors, Images, Usage,
+    create_hcpkg, fleet, follow_rollout, set_image, wait_connectors, Images,
 };
 
 /// The member and coordinator Leases' duration (the manager's default).
