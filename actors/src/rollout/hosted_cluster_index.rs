@@ -3,7 +3,7 @@
 //! change: the index is not re-evaluated for every package on every event. Packages read their
 //! `.environment.hyperShift` from it too, instead of each listing every HostedCluster.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -11,7 +11,7 @@ use tokio::sync::watch;
 
 use dashmap::DashMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use pko_proto::hypershift::HostedCluster;
+use pko_proto::hypershift::{hosted_control_plane_namespace, HostedCluster};
 
 use actix::prelude::*;
 
@@ -65,6 +65,11 @@ fn matches(selector: &LabelSelector, cluster: &HostedCluster) -> bool {
 pub struct HostedClusterIndex {
     /// Shared, not copied: every HostedClusterPackage reconcile takes the clusters it selects.
     clusters: DashMap<ClusterKey, Arc<HostedCluster>>,
+    /// The clusters by HCP namespace (a function of the key, so set once per cluster): every Package,
+    /// phase and template of a HostedCluster looks its cluster up by the namespace it lives in, and a
+    /// scan of the fleet each time made a fleet's arrival quadratic. A set, because two keys can name
+    /// the same namespace (`a-b`/`c` and `a`/`b-c`); the first one is the one used.
+    by_hcp_namespace: DashMap<String, BTreeSet<ClusterKey>>,
     selections: DashMap<String, Selection>,
     /// True once the index is complete (listed, or known to be empty): planning on a partial index would
     /// delete the Packages of clusters not seen yet, and rendering a package before its cluster is seen
@@ -78,6 +83,7 @@ impl Default for HostedClusterIndex {
     fn default() -> Self {
         Self {
             clusters: DashMap::new(),
+            by_hcp_namespace: DashMap::new(),
             selections: DashMap::new(),
             ready: watch::Sender::new(false),
             api_served: AtomicBool::new(false),
@@ -90,8 +96,10 @@ impl HostedClusterIndex {
     pub fn observe(&self, cluster: &HostedCluster, deleted: bool) {
         let key = key(cluster);
         let previous = if deleted {
+            self.forget_hcp_namespace(&key);
             self.clusters.remove(&key).map(|(_, c)| c)
         } else {
+            self.index_hcp_namespace(&key);
             self.clusters.insert(key, Arc::new(cluster.clone()))
         };
         for entry in self.selections.iter() {
@@ -110,8 +118,10 @@ impl HostedClusterIndex {
     pub fn seed(&self, clusters: Option<Vec<HostedCluster>>) {
         let served = clusters.is_some();
         for cluster in clusters.into_iter().flatten() {
+            let key = key(&cluster);
+            self.index_hcp_namespace(&key);
             self.clusters
-                .entry(key(&cluster))
+                .entry(key)
                 .or_insert_with(|| Arc::new(cluster));
         }
         if served {
@@ -134,11 +144,7 @@ impl HostedClusterIndex {
         if !self.is_ready() || !self.api_served.load(Ordering::SeqCst) {
             return HostedClusterPresence::Unknown;
         }
-        let hosts = self
-            .clusters
-            .iter()
-            .any(|c| c.value().hosted_control_plane_namespace().as_deref() == Some(hcp_namespace));
-        if hosts {
+        if self.hosting(hcp_namespace).is_some() {
             HostedClusterPresence::Present
         } else {
             HostedClusterPresence::Gone
@@ -147,11 +153,29 @@ impl HostedClusterIndex {
 
     /// The UID of the HostedCluster whose HCP namespace is `hcp_namespace`, if one is known.
     pub fn cluster_uid(&self, hcp_namespace: &str) -> Option<String> {
-        self.clusters.iter().find_map(|c| {
-            (c.value().hosted_control_plane_namespace().as_deref() == Some(hcp_namespace))
-                .then(|| c.value().metadata.uid.clone())
-                .flatten()
-        })
+        self.hosting(hcp_namespace)?.metadata.uid.clone()
+    }
+
+    /// The HostedCluster whose HCP namespace is `hcp_namespace`.
+    fn hosting(&self, hcp_namespace: &str) -> Option<Arc<HostedCluster>> {
+        let keys = self.by_hcp_namespace.get(hcp_namespace)?;
+        let cluster = keys.iter().find_map(|key| self.clusters.get(key))?;
+        Some(cluster.value().clone())
+    }
+
+    fn index_hcp_namespace(&self, key: &ClusterKey) {
+        self.by_hcp_namespace
+            .entry(hosted_control_plane_namespace(&key.0, &key.1))
+            .or_default()
+            .insert(key.clone());
+    }
+
+    fn forget_hcp_namespace(&self, key: &ClusterKey) {
+        let namespace = hosted_control_plane_namespace(&key.0, &key.1);
+        self.by_hcp_namespace.remove_if_mut(&namespace, |_, keys| {
+            keys.remove(key);
+            keys.is_empty()
+        });
     }
 
     /// What `.environment.hyperShift` of a package in `hcp_namespace` is made from, once the index is
@@ -171,10 +195,8 @@ impl HostedClusterIndex {
             return Some(Vec::new());
         };
         Some(
-            self.clusters
-                .iter()
-                .find(|c| c.value().hosted_control_plane_namespace().as_deref() == Some(ns))
-                .map(|c| HostedCluster::clone(c.value()))
+            self.hosting(ns)
+                .map(|c| HostedCluster::clone(&c))
                 .into_iter()
                 .collect(),
         )
@@ -207,5 +229,51 @@ impl HostedClusterIndex {
             .filter(|c| matches(selector, c.value()))
             .map(|c| c.value().clone())
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn cluster(namespace: &str, name: &str, uid: &str) -> HostedCluster {
+        HostedCluster {
+            metadata: ObjectMeta {
+                namespace: Some(namespace.into()),
+                name: Some(name.into()),
+                uid: Some(uid.into()),
+                ..Default::default()
+            },
+            spec: None,
+            status: None,
+        }
+    }
+
+    /// Lookups by HCP namespace follow arrivals and deletions, including two clusters whose keys name the
+    /// same namespace: deleting one leaves the other found.
+    #[actix::test]
+    async fn clusters_are_found_by_their_hcp_namespace() {
+        let index = HostedClusterIndex::default();
+        index.seed(Some(vec![cluster("clusters", "a.b", "uid-1")]));
+        assert_eq!(index.cluster_uid("clusters-a-b").as_deref(), Some("uid-1"));
+        assert_eq!(index.presence("clusters-a"), HostedClusterPresence::Gone);
+        index.observe(&cluster("clusters-a", "b", "uid-2"), false);
+        // Both: the first by key.
+        assert_eq!(index.cluster_uid("clusters-a-b").as_deref(), Some("uid-1"));
+        index.observe(&cluster("clusters", "a.b", "uid-1"), true);
+        let found = index.hosted_cluster_for(Some("clusters-a-b")).await;
+        let uids: Vec<_> = found
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c.metadata.uid)
+            .collect();
+        assert_eq!(uids, ["uid-2"]);
+        index.observe(&cluster("clusters-a", "b", "uid-2"), true);
+        assert_eq!(index.presence("clusters-a-b"), HostedClusterPresence::Gone);
+        assert_eq!(
+            index.hosted_cluster_for(Some("clusters-a-b")).await,
+            Some(vec![])
+        );
     }
 }
