@@ -152,7 +152,12 @@ pub struct HostedClusterPackageController {
     /// into the next write within the hold's limit (the decision that writes it when no other write
     /// comes is the reconcile's requeue).
     progress_hold: StatusHold,
+    /// What the last rollout decision took to make ([`Reconcile::pace`]).
+    decision_cost: Duration,
 }
+
+/// How long a supervisor waits between decisions, in multiples of what the last one took.
+const PACE_PER_DECISION_COST: u32 = 2;
 
 /// What the progress hold waits for: a write that stores it along. Each Package moving through its
 /// update changes the counts two or three times, and with several Packages in flight those changes are
@@ -241,8 +246,32 @@ impl Reconcile for HostedClusterPackageController {
             gate,
             health: actor.state.health.clone(),
         };
-        let decision = decide_rollout(&snapshot, Timestamp::now());
-        actor.carry_out(decision)
+        // The decision looks at the whole fleet: it runs off the actor thread, which every other
+        // object's actor shares, and what it cost paces the next one (`Reconcile::pace`).
+        let decided = tokio::task::spawn_blocking(move || {
+            let started = Instant::now();
+            let decision = decide_rollout(&snapshot, Timestamp::now());
+            (snapshot.hcpkg, decision, started.elapsed())
+        });
+        Box::pin(
+            fut::wrap_future::<_, HostedClusterPackageActor>(decided).then(|decided, act, _| {
+                match decided {
+                    Ok((hcpkg, decision, cost)) => {
+                        act.state.decision_cost = cost;
+                        act.carry_out(hcpkg, decision)
+                    }
+                    Err(e) => Box::pin(fut::ready(Err(ReconcileError::Failed(format!(
+                        "deciding the rollout: {e}"
+                    ))))),
+                }
+            }),
+        )
+    }
+
+    /// Twice what the last decision took: a supervisor spends at most a third of a core deciding,
+    /// however many Package changes a large fleet sends it, and each decision takes them all.
+    fn pace(&self) -> Duration {
+        self.decision_cost * PACE_PER_DECISION_COST
     }
 
     /// The rollout's gauges; its Events come from its rollout steps (see `carry_out`).
@@ -309,11 +338,13 @@ impl HostedClusterPackageActor {
             .unwrap_or_default()
     }
 
-    /// Persists the in-flight set, then writes Packages, then the status; publishes the steps.
-    fn carry_out(&mut self, decision: RolloutDecision) -> Work<HostedClusterPackageController> {
-        let Some(hcpkg) = self.object.clone() else {
-            return done();
-        };
+    /// Persists the in-flight set, then writes Packages, then the status; publishes the steps. `hcpkg` is
+    /// the version the decision was made on (the actor may have observed a newer one since).
+    fn carry_out(
+        &mut self,
+        hcpkg: HostedClusterPackage,
+        decision: RolloutDecision,
+    ) -> Work<HostedClusterPackageController> {
         let previous_status = hcpkg.status.clone().unwrap_or_default();
         let mut step = match decision {
             RolloutDecision::Invalid(status) => StepToCarry::invalid(*status),
@@ -411,7 +442,14 @@ impl HostedClusterPackageActor {
         if progress_wait.is_none() {
             // Written (or nothing to write): the next progress starts a hold of its own.
             self.state.progress_hold = StatusHold::default();
-            if let Some(h) = self.object.as_mut() {
+            // Onto the version decided on only: a newer one observed meanwhile keeps its own status
+            // (its change runs the next decision).
+            let decided_on = &hcpkg.metadata.resource_version;
+            if let Some(h) = self
+                .object
+                .as_mut()
+                .filter(|h| h.metadata.resource_version == *decided_on)
+            {
                 h.status = Some(status);
                 if written_at.is_some() {
                     h.metadata.resource_version = written_at;

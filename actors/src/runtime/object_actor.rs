@@ -145,6 +145,13 @@ pub trait Reconcile: Default + Sized + Unpin + 'static {
     fn resync(_context: &Self::Shared) -> Option<Duration> {
         None
     }
+    /// The least time from the end of one reconcile to the start of the next, asked after each run: for
+    /// controllers whose reconcile costs more the more it looks at (a whole fleet), so that a stream of
+    /// changes folds into fewer runs instead of one full run per change. Changes that arrive meanwhile
+    /// are not lost: they make the paced run.
+    fn pace(&self) -> Duration {
+        Duration::ZERO
+    }
 
     /// The object's key in its registry and in spans.
     fn key(object: &Self::Object) -> ObjectRef {
@@ -259,6 +266,8 @@ pub struct ObjectActor<R: Reconcile> {
     /// The run a finished reconcile asked for (its `RequeueAfter`, or the resync); a run that starts
     /// sooner replaces it.
     next_run: Option<SpawnHandle>,
+    /// When the last reconcile ended, for [`Reconcile::pace`] (tokio's clock, which tests can pause).
+    last_ended: Option<tokio::time::Instant>,
     /// The write whose trace the reconciles continue.
     cause: TraceCause,
     /// Set when the object moves to another replica: answered once the running reconcile, the writes
@@ -280,6 +289,7 @@ impl<R: Reconcile> ObjectActor<R> {
             reported: None,
             gate: ReconcileGate::new(R::BACKOFF),
             next_run: None,
+            last_ended: None,
             cause: TraceCause::default(),
             releasing: None,
             writes_in_flight: 0,
@@ -335,6 +345,15 @@ impl<R: Reconcile> ObjectActor<R> {
         if !R::RECONCILED_WHILE_DELETING && object.meta().deletion_timestamp.is_some() {
             return;
         }
+        if let Some(wait) = self.paced_wait() {
+            // Too soon after the last run: one run starts when the pace allows, and takes every
+            // change up to then.
+            if let Some(handle) = self.next_run.take() {
+                ctx.cancel_future(handle);
+            }
+            self.next_run = Some(ctx.run_later(wait, Self::request_reconcile));
+            return;
+        }
         if !self.gate.try_start(ctx) {
             return;
         }
@@ -362,6 +381,7 @@ impl<R: Reconcile> ObjectActor<R> {
             let (result, after) = Self::judge(&outcome);
             act.metrics
                 .finished(R::CONTROLLER, result, started.elapsed());
+            act.last_ended = Some(tokio::time::Instant::now());
             if act.releasing.is_some() {
                 act.gate.abandon();
                 act.release_when_idle(ctx);
@@ -384,6 +404,18 @@ impl<R: Reconcile> ObjectActor<R> {
         } else {
             ctx.spawn(work);
         }
+    }
+
+    /// How long a run asked for now must wait for [`Reconcile::pace`]; `None` when it may start (or one
+    /// is running, which the request follows).
+    fn paced_wait(&self) -> Option<Duration> {
+        if self.gate.is_running() {
+            return None;
+        }
+        let not_before = self.last_ended? + self.state.pace();
+        not_before
+            .checked_duration_since(tokio::time::Instant::now())
+            .filter(|wait| !wait.is_zero())
     }
 
     /// How a reconcile ended, for the metrics and the log, and when it asked to run again.
@@ -682,21 +714,11 @@ mod tests {
     /// coordinator labelled the objects for another replica).
     #[actix::test]
     async fn a_release_waits_for_the_writes_in_flight_and_the_parts() {
-        let client =
-            kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap()))
-                .unwrap();
         let (write_ends, write) = tokio::sync::oneshot::channel();
         let (parts_end, parts) = tokio::sync::oneshot::channel();
         let (letting_go, mut let_go_started) = tokio::sync::mpsc::unbounded_channel();
         let context = HeldOpen {
-            runtime: crate::runtime::runtime_context::RuntimeContext {
-                client: client.clone(),
-                watch_client: client.clone(),
-                feeds: Default::default(),
-                events: crate::runtime::event_sink::EventSink::start(client),
-                shard: None,
-                metrics: Default::default(),
-            },
+            runtime: unreachable_runtime(),
             write: Arc::new(std::sync::Mutex::new(Some(write))),
             parts: Arc::new(std::sync::Mutex::new(Some(parts))),
             letting_go,
@@ -724,6 +746,85 @@ mod tests {
             .await
             .expect("the release is answered once the parts stopped")
             .unwrap();
+    }
+
+    /// Counts its runs; asks for ten seconds between them.
+    #[derive(Default)]
+    struct Paced;
+
+    #[derive(Clone)]
+    struct RunCounter {
+        runtime: crate::runtime::runtime_context::RuntimeContext,
+        runs: tokio::sync::mpsc::UnboundedSender<()>,
+    }
+
+    impl SharedContext for RunCounter {
+        fn runtime(&self) -> &crate::runtime::runtime_context::RuntimeContext {
+            &self.runtime
+        }
+    }
+
+    const PACE: Duration = Duration::from_secs(10);
+
+    impl Reconcile for Paced {
+        type Shared = RunCounter;
+        type Object = ViewedClone;
+        type Reported = ();
+        const CONTROLLER: &'static str = "paced";
+
+        fn reconcile(
+            actor: &mut ObjectActor<Self>,
+            _: ViewedClone,
+            _: &mut Context<ObjectActor<Self>>,
+        ) -> Work<Self> {
+            actor.context.runs.send(()).unwrap();
+            done()
+        }
+
+        fn pace(&self) -> Duration {
+            PACE
+        }
+    }
+
+    fn unreachable_runtime() -> crate::runtime::runtime_context::RuntimeContext {
+        let client =
+            kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap()))
+                .unwrap();
+        crate::runtime::runtime_context::RuntimeContext {
+            client: client.clone(),
+            watch_client: client.clone(),
+            feeds: Default::default(),
+            events: crate::runtime::event_sink::EventSink::start(client),
+            shard: None,
+            metrics: Default::default(),
+        }
+    }
+
+    /// Changes arriving within the pace after a run make no run of their own: one run follows when the
+    /// pace has passed, and it is the only one.
+    #[actix::test]
+    async fn changes_within_the_pace_fold_into_one_run_after_it() {
+        tokio::time::pause();
+        let (runs, mut ran) = tokio::sync::mpsc::unbounded_channel();
+        let context = RunCounter {
+            runtime: unreachable_runtime(),
+            runs,
+        };
+        let actor = ObjectActor::<Paced>::new(context).start();
+        let version = |status| Observed(ViewedClone(ObjectMeta::default(), status));
+        actor.send(version("a")).await.unwrap();
+        ran.recv().await.unwrap();
+        for status in ["b", "c", "d", "e"] {
+            actor.send(version(status)).await.unwrap();
+        }
+        tokio::time::advance(PACE / 2).await;
+        assert!(ran.try_recv().is_err(), "a change ran before the pace");
+        tokio::time::advance(PACE / 2).await;
+        ran.recv().await.unwrap();
+        tokio::time::advance(PACE * 3).await;
+        // Whatever the actor still had to do is done once it answers a message.
+        actor.send(version("e")).await.unwrap();
+        assert!(ran.try_recv().is_err(), "the folded changes ran twice");
     }
 
     #[test]
