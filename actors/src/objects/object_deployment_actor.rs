@@ -33,34 +33,42 @@ const MAX_COLLISIONS_PER_RUN: usize = 5;
 #[rtype(result = "()")]
 pub struct RevisionChanged;
 
-/// The deployment's sets: from the index when it holds the current revision `current` and every set the
-/// status names, otherwise listed (a set just created, or sets not yet seen by this replica's watch).
+/// The deployment's sets, and whether they came from the index: from the index when it holds every set
+/// the status names and the one this actor `created` last (which the status may not name yet), unless
+/// `list`; otherwise listed (sets not yet seen by this replica's watch). A new revision's set is not
+/// required of the index: it does not exist yet on most updates, and a create that finds it made
+/// already (the watch lagging) lists before anything is decided on it.
 async fn revisions(
     context: &ManagerContext,
     od: &DeploymentObject,
-    current: &str,
-) -> Result<Vec<RevisionView>, kube::Error> {
+    created: Option<&str>,
+    list: bool,
+) -> Result<(Vec<RevisionView>, bool), kube::Error> {
     let known: Vec<&str> = od
         .status
         .controller_of
         .iter()
         .map(|set| set.name.as_str())
-        .chain([current])
+        .chain(created)
         .collect();
-    if let Some(views) =
-        context
-            .revisions
-            .revisions(od.sets, od.namespace(), od.name(), od.uid(), &known)
-    {
+    let indexed = (!list)
+        .then(|| {
+            context
+                .revisions
+                .revisions(od.sets, od.namespace(), od.name(), od.uid(), &known)
+        })
+        .flatten();
+    if let Some(views) = indexed {
         context.metrics.deployment_sets_read(true);
-        return Ok(views);
+        return Ok((views, true));
     }
     context.metrics.deployment_sets_read(false);
     let sets = od.list_sets(context.runtime.client.clone()).await?;
-    Ok(sets
+    let views = sets
         .iter()
         .map(|set| revision_view(set, RevisionContent::of(&set.spec.template), Some(od.uid())))
-        .collect())
+        .collect();
+    Ok((views, false))
 }
 
 /// The revisions this deployment controls other than `current`.
@@ -72,19 +80,44 @@ fn ours_besides(views: &[RevisionView], current: &str) -> Vec<RevisionView> {
         .collect()
 }
 
-/// One reconcile; returns the status to publish, and the name of the current revision when it has not
-/// reported a status for its generation yet (one this deployment just created).
+/// What one reconcile found: the status to publish, and the name of the current revision when it has
+/// not reported a status for its generation yet (one this deployment just created).
+struct Reconciled {
+    status: ObjectDeploymentStatus,
+    unreported: Option<String>,
+    /// The set this reconcile created.
+    created: Option<String>,
+}
+
+impl Reconciled {
+    fn new(
+        status: ObjectDeploymentStatus,
+        unreported: Option<String>,
+        created: Option<String>,
+    ) -> Self {
+        Self {
+            status,
+            unreported,
+            created,
+        }
+    }
+}
+
+/// One reconcile; `created` is the set this actor created last.
 async fn reconcile_deployment(
     context: ManagerContext,
     mut od: DeploymentObject,
-) -> Result<(ObjectDeploymentStatus, Option<String>), kube::Error> {
+    created: Option<String>,
+) -> Result<Reconciled, kube::Error> {
     let client = context.runtime.client.clone();
     let wanted = RevisionContent::of(&od.spec.template.spec);
+    let mut list = false;
+    let mut made = None;
     for _ in 0..MAX_COLLISIONS_PER_RUN {
         let count = od.status.collision_count.unwrap_or(0);
         let hash = template_hash(&od.spec.template, count);
         let name = revision_name(od.name(), &hash);
-        let views = revisions(&context, &od, &name).await?;
+        let (views, indexed) = revisions(&context, &od, created.as_deref(), list).await?;
         let created_view: Option<RevisionView>;
         let action = plan_deployment(
             &wanted,
@@ -115,6 +148,12 @@ async fn reconcile_deployment(
                     .await
                 {
                     Ok(created) => created,
+                    // The index may not show a set already made (by this replica a moment ago, or by
+                    // another): decide again on a list.
+                    Err(kube::Error::Api(s)) if s.code == 409 && indexed => {
+                        list = true;
+                        continue;
+                    }
                     // A set we could not list (not labelled as ours) holds the name: that is a collision.
                     Err(kube::Error::Api(s)) if s.code == 409 => {
                         od.status.collision_count = Some(count + 1);
@@ -125,6 +164,7 @@ async fn reconcile_deployment(
                 // The status speaks of the revision just created, as the create answered it: its first
                 // status then rewrites nothing of the deployment's (nor of a Package mirroring it).
                 let created = revision_view(&created, wanted.clone(), Some(od.uid()));
+                made = Some(created.name.clone());
                 let others = views.iter().filter(|v| v.ours).cloned().collect();
                 created_view = Some(created);
                 (created_view.as_ref(), others)
@@ -164,31 +204,41 @@ async fn reconcile_deployment(
                     }
                 }
                 let current = views.iter().find(|v| &v.name == current);
-                let others = views
-                    .iter()
-                    .filter(|v| {
-                        v.ours
-                            && Some(&v.name) != current.map(|c| &c.name)
-                            && !delete.contains(&v.name)
-                    })
-                    .map(|v| {
-                        let mut v = v.clone();
-                        if archive.contains(&v.name) {
-                            v.lifecycle = LifecycleState::Archived;
-                        }
-                        v
-                    })
-                    .collect();
+                let others = settled_others(&views, current, archive, delete);
                 (current, others)
             }
         };
-        return Ok(deployment_status(&od, hash, current, &others));
+        let (status, unreported) = deployment_status(&od, hash, current, &others);
+        return Ok(Reconciled::new(status, unreported, made));
     }
     warn!(
         deployment = od.name(),
         "template hash keeps colliding; will retry on the next event"
     );
-    Ok((od.status, None))
+    Ok(Reconciled::new(od.status, None, made))
+}
+
+/// The revisions besides `current` this deployment controls once `archive` are archived and `delete`
+/// deleted.
+fn settled_others(
+    views: &[RevisionView],
+    current: Option<&RevisionView>,
+    archive: &[String],
+    delete: &[String],
+) -> Vec<RevisionView> {
+    views
+        .iter()
+        .filter(|v| {
+            v.ours && Some(&v.name) != current.map(|c| &c.name) && !delete.contains(&v.name)
+        })
+        .map(|v| {
+            let mut v = v.clone();
+            if archive.contains(&v.name) {
+                v.lifecycle = LifecycleState::Archived;
+            }
+            v
+        })
+        .collect()
 }
 
 /// The status that reports `current` (the revision the template names, if it exists) and the other
@@ -243,6 +293,10 @@ pub struct ObjectDeploymentController {
     /// A revision just created has not reported yet: the status waits for it, briefly, instead of being
     /// written from the previous revision's report and again a moment later.
     hold: StatusHold,
+    /// The set this actor created last, until a status naming it is written: the index must show it
+    /// before the deployment decides from the index (else a lagging watch could make a second revision
+    /// under the same number).
+    created: Option<String>,
 }
 
 pub type ObjectDeploymentActor = ObjectActor<ObjectDeploymentController>;
@@ -284,30 +338,55 @@ impl Reconcile for ObjectDeploymentController {
         let context = actor.context.clone();
         // Reconciles of one actor never overlap: the hold goes with this one and comes back with it.
         let mut hold = actor.state.hold.clone();
+        let created = actor.state.created.clone();
         let run = async move {
-            let (status, unreported) = reconcile_deployment(context.clone(), od.clone()).await?;
+            let reconciled = reconcile_deployment(context.clone(), od.clone(), created)
+                .await
+                .map_err(|e| (e, None))?;
+            let Reconciled {
+                status,
+                unreported,
+                created,
+            } = reconciled;
             if status == od.status {
-                return Ok::<_, kube::Error>((Some(status), hold, None));
+                return Ok::<_, (kube::Error, Option<String>)>((Some(status), hold, None, created));
             }
             if let Some(left) = hold.hold(unreported.as_deref(), Instant::now()) {
-                return Ok((None, hold, Some(left)));
+                return Ok((None, hold, Some(left), created));
             }
-            od.write_status(context.runtime.client.clone(), &status)
-                .await?;
-            Ok((Some(status), hold, None))
+            // A failed write still hands back the set just created.
+            match od
+                .write_status(context.runtime.client.clone(), &status)
+                .await
+            {
+                Ok(_) => Ok((Some(status), hold, None, created)),
+                Err(e) => Err((e, created)),
+            }
         };
         work(
             run,
             |result, actor: &mut ObjectDeploymentActor, _| match result {
-                Ok((written, hold, held_for)) => {
+                Ok((written, hold, held_for, created)) => {
                     actor.state.hold = hold;
+                    // Remembered until a stored status names it.
+                    let named = |set: &String| {
+                        written
+                            .as_ref()
+                            .is_some_and(|s| s.controller_of.iter().any(|c| &c.name == set))
+                    };
+                    actor.state.created = created
+                        .or(actor.state.created.take())
+                        .filter(|set| !named(set));
                     if let (Some(status), Some(od)) = (written, actor.object.as_mut()) {
                         od.status = status;
                     }
                     // The revision's first report wakes the deployment sooner.
                     Ok(held_for.map_or(Action::AwaitChange, Action::RequeueAfter))
                 }
-                Err(e) => Err(e.into()),
+                Err((e, created)) => {
+                    actor.state.created = created.or(actor.state.created.take());
+                    Err(e.into())
+                }
             },
         )
     }

@@ -172,8 +172,9 @@ async fn revisions_archive_and_respect_history_limit() {
         ),
         ("ObjectSet", "package-operator.run", ns.as_str())
     );
-    // Three revisions settled through many reconciles; only a reconcile that did not know a set yet
-    // (a revision just created) lists them from the apiserver, the others read the watch-fed index.
+    // Three revisions settled through many reconciles; only a reconcile the index shows no set of this
+    // deployment to (its first revision) lists them from the apiserver, the others read the watch-fed
+    // index, a new revision's too (its create would find a set already made).
     let reads = |source: &'static str| async move {
         manager()
             .metric(&format!(
@@ -185,7 +186,7 @@ async fn revisions_archive_and_respect_history_limit() {
     assert!(from_index > 0, "no reconcile read its sets from the index");
     assert!(
         reads("list").await.unwrap() > 0,
-        "a new revision is listed for"
+        "a deployment's first revision is listed for"
     );
     // Revisions 2 and 3 planned with their previous revisions from the index, not a read each.
     let previous_from_index = manager()
@@ -254,6 +255,41 @@ async fn hash_collision_increments_collision_count() {
         .await
         .unwrap()
         .is_some());
+}
+
+/// A new revision is created without listing when the index holds the deployment's sets; a create that
+/// finds its name taken then lists before calling it a collision, and counts it once.
+#[tokio::test]
+async fn a_collision_found_by_a_create_from_the_index_is_counted_once() {
+    let (client, ns) = setup("od-collide-later").await;
+    let api = Api::<ObjectDeployment>::namespaced(client.clone(), &ns);
+    let od = deployment("later", vec![configmap("c", json!({"v": "1"}))], json!({}));
+    api.create(&PostParams::default(), &od).await.unwrap();
+    wait_deployment(&client, &ns, "later", "revision 1 available", |od| {
+        condition(od, "Available").is_some_and(|(s, _)| s == "True")
+    })
+    .await;
+    let mut od = api.get("later").await.unwrap();
+    od.spec.template.spec.phases[0].objects[0].object = configmap("c", json!({"v": "2"}));
+    let taken = format!("later-{}", template_hash(&od.spec.template, 0));
+    let squatter = object_set(
+        &taken,
+        &[("p", vec![configmap("other", json!({}))])],
+        json!({}),
+    );
+    create_set(&client, &ns, &squatter).await;
+    api.replace("later", &PostParams::default(), &od)
+        .await
+        .unwrap();
+    let od = wait_deployment(&client, &ns, "later", "revision 2 available", |od| {
+        od.status.as_ref().and_then(|s| s.revision) == Some(2)
+            && condition(od, "Available").is_some_and(|(s, _)| s == "True")
+    })
+    .await;
+    let status = od.status.unwrap();
+    assert_eq!(status.collision_count, Some(1));
+    let expected = template_hash(&od.spec.template, 1);
+    assert_eq!(status.template_hash.as_deref(), Some(expected.as_str()));
 }
 
 #[tokio::test]
