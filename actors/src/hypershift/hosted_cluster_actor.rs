@@ -81,7 +81,6 @@ async fn apply_unless_current(context: &ManagerContext, object: &Value) -> Resul
         .applier
         .apply_unless_current(&key_of(object)?, object)
         .await
-        .map(|(_, written)| written)
         .map_err(|e| e.to_string())
 }
 

@@ -327,19 +327,20 @@ impl Applier {
 
     /// Like [`Applier::apply`], but reads the object first and applies only when the apply would change
     /// it ([`apply_is_current`]): what a process that does not know its own last apply (a restarted
-    /// manager) uses, so that re-observing an unchanged object costs a read, not a write. The object as
-    /// stored, and whether it was written.
+    /// manager) uses, so that re-observing an unchanged object costs a read, not a write. Whether it
+    /// was written.
     pub async fn apply_unless_current(
         &self,
         key: &ObjectKey,
         body: &Value,
-    ) -> Result<(Value, bool), ApplyError> {
+    ) -> Result<bool, ApplyError> {
         if let Some(observed) = self.get(key).await? {
             if apply_is_current(body, &observed, FIELD_MANAGER) {
-                return Ok((observed, false));
+                return Ok(false);
             }
         }
-        Ok((self.apply(key, body).await?, true))
+        self.apply(key, body).await?;
+        Ok(true)
     }
 
     /// Like [`Applier::apply`], but only over the object at `resource_version`: a forced apply that
