@@ -213,6 +213,19 @@ pub fn revision_view(
             .cloned()
             .collect(),
         reported: reported_for(conditions, generation),
+        controls: set
+            .status
+            .controller_of
+            .iter()
+            .map(|c| {
+                (
+                    c.group.clone(),
+                    c.kind.clone(),
+                    c.namespace.clone(),
+                    c.name.clone(),
+                )
+            })
+            .collect(),
     }
 }
 

@@ -12,8 +12,9 @@ use crate::objects::object_ref::ObjectKey;
 use pko_package::canonical_hash::value_digest;
 use std::collections::BTreeSet;
 
-/// The objects a template names, by group, kind, namespace and name (the version does not matter).
-type ObjectNames = BTreeSet<(String, String, String, String)>;
+/// Objects by group, kind, namespace and name (the version does not matter); a template may leave the
+/// namespace empty for the set's own.
+pub type ObjectNames = BTreeSet<(String, String, String, String)>;
 
 /// What the plan reads of a template: a digest standing for all of it (a set holding the revision's name
 /// with other content is a collision) and the objects it names (which revisions share objects).
@@ -51,6 +52,22 @@ pub struct RevisionView {
     pub mapped: Vec<Condition>,
     /// It has reported a status for its current generation.
     pub reported: bool,
+    /// The objects its status says it controls.
+    pub controls: ObjectNames,
+}
+
+impl RevisionView {
+    /// Whether this revision reported control of an object `older`'s template names: `older` handed
+    /// that object over, even while its own report of the handover is still on its way (two sets'
+    /// reports reach the deployment one after the other, in either order).
+    pub fn took_over_from(&self, older: &RevisionView) -> bool {
+        let names = &older.content.objects;
+        self.reported
+            && self.controls.iter().any(|(group, kind, namespace, name)| {
+                names.contains(&(group.clone(), kind.clone(), namespace.clone(), name.clone()))
+                    || names.contains(&(group.clone(), kind.clone(), String::new(), name.clone()))
+            })
+    }
 }
 
 /// What the deployment must do next.
@@ -198,10 +215,12 @@ pub fn deployment_conditions(
     }
     // Available on the strength of the latest revision, or of an older one that still says so for its
     // current generation. An older revision that handed objects over says HandedOver, not Available, so
-    // it cannot vouch for objects that are now the latest revision's.
+    // it cannot vouch for objects that are now the latest revision's; nor can one whose report of the
+    // handover has not arrived yet while the latest revision's report of taking them over has.
     let previous_live = others
         .iter()
         .filter(|r| r.available && r.lifecycle != LifecycleState::Archived)
+        .filter(|r| !current.is_some_and(|c| c.took_over_from(r)))
         .max_by_key(|r| r.revision);
     let latest_unavailable = current
         .and_then(|c| c.unavailable.as_deref())
@@ -312,6 +331,7 @@ mod tests {
             archived,
             mapped: vec![],
             reported: true,
+            controls: ObjectNames::new(),
         }
     }
 
@@ -638,6 +658,69 @@ mod tests {
         archived.lifecycle = LifecycleState::Archived;
         let (c, _) = deployment_conditions(&c, 1, false, Some(&latest), &[archived], now);
         assert_eq!(find(&c, "Available").0, "False");
+    }
+
+    #[test]
+    fn a_previous_revision_cannot_vouch_once_the_latest_reported_taking_its_objects() {
+        let now = Timestamp::from_second(10).unwrap();
+        let available = |c: &[Condition]| {
+            let c = c.iter().find(|c| c.type_ == "Available").unwrap();
+            (c.status.clone(), c.reason.clone())
+        };
+        // Both templates name the ConfigMap `shared` (the previous one without a namespace: the set's).
+        let with_shared = |name: &str, revision: i64, namespace: &str| {
+            let mut r = rev(name, revision, "p", false, false);
+            let mut t = template("p");
+            t.phases[0]
+                .objects
+                .push(pko_proto::core::common::ObjectSetObject {
+                    object: serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+                        "metadata": {"name": "shared", "namespace": namespace}}),
+                    ..Default::default()
+                });
+            r.content = RevisionContent::of(&t);
+            r
+        };
+        let previous = RevisionView {
+            available: true,
+            succeeded: true,
+            ..with_shared("od-1", 1, "")
+        };
+        let mut latest = with_shared("od-2", 2, "ns");
+        latest.reported = false;
+        let took = (
+            String::new(),
+            "ConfigMap".to_owned(),
+            "ns".to_owned(),
+            "shared".to_owned(),
+        );
+        latest.controls.insert(took.clone());
+        let others = std::slice::from_ref(&previous);
+        // Not reported for its generation yet: what it controls is an old report's.
+        let (c, _) = deployment_conditions(&[], 1, false, Some(&latest), others, now);
+        assert_eq!(available(&c), ("True".into(), "Available".into()));
+        // Its report says it controls `shared`; the previous revision's handover report is still on
+        // its way, and it cannot vouch any more.
+        latest.reported = true;
+        assert!(latest.took_over_from(&previous));
+        let (c, phase) = deployment_conditions(&c, 1, false, Some(&latest), others, now);
+        assert_eq!(available(&c), ("False".into(), "ObjectSetUnready".into()));
+        assert_eq!(phase, "NotReady");
+        // Controlling only an object the previous template does not name takes nothing from it.
+        latest.controls.clear();
+        latest.controls.insert((
+            String::new(),
+            "ConfigMap".to_owned(),
+            "ns".to_owned(),
+            "other".to_owned(),
+        ));
+        assert!(!latest.took_over_from(&previous));
+        let (c, _) = deployment_conditions(&c, 1, false, Some(&latest), others, now);
+        assert_eq!(available(&c), ("True".into(), "Available".into()));
+        // Nor does the same name in another namespace.
+        let elsewhere = with_shared("od-1", 1, "elsewhere");
+        latest.controls.insert(took);
+        assert!(!latest.took_over_from(&elsewhere));
     }
 
     #[test]
