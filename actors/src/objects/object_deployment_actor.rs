@@ -3,7 +3,7 @@
 //! deployment plan decide (create a revision, bump the collision count, archive and prune old revisions),
 //! applies that, and writes status only when it changes. Events of its ObjectSets wake it directly.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use k8s_openapi::jiff::Timestamp;
@@ -89,18 +89,22 @@ struct Reconciled {
     created: Option<String>,
 }
 
-impl Reconciled {
-    fn new(
-        status: ObjectDeploymentStatus,
-        unreported: Option<String>,
-        created: Option<String>,
-    ) -> Self {
-        Self {
-            status,
-            unreported,
-            created,
-        }
-    }
+/// What one reconcile did, taken back into the actor.
+struct DeploymentRan {
+    /// The status written, or found stored already; `None` while the write is held back.
+    stored: Option<ObjectDeploymentStatus>,
+    hold: StatusHold,
+    /// How long the status write is held back for the new revision's first report.
+    held_for: Option<Duration>,
+    /// The set this reconcile created.
+    created: Option<String>,
+}
+
+/// A reconcile that failed, with the set it created before failing (the index must show that set
+/// before the deployment decides from the index again).
+struct DeploymentFailed {
+    error: kube::Error,
+    created: Option<String>,
 }
 
 /// One reconcile; `created` is the set this actor created last.
@@ -208,14 +212,20 @@ async fn reconcile_deployment(
                 (current, others)
             }
         };
-        let (status, unreported) = deployment_status(&od, hash, current, &others);
-        return Ok(Reconciled::new(status, unreported, made));
+        return Ok(Reconciled {
+            created: made,
+            ..deployment_status(&od, hash, current, &others)
+        });
     }
     warn!(
         deployment = od.name(),
         "template hash keeps colliding; will retry on the next event"
     );
-    Ok(Reconciled::new(od.status, None, made))
+    Ok(Reconciled {
+        status: od.status,
+        unreported: None,
+        created: made,
+    })
 }
 
 /// The revisions besides `current` this deployment controls once `archive` are archived and `delete`
@@ -248,7 +258,7 @@ fn deployment_status(
     hash: String,
     current: Option<&RevisionView>,
     others: &[RevisionView],
-) -> (ObjectDeploymentStatus, Option<String>) {
+) -> Reconciled {
     let (conditions, phase) = deployment_conditions(
         &od.status.conditions,
         od.generation(),
@@ -283,7 +293,11 @@ fn deployment_status(
         revision: current.map(|c| c.revision).or(od.status.revision),
         controller_of,
     };
-    (status, unreported)
+    Reconciled {
+        status,
+        unreported,
+        created: None,
+    }
 }
 
 /// The ObjectSets come from the manager's [`RevisionIndex`](crate::objects::revision_index::RevisionIndex)
@@ -337,55 +351,65 @@ impl Reconcile for ObjectDeploymentController {
     ) -> Work<Self> {
         let context = actor.context.clone();
         // Reconciles of one actor never overlap: the hold goes with this one and comes back with it.
-        let mut hold = actor.state.hold.clone();
+        let hold = actor.state.hold.clone();
         let created = actor.state.created.clone();
         let run = async move {
-            let reconciled = reconcile_deployment(context.clone(), od.clone(), created)
-                .await
-                .map_err(|e| (e, None))?;
+            let failed = |error, created| DeploymentFailed { error, created };
             let Reconciled {
                 status,
                 unreported,
                 created,
-            } = reconciled;
-            if status == od.status {
-                return Ok::<_, (kube::Error, Option<String>)>((Some(status), hold, None, created));
-            }
-            if let Some(left) = hold.hold(unreported.as_deref(), Instant::now()) {
-                return Ok((None, hold, Some(left), created));
-            }
-            // A failed write still hands back the set just created.
-            match od
-                .write_status(context.runtime.client.clone(), &status)
+            } = reconcile_deployment(context.clone(), od.clone(), created)
                 .await
-            {
-                Ok(_) => Ok((Some(status), hold, None, created)),
-                Err(e) => Err((e, created)),
+                .map_err(|e| failed(e, None))?;
+            let mut ran = DeploymentRan {
+                stored: None,
+                hold,
+                held_for: None,
+                created,
+            };
+            if status != od.status {
+                ran.held_for = ran.hold.hold(unreported.as_deref(), Instant::now());
+                if ran.held_for.is_some() {
+                    return Ok(ran);
+                }
+                // A failed write still hands back the set just created.
+                if let Err(e) = od
+                    .write_status(context.runtime.client.clone(), &status)
+                    .await
+                {
+                    return Err(failed(e, ran.created));
+                }
             }
+            ran.stored = Some(status);
+            Ok(ran)
         };
         work(
             run,
             |result, actor: &mut ObjectDeploymentActor, _| match result {
-                Ok((written, hold, held_for, created)) => {
-                    actor.state.hold = hold;
+                Ok(ran) => {
+                    actor.state.hold = ran.hold;
                     // Remembered until a stored status names it.
                     let named = |set: &String| {
-                        written
+                        ran.stored
                             .as_ref()
                             .is_some_and(|s| s.controller_of.iter().any(|c| &c.name == set))
                     };
-                    actor.state.created = created
+                    actor.state.created = ran
+                        .created
                         .or(actor.state.created.take())
                         .filter(|set| !named(set));
-                    if let (Some(status), Some(od)) = (written, actor.object.as_mut()) {
+                    if let (Some(status), Some(od)) = (ran.stored, actor.object.as_mut()) {
                         od.status = status;
                     }
                     // The revision's first report wakes the deployment sooner.
-                    Ok(held_for.map_or(Action::AwaitChange, Action::RequeueAfter))
+                    Ok(ran
+                        .held_for
+                        .map_or(Action::AwaitChange, Action::RequeueAfter))
                 }
-                Err((e, created)) => {
+                Err(DeploymentFailed { error, created }) => {
                     actor.state.created = created.or(actor.state.created.take());
-                    Err(e.into())
+                    Err(error.into())
                 }
             },
         )
