@@ -14,6 +14,7 @@ use crate::metrics::package_images::ImageStoreCollector;
 use crate::objects::applier::Applier;
 use crate::objects::object_cache::ObjectCache;
 use crate::objects::revision_index::RevisionIndex;
+use crate::packages::cluster_facts::ClusterFacts;
 use crate::packages::pull_secrets::PullSecretSource;
 use crate::rollout::health_queries::PrometheusQueries;
 use crate::rollout::hosted_cluster_index::RolloutShared;
@@ -38,6 +39,8 @@ pub struct ManagerContext {
     pub images: Arc<ImageStore>,
     /// Whose pull secrets authenticate package pulls.
     pub pull_secrets: PullSecretSource,
+    /// What the cluster says about itself for `.environment`, shared by every render.
+    pub cluster_facts: ClusterFacts,
     /// NATS and the connector credentials; `None` when the manager runs without NATS (hosted-cluster
     /// phases then report that they cannot be delivered).
     pub connectors: Option<ConnectorLink>,
@@ -87,6 +90,7 @@ impl ManagerContext {
             revisions: RevisionIndex::default(),
             images,
             pull_secrets,
+            cluster_facts: ClusterFacts::default(),
             connectors: None,
             rollouts: RolloutShared::default(),
             metrics,

@@ -20,7 +20,6 @@ use crate::manager::context::ManagerContext;
 use crate::objects::applier::{Applier, ApplyError};
 use crate::objects::owner_identity::owner_applier;
 use crate::objects::template_object::TemplateObject;
-use crate::packages::package_object::environment_facts;
 use crate::runtime::meta_view::MetaView;
 use crate::runtime::object_actor::{
     work, Action, Change, ObjectActor, Reconcile, ReconcileError, Work,
@@ -118,7 +117,9 @@ async fn apply_template(
         .clusters
         .hosted_cluster_for(template.own_namespace())
         .await;
-    let facts = environment_facts(context.runtime.client.clone(), hosted_clusters)
+    let facts = context
+        .cluster_facts
+        .read(&context.runtime.client, hosted_clusters)
         .await
         .map_err(|e| ApplyError::Api {
             object: format!("{} {} environment", template.kind(), template.name()),

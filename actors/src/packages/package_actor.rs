@@ -21,7 +21,7 @@ use crate::engine::transition_events::package_transitions;
 use crate::manager::context::ManagerContext;
 use crate::metrics::upstream_metrics::PackageFacts;
 use crate::objects::object_meta::{creation_seconds, event_reference, tombstone_meta};
-use crate::packages::package_object::{environment_facts, DeploymentView, PackageObject};
+use crate::packages::package_object::{DeploymentView, PackageObject};
 use crate::runtime::meta_view::MetaView;
 use crate::runtime::object_actor::{
     work, Action, Notice, ObjectActor, Reconcile, ReconcileError, Report, Work,
@@ -117,7 +117,10 @@ async fn unpack(
         .clusters
         .hosted_cluster_for((!package.cluster).then(|| package.namespace()))
         .await;
-    let facts = environment_facts(context.runtime.client.clone(), hosted_clusters).await?;
+    let facts = context
+        .cluster_facts
+        .read(&context.runtime.client, hosted_clusters)
+        .await?;
     let environment = environment_value(&package_environment(
         &facts,
         (!package.cluster).then(|| package.namespace()),

@@ -2,16 +2,13 @@
 
 use std::collections::BTreeSet;
 
-use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
-use kube::api::GroupVersionKind;
 use kube::api::{
     ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, Preconditions,
 };
 use kube::{Api, Client};
 use pko_proto::core::object_deployment::{ClusterObjectDeployment, ObjectDeployment};
 use pko_proto::core::package::{ClusterPackage, Package, PackageSpec, PackageStatus};
-use pko_proto::hypershift::HostedCluster;
 use pko_proto::well_known::{CHUNKING_ANNOTATION, TRACE_PARENT_ANNOTATION};
 use serde_json::{json, Value};
 
@@ -22,7 +19,6 @@ use crate::objects::deployment_object::DeploymentObject;
 use crate::objects::object_meta::{requested_service_account, write_status};
 use crate::runtime::meta_view::MetaView;
 use pko_package::chunking::Slice;
-use pko_package::environment::EnvironmentFacts;
 use pko_proto::core::object_slice::{ClusterObjectSlice, ObjectSlice};
 use pko_proto::well_known::SLICE_OWNER_LABEL;
 
@@ -110,14 +106,6 @@ impl MetaView for PackageObject {
     /// The chunking annotation counts too: the reconcile reads it, and a change of it is no echo.
     fn same_status(&self, other: &Self) -> bool {
         self.status == other.status && self.chunking_annotation() == other.chunking_annotation()
-    }
-}
-
-/// A 404 means the API is not served or the object does not exist: the fact is absent.
-fn absent<T>(e: kube::Error) -> Result<Option<T>, kube::Error> {
-    match e {
-        kube::Error::Api(s) if s.code == 404 => Ok(None),
-        other => Err(other),
     }
 }
 
@@ -349,52 +337,6 @@ impl PackageObject {
         )
         .await
     }
-}
-
-/// What the cluster says about itself for `.environment`: each optional API that is not served (or
-/// object that does not exist) is simply absent. `hosted_clusters` comes from the manager's fleet
-/// (see [`crate::rollout::hosted_cluster_index::Fleet::hosted_cluster_for`]): listing every HostedCluster for
-/// every package made creating N packages cost N² objects read. ObjectTemplates read the same facts.
-pub async fn environment_facts(
-    client: Client,
-    hosted_clusters: Option<Vec<HostedCluster>>,
-) -> Result<EnvironmentFacts, kube::Error> {
-    let openshift = |kind: &str, plural: &str| {
-        ApiResource::from_gvk_with_plural(
-            &GroupVersionKind::gvk("config.openshift.io", "v1", kind),
-            plural,
-        )
-    };
-    let cluster_version = Api::<DynamicObject>::all_with(
-        client.clone(),
-        &openshift("ClusterVersion", "clusterversions"),
-    )
-    .get("version")
-    .await
-    .map(|o| Some(o.data))
-    .or_else(absent)?;
-    let (managed_openshift, proxy) = if cluster_version.is_some() {
-        let managed = Api::<ConfigMap>::namespaced(client.clone(), "openshift-config")
-            .get("osd-cluster-metadata")
-            .await
-            .map(|cm| Some(cm.data.unwrap_or_default()))
-            .or_else(absent)?;
-        let proxy = Api::<DynamicObject>::all_with(client.clone(), &openshift("Proxy", "proxies"))
-            .get("cluster")
-            .await
-            .map(|o| Some(o.data))
-            .or_else(absent)?;
-        (managed, proxy)
-    } else {
-        (None, None)
-    };
-    Ok(EnvironmentFacts {
-        kubernetes_version: client.apiserver_version().await?.git_version,
-        cluster_version,
-        managed_openshift,
-        proxy,
-        hosted_clusters,
-    })
 }
 
 /// `deployment` with the trace annotation `observed` carries (or none if it carries none): the trace of

@@ -16,6 +16,7 @@ use pko_proto::core::package::{ClusterPackage, Package};
 use pko_testenv::wait_until;
 use serde_json::json;
 
+use common::packages::{create_package, package, push};
 use common::*;
 
 const MANIFEST: &str = "apiVersion: manifests.package-operator.run/v1alpha1
@@ -46,20 +47,6 @@ data:
   kube: {{ .environment.kubernetes.version | quote }}
 ";
 
-async fn push(tag: &str, files: &[(&str, &str)]) -> String {
-    let host = env().registry().host();
-    let image = format!("{host}/packages/{tag}");
-    let files: PackageFiles = files
-        .iter()
-        .map(|(p, c)| ((*p).to_owned(), c.as_bytes().to_vec()))
-        .collect();
-    ImageStore::new(vec![host])
-        .push(&image, &files, &RegistryAuth::Anonymous)
-        .await
-        .unwrap();
-    image
-}
-
 /// The greeter package (MANIFEST + CONFIGMAP), pushed as `greeter:v1`.
 async fn push_greeter() -> String {
     push(
@@ -67,28 +54,6 @@ async fn push_greeter() -> String {
         &[("manifest.yaml", MANIFEST), ("cm.yaml.gotmpl", CONFIGMAP)],
     )
     .await
-}
-
-/// Creates Package `name` in `ns` from `image` with `config`.
-async fn create_package(
-    client: &kube::Client,
-    ns: &str,
-    name: &str,
-    image: &str,
-    config: serde_json::Value,
-) {
-    Api::<Package>::namespaced(client.clone(), ns)
-        .create(&PostParams::default(), &package(name, image, config))
-        .await
-        .unwrap();
-}
-
-fn package(name: &str, image: &str, config: serde_json::Value) -> Package {
-    serde_json::from_value(json!({
-        "apiVersion": "package-operator.run/v1alpha1", "kind": "Package",
-        "metadata": {"name": name}, "spec": {"image": image, "config": config},
-    }))
-    .unwrap()
 }
 
 async fn wait_package(
@@ -627,84 +592,6 @@ data:
 }
 
 /// A cluster-scoped stand-in CRD of OpenShift's config API (every field kept, no status subresource).
-fn openshift_crd(
-    kind: &str,
-    plural: &str,
-) -> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition {
-    serde_json::from_value(json!({
-        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-        "metadata": {"name": format!("{plural}.config.openshift.io")},
-        "spec": {
-            "group": "config.openshift.io", "scope": "Cluster",
-            "names": {"kind": kind, "plural": plural, "singular": kind.to_lowercase(), "listKind": format!("{kind}List")},
-            "versions": [{"name": "v1", "served": true, "storage": true,
-                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}],
-        },
-    }))
-    .unwrap()
-}
-
-#[tokio::test]
-async fn packages_on_openshift_see_its_version_managed_data_and_proxy() {
-    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
-    let (client, ns) = setup("pkg-openshift").await;
-    pko_testenv::install_crds(
-        &client,
-        &[
-            openshift_crd("ClusterVersion", "clusterversions"),
-            openshift_crd("Proxy", "proxies"),
-        ],
-    )
-    .await
-    .unwrap();
-    let create = |kind: &'static str, plural: &'static str, object: serde_json::Value| {
-        let client = client.clone();
-        async move {
-            let resource = ApiResource::from_gvk_with_plural(
-                &GroupVersionKind::gvk("config.openshift.io", "v1", kind),
-                plural,
-            );
-            let object: DynamicObject = serde_json::from_value(object).unwrap();
-            Api::<DynamicObject>::all_with(client, &resource)
-                .create(&PostParams::default(), &object)
-                .await
-                .unwrap();
-        }
-    };
-    create("ClusterVersion", "clusterversions", json!({
-        "apiVersion": "config.openshift.io/v1", "kind": "ClusterVersion", "metadata": {"name": "version"},
-        "status": {"history": [{"state": "Partial", "version": "4.16.1"}, {"state": "Completed", "version": "4.15.9"}]},
-    }))
-    .await;
-    create("Proxy", "proxies", json!({
-        "apiVersion": "config.openshift.io/v1", "kind": "Proxy", "metadata": {"name": "cluster"},
-        "status": {"httpsProxy": "http://proxy.internal:3128", "noProxy": ".cluster.local"},
-    }))
-    .await;
-    let template = "apiVersion: v1
-kind: ConfigMap
-metadata:
-  name: os-facts
-  annotations:
-    package-operator.run/phase: config
-data:
-  version: {{ .environment.openShift.version | quote }}
-  https: {{ .environment.proxy.httpsProxy | quote }}
-  noProxy: {{ .environment.proxy.noProxy | quote }}
-";
-    let image = push(
-        "os-facts:v1",
-        &[("manifest.yaml", MANIFEST), ("cm.yaml.gotmpl", template)],
-    )
-    .await;
-    create_package(&client, &ns, "facts", &image, json!({})).await;
-    let cm = wait_cm(&client, &ns, "os-facts", |_| true).await;
-    let data = cm.data.unwrap();
-    assert_eq!(data["version"], "4.15.9");
-    assert_eq!(data["https"], "http://proxy.internal:3128");
-    assert_eq!(data["noProxy"], ".cluster.local");
-}
-
 const WIDGET_MANIFEST: &str = "apiVersion: manifests.package-operator.run/v1alpha1
 kind: PackageManifest
 metadata:

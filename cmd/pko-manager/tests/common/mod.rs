@@ -2,6 +2,7 @@
 //! and helpers to create objects and wait on their conditions. Tests isolate themselves by namespace.
 #![allow(dead_code)]
 
+pub mod packages;
 pub mod rollout;
 pub mod shard_group;
 pub mod shipped;
