@@ -335,6 +335,20 @@ mod tests {
         }
     }
 
+    /// `r` with a template of one phase `p` naming a ConfigMap with `metadata`.
+    fn naming_configmap(mut r: RevisionView, metadata: serde_json::Value) -> RevisionView {
+        let mut t = template("p");
+        t.phases[0]
+            .objects
+            .push(pko_proto::core::common::ObjectSetObject {
+                object: serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+                                           "metadata": metadata}),
+                ..Default::default()
+            });
+        r.content = RevisionContent::of(&t);
+        r
+    }
+
     /// Upstream's table over six revisions, each with its own object: r1 available, r2 available, r3
     /// unavailable, r4 unavailable, r5 unavailable, r6 available.
     #[test]
@@ -383,17 +397,10 @@ mod tests {
     #[test]
     fn unavailable_intermediate_revisions_sharing_nothing_with_the_latest_are_archived() {
         let own = |name: &str, revision: i64, available: bool, archived: bool| {
-            let mut r = rev(name, revision, "p", available, archived);
-            let mut t = template("p");
-            t.phases[0]
-                .objects
-                .push(pko_proto::core::common::ObjectSetObject {
-                    object: serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
-                                           "metadata": {"name": format!("cm-{revision}")}}),
-                    ..Default::default()
-                });
-            r.content = RevisionContent::of(&t);
-            r
+            naming_configmap(
+                rev(name, revision, "p", available, archived),
+                serde_json::json!({"name": format!("cm-{revision}")}),
+            )
         };
         let archive_of = |revisions: &[RevisionView]| {
             let latest = revisions.last().unwrap();
@@ -669,17 +676,10 @@ mod tests {
         };
         // Both templates name the ConfigMap `shared` (the previous one without a namespace: the set's).
         let with_shared = |name: &str, revision: i64, namespace: &str| {
-            let mut r = rev(name, revision, "p", false, false);
-            let mut t = template("p");
-            t.phases[0]
-                .objects
-                .push(pko_proto::core::common::ObjectSetObject {
-                    object: serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
-                        "metadata": {"name": "shared", "namespace": namespace}}),
-                    ..Default::default()
-                });
-            r.content = RevisionContent::of(&t);
-            r
+            naming_configmap(
+                rev(name, revision, "p", false, false),
+                serde_json::json!({"name": "shared", "namespace": namespace}),
+            )
         };
         let previous = RevisionView {
             available: true,
