@@ -168,6 +168,7 @@ async fn measure(bench: &FleetBench) -> Result<(), String> {
     let idle_per_second = servers_cpu().saturating_sub(idle_from.1).as_secs_f64()
         / idle_from.0.elapsed().as_secs_f64();
     let requests_before = request_counts(&servers).await?;
+    let sent_before = manager_requests(&clusters).await?;
     let servers_before = servers_cpu();
     let rolled = Instant::now();
     let v2 = json!({"spec": {"template": {"spec": {"config": {"release": "v2"}}}}});
@@ -199,6 +200,7 @@ async fn measure(bench: &FleetBench) -> Result<(), String> {
         .sum();
     let servers_used = servers_cpu().saturating_sub(servers_before);
     let requests = request_counts(&servers).await?;
+    let sent = manager_requests(&clusters).await?;
     let waves = bench.hosted_clusters.div_ceil(bench.max_unavailable.max(1)) as u32;
     let stage = bench.readiness_lag * waves;
     let waits = stage * 2 + bench.soak;
@@ -232,6 +234,7 @@ async fn measure(bench: &FleetBench) -> Result<(), String> {
         &requests,
         clusters.len() * bench.hosted_clusters,
     );
+    print_manager_requests(&sent_before, &sent, clusters.len() * bench.hosted_clusters);
     let (canary_finished, prod_started) = stage_times(&nats, &names, generation).await?;
     println!(
         "  canary finished {:.1} s after the release; first prod update {:.1} s after that (soak {:.0} s)",
@@ -333,6 +336,54 @@ pub(crate) async fn request_counts(
         }
     }
     Ok(counts)
+}
+
+/// Requests the managers sent so far, by verb (their own `pko_apiserver_requests_total`, every answer).
+async fn manager_requests(clusters: &[Cluster<'_>]) -> Result<BTreeMap<String, f64>, String> {
+    let mut counts = BTreeMap::new();
+    for cluster in clusters {
+        let (_, body) = cluster.manager.get("/metrics").await?;
+        for line in body.lines() {
+            let Some((labels, value)) = line
+                .strip_prefix("pko_apiserver_requests_total{")
+                .and_then(|rest| rest.split_once("} "))
+            else {
+                continue;
+            };
+            let verb = labels
+                .split(',')
+                .find_map(|pair| pair.strip_prefix("verb=\""))
+                .map_or("", |v| v.trim_end_matches('"'));
+            if let Ok(value) = value.trim().parse::<f64>() {
+                *counts.entry(verb.to_owned()).or_insert(0.0) += value;
+            }
+        }
+    }
+    Ok(counts)
+}
+
+/// Of the apiservers' requests, those the managers sent (the rest are the apiservers' own, such as
+/// quota admission's lookups, and the workload simulator's), by verb.
+fn print_manager_requests(
+    before: &BTreeMap<String, f64>,
+    after: &BTreeMap<String, f64>,
+    updates: usize,
+) {
+    let per_update = |verb: &str| {
+        (after.get(verb).copied().unwrap_or(0.0) - before.get(verb).copied().unwrap_or(0.0))
+            / updates.max(1) as f64
+    };
+    let by_verb: Vec<String> = after
+        .keys()
+        .map(|verb| (verb, per_update(verb)))
+        .filter(|(_, n)| *n > 0.0)
+        .map(|(verb, n)| format!("{verb} {n:.2}"))
+        .collect();
+    let total: f64 = after.keys().map(|verb| per_update(verb)).sum();
+    println!(
+        "  sent by the managers: {total:.1} per Package update ({})",
+        by_verb.join(", ")
+    );
 }
 
 /// `verb resource[/subresource]` and the count of one `apiserver_request_total` sample.
