@@ -28,7 +28,7 @@ use pko_testenv::{
 };
 use serde_json::json;
 
-use crate::object_set_bench::{manager_path, percentile};
+use crate::object_set_bench::{manager_path, manager_request_samples, percentile};
 use crate::process_usage::usage;
 
 const PACKAGE: [(&str, &str); 2] = [
@@ -342,21 +342,12 @@ pub(crate) async fn request_counts(
 async fn manager_requests(clusters: &[Cluster<'_>]) -> Result<BTreeMap<String, f64>, String> {
     let mut counts = BTreeMap::new();
     for cluster in clusters {
-        let (_, body) = cluster.manager.get("/metrics").await?;
-        for line in body.lines() {
-            let Some((labels, value)) = line
-                .strip_prefix("pko_apiserver_requests_total{")
-                .and_then(|rest| rest.split_once("} "))
-            else {
-                continue;
-            };
+        for (labels, value) in manager_request_samples(&cluster.manager).await? {
             let verb = labels
                 .split(',')
                 .find_map(|pair| pair.strip_prefix("verb=\""))
                 .map_or("", |v| v.trim_end_matches('"'));
-            if let Ok(value) = value.trim().parse::<f64>() {
-                *counts.entry(verb.to_owned()).or_insert(0.0) += value;
-            }
+            *counts.entry(verb.to_owned()).or_insert(0.0) += value as f64;
         }
     }
     Ok(counts)
@@ -369,17 +360,19 @@ fn print_manager_requests(
     after: &BTreeMap<String, f64>,
     updates: usize,
 ) {
-    let per_update = |verb: &str| {
-        (after.get(verb).copied().unwrap_or(0.0) - before.get(verb).copied().unwrap_or(0.0))
-            / updates.max(1) as f64
-    };
-    let by_verb: Vec<String> = after
-        .keys()
-        .map(|verb| (verb, per_update(verb)))
+    let per_verb: Vec<(&String, f64)> = after
+        .iter()
+        .map(|(verb, n)| {
+            let sent = n - before.get(verb).copied().unwrap_or(0.0);
+            (verb, sent / updates.max(1) as f64)
+        })
         .filter(|(_, n)| *n > 0.0)
+        .collect();
+    let total: f64 = per_verb.iter().map(|(_, n)| n).sum();
+    let by_verb: Vec<String> = per_verb
+        .iter()
         .map(|(verb, n)| format!("{verb} {n:.2}"))
         .collect();
-    let total: f64 = after.keys().map(|verb| per_update(verb)).sum();
     println!(
         "  sent by the managers: {total:.1} per Package update ({})",
         by_verb.join(", ")

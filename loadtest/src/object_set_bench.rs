@@ -29,11 +29,9 @@ fn configmap(i: usize) -> Value {
            "data": {"index": i.to_string(), "payload": "x".repeat(256)}})
 }
 
-/// The manager's apiserver requests that got no success answer so far, by their labels (verb, code),
-/// from its /metrics.
-async fn failed_requests(
-    pko: &ManagerProcess,
-) -> Result<std::collections::BTreeMap<String, u64>, String> {
+/// A manager's apiserver requests so far, from its /metrics: each `pko_apiserver_requests_total` sample's
+/// labels (verb, code) and count.
+pub async fn manager_request_samples(pko: &ManagerProcess) -> Result<Vec<(String, u64)>, String> {
     let (_, body) = pko.get("/metrics").await?;
     Ok(body
         .lines()
@@ -41,11 +39,19 @@ async fn failed_requests(
             let (labels, value) = line
                 .strip_prefix("pko_apiserver_requests_total{")?
                 .split_once("} ")?;
-            if labels.contains("code=\"2") {
-                return None;
-            }
             Some((labels.to_owned(), value.trim().parse().ok()?))
         })
+        .collect())
+}
+
+/// The manager's apiserver requests that got no success answer so far, by their labels (verb, code).
+async fn failed_requests(
+    pko: &ManagerProcess,
+) -> Result<std::collections::BTreeMap<String, u64>, String> {
+    Ok(manager_request_samples(pko)
+        .await?
+        .into_iter()
+        .filter(|(labels, _)| !labels.contains("code=\"2"))
         .collect())
 }
 
