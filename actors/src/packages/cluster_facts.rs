@@ -23,19 +23,9 @@ use tracing::{info_span, Instrument};
 pub const FACTS_MAX_AGE: Duration = Duration::from_secs(30);
 
 /// The last probe's facts, shared by every render of the manager; cheap to clone.
-#[derive(Clone)]
+#[derive(Clone, Default)]
 pub struct ClusterFacts {
     probed: Arc<Mutex<Option<(Instant, EnvironmentFacts)>>>,
-    max_age: Duration,
-}
-
-impl Default for ClusterFacts {
-    fn default() -> Self {
-        Self {
-            probed: Arc::default(),
-            max_age: FACTS_MAX_AGE,
-        }
-    }
 }
 
 impl ClusterFacts {
@@ -55,7 +45,7 @@ impl ClusterFacts {
         })
     }
 
-    /// The facts of a probe started less than `max_age` ago, or of a new one. Renders that ask while a
+    /// The facts of a probe started less than [`FACTS_MAX_AGE`] ago, or of a new one. Renders that ask while a
     /// probe runs wait for it rather than probe again; a failed probe is not kept.
     async fn cached<F, Fut, E>(&self, probe: F) -> Result<EnvironmentFacts, E>
     where
@@ -64,7 +54,7 @@ impl ClusterFacts {
     {
         let mut probed = self.probed.lock().await;
         if let Some((at, facts)) = probed.as_ref() {
-            if at.elapsed() < self.max_age {
+            if at.elapsed() < FACTS_MAX_AGE {
                 return Ok(facts.clone());
             }
         }
