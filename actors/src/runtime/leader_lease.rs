@@ -46,6 +46,10 @@ pub struct LeaseConfig {
     pub labels: std::collections::BTreeMap<String, String>,
     /// Where attempts and holding are counted.
     pub metrics: LeaseMetrics,
+    /// An annotation that ends the holder's tenure once it is on the Lease: the holder neither renews nor
+    /// takes it back, and gives up as if another replica held it (a shard member's take-over record: its
+    /// keys went to its successors, who work on them from the moment they read it).
+    pub ended_by: Option<String>,
 }
 
 /// The Lease could not be held.
@@ -77,7 +81,19 @@ impl LeaseConfig {
             retry_period: duration * 2 / 15,
             labels: std::collections::BTreeMap::new(),
             metrics: LeaseMetrics::default(),
+            ended_by: None,
         }
+    }
+
+    /// Whether `lease` carries the annotation that ends this holder's tenure.
+    fn ended(&self, lease: &Lease) -> bool {
+        self.ended_by.as_ref().is_some_and(|annotation| {
+            lease
+                .metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key(annotation))
+        })
     }
 
     /// The timing is safe: the holder gives up before anyone may take over, and renews before it must.
@@ -187,6 +203,10 @@ impl LeaseClient {
                 }
             }
             Some(mut lease) => {
+                if self.config.ended(&lease) {
+                    warn!(lease = %self.config.name, "a take-over of this replica was recorded on its Lease; giving it up");
+                    return Ok(false);
+                }
                 let current = lease.spec.clone().unwrap_or_default();
                 if !self.may_take(&current) {
                     return Ok(false);
@@ -281,7 +301,12 @@ impl LeaseClient {
                     renewed = started;
                     fence.open_until(started + self.config.renew_deadline);
                 }
-                Ok(false) => return Some("another replica holds the lease".to_owned()),
+                Ok(false) => {
+                    return Some(
+                        "another replica holds the lease, or it records this replica's end"
+                            .to_owned(),
+                    )
+                }
                 Err(e) if Instant::now() >= deadline => {
                     return Some(format!("no renewal within the renew deadline: {e}"))
                 }
@@ -409,5 +434,16 @@ mod tests {
             ..config
         };
         assert!(no_retry.check().is_err());
+    }
+
+    #[test]
+    fn a_lease_carrying_the_end_annotation_ends_the_tenure() {
+        let mut config = LeaseConfig::new("ns", "lease", "me", Duration::from_secs(15));
+        let mut lease = Lease::default();
+        lease.metadata.annotations = Some([("end/here".to_owned(), "b".to_owned())].into());
+        assert!(!config.ended(&lease), "no annotation configured");
+        config.ended_by = Some("end/here".to_owned());
+        assert!(config.ended(&lease));
+        assert!(!config.ended(&Lease::default()));
     }
 }

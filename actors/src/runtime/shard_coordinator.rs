@@ -138,6 +138,18 @@ impl Placements {
         held
     }
 
+    /// The departed members whose take-over records some object's worker is resolved through
+    /// (`ShardView::records_needed`): their Leases stay.
+    fn records_needed(&self, view: &ShardView) -> BTreeSet<Member> {
+        let mut needed = BTreeSet::new();
+        for (key, objects) in &self.keys {
+            for holder in objects.values().filter_map(|p| p.holder.as_ref()) {
+                needed.extend(view.records_needed(key, holder).into_iter().cloned());
+            }
+        }
+        needed
+    }
+
     fn synced(&self, kinds: usize) -> bool {
         self.listed.len() >= kinds
     }
@@ -274,7 +286,8 @@ pub async fn run(
         let held = placements.held_by_member();
         metrics.keys_held(&held);
         if placements.synced(kinds.len()) {
-            members.retire(&held, &leases, &metrics).await;
+            let needed = placements.records_needed(&members.current());
+            members.retire(&held, &needed, &leases, &metrics).await;
         }
         metrics.coordinator_pass(pass.elapsed().as_secs_f64());
     }
@@ -373,10 +386,11 @@ impl Takeovers {
     }
 
     /// Deletes the Lease (and so the take-over record) of every departed member no object is labelled
-    /// for any more.
+    /// for any more (`held`) and no object's worker is found through (`needed`).
     async fn retire(
         &mut self,
         held: &BTreeMap<Member, usize>,
+        needed: &BTreeSet<Member>,
         leases: &Api<Lease>,
         metrics: &ShardMetrics,
     ) {
@@ -390,7 +404,12 @@ impl Takeovers {
                 info!(%member, seconds, "every key of the departed member relabelled");
                 metrics.relabelled(seconds);
             }
-            if !current.takeovers.contains_key(member) || self.retired.contains(member) {
+            // An object labelled for an earlier departed member may still find its worker through this
+            // member's record.
+            if needed.contains(member)
+                || !current.takeovers.contains_key(member)
+                || self.retired.contains(member)
+            {
                 continue;
             }
             let deleted = tokio::time::timeout(
@@ -632,8 +651,8 @@ mod tests {
         view.departed.insert("gone".to_owned());
         view.takeovers.insert("gone".to_owned(), view.live.clone());
         let mut members = Takeovers::new(view);
-        let (held, metrics) = (BTreeMap::new(), ShardMetrics::default());
-        let retiring = members.retire(&held, &leases, &metrics);
+        let (held, needed, metrics) = (BTreeMap::new(), BTreeSet::new(), ShardMetrics::default());
+        let retiring = members.retire(&held, &needed, &leases, &metrics);
         let finished = tokio::time::timeout(Duration::from_secs(600), retiring).await;
         assert!(finished.is_ok(), "the deletion held the loop for 600 s");
         assert!(

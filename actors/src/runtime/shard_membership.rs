@@ -13,7 +13,7 @@ use kube::runtime::{reflector, watcher, WatchStreamExt};
 use kube::{Api, Client};
 use pko_proto::well_known::shard_member_lease;
 use tokio::sync::watch;
-use tracing::warn;
+use tracing::{error, warn};
 
 use crate::engine::sharding::lease_expiry::{LeaseRecord, LeaseSightings};
 use crate::engine::sharding::shard_assignment::{Member, MemberLease, ShardView};
@@ -79,9 +79,19 @@ impl ShardMembership {
         config
             .labels
             .insert(SHARD_MEMBER_LABEL.to_owned(), identity.to_owned());
-        let holder = LeaseHolder::acquire(kube, config, fence).await?;
+        // Once a coordinator recorded this member's take-over, every replica counts it departed and its
+        // successors work on its keys: it stops at its next renewal.
+        config.ended_by = Some(SHARD_SUCCESSORS_ANNOTATION.to_owned());
+        let holder = LeaseHolder::acquire(kube, config, fence.clone()).await?;
         let (sender, view) = watch::channel(ShardView::default());
-        let follower = tokio::spawn(follow_members(Api::namespaced(client, namespace), sender));
+        let follower = tokio::spawn(follow_members(
+            Api::namespaced(client, namespace),
+            sender,
+            Ended {
+                member: identity.to_owned(),
+                fence,
+            },
+        ));
         Ok(Self {
             holder,
             view,
@@ -141,9 +151,27 @@ pub fn parse_successors(list: &str) -> BTreeSet<Member> {
         .collect()
 }
 
+/// This member's own end: a take-over recorded on its Lease. Its successors work on its keys from the
+/// moment their watches show the record, so its writes stop when its own watch does; the Lease thread
+/// then gives the Lease up at its next renewal and the process exits.
+struct Ended {
+    member: Member,
+    fence: WriteFence,
+}
+
+impl Ended {
+    fn check(&self, view: &ShardView) {
+        if let Some(successors) = view.takeovers.get(&self.member) {
+            if self.fence.seal() {
+                error!(member = %self.member, ?successors, "a take-over of this replica was recorded; it stops writing");
+            }
+        }
+    }
+}
+
 /// Keeps `view` equal to what the member Leases say (a reflector keeps the Leases, re-lists included). A
 /// Lease's renewals are timed by this process's monotonic clock from when the watch delivered them.
-async fn follow_members(api: Api<Lease>, view: watch::Sender<ShardView>) {
+async fn follow_members(api: Api<Lease>, view: watch::Sender<ShardView>, ended: Ended) {
     let config = watcher::Config::default().labels(SHARD_MEMBER_LABEL);
     let (leases, writer) = reflector::store();
     let mut events = reflector(writer, watcher::watcher(api, config))
@@ -170,6 +198,7 @@ async fn follow_members(api: Api<Lease>, view: watch::Sender<ShardView>) {
             .filter_map(|l| member_lease(l, &sightings))
             .collect();
         let seen = ShardView::of(&known, now);
+        ended.check(&seen);
         // Wake just after the first live Lease would run out unrenewed.
         next_expiry = known
             .iter()

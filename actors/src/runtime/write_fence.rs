@@ -1,9 +1,10 @@
 //! The write fence: until when this replica may change anything on the apiserver. The leader Lease
 //! keeps it open up to its renew deadline; a client built with [`WriteFenceLayer`] refuses every request
 //! that is not a read once that time has passed, whatever thread sends it and however long the process
-//! was stopped. It must not decide leadership itself: only the Lease thread moves the deadline.
+//! was stopped. It must not decide leadership itself: only the Lease thread moves the deadline, and a
+//! take-over recorded on a shard member's Lease seals it for good (`shard_membership`).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
@@ -21,6 +22,8 @@ struct Deadline {
     origin: Instant,
     /// Nanoseconds after `origin` until which writes pass; `u64::MAX` for a fence that never closes.
     until: AtomicU64,
+    /// Closed for good: no renewal opens it again.
+    sealed: AtomicBool,
 }
 
 /// Until when writes may go out; cheap to clone, shared by the Lease thread and the clients.
@@ -52,11 +55,15 @@ impl WriteFence {
         Self(Arc::new(Deadline {
             origin: Instant::now(),
             until: AtomicU64::new(until),
+            sealed: AtomicBool::new(false),
         }))
     }
 
     /// Writes may go out until `deadline` (monotonic: time a stopped process spent stopped counts).
     pub fn open_until(&self, deadline: Instant) {
+        if self.0.sealed.load(Ordering::SeqCst) {
+            return;
+        }
         let nanos = deadline.saturating_duration_since(self.0.origin).as_nanos();
         let nanos = u64::try_from(nanos).unwrap_or(u64::MAX - 1);
         self.0.until.store(nanos, Ordering::SeqCst);
@@ -67,8 +74,18 @@ impl WriteFence {
         self.0.until.store(0, Ordering::SeqCst);
     }
 
+    /// Refuses writes for good, whatever a renewal in flight does next: this replica's tenure ended.
+    /// Returns whether it was not sealed before.
+    pub fn seal(&self) -> bool {
+        self.close();
+        !self.0.sealed.swap(true, Ordering::SeqCst)
+    }
+
     /// Whether a write may go out now.
     pub fn allows_writes(&self) -> bool {
+        if self.0.sealed.load(Ordering::SeqCst) {
+            return false;
+        }
         let until = self.0.until.load(Ordering::SeqCst);
         if until == u64::MAX {
             return true;
@@ -150,6 +167,19 @@ mod tests {
         for write in [Method::POST, Method::PUT, Method::PATCH, Method::DELETE] {
             assert!(!reads_only(&write));
         }
+    }
+
+    #[test]
+    fn a_sealed_fence_stays_closed_whatever_a_renewal_does() {
+        let fence = WriteFence::closed();
+        fence.open_until(Instant::now() + Duration::from_secs(60));
+        assert!(fence.seal(), "sealed the first time");
+        assert!(!fence.seal(), "only once");
+        fence.open_until(Instant::now() + Duration::from_secs(60));
+        assert!(!fence.allows_writes());
+        let never_closing = WriteFence::open();
+        never_closing.seal();
+        assert!(!never_closing.allows_writes());
     }
 
     #[tokio::test]

@@ -12,6 +12,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
+use kube::api::{Patch, PatchParams};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::Api;
@@ -236,5 +237,54 @@ async fn a_member_joining_during_a_take_over_keeps_the_keys_it_was_given() {
         "written by two replicas at once: {:#?}",
         audit.overlaps
     );
-    drop((coordinator, newcomer));
+
+    // A take-over recorded on a live member's Lease (a coordinator whose watch of it lagged timed it
+    // out, or one that started after its last renewal) ends that member for everyone: the others count
+    // it departed from the record on, whatever their timing of its renewals says, and it stops writing
+    // as its own watch shows the record and exits at its next renewal, instead of working beside its
+    // successors.
+    let (moved, newcomer_member) = settled
+        .iter()
+        .find(|(_, o)| o.ends_with(&newcomer_pid))
+        .map(|(ns, o)| (ns.clone(), o.clone()))
+        .unwrap();
+    let coordinator_member = leases
+        .get(pko_testenv::SHARD_COORDINATOR_LEASE)
+        .await
+        .unwrap()
+        .spec
+        .and_then(|s| s.holder_identity)
+        .unwrap();
+    let record = json!({"metadata": {"annotations": {
+        SHARD_SUCCESSORS_ANNOTATION: coordinator_member,
+    }}});
+    leases
+        .patch(
+            &shard_member_lease(&newcomer_member),
+            &PatchParams::default(),
+            &Patch::Merge(&record),
+        )
+        .await
+        .unwrap();
+    let exited = newcomer.wait_exit(TIMEOUT).await.unwrap();
+    assert_eq!(exited.code(), Some(3), "{}", newcomer.log_tail());
+    wait_until("every namespace with the coordinator", TIMEOUT, || async {
+        let owners = owners(&client, &namespaces).await;
+        if owners.len() == namespaces.len() && owners.values().all(|o| *o == coordinator_member) {
+            Ok(())
+        } else {
+            Err(format!("{owners:?}"))
+        }
+    })
+    .await
+    .unwrap();
+    // It works on them: a new set in a namespace the ended member had becomes Available.
+    let changed = object_set(
+        "after-end",
+        &[("config", vec![configmap("after-end-cm", json!({}))])],
+        json!({}),
+    );
+    create_set(&client, &moved, &changed).await;
+    wait_condition(&client, &moved, "after-end", "Available", "True", None).await;
+    drop(coordinator);
 }

@@ -3,7 +3,7 @@
 //!
 //! - A replica is a member while its own Lease is live: a renewal seen within its duration, timed by the
 //!   observer's own clock from when it saw the renewal (`lease_expiry`), never from the renewTime the
-//!   member wrote. A replica that cannot renew stops working before its Lease runs out (the write fence
+//!   member wrote, and no take-over recorded on it. A replica that cannot renew stops working before its Lease runs out (the write fence
 //!   of `runtime::leader_lease`), so an expired Lease means a stopped replica, whatever the clocks say.
 //! - Work is keyed by shard key: the HCP namespace for namespaced objects (a namespace's Packages,
 //!   ObjectDeployments, ObjectSets, its connector link and remote phases all live on one replica) and
@@ -20,7 +20,8 @@
 //!   take-over record (the members live when it saw the departure) onto the departed member's Lease, and
 //!   each successor at once works on the objects still labelled for the departed member whose key it owns
 //!   among those members ([`ShardView::worker`]). Relabelling then proceeds in the background without
-//!   moving any work; the record goes (with the Lease) once no object carries the departed member's label.
+//!   moving any work; the record goes (with the Lease) once no object carries the departed member's label
+//!   and no object's worker is found through it ([`ShardView::records_needed`]).
 //!   A member name is one process's (a restarted replica is a new member), so a departed member never
 //!   comes back to keys its successors hold.
 //!
@@ -91,9 +92,17 @@ pub struct MemberLease {
 }
 
 impl MemberLease {
+    /// Held by its member, renewed within its duration as this observer timed it, and no take-over
+    /// recorded on it. A record is a coordinator's decision that the member left (its Lease ran out or was
+    /// released as that coordinator saw it), and every observer must agree on it: an observer that started
+    /// after the member's last renewal times the Lease from its own first sight, and a newcomer
+    /// coordinator that counted such a member live gave it keys and named it a successor (CI: a Package
+    /// labelled for a dead member was never reconciled again). The member itself gives up its Lease when
+    /// it finds the record on it (`runtime::leader_lease`).
     fn live(&self, now_ms: i64) -> bool {
         !self.holder.is_empty()
             && self.holder == self.member
+            && self.successors.is_none()
             && self.renewal_seen_ms.saturating_add(self.duration_ms) > now_ms
     }
 }
@@ -149,16 +158,43 @@ impl ShardView {
     /// departed holder with a take-over record, the successor owning the key (following successors that
     /// departed in turn); nobody otherwise (a departed holder whose take-over is not recorded yet).
     pub fn worker<'a>(&'a self, key: &ShardKey, holder: Option<&'a Member>) -> Option<&'a Member> {
-        let mut holder = holder?;
+        let mut worker = None;
+        self.resolve(key, holder?, |member| worker = Some(member));
+        worker.filter(|member| self.live.contains(*member))
+    }
+
+    /// The departed members whose take-over records an object of `key` labelled for `holder` is resolved
+    /// through, from the holder to the last before its live worker. Each must keep its Lease (and the
+    /// record with it) while such an object exists: once one record goes, the object has no worker, and
+    /// the coordinator would label it for the owner while the successor still works on it.
+    pub fn records_needed<'a>(&'a self, key: &ShardKey, holder: &'a Member) -> Vec<&'a Member> {
+        let mut chain = Vec::new();
+        self.resolve(key, holder, |member| chain.push(member));
+        chain.retain(|member| !self.live.contains(*member));
+        chain
+    }
+
+    /// Calls `visit` with `holder` and each successor the records hand its key on to, until a live member
+    /// or a member without a record.
+    fn resolve<'a>(
+        &'a self,
+        key: &ShardKey,
+        holder: &'a Member,
+        mut visit: impl FnMut(&'a Member),
+    ) {
+        let mut holder = holder;
         // Each record is followed at most once: successors are chosen among members live at the time,
         // so a chain cannot loop, but a hostile or corrupt record must not spin.
         for _ in 0..=self.takeovers.len() {
+            visit(holder);
             if self.live.contains(holder) {
-                return Some(holder);
+                return;
             }
-            holder = owner(key, self.takeovers.get(holder)?)?;
+            let Some(next) = self.takeovers.get(holder).and_then(|s| owner(key, s)) else {
+                return;
+            };
+            holder = next;
         }
-        None
     }
 
     /// Departed members whose keys nobody takes over yet: the coordinator records their successors.
@@ -394,6 +430,65 @@ mod tests {
     }
 
     #[test]
+    fn a_recorded_take_over_makes_the_member_departed_for_an_observer_that_just_saw_it_renewed() {
+        // An observer that started after the member's last renewal times the Lease from its first sight:
+        // by its clock the Lease has most of its duration left, but a coordinator recorded the departure.
+        let recorded = MemberLease {
+            member: "a".into(),
+            holder: "a".into(),
+            renewal_seen_ms: 99_000,
+            duration_ms: 15_000,
+            successors: Some(members(&["b"])),
+        };
+        let b = MemberLease {
+            member: "b".into(),
+            holder: "b".into(),
+            successors: None,
+            ..recorded.clone()
+        };
+        let view = ShardView::of(&[recorded.clone(), b.clone()], 100_000);
+        assert_eq!(view.live, members(&["b"]));
+        assert_eq!(view.departed, members(&["a"]));
+        assert_eq!(view.takeovers.get("a"), Some(&members(&["b"])));
+        // So no key goes to it, and it is no successor of a member departing after it.
+        let key = ShardKey::Namespace("clusters-x".into());
+        assert_eq!(
+            view.worker(&key, Some(&"a".to_owned())),
+            Some(&"b".to_owned())
+        );
+        assert_eq!(
+            coordinate(&key, &[Placement::default()], &view),
+            [Some(LabelAction::Assign("b".into()))]
+        );
+        assert_eq!(live_members(&[recorded, b], 100_000), members(&["b"]));
+    }
+
+    #[test]
+    fn a_chain_of_take_overs_needs_every_record_up_to_the_live_worker() {
+        let view = ShardView {
+            live: members(&["c"]),
+            departed: members(&["a", "b", "x"]),
+            takeovers: [
+                ("a".to_owned(), members(&["b"])),
+                ("b".to_owned(), members(&["c"])),
+                ("x".to_owned(), members(&["c"])),
+            ]
+            .into(),
+        };
+        let key = ShardKey::Namespace("clusters-x".into());
+        let (a, b, c) = ("a".to_owned(), "b".to_owned(), "c".to_owned());
+        assert_eq!(view.records_needed(&key, &a), [&a, &b]);
+        assert_eq!(view.records_needed(&key, &b), [&b]);
+        assert!(view.records_needed(&key, &c).is_empty());
+        // Unrecorded: the holder's own Lease is needed (its record is still to come).
+        let unrecorded = ShardView {
+            takeovers: BTreeMap::new(),
+            ..view.clone()
+        };
+        assert_eq!(unrecorded.records_needed(&key, &a), [&a]);
+    }
+
+    #[test]
     fn a_departed_members_keys_are_worked_on_by_its_successors_before_any_relabel() {
         let view = ShardView {
             live: members(&["b", "c"]),
@@ -597,22 +692,40 @@ mod tests {
         }
     }
 
+    /// The coordinator's rule: a departed member's Lease goes once no object needs its record.
     fn retire(view: &mut ShardView, world: &World) {
-        let labelled: BTreeSet<&Member> = world
-            .values()
-            .flatten()
-            .filter_map(|o| o.holder.as_ref())
+        let needed: BTreeSet<Member> = world
+            .iter()
+            .flat_map(|(key, objects)| {
+                objects
+                    .iter()
+                    .filter_map(|o| o.holder.as_ref())
+                    .flat_map(|holder| view.records_needed(key, holder))
+            })
+            .cloned()
             .collect();
         let retired: Vec<Member> = view
             .departed
             .iter()
-            .filter(|m| view.takeovers.contains_key(*m) && !labelled.contains(m))
+            .filter(|m| view.takeovers.contains_key(*m) && !needed.contains(*m))
             .cloned()
             .collect();
         for member in retired {
             view.departed.remove(&member);
             view.takeovers.remove(&member);
         }
+    }
+
+    /// Each object's worker.
+    fn workers(view: &ShardView, world: &World) -> Vec<Option<Member>> {
+        world
+            .iter()
+            .flat_map(|(key, objects)| {
+                objects
+                    .iter()
+                    .map(|o| view.worker(key, o.holder.as_ref()).cloned())
+            })
+            .collect()
     }
 
     proptest! {
@@ -687,7 +800,14 @@ mod tests {
                         }
                     }
                     Step::Record => record(&mut view),
-                    Step::Retire => retire(&mut view, &world),
+                    Step::Retire => {
+                        // A replica's feed sees no event when a record goes: retiring one must not
+                        // change any object's worker, or the coordinator labels it for another while
+                        // the successor still works on it.
+                        let before = workers(&view, &world);
+                        retire(&mut view, &world);
+                        prop_assert_eq!(workers(&view, &world), before, "{:?}", view);
+                    }
                     Step::Create(k) => {
                         if let Some(objects) = world.get_mut(&keys[k]) {
                             objects.push(Placement::default());
