@@ -289,7 +289,7 @@ where
                 // the departed member's watch cannot tell, and the own watch's event for a relabelling
                 // may come before or after. Unless another watch saw it since, a read decides.
                 if self.last_seen_by(&key, source, &uid) {
-                    self.check_lost(ctx, source.clone(), key, uid, object);
+                    self.check_lost(ctx, source.clone(), key, uid, Some(object));
                 }
                 return;
             }
@@ -396,7 +396,7 @@ where
             Ok(Event::Delete(o)) => self.route(ctx, source, o, true),
             Ok(Event::Init) => self.known.relist_started(source),
             Ok(Event::InitDone) => {
-                self.relisted(source);
+                self.relisted(ctx, source);
                 if let Some(since) = self.listing_since.remove(source) {
                     info!(kind = %K::kind(&()), ?source, seconds = since.elapsed().as_secs_f64(), working = self.working.len(), "listed");
                 }
@@ -445,8 +445,15 @@ where
     }
 
     /// `source`'s re-list ended: whatever it saw before and did not list now was deleted while the watch
-    /// was down.
-    fn relisted(&mut self, source: &WatchSource) {
+    /// was down. A departed member's watch cannot tell that from a relabelling: a read decides, as for
+    /// its delete events.
+    fn relisted(&mut self, ctx: &mut Context<Self>, source: &WatchSource) {
+        if let WatchSource::Departed(_) = source {
+            for (key, uid, last) in self.known.relist_done_unsure(source) {
+                self.check_lost(ctx, source.clone(), key, uid, last);
+            }
+            return;
+        }
         for (key, state) in self.known.relist_done(source) {
             info!(kind = %K::kind(&()), object = ?key, "deleted while the watch was down");
             self.latest.remove(&key);

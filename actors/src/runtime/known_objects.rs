@@ -97,21 +97,39 @@ impl<O: Clone> KnownObjects<O> {
     /// Ends `source`'s re-list: the objects it saw before and did not list now, forgotten, with their
     /// last state if kept.
     pub fn relist_done(&mut self, source: &WatchSource) -> Vec<(ObjectRef, Option<O>)> {
-        let Some(listed) = self.relisting.remove(source) else {
-            return Vec::new();
-        };
-        let vanished: Vec<ObjectRef> = self
-            .objects
-            .iter()
-            .filter(|(key, sighting)| sighting.source == *source && !listed.contains(*key))
-            .map(|(key, _)| key.clone())
-            .collect();
-        vanished
+        self.unlisted(source)
             .into_iter()
             .filter_map(|key| {
                 let sighting = self.objects.remove(&key)?;
                 Some((key, sighting.state))
             })
+            .collect()
+    }
+
+    /// Ends `source`'s re-list like [`relist_done`](Self::relist_done) but keeps the sightings of the
+    /// objects it did not list: their UID and last state, for a read to tell what became of them.
+    pub fn relist_done_unsure(
+        &mut self,
+        source: &WatchSource,
+    ) -> Vec<(ObjectRef, String, Option<O>)> {
+        self.unlisted(source)
+            .into_iter()
+            .filter_map(|key| {
+                let sighting = self.objects.get(&key)?;
+                Some((key, sighting.uid.clone(), sighting.state.clone()))
+            })
+            .collect()
+    }
+
+    /// The objects `source` saw before its re-list and did not list now; the re-list ends.
+    fn unlisted(&mut self, source: &WatchSource) -> Vec<ObjectRef> {
+        let Some(listed) = self.relisting.remove(source) else {
+            return Vec::new();
+        };
+        self.objects
+            .iter()
+            .filter(|(key, sighting)| sighting.source == *source && !listed.contains(*key))
+            .map(|(key, _)| key.clone())
             .collect()
     }
 }

@@ -36,13 +36,24 @@ where
         labelled: LabelledAs,
         drained: bool,
     ) {
-        let actor = self.registry.remove(key);
-        self.stop_working(key);
         let after = if drained && A::wants(object) {
             AfterStop::RemoveLabels(labelled)
         } else {
             AfterStop::Nothing
         };
+        self.stop_actor(ctx, key, after);
+    }
+
+    /// Stops the object's actor once its running work is done (it keeps the object as it is), then does
+    /// `after`.
+    pub(super) fn stop_actor(
+        &mut self,
+        ctx: &mut Context<Self>,
+        key: &ObjectRef,
+        after: AfterStop<A::Object>,
+    ) {
+        let actor = self.registry.remove(key);
+        self.stop_working(key);
         if let Some(pending) = self.stopping.get_mut(key) {
             // Its actor is still stopping: whatever follows waits for it.
             *pending = after;

@@ -71,13 +71,15 @@ where
             .is_some_and(|sighting| sighting.source == *source && sighting.uid == uid)
     }
 
+    /// Reads an object a departed member's watch lost (`last`: its last state, if the feed has it), to
+    /// tell a relabelling from a deletion.
     pub(super) fn check_lost(
         &self,
         ctx: &mut Context<Self>,
         source: WatchSource,
         key: ObjectRef,
         uid: String,
-        object: A::Object,
+        last: Option<A::Object>,
     ) {
         let namespace = (!key.namespace.is_empty()).then_some(key.namespace.as_str());
         let api = self.dynamic_api(&self.runtime.watch_client, namespace);
@@ -85,12 +87,12 @@ where
         let read = async move { api.get_opt(&name).await };
         // Answered on the feed, in order with its watch events.
         ctx.spawn(read.into_actor(self).map(move |found, feed, ctx| match found {
-            Ok(found) => feed.lost_checked(ctx, source, key, uid, object, found),
+            Ok(found) => feed.lost_checked(ctx, source, key, uid, last, found),
             Err(error) => {
                 // Until a read answers, the object keeps its actor.
                 warn!(kind = %K::kind(&()), object = ?key, %error, "reading an object a departed member's watch lost failed; reading again");
                 ctx.run_later(LOST_READ_RETRY, move |feed, ctx| {
-                    feed.check_lost(ctx, source, key, uid, object)
+                    feed.check_lost(ctx, source, key, uid, last)
                 });
             }
         }));
@@ -104,7 +106,7 @@ where
         source: WatchSource,
         key: ObjectRef,
         uid: String,
-        object: A::Object,
+        last: Option<A::Object>,
         found: Option<kube::api::DynamicObject>,
     ) {
         if !self.last_seen_by(&key, &source, &uid) {
@@ -121,14 +123,21 @@ where
                     ShardState::NotOurs { drained } => {
                         self.known.deleted(&key);
                         let labelled = LabelledAs::of(&found.metadata);
-                        self.let_go(ctx, &key, &object, labelled, drained);
+                        // The state read now, as this kind (`last` only if it does not parse).
+                        let read = serde_json::to_value(found)
+                            .and_then(serde_json::from_value::<K>)
+                            .map(A::Object::from);
+                        match read.ok().or(last) {
+                            Some(object) => self.let_go(ctx, &key, &object, labelled, drained),
+                            None => self.stop_actor(ctx, &key, super::AfterStop::Nothing),
+                        }
                     }
                 }
             }
             _ => {
                 info!(kind = %K::kind(&()), object = ?key, "deleted while taken over");
                 self.known.deleted(&key);
-                self.deliver_gone(&key, Some(&object));
+                self.deliver_gone(&key, last.as_ref());
             }
         }
     }
@@ -169,6 +178,17 @@ where
             .insert(source.clone(), std::time::Instant::now());
         let handle = self.start_watch(ctx, source, config);
         self.departed.insert(departed.clone(), handle);
+    }
+
+    /// Restarts the watch on `departed`'s label: its list routes each object it selects again.
+    fn relist_departed(&mut self, ctx: &mut Context<Self>, departed: &Member) {
+        if let Some(handle) = self.departed.remove(departed) {
+            ctx.cancel_future(handle);
+        }
+        let source = WatchSource::Departed(departed.clone());
+        // What a departure event of the old watch would have told is in the new list.
+        self.released.retain(|_, s| *s != source);
+        self.watch_departed(ctx, departed);
     }
 
     /// The take-overs changed: a watch for each departed member newly taken over from; for each whose
@@ -212,10 +232,23 @@ where
             .filter(|m| !self.departed.contains_key(*m))
             .cloned()
             .collect();
+        // A record that came can hand on the key of an object a running watch showed already (its
+        // holder's successor departed in turn: the object may be this replica's now, or drained for
+        // it), and one that went can end such a chain. No event tells it, so those watches list again
+        // and every object they select is routed under the new view. (CI: an object drained while its
+        // worker was a successor that then departed was never let go by the next successor.)
+        let continuing: Vec<Member> = if started.is_empty() && ended.is_empty() {
+            Vec::new()
+        } else {
+            self.departed.keys().cloned().collect()
+        };
+        for member in &continuing {
+            self.relist_departed(ctx, member);
+        }
         for member in &started {
             self.watch_departed(ctx, member);
         }
-        info!(kind = %K::kind(&()), ?started, ?ended, "take-overs changed");
+        info!(kind = %K::kind(&()), ?started, ?ended, relisted = ?continuing, "take-overs changed");
         if !ended.is_empty() {
             self.watch_own(ctx, true);
         }
