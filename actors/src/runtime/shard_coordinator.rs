@@ -143,7 +143,14 @@ impl Placements {
     fn records_needed(&self, view: &ShardView) -> BTreeSet<Member> {
         let mut needed = BTreeSet::new();
         for (key, objects) in &self.keys {
-            for holder in objects.values().filter_map(|p| p.holder.as_ref()) {
+            // Once per departed holder of the key: a live holder needs no record, and this runs over
+            // every object on each coordinator pass.
+            let departed: BTreeSet<&Member> = objects
+                .values()
+                .filter_map(|p| p.holder.as_ref())
+                .filter(|holder| !view.live.contains(*holder))
+                .collect();
+            for holder in departed {
                 needed.extend(view.records_needed(key, holder).into_iter().cloned());
             }
         }
