@@ -13,9 +13,12 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::Api;
 use pko_actors::engine::sharding::shard_assignment::ShardView;
-use pko_actors::runtime::shard_membership::ShardMembership;
+use pko_actors::runtime::shard_coordinator::take_over_record;
+use pko_actors::runtime::shard_membership::{MemberIdentity, ShardMembership};
 use pko_actors::runtime::write_fence::WriteFence;
-use pko_proto::well_known::{SHARD_MEMBER_LABEL, SHARD_SUCCESSORS_ANNOTATION};
+use pko_proto::well_known::{
+    SHARD_MEMBER_LABEL, SHARD_RESTARTING_ANNOTATION, SHARD_SUCCESSORS_ANNOTATION,
+};
 use pko_testenv::wait_until;
 use tokio::sync::watch;
 
@@ -63,12 +66,16 @@ async fn members_join_leave_and_run_out() {
     let join = |identity: &'static str| {
         let client = client.clone();
         let namespace = namespace.clone();
+        let identity = MemberIdentity {
+            member: identity.to_owned(),
+            holder: identity.to_owned(),
+        };
         async move {
             ShardMembership::join(
                 kube_config().await,
                 client,
                 &namespace,
-                identity,
+                &identity,
                 Duration::from_secs(3),
                 WriteFence::open(),
                 Default::default(),
@@ -133,4 +140,76 @@ async fn members_join_leave_and_run_out() {
         wait_members(&view, &["replica-b"]).await;
     }
     b.leave().await;
+}
+
+/// A member whose name outlives its process (a StatefulSet's pod) keeps its Lease when it stops: the
+/// others count it a member while the Lease lasts, and the next process under the name takes it back. A
+/// take-over decided from the Lease as it was before that is refused by the apiserver, so the successors
+/// never work beside the restarted process.
+#[tokio::test]
+async fn a_member_name_that_outlives_the_process_keeps_the_share_across_a_restart() {
+    let env = pko_testenv::shared().unwrap();
+    let namespace = env.management().create_namespace("restarts").await.unwrap();
+    let client = env.management().client().await.unwrap();
+    let join = |identity: MemberIdentity| {
+        let client = client.clone();
+        let namespace = namespace.clone();
+        async move {
+            ShardMembership::join(
+                kube_config().await,
+                client,
+                &namespace,
+                &identity,
+                Duration::from_secs(3),
+                WriteFence::open(),
+                Default::default(),
+            )
+            .await
+            .unwrap()
+        }
+    };
+    let observer = join(MemberIdentity::named("observer", 1).unwrap()).await;
+    let first = join(MemberIdentity::named("stable", 2).unwrap()).await;
+    let view = observer.view();
+    wait_members(&view, &["observer", "stable"]).await;
+
+    // Stopped: still a member while the Lease lasts, then departed, at the version that showed it.
+    let leases = Api::<Lease>::namespaced(client.clone(), &namespace);
+    first.leave().await;
+    let released = leases.get("pko-shard-stable").await.unwrap();
+    let annotations = released.metadata.annotations.clone().unwrap_or_default();
+    assert!(annotations[SHARD_RESTARTING_ANNOTATION].starts_with("stable/"));
+    assert!(view.borrow().live.contains("stable"), "{:?}", view.borrow());
+    wait_members(&view, &["observer"]).await;
+    let departed_at = view.borrow().departed_versions["stable"].clone();
+    assert_eq!(
+        Some(&departed_at),
+        released.metadata.resource_version.as_ref()
+    );
+
+    // The next process under the name takes the Lease back: a member again, the mark gone.
+    let second = join(MemberIdentity::named("stable", 3).unwrap()).await;
+    wait_members(&view, &["observer", "stable"]).await;
+    let taken = leases.get("pko-shard-stable").await.unwrap();
+    assert!(!taken
+        .metadata
+        .annotations
+        .unwrap_or_default()
+        .contains_key(SHARD_RESTARTING_ANNOTATION));
+    assert!(taken.spec.unwrap().holder_identity.unwrap().ends_with("-3"));
+    // A coordinator that decided the take-over from the departed Lease writes over that version only.
+    let stale = leases
+        .patch(
+            "pko-shard-stable",
+            &PatchParams::default(),
+            &Patch::Merge(take_over_record("observer", Some(&departed_at))),
+        )
+        .await;
+    assert!(
+        matches!(&stale, Err(kube::Error::Api(e)) if e.code == 409),
+        "{stale:?}"
+    );
+    assert!(view.borrow().takeovers.is_empty());
+    second.leave().await;
+    observer.leave().await;
 }

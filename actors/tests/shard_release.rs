@@ -184,6 +184,7 @@ fn view(live: &[&str], takeovers: &[(&str, &str)]) -> ShardView {
             .iter()
             .map(|(d, s)| ((*d).to_owned(), BTreeSet::from([(*s).to_owned()])))
             .collect(),
+        ..ShardView::default()
     }
 }
 
@@ -633,6 +634,7 @@ async fn a_take_over_handed_on_to_this_replica_routes_what_it_showed_before() {
         live: successors.clone(),
         departed: [first.clone()].into(),
         takeovers: [(first.clone(), successors)].into(),
+        ..ShardView::default()
     };
     replica.view.send(taken_over.clone()).unwrap();
     // The take-over's list is routed in one go once listed: the witness let go means the successor's

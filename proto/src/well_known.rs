@@ -137,6 +137,10 @@ pub const SHARD_MEMBER_LABEL: &str = "package-operator.run/shard-member";
 /// Annotation the shard coordinator writes onto a departed member's Lease: the members, comma-separated,
 /// among which its keys are taken over.
 pub const SHARD_SUCCESSORS_ANNOTATION: &str = "shard.package-operator.run/successors";
+/// Annotation a replica with a stable member name writes onto its Lease as it stops (its value: the
+/// process that stopped): it comes back under the same name, so the others keep counting it a member
+/// for the Lease's duration instead of taking its keys over. The restarted process removes it.
+pub const SHARD_RESTARTING_ANNOTATION: &str = "shard.package-operator.run/restarting";
 
 /// Annotation carrying the W3C `traceparent` of the span that wrote an object, so the actor that observes
 /// the write through its watch continues the same trace (docs/observability.md).

@@ -75,7 +75,7 @@ cluster_only! {
     pub use otlp_receiver::{span_tree, OtlpReceiver, ReceivedSpan};
     pub use prometheus::{Prometheus, Sample, Series};
     pub use stall_proxy::{StallLink, StallProxy};
-    pub use write_audit::{manager_creates, shard_write_audit, WriteAudit};
+    pub use write_audit::{manager_creates, member_processes, shard_write_audit, WriteAudit};
 }
 
 pub use binaries::Binaries;

@@ -18,6 +18,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use crate::error::{io_error, TestEnvError};
+use pko_proto::well_known::shard_member_lease;
 
 /// What the audit found.
 #[derive(Debug, Default)]
@@ -177,9 +178,9 @@ fn overlap_in<'a>(
     let mut writers: BTreeSet<&str> = BTreeSet::new();
     let mut recorded = takeovers.iter().peekable();
     for write in tenure {
-        let writer = write.writer.as_deref()?;
+        let writer = member_of(write.writer.as_deref()?);
         while let Some((_, lease)) = recorded.next_if(|(at, _)| !write.at.before(at)) {
-            writers.retain(|agent| member_lease(agent) != *lease);
+            writers.retain(|member| shard_member_lease(member) != *lease);
         }
         writers.insert(writer);
         if writers.len() > 1 {
@@ -223,14 +224,50 @@ pub fn manager_creates(
         .collect())
 }
 
-/// The member Lease of the replica behind a user agent `pko-manager/<version> (<identity>)`.
-fn member_lease(agent: &str) -> String {
+/// The shard member behind a user agent `pko-manager/<version> (<identity>[; <role>])`: the identity, or
+/// for a member name that outlives the process (`<member>/<process>`) the member. A member's processes
+/// follow each other on its Lease (a process takes it only once its predecessor released it or it ran
+/// out), which [`member_processes`] lets a test check.
+fn member_of(agent: &str) -> &str {
     let identity = agent
         .split_once('(')
         .map(|(_, rest)| rest.trim_end_matches(')'))
         .and_then(|rest| rest.split(';').next())
         .unwrap_or_default();
-    pko_proto::well_known::shard_member_lease(identity)
+    identity.split_once('/').map_or(identity, |(member, _)| member)
+}
+
+/// The processes of shard member `member` that wrote through the apiserver, each with when its first
+/// request came in and its last was done, in the order they started.
+pub fn member_processes(
+    audit_log: &Path,
+    member: &str,
+) -> Result<Vec<(String, String, String)>, TestEnvError> {
+    let text = std::fs::read_to_string(audit_log).map_err(io_error("read", audit_log))?;
+    let mut processes: BTreeMap<String, (String, String)> = BTreeMap::new();
+    for event in text
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|event| event["stage"] == "ResponseComplete")
+    {
+        let agent = event["userAgent"].as_str().unwrap_or_default();
+        if !agent.starts_with("pko-manager/") || member_of(agent) != member {
+            continue;
+        }
+        let received = event["requestReceivedTimestamp"].as_str().unwrap_or_default();
+        let done = event["stageTimestamp"].as_str().unwrap_or_default();
+        let span = processes
+            .entry(agent.to_owned())
+            .or_insert_with(|| (received.to_owned(), done.to_owned()));
+        span.0 = span.0.clone().min(received.to_owned());
+        span.1 = span.1.clone().max(done.to_owned());
+    }
+    let mut ordered: Vec<(String, String, String)> = processes
+        .into_iter()
+        .map(|(agent, (first, last))| (agent, first, last))
+        .collect();
+    ordered.sort_by(|a, b| a.1.cmp(&b.1));
+    Ok(ordered)
 }
 
 #[cfg(test)]
@@ -307,5 +344,29 @@ mod tests {
         );
         assert_eq!(audit.overlaps.len(), 1, "{:?}", audit.overlaps);
         assert_eq!(audit.unplaced, 0);
+    }
+
+    /// Two processes of one member name (a restart) are one member: the restarted process writing its
+    /// keys is no overlap, another member is, and each process's span is told apart.
+    #[test]
+    fn the_processes_of_one_member_name_are_one_member_and_follow_each_other() {
+        let first = "pko-manager/0.1.0 (pko-0/0a1b2c-7)";
+        let restarted = "pko-manager/0.1.0 (pko-0/3d4e5f-9)";
+        let lines = [
+            line((1.0, 1.01), first, "objectsets", "ns-1", "x"),
+            line((4.0, 4.01), restarted, "objectsets", "ns-1", "x"),
+        ];
+        assert!(audit_of("restart", &lines).overlaps.is_empty());
+        let other = audit_of("other", &[lines[0].clone(), line((4.0, 4.01), A, "objectsets", "ns-1", "x")]);
+        assert_eq!(other.overlaps.len(), 1, "{:?}", other.overlaps);
+        let dir = std::env::temp_dir().join(format!("pko-audit-{}-processes", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = dir.join("audit.log");
+        std::fs::write(&log, lines.join("\n")).unwrap();
+        let processes = member_processes(&log, "pko-0").unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        let agents: Vec<&str> = processes.iter().map(|(agent, _, _)| agent.as_str()).collect();
+        assert_eq!(agents, [first, restarted]);
+        assert!(processes[0].2 < processes[1].1, "{processes:?}");
     }
 }

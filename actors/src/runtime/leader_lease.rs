@@ -50,6 +50,10 @@ pub struct LeaseConfig {
     /// takes it back, and gives up as if another replica held it (a shard member's take-over record: its
     /// keys went to its successors, who work on them from the moment they read it).
     pub ended_by: Option<String>,
+    /// An annotation a release writes onto the Lease and the next take removes: a shard member stopping
+    /// to come back under the same name keeps its Lease, released but marked, so the others wait for it
+    /// instead of taking its keys over.
+    pub released_mark: Option<String>,
 }
 
 /// The Lease could not be held.
@@ -82,6 +86,7 @@ impl LeaseConfig {
             labels: std::collections::BTreeMap::new(),
             metrics: LeaseMetrics::default(),
             ended_by: None,
+            released_mark: None,
         }
     }
 
@@ -213,6 +218,12 @@ impl LeaseClient {
                 }
                 let ours = current.holder_identity.as_deref() == Some(&self.config.identity);
                 lease.spec = Some(self.spec(if ours { current.acquire_time } else { None }));
+                if let (Some(mark), Some(annotations)) = (
+                    self.config.released_mark.as_ref(),
+                    lease.metadata.annotations.as_mut(),
+                ) {
+                    annotations.remove(mark);
+                }
                 // replace() carries the resourceVersion we read: a concurrent taker makes this fail.
                 match self
                     .api
@@ -240,6 +251,13 @@ impl LeaseClient {
         if ours {
             if let Some(spec) = lease.spec.as_mut() {
                 spec.holder_identity = None;
+            }
+            if let Some(mark) = &self.config.released_mark {
+                lease
+                    .metadata
+                    .annotations
+                    .get_or_insert_with(Default::default)
+                    .insert(mark.clone(), self.config.identity.clone());
             }
             let _ = self
                 .api

@@ -358,9 +358,8 @@ impl Takeovers {
             if self.retired.contains(member) {
                 continue;
             }
-            let patch = serde_json::json!({"metadata": {"annotations": {
-                SHARD_SUCCESSORS_ANNOTATION: successors,
-            }}});
+            let version = current.departed_versions.get(member).map(String::as_str);
+            let patch = take_over_record(&successors, version);
             let written = tokio::time::timeout(
                 REQUEST_TIMEOUT,
                 leases.patch(
@@ -385,6 +384,9 @@ impl Takeovers {
                 // Gone meanwhile (or named unlike its member): nothing to record on, nothing to retry.
                 Ok(Err(kube::Error::Api(e))) if e.code == 404 => {
                     self.retired.insert(member.clone());
+                }
+                Ok(Err(kube::Error::Api(e))) if e.code == 409 => {
+                    info!(%member, "the departed member's Lease changed since it was seen departed (taken back by its restarted replica?); deciding again from the next view");
                 }
                 Ok(Err(error)) => warn!(%member, %error, "recording a take-over"),
                 Err(_) => warn!(%member, "recording a take-over timed out"),
@@ -573,6 +575,20 @@ async fn write_label(
             false
         }
     }
+}
+
+/// The merge patch recording a departed member's take-over by `successors` (comma-separated), written
+/// only over the Lease `version` that showed the departure: a replica restarted under the same member
+/// name that took its Lease back meanwhile is live, and must not find a record its successors already
+/// work from.
+pub fn take_over_record(successors: &str, version: Option<&str>) -> serde_json::Value {
+    let mut patch = serde_json::json!({"metadata": {"annotations": {
+        SHARD_SUCCESSORS_ANNOTATION: successors,
+    }}});
+    if let Some(version) = version.filter(|v| !v.is_empty()) {
+        patch["metadata"]["resourceVersion"] = serde_json::Value::from(version);
+    }
+    patch
 }
 
 #[cfg(test)]

@@ -23,7 +23,9 @@ use crate::runtime::leader_lease::{
 use crate::runtime::lease_metrics::LeaseMetrics;
 use crate::runtime::observer_clock::ObserverClock;
 use crate::runtime::write_fence::WriteFence;
-use pko_proto::well_known::{SHARD_MEMBER_LABEL, SHARD_SUCCESSORS_ANNOTATION};
+use pko_proto::well_known::{
+    SHARD_MEMBER_LABEL, SHARD_RESTARTING_ANNOTATION, SHARD_SUCCESSORS_ANNOTATION,
+};
 
 /// The longest the view goes without being recomputed; it is recomputed sooner when a Lease runs out
 /// (Leases expire by time, not by event).
@@ -36,16 +38,69 @@ pub struct ShardMembership {
     follower: tokio::task::JoinHandle<()>,
 }
 
-/// A sharded replica's name: the host (the pod), a nonce of this process's start and the pid. Unique per
-/// process, so a restarted container is a new member and never comes back to keys its successors took
-/// over; valid as a label value (at most 63 characters of letters, digits, '-', starting and ending
-/// with a letter or digit).
-pub fn member_identity(host: &str, pid: u32) -> Member {
-    let started = SystemTime::now()
+/// Who a sharded replica is: the member name its objects are labelled with, and the holder identity its
+/// Lease names (one process's, so a process that still runs can never renew a Lease its successor
+/// under the same name took).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberIdentity {
+    pub member: Member,
+    pub holder: String,
+}
+
+/// A member name given to the manager is not usable as a label value and Lease name.
+#[derive(Debug, thiserror::Error)]
+#[error("member name {name:?}: at most {MAX_MEMBER_NAME} characters of lowercase letters, digits and '-', starting and ending with a letter or digit (a pod name fits)")]
+pub struct MemberNameError {
+    pub name: String,
+}
+
+/// The longest member name: a label value holds 63 characters, and the Lease adds `pko-shard-`.
+const MAX_MEMBER_NAME: usize = 53;
+
+impl MemberIdentity {
+    /// A member of one process: the host (the pod), a nonce of this process's start and the pid. A
+    /// restarted container is a new member and never comes back to keys its successors took over.
+    pub fn per_process(host: &str, pid: u32) -> Self {
+        let member = identity_of(host, pid, started_nanos());
+        Self {
+            holder: member.clone(),
+            member,
+        }
+    }
+
+    /// A member name that outlives the process (a StatefulSet's pod name): a restart keeps the share.
+    /// The holder is `<name>/<nonce>-<pid>`.
+    pub fn named(name: &str, pid: u32) -> Result<Self, MemberNameError> {
+        let valid = !name.is_empty()
+            && name.len() <= MAX_MEMBER_NAME
+            && name
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+            && !name.starts_with('-')
+            && !name.ends_with('-');
+        if !valid {
+            return Err(MemberNameError {
+                name: name.to_owned(),
+            });
+        }
+        let nonce = (started_nanos() / 1_000) & 0xff_ffff;
+        Ok(Self {
+            member: name.to_owned(),
+            holder: format!("{name}/{nonce:06x}-{pid}"),
+        })
+    }
+
+    /// Whether stopping keeps the Lease for the restarted process (a member name that outlives it).
+    pub fn keeps_share(&self) -> bool {
+        self.member != self.holder
+    }
+}
+
+fn started_nanos() -> u128 {
+    SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos())
-        .unwrap_or_default();
-    identity_of(host, pid, started)
+        .unwrap_or_default()
 }
 
 fn identity_of(host: &str, pid: u32, started_nanos: u128) -> Member {
@@ -61,6 +116,11 @@ fn identity_of(host: &str, pid: u32, started_nanos: u128) -> Member {
     format!("{host}-{nonce:06x}-{pid}")
 }
 
+/// The member a Lease's holder identity is a process of: `<member>/<process>` for a stable member name.
+fn holding_member(holder: &str) -> &str {
+    holder.split_once('/').map_or(holder, |(member, _)| member)
+}
+
 impl ShardMembership {
     /// Takes this replica's member Lease in `namespace` (`kube` for the Lease thread's own client) and
     /// starts following the members through `client`. Returns once the Lease is held.
@@ -68,27 +128,35 @@ impl ShardMembership {
         kube: kube::Config,
         client: Client,
         namespace: &str,
-        identity: &str,
+        identity: &MemberIdentity,
         duration: Duration,
         fence: WriteFence,
         metrics: LeaseMetrics,
     ) -> Result<Self, LeaseError> {
-        let mut config =
-            LeaseConfig::new(namespace, &shard_member_lease(identity), identity, duration);
+        let mut config = LeaseConfig::new(
+            namespace,
+            &shard_member_lease(&identity.member),
+            &identity.holder,
+            duration,
+        );
         config.metrics = metrics;
         config
             .labels
-            .insert(SHARD_MEMBER_LABEL.to_owned(), identity.to_owned());
+            .insert(SHARD_MEMBER_LABEL.to_owned(), identity.member.clone());
         // Once a coordinator recorded this member's take-over, every replica counts it departed and its
-        // successors work on its keys: it stops at its next renewal.
+        // successors work on its keys: it stops at its next renewal, and a restarted process under the
+        // same name waits until the record is retired with the Lease.
         config.ended_by = Some(SHARD_SUCCESSORS_ANNOTATION.to_owned());
+        if identity.keeps_share() {
+            config.released_mark = Some(SHARD_RESTARTING_ANNOTATION.to_owned());
+        }
         let holder = LeaseHolder::acquire(kube, config, fence.clone()).await?;
         let (sender, view) = watch::channel(ShardView::default());
         let follower = tokio::spawn(follow_members(
             Api::namespaced(client, namespace),
             sender,
             Ended {
-                member: identity.to_owned(),
+                member: identity.member.clone(),
                 fence,
             },
         ));
@@ -105,7 +173,8 @@ impl ShardMembership {
     }
 
     /// Gives the member Lease up (on shutdown), so the others take this replica's share without waiting
-    /// for it to run out.
+    /// for it to run out; a member whose name outlives the process marks the Lease instead, and the others
+    /// wait for its restart as long as the Lease lasts.
     pub async fn leave(self) {
         self.follower.abort();
         self.holder.release().await;
@@ -127,18 +196,26 @@ fn member_record(lease: &Lease) -> Option<(Member, LeaseRecord)> {
 fn member_lease(lease: &Lease, sightings: &LeaseSightings<Member>) -> Option<MemberLease> {
     let (member, record) = member_record(lease)?;
     let seen = sightings.get(&member)?;
-    let successors = lease
-        .metadata
-        .annotations
-        .as_ref()
+    let annotations = lease.metadata.annotations.as_ref();
+    let successors = annotations
         .and_then(|a| a.get(SHARD_SUCCESSORS_ANNOTATION))
         .map(|list| parse_successors(list));
+    // Released for a restart under the same name: still the member's, timed from when the release was
+    // seen, until the restarted process takes it back or it runs out.
+    let restarting = record.holder.is_empty()
+        && annotations.is_some_and(|a| a.contains_key(SHARD_RESTARTING_ANNOTATION));
+    let holder = if restarting {
+        member.clone()
+    } else {
+        holding_member(&record.holder).to_owned()
+    };
     Some(MemberLease {
         member,
-        holder: record.holder,
+        holder,
         renewal_seen_ms: i64::try_from(seen.changed_at_ms()).unwrap_or(i64::MAX),
         duration_ms: i64::try_from(lease_duration_ms(lease.spec.as_ref()?)).unwrap_or(i64::MAX),
         successors,
+        version: lease.metadata.resource_version.clone().unwrap_or_default(),
     })
 }
 
@@ -234,6 +311,77 @@ mod tests {
         assert!(long.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'));
         assert!(long.starts_with('h') && long.ends_with('4'), "{long}");
         assert!(identity_of("--", 7, 0).starts_with("pko-manager-"));
+    }
+
+    #[test]
+    fn a_given_member_name_outlives_the_process_and_each_process_holds_it_as_itself() {
+        let first = MemberIdentity::named("pko-manager-0", 7).unwrap();
+        let second = MemberIdentity::named("pko-manager-0", 8).unwrap();
+        assert_eq!(first.member, "pko-manager-0");
+        assert_eq!(first.member, second.member);
+        assert_ne!(
+            first.holder, second.holder,
+            "each process holds it as itself"
+        );
+        assert!(first.holder.starts_with("pko-manager-0/") && first.holder.ends_with("-7"));
+        assert_eq!(holding_member(&first.holder), "pko-manager-0");
+        assert!(first.keeps_share());
+        assert!(!MemberIdentity::per_process("pod", 7).keeps_share());
+        for bad in ["", "Pko-0", "-a", "a-", "a/b", "a_b", &"a".repeat(54)] {
+            let error = MemberIdentity::named(bad, 1).unwrap_err();
+            assert!(
+                error.to_string().contains("at most 53 characters"),
+                "{error}"
+            );
+        }
+        assert!(MemberIdentity::named(&"a".repeat(53), 1).is_ok());
+    }
+
+    fn member_lease_of(holder: Option<&str>, annotations: &[(&str, &str)]) -> Lease {
+        let mut lease = Lease::default();
+        lease.metadata.labels = Some([(SHARD_MEMBER_LABEL.to_owned(), "m-0".to_owned())].into());
+        lease.metadata.resource_version = Some("41".to_owned());
+        lease.metadata.annotations = Some(
+            annotations
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        );
+        lease.spec = Some(k8s_openapi::api::coordination::v1::LeaseSpec {
+            holder_identity: holder.map(str::to_owned),
+            lease_duration_seconds: Some(15),
+            ..Default::default()
+        });
+        lease
+    }
+
+    fn view_at(lease: &Lease, seen_ms: u64, now_ms: u64) -> ShardView {
+        let mut sightings = LeaseSightings::default();
+        sightings.observe_all(member_record(lease), seen_ms);
+        let known: Vec<MemberLease> = member_lease(lease, &sightings).into_iter().collect();
+        ShardView::of(&known, i64::try_from(now_ms).unwrap())
+    }
+
+    #[test]
+    fn a_lease_released_for_a_restart_stays_its_members_until_it_runs_out() {
+        let restarting = member_lease_of(None, &[(SHARD_RESTARTING_ANNOTATION, "m-0/abc-1")]);
+        let waiting = view_at(&restarting, 1_000, 15_999);
+        assert!(waiting.live.contains("m-0"), "{waiting:?}");
+        let ran_out = view_at(&restarting, 1_000, 16_000);
+        assert!(ran_out.departed.contains("m-0"), "{ran_out:?}");
+        assert_eq!(
+            ran_out.departed_versions.get("m-0").map(String::as_str),
+            Some("41")
+        );
+        // Taken back by the next process under the name: held by the member.
+        let taken_back = member_lease_of(Some("m-0/def-2"), &[]);
+        assert!(view_at(&taken_back, 1_000, 2_000).live.contains("m-0"));
+        // Released without the mark (a member of one process): departed at once.
+        let released = member_lease_of(None, &[]);
+        assert!(view_at(&released, 1_000, 1_001).departed.contains("m-0"));
+        // Held by a process of another member name: not this member's.
+        let foreign = member_lease_of(Some("other/abc-1"), &[]);
+        assert!(view_at(&foreign, 1_000, 1_001).departed.contains("m-0"));
     }
 
     #[test]

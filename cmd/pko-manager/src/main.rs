@@ -34,7 +34,7 @@ use pko_actors::runtime::cluster_client::{
 use pko_actors::runtime::leader_lease::{LeaseConfig, LeaseError, LeaseHolder};
 use pko_actors::runtime::process_main::{run_system, shutdown_signal, Telemetry};
 use pko_actors::runtime::shard_coordinator;
-use pko_actors::runtime::shard_membership::{member_identity, ShardMembership};
+use pko_actors::runtime::shard_membership::{MemberIdentity, MemberNameError, ShardMembership};
 use pko_actors::runtime::write_fence::WriteFence;
 use pko_package::image_limits::ImageLimits;
 use pko_proto::fleet::check_cluster_name;
@@ -82,6 +82,11 @@ struct Args {
     /// replica holding the manager's Lease (`--lease-name`) labels objects with their owner.
     #[arg(long, env = "PKO_SHARDING")]
     sharding: bool,
+    /// This replica's shard member name, when it outlives the process (a StatefulSet's pod name, as
+    /// deploy/manager-sharded sets it): on SIGTERM the replica keeps its member Lease for the restart,
+    /// and the restarted process takes its share back without moving a key. Unset: a member per process.
+    #[arg(long, env = "PKO_MEMBER_NAME", requires = "sharding")]
+    member_name: Option<String>,
     /// Namespace of the leader Lease.
     #[arg(long, env = "POD_NAMESPACE", default_value = "package-operator-system")]
     leader_election_namespace: String,
@@ -262,6 +267,8 @@ pub enum ManagerError {
     Signal(#[source] std::io::Error),
     #[error("leader election: {0}")]
     Lease(#[from] LeaseError),
+    #[error("--member-name: {0}")]
+    MemberName(#[from] MemberNameError),
     #[error("nats-bootstrap: {0}")]
     Bootstrap(#[from] nats_bootstrap::BootstrapError),
     #[error(transparent)]
@@ -390,13 +397,22 @@ async fn serve_webhook(
 
 async fn run(args: Args) -> Result<(), ManagerError> {
     let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "pko-manager".to_owned());
-    // A shard member's name is one process's, so a restarted replica never returns to keys taken over
-    // from it (engine::sharding::shard_assignment).
-    let identity = if args.sharding {
-        member_identity(&host, std::process::id())
-    } else {
-        format!("{host}-{}", std::process::id())
+    // A shard member's name is one process's unless it is given (a StatefulSet's pod name): then a
+    // restarted replica takes its share back (engine::sharding::shard_assignment).
+    let member = match (&args.member_name, args.sharding) {
+        (Some(name), true) => MemberIdentity::named(name, std::process::id())?,
+        (None, true) => MemberIdentity::per_process(&host, std::process::id()),
+        (_, false) => {
+            let identity = format!("{host}-{}", std::process::id());
+            MemberIdentity {
+                member: identity.clone(),
+                holder: identity,
+            }
+        }
     };
+    // The process, not the member: the audit log tells a restarted replica's writes from its
+    // predecessor's.
+    let identity = member.holder.clone();
     let mut kube_config = cluster_config(args.kubeconfig.as_deref()).await?;
     // Every request names the replica, so the apiserver's audit log tells which one wrote what.
     kube_config.headers.push(user_agent(&identity, None));
@@ -486,15 +502,15 @@ async fn run(args: Args) -> Result<(), ManagerError> {
             kube_config.clone(),
             client.clone(),
             &args.leader_election_namespace,
-            &identity,
+            &member,
             Duration::from_secs(args.lease_duration_seconds),
             fence.clone(),
             metrics.leases.clone(),
         )
         .await?;
-        info!(member = %identity, "sharded: working on this replica's share");
+        info!(member = %member.member, process = %identity, "sharded: working on this replica's share");
         let view = membership.view();
-        context = context.sharded(&identity, view.clone());
+        context = context.sharded(&member.member, view.clone());
         let lease_namespace = args.leader_election_namespace.clone();
         // Its own client and user agent: its label writes are told apart from the replica's work.
         let mut coordinator_config = kube_config.clone();

@@ -674,18 +674,32 @@ fn the_alert_rules_check_and_pass_their_unit_tests() {
 /// deploy/manager-sharded is deploy/manager with every replica working on its share: three replicas
 /// with --sharding (not --leader-election, which excludes it), and the RBAC sharding adds (member Leases
 /// listed and renewed, patched with take-over records and deleted once retired, HostedClusters labelled).
+/// The replicas are a StatefulSet's pods, each taking its pod name as its member name, so a restarted
+/// pod takes its share back.
 #[test]
 fn the_sharded_install_runs_three_sharded_replicas_with_what_sharding_needs() {
     let documents: Vec<Value> = kustomize("manager-sharded")
         .iter()
         .map(|d| parsed(d))
         .collect();
-    let deployment = documents
+    assert!(!documents.iter().any(|d| d["kind"] == "Deployment"));
+    let replicas = documents
         .iter()
-        .find(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == "pko-manager")
+        .find(|d| d["kind"] == "StatefulSet" && d["metadata"]["name"] == "pko-manager")
         .unwrap();
-    assert_eq!(deployment["spec"]["replicas"], 3);
-    let args: Vec<&str> = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert_eq!(replicas["spec"]["replicas"], 3);
+    let container = &replicas["spec"]["template"]["spec"]["containers"][0];
+    let member_name = container["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "PKO_MEMBER_NAME")
+        .unwrap();
+    assert_eq!(
+        member_name["valueFrom"]["fieldRef"]["fieldPath"],
+        "metadata.name"
+    );
+    let args: Vec<&str> = container["args"]
         .as_array()
         .unwrap()
         .iter()

@@ -22,8 +22,13 @@
 //!   among those members ([`ShardView::worker`]). Relabelling then proceeds in the background without
 //!   moving any work; the record goes (with the Lease) once no object carries the departed member's label
 //!   and no object's worker is found through it ([`ShardView::records_needed`]).
-//!   A member name is one process's (a restarted replica is a new member), so a departed member never
-//!   comes back to keys its successors hold.
+//!   A departed member never comes back to keys its successors hold: its Lease carries the record until
+//!   it is retired, and a process that finds a record on its Lease does not take it.
+//! - A member that stops to restart under the same name (a StatefulSet's pod) keeps its Lease, released
+//!   but marked for the restart: it stays a member for the Lease's duration from when each observer saw
+//!   the release, its keys unserved and unmoved, and the restarted process takes the Lease back. A take-over
+//!   record is written only over the Lease version that showed the departure, so a restart that takes the
+//!   Lease back first voids it.
 //!
 //! Pure: no I/O, no clock; times come in as arguments.
 
@@ -31,7 +36,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use pko_proto::well_known::{SHARD_DRAIN_LABEL, SHARD_OWNER_LABEL};
 
-/// A replica's name: its Lease's holder identity.
+/// A replica's member name: its Lease's member label (the holder identity names the process holding it).
 pub type Member = String;
 
 /// The unit that moves between replicas: a namespace, or one cluster-scoped object.
@@ -89,6 +94,8 @@ pub struct MemberLease {
     pub duration_ms: i64,
     /// The take-over record the coordinator wrote once the member had left.
     pub successors: Option<BTreeSet<Member>>,
+    /// The Lease's resourceVersion as read.
+    pub version: String,
 }
 
 impl MemberLease {
@@ -126,6 +133,11 @@ pub struct ShardView {
     /// For departed members whose keys are being taken over: the members live when the coordinator saw
     /// the departure, among which each of its keys goes to its rendezvous owner.
     pub takeovers: BTreeMap<Member, BTreeSet<Member>>,
+    /// The Lease version each departed member was seen departed at. A take-over record is written only
+    /// over it: a replica restarted under the same member name that took its Lease back meanwhile is
+    /// live, and a record landing on its Lease would let its successors work beside it until its own
+    /// watch showed the record.
+    pub departed_versions: BTreeMap<Member, String>,
 }
 
 impl ShardView {
@@ -138,6 +150,8 @@ impl ShardView {
                 continue;
             }
             view.departed.insert(lease.member.clone());
+            view.departed_versions
+                .insert(lease.member.clone(), lease.version.clone());
             if let Some(successors) = &lease.successors {
                 view.takeovers
                     .insert(lease.member.clone(), successors.clone());
@@ -408,6 +422,7 @@ mod tests {
             renewal_seen_ms,
             duration_ms: 15_000,
             successors: None,
+            version: String::new(),
         };
         let leases = [
             lease("a", "a", 100_000),
@@ -439,6 +454,7 @@ mod tests {
             renewal_seen_ms: 99_000,
             duration_ms: 15_000,
             successors: Some(members(&["b"])),
+            version: "7".into(),
         };
         let b = MemberLease {
             member: "b".into(),
@@ -474,6 +490,7 @@ mod tests {
                 ("x".to_owned(), members(&["c"])),
             ]
             .into(),
+            ..ShardView::default()
         };
         let key = ShardKey::Namespace("clusters-x".into());
         let (a, b, c) = ("a".to_owned(), "b".to_owned(), "c".to_owned());
@@ -494,6 +511,7 @@ mod tests {
             live: members(&["b", "c"]),
             departed: members(&["a"]),
             takeovers: [("a".to_owned(), members(&["b", "c"]))].into(),
+            ..ShardView::default()
         };
         let a = "a".to_owned();
         let mut workers: BTreeMap<Member, usize> = BTreeMap::new();
@@ -528,6 +546,7 @@ mod tests {
                 ("c".to_owned(), members(&["d"])),
             ]
             .into(),
+            ..ShardView::default()
         };
         assert_eq!(chained.worker(&key, Some(&a)), Some(&"d".to_owned()));
         // A corrupt record naming each other does not spin.
@@ -539,6 +558,7 @@ mod tests {
                 ("b".to_owned(), members(&["a"])),
             ]
             .into(),
+            ..ShardView::default()
         };
         assert_eq!(looped.worker(&key, Some(&a)), None);
     }
