@@ -5,7 +5,7 @@
 //! local one, and objects per second through one connector. `rollout`: HostedClusterPackage hand-off
 //! latency, and the manager's CPU time and memory for a fleet of HostedClusters. `sharding`: the same
 //! rollout under 1, 2 and 4 sharded replicas, take-over time and the write audit. `restart`: a manager
-//! restarting over a settled fleet, and the writes it makes. `chaos`: a seeded
+//! (or one of `--replicas N` sharded replicas) restarting over a settled fleet, and the writes it makes. `chaos`: a seeded
 //! schedule of faults at once under continuous releases, judged by an independent observer.
 
 mod chaos;
@@ -17,6 +17,7 @@ mod package_bench;
 mod process_usage;
 mod restart_bench;
 mod rollout_bench;
+mod shard_restart_bench;
 mod sharding_bench;
 
 use std::path::PathBuf;
@@ -109,6 +110,14 @@ enum Measurement {
         /// HostedClusters in the fleet, their Packages live.
         #[arg(long, default_value_t = 1000)]
         hosted_clusters: usize,
+        /// Sharded replicas working on the fleet; with more than one, a replica that does not
+        /// coordinate restarts.
+        #[arg(long, default_value_t = 1)]
+        replicas: usize,
+        /// Sharded replicas named per process (no --member-name), as before member names: the
+        /// restarted replica is a new member and keys move.
+        #[arg(long)]
+        member_per_process: bool,
         /// pko-manager binary (default: next to this binary; pko-connector must be next to it).
         #[arg(long)]
         manager: Option<PathBuf>,
@@ -203,7 +212,20 @@ async fn main() -> std::process::ExitCode {
         } => rollout_bench::run(handoff_clusters, rollouts, fleet, manager).await,
         Measurement::Restart {
             hosted_clusters,
+            replicas,
+            member_per_process,
             manager,
+        } if replicas > 1 => {
+            let topology = shard_restart_bench::Topology {
+                replicas,
+                member_per_process,
+            };
+            shard_restart_bench::run(hosted_clusters, topology, manager).await
+        }
+        Measurement::Restart {
+            hosted_clusters,
+            manager,
+            ..
         } => restart_bench::run(hosted_clusters, manager).await,
         Measurement::Sharding {
             hosted_clusters,

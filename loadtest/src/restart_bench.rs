@@ -2,7 +2,8 @@
 //! HostedClusterPackage settles; then the manager is stopped as a kubelet stops it and started again. The
 //! report: time to ready, time until every controller has reconciled each object of its kind again, the
 //! manager's CPU for it, and every write the apiserver served meanwhile (Lease renewals aside), which for
-//! a settled fleet should be none, with the reconciles that failed.
+//! a settled fleet should be none, with the reconciles that failed. With `--replicas N`, see
+//! `shard_restart_bench`.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -21,12 +22,12 @@ use crate::rollout_bench::{create_hcpkg, fleet, follow_rollout, wait_connectors,
 
 /// A fleet is settled when the apiserver served no write for this long.
 const QUIET: Duration = Duration::from_secs(10);
-const TIMEOUT: Duration = Duration::from_secs(1200);
+pub const TIMEOUT: Duration = Duration::from_secs(1200);
 /// After every object was reconciled again, writes are still counted this long (a status write may wait
 /// up to a second to be merged with the next).
-const AFTERMATH: Duration = Duration::from_secs(10);
+pub const AFTERMATH: Duration = Duration::from_secs(10);
 /// How the manager is stopped: SIGTERM, then SIGKILL after this (a kubelet's default grace).
-const GRACE: Duration = Duration::from_secs(30);
+pub const GRACE: Duration = Duration::from_secs(30);
 
 pub async fn run(hosted_clusters: usize, manager: Option<PathBuf>) -> ExitCode {
     match measure(hosted_clusters, manager).await {
@@ -63,7 +64,7 @@ async fn measure(size: usize, manager: Option<PathBuf>) -> Result<(), String> {
 
 /// Waits until the apiserver served no write for [`QUIET`]; the pace of the measurement, not a
 /// synchronisation.
-async fn settle(env: &TestEnv) -> Result<(), String> {
+pub async fn settle(env: &TestEnv) -> Result<(), String> {
     let deadline = Instant::now() + TIMEOUT;
     let mut last = writes(&request_counts(&[env.management()]).await?);
     loop {
@@ -80,7 +81,7 @@ async fn settle(env: &TestEnv) -> Result<(), String> {
 }
 
 /// Write requests by `verb resource`, Lease renewals left out (a leader renews every few seconds).
-fn writes(counts: &BTreeMap<String, f64>) -> BTreeMap<String, f64> {
+pub fn writes(counts: &BTreeMap<String, f64>) -> BTreeMap<String, f64> {
     counts
         .iter()
         .filter(|(key, _)| {
@@ -92,7 +93,7 @@ fn writes(counts: &BTreeMap<String, f64>) -> BTreeMap<String, f64> {
 }
 
 /// What changed between two counts.
-fn delta(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>) -> Vec<(String, f64)> {
+pub fn delta(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>) -> Vec<(String, f64)> {
     after
         .iter()
         .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0.0)))
@@ -148,7 +149,7 @@ async fn object_counts(client: &Client) -> Result<BTreeMap<&'static str, usize>,
 }
 
 /// `pko_reconcile_total` of a manager by `(controller, result)`.
-async fn reconciles(pko: &ManagerProcess) -> Result<BTreeMap<(String, String), u64>, String> {
+pub async fn reconciles(pko: &ManagerProcess) -> Result<BTreeMap<(String, String), u64>, String> {
     let (_, body) = pko.get("/metrics").await?;
     Ok(body
         .lines()
