@@ -58,31 +58,35 @@ async fn wait_members(view: &watch::Receiver<ShardView>, want: &[&str]) {
     wait_view(view, &format!("members {want:?}"), |v| v.live == want).await;
 }
 
+/// Joins the members in `namespace` as `identity`, with 3 s Leases.
+async fn join(client: &kube::Client, namespace: &str, identity: MemberIdentity) -> ShardMembership {
+    ShardMembership::join(
+        kube_config().await,
+        client.clone(),
+        namespace,
+        &identity,
+        Duration::from_secs(3),
+        WriteFence::open(),
+        Default::default(),
+    )
+    .await
+    .unwrap()
+}
+
 #[tokio::test]
 async fn members_join_leave_and_run_out() {
     let env = pko_testenv::shared().unwrap();
     let namespace = env.management().create_namespace("shards").await.unwrap();
     let client = env.management().client().await.unwrap();
     let join = |identity: &'static str| {
-        let client = client.clone();
-        let namespace = namespace.clone();
-        let identity = MemberIdentity {
-            member: identity.to_owned(),
-            holder: identity.to_owned(),
-        };
-        async move {
-            ShardMembership::join(
-                kube_config().await,
-                client,
-                &namespace,
-                &identity,
-                Duration::from_secs(3),
-                WriteFence::open(),
-                Default::default(),
-            )
-            .await
-            .unwrap()
-        }
+        join(
+            &client,
+            &namespace,
+            MemberIdentity {
+                member: identity.to_owned(),
+                holder: identity.to_owned(),
+            },
+        )
     };
     let a = join("replica-a").await;
     let b = join("replica-b").await;
@@ -151,23 +155,7 @@ async fn a_member_name_that_outlives_the_process_keeps_the_share_across_a_restar
     let env = pko_testenv::shared().unwrap();
     let namespace = env.management().create_namespace("restarts").await.unwrap();
     let client = env.management().client().await.unwrap();
-    let join = |identity: MemberIdentity| {
-        let client = client.clone();
-        let namespace = namespace.clone();
-        async move {
-            ShardMembership::join(
-                kube_config().await,
-                client,
-                &namespace,
-                &identity,
-                Duration::from_secs(3),
-                WriteFence::open(),
-                Default::default(),
-            )
-            .await
-            .unwrap()
-        }
-    };
+    let join = |identity| join(&client, &namespace, identity);
     let observer = join(MemberIdentity::named("observer", 1).unwrap()).await;
     let first = join(MemberIdentity::named("stable", 2).unwrap()).await;
     let view = observer.view();

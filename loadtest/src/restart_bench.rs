@@ -43,14 +43,7 @@ async fn measure(size: usize, manager: Option<PathBuf>) -> Result<(), String> {
     let manager = manager_path(manager)?;
     let (env, client, pko) = start_with_manager(&manager, 0).await?;
     env.simulate_hypershift().await.map_err(|e| e.to_string())?;
-    let images = Images::new(&env);
-    let ns = fleet(&env, "bench-restart", size).await?;
-    wait_connectors(&client, &ns, size).await?;
-    let api: Api<HostedClusterPackage> = Api::all(client.clone());
-    let name = format!("{ns}-restart");
-    let v1 = images.push("restart-1", 3_001).await?;
-    let create = create_hcpkg(&api, &name, &ns, &v1, (size / 10).max(1));
-    follow_rollout(&client, &name, &v1, size, create).await?;
+    live_fleet(&env, &client, size).await?;
     let settling = Instant::now();
     settle(&env).await?;
     println!(
@@ -60,6 +53,21 @@ async fn measure(size: usize, manager: Option<PathBuf>) -> Result<(), String> {
     );
     let objects = object_counts(&client).await?;
     restart(&env, &manager, pko, &objects).await
+}
+
+/// A fleet of `size` HostedClusters with their connectors, and a HostedClusterPackage whose Packages
+/// are all live.
+pub async fn live_fleet(env: &TestEnv, client: &Client, size: usize) -> Result<(), String> {
+    let images = Images::new(env);
+    let ns = fleet(env, "bench-restart", size).await?;
+    wait_connectors(client, &ns, size).await?;
+    let api: Api<HostedClusterPackage> = Api::all(client.clone());
+    let name = format!("{ns}-restart");
+    let v1 = images.push("restart-1", 3_001).await?;
+    let create = create_hcpkg(&api, &name, &ns, &v1, (size / 10).max(1));
+    follow_rollout(client, &name, &v1, size, create)
+        .await
+        .map(|_| ())
 }
 
 /// Waits until the apiserver served no write for [`QUIET`]; the pace of the measurement, not a
@@ -249,12 +257,16 @@ async fn restart(
     println!(
         "  writes the apiserver served from the stop to {} s after: {total}{}",
         AFTERMATH.as_secs(),
-        if written.is_empty() {
-            String::new()
-        } else {
-            let mix: Vec<String> = written.iter().map(|(k, n)| format!("{k} {n:.0}")).collect();
-            format!(" ({})", mix.join(", "))
-        }
+        write_mix(&written)
     );
     Ok(())
+}
+
+/// The writes by `verb resource`, as ` (PATCH packages 3, …)`; empty when there were none.
+pub fn write_mix(written: &[(String, f64)]) -> String {
+    if written.is_empty() {
+        return String::new();
+    }
+    let mix: Vec<String> = written.iter().map(|(k, n)| format!("{k} {n:.0}")).collect();
+    format!(" ({})", mix.join(", "))
 }

@@ -15,17 +15,16 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
 use kube::Client;
-use pko_proto::core::hosted_cluster_package::HostedClusterPackage;
 use pko_proto::well_known::{SHARD_MEMBER_LABEL, SHARD_OWNER_LABEL};
-use pko_testenv::{
-    sharded_manager_args, EnvConfig, ManagerProcess, TestEnv, SHARD_COORDINATOR_LEASE,
-};
+use pko_testenv::{sharded_manager_args, ManagerProcess};
 
 use crate::fleet_bench::request_counts;
 use crate::object_set_bench::manager_path;
 use crate::process_usage::usage;
-use crate::restart_bench::{delta, reconciles, settle, writes, AFTERMATH, GRACE, TIMEOUT};
-use crate::rollout_bench::{create_hcpkg, fleet, follow_rollout, wait_connectors, Images};
+use crate::restart_bench::{
+    delta, live_fleet, reconciles, settle, write_mix, writes, AFTERMATH, GRACE, TIMEOUT,
+};
+use crate::sharding_bench::{coordinator, sharded_env};
 
 /// The member and coordinator Leases' duration (the manager's default).
 const LEASE_SECONDS: u64 = 15;
@@ -56,19 +55,7 @@ pub async fn run(hosted_clusters: usize, topology: Topology, manager: Option<Pat
 
 async fn measure(size: usize, topology: Topology, manager: Option<PathBuf>) -> Result<(), String> {
     let manager = manager_path(manager)?;
-    let env = TestEnv::start(EnvConfig {
-        hosted_clusters: 0,
-        controller_manager: false,
-    })
-    .await
-    .map_err(|e| e.to_string())?;
-    let client = env.management().client().await.map_err(|e| e.to_string())?;
-    env.simulate_hypershift().await.map_err(|e| e.to_string())?;
-    let lease_ns = env
-        .management()
-        .create_namespace("shard-leases")
-        .await
-        .map_err(|e| e.to_string())?;
+    let (env, client, lease_ns) = sharded_env().await?;
     let group = sharded_manager_args(&lease_ns, LEASE_SECONDS);
     let args_of = |i: usize| {
         let mut args = group.clone();
@@ -87,24 +74,11 @@ async fn measure(size: usize, topology: Topology, manager: Option<PathBuf>) -> R
                 .map_err(|e| e.to_string())?,
         );
     }
-    let images = Images::new(&env);
-    let ns = fleet(&env, "bench-restart", size).await?;
-    wait_connectors(&client, &ns, size).await?;
-    let api: Api<HostedClusterPackage> = Api::all(client.clone());
-    let name = format!("{ns}-restart");
-    let v1 = images.push("restart-1", 3_001).await?;
-    let create = create_hcpkg(&api, &name, &ns, &v1, (size / 10).max(1));
-    follow_rollout(&client, &name, &v1, size, create).await?;
+    live_fleet(&env, &client, size).await?;
     settle(&env).await?;
 
     let leases: Api<Lease> = Api::namespaced(client.clone(), &lease_ns);
-    let coordinator = leases
-        .get(SHARD_COORDINATOR_LEASE)
-        .await
-        .map_err(|e| e.to_string())?
-        .spec
-        .and_then(|s| s.holder_identity)
-        .unwrap_or_default();
+    let coordinator = coordinator(&leases).await?;
     let holds = |r: &ManagerProcess| {
         r.pid()
             .is_some_and(|pid| coordinator.ends_with(&format!("-{pid}")))
@@ -189,12 +163,7 @@ async fn measure(size: usize, topology: Topology, manager: Option<PathBuf>) -> R
     println!(
         "  writes the apiserver served from the stop to {} s after: {total} ({labels} label writes by the coordinator){}",
         AFTERMATH.as_secs(),
-        if written.is_empty() {
-            String::new()
-        } else {
-            let mix: Vec<String> = written.iter().map(|(k, n)| format!("{k} {n:.0}")).collect();
-            format!(": {}", mix.join(", "))
-        }
+        write_mix(&written)
     );
     Ok(())
 }

@@ -53,7 +53,8 @@ pub async fn run(
     ExitCode::SUCCESS
 }
 
-async fn measure(size: usize, count: usize, manager: &std::path::Path) -> Result<(), String> {
+/// A fresh environment simulating HyperShift, its client and a namespace for the replicas' Leases.
+pub(crate) async fn sharded_env() -> Result<(TestEnv, Client, String), String> {
     let env = TestEnv::start(EnvConfig {
         hosted_clusters: 0,
         controller_manager: false,
@@ -67,6 +68,11 @@ async fn measure(size: usize, count: usize, manager: &std::path::Path) -> Result
         .create_namespace("shard-leases")
         .await
         .map_err(|e| e.to_string())?;
+    Ok((env, client, lease_ns))
+}
+
+async fn measure(size: usize, count: usize, manager: &std::path::Path) -> Result<(), String> {
+    let (env, client, lease_ns) = sharded_env().await?;
     let args = sharded_manager_args(&lease_ns, LEASE_SECONDS);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut replicas = Vec::new();
@@ -189,6 +195,17 @@ async fn owned_namespaces(client: &Client, name: &str) -> Result<BTreeMap<String
     Ok(owned)
 }
 
+/// The process holding the coordinator's Lease (its holder identity).
+pub(crate) async fn coordinator(leases: &Api<Lease>) -> Result<String, String> {
+    Ok(leases
+        .get(SHARD_COORDINATOR_LEASE)
+        .await
+        .map_err(|e| e.to_string())?
+        .spec
+        .and_then(|s| s.holder_identity)
+        .unwrap_or_default())
+}
+
 /// A take-over's figures.
 struct Takeover {
     /// From the SIGKILL until the live replicas work on every Package of the fleet.
@@ -215,13 +232,7 @@ async fn takeover(
     replicas: &[ManagerProcess],
 ) -> Result<Takeover, String> {
     let leases = Api::<Lease>::namespaced(client.clone(), lease_ns);
-    let coordinator = leases
-        .get(SHARD_COORDINATOR_LEASE)
-        .await
-        .map_err(|e| e.to_string())?
-        .spec
-        .and_then(|s| s.holder_identity)
-        .unwrap_or_default();
+    let coordinator = coordinator(&leases).await?;
     let coordinating = replicas
         .iter()
         .find(|r| {

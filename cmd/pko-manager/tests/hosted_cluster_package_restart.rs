@@ -193,16 +193,7 @@ async fn manager_killed_mid_rollout_resumes_within_the_budget() {
     .await
     .unwrap();
     let metrics = third.get("/metrics").await.unwrap().1;
-    let writes: Vec<&str> = metrics
-        .lines()
-        .filter(|l| l.starts_with("pko_apiserver_requests_total{"))
-        .filter(|l| {
-            ["create", "update", "patch", "delete"]
-                .iter()
-                .any(|v| l.contains(&format!("verb=\"{v}\"")))
-        })
-        .filter(|l| sample_value(l) != Some(0))
-        .collect();
+    let writes = manager_writes(&metrics);
     assert!(writes.is_empty(), "the restarted manager wrote: {writes:?}");
     assert_eq!(
         metric_sum(&metrics, "pko_reconcile_total{")

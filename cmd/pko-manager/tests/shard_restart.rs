@@ -173,16 +173,7 @@ async fn a_replica_restarted_under_its_member_name_takes_its_share_back_without_
         "the coordinator labelled something while the replica restarted"
     );
     let metrics = restarted.get("/metrics").await.unwrap().1;
-    let writes: Vec<&str> = metrics
-        .lines()
-        .filter(|l| l.starts_with("pko_apiserver_requests_total{"))
-        .filter(|l| {
-            ["create", "update", "patch", "delete"]
-                .iter()
-                .any(|v| l.contains(&format!("verb=\"{v}\"")))
-        })
-        .filter(|l| !l.ends_with(" 0"))
-        .collect();
+    let writes = manager_writes(&metrics);
     assert!(writes.is_empty(), "the restarted replica wrote: {writes:?}");
     assert_eq!(
         metric_total(&metrics, "pko_reconcile_total{", &[])

@@ -487,3 +487,18 @@ pub async fn series(metric: &str, labels: &[&str]) -> Vec<String> {
         .map(str::to_owned)
         .collect()
 }
+
+/// The lines of `pko_apiserver_requests_total` in a manager's /metrics text that count writes (create,
+/// update, patch, delete) it sent, when not zero.
+pub fn manager_writes(metrics: &str) -> Vec<&str> {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("pko_apiserver_requests_total{"))
+        .filter(|l| {
+            ["create", "update", "patch", "delete"]
+                .iter()
+                .any(|v| l.contains(&format!("verb=\"{v}\"")))
+        })
+        .filter(|l| !l.ends_with(" 0"))
+        .collect()
+}
