@@ -174,6 +174,10 @@ enum Measurement {
         /// HostedClusters per management cluster.
         #[arg(long, default_value_t = 6)]
         clusters: usize,
+        /// Each replica under a member name of its own (`--member-name`), as deploy/manager-sharded
+        /// runs them: a killed or stopped replica comes back under its name.
+        #[arg(long)]
+        member_names: bool,
         /// pko-manager binary (default: next to this binary).
         #[arg(long)]
         manager: Option<PathBuf>,
@@ -256,12 +260,14 @@ async fn main() -> std::process::ExitCode {
             seed,
             minutes,
             clusters,
+            member_names,
             manager,
         } => {
             chaos::run(chaos::ChaosRun {
                 seed,
                 minutes,
                 clusters,
+                member_names,
                 manager,
             })
             .await

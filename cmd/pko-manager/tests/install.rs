@@ -723,3 +723,35 @@ fn the_sharded_install_runs_three_sharded_replicas_with_what_sharding_needs() {
         serde_json::json!(["hostedclusters"])
     );
 }
+
+/// The sharded install's StatefulSet is one the apiserver takes (a server-side dry run against the
+/// installed namespace and ServiceAccount): a kind changed by a patch keeps no Deployment-only field.
+#[tokio::test]
+async fn the_sharded_installs_statefulset_is_accepted_by_the_apiserver() {
+    install_manifests().await;
+    let replicas: Vec<String> = kustomize("manager-sharded")
+        .into_iter()
+        .filter(|d| parsed(d)["kind"] == "StatefulSet")
+        .collect();
+    assert_eq!(replicas.len(), 1);
+    let out = run_with_input(
+        Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(env().management().kubeconfig_path())
+            .args(["apply", "--server-side", "--dry-run=server", "-f", "-"]),
+        &replicas[0],
+    )
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout)
+            .contains("statefulset.apps/pko-manager serverside-applied (server dry run)"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}

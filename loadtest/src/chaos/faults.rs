@@ -127,7 +127,8 @@ impl<'a> World<'a> {
     fn restart_replica(&mut self, cluster: usize, replica: usize) -> Result<(), String> {
         let c = &self.clusters[cluster];
         let launch = c.launch(replica, self.leaf(cluster)?);
-        let args: Vec<&str> = c.args.iter().map(String::as_str).collect();
+        let args = c.replica_args(replica);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let started = self
             .env
             .spawn_manager_with(&self.manager, &launch, &args)

@@ -53,13 +53,22 @@ pub struct ChaosRun {
     pub minutes: f64,
     /// HostedClusters per management cluster.
     pub clusters: usize,
+    /// Replicas under member names of their own, as `deploy/manager-sharded` runs them.
+    pub member_names: bool,
     pub manager: Option<PathBuf>,
 }
 
 pub async fn run(chaos: ChaosRun) -> ExitCode {
     println!(
-        "chaos: seed {0} (replay: pko-loadtest chaos --seed {0} --minutes {1} --clusters {2})",
-        chaos.seed, chaos.minutes, chaos.clusters
+        "chaos: seed {0} (replay: pko-loadtest chaos --seed {0} --minutes {1} --clusters {2}{3})",
+        chaos.seed,
+        chaos.minutes,
+        chaos.clusters,
+        if chaos.member_names {
+            " --member-names"
+        } else {
+            ""
+        }
     );
     match drive(&chaos).await {
         Ok(0) => ExitCode::SUCCESS,
@@ -153,7 +162,9 @@ async fn drive(chaos: &ChaosRun) -> Result<usize, String> {
             management: server,
             hosted: &env.hosted_clusters()[i],
         };
-        clusters.push(topology::start(&env, &nats, &manager, i, servers, setup).await?);
+        clusters.push(
+            topology::start(&env, &nats, &manager, i, servers, setup, chaos.member_names).await?,
+        );
     }
     let kept_uid = standalone::start(&clients[CHURNED]).await?;
     let first = release_name(0);

@@ -37,6 +37,9 @@ pub struct ClusterUnderTest<'a> {
     pub stall: StallProxy,
     pub replicas: Vec<ManagerProcess>,
     pub args: Vec<String>,
+    /// Each replica runs under a member name of its own (`--member-name`), as a StatefulSet's pods do;
+    /// otherwise a member per process.
+    pub member_names: bool,
     pub workload: &'a WorkloadSimulator,
     /// HostedClusters (name → HCP namespace) the fleet has now.
     pub hosted: BTreeMap<String, String>,
@@ -45,6 +48,19 @@ pub struct ClusterUnderTest<'a> {
 }
 
 impl<'a> ClusterUnderTest<'a> {
+    /// The arguments of replica `replica`: the cluster's, and its member name when it has one (the same
+    /// for each process of the replica, as a StatefulSet's pod keeps its name).
+    pub fn replica_args(&self, replica: usize) -> Vec<String> {
+        let mut args = self.args.clone();
+        if self.member_names {
+            args.extend([
+                "--member-name".to_owned(),
+                format!("{}-{replica}", self.name),
+            ]);
+        }
+        args
+    }
+
     /// How replica `replica` is started: the last through the stall proxy (the others, started first,
     /// install the CRDs, which a manager behind another route does not).
     pub fn launch(&self, replica: usize, nats: &'a pko_testenv::Nats) -> ManagerLaunch<'a> {
@@ -133,6 +149,7 @@ pub async fn start<'a>(
     index: usize,
     servers: ClusterServers<'a>,
     setup: &'a ClusterSetup,
+    member_names: bool,
 ) -> Result<ClusterUnderTest<'a>, String> {
     let ClusterServers {
         management: server,
@@ -158,13 +175,15 @@ pub async fn start<'a>(
         stall,
         replicas: Vec::new(),
         args,
+        member_names,
         workload: &setup.workload,
         hosted: setup.hosted.clone(),
         deleted: Vec::new(),
     };
     let leaf = nats.leaf(name).ok_or(format!("no NATS leaf for {name}"))?;
-    let args: Vec<&str> = cluster.args.iter().map(String::as_str).collect();
     for replica in 0..REPLICAS {
+        let args = cluster.replica_args(replica);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let started = env
             .start_manager_with(manager, &cluster.launch(replica, leaf), &args)
             .await
