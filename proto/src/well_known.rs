@@ -131,6 +131,12 @@ pub fn shard_member_lease(identity: &str) -> String {
     format!("pko-shard-{suffix}")
 }
 
+/// The member a shard Lease's holder identity (or a manager's user agent identity) is a process of:
+/// `<member>/<process>` for a member name that outlives the process, else the identity itself.
+pub fn holder_member(holder: &str) -> &str {
+    holder.split_once('/').map_or(holder, |(member, _)| member)
+}
+
 /// Label on every shard member Lease; its value is the member's name (the holder is cleared when it
 /// leaves).
 pub const SHARD_MEMBER_LABEL: &str = "package-operator.run/shard-member";

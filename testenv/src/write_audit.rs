@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use crate::error::{io_error, TestEnvError};
-use pko_proto::well_known::shard_member_lease;
+use pko_proto::well_known::{holder_member, shard_member_lease};
 
 /// What the audit found.
 #[derive(Debug, Default)]
@@ -234,7 +234,7 @@ fn member_of(agent: &str) -> &str {
         .map(|(_, rest)| rest.trim_end_matches(')'))
         .and_then(|rest| rest.split(';').next())
         .unwrap_or_default();
-    identity.split_once('/').map_or(identity, |(member, _)| member)
+    holder_member(identity)
 }
 
 /// The processes of shard member `member` that wrote through the apiserver, each with when its first

@@ -11,7 +11,7 @@ use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::runtime::{reflector, watcher, WatchStreamExt};
 use kube::{Api, Client};
-use pko_proto::well_known::shard_member_lease;
+use pko_proto::well_known::{holder_member, shard_member_lease};
 use tokio::sync::watch;
 use tracing::{error, warn};
 
@@ -61,7 +61,7 @@ impl MemberIdentity {
     /// A member of one process: the host (the pod), a nonce of this process's start and the pid. A
     /// restarted container is a new member and never comes back to keys its successors took over.
     pub fn per_process(host: &str, pid: u32) -> Self {
-        let member = identity_of(host, pid, started_nanos());
+        let member = identity_of(host, pid, start_nonce());
         Self {
             holder: member.clone(),
             member,
@@ -83,11 +83,20 @@ impl MemberIdentity {
                 name: name.to_owned(),
             });
         }
-        let nonce = (started_nanos() / 1_000) & 0xff_ffff;
         Ok(Self {
             member: name.to_owned(),
-            holder: format!("{name}/{nonce:06x}-{pid}"),
+            holder: format!("{name}/{:06x}-{pid}", start_nonce()),
         })
+    }
+
+    /// An unsharded manager's identity (the host and the pid): it names the process in the audit log
+    /// and holds no member Lease.
+    pub fn unsharded(host: &str, pid: u32) -> Self {
+        let identity = format!("{host}-{pid}");
+        Self {
+            member: identity.clone(),
+            holder: identity,
+        }
     }
 
     /// Whether stopping keeps the Lease for the restarted process (a member name that outlives it).
@@ -96,14 +105,22 @@ impl MemberIdentity {
     }
 }
 
-fn started_nanos() -> u128 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or_default()
+/// 24 bits of this process's start time (in microseconds): two incarnations of one pod a few
+/// milliseconds apart still differ.
+fn start_nonce() -> u128 {
+    nonce_of(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default(),
+    )
 }
 
-fn identity_of(host: &str, pid: u32, started_nanos: u128) -> Member {
+fn nonce_of(started_nanos: u128) -> u128 {
+    (started_nanos / 1_000) & 0xff_ffff
+}
+
+fn identity_of(host: &str, pid: u32, nonce: u128) -> Member {
     let host: String = host
         .chars()
         .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
@@ -111,14 +128,7 @@ fn identity_of(host: &str, pid: u32, started_nanos: u128) -> Member {
         .collect();
     let host = host.trim_matches('-');
     let host = if host.is_empty() { "pko-manager" } else { host };
-    // 24 bits of the start time: two incarnations of one pod a few milliseconds apart still differ.
-    let nonce = (started_nanos / 1_000) & 0xff_ffff;
     format!("{host}-{nonce:06x}-{pid}")
-}
-
-/// The member a Lease's holder identity is a process of: `<member>/<process>` for a stable member name.
-fn holding_member(holder: &str) -> &str {
-    holder.split_once('/').map_or(holder, |(member, _)| member)
 }
 
 impl ShardMembership {
@@ -207,7 +217,7 @@ fn member_lease(lease: &Lease, sightings: &LeaseSightings<Member>) -> Option<Mem
     let holder = if restarting {
         member.clone()
     } else {
-        holding_member(&record.holder).to_owned()
+        holder_member(&record.holder).to_owned()
     };
     Some(MemberLease {
         member,
@@ -302,11 +312,15 @@ mod tests {
 
     #[test]
     fn member_names_are_unique_per_process_and_valid_label_values() {
-        let a = identity_of("pko-manager-7d9f8c6b5d-x2abc", 1, 1_000_000_000);
-        let b = identity_of("pko-manager-7d9f8c6b5d-x2abc", 1, 1_000_005_000);
+        let a = identity_of("pko-manager-7d9f8c6b5d-x2abc", 1, nonce_of(1_000_000_000));
+        let b = identity_of("pko-manager-7d9f8c6b5d-x2abc", 1, nonce_of(1_000_005_000));
         assert_ne!(a, b, "a restarted container is a new member");
         assert!(a.ends_with("-1"), "{a}");
-        let long = identity_of(&format!("{}_", "h".repeat(80)), 4_194_304, u128::MAX);
+        let long = identity_of(
+            &format!("{}_", "h".repeat(80)),
+            4_194_304,
+            nonce_of(u128::MAX),
+        );
         assert!(long.len() <= 63, "{long}");
         assert!(long.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'));
         assert!(long.starts_with('h') && long.ends_with('4'), "{long}");
@@ -324,7 +338,7 @@ mod tests {
             "each process holds it as itself"
         );
         assert!(first.holder.starts_with("pko-manager-0/") && first.holder.ends_with("-7"));
-        assert_eq!(holding_member(&first.holder), "pko-manager-0");
+        assert_eq!(holder_member(&first.holder), "pko-manager-0");
         assert!(first.keeps_share());
         assert!(!MemberIdentity::per_process("pod", 7).keeps_share());
         for bad in ["", "Pko-0", "-a", "a-", "a/b", "a_b", &"a".repeat(54)] {

@@ -402,13 +402,7 @@ async fn run(args: Args) -> Result<(), ManagerError> {
     let member = match (&args.member_name, args.sharding) {
         (Some(name), true) => MemberIdentity::named(name, std::process::id())?,
         (None, true) => MemberIdentity::per_process(&host, std::process::id()),
-        (_, false) => {
-            let identity = format!("{host}-{}", std::process::id());
-            MemberIdentity {
-                member: identity.clone(),
-                holder: identity,
-            }
-        }
+        (_, false) => MemberIdentity::unsharded(&host, std::process::id()),
     };
     // The process, not the member: the audit log tells a restarted replica's writes from its
     // predecessor's.

@@ -23,7 +23,9 @@ use pko_proto::well_known::{
 use pko_testenv::wait_until;
 use serde_json::json;
 
-use common::shard_group::{shard_group, wait_coordinating};
+use common::shard_group::{
+    a_new_set_becomes_available, namespaces_with_a_set, shard_group, wait_coordinating,
+};
 use common::*;
 
 const LEASE_SECONDS: u64 = 3;
@@ -96,21 +98,7 @@ async fn a_member_joining_during_a_take_over_keeps_the_keys_it_was_given() {
     wait_coordinating(&leases, &coordinator).await;
     let departing = env.start_manager(binary, &args).await.unwrap();
     let departing_pid = format!("-{}", departing.pid().unwrap());
-    let mut namespaces = Vec::new();
-    for i in 0..NAMESPACES {
-        let ns = env
-            .management()
-            .create_namespace(&format!("relabel-{i:02}"))
-            .await
-            .unwrap();
-        let set = object_set(
-            "shared",
-            &[("config", vec![configmap("shared-cm", json!({"ns": ns}))])],
-            json!({}),
-        );
-        create_set(&client, &ns, &set).await;
-        namespaces.push(ns);
-    }
+    let namespaces = namespaces_with_a_set("relabel", "shared", NAMESPACES).await;
     let history = follow_labels(client.clone(), namespaces.iter().cloned().collect());
     // Both replicas work: every namespace labelled, some for the replica about to go.
     let before = wait_until(
@@ -279,12 +267,6 @@ async fn a_member_joining_during_a_take_over_keeps_the_keys_it_was_given() {
     .await
     .unwrap();
     // It works on them: a new set in a namespace the ended member had becomes Available.
-    let changed = object_set(
-        "after-end",
-        &[("config", vec![configmap("after-end-cm", json!({}))])],
-        json!({}),
-    );
-    create_set(&client, &moved, &changed).await;
-    wait_condition(&client, &moved, "after-end", "Available", "True", None).await;
+    a_new_set_becomes_available(&client, &moved, "after-end").await;
     drop(coordinator);
 }

@@ -15,9 +15,10 @@ use kube::Api;
 use pko_proto::core::object_set::ObjectSet;
 use pko_proto::well_known::{shard_member_lease, SHARD_OWNER_LABEL, SHARD_RESTARTING_ANNOTATION};
 use pko_testenv::wait_until;
-use serde_json::json;
 
-use common::shard_group::{shard_group, wait_coordinating};
+use common::shard_group::{
+    a_new_set_becomes_available, namespaces_with_a_set, shard_group, wait_coordinating,
+};
 use common::*;
 
 /// Long enough that a process start fits in it on a loaded machine: the others wait this long for the
@@ -74,21 +75,7 @@ async fn a_replica_restarted_under_its_member_name_takes_its_share_back_without_
     let coordinator = env.start_manager(binary, &coordinator_args).await.unwrap();
     wait_coordinating(&leases, &coordinator).await;
     let first = env.start_manager(binary, &restarted_args).await.unwrap();
-    let mut namespaces = Vec::new();
-    for i in 0..NAMESPACES {
-        let ns = env
-            .management()
-            .create_namespace(&format!("restart-{i:02}"))
-            .await
-            .unwrap();
-        let set = object_set(
-            "kept",
-            &[("config", vec![configmap("kept-cm", json!({"ns": ns}))])],
-            json!({}),
-        );
-        create_set(&client, &ns, &set).await;
-        namespaces.push(ns);
-    }
+    let namespaces = namespaces_with_a_set("restart", "kept", NAMESPACES).await;
     for ns in &namespaces {
         wait_condition(&client, ns, "kept", "Available", "True", None).await;
     }
@@ -187,13 +174,7 @@ async fn a_replica_restarted_under_its_member_name_takes_its_share_back_without_
         .iter()
         .find(|(_, owner)| *owner == "restart-b")
         .unwrap();
-    let added = object_set(
-        "after-restart",
-        &[("config", vec![configmap("after-restart-cm", json!({}))])],
-        json!({}),
-    );
-    create_set(&client, ns, &added).await;
-    wait_condition(&client, ns, "after-restart", "Available", "True", None).await;
+    a_new_set_becomes_available(&client, ns, "after-restart").await;
     let log = env.management().audit_log_path();
     let audit = pko_testenv::shard_write_audit(&log).unwrap();
     assert!(

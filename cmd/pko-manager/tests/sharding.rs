@@ -22,25 +22,15 @@ use pko_testenv::{wait_until, SHARD_COORDINATOR_LEASE};
 use serde_json::json;
 
 use common::rollout::{all_available, condition, fleet, hcpkg, wait_status, RolloutObserver};
-use common::shard_group::{shard_group, wait_coordinating};
+use common::shard_group::{
+    a_new_set_becomes_available, namespaces_with_a_set, shard_group, wait_coordinating,
+};
 use common::*;
 
 /// Long enough that four debug-built replicas, their apiserver and etcd on two slow cores still renew in
 /// time (with 3 s, a renewal had 400 ms to answer, and on a slower CI machine every replica gave up its
 /// Lease during the first rollout and exited).
 const LEASE_SECONDS: u64 = 6;
-
-/// An ObjectSet with one ConfigMap in a new namespace, Available.
-async fn set_in_new_namespace(client: &kube::Client, prefix: &str) -> String {
-    let ns = env().management().create_namespace(prefix).await.unwrap();
-    let set = object_set(
-        "shared",
-        &[("config", vec![configmap("shared-cm", json!({"ns": ns}))])],
-        json!({}),
-    );
-    create_set(client, &ns, &set).await;
-    ns
-}
 
 async fn owners(client: &kube::Client, namespaces: &[String]) -> BTreeMap<String, String> {
     let mut owners = BTreeMap::new();
@@ -86,10 +76,7 @@ async fn replicas_share_namespaces_and_take_over_a_killed_one() {
             wait_coordinating(&leases, &replicas[0]).await;
         }
     }
-    let mut namespaces = Vec::new();
-    for i in 0..12 {
-        namespaces.push(set_in_new_namespace(&client, &format!("shard-{i:02}")).await);
-    }
+    let namespaces = namespaces_with_a_set("shard", "shared", 12).await;
     for ns in &namespaces {
         wait_condition(&client, ns, "shared", "Available", "True", None).await;
     }
@@ -220,13 +207,7 @@ async fn replicas_share_namespaces_and_take_over_a_killed_one() {
         .unwrap();
     assert!(relabels >= 1, "relabelling not measured");
     let ns = &victim_ns;
-    let after = object_set(
-        "after-kill",
-        &[("config", vec![configmap("after-kill-cm", json!({}))])],
-        json!({}),
-    );
-    create_set(&client, ns, &after).await;
-    wait_condition(&client, ns, "after-kill", "Available", "True", None).await;
+    a_new_set_becomes_available(&client, ns, "after-kill").await;
     wait_until("the deleted set finalized", TIMEOUT, || async {
         match victim_sets.get_opt("doomed").await {
             Ok(None) => Ok(()),

@@ -3,10 +3,11 @@
 //! coordinate.
 
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::Api;
+use kube::{Api, Client};
 use pko_testenv::{sharded_manager_args, wait_until, ManagerProcess, SHARD_COORDINATOR_LEASE};
+use serde_json::json;
 
-use super::{env, TIMEOUT};
+use super::{configmap, create_set, env, object_set, wait_condition, TIMEOUT};
 
 /// A fresh Lease namespace (named after `prefix`) and the arguments of replicas whose Leases last
 /// `lease_seconds`.
@@ -35,4 +36,41 @@ pub async fn wait_coordinating(leases: &Api<Lease>, replica: &ManagerProcess) {
     })
     .await
     .unwrap();
+}
+
+/// `count` new namespaces `<prefix>-NN`, each with an ObjectSet `set` of one ConfigMap `<set>-cm`
+/// (created, not yet waited on).
+pub async fn namespaces_with_a_set(prefix: &str, set: &str, count: usize) -> Vec<String> {
+    let client = env().management().client().await.unwrap();
+    let mut namespaces = Vec::new();
+    for i in 0..count {
+        let ns = env()
+            .management()
+            .create_namespace(&format!("{prefix}-{i:02}"))
+            .await
+            .unwrap();
+        let object_set = object_set(
+            set,
+            &[(
+                "config",
+                vec![configmap(&format!("{set}-cm"), json!({"ns": ns}))],
+            )],
+            json!({}),
+        );
+        create_set(&client, &ns, &object_set).await;
+        namespaces.push(ns);
+    }
+    namespaces
+}
+
+/// Creates an ObjectSet `name` of one ConfigMap in `ns` and waits until it is Available: whoever owns
+/// the namespace works on it.
+pub async fn a_new_set_becomes_available(client: &Client, ns: &str, name: &str) {
+    let set = object_set(
+        name,
+        &[("config", vec![configmap(&format!("{name}-cm"), json!({}))])],
+        json!({}),
+    );
+    create_set(client, ns, &set).await;
+    wait_condition(client, ns, name, "Available", "True", None).await;
 }
