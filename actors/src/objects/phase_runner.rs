@@ -64,12 +64,12 @@ pub async fn reconcile_phase(
 ) -> PhaseReport {
     // Every kind known and every namespace fitting its scope before the first write: a phase with a bad
     // object writes nothing.
-    let preflight: Vec<ApplyError> = stream::iter(plan.objects.iter())
-        .map(|d| applier.preflight(&d.key))
-        .buffered(APPLY_CONCURRENCY)
-        .filter_map(|r| async move { r.err() })
-        .collect()
-        .await;
+    let preflight: Vec<ApplyError> =
+        each_in_plan_order(&plan.objects, |d| applier.preflight(&d.key))
+            .await
+            .into_iter()
+            .filter_map(Result::err)
+            .collect();
     if !preflight.is_empty() {
         let transient_error = preflight.iter().any(is_transient);
         let messages: Vec<String> = preflight.iter().map(ToString::to_string).collect();
@@ -83,16 +83,13 @@ pub async fn reconcile_phase(
     }
     let snapshot: &AppliedHashes = applied;
     let prefetched = &prefetch(applier, cache, &plan.objects).await;
-    let outcomes: Vec<ObjectOutcome> = stream::iter(plan.objects.iter())
-        .map(|desired| async move {
-            let last = snapshot.get(&desired.key).copied();
-            reconcile_object(applier, cache, prefetched, plan, desired, last, paused)
-                .await
-                .unwrap_or_else(|e| ObjectOutcome::Failed(desired.key.clone(), e))
-        })
-        .buffered(APPLY_CONCURRENCY)
-        .collect()
-        .await;
+    let outcomes: Vec<ObjectOutcome> = each_in_plan_order(&plan.objects, |desired| async move {
+        let last = snapshot.get(&desired.key).copied();
+        reconcile_object(applier, cache, prefetched, plan, desired, last, paused)
+            .await
+            .unwrap_or_else(|e| ObjectOutcome::Failed(desired.key.clone(), e))
+    })
+    .await;
 
     let mut probed = probe_off_thread(plan, &outcomes).await;
     let mut findings = Vec::with_capacity(plan.objects.len());
@@ -225,6 +222,27 @@ fn phase_availability(phase: &Value) -> Option<(String, String)> {
             .to_owned()
     };
     current_condition(phase, "Available").map(|c| (text(c, "reason"), text(c, "message")))
+}
+
+/// Runs `run` for each of `items` with [`APPLY_CONCURRENCY`] requests in flight the whole time, and
+/// returns the outputs in the items' order. An ordered buffer (`buffered`) starts the next request
+/// only once the oldest one answered, so one slow answer held back every request behind it and the
+/// phase ran with fewer in flight than allowed.
+async fn each_in_plan_order<'a, I, T, F, Fut>(items: &'a [I], run: F) -> Vec<T>
+where
+    F: Fn(&'a I) -> Fut,
+    Fut: std::future::Future<Output = T>,
+{
+    let mut outputs: Vec<(usize, T)> = stream::iter(items.iter().enumerate())
+        .map(|(index, item)| {
+            let output = run(item);
+            async move { (index, output.await) }
+        })
+        .buffer_unordered(APPLY_CONCURRENCY)
+        .collect()
+        .await;
+    outputs.sort_unstable_by_key(|(index, _)| *index);
+    outputs.into_iter().map(|(_, output)| output).collect()
 }
 
 fn is_transient(error: &ApplyError) -> bool {
@@ -500,6 +518,30 @@ pub async fn teardown_phase(
 mod tests {
     use super::*;
     use serde_json::json;
+    use tokio::time::{sleep, Instant};
+
+    /// One slow answer does not hold back the requests behind it, and the outputs keep their order.
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_request_does_not_hold_back_the_ones_behind_it() {
+        let started = Instant::now();
+        let items: Vec<usize> = (0..APPLY_CONCURRENCY * 2).collect();
+        let outputs = each_in_plan_order(&items, |i| async move {
+            let waited_for_a_slot = started.elapsed();
+            sleep(Duration::from_millis(if *i == 0 { 10_000 } else { 10 })).await;
+            (*i, waited_for_a_slot)
+        })
+        .await;
+        assert_eq!(
+            outputs.iter().map(|(i, _)| *i).collect::<Vec<_>>(),
+            items,
+            "outputs in the items' order"
+        );
+        let last_start = outputs.iter().map(|(_, w)| *w).max().unwrap();
+        assert!(
+            last_start < Duration::from_secs(1),
+            "the last request started only after {last_start:?}: the slow first one held it back"
+        );
+    }
 
     #[test]
     fn a_delegated_phase_says_why_only_for_its_current_generation() {
