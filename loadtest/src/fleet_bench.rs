@@ -28,6 +28,7 @@ use pko_testenv::{
 };
 use serde_json::json;
 
+use crate::apiserver_requests::request_counts;
 use crate::object_set_bench::{manager_path, manager_request_samples, percentile};
 use crate::process_usage::usage;
 
@@ -300,18 +301,6 @@ async fn measure(bench: &FleetBench) -> Result<(), String> {
     Ok(())
 }
 
-/// An apiserver's own metrics (its `/metrics`, as its admin).
-pub(crate) async fn apiserver_metrics(server: &ApiServer) -> Result<String, String> {
-    let client = server.client().await.map_err(|e| e.to_string())?;
-    let request = http::Request::get("/metrics")
-        .body(Vec::new())
-        .map_err(|e| e.to_string())?;
-    client
-        .request_text(request)
-        .await
-        .map_err(|e| format!("{} /metrics: {e}", server.name()))
-}
-
 /// The HostedCluster stand-in and Widget CRDs in `server`, a management cluster of the fleet; its client.
 pub(crate) async fn install_fleet_crds(server: &ApiServer) -> Result<kube::Client, String> {
     let client = server.client().await.map_err(|e| e.to_string())?;
@@ -322,20 +311,6 @@ pub(crate) async fn install_fleet_crds(server: &ApiServer) -> Result<kube::Clien
         .await
         .map_err(|e| e.to_string())?;
     Ok(client)
-}
-
-/// Requests served by every apiserver so far, per verb and resource (`apiserver_request_total`).
-pub(crate) async fn request_counts(
-    servers: &[&ApiServer],
-) -> Result<BTreeMap<String, f64>, String> {
-    let mut counts = BTreeMap::new();
-    for server in servers {
-        let text = apiserver_metrics(server).await?;
-        for (key, value) in text.lines().filter_map(request_sample) {
-            *counts.entry(key).or_insert(0.0) += value;
-        }
-    }
-    Ok(counts)
 }
 
 /// Requests the managers sent so far, by verb (their own `pko_apiserver_requests_total`, every answer).
@@ -377,27 +352,6 @@ fn print_manager_requests(
         "  sent by the managers: {total:.1} per Package update ({})",
         by_verb.join(", ")
     );
-}
-
-/// `verb resource[/subresource]` and the count of one `apiserver_request_total` sample.
-fn request_sample(line: &str) -> Option<(String, f64)> {
-    let rest = line.strip_prefix("apiserver_request_total{")?;
-    let (labels, value) = rest.rsplit_once("} ")?;
-    let label = |name: &str| {
-        labels
-            .split("\",")
-            .find_map(|pair| pair.strip_prefix(&format!("{name}=\"")))
-            .map(|v| v.trim_end_matches('"'))
-            .unwrap_or_default()
-    };
-    let resource = match label("subresource") {
-        "" => label("resource").to_owned(),
-        sub => format!("{}/{sub}", label("resource")),
-    };
-    Some((
-        format!("{} {resource}", label("verb")),
-        value.trim().parse().ok()?,
-    ))
 }
 
 fn print_request_mix(
@@ -674,24 +628,4 @@ fn print_lags(label: &str, mut lags: Vec<Duration>) {
         lags[lags.len() - 1].as_secs_f64() * 1e3,
         lags.len()
     );
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn request_samples_are_keyed_by_verb_and_resource() {
-        let line = r#"apiserver_request_total{code="200",component="apiserver",dry_run="",group="package-operator.run",resource="objectsets",scope="resource",subresource="status",verb="PATCH",version="v1alpha1"} 17"#;
-        assert_eq!(
-            request_sample(line),
-            Some(("PATCH objectsets/status".to_owned(), 17.0))
-        );
-        let line = r#"apiserver_request_total{code="200",resource="widgets",subresource="",verb="LIST"} 3"#;
-        assert_eq!(request_sample(line), Some(("LIST widgets".to_owned(), 3.0)));
-        assert_eq!(
-            request_sample("apiserver_request_duration_seconds_count 4"),
-            None
-        );
-    }
 }

@@ -8,6 +8,7 @@
 //! (or one of `--replicas N` sharded replicas) restarting over a settled fleet, and the writes it makes. `chaos`: a seeded
 //! schedule of faults at once under continuous releases, judged by an independent observer.
 
+mod apiserver_requests;
 mod chaos;
 mod env_startup;
 mod fleet_bench;

@@ -5,6 +5,7 @@
 //! a change of a probed object to the set's Available condition flipping; (4) the time the admission
 //! webhook adds to an ObjectSet update, against the same patch of an ObjectSlice that is not reviewed.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -15,9 +16,11 @@ use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
 use pko_proto::core::object_set::ObjectSet;
-use pko_proto::well_known::SERVICE_ACCOUNT_ANNOTATION;
+use pko_proto::well_known::{CACHE_LABEL, REVISION_ANNOTATION, SERVICE_ACCOUNT_ANNOTATION};
 use pko_testenv::{wait_until, EnvConfig, ManagerLaunch, ManagerProcess, OtlpReceiver, TestEnv};
 use serde_json::{json, Value};
+
+use crate::apiserver_requests::request_counts;
 
 const TIMEOUT: Duration = Duration::from_secs(600);
 /// Applies the concurrent baseline keeps in flight: what one phase of the manager keeps
@@ -268,25 +271,9 @@ async fn measure(
         .create_namespace("bench-concurrent")
         .await
         .map_err(|e| e.to_string())?;
-    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
     let cpu = CpuMeter::new(&pko, mgmt.pid());
-    let started = Instant::now();
-    let applied: Vec<Result<ConfigMap, kube::Error>> = futures::stream::iter(0..objects)
-        .map(|i| {
-            let (cms, params) = (&cms, &params);
-            async move {
-                cms.patch(&format!("cm-{i:04}"), params, &Patch::Apply(&configmap(i)))
-                    .await
-            }
-        })
-        .buffer_unordered(APPLIES_IN_FLIGHT)
-        .collect()
-        .await;
-    applied
-        .into_iter()
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| e.to_string())?;
-    let concurrent = started.elapsed();
+    let concurrent =
+        apply_concurrently(&Api::namespaced(client.clone(), &ns), objects, configmap).await?;
     let cpu_concurrent = cpu.since()?;
 
     // (1c) The same objects as an ObjectSet in three phases.
@@ -312,8 +299,10 @@ async fn measure(
     let writes_before = pko.metric("pko_object_writes_total").await?;
     let failed_before = failed_requests(&pko).await?;
     let cpu = CpuMeter::new(&pko, mgmt.pid());
+    let served_before = request_counts(&[mgmt]).await?;
     let engine = create_until_available(&sets, &set).await?;
     let cpu_set = cpu.since()?;
+    let served_set = served_since(&served_before, &request_counts(&[mgmt]).await?);
     let writes_first = pko.metric("pko_object_writes_total").await? - writes_before;
     // Writes are counted per attempt: a retried apply shows here with the answer that made it retry.
     let failed_first: Vec<String> = failed_requests(&pko)
@@ -336,6 +325,37 @@ async fn measure(
     let engine_warm = create_until_available(&Api::namespaced(client.clone(), &ns), &set).await?;
     let cpu_warm = cpu.since()?;
     let writes_warm = pko.metric("pko_object_writes_total").await? - writes_before;
+
+    // (1e) The concurrent baseline with the metadata pko gives each object (its cache label, which the
+    // manager watches, the revision annotation and a controller reference): what the apiserver spends
+    // on pko's objects beyond the bare ones.
+    let ns = mgmt
+        .create_namespace("bench-marked")
+        .await
+        .map_err(|e| e.to_string())?;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let owner = cms
+        .patch(
+            "owner",
+            &params,
+            &Patch::Apply(
+                &json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "owner"}}),
+            ),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    let owner_uid = owner.metadata.uid.unwrap_or_default();
+    let marked = |i: usize| {
+        let mut cm = configmap(i);
+        cm["metadata"]["labels"] = json!({CACHE_LABEL: "True"});
+        cm["metadata"]["annotations"] = json!({REVISION_ANNOTATION: "1"});
+        cm["metadata"]["ownerReferences"] = json!([{"apiVersion": "v1", "kind": "ConfigMap", "name": "owner",
+            "uid": owner_uid, "controller": true, "blockOwnerDeletion": true}]);
+        cm
+    };
+    let cpu = CpuMeter::new(&pko, mgmt.pid());
+    let concurrent_marked = apply_concurrently(&cms, objects, marked).await?;
+    let cpu_marked = cpu.since()?;
 
     // (2) Re-reconcile every phase of the unchanged set: pausing and resuming it (the phases and probes
     // are immutable) makes two new generations that touch no object, so every phase runs again.
@@ -525,7 +545,20 @@ async fn measure(
         concurrent.as_secs_f64(),
         concurrent.as_secs_f64() / baseline.as_secs_f64()
     );
+    println!(
+        "  the same, marked as pko marks them: {:>8.2} s  ({:.2}x the bare ones; CPU {cpu_marked})",
+        concurrent_marked.as_secs_f64(),
+        concurrent_marked.as_secs_f64() / concurrent.as_secs_f64()
+    );
     println!("  ObjectSet create -> Available:      {:>8.2} s  ({:.2}x the loop, {:.2}x {APPLIES_IN_FLIGHT} in flight; {writes_first} object writes)", engine.as_secs_f64(), engine.as_secs_f64() / baseline.as_secs_f64(), engine.as_secs_f64() / concurrent.as_secs_f64());
+    println!(
+        "  served by the apiserver meanwhile:  {}",
+        served_set
+            .iter()
+            .map(|(request, n)| format!("{request} {n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     println!("  the same set again, kind now known:  {:>8.2} s  ({:.2}x the loop, {:.2}x {APPLIES_IN_FLIGHT} in flight; {writes_warm} object writes)", engine_warm.as_secs_f64(), engine_warm.as_secs_f64() / baseline.as_secs_f64(), engine_warm.as_secs_f64() / concurrent.as_secs_f64());
     println!(
         "  CPU (manager, apiserver):           loop {cpu_loop}; {APPLIES_IN_FLIGHT} in flight {cpu_concurrent}; set {cpu_set}; again {cpu_warm}"
@@ -566,6 +599,51 @@ async fn measure(
     );
     println!("  manager RSS at the end:             {manager_rss_mib} MiB");
     Ok(())
+}
+
+/// Server-side applies `objects` ConfigMaps shaped by `shape`, [`APPLIES_IN_FLIGHT`] at a time; how
+/// long they took.
+async fn apply_concurrently(
+    cms: &Api<ConfigMap>,
+    objects: usize,
+    shape: impl Fn(usize) -> Value,
+) -> Result<Duration, String> {
+    let params = PatchParams::apply("bench").force();
+    let started = Instant::now();
+    let applied: Vec<Result<ConfigMap, kube::Error>> = futures::stream::iter(0..objects)
+        .map(|i| {
+            let (params, body) = (&params, shape(i));
+            async move {
+                cms.patch(&format!("cm-{i:04}"), params, &Patch::Apply(&body))
+                    .await
+            }
+        })
+        .buffer_unordered(APPLIES_IN_FLIGHT)
+        .collect()
+        .await;
+    applied
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| e.to_string())?;
+    Ok(started.elapsed())
+}
+
+/// The requests served between two counts of [`request_counts`], most first (Lease renewals aside).
+fn served_since(
+    before: &BTreeMap<String, f64>,
+    after: &BTreeMap<String, f64>,
+) -> Vec<(String, u64)> {
+    let mut served: Vec<(String, u64)> = after
+        .iter()
+        .filter(|(request, _)| !request.ends_with(" leases"))
+        .map(|(request, n)| {
+            let new = n - before.get(request).copied().unwrap_or(0.0);
+            (request.clone(), new.round() as u64)
+        })
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    served.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    served
 }
 
 /// Namespaces measured for the memory of impersonating clients.

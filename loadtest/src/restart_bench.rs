@@ -15,7 +15,7 @@ use kube::Client;
 use pko_proto::core::hosted_cluster_package::HostedClusterPackage;
 use pko_testenv::{ManagerLaunch, ManagerProcess, TestEnv};
 
-use crate::fleet_bench::request_counts;
+use crate::apiserver_requests::request_counts;
 use crate::object_set_bench::{manager_path, start_with_manager};
 use crate::process_usage::usage;
 use crate::rollout_bench::{create_hcpkg, fleet, follow_rollout, wait_connectors, Images};

@@ -16,10 +16,11 @@ use pko_proto::well_known::SHARD_OWNER_LABEL;
 use pko_testenv::workload::widget_resource;
 use pko_testenv::{wait_until, ApiServer, FleetNats};
 
+use crate::apiserver_requests::apiserver_metrics;
 use crate::chaos::event_stream::stream_findings;
 use crate::chaos::faults::RssSample;
 use crate::chaos::topology::{ClusterUnderTest, CLUSTERS, NAME};
-use crate::fleet_bench::{apiserver_metrics, stored};
+use crate::fleet_bench::stored;
 
 /// How long deletions may still take at the end (namespaces, ObjectSets' finalizers).
 const CLEANUP_BOUND: Duration = Duration::from_secs(120);
