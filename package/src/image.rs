@@ -19,6 +19,8 @@ use oci_client::manifest::{
 };
 use oci_client::secrets::RegistryAuth;
 use oci_client::{Client, Reference};
+
+use crate::image_reference;
 use tracing::instrument;
 
 use super::files::{is_hidden, PackageFiles};
@@ -385,12 +387,10 @@ impl ImageStore {
 }
 
 fn parse_reference(image: &str) -> Result<Reference, ImageError> {
-    image
-        .parse()
-        .map_err(|e: oci_client::ParseError| ImageError::Reference {
-            reference: image.to_owned(),
-            message: e.to_string(),
-        })
+    image_reference::parse_reference(image).map_err(|e| ImageError::Reference {
+        reference: image.to_owned(),
+        message: e.to_string(),
+    })
 }
 
 fn registry_error(image: &str, error: OciDistributionError) -> ImageError {

@@ -18,6 +18,7 @@ pub mod hbs_template;
 pub mod image;
 pub mod image_limits;
 pub mod image_lock;
+pub mod image_reference;
 pub mod loader;
 pub mod manifest;
 pub mod object_checks;
