@@ -182,40 +182,16 @@ mod tests {
     fn references_split_into_registry_repository_tag_and_digest() {
         let digest = format!("sha256:{}", "f".repeat(64));
         let cases = [
-            (
-                "busybox",
-                ("docker.io", "library/busybox", Some("latest"), None),
-            ),
-            (
-                "test.com:5000",
-                ("docker.io", "library/test.com", Some("5000"), None),
-            ),
-            (
-                "localhost:5000/pkg:v1",
-                ("localhost:5000", "pkg", Some("v1"), None),
-            ),
-            (
-                "127.0.0.1:5000/a/b",
-                ("127.0.0.1:5000", "a/b", Some("latest"), None),
-            ),
-            (
-                "index.docker.io/x",
-                ("docker.io", "library/x", Some("latest"), None),
-            ),
-            (
-                "quay.io/a--b/c__d.e",
-                ("quay.io", "a--b/c__d.e", Some("latest"), None),
-            ),
+            ("busybox", "docker.io", "library/busybox", "latest"),
+            ("test.com:5000", "docker.io", "library/test.com", "5000"),
+            ("localhost:5000/pkg:v1", "localhost:5000", "pkg", "v1"),
+            ("127.0.0.1:5000/a/b", "127.0.0.1:5000", "a/b", "latest"),
+            ("index.docker.io/x", "docker.io", "library/x", "latest"),
+            ("quay.io/a--b/c__d.e", "quay.io", "a--b/c__d.e", "latest"),
         ];
-        for (image, (registry, repository, tag, digest)) in cases {
-            let got = parse_reference(image).unwrap();
-            let want = (
-                registry.to_owned(),
-                repository.to_owned(),
-                tag.map(str::to_owned),
-                digest,
-            );
-            assert_eq!(parts(&got), want, "{image}");
+        for (image, registry, repository, tag) in cases {
+            let want = (registry.into(), repository.into(), Some(tag.into()), None);
+            assert_eq!(parts(&parse_reference(image).unwrap()), want, "{image}");
         }
         let pinned = parse_reference(&format!("quay.io/p:v1@{digest}")).unwrap();
         assert_eq!(pinned.tag(), Some("v1"));
