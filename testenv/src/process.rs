@@ -313,6 +313,7 @@ where
 }
 
 /// Sends `signal` (`-STOP`, `-KILL`, ...) to process `pid`, which `name` names in errors.
+#[cfg(feature = "cluster")]
 pub(crate) fn signal_process(
     name: &str,
     pid: u32,
