@@ -29,6 +29,15 @@ pub async fn request_counts(servers: &[&ApiServer]) -> Result<BTreeMap<String, f
     Ok(counts)
 }
 
+/// The requests whose count grew between two counts of [`request_counts`], and by how much.
+pub fn delta(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>) -> Vec<(String, f64)> {
+    after
+        .iter()
+        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0.0)))
+        .filter(|(_, v)| *v > 0.0)
+        .collect()
+}
+
 /// `verb resource[/subresource]` and the count of one `apiserver_request_total` sample.
 fn request_sample(line: &str) -> Option<(String, f64)> {
     let rest = line.strip_prefix("apiserver_request_total{")?;

@@ -28,7 +28,7 @@ use pko_testenv::{
 };
 use serde_json::json;
 
-use crate::apiserver_requests::request_counts;
+use crate::apiserver_requests::{delta, request_counts};
 use crate::object_set_bench::{manager_path, manager_request_samples, percentile};
 use crate::process_usage::usage;
 
@@ -359,11 +359,7 @@ fn print_request_mix(
     after: &BTreeMap<String, f64>,
     updates: usize,
 ) {
-    let mut mix: Vec<(&String, f64)> = after
-        .iter()
-        .map(|(k, v)| (k, v - before.get(k).copied().unwrap_or(0.0)))
-        .filter(|(_, v)| *v > 0.0)
-        .collect();
+    let mut mix = delta(before, after);
     mix.sort_by(|a, b| b.1.total_cmp(&a.1));
     let total: f64 = mix.iter().map(|(_, v)| v).sum();
     println!(

@@ -20,7 +20,7 @@ use pko_proto::well_known::{CACHE_LABEL, REVISION_ANNOTATION, SERVICE_ACCOUNT_AN
 use pko_testenv::{wait_until, EnvConfig, ManagerLaunch, ManagerProcess, OtlpReceiver, TestEnv};
 use serde_json::{json, Value};
 
-use crate::apiserver_requests::request_counts;
+use crate::apiserver_requests::{delta, request_counts};
 
 const TIMEOUT: Duration = Duration::from_secs(600);
 /// Applies the concurrent baseline keeps in flight: what one phase of the manager keeps
@@ -632,17 +632,10 @@ async fn apply_concurrently(
 fn served_since(
     before: &BTreeMap<String, f64>,
     after: &BTreeMap<String, f64>,
-) -> Vec<(String, u64)> {
-    let mut served: Vec<(String, u64)> = after
-        .iter()
-        .filter(|(request, _)| !request.ends_with(" leases"))
-        .map(|(request, n)| {
-            let new = n - before.get(request).copied().unwrap_or(0.0);
-            (request.clone(), new.round() as u64)
-        })
-        .filter(|(_, n)| *n > 0)
-        .collect();
-    served.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+) -> Vec<(String, f64)> {
+    let mut served = delta(before, after);
+    served.retain(|(request, _)| !request.ends_with(" leases"));
+    served.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
     served
 }
 

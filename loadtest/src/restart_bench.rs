@@ -15,7 +15,7 @@ use kube::Client;
 use pko_proto::core::hosted_cluster_package::HostedClusterPackage;
 use pko_testenv::{ManagerLaunch, ManagerProcess, TestEnv};
 
-use crate::apiserver_requests::request_counts;
+use crate::apiserver_requests::{delta, request_counts};
 use crate::object_set_bench::{manager_path, start_with_manager};
 use crate::process_usage::usage;
 use crate::rollout_bench::{create_hcpkg, fleet, follow_rollout, wait_connectors, Images};
@@ -97,15 +97,6 @@ pub fn writes(counts: &BTreeMap<String, f64>) -> BTreeMap<String, f64> {
             matches!(verb, "POST" | "PUT" | "PATCH" | "APPLY" | "DELETE") && resource != "leases"
         })
         .map(|(k, v)| (k.clone(), *v))
-        .collect()
-}
-
-/// What changed between two counts.
-pub fn delta(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>) -> Vec<(String, f64)> {
-    after
-        .iter()
-        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0.0)))
-        .filter(|(_, v)| *v > 0.0)
         .collect()
 }
 

@@ -18,11 +18,11 @@ use kube::Client;
 use pko_proto::well_known::{SHARD_MEMBER_LABEL, SHARD_OWNER_LABEL};
 use pko_testenv::{sharded_manager_args, ManagerProcess};
 
-use crate::apiserver_requests::request_counts;
+use crate::apiserver_requests::{delta, request_counts};
 use crate::object_set_bench::manager_path;
 use crate::process_usage::usage;
 use crate::restart_bench::{
-    delta, live_fleet, reconciles, settle, write_mix, writes, AFTERMATH, GRACE, TIMEOUT,
+    live_fleet, reconciles, settle, write_mix, writes, AFTERMATH, GRACE, TIMEOUT,
 };
 use crate::sharding_bench::{coordinator, sharded_env};
 
