@@ -184,7 +184,9 @@ pub fn reference_applied_only_by(existing: &Value, uid: &str, field_manager: &st
 
 /// `object` as the managed-object cache keeps it: its `managedFields` cut to the one thing pko reads of
 /// them ([`reference_applied_only_by`]: who wrote which owner reference, and how). The field sets are
-/// often the bulk of a small object's metadata and are held for every managed object.
+/// often the bulk of a small object's metadata and are held for every managed object; of the owner
+/// references' sets only their keys are kept (each set's fields are a map of maps, about 1 KB as JSON
+/// values, and nothing reads them).
 pub fn without_unread_field_records(mut object: Value) -> Value {
     let Some(entries) = object
         .pointer_mut("/metadata/managedFields")
@@ -195,10 +197,14 @@ pub fn without_unread_field_records(mut object: Value) -> Value {
     entries.retain_mut(|entry| {
         let Some(references) = entry
             .pointer("/fieldsV1/f:metadata/f:ownerReferences")
-            .cloned()
+            .and_then(Value::as_object)
         else {
             return false;
         };
+        let references: serde_json::Map<String, Value> = references
+            .keys()
+            .map(|key| (key.clone(), Value::Null))
+            .collect();
         let kept = |field: &str| entry.get(field).cloned().unwrap_or(Value::Null);
         *entry = serde_json::json!({
             "manager": kept("manager"),
@@ -425,7 +431,10 @@ mod tests {
 
     #[test]
     fn the_cached_field_records_answer_the_adoption_question_as_the_whole_ones() {
-        let reference = |uid: &str| json!({format!("k:{{\"uid\":\"{uid}\"}}"): {}});
+        let reference = |uid: &str| {
+            json!({format!("k:{{\"uid\":\"{uid}\"}}"): {
+                ".": {}, "f:apiVersion": {}, "f:controller": {}, "f:kind": {}, "f:name": {}, "f:uid": {}}})
+        };
         let entry = |manager: &str, operation: &str, uid: Option<&str>| {
             let mut metadata = json!({"f:labels": {"f:a": {}}});
             if let Some(uid) = uid {
@@ -460,6 +469,8 @@ mod tests {
             }
             assert!(slim.to_string().len() <= whole.to_string().len());
             assert!(!slim.to_string().contains("f:big"));
+            // A reference's own fields are not read: only its key is kept.
+            assert!(!slim.to_string().contains("f:controller"));
         }
     }
 }
