@@ -17,6 +17,7 @@ use super::rollout_metrics::RolloutMetrics;
 use super::source_labels::SourceLabels;
 use super::upstream_metrics::UpstreamMetrics;
 use crate::runtime::api_request_metrics::ApiRequestMetrics;
+use crate::runtime::heap_trim::HeapMetrics;
 use crate::runtime::lease_metrics::LeaseMetrics;
 use crate::runtime::runtime_metrics::RuntimeMetrics;
 use crate::runtime::shard_metrics::ShardMetrics;
@@ -41,6 +42,8 @@ pub struct ManagerMetrics {
     pub fleet: FleetMetrics,
     pub images: ImageFetchMetrics,
     pub leases: LeaseMetrics,
+    /// The allocator's heap and its trims (`runtime::heap_trim`).
+    pub heap: HeapMetrics,
     /// The reconcile shell's and the watch feeds' own.
     pub runtime: RuntimeMetrics,
     rollout_events: RolloutEventMetrics,
@@ -139,6 +142,7 @@ impl ManagerMetrics {
         let fleet = FleetMetrics::default();
         let images = ImageFetchMetrics::default();
         let leases = LeaseMetrics::default();
+        let heap = HeapMetrics::default();
         api.register(&mut registry);
         upstream.register(&mut registry);
         rollouts.register(&mut registry);
@@ -147,6 +151,7 @@ impl ManagerMetrics {
         fleet.register(&mut registry);
         images.register(&mut registry);
         leases.register(&mut registry);
+        heap.register(&mut registry);
         Self {
             registry: Arc::new(RwLock::new(registry)),
             upstream,
@@ -156,6 +161,7 @@ impl ManagerMetrics {
             fleet,
             images,
             leases,
+            heap,
             runtime,
             rollout_events,
             hosted_teardowns_skipped,

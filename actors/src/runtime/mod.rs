@@ -9,6 +9,7 @@ pub mod api_request_metrics;
 pub mod cluster_client;
 pub mod event_sink;
 pub mod feed_sync;
+pub mod heap_trim;
 pub mod kind_feed;
 pub mod known_objects;
 pub mod leader_lease;

@@ -31,6 +31,7 @@ use pko_actors::runtime::api_request_metrics::ApiRequestMetrics;
 use pko_actors::runtime::cluster_client::{
     cluster_config, limited_client, ClientError, DEFAULT_MAX_IN_FLIGHT,
 };
+use pko_actors::runtime::heap_trim;
 use pko_actors::runtime::leader_lease::{LeaseConfig, LeaseError, LeaseHolder};
 use pko_actors::runtime::process_main::{run_system, shutdown_signal, Telemetry};
 use pko_actors::runtime::shard_coordinator;
@@ -427,6 +428,8 @@ async fn run(args: Args) -> Result<(), ManagerError> {
         &api_requests,
     )?;
     let metrics = ManagerMetrics::new(api_requests.clone());
+    // What a burst of work freed goes back to the system instead of staying in the RSS.
+    tokio::spawn(heap_trim::keep_trimmed(metrics.heap.clone()));
     if args.install_crds {
         crd_install::install_crds(&client).await?;
         info!("CRDs installed");
