@@ -101,6 +101,10 @@ enum Measurement {
         /// fresh environment (e.g. 250,500,1000,2000).
         #[arg(long, value_delimiter = ',', default_values_t = [500usize])]
         fleet: Vec<usize>,
+        /// Rolling updates of the measured fleet, one release after another (each printed: an
+        /// archived revision must cost next to nothing, so memory stays flat across releases).
+        #[arg(long, default_value_t = 1)]
+        fleet_releases: usize,
         /// pko-manager binary (default: next to this binary).
         #[arg(long)]
         manager: Option<PathBuf>,
@@ -213,8 +217,9 @@ async fn main() -> std::process::ExitCode {
             handoff_clusters,
             rollouts,
             fleet,
+            fleet_releases,
             manager,
-        } => rollout_bench::run(handoff_clusters, rollouts, fleet, manager).await,
+        } => rollout_bench::run(handoff_clusters, rollouts, fleet, fleet_releases, manager).await,
         Measurement::Restart {
             hosted_clusters,
             replicas,

@@ -4,8 +4,9 @@
 //! template is the rollout's own
 //! overhead; both moments are seen by one watch. (2) The manager's CPU time and memory for a fleet of N
 //! HostedClusters: the fleet arriving (each gets its connector objects), a HostedClusterPackage creating
-//! N Packages, a rolling update across all of them, and the idle fleet afterwards; with several sizes, each
-//! in a fresh environment, then the cost per HostedCluster of each size side by side.
+//! N Packages, rolling updates across all of them (one per release: memory must not grow with the
+//! releases the fleet has been through), and the idle fleet afterwards; with several sizes, each in a
+//! fresh environment, then the cost per HostedCluster of each size side by side.
 
 use pko_proto::well_known::{CONNECTOR_LABEL, HOSTED_CLUSTER_PACKAGE_LABEL};
 use std::collections::{BTreeMap, HashMap};
@@ -41,9 +42,10 @@ pub async fn run(
     handoff_clusters: usize,
     rollouts: usize,
     fleet_sizes: Vec<usize>,
+    releases: usize,
     manager: Option<PathBuf>,
 ) -> ExitCode {
-    match measure(handoff_clusters, rollouts, fleet_sizes, manager).await {
+    match measure(handoff_clusters, rollouts, fleet_sizes, releases, manager).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("pko-loadtest rollout: {e}");
@@ -56,6 +58,7 @@ async fn measure(
     handoff_clusters: usize,
     rollouts: usize,
     fleet_sizes: Vec<usize>,
+    releases: usize,
     manager: Option<PathBuf>,
 ) -> Result<(), String> {
     let manager = manager_path(manager)?;
@@ -68,28 +71,32 @@ async fn measure(
         if i == 0 {
             handoff(&env, &client, &images, handoff_clusters, rollouts).await?;
         }
-        per_cluster.push((size, fleet_cost(&env, &client, &pko, &images, size).await?));
+        let cost = fleet_cost(&env, &client, &pko, &images, size, releases).await?;
+        per_cluster.push((size, cost));
     }
     if per_cluster.len() > 1 {
-        println!("per HostedCluster (the fleet arriving, its Packages created and live, a rolling update):");
+        println!("per HostedCluster (the fleet arriving, its Packages created and live, the rolling updates):");
         for (size, cost) in per_cluster {
             println!(
-                "  {size:>5}: {:.1} ms wall, {:.2} ms manager CPU, {:.0} KiB manager RSS",
+                "  {size:>5}: {:.1} ms wall, {:.2} ms manager CPU, {:.0} KiB manager RSS ({:.0} KiB settled)",
                 cost.wall.as_secs_f64() * 1e3 / size as f64,
                 cost.cpu.as_secs_f64() * 1e3 / size as f64,
-                cost.rss_kib as f64 / size as f64
+                cost.rss_kib as f64 / size as f64,
+                cost.settled_rss_kib as f64 / size as f64
             );
         }
     }
     Ok(())
 }
 
-/// What a fleet cost the manager from before it arrived until its rolling update was done.
+/// What a fleet cost the manager from before it arrived until its last rolling update was done.
 struct FleetCost {
     wall: Duration,
     cpu: Duration,
-    /// RSS growth.
+    /// RSS growth, when the last rolling update was done.
     rss_kib: i64,
+    /// RSS growth after the idle windows.
+    settled_rss_kib: i64,
 }
 
 /// Package images of distinct digests, pushed on demand.
@@ -354,6 +361,7 @@ async fn fleet_cost(
     pko: &ManagerProcess,
     images: &Images,
     size: usize,
+    releases: usize,
 ) -> Result<FleetCost, String> {
     let pid = pko.pid().ok_or("the manager has no pid")?;
     let mut before = usage(pid)?;
@@ -388,21 +396,26 @@ async fn fleet_cost(
         started,
     )?;
 
-    let v2 = images.push("fleet-2", 2_002).await?;
-    let started = Instant::now();
-    let update = set_image(&api, &name, &v2);
-    follow_rollout(client, &name, &v2, size, update).await?;
-    before = step(
-        &format!("rolling update of {size} Packages, maxUnavailable {max_unavailable}"),
-        pid,
-        &before,
-        started,
-    )?;
+    for release in 2..=releases + 1 {
+        let image = images
+            .push(&format!("fleet-{release}"), 2_000 + release)
+            .await?;
+        let started = Instant::now();
+        let update = set_image(&api, &name, &image);
+        follow_rollout(client, &name, &image, size, update).await?;
+        before = step(
+            &format!("release {release}: rolling update of {size} Packages, maxUnavailable {max_unavailable}"),
+            pid,
+            &before,
+            started,
+        )?;
+    }
 
-    let cost = FleetCost {
+    let mut cost = FleetCost {
         wall: started_at.elapsed(),
         cpu: before.cpu.saturating_sub(start.cpu),
         rss_kib: before.rss_kib as i64 - start.rss_kib as i64,
+        settled_rss_kib: 0,
     };
 
     // Afterwards nothing changes: what the manager still does (old revisions archived and torn down)
@@ -421,5 +434,12 @@ async fn fleet_cost(
             started,
         )?;
     }
+    // What the fleet keeps once the manager had time to hand back what the rollouts freed.
+    cost.settled_rss_kib = before.rss_kib as i64 - start.rss_kib as i64;
+    println!(
+        "settled: RSS {:.0} MiB, {:.0} KiB per HostedCluster above the manager before the fleet",
+        before.rss_kib as f64 / 1024.0,
+        cost.settled_rss_kib as f64 / size as f64
+    );
     Ok(cost)
 }
