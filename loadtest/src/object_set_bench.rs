@@ -272,8 +272,13 @@ async fn measure(
         .await
         .map_err(|e| e.to_string())?;
     let cpu = CpuMeter::new(&pko, mgmt.pid());
-    let concurrent =
-        apply_concurrently(&Api::namespaced(client.clone(), &ns), objects, configmap).await?;
+    let concurrent = apply_concurrently(
+        &Api::namespaced(client.clone(), &ns),
+        &params,
+        objects,
+        configmap,
+    )
+    .await?;
     let cpu_concurrent = cpu.since()?;
 
     // (1c) The same objects as an ObjectSet in three phases.
@@ -354,7 +359,7 @@ async fn measure(
         cm
     };
     let cpu = CpuMeter::new(&pko, mgmt.pid());
-    let concurrent_marked = apply_concurrently(&cms, objects, marked).await?;
+    let concurrent_marked = apply_concurrently(&cms, &params, objects, marked).await?;
     let cpu_marked = cpu.since()?;
 
     // (2) Re-reconcile every phase of the unchanged set: pausing and resuming it (the phases and probes
@@ -601,18 +606,18 @@ async fn measure(
     Ok(())
 }
 
-/// Server-side applies `objects` ConfigMaps shaped by `shape`, [`APPLIES_IN_FLIGHT`] at a time; how
-/// long they took.
+/// Server-side applies `objects` ConfigMaps shaped by `shape` with `params`, [`APPLIES_IN_FLIGHT`] at
+/// a time; how long they took.
 async fn apply_concurrently(
     cms: &Api<ConfigMap>,
+    params: &PatchParams,
     objects: usize,
     shape: impl Fn(usize) -> Value,
 ) -> Result<Duration, String> {
-    let params = PatchParams::apply("bench").force();
     let started = Instant::now();
     let applied: Vec<Result<ConfigMap, kube::Error>> = futures::stream::iter(0..objects)
         .map(|i| {
-            let (params, body) = (&params, shape(i));
+            let body = shape(i);
             async move {
                 cms.patch(&format!("cm-{i:04}"), params, &Patch::Apply(&body))
                     .await

@@ -19,14 +19,13 @@ use oci_client::manifest::{
 };
 use oci_client::secrets::RegistryAuth;
 use oci_client::{Client, Reference};
-
-use crate::image_reference;
 use tracing::instrument;
 
 use super::files::{is_hidden, PackageFiles};
 use super::image_limits::{
     check_entry_type, check_path, read_file, BoundedStream, ImageLimits, LimitViolation,
 };
+use super::image_reference;
 use super::registry_slots::RegistrySlots;
 
 /// How long connecting to a registry may take.

@@ -145,11 +145,6 @@ pub async fn keep_trimmed(metrics: HeapMetrics) {
     }
 }
 
-/// The heap as the allocator counts it; `None` with a C library other than glibc.
-pub fn count_heap() -> Option<HeapCount> {
-    allocator_count()
-}
-
 /// What one trim did.
 #[derive(Debug, Clone, Copy)]
 pub struct Trim {
@@ -177,10 +172,10 @@ pub fn resident_bytes() -> Option<u64> {
     Some(pages * 4096)
 }
 
-/// glibc's own count of its heap.
+/// The heap as glibc counts it.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 #[allow(unsafe_code)]
-fn allocator_count() -> Option<HeapCount> {
+pub fn count_heap() -> Option<HeapCount> {
     // SAFETY: mallinfo2 takes no arguments and only reads the allocator's counters (glibc ≥ 2.33).
     let info = unsafe { libc::mallinfo2() };
     let as_u64 = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
@@ -203,7 +198,7 @@ fn allocator_trim() {
 
 /// Another C library: no count, so [`keep_trimmed`] ends at its first look.
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn allocator_count() -> Option<HeapCount> {
+pub fn count_heap() -> Option<HeapCount> {
     None
 }
 
