@@ -6,4 +6,5 @@
 pub mod cluster_facts;
 pub mod package_actor;
 pub mod package_object;
+pub mod package_render;
 pub mod pull_secrets;

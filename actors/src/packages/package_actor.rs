@@ -14,7 +14,7 @@ use pko_proto::core::package::PackageStatus;
 
 use crate::engine::conditions::{find_condition, reported_for};
 use crate::engine::packages::package_deployment::{
-    package_conditions, package_deployment, scope_error, UnpackOutcome,
+    package_conditions, package_deployment, UnpackOutcome,
 };
 use crate::engine::status_hold::StatusHold;
 use crate::engine::transition_events::package_transitions;
@@ -22,6 +22,7 @@ use crate::manager::context::ManagerContext;
 use crate::metrics::upstream_metrics::PackageFacts;
 use crate::objects::object_meta::{creation_seconds, event_reference, tombstone_meta};
 use crate::packages::package_object::{DeploymentView, PackageObject};
+use crate::packages::package_render::{pull_package, render_package};
 use crate::runtime::meta_view::MetaView;
 use crate::runtime::object_actor::{
     work, Action, Notice, ObjectActor, Reconcile, ReconcileError, Report, Work,
@@ -30,11 +31,8 @@ use crate::runtime::reconcile_gate::Backoff;
 use crate::runtime::telemetry::current_traceparent;
 use pko_package::canonical_hash::value_hash;
 use pko_package::chunking::{chunk, ChunkingStrategy};
-use pko_package::environment::{environment_value, package_environment};
-use pko_package::loader::load_installable;
 use pko_proto::well_known::SHARD_OWNER_LABEL;
 use pko_proto::well_known::TRACE_PARENT_ANNOTATION;
-use tracing::{info_span, Instrument};
 
 /// The package's ObjectDeployment changed: its state as the watch delivered it (`None`: deleted).
 #[derive(Debug, Message)]
@@ -80,76 +78,15 @@ async fn unpack(
     slices: Option<BTreeSet<String>>,
     first_unpack: bool,
 ) -> Result<Unpack, kube::Error> {
-    let (auth, credentials) = context
-        .pull_secrets
-        .auth_for(&context.runtime.client, &package.spec.image)
-        .await?;
-    context.metrics.images.credentials(credentials);
-    let started = std::time::Instant::now();
-    let fetched = context
-        .images
-        .fetch(&package.spec.image, &auth)
-        .instrument(info_span!("pull image", pko.image = %package.spec.image))
-        .await;
-    context
-        .metrics
-        .images
-        .fetched(started.elapsed().as_secs_f64());
-    let files = match fetched {
-        Ok((_, files)) => files,
-        Err(e) if e.is_limit() => {
-            return Ok(Unpack::not_applied(
-                UnpackOutcome::ImageRefused(e.to_string()),
-                slices,
-            ))
-        }
-        Err(e) => {
-            // The fix may be a pull secret added or rotated since they were read.
-            context.pull_secrets.forget().await;
-            return Ok(Unpack::not_applied(
-                UnpackOutcome::PullFailed(e.to_string()),
-                slices,
-            ));
-        }
+    let files = match pull_package(context, &package.spec.image).await? {
+        Ok(files) => files,
+        Err(outcome) => return Ok(Unpack::not_applied(outcome, slices)),
     };
-    let hosted_clusters = context
-        .rollouts
-        .clusters
-        .hosted_cluster_for((!package.cluster).then(|| package.namespace()))
-        .await;
-    let facts = context
-        .cluster_facts
-        .read(&context.runtime.client, hosted_clusters)
-        .await?;
-    let environment = environment_value(&package_environment(
-        &facts,
-        (!package.cluster).then(|| package.namespace()),
-    ));
-    // Loading renders the package's templates: CPU work bounded by the render budget
-    // (`pko_package::render_budget`), run on the blocking pool so no template stalls the actors or the
-    // leader Lease, and a panic in it is this Package's problem only.
-    let for_render = package.clone();
-    let render = info_span!("render package");
-    let loaded = tokio::task::spawn_blocking(move || {
-        let _entered = render.enter();
-        load_installable(
-            &files,
-            Some(for_render.spec.component.as_str()),
-            for_render.spec.config.as_ref(),
-            |_, config| for_render.template_context(config, environment),
-        )
-        .map_err(|e| e.to_string())
-    })
-    .await
-    .unwrap_or_else(|e| Err(format!("loading the package failed unexpectedly: {e}")));
-    let mut loaded = match loaded {
+    let mut loaded = match render_package(context, package, files).await? {
         Ok(loaded) => loaded,
-        Err(message) => return Ok(Unpack::not_applied(UnpackOutcome::Invalid(message), slices)),
+        Err(outcome) => return Ok(Unpack::not_applied(outcome, slices)),
     };
     let reference = package.package_ref();
-    if let Some(message) = scope_error(&reference, &loaded) {
-        return Ok(Unpack::not_applied(UnpackOutcome::Invalid(message), slices));
-    }
     let strategy = match ChunkingStrategy::from_annotation(package.chunking_annotation()) {
         Ok(strategy) => strategy,
         Err(message) => return Ok(Unpack::not_applied(UnpackOutcome::Invalid(message), slices)),
