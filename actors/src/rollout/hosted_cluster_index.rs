@@ -38,6 +38,27 @@ pub struct RolloutShared {
     pub hub: Option<Arc<HubLink>>,
     /// Where rollout health checks query, when configured.
     pub prometheus: Option<PrometheusQueries>,
+    /// How release preflights run.
+    pub preflight: PreflightSettings,
+}
+
+/// How release preflights run (`--preflight-*` flags).
+#[derive(Clone, Debug)]
+pub struct PreflightSettings {
+    /// The namespace reports are kept in (the manager's own).
+    pub report_namespace: String,
+    /// How long the pull of a release's image may take before its namespaces are left unchecked: a
+    /// registry that never answers must not hold a rollout forever.
+    pub pull_timeout: std::time::Duration,
+}
+
+impl Default for PreflightSettings {
+    fn default() -> Self {
+        Self {
+            report_namespace: "package-operator-system".to_owned(),
+            pull_timeout: std::time::Duration::from_secs(30),
+        }
+    }
 }
 
 /// What one supervisor selects, and where to tell it that its selection changed.
@@ -224,11 +245,17 @@ impl HostedClusterIndex {
 
     /// The clusters `selector` matches.
     pub fn selected(&self, selector: &LabelSelector) -> Vec<Arc<HostedCluster>> {
-        self.clusters
+        let mut selected: Vec<(ClusterKey, Arc<HostedCluster>)> = self
+            .clusters
             .iter()
             .filter(|c| matches(selector, c.value()))
-            .map(|c| c.value().clone())
-            .collect()
+            .map(|c| (c.key().clone(), c.value().clone()))
+            .collect();
+        // In the apiserver's order (namespace, then name), not the map's: the planner takes a group's
+        // Packages in this order, so which ones a wave updates is the same in every replica, after a
+        // restart, and in `kubectl package rollout simulate`.
+        selected.sort_by(|a, b| a.0.cmp(&b.0));
+        selected.into_iter().map(|(_, c)| c).collect()
     }
 }
 
@@ -275,5 +302,34 @@ mod tests {
             index.hosted_cluster_for(Some("clusters-a-b")).await,
             Some(vec![])
         );
+    }
+
+    /// The selection comes in the apiserver's order whatever the map's, so every replica and the
+    /// simulator take a group's Packages in the same order.
+    #[actix::test]
+    async fn a_selection_is_in_namespace_then_name_order() {
+        let index = HostedClusterIndex::default();
+        let names = ["m", "c", "x", "a", "q", "b", "z", "k"];
+        index.seed(Some(
+            names
+                .iter()
+                .enumerate()
+                .map(|(i, n)| cluster(if i % 2 == 0 { "west" } else { "east" }, n, n))
+                .collect(),
+        ));
+        let selected: Vec<(String, String)> = index
+            .selected(&LabelSelector::default())
+            .iter()
+            .map(|c| {
+                (
+                    c.metadata.namespace.clone().unwrap(),
+                    c.metadata.name.clone().unwrap(),
+                )
+            })
+            .collect();
+        let mut sorted = selected.clone();
+        sorted.sort();
+        assert_eq!(selected, sorted);
+        assert_eq!(selected.len(), names.len());
     }
 }
