@@ -139,6 +139,11 @@ impl HostedClusterSubjects {
         self.subject("phase.teardown")
     }
 
+    /// Requests to dry-run a release's hosted objects (a HostedClusterPackage's preflight).
+    pub fn preview(&self) -> String {
+        self.subject("phase.preview")
+    }
+
     /// Phase reports the connector pushes.
     pub fn status(&self) -> String {
         self.subject("phase.status")
@@ -158,7 +163,7 @@ impl HostedClusterSubjects {
     pub fn connector_permissions(&self) -> NatsPermissions {
         NatsPermissions {
             publish: vec![self.status(), self.hello()],
-            subscribe: vec![self.apply(), self.teardown()],
+            subscribe: vec![self.apply(), self.teardown(), self.preview()],
             allow_responses: true,
         }
     }
@@ -230,6 +235,45 @@ pub struct TeardownPhase {
     pub phase: PhaseRef,
     #[serde(default)]
     pub objects: Vec<ObjectSetObject>,
+}
+
+/// Dry-run these objects in the hosted cluster (`dryRun=All`) and say what its apiserver thinks of
+/// each: a release's preflight. Nothing is written.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PreviewObjects {
+    pub version: u32,
+    /// The HCP namespace the connector serves.
+    pub namespace: String,
+    /// The objects the release creates or changes there.
+    #[serde(default)]
+    pub objects: Vec<Value>,
+}
+
+/// The verdicts of a [`PreviewObjects`], one per object in its order.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PreviewReport {
+    pub version: u32,
+    pub verdicts: Vec<PreviewVerdict>,
+}
+
+/// What the hosted cluster's apiserver said of one object's dry run.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PreviewVerdict {
+    pub outcome: PreviewOutcome,
+    /// The refusal, or why it was not checked.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PreviewOutcome {
+    #[default]
+    Accepted,
+    Refused,
+    Unchecked,
 }
 
 /// Where a phase stands in the hosted cluster.
@@ -385,11 +429,12 @@ mod tests {
         let s = HostedClusterSubjects::new("clusters-hosted-0").unwrap();
         assert_eq!(s.apply(), "pko.v1.hc.clusters-hosted-0.phase.apply");
         assert_eq!(s.teardown(), "pko.v1.hc.clusters-hosted-0.phase.teardown");
+        assert_eq!(s.preview(), "pko.v1.hc.clusters-hosted-0.phase.preview");
         assert_eq!(s.status(), "pko.v1.hc.clusters-hosted-0.phase.status");
         assert_eq!(s.hello(), "pko.v1.hc.clusters-hosted-0.hello");
         assert_eq!(s.all(), "pko.v1.hc.clusters-hosted-0.>");
         let p = s.connector_permissions();
-        assert_eq!(p.subscribe, vec![s.apply(), s.teardown()]);
+        assert_eq!(p.subscribe, vec![s.apply(), s.teardown(), s.preview()]);
         assert_eq!(p.publish, vec![s.status(), s.hello()]);
         assert!(p.allow_responses);
         assert_eq!(

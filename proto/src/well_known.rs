@@ -69,6 +69,15 @@ pub const ROLLOUT_APPROVALS_ANNOTATION: &str = "rollout.package-operator.run/app
 /// On a HostedClusterPackage: the template hash a rollback was asked for (`kubectl package rollout undo`).
 pub const ROLLOUT_UNDO_ANNOTATION: &str = "rollout.package-operator.run/undo";
 
+/// On a HostedClusterPackage: the acceptance of a preflight's refusals (a
+/// [`crate::core::hosted_cluster_package::RolloutApproval`] naming the template hash and the preflight
+/// digest), written by `kubectl package rollout approve --preflight`.
+pub const ROLLOUT_PREFLIGHT_APPROVAL_ANNOTATION: &str =
+    "rollout.package-operator.run/preflight-approval";
+
+/// On a HostedClusterPackage: asks for a new preflight (any value not seen before).
+pub const ROLLOUT_PREFLIGHT_REQUEST_ANNOTATION: &str = "rollout.package-operator.run/preflight";
+
 /// Annotation naming the phase of an object (required).
 pub const PHASE_ANNOTATION: &str = "package-operator.run/phase";
 

@@ -219,7 +219,7 @@ pub async fn connect_hosted_cluster(
         })
 }
 
-async fn apply_namespace(
+pub(crate) async fn apply_namespace(
     api: &Api<Namespace>,
     params: &PatchParams,
     name: &str,

@@ -13,6 +13,9 @@ use crate::error::{io_error, TestEnvError};
 use crate::net::{free_port, http_get};
 use crate::process::{start_with_retries, ManagedProcess};
 
+/// The namespace a manager runs in unless told otherwise (its POD_NAMESPACE default).
+pub const MANAGER_NAMESPACE: &str = "package-operator-system";
+
 const READY_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// A running manager; killed when dropped.
@@ -182,6 +185,21 @@ impl TestEnv {
         launch: &ManagerLaunch<'_>,
         extra_args: &[&str],
     ) -> Result<ManagerProcess, TestEnvError> {
+        // Its namespace exists, as `kubectl apply -k deploy/manager` makes it: what it keeps there (its
+        // Lease, release preflight reports) has a place.
+        let server = launch.apiserver.unwrap_or(self.management());
+        let namespace = launch.namespace.as_deref().unwrap_or(MANAGER_NAMESPACE);
+        let client = server.client().await?;
+        crate::hypershift::apply_namespace(
+            &kube::Api::all(client),
+            &kube::api::PatchParams::apply("pko-testenv").force(),
+            namespace,
+        )
+        .await
+        .map_err(|error| TestEnvError::Kube {
+            server: server.name().to_owned(),
+            source: Box::new(error),
+        })?;
         // Its health port is picked free, then bound by the manager: another process may take it in
         // between, and the manager exits; it is started again on a new port, as the servers are.
         start_with_retries(|_| async {

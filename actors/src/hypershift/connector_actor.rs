@@ -14,7 +14,8 @@ use actix::prelude::*;
 use async_nats::{Message as NatsMessage, Subject};
 use pko_proto::connector_wire::{
     decode, encode, ApplyPhase, ErrorReply, Hello, HostedClusterSubjects, PhaseRef, PhaseReport,
-    TeardownPhase, WireError, WIRE_VERSION,
+    PreviewObjects, PreviewOutcome, PreviewReport, PreviewVerdict, TeardownPhase, WireError,
+    WIRE_VERSION,
 };
 use serde::Serialize;
 use tokio::sync::mpsc;
@@ -23,8 +24,10 @@ use tracing::{debug, info, info_span, warn, Span};
 use crate::engine::hypershift::hosted_phase::{plan_apply, plan_teardown, refused, report_of_run};
 use crate::engine::objects::phase_plan::PhaseOutcome;
 use crate::engine::objects::phase_plan::PhasePlan;
+use crate::engine::rollout::preflight_diff::Verdict;
 use crate::objects::applier::Applier;
 use crate::objects::object_cache::ObjectCache;
+use crate::objects::object_dry_run::{dry_run, Introduced};
 use crate::objects::phase_actor::{PhaseActor, PhaseCommand, PhaseFinished, UpdatePlan};
 use crate::runtime::telemetry::CapturedTrace;
 
@@ -34,6 +37,8 @@ use crate::runtime::telemetry::CapturedTrace;
 pub enum ConnectorInput {
     Apply(NatsMessage),
     Teardown(NatsMessage),
+    /// Dry-run a release's hosted objects (a HostedClusterPackage's preflight).
+    Preview(NatsMessage),
     /// The client (re)connected: announce ourselves.
     Connected,
 }
@@ -337,6 +342,56 @@ fn consumer_span(request: &NatsMessage, phase: &PhaseRef) -> Span {
     span
 }
 
+impl ConnectorActor {
+    /// Dry-runs the objects of a preview request against the hosted cluster, off the actor, and
+    /// answers with a verdict per object. It writes nothing, so it needs no ordering with phase runs.
+    fn on_preview(&mut self, request: NatsMessage, ctx: &mut Context<Self>) {
+        let Some(reply) = request.reply.clone() else {
+            return;
+        };
+        let preview = decode::<PreviewObjects>(&request.payload).and_then(|p| {
+            if p.namespace == self.subjects.namespace() {
+                Ok(p)
+            } else {
+                Err(WireError::InvalidNamespace {
+                    namespace: p.namespace.clone(),
+                    problem: format!("this connector serves {:?}", self.subjects.namespace()),
+                })
+            }
+        });
+        let preview = match preview {
+            Ok(p) => p,
+            Err(error) => return self.reject(&request, &error),
+        };
+        let applier = self.applier.clone();
+        let span = info_span!("preview objects", objects = preview.objects.len());
+        let verdicts = async move {
+            let introduced = Introduced::of(&preview.objects);
+            let mut verdicts = Vec::with_capacity(preview.objects.len());
+            for object in &preview.objects {
+                let (outcome, message) = match dry_run(&applier, object, None, &introduced).await {
+                    Verdict::Accepted => (PreviewOutcome::Accepted, String::new()),
+                    Verdict::Refused(m) => (PreviewOutcome::Refused, m),
+                    Verdict::Unchecked(m) => (PreviewOutcome::Unchecked, m),
+                };
+                verdicts.push(PreviewVerdict { outcome, message });
+            }
+            verdicts
+        };
+        ctx.spawn(
+            fut::wrap_future::<_, Self>(tracing::Instrument::instrument(verdicts, span)).map(
+                move |verdicts, act, _| {
+                    let report = PreviewReport {
+                        version: WIRE_VERSION,
+                        verdicts,
+                    };
+                    act.answer(reply, &report);
+                },
+            ),
+        );
+    }
+}
+
 impl Actor for ConnectorActor {
     type Context = Context<Self>;
 }
@@ -347,6 +402,7 @@ impl Handler<ConnectorInput> for ConnectorActor {
         match input {
             ConnectorInput::Apply(request) => self.on_apply(request, ctx),
             ConnectorInput::Teardown(request) => self.on_teardown(request, ctx),
+            ConnectorInput::Preview(request) => self.on_preview(request, ctx),
             ConnectorInput::Connected => self.hello(),
         }
     }

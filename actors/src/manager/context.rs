@@ -17,7 +17,7 @@ use crate::objects::revision_index::RevisionIndex;
 use crate::packages::cluster_facts::ClusterFacts;
 use crate::packages::pull_secrets::PullSecretSource;
 use crate::rollout::health_queries::PrometheusQueries;
-use crate::rollout::hosted_cluster_index::RolloutShared;
+use crate::rollout::hosted_cluster_index::{PreflightSettings, RolloutShared};
 use crate::rollout::rollout_publisher::RolloutPublisher;
 use crate::runtime::event_sink::EventSink;
 use crate::runtime::feed_sync::FeedSync;
@@ -168,6 +168,15 @@ impl ManagerContext {
         let hub = HubLink::start(link.nats.clone(), member, self.metrics.fleet.clone());
         let rollouts = RolloutShared {
             hub: Some(hub),
+            ..self.rollouts
+        };
+        Self { rollouts, ..self }
+    }
+
+    /// This context, running HostedClusterPackage release preflights with `settings`.
+    pub fn with_preflight(self, settings: PreflightSettings) -> Self {
+        let rollouts = RolloutShared {
+            preflight: settings,
             ..self.rollouts
         };
         Self { rollouts, ..self }

@@ -11,6 +11,7 @@ pub mod fleet_metrics;
 pub mod managed_cache;
 pub mod manager_metrics;
 pub mod package_images;
+pub mod preflight_metrics;
 pub mod rollout_metrics;
 pub mod source_labels;
 pub mod upstream_metrics;

@@ -16,6 +16,7 @@ use crate::engine::conditions::find_condition;
 use crate::engine::rollout::hosted_cluster_package::rollout_settings;
 use crate::engine::rollout::rollout_plan::RolloutStrategy;
 use crate::engine::rollout::rollout_status::{rollout_state, RolloutState, PROGRESSING};
+use crate::metrics::preflight_metrics::PreflightMetrics;
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct CountLabels {
@@ -72,12 +73,15 @@ pub struct RolloutMetrics {
     health_checks: Family<HealthCheckLabels, Counter>,
     status_changes: Family<StatusChangeLabels, Counter>,
     updates_refused: Family<NameLabels, Counter>,
+    /// The preflights of releases.
+    pub preflight: PreflightMetrics,
     /// The partition groups each HostedClusterPackage exports, to drop those that went.
     partitions: Arc<DashMap<String, Vec<String>>>,
 }
 
 impl RolloutMetrics {
     pub(crate) fn register(&self, registry: &mut Registry) {
+        self.preflight.register(registry);
         registry.register(
             "pko_hostedclusterpackage_packages",
             "Packages of a HostedClusterPackage by state: total, updated, available, unavailable, \
@@ -160,6 +164,7 @@ impl RolloutMetrics {
     pub fn hosted_cluster_package(&self, hcpkg: &HostedClusterPackage) {
         let name = hcpkg.metadata.name.clone().unwrap_or_default();
         let status = hcpkg.status.clone().unwrap_or_default();
+        self.preflight.observed(&name, status.preflight.as_ref());
         for (state, read) in COUNTS {
             self.packages
                 .get_or_create(&CountLabels {
@@ -220,6 +225,7 @@ impl RolloutMetrics {
 
     /// A HostedClusterPackage is gone.
     pub fn forget(&self, name: &str) {
+        self.preflight.forget(name);
         self.updates_refused.remove(&NameLabels {
             hostedclusterpackage: name.to_owned(),
         });

@@ -325,6 +325,18 @@ impl Applier {
         Self::to_value(key, stored.map_err(Self::api_error(key))?)
     }
 
+    /// Asks the apiserver whether it would take `body` as [`Applier::apply`] writes it (`dryRun=All`:
+    /// validation, admission webhooks, immutable fields, quota), storing nothing. Not counted as a write.
+    #[instrument(skip(self, body), fields(pko.object.kind = %key.kind, pko.object.name = %key.name, k8s.namespace.name = %key.namespace))]
+    pub async fn dry_run_apply(&self, key: &ObjectKey, body: &Value) -> Result<(), ApplyError> {
+        let api = self.api(key).await?;
+        let params = PatchParams::apply(FIELD_MANAGER).force().dry_run();
+        api.patch(&key.name, &params, &Patch::Apply(body))
+            .await
+            .map(|_| ())
+            .map_err(Self::api_error(key))
+    }
+
     /// Like [`Applier::apply`], but reads the object first and applies only when the apply would change
     /// it ([`apply_is_current`]): what a process that does not know its own last apply (a restarted
     /// manager) uses, so that re-observing an unchanged object costs a read, not a write. Whether it

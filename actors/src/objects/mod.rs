@@ -7,6 +7,7 @@ pub mod applier;
 pub mod deployment_object;
 pub mod object_cache;
 pub mod object_deployment_actor;
+pub mod object_dry_run;
 pub mod object_meta;
 pub mod object_set_actor;
 pub mod object_template_actor;

@@ -20,12 +20,14 @@ use kube::runtime::WatchStreamExt;
 use kube::Api;
 use pko_proto::core::hosted_cluster_package::{HostedClusterPackage, HostedClusterPackageStatus};
 use pko_proto::core::package::{Package, PackageSpec, PackageTemplateSpec};
+use pko_proto::core::rollout_preflight::HostedClusterPackagePreflightStatus;
 use pko_proto::rollout_events::RolloutEvent;
 use tracing::{info_span, Span};
 
 use crate::engine::fleet::promotion_gate::GateVerdict;
 use crate::engine::resource_version::NewestSeen;
 use crate::engine::rollout::hosted_cluster_package::{desired_package, OwnedPackage};
+use crate::engine::rollout::preflight_gate::PreflightRun;
 use crate::engine::rollout::rollout_decision::{
     decide_rollout, GateInput, RolloutDecision, RolloutSnapshot,
 };
@@ -39,6 +41,7 @@ use crate::manager::context::ManagerContext;
 use crate::objects::object_meta::{event_reference, replace_status_over};
 use crate::rollout::hcp_namespace_actor::{HcpNamespaceActor, PackageCommand};
 use crate::rollout::hosted_cluster_index::SelectionChanged;
+use crate::rollout::preflight_tracker::PreflightTracker;
 use crate::runtime::object_actor::{
     done, work, Action, Change, ObjectActor, Reconcile, ReconcileError, Report, Work,
 };
@@ -51,6 +54,7 @@ use pko_proto::well_known::TRACE_PARENT_ANNOTATION;
 mod fleet_hub;
 mod health_checks;
 mod owned_packages;
+mod preflight;
 mod rollout_story;
 
 /// The previous plan, for the events between it and the next.
@@ -111,6 +115,8 @@ struct Guard {
     /// Updates free only because their Package was seen down (`RolloutPlan::update_if_unchanged`),
     /// with the resourceVersion it was seen at: written only over that version.
     if_unchanged: BTreeMap<String, String>,
+    /// The preflight due now, if one is.
+    preflight_run: Option<PreflightRun>,
 }
 
 /// The sooner of two optional delays.
@@ -154,6 +160,10 @@ pub struct HostedClusterPackageController {
     progress_hold: StatusHold,
     /// What the last rollout decision took to make ([`Reconcile::pace`]).
     decision_cost: Duration,
+    /// The newest finished preflight (written to the status by the next decision).
+    preflight: Option<HostedClusterPackagePreflightStatus>,
+    /// The preflight running, and the one waiting out a retry delay.
+    preflights: PreflightTracker,
 }
 
 /// How long a supervisor waits between decisions, in multiples of what the last one took.
@@ -245,6 +255,7 @@ impl Reconcile for HostedClusterPackageController {
             failures: actor.state.failures.clone(),
             gate,
             health: actor.state.health.clone(),
+            preflight: actor.state.preflight.clone(),
         };
         // The decision looks at the whole fleet: it runs off the actor thread, which every other
         // object's actor shares, and what it cost paces the next one (`Reconcile::pace`).
@@ -461,6 +472,7 @@ impl HostedClusterPackageActor {
         };
         again = sooner(again, guard.recheck_after);
         again = sooner(again, self.evaluate_health(guard.health_due, ctx));
+        self.start_preflight(guard.preflight_run, hcpkg, ctx);
         for (namespace, step) in writes {
             let write = info_span!(parent: &step, "write Package", k8s.namespace.name = %namespace);
             let template = match &guard.proven {

@@ -99,6 +99,9 @@ pub enum RolloutCommand {
     /// Show the next steps of a HostedClusterPackage rollout: groups in order, the next wave, and why the
     /// other Packages wait (the manager's own planner).
     Plan(RolloutPlanArgs),
+    /// Show what a HostedClusterPackage release changes where: its preflight's groups of identical
+    /// change, each with its unified diffs and the apiserver's dry-run verdicts.
+    Diff(RolloutDiffArgs),
     /// Approve a group of a HostedClusterPackage rollout for its current template (pko rollout policy).
     Approve(RolloutApproveArgs),
     /// Halt a HostedClusterPackage's current template and roll every Package back to the last template
@@ -115,11 +118,26 @@ pub struct RolloutApproveArgs {
     #[command(flatten)]
     pub positionals: Positionals,
     /// The partition group to approve (`unknown` for the unknown group or a rollout without partitions).
+    #[arg(
+        long,
+        required_unless_present = "preflight",
+        conflicts_with = "preflight"
+    )]
+    pub group: Option<String>,
+    /// Accept the refusals the preflight of the current template found, and let the rollout go on.
     #[arg(long)]
-    pub group: String,
+    pub preflight: bool,
     /// Refuse unless the rollout's current template has this hash (the one reviewed).
     #[arg(long)]
     pub template_hash: Option<String>,
+    /// Refuse unless the preflight of the current template found this change (the digest reviewed
+    /// with `rollout diff`).
+    #[arg(long)]
+    pub preflight_digest: Option<String>,
+    /// Approve the group for the template whatever change its preflight finds (without one, the
+    /// approval names the preflight's digest and counts only for that change).
+    #[arg(long, conflicts_with_all = ["preflight", "preflight_digest"])]
+    pub any_change: bool,
 }
 
 #[derive(Debug, ClapArgs)]
@@ -169,6 +187,21 @@ pub struct FleetStatusArgs {
 pub struct RolloutPlanArgs {
     #[command(flatten)]
     pub positionals: Positionals,
+}
+
+#[derive(Debug, ClapArgs)]
+pub struct RolloutDiffArgs {
+    #[command(flatten)]
+    pub positionals: Positionals,
+    /// `json` for the whole report as the manager keeps it.
+    #[arg(short = 'o', long, default_value = "")]
+    pub output: String,
+    /// Ask the manager for a new preflight first, and wait for it.
+    #[arg(long)]
+    pub refresh: bool,
+    /// With --refresh: give up after this long (30s, 5m).
+    #[arg(long, default_value = "5m")]
+    pub timeout: String,
 }
 
 #[derive(Debug, Subcommand)]

@@ -14,6 +14,7 @@ mod olm_bundle;
 mod registry_auth;
 mod repository;
 mod rollout_control;
+mod rollout_diff;
 mod rollout_follow;
 mod rollout_plan_view;
 mod tree;
@@ -172,6 +173,12 @@ fn run(cli: Cli) -> Outcome {
         } => {
             range_args(&args.positionals.args, 1, 2)?;
             on_cluster(rollout_plan_view::plan(&args, kubeconfig))
+        }
+        Command::Rollout {
+            command: Some(RolloutCommand::Diff(args)),
+        } => {
+            range_args(&args.positionals.args, 1, 2)?;
+            on_cluster(rollout_diff::diff(&args, kubeconfig))
         }
         Command::Rollout {
             command: Some(RolloutCommand::Approve(args)),

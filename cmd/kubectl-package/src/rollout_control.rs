@@ -12,7 +12,9 @@ use pko_engine::api_time::stamp;
 use pko_engine::fleet::promotion_gate::package_template_hash;
 use pko_engine::rollout::rollout_decision::{annotations_approvals, undo_request};
 use pko_proto::core::hosted_cluster_package::{HostedClusterPackage, RolloutApproval};
-use pko_proto::well_known::{ROLLOUT_APPROVALS_ANNOTATION, ROLLOUT_UNDO_ANNOTATION};
+use pko_proto::well_known::{
+    ROLLOUT_APPROVALS_ANNOTATION, ROLLOUT_PREFLIGHT_APPROVAL_ANNOTATION, ROLLOUT_UNDO_ANNOTATION,
+};
 use serde_json::{json, Value};
 
 use crate::args::{Positionals, RolloutApproveArgs};
@@ -76,7 +78,36 @@ fn kubeconfig_user(kubeconfig: Option<&PathBuf>) -> String {
         .unwrap_or_else(|| "unknown".to_owned())
 }
 
-/// `rollout approve hostedclusterpackage/NAME --group G [--template-hash H]`.
+/// The digest of the preflight of `hcpkg`'s template `hash`, checked against the one reviewed.
+fn preflight_digest(
+    hcpkg: &HostedClusterPackage,
+    name: &str,
+    hash: &str,
+    reviewed: Option<&String>,
+) -> Result<String, String> {
+    let digest = hcpkg
+        .status
+        .as_ref()
+        .and_then(|s| s.preflight.as_ref())
+        .filter(|p| p.template_hash == hash)
+        .map(|p| p.digest.clone())
+        .ok_or_else(|| {
+            format!(
+                "the preflight of hostedclusterpackage/{name}'s template {hash} has not finished: \
+                 review it with kubectl package rollout diff once it has"
+            )
+        })?;
+    match reviewed {
+        Some(reviewed) if *reviewed != digest => Err(format!(
+            "the preflight of hostedclusterpackage/{name} now finds change {digest}, not {reviewed}: \
+             review it with kubectl package rollout diff and approve again"
+        )),
+        _ => Ok(digest),
+    }
+}
+
+/// `rollout approve hostedclusterpackage/NAME (--group G | --preflight) [--template-hash H]
+/// [--preflight-digest D | --any-change]`.
 pub async fn approve(
     args: &RolloutApproveArgs,
     kubeconfig: Option<&PathBuf>,
@@ -90,27 +121,44 @@ pub async fn approve(
             ));
         }
     }
+    let digest = if args.any_change {
+        String::new()
+    } else {
+        preflight_digest(&hcpkg, &name, &hash, args.preflight_digest.as_ref())?
+    };
+    let approval = RolloutApproval {
+        template_hash: hash.clone(),
+        approved_by: kubeconfig_user(kubeconfig),
+        approved_at: stamp(Timestamp::now()),
+        preflight_digest: digest.clone(),
+    };
+    let Some(group) = &args.group else {
+        let text = serde_json::to_string(&approval).map_err(|e| e.to_string())?;
+        let annotations = json!({ ROLLOUT_PREFLIGHT_APPROVAL_ANNOTATION: text });
+        patch(
+            &api,
+            &name,
+            &hcpkg,
+            json!({"metadata": {"annotations": annotations}}),
+        )
+        .await?;
+        return Ok(format!(
+            "hostedclusterpackage/{name}: the preflight's refusals accepted for template {hash}, change {digest}"
+        ));
+    };
     let groups: Vec<&str> = hcpkg
         .status
         .as_ref()
         .map(|s| s.partitions.iter().map(|p| p.name.as_str()).collect())
         .unwrap_or_default();
-    if !groups.is_empty() && !groups.contains(&args.group.as_str()) {
+    if !groups.is_empty() && !groups.contains(&group.as_str()) {
         return Err(format!(
-            "hostedclusterpackage/{name} has no group {:?}; its groups: {}",
-            args.group,
+            "hostedclusterpackage/{name} has no group {group:?}; its groups: {}",
             groups.join(", ")
         ));
     }
     let mut approvals = annotations_approvals(&hcpkg);
-    approvals.insert(
-        args.group.clone(),
-        RolloutApproval {
-            template_hash: hash.clone(),
-            approved_by: kubeconfig_user(kubeconfig),
-            approved_at: stamp(Timestamp::now()),
-        },
-    );
+    approvals.insert(group.clone(), approval);
     let text = serde_json::to_string(&approvals).map_err(|e| e.to_string())?;
     patch(
         &api,
@@ -119,9 +167,13 @@ pub async fn approve(
         json!({"metadata": {"annotations": {ROLLOUT_APPROVALS_ANNOTATION: text}}}),
     )
     .await?;
+    let change = if digest.is_empty() {
+        "any change".to_owned()
+    } else {
+        format!("change {digest}")
+    };
     Ok(format!(
-        "hostedclusterpackage/{name}: group {} approved for template {hash}",
-        args.group
+        "hostedclusterpackage/{name}: group {group} approved for template {hash}, {change}"
     ))
 }
 

@@ -80,6 +80,8 @@ pub async fn plan(args: &RolloutPlanArgs, kubeconfig: Option<&PathBuf>) -> Resul
         gate: GateInput::Preview,
         // Health checks are the manager's to evaluate: the preview takes their last results.
         health,
+        // The preflight the manager last finished, as the status keeps it.
+        preflight: None,
     };
     Ok(plan_text(
         &name,
@@ -178,6 +180,8 @@ pub fn plan_text(name: &str, decision: &RolloutDecision) -> String {
                 group_name(&group),
                 current.map(|g| group_name(&g.name)).unwrap_or_default()
             )
+        } else if input.rules.preflight_hold {
+            "the release's preflight holds every update (kubectl package rollout diff)".to_owned()
         } else if let Some(blocked) = &plan.blocked {
             format!(
                 "maxUnavailable {} is used by {}",
@@ -253,6 +257,7 @@ mod tests {
             proven_template: None,
             recheck_after: None,
             health_due: Vec::new(),
+            preflight_run: None,
         }));
         let text = plan_text("addon", &decision);
         assert!(text.contains("1. a: rolling out, 1/2 updated"), "{text}");

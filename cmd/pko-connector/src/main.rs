@@ -170,6 +170,10 @@ async fn run(args: Args) -> Result<(), ConnectorError> {
         .subscribe(subjects.teardown())
         .await
         .map_err(|e| nats_error(e.to_string()))?;
+    let preview = nats
+        .subscribe(subjects.preview())
+        .await
+        .map_err(|e| nats_error(e.to_string()))?;
 
     let applier = Applier::new(hosted.clone());
     let cache = ObjectCache::new(hosted);
@@ -177,6 +181,7 @@ async fn run(args: Args) -> Result<(), ConnectorError> {
     let connector = ConnectorActor::create(move |ctx| {
         ctx.add_stream(apply.map(ConnectorInput::Apply));
         ctx.add_stream(teardown.map(ConnectorInput::Teardown));
+        ctx.add_stream(preview.map(ConnectorInput::Preview));
         ctx.add_stream(futures::stream::unfold(connected, |mut rx| async move {
             rx.recv().await.map(|input| (input, rx))
         }));

@@ -26,6 +26,7 @@ use pko_actors::manager::context::ManagerContext;
 use pko_actors::metrics::manager_metrics::ManagerMetrics;
 use pko_actors::packages::pull_secrets::PullSecretSource;
 use pko_actors::rollout::health_queries::{PrometheusQueries, PrometheusQueriesError};
+use pko_actors::rollout::hosted_cluster_index::PreflightSettings;
 use pko_actors::rollout::rollout_publisher::DEFAULT_OUTBOX_CAPACITY;
 use pko_actors::runtime::api_request_metrics::ApiRequestMetrics;
 use pko_actors::runtime::cluster_client::{
@@ -91,6 +92,10 @@ struct Args {
     /// Namespace of the leader Lease.
     #[arg(long, env = "POD_NAMESPACE", default_value = "package-operator-system")]
     leader_election_namespace: String,
+    /// How long a HostedClusterPackage release preflight waits for its image: past it, the preflight
+    /// leaves its namespaces unchecked instead of holding the rollout.
+    #[arg(long, default_value_t = 30)]
+    preflight_pull_timeout_seconds: u64,
     /// Name of the leader Lease.
     #[arg(long, default_value = "pko-manager")]
     lease_name: String,
@@ -453,6 +458,11 @@ async fn run(args: Args) -> Result<(), ManagerError> {
         metrics.clone(),
     )
     .with_default_service_account(args.default_service_account.clone())
+    .with_preflight(PreflightSettings {
+        // Next to the manager's Lease: a namespace that exists wherever the manager runs.
+        report_namespace: args.leader_election_namespace.clone(),
+        pull_timeout: Duration::from_secs(args.preflight_pull_timeout_seconds),
+    })
     .with_watch_client(limited_client(
         kube_config.clone(),
         args.max_in_flight_requests,

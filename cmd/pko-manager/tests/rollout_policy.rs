@@ -116,7 +116,14 @@ fn shared_env() -> &'static Shared {
                 let manager = env
                     .start_manager(
                         Path::new(env!("CARGO_BIN_EXE_pko-manager")),
-                        &["--prometheus-url", &url],
+                        // A release whose registry never answers is left unchecked by its preflight
+                        // soon, so the deadline test's rollout starts within its wait.
+                        &[
+                            "--prometheus-url",
+                            &url,
+                            "--preflight-pull-timeout-seconds",
+                            "2",
+                        ],
                     )
                     .await
                     .unwrap();
@@ -331,7 +338,15 @@ async fn a_soak_holds_the_next_group_and_approvals_bind_to_their_template() {
     let old_hash = last_good_hash(&first);
     let target = format!("hostedclusterpackage/{name}");
     let approve_late = || cli(&["rollout", "approve", &target, "--group", "late"]);
-    approve_late();
+    // The first template was created everywhere, never updated: it has no preflight to name.
+    cli(&[
+        "rollout",
+        "approve",
+        &target,
+        "--group",
+        "late",
+        "--any-change",
+    ]);
     let approved = api.get(&name).await.unwrap();
     let annotation = &approved.metadata.annotations.unwrap()
         [pko_proto::well_known::ROLLOUT_APPROVALS_ANNOTATION];

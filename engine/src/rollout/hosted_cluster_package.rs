@@ -295,6 +295,7 @@ pub fn rollout_status(
         promotion: None,
         last_succeeded: None,
         halted: None,
+        preflight: None,
         processing: plan
             .processing
             .iter()
@@ -349,6 +350,7 @@ mod tests {
     use super::*;
     use crate::conditions::find_condition;
     use crate::fleet::promotion_gate::{package_template_hash, HubView};
+    use crate::rollout::preflight_gate::passed_preflight;
     use crate::rollout::rollout_decision::*;
     use pko_proto::hypershift::HostedCluster;
 
@@ -684,6 +686,7 @@ mod tests {
     fn snapshot(spec: Value, clusters: Vec<Arc<HostedCluster>>) -> RolloutSnapshot {
         let mut hcpkg = hcpkg(spec);
         hcpkg.metadata.generation = Some(2);
+        let hash = package_template_hash(&hcpkg.spec);
         RolloutSnapshot {
             hcpkg,
             packages: BTreeMap::new(),
@@ -692,6 +695,8 @@ mod tests {
             failures: BTreeMap::new(),
             gate: GateInput::Preview,
             health: BTreeMap::new(),
+            // Every release passed its preflight (`preflight_gate` has the tests of holding for one).
+            preflight: Some(passed_preflight(&hash)),
         }
     }
 

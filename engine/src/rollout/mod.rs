@@ -4,6 +4,9 @@
 
 pub mod health_check;
 pub mod hosted_cluster_package;
+pub mod preflight_diff;
+pub mod preflight_gate;
+pub mod preflight_report;
 pub mod rollout_decision;
 pub mod rollout_events;
 pub mod rollout_guard;

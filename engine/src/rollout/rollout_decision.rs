@@ -12,6 +12,7 @@ use pko_proto::core::hosted_cluster_package::{
     HostedClusterPackageSucceededTemplate, RolloutApprovals,
 };
 use pko_proto::core::package::{PackageSpec, PackageTemplateSpec};
+use pko_proto::core::rollout_preflight::HostedClusterPackagePreflightStatus;
 use pko_proto::hypershift::HostedCluster;
 
 use crate::api_time::{elapsed, stamp};
@@ -22,6 +23,7 @@ use crate::fleet::promotion_gate::{
 use crate::rollout::hosted_cluster_package::{
     invalid_status, package_state, rollout_settings, rollout_status, OwnedPackage, RolloutSettings,
 };
+use crate::rollout::preflight_gate::{step_preflight, PreflightRun, PreflightVerdict};
 use crate::rollout::rollout_guard::{
     annotate_partitions, apply_deadlines, base_rules, carried_halt, failure_halt, guard_conditions,
     hold, new_halt, soak, GuardReport, HaltCause, HealthObservations, Soak, HALTED,
@@ -51,6 +53,8 @@ pub struct RolloutSnapshot {
     pub gate: GateInput,
     /// The latest evaluation of each health check of the rollout policy.
     pub health: HealthObservations,
+    /// The newest finished preflight known (the status's, or a newer one not written yet).
+    pub preflight: Option<HostedClusterPackagePreflightStatus>,
 }
 
 /// What a promotion gate is decided on.
@@ -95,6 +99,8 @@ pub struct RolloutStep {
     pub recheck_after: Option<std::time::Duration>,
     /// Health checks to evaluate now, with the name of the group that soaks.
     pub health_due: Vec<(String, HealthCheck)>,
+    /// The preflight to run now, if one is due.
+    pub preflight_run: Option<PreflightRun>,
 }
 
 /// The rollout step for `snapshot` at `now`: which Packages to create, update and delete (through
@@ -188,7 +194,10 @@ fn guarded_step(
             .collect(),
         rules: GroupRules::default(),
     };
-    input.rules = base_rules(policy, &input, &approvals, spec_hash, rolling_back);
+    let (preflight, preflight_run) = snapshot_preflight(snapshot, &previous, rolling_back);
+    let reviewed = (spec_hash, preflight.digest.as_deref());
+    input.rules = base_rules(policy, &input, &approvals, reviewed, rolling_back);
+    input.rules.preflight_hold = preflight.hold.is_some();
     let proven_template = proven_template(&previous, spec_hash, rolling_back);
     input.rules.proven_template = proven_template.is_some();
     // Soak and health are measured on a plan without soaking: which groups have every Package done.
@@ -230,15 +239,11 @@ fn guarded_step(
         gate: &gate,
         halt,
         held: held.as_deref(),
+        preflight: &preflight,
         since: &since,
         now,
     });
-    let deletes = snapshot
-        .packages
-        .keys()
-        .filter(|ns| !wanted.contains(*ns))
-        .cloned()
-        .collect();
+    let deletes = unwanted(snapshot, &wanted);
     let recheck_after = recheck_after(&input, policy, &since, soaked.recheck_after, now);
     GuardedStep {
         step: RolloutDecision::Planned(Box::new(RolloutStep {
@@ -256,9 +261,37 @@ fn guarded_step(
             } else {
                 soaked.due
             },
+            preflight_run,
         })),
         new_halt,
     }
+}
+
+/// The preflight's say in this decision, from the newest preflight known (the supervisor's, or the
+/// status's).
+fn snapshot_preflight(
+    snapshot: &RolloutSnapshot,
+    previous: &HostedClusterPackageStatus,
+    rolling_back: bool,
+) -> (PreflightVerdict, Option<PreflightRun>) {
+    let last = snapshot.preflight.as_ref().or(previous.preflight.as_ref());
+    step_preflight(
+        &snapshot.hcpkg,
+        &snapshot.clusters,
+        &snapshot.packages,
+        last,
+        rolling_back,
+    )
+}
+
+/// The namespaces whose Package goes: their HostedCluster is gone or no longer selected.
+fn unwanted(snapshot: &RolloutSnapshot, wanted: &BTreeSet<String>) -> Vec<String> {
+    snapshot
+        .packages
+        .keys()
+        .filter(|ns| !wanted.contains(*ns))
+        .cloned()
+        .collect()
 }
 
 /// The last template that finished everywhere, when another one is on trial: what a HostedCluster joining
@@ -363,6 +396,7 @@ struct StepFacts<'a> {
     halt: Option<HostedClusterPackageHalt>,
     /// Why nothing is created or updated (paused, halted), if so.
     held: Option<&'a str>,
+    preflight: &'a PreflightVerdict,
     /// Since when each Package in flight has been.
     since: &'a BTreeMap<String, Timestamp>,
     now: Timestamp,
@@ -383,6 +417,7 @@ fn step_status(facts: StepFacts<'_>) -> HostedClusterPackageStatus {
         gate,
         halt,
         held,
+        preflight,
         since,
         now,
     } = facts;
@@ -443,6 +478,13 @@ fn step_status(facts: StepFacts<'_>) -> HostedClusterPackageStatus {
     if let Some(condition) = gate.condition() {
         set_condition(&mut status.conditions, condition, generation, now);
     }
+    status.preflight = snapshot
+        .preflight
+        .clone()
+        .or_else(|| previous.preflight.clone());
+    if let Some(condition) = preflight.condition.clone() {
+        set_condition(&mut status.conditions, condition, generation, now);
+    }
     status.promotion = match gate {
         GateVerdict::Ungated => None,
         GateVerdict::Open {
@@ -450,7 +492,7 @@ fn step_status(facts: StepFacts<'_>) -> HostedClusterPackageStatus {
         } => Some(opened.clone()),
         GateVerdict::Open { opened: None } | GateVerdict::Closed(_) => previous.promotion.clone(),
     };
-    let notes = progress_notes(gate, held, &snapshot.failures);
+    let notes = progress_notes(gate, held.or(preflight.hold.as_deref()), &snapshot.failures);
     if let Some(c) = status
         .conditions
         .iter_mut()

@@ -41,6 +41,7 @@ pub const ROLLBACK_REQUESTED: &str = "RollbackRequested";
 pub mod group_state {
     pub const PENDING: &str = "Pending";
     pub const AWAITING_APPROVAL: &str = "AwaitingApproval";
+    pub const AWAITING_PREFLIGHT: &str = "AwaitingPreflight";
     pub const PROGRESSING: &str = "Progressing";
     pub const SOAKING: &str = "Soaking";
     pub const FINISHED: &str = "Finished";
@@ -156,11 +157,13 @@ pub fn apply_deadlines(
 
 /// The budget rules that do not depend on soaking: tolerated failures, groups awaiting approval, and
 /// the order of a rollback.
+/// An approval counts for template `spec_hash` only, and one that names a preflight digest only while
+/// `preflight_digest` (the preflight of this template on the current targets) is that digest.
 pub fn base_rules(
     policy: &RolloutPolicy,
     input: &RolloutInput,
     approvals: &RolloutApprovals,
-    spec_hash: &str,
+    (spec_hash, preflight_digest): (&str, Option<&str>),
     rolling_back: bool,
 ) -> GroupRules {
     let keys: BTreeSet<Option<String>> = input
@@ -185,9 +188,11 @@ pub fn base_rules(
                 .count();
             rules.tolerated_failures.insert(key.clone(), max.of(total));
         }
-        let approved = approvals
-            .get(group_name(&key))
-            .is_some_and(|a| a.template_hash == spec_hash);
+        let approved = approvals.get(group_name(&key)).is_some_and(|a| {
+            a.template_hash == spec_hash
+                && (a.preflight_digest.is_empty()
+                    || Some(a.preflight_digest.as_str()) == preflight_digest)
+        });
         if group.require_approval && !approved {
             rules.awaiting_approval.insert(key);
         }
@@ -421,6 +426,12 @@ pub fn annotate_partitions(
             _ if current && rolling_back => group_state::ROLLING_BACK,
             _ if g.done => group_state::SOAKING,
             _ if current
+                && report.input.rules.preflight_hold
+                && g.counts.updated < g.counts.total =>
+            {
+                group_state::AWAITING_PREFLIGHT
+            }
+            _ if current
                 && awaiting
                 && matches!(report.strategy, RolloutStrategy::RollingUpgrade { .. }) =>
             {
@@ -529,10 +540,12 @@ mod tests {
     use crate::fleet::promotion_gate::package_template_hash;
     use crate::objects::deployment_plan::LATEST_REVISION_UNAVAILABLE;
     use crate::rollout::hosted_cluster_package::OwnedPackage;
+    use crate::rollout::preflight_gate::{passed_preflight, preflight_inputs_hash};
     use crate::rollout::rollout_decision::{
         decide_rollout, undo_request, GateInput, RolloutDecision, RolloutSnapshot, RolloutStep,
     };
     use pko_proto::core::hosted_cluster_package::HostedClusterPackage;
+    use pko_proto::core::rollout_preflight::HostedClusterPackagePreflightStatus;
     use pko_proto::hypershift::HostedCluster;
     use proptest::prelude::*;
     use serde_json::{json, Value};
@@ -558,6 +571,8 @@ mod tests {
         /// By namespace: image and state.
         packages: BTreeMap<String, (String, Pkg)>,
         health: HealthObservations,
+        /// The digest every preflight finds.
+        preflight_digest: String,
         now: Timestamp,
     }
 
@@ -579,6 +594,7 @@ mod tests {
                 clusters,
                 packages: BTreeMap::new(),
                 health: BTreeMap::new(),
+                preflight_digest: String::new(),
                 now: t0(),
             }
         }
@@ -605,7 +621,7 @@ mod tests {
         }
 
         fn snapshot(&self) -> RolloutSnapshot {
-            let clusters = self
+            let clusters: Vec<Arc<HostedCluster>> = self
                 .clusters
                 .iter()
                 .map(|(name, group)| {
@@ -644,6 +660,13 @@ mod tests {
                     (ns.clone(), Arc::new(OwnedPackage::from(p)))
                 })
                 .collect();
+            // Every release passed its preflight on the current fleet: what these tests decide is
+            // the policy's.
+            let preflight = HostedClusterPackagePreflightStatus {
+                inputs_hash: preflight_inputs_hash(&self.hash(), &clusters),
+                digest: self.preflight_digest.clone(),
+                ..passed_preflight(&self.hash())
+            };
             RolloutSnapshot {
                 hcpkg: self.hcpkg(),
                 packages,
@@ -652,6 +675,7 @@ mod tests {
                 failures: BTreeMap::new(),
                 gate: GateInput::Preview,
                 health: self.health.clone(),
+                preflight: Some(preflight),
             }
         }
 
@@ -894,6 +918,40 @@ mod tests {
         sim.run(Pkg::Live);
         assert_eq!(sim.on("registry/addon:v2"), 2);
         assert_eq!(sim.condition(AWAITING_APPROVAL).0, "False");
+    }
+
+    #[test]
+    fn an_approval_naming_a_preflight_digest_counts_only_for_that_change() {
+        let mut sim = Sim::new(
+            &[("early", 1), ("late", 1)],
+            spec(
+                json!({"groups": [{"name": "late", "requireApproval": true}]}),
+                json!(1),
+            ),
+        );
+        sim.run(Pkg::Live);
+        sim.set_image("registry/addon:v2");
+        sim.preflight_digest = "reviewed".into();
+        let approval = json!({"late": {"templateHash": sim.hash(), "preflightDigest": "reviewed"}});
+        sim.annotations.insert(
+            pko_proto::well_known::ROLLOUT_APPROVALS_ANNOTATION.into(),
+            approval.to_string(),
+        );
+        // A config source changed after the review: the preflight now finds another change.
+        sim.preflight_digest = "changed-since".into();
+        sim.run(Pkg::Live);
+        assert_eq!(
+            sim.on("registry/addon:v2"),
+            1,
+            "the reviewed digest is not this change"
+        );
+        assert_eq!(
+            sim.status.partitions[1].state,
+            group_state::AWAITING_APPROVAL
+        );
+        sim.preflight_digest = "reviewed".into();
+        sim.run(Pkg::Live);
+        assert_eq!(sim.on("registry/addon:v2"), 2);
     }
 
     #[test]

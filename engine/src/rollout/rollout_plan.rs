@@ -139,6 +139,9 @@ pub struct GroupRules {
     pub tolerated_failures: BTreeMap<Option<String>, usize>,
     /// Groups that may not get updates yet (approval required and not given for this template).
     pub awaiting_approval: BTreeSet<Option<String>>,
+    /// No group gets updates: the release's preflight runs or found a refusal not accepted
+    /// (`engine::rollout::preflight_gate`).
+    pub preflight_hold: bool,
     /// An older template finished rolling out everywhere: a HostedCluster joining a group the rollout has
     /// not reached gets that one (`RolloutPlan::create_proven`), not the template still on trial in an
     /// earlier group.
@@ -421,6 +424,7 @@ pub fn plan_rollout(input: &RolloutInput) -> RolloutPlan {
     }
 
     let (update, update_if_unchanged, blocked) = match input.strategy {
+        RolloutStrategy::Instant if rules.preflight_hold => (Vec::new(), BTreeSet::new(), None),
         RolloutStrategy::Instant => {
             let all = input.targets.iter().filter(|t| outdated(t));
             let update = all.map(|t| t.namespace.clone()).collect();
@@ -428,8 +432,8 @@ pub fn plan_rollout(input: &RolloutInput) -> RolloutPlan {
         }
         RolloutStrategy::RollingUpgrade { max_unavailable } => {
             match current_group.filter(|&i| {
-                // A group awaiting approval gets nothing, not even the free updates.
-                !rules.awaiting_approval.contains(&groups[i].name)
+                // A group awaiting approval or a preflight gets nothing, not even the free updates.
+                !rules.awaiting_approval.contains(&groups[i].name) && !rules.preflight_hold
             }) {
                 Some(current) => rolling_updates(
                     &input.targets,

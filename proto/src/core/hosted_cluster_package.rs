@@ -10,6 +10,9 @@ use super::package::PackageTemplateSpec;
 use super::resource::{
     api_kind, condition_column, integer_column, wide_column, Column, KindInfo, AGE_COLUMN,
 };
+use super::rollout_preflight::{
+    HostedClusterPackagePreflightPolicy, HostedClusterPackagePreflightStatus,
+};
 
 /// Desired state of a HostedClusterPackage.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -58,6 +61,9 @@ pub struct HostedClusterPackageRolloutPolicy {
     /// rolling out everywhere.
     #[serde(default, skip_serializing_if = "crate::schema::is_default")]
     pub rollback: HostedClusterPackageRollback,
+    /// What a release the apiserver refuses in its preflight does to the rollout.
+    #[serde(default, skip_serializing_if = "crate::schema::is_default")]
+    pub preflight: HostedClusterPackagePreflightPolicy,
 }
 
 /// What a halted rollout does.
@@ -297,6 +303,9 @@ pub struct HostedClusterPackageStatus {
     /// template changes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub halted: Option<HostedClusterPackageHalt>,
+    /// pko: the last preflight of a release: what changes where, and what the apiserver refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preflight: Option<HostedClusterPackagePreflightStatus>,
 }
 
 /// A template that finished rolling out everywhere.
@@ -343,6 +352,10 @@ pub struct RolloutApproval {
     /// When (RFC 3339).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub approved_at: String,
+    /// The preflight digest of the change that was reviewed: the approval counts only while the
+    /// preflight finds that same change.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub preflight_digest: String,
 }
 
 /// The approvals annotation: approvals by group name.

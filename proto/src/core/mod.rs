@@ -9,6 +9,7 @@ pub mod object_slice;
 pub mod object_template;
 pub mod package;
 pub mod resource;
+pub mod rollout_preflight;
 
 pub use common::*;
 pub use hosted_cluster_package::*;
@@ -19,3 +20,4 @@ pub use object_slice::*;
 pub use object_template::*;
 pub use package::*;
 pub use resource::{crd_for, ApiKind, Column, CrdError, KindInfo};
+pub use rollout_preflight::*;

@@ -58,6 +58,7 @@ impl HostedClusterPackageActor {
             proven_template,
             recheck_after,
             health_due,
+            preflight_run,
         } = step;
         let name = self.name();
         let generation = hcpkg.metadata.generation.unwrap_or_default();
@@ -144,6 +145,7 @@ impl HostedClusterPackageActor {
                 recheck_after,
                 health_due,
                 if_unchanged,
+                preflight_run,
             }),
         }
     }

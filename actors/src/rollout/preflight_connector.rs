@@ -1,0 +1,110 @@
+//! The hosted-cluster part of a release's preflight: the objects a release creates or changes in a
+//! hosted cluster go to that cluster's connector (`phase.preview` on its NATS subjects), which dry-runs
+//! them against the hosted apiserver and answers with a verdict per object. A connector that does not
+//! answer (none runs, or one built before the preview existed) leaves them unchecked, never refused.
+
+use std::time::Instant;
+
+use pko_proto::connector_wire::{
+    HostedClusterSubjects, PreviewObjects, PreviewOutcome, PreviewReport, Reply, WIRE_VERSION,
+};
+
+use crate::engine::rollout::preflight_diff::{Action, ObjectChange, Verdict};
+use crate::hypershift::connector_link::LinkError;
+use crate::manager::context::ManagerContext;
+use crate::metrics::connector_metrics::RequestResult;
+
+/// A verdict for each of `changes` (hosted ones of HCP namespace `namespace`, whose HostedCluster has
+/// UID `cluster_uid`), in their order.
+pub async fn hosted_verdicts(
+    context: &ManagerContext,
+    namespace: &str,
+    cluster_uid: Option<&str>,
+    changes: &[&ObjectChange],
+) -> Vec<Verdict> {
+    let objects: Vec<serde_json::Value> = changes
+        .iter()
+        .filter(|c| c.action() != Action::Delete)
+        .filter_map(|c| c.after.clone())
+        .collect();
+    let answers = if objects.is_empty() {
+        Ok(Vec::new())
+    } else {
+        ask_connector(context, namespace, cluster_uid, objects).await
+    };
+    let mut answers = match answers {
+        Ok(answers) => answers.into_iter(),
+        Err(why) => {
+            return changes
+                .iter()
+                .map(|c| match c.action() {
+                    Action::Delete => Verdict::Unchecked("a delete is not dry-run".into()),
+                    _ => Verdict::Unchecked(why.clone()),
+                })
+                .collect()
+        }
+    };
+    changes
+        .iter()
+        .map(|c| match c.action() {
+            Action::Delete => Verdict::Unchecked("a delete is not dry-run".into()),
+            _ => answers.next().unwrap_or_else(|| {
+                Verdict::Unchecked("the connector answered fewer verdicts than objects".into())
+            }),
+        })
+        .collect()
+}
+
+/// The connector's verdicts on `objects`, or why there are none.
+async fn ask_connector(
+    context: &ManagerContext,
+    namespace: &str,
+    cluster_uid: Option<&str>,
+    objects: Vec<serde_json::Value>,
+) -> Result<Vec<Verdict>, String> {
+    let Some(link) = &context.connectors else {
+        return Err(
+            "hosted-cluster phases travel over NATS, and this manager runs without --nats-url"
+                .into(),
+        );
+    };
+    // Bound to the namespace's HostedCluster, whose connector alone holds credentials for them.
+    let subjects = HostedClusterSubjects::of(namespace, cluster_uid).map_err(|e| e.to_string())?;
+    let request = PreviewObjects {
+        version: WIRE_VERSION,
+        namespace: namespace.to_owned(),
+        objects,
+    };
+    let started = Instant::now();
+    let reply: Result<Reply<PreviewReport>, LinkError> =
+        link.request(subjects.preview(), &request).await;
+    let result = match &reply {
+        Ok(_) => RequestResult::Answered,
+        Err(LinkError::NoConnector { .. }) => RequestResult::NoConnector,
+        Err(LinkError::TimedOut { .. }) => RequestResult::TimedOut,
+        Err(_) => RequestResult::Failed,
+    };
+    context.metrics.connectors.request(
+        namespace,
+        "preview",
+        result,
+        started.elapsed().as_secs_f64(),
+    );
+    match reply {
+        Ok(Reply::Answer(report)) => Ok(report
+            .verdicts
+            .into_iter()
+            .map(|v| match v.outcome {
+                PreviewOutcome::Accepted => Verdict::Accepted,
+                PreviewOutcome::Refused => Verdict::Refused(v.message),
+                PreviewOutcome::Unchecked => Verdict::Unchecked(v.message),
+            })
+            .collect()),
+        Ok(Reply::Refused(e)) => Err(format!("the connector refused the dry run: {}", e.message)),
+        Err(LinkError::NoConnector { .. }) => Err(
+            "no connector answered the dry run (none runs, or it is older than this manager)"
+                .into(),
+        ),
+        Err(e) => Err(e.to_string()),
+    }
+}
