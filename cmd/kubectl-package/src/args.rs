@@ -102,6 +102,10 @@ pub enum RolloutCommand {
     /// Show what a HostedClusterPackage release changes where: its preflight's groups of identical
     /// change, each with its unified diffs and the apiserver's dry-run verdicts.
     Diff(RolloutDiffArgs),
+    /// Run the manager's own planner offline over a HostedClusterPackage's fleet: the waves, time per
+    /// group and in total, the peak of unavailable Packages, where approvals and soaks wait, and what a
+    /// failure would halt or roll back.
+    Simulate(RolloutSimulateArgs),
     /// Approve a group of a HostedClusterPackage rollout for its current template (pko rollout policy).
     Approve(RolloutApproveArgs),
     /// Halt a HostedClusterPackage's current template and roll every Package back to the last template
@@ -187,6 +191,47 @@ pub struct FleetStatusArgs {
 pub struct RolloutPlanArgs {
     #[command(flatten)]
     pub positionals: Positionals,
+}
+
+#[derive(Debug, ClapArgs)]
+pub struct RolloutSimulateArgs {
+    #[command(flatten)]
+    pub positionals: Positionals,
+    /// Simulate the fleet saved in this file instead of the cluster's.
+    #[arg(long, conflicts_with = "save")]
+    pub snapshot: Option<PathBuf>,
+    /// Save the cluster's fleet to this file (for --snapshot) and stop.
+    #[arg(long)]
+    pub save: Option<PathBuf>,
+    /// How long a written Package takes to be live (30s, 5m). Default: from the rollout event
+    /// stream's history with --nats-url, else 30s.
+    #[arg(long)]
+    pub readiness: Option<String>,
+    /// Read readiness times from the rollout event stream of this NATS server.
+    #[arg(long)]
+    pub nats_url: Option<String>,
+    /// NATS credentials file for --nats-url.
+    #[arg(long)]
+    pub nats_creds: Option<PathBuf>,
+    /// Updates that fail: `clusters=NAME,...` (HostedCluster names or HCP namespaces).
+    #[arg(long)]
+    pub fail: Vec<String>,
+    /// Every other update fails with this probability (0 to 1).
+    #[arg(long, default_value_t = 0.0)]
+    pub fail_rate: f64,
+    /// Seed of the --fail-rate draws: the same seed, the same story.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Policy to simulate instead of the object's: maxUnavailable=20%, minSuccessTime=10m,
+    /// progressDeadline=15m, maxFailures=1, rollback=Automatic (repeatable).
+    #[arg(long)]
+    pub policy: Vec<String>,
+    /// Do not approve groups that require it: the simulation ends where one waits.
+    #[arg(long)]
+    pub no_approve: bool,
+    /// `json` for the simulation as data.
+    #[arg(short = 'o', long, default_value = "")]
+    pub output: String,
 }
 
 #[derive(Debug, ClapArgs)]

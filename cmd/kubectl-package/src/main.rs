@@ -8,6 +8,7 @@ mod args;
 mod build;
 mod cluster;
 mod fixtures;
+mod fleet_snapshot;
 mod fleet_status;
 mod kickstart;
 mod olm_bundle;
@@ -17,6 +18,7 @@ mod rollout_control;
 mod rollout_diff;
 mod rollout_follow;
 mod rollout_plan_view;
+mod rollout_simulate;
 mod tree;
 mod validation;
 
@@ -173,6 +175,12 @@ fn run(cli: Cli) -> Outcome {
         } => {
             range_args(&args.positionals.args, 1, 2)?;
             on_cluster(rollout_plan_view::plan(&args, kubeconfig))
+        }
+        Command::Rollout {
+            command: Some(RolloutCommand::Simulate(args)),
+        } => {
+            range_args(&args.positionals.args, 1, 2)?;
+            on_cluster(rollout_simulate::simulate(&args, kubeconfig))
         }
         Command::Rollout {
             command: Some(RolloutCommand::Diff(args)),

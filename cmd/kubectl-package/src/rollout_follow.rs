@@ -320,14 +320,13 @@ fn status_report(
     lines.join("\n")
 }
 
-/// The rollout event stream: every event of the newest generation as it arrives; finished at its
-/// `rolloutFinished`, failing at a `packageFailed`.
-async fn follow_stream(
+/// An ordered consumer of HostedClusterPackage `name`'s events on the rollout event stream, from its
+/// oldest: how many events it held when it started, and its messages.
+pub(crate) async fn rollout_stream(
     url: &str,
     creds: Option<&PathBuf>,
     name: &str,
-    watch: bool,
-) -> Result<Verdict, String> {
+) -> Result<(u64, async_nats::jetstream::consumer::pull::Ordered), String> {
     use async_nats::jetstream::{self, consumer::pull};
     let mut options = async_nats::ConnectOptions::new().name("kubectl-package");
     if let Some(path) = creds {
@@ -355,10 +354,23 @@ async fn follow_stream(
         })
         .await
         .map_err(|e| format!("following {STREAM}: {e}"))?;
-    let mut messages = consumer
+    let held = consumer.cached_info().num_pending;
+    let messages = consumer
         .messages()
         .await
         .map_err(|e| format!("following {STREAM}: {e}"))?;
+    Ok((held, messages))
+}
+
+/// The rollout event stream: every event of the newest generation as it arrives; finished at its
+/// `rolloutFinished`, failing at a `packageFailed`.
+async fn follow_stream(
+    url: &str,
+    creds: Option<&PathBuf>,
+    name: &str,
+    watch: bool,
+) -> Result<Verdict, String> {
+    let (_, mut messages) = rollout_stream(url, creds, name).await?;
     // Events of older generations are history: only the newest generation's story decides.
     let mut newest: Option<(i64, Vec<RolloutEvent>)> = None;
     while let Some(message) = messages.next().await {

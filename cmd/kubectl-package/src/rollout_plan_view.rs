@@ -2,27 +2,15 @@
 //! HostedClusterPackage, the HostedClusters it selects, its Packages) and runs that planner,
 //! `pko_engine`'s `decide_rollout`: the CLI never has rules of its own.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use k8s_openapi::jiff::Timestamp;
-use kube::api::ListParams;
-use kube::Api;
-use pko_engine::label_selector::selector_matches;
-use pko_engine::rollout::hosted_cluster_package::OwnedPackage;
-use pko_engine::rollout::rollout_decision::{
-    decide_rollout, GateInput, RolloutDecision, RolloutSnapshot,
-};
-use pko_engine::rollout::rollout_guard;
+use pko_engine::rollout::rollout_decision::{decide_rollout, RolloutDecision};
 use pko_engine::rollout::rollout_plan::{RolloutStrategy, UNKNOWN_GROUP};
-use pko_proto::core::hosted_cluster_package::HostedClusterPackage;
-use pko_proto::core::package::Package;
-use pko_proto::hypershift::HostedCluster;
-use pko_proto::well_known::HOSTED_CLUSTER_PACKAGE_LABEL;
 
 use crate::args::RolloutPlanArgs;
 use crate::cluster::{client, resource_and_name};
+use crate::fleet_snapshot::FleetSnapshot;
 use crate::rollout_follow::policy_lines;
 
 /// `rollout plan`: the manager's planner on what it would read now.
@@ -37,52 +25,9 @@ pub async fn plan(args: &RolloutPlanArgs, kubeconfig: Option<&PathBuf>) -> Resul
         ));
     }
     let client = client(kubeconfig).await?;
-    let hcpkg = Api::<HostedClusterPackage>::all(client.clone())
-        .get(&name)
-        .await
-        .map_err(|e| format!("hostedclusterpackage/{name}: {e}"))?;
-    let clusters = Api::<HostedCluster>::all(client.clone())
-        .list(&ListParams::default())
-        .await
-        .map_err(|e| format!("listing HostedClusters: {e}"))?
-        .items;
-    let selector = &hcpkg.spec.hosted_cluster_selector;
-    let empty = BTreeMap::new();
-    let selected: Vec<Arc<HostedCluster>> = clusters
-        .into_iter()
-        .filter(|c| {
-            selector_matches(selector, c.metadata.labels.as_ref().unwrap_or(&empty))
-                .unwrap_or(false)
-        })
-        .map(Arc::new)
-        .collect();
-    let packages = Api::<Package>::all(client)
-        .list(&ListParams::default().labels(&format!("{HOSTED_CLUSTER_PACKAGE_LABEL}={name}")))
-        .await
-        .map_err(|e| format!("listing the Packages of {name}: {e}"))?
-        .items
-        .into_iter()
-        .map(OwnedPackage::from)
-        .map(|p| (p.meta.namespace.clone().unwrap_or_default(), Arc::new(p)))
-        .collect();
-    let health = hcpkg
-        .status
-        .as_ref()
-        .map(rollout_guard::stored_observations)
-        .unwrap_or_default();
-    let snapshot = RolloutSnapshot {
-        hcpkg,
-        packages,
-        writing: Default::default(),
-        clusters: selected,
-        failures: BTreeMap::new(),
-        // The plan is what happens once a promotion gate (if any) is open.
-        gate: GateInput::Preview,
-        // Health checks are the manager's to evaluate: the preview takes their last results.
-        health,
-        // The preflight the manager last finished, as the status keeps it.
-        preflight: None,
-    };
+    let snapshot = FleetSnapshot::read(&client, &name)
+        .await?
+        .rollout_snapshot();
     Ok(plan_text(
         &name,
         &decide_rollout(&snapshot, Timestamp::now()),

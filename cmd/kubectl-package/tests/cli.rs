@@ -877,3 +877,85 @@ fn every_command_help_says_what_that_command_does() {
         }
     }
 }
+
+/// `tests/simulate/`: a saved fleet (seven HostedClusters in three risk groups, all live on v1, the
+/// HostedClusterPackage rolling out v2 with a 5 min soak, maxFailures 0, automatic rollback, and an
+/// approval for the late group) and the simulator's expected output, byte for byte.
+fn simulate_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/simulate")
+}
+
+fn simulate(extra: &[&str]) -> (String, String, Option<i32>) {
+    let mut args = vec![
+        "rollout",
+        "simulate",
+        "hostedclusterpackage/addon",
+        "--snapshot",
+        "fleet.json",
+        "--readiness",
+        "2m",
+    ];
+    args.extend_from_slice(extra);
+    let out = run_in(&simulate_dir(), &args);
+    (text(&out.stdout), text(&out.stderr), out.status.code())
+}
+
+fn expected(file: &str) -> String {
+    std::fs::read_to_string(simulate_dir().join(file)).unwrap()
+}
+
+#[test]
+fn a_healthy_release_goes_group_by_group_through_soaks_and_the_approval() {
+    let (stdout, stderr, code) = simulate(&[]);
+    assert_eq!((stderr.as_str(), code), ("", Some(0)));
+    assert_eq!(stdout, expected("release.txt"));
+}
+
+#[test]
+fn a_failing_cluster_halts_its_group_and_the_fleet_rolls_back() {
+    let (stdout, _, code) = simulate(&["--fail", "clusters=normal-1"]);
+    assert_eq!(code, Some(0));
+    assert_eq!(stdout, expected("failure.txt"));
+}
+
+#[test]
+fn a_policy_override_is_simulated_without_editing_the_object() {
+    let (stdout, _, code) = simulate(&[
+        "--policy",
+        "maxUnavailable=1",
+        "--policy",
+        "minSuccessTime=0s",
+        "--no-approve",
+    ]);
+    assert_eq!(code, Some(0));
+    assert_eq!(stdout, expected("policy.txt"));
+}
+
+#[test]
+fn the_json_output_carries_the_same_story_and_bad_input_is_named() {
+    let (stdout, _, code) = simulate(&["-o", "json", "--fail-rate", "0.3", "--seed", "3"]);
+    assert_eq!(code, Some(0));
+    let json: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(json["ending"]["kind"], "RolledBack");
+    assert_eq!(json["maxUnavailable"], 2);
+    let (again, _, _) = simulate(&["-o", "json", "--fail-rate", "0.3", "--seed", "3"]);
+    assert_eq!(stdout, again, "the same seed tells the same story");
+    for (args, says) in [
+        (
+            &["--fail", "clusters=nowhere"][..],
+            "nowhere is no HostedCluster this rollout selects",
+        ),
+        (
+            &["--fail-rate", "2"][..],
+            "--fail-rate 2 is not between 0 and 1",
+        ),
+        (
+            &["--policy", "speed=fast"][..],
+            "--policy speed: want maxUnavailable",
+        ),
+    ] {
+        let (_, stderr, code) = simulate(args);
+        assert_eq!(code, Some(1), "{args:?}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
+}

@@ -2,7 +2,9 @@
 //! changes an immutable field in some HCP namespaces shows two groups of change, the refused one with
 //! the apiserver's own message, and holds before its first group; an acceptance naming another digest
 //! does not release it, one naming this change does; a release's hosted-cluster objects are dry-run in
-//! the hosted cluster through the namespace's real connector.
+//! the hosted cluster through the namespace's real connector. The simulator: on fleets drawn from a
+//! seed, `kubectl package rollout simulate` predicts the order in which the real manager updates the
+//! Packages, as its rollout event stream records it.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -488,4 +490,152 @@ async fn hosted_cluster_objects_are_dry_run_in_the_hosted_cluster_through_its_co
         .await
         .unwrap();
     assert_eq!(cm.data.unwrap()["release"], "v1");
+}
+
+const CONFIG_MANIFEST: &str = "apiVersion: manifests.package-operator.run/v1alpha1
+kind: PackageManifest
+metadata: {name: simulated}
+spec:
+  scopes: [Namespaced]
+  phases: [{name: deploy}]
+";
+
+fn config(release: &str) -> String {
+    format!(
+        "apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: simulated
+  annotations: {{package-operator.run/phase: deploy}}
+data: {{release: {release}}}
+"
+    )
+}
+
+/// xorshift64: fleets drawn from a seed, named in every failure.
+fn draw(state: &mut u64, below: u64) -> u64 {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    *state % below
+}
+
+/// The Packages the simulator says the next release updates, in order.
+fn predicted_updates(simulation: &Value) -> Vec<String> {
+    simulation["waves"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|w| w["rollback"] == false)
+        .flat_map(|w| w["updated"].as_array().unwrap().iter())
+        .map(|ns| ns.as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn the_simulator_predicts_the_order_the_manager_updates_in() {
+    manager();
+    let client = env().management().client().await.unwrap();
+    let v1 = push(
+        "simulated:v1",
+        &[
+            ("manifest.yaml", CONFIG_MANIFEST),
+            ("cm.yaml", &config("v1")),
+        ],
+    )
+    .await;
+    let v2 = push(
+        "simulated:v2",
+        &[
+            ("manifest.yaml", CONFIG_MANIFEST),
+            ("cm.yaml", &config("v2")),
+        ],
+    )
+    .await;
+    let api: Api<HostedClusterPackage> = Api::all(client.clone());
+    for seed in [0x5eed_0001_u64, 0x5eed_0002, 0x5eed_0003] {
+        let mut state = seed;
+        let mut risks = Vec::new();
+        for group in ["early", "normal", "late"] {
+            for _ in 0..=draw(&mut state, 3) {
+                risks.push(Some(group));
+            }
+        }
+        let max = 1 + draw(&mut state, 3);
+        let (fleet_ns, _) = fleet(&format!("simulate-{seed:x}"), &risks).await;
+        let name = format!("{fleet_ns}-sim");
+        let spec = hcpkg_spec(
+            &name,
+            json!({"fleet": fleet_ns}),
+            &v1,
+            json!({"partition": risk_partition(), "strategy": {"rollingUpgrade": {"maxUnavailable": max}}}),
+        );
+        api.create(&PostParams::default(), &spec).await.unwrap();
+        let total = risks.len() as i32;
+        wait_status(&api, &name, log, "v1 everywhere", |h| {
+            all_available(h, total)
+        })
+        .await;
+
+        // At rest: the simulator runs the next release, from the cluster and from a saved fleet.
+        let target = format!("hostedclusterpackage/{name}");
+        let simulate = |extra: &[&str]| {
+            let mut args = vec![
+                "rollout",
+                "simulate",
+                target.as_str(),
+                "--readiness",
+                "1s",
+                "-o",
+                "json",
+            ];
+            args.extend_from_slice(extra);
+            serde_json::from_str::<Value>(&cli(&args)).unwrap()
+        };
+        let live = simulate(&[]);
+        let saved = env().root_dir().join(format!("{name}.json"));
+        let said = cli(&[
+            "rollout",
+            "simulate",
+            &target,
+            "--save",
+            saved.to_str().unwrap(),
+        ]);
+        assert!(
+            said.contains(&format!(
+                "{total} HostedClusters and {total} Packages saved"
+            )),
+            "{said}"
+        );
+        assert_eq!(simulate(&["--snapshot", saved.to_str().unwrap()]), live);
+        assert_eq!(live["ending"]["kind"], "Finished", "seed {seed:x}: {live}");
+        assert!(
+            live["peakUnavailable"].as_u64().unwrap() <= max,
+            "seed {seed:x}: {live}"
+        );
+        let predicted = predicted_updates(&live);
+
+        set_image(&api, &name, &v2).await;
+        let rolled = wait_status(&api, &name, log, "v2 everywhere", |h| {
+            all_available(h, total)
+                && h.status
+                    .as_ref()
+                    .unwrap()
+                    .last_succeeded
+                    .as_ref()
+                    .is_some_and(|l| l.template_hash == package_template_hash(&h.spec))
+        })
+        .await;
+        let generation = rolled.metadata.generation.unwrap();
+        let told: Vec<String> = rollout_events(&name)
+            .await
+            .into_iter()
+            .filter(|e| e["kind"] == "packageUpdated" && e["generation"] == generation)
+            .map(|e| e["namespace"].as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(
+            told, predicted,
+            "seed {seed:x} ({risks:?}, maxUnavailable {max}): the manager's updates against the simulation"
+        );
+    }
 }

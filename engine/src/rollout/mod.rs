@@ -12,4 +12,5 @@ pub mod rollout_events;
 pub mod rollout_guard;
 pub mod rollout_plan;
 pub mod rollout_policy;
+pub mod rollout_simulation;
 pub mod rollout_status;

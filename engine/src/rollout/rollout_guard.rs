@@ -1097,5 +1097,64 @@ mod tests {
                 }
             }
         }
+
+        /// The simulator (`rollout_simulation`) writes what the manager writes: the same Packages at
+        /// the same moments, against a driver that steps the same fleet second by second (each written
+        /// Package live 30 s after its write), deciding again after every write as the manager does.
+        #[test]
+        fn the_simulator_writes_what_the_stepped_manager_writes(
+            early in 1usize..5,
+            late in 1usize..4,
+            unlisted in 0usize..3,
+            max in 1usize..4,
+            soak in any::<bool>(),
+        ) {
+            use crate::rollout::rollout_simulation::{simulate, Ending, SimulationModel};
+            let policy = if soak { json!({"defaults": {"minSuccessTime": "45s"}}) } else { json!({}) };
+            let mut sim = Sim::new(&[("early", early), ("late", late), ("other", unlisted)], spec(policy, json!(max)));
+            sim.run(Pkg::Live);
+            sim.set_image("registry/addon:v2");
+            let start = sim.now;
+            let model = SimulationModel { readiness: std::time::Duration::from_secs(30), ..SimulationModel::default() };
+            let simulated = simulate(sim.snapshot(), &model, start);
+            prop_assert_eq!(&simulated.ending, &Ending::Finished);
+            let predicted: Vec<(i64, Vec<String>)> = simulated
+                .waves
+                .iter()
+                .map(|w| (w.at.as_secs() as i64, w.updated.clone()))
+                .collect();
+
+            let mut written_at: BTreeMap<String, i64> = BTreeMap::new();
+            let mut stepped: Vec<(i64, Vec<String>)> = Vec::new();
+            let total = early + late + unlisted;
+            for second in 0..3600 {
+                // Packages written 30 s ago are live now.
+                for (ns, at) in &written_at {
+                    if second - at >= 30 {
+                        if let Some(p) = sim.packages.get_mut(ns) {
+                            if p.1 == Pkg::InFlight {
+                                p.1 = Pkg::Live;
+                            }
+                        }
+                    }
+                }
+                loop {
+                    let step = sim.step();
+                    if step.plan.update.is_empty() {
+                        break;
+                    }
+                    for ns in &step.plan.update {
+                        written_at.insert(ns.clone(), second);
+                    }
+                    stepped.push((second, step.plan.update.clone()));
+                }
+                if sim.status.last_succeeded.as_ref().is_some_and(|l| l.template_hash == sim.hash()) {
+                    break;
+                }
+                sim.later(1);
+            }
+            prop_assert_eq!(sim.on("registry/addon:v2"), total);
+            prop_assert_eq!(predicted, stepped);
+        }
     }
 }
