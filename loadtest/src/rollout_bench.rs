@@ -30,6 +30,7 @@ use serde_json::json;
 use crate::object_set_bench::{manager_path, percentile, start_with_manager};
 use crate::package_bench::package_files;
 use crate::process_usage::{usage, Usage};
+use pko_actors::engine::fleet::promotion_gate::package_template_hash;
 
 const TIMEOUT: Duration = Duration::from_secs(1200);
 /// How long the manager is watched after the rollout, in windows.
@@ -302,6 +303,58 @@ async fn handoff(
     Ok(())
 }
 
+/// How often the manager polls the status and its own RSS while a preflight runs.
+const PREFLIGHT_SAMPLE: Duration = Duration::from_millis(100);
+
+/// Waits for the preflight of HostedClusterPackage `name`'s current template and prints what it cost:
+/// from the template change to `status.preflight`, the manager's CPU time, its RSS before and at the
+/// highest sample, and what it found.
+async fn preflight_cost(
+    api: &Api<HostedClusterPackage>,
+    name: &str,
+    pid: u32,
+    size: usize,
+) -> Result<(), String> {
+    let (started, before) = (Instant::now(), usage(pid)?);
+    let mut peak_kib = before.rss_kib;
+    let found = loop {
+        let h = api.get(name).await.map_err(|e| e.to_string())?;
+        let hash = package_template_hash(&h.spec);
+        let preflight = h.status.and_then(|s| s.preflight);
+        if let Some(p) = preflight.filter(|p| p.template_hash == hash) {
+            break p;
+        }
+        if started.elapsed() > TIMEOUT {
+            return Err(format!("no preflight of {name} after {TIMEOUT:?}"));
+        }
+        peak_kib = peak_kib.max(usage(pid)?.rss_kib);
+        tokio::time::sleep(PREFLIGHT_SAMPLE).await;
+    };
+    let after = usage(pid)?;
+    println!(
+        "  preflight of {size} namespaces: {:.2} s to status.preflight, manager CPU {:.2} s, RSS {:.0} → peak {:.0} MiB; {} changed in {} groups, {} refused, {} unchecked",
+        started.elapsed().as_secs_f64(),
+        after.cpu.saturating_sub(before.cpu).as_secs_f64(),
+        before.rss_kib as f64 / 1024.0,
+        peak_kib.max(after.rss_kib) as f64 / 1024.0,
+        found.changed,
+        found.groups.len(),
+        found.refused,
+        found.unchecked,
+    );
+    Ok(())
+}
+
+/// Preflights the manager ran so far, whatever their result (its /metrics).
+async fn preflight_runs(pko: &ManagerProcess) -> Result<u64, String> {
+    let (_, body) = pko.get("/metrics").await?;
+    Ok(body
+        .lines()
+        .filter(|line| line.starts_with("pko_hostedclusterpackage_preflights_total{"))
+        .filter_map(|line| line.rsplit_once(' ')?.1.parse::<u64>().ok())
+        .sum())
+}
+
 /// Prints what a step cost the manager: wall time, CPU time, memory after and at peak so far.
 fn step(label: &str, pid: u32, before: &Usage, started: Instant) -> Result<Usage, String> {
     let after = usage(pid)?;
@@ -401,7 +454,10 @@ async fn fleet_cost(
             .push(&format!("fleet-{release}"), 2_000 + release)
             .await?;
         let started = Instant::now();
-        let update = set_image(&api, &name, &image);
+        let update = async {
+            set_image(&api, &name, &image).await?;
+            preflight_cost(&api, &name, pid, size).await
+        };
         follow_rollout(client, &name, &image, size, update).await?;
         before = step(
             &format!("release {release}: rolling update of {size} Packages, maxUnavailable {max_unavailable}"),
@@ -419,7 +475,8 @@ async fn fleet_cost(
     };
 
     // Afterwards nothing changes: what the manager still does (old revisions archived and torn down)
-    // should fade to next to nothing. Three windows show the trend.
+    // should fade to next to nothing, and no preflight runs. Three windows show the trend.
+    let preflights = preflight_runs(pko).await?;
     for window in 1..=IDLE_WINDOWS {
         let started = Instant::now();
         tokio::time::sleep(IDLE_WINDOW).await;
@@ -434,6 +491,10 @@ async fn fleet_cost(
             started,
         )?;
     }
+    println!(
+        "preflights while the fleet idled: {} (every Package on the template: nothing to preflight)",
+        preflight_runs(pko).await? - preflights
+    );
     // What the fleet keeps once the manager had time to hand back what the rollouts freed.
     cost.settled_rss_kib = before.rss_kib as i64 - start.rss_kib as i64;
     println!(
