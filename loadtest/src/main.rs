@@ -105,6 +105,11 @@ enum Measurement {
         /// archived revision must cost next to nothing, so memory stays flat across releases).
         #[arg(long, default_value_t = 1)]
         fleet_releases: usize,
+        /// Each release of the measured fleet changes every rendered object (the image in each
+        /// ConfigMap): new revisions everywhere, and a preflight that dry-runs every object. Without,
+        /// a release changes only the image, which renders the same objects.
+        #[arg(long)]
+        changing_releases: bool,
         /// pko-manager binary (default: next to this binary).
         #[arg(long)]
         manager: Option<PathBuf>,
@@ -218,8 +223,15 @@ async fn main() -> std::process::ExitCode {
             rollouts,
             fleet,
             fleet_releases,
+            changing_releases,
             manager,
-        } => rollout_bench::run(handoff_clusters, rollouts, fleet, fleet_releases, manager).await,
+        } => {
+            let releases = rollout_bench::Releases {
+                count: fleet_releases,
+                changing: changing_releases,
+            };
+            rollout_bench::run(handoff_clusters, rollouts, fleet, releases, manager).await
+        }
         Measurement::Restart {
             hosted_clusters,
             replicas,

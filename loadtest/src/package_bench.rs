@@ -59,9 +59,23 @@ data:
 ";
 
 pub fn package_files(nonce: usize) -> PackageFiles {
+    files_with(nonce, OBJECTS.to_owned())
+}
+
+/// Like [`package_files`], with every object naming the image it came from: each release changes
+/// every object (new revisions, and a preflight that dry-runs them all).
+pub fn changing_package_files(nonce: usize) -> PackageFiles {
+    let objects = OBJECTS.replace(
+        "\ndata:\n",
+        "\ndata:\n  release: {{ $.package.image | quote }}\n",
+    );
+    files_with(nonce, objects)
+}
+
+fn files_with(nonce: usize, objects: String) -> PackageFiles {
     [
         ("manifest.yaml", MANIFEST.to_owned()),
-        ("objects.yaml.gotmpl", OBJECTS.to_owned()),
+        ("objects.yaml.gotmpl", objects),
         // Different bytes, different digest: a cold pull for every run.
         ("nonce.txt", nonce.to_string()),
     ]

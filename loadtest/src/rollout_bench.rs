@@ -28,7 +28,7 @@ use pko_testenv::{ManagerProcess, TestEnv};
 use serde_json::json;
 
 use crate::object_set_bench::{manager_path, percentile, start_with_manager};
-use crate::package_bench::package_files;
+use crate::package_bench::{changing_package_files, package_files};
 use crate::process_usage::{usage, Usage};
 use pko_actors::engine::fleet::promotion_gate::package_template_hash;
 
@@ -39,11 +39,19 @@ const IDLE_WINDOWS: u64 = 3;
 /// HostedClusters created at once while building the fleet.
 const CREATE_CONCURRENCY: usize = 16;
 
+/// Which releases the measured fleet goes through.
+#[derive(Debug, Clone, Copy)]
+pub struct Releases {
+    pub count: usize,
+    /// Each release changes every rendered object (else only the image, which renders the same).
+    pub changing: bool,
+}
+
 pub async fn run(
     handoff_clusters: usize,
     rollouts: usize,
     fleet_sizes: Vec<usize>,
-    releases: usize,
+    releases: Releases,
     manager: Option<PathBuf>,
 ) -> ExitCode {
     match measure(handoff_clusters, rollouts, fleet_sizes, releases, manager).await {
@@ -59,7 +67,7 @@ async fn measure(
     handoff_clusters: usize,
     rollouts: usize,
     fleet_sizes: Vec<usize>,
-    releases: usize,
+    releases: Releases,
     manager: Option<PathBuf>,
 ) -> Result<(), String> {
     let manager = manager_path(manager)?;
@@ -72,7 +80,11 @@ async fn measure(
         if i == 0 {
             handoff(&env, &client, &images, handoff_clusters, rollouts).await?;
         }
-        let cost = fleet_cost(&env, &client, &pko, &images, size, releases).await?;
+        let images = Images {
+            changing: releases.changing,
+            ..images
+        };
+        let cost = fleet_cost(&env, &client, &pko, &images, size, releases.count).await?;
         per_cluster.push((size, cost));
     }
     if per_cluster.len() > 1 {
@@ -104,6 +116,8 @@ struct FleetCost {
 pub(crate) struct Images {
     store: ImageStore,
     host: String,
+    /// Each image renders objects that name it ([`changing_package_files`]).
+    changing: bool,
 }
 
 impl Images {
@@ -112,13 +126,19 @@ impl Images {
         Self {
             store: ImageStore::new(vec![host.clone()]),
             host,
+            changing: false,
         }
     }
 
     pub(crate) async fn push(&self, tag: &str, nonce: usize) -> Result<String, String> {
         let image = format!("{}/bench/rollout:{tag}", self.host);
+        let files = if self.changing {
+            changing_package_files
+        } else {
+            package_files
+        };
         self.store
-            .push(&image, &package_files(nonce), &RegistryAuth::Anonymous)
+            .push(&image, &files(nonce), &RegistryAuth::Anonymous)
             .await
             .map_err(|e| e.to_string())?;
         Ok(image)
