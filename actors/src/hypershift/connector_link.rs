@@ -18,7 +18,7 @@ use serde::Serialize;
 use tracing::{info, instrument, warn};
 
 use crate::engine::hypershift::connector_deployment::ConnectorResources;
-use crate::metrics::connector_metrics::ConnectorMetrics;
+use crate::metrics::connector_metrics::{ConnectorMetrics, RequestResult};
 use crate::runtime::telemetry::inject_current;
 
 /// How long a request waits for a connector's reply.
@@ -41,6 +41,18 @@ pub enum LinkError {
         bytes: usize,
         limit: usize,
     },
+}
+
+impl LinkError {
+    /// How a request went, for `pko_connector_requests_total`.
+    pub fn result_of<T>(reply: &Result<T, LinkError>) -> RequestResult {
+        match reply {
+            Ok(_) => RequestResult::Answered,
+            Err(LinkError::NoConnector { .. }) => RequestResult::NoConnector,
+            Err(LinkError::TimedOut { .. }) => RequestResult::TimedOut,
+            Err(_) => RequestResult::Failed,
+        }
+    }
 }
 
 /// Why the link could not be set up.

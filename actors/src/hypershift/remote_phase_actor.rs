@@ -33,7 +33,6 @@ use crate::engine::objects::object_set_status::{
 use crate::hypershift::connector_link::LinkError;
 use crate::hypershift::hosted_leftovers::{self, leftover_request};
 use crate::manager::context::ManagerContext;
-use crate::metrics::connector_metrics::RequestResult;
 use crate::objects::object_meta::event_reference;
 use crate::objects::set_object::SetObject;
 use crate::runtime::meta_view::MetaView;
@@ -423,12 +422,7 @@ async fn exchange(
         }
         link.request(subjects.apply(), &apply).await
     };
-    let result = match &reply {
-        Ok(_) => RequestResult::Answered,
-        Err(LinkError::NoConnector { .. }) => RequestResult::NoConnector,
-        Err(LinkError::TimedOut { .. }) => RequestResult::TimedOut,
-        Err(_) => RequestResult::Failed,
-    };
+    let result = LinkError::result_of(&reply);
     context.metrics.connectors.request(
         phase.namespace(),
         if deleting { "teardown" } else { "apply" },

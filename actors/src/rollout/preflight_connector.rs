@@ -12,7 +12,6 @@ use pko_proto::connector_wire::{
 use crate::engine::rollout::preflight_diff::{Action, ObjectChange, Verdict};
 use crate::hypershift::connector_link::LinkError;
 use crate::manager::context::ManagerContext;
-use crate::metrics::connector_metrics::RequestResult;
 
 /// A verdict for each of `changes` (hosted ones of HCP namespace `namespace`, whose HostedCluster has
 /// UID `cluster_uid`), in their order.
@@ -78,12 +77,7 @@ async fn ask_connector(
     let started = Instant::now();
     let reply: Result<Reply<PreviewReport>, LinkError> =
         link.request(subjects.preview(), &request).await;
-    let result = match &reply {
-        Ok(_) => RequestResult::Answered,
-        Err(LinkError::NoConnector { .. }) => RequestResult::NoConnector,
-        Err(LinkError::TimedOut { .. }) => RequestResult::TimedOut,
-        Err(_) => RequestResult::Failed,
-    };
+    let result = LinkError::result_of(&reply);
     context.metrics.connectors.request(
         namespace,
         "preview",

@@ -31,28 +31,6 @@ fn log() -> String {
     manager().log_tail()
 }
 
-/// Runs `kubectl package` against the management apiserver: whether it succeeded, and its output.
-fn run_cli(args: &[&str]) -> (bool, String) {
-    let out = std::process::Command::new(kubectl_package())
-        .args(args)
-        .arg("--kubeconfig")
-        .arg(env().management().kubeconfig_path())
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
-}
-
-fn cli(args: &[&str]) -> String {
-    let (ok, text) = run_cli(args);
-    assert!(ok, "kubectl package {args:?}: {text}");
-    text
-}
-
 const LOCAL_MANIFEST: &str = "apiVersion: manifests.package-operator.run/v1alpha1
 kind: PackageManifest
 metadata: {name: preflight-db}
@@ -139,6 +117,15 @@ fn hcpkg_spec(name: &str, selector: Value, image: &str, extra: Value) -> HostedC
     .unwrap()
 }
 
+/// Sets label `key=value` on HostedCluster `namespace/name`.
+async fn label(client: &Client, namespace: &str, name: &str, key: &str, value: &str) {
+    let patch = json!({"metadata": {"labels": {key: value}}});
+    Api::<HostedCluster>::namespaced(client.clone(), namespace)
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+}
+
 async fn set_image(api: &Api<HostedClusterPackage>, name: &str, image: &str) -> String {
     let patch = json!({"spec": {"template": {"spec": {"image": image}}}});
     let h = api
@@ -184,18 +171,9 @@ async fn an_immutable_change_is_refused_where_it_differs_and_holds_the_rollout_u
     let risks = [Some("early"), Some("early"), Some("late"), Some("late")];
     let (fleet_ns, clusters) = fleet("preflight-local", &risks).await;
     // hc-00 and hc-02 get the bigger claim.
-    let hosted: Api<HostedCluster> = Api::namespaced(client.clone(), &fleet_ns);
     for (i, cluster) in clusters.iter().enumerate() {
         let size = if i % 2 == 0 { "big" } else { "small" };
-        let patch = json!({"metadata": {"labels": {"db": size}}});
-        hosted
-            .patch(
-                &cluster.name,
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
-            .await
-            .unwrap();
+        label(&client, &fleet_ns, &cluster.name, "db", size).await;
     }
     let (v1, v2) = push_releases("preflight-db").await;
     let name = format!("{fleet_ns}-db");
@@ -416,16 +394,14 @@ async fn hosted_cluster_objects_are_dry_run_in_the_hosted_cluster_through_its_co
         .await
         .unwrap();
     let cluster = &clusters[0];
-    let hosted: Api<HostedCluster> = Api::namespaced(client.clone(), HOSTED_CLUSTERS_NAMESPACE);
-    let patch = json!({"metadata": {"labels": {"preflight-hosted": "yes"}}});
-    hosted
-        .patch(
-            &cluster.name,
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await
-        .unwrap();
+    label(
+        &client,
+        HOSTED_CLUSTERS_NAMESPACE,
+        &cluster.name,
+        "preflight-hosted",
+        "yes",
+    )
+    .await;
     let v1 = push(
         "preflight-hosted:v1",
         &[

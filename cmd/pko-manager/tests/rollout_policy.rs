@@ -238,29 +238,6 @@ fn time(text: &str) -> Timestamp {
     text.parse().unwrap()
 }
 
-/// Runs `kubectl package` against the management apiserver; its output, and whether it succeeded.
-fn run_cli(args: &[&str]) -> (bool, String) {
-    let out = std::process::Command::new(common::kubectl_package())
-        .args(args)
-        .arg("--kubeconfig")
-        .arg(env().management().kubeconfig_path())
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
-}
-
-/// Runs `kubectl package` and asserts it succeeded.
-fn cli(args: &[&str]) -> String {
-    let (ok, text) = run_cli(args);
-    assert!(ok, "kubectl package {args:?}: {text}");
-    text
-}
-
 /// A release of `good`'s image that fails in `namespace` alone: it adds the region `taken`, whose
 /// ConfigMap that namespace already has, owned by nobody. Returns the template's spec.
 async fn release_failing_in(

@@ -394,6 +394,29 @@ pub fn kubectl_package() -> PathBuf {
     bin
 }
 
+/// Runs `kubectl package` against the management apiserver: whether it succeeded, and its output.
+pub fn run_cli(args: &[&str]) -> (bool, String) {
+    let out = Command::new(kubectl_package())
+        .args(args)
+        .arg("--kubeconfig")
+        .arg(env().management().kubeconfig_path())
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// Runs `kubectl package` and asserts it succeeded.
+pub fn cli(args: &[&str]) -> String {
+    let (ok, text) = run_cli(args);
+    assert!(ok, "kubectl package {args:?}: {text}");
+    text
+}
+
 /// `kubectl-package build -t <registry>/examples/<tag> --push <example>`, as upstream's CLI takes it;
 /// returns the image.
 pub fn build_and_push(example: &str, tag: &str) -> String {
