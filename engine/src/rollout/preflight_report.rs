@@ -35,9 +35,20 @@ fn yaml(value: Option<&Value>) -> String {
         .unwrap_or_default()
 }
 
+/// Objects whose YAML (both sides together) is larger than this get no diff text, only their fields:
+/// a line diff's work grows with the product of the lines that differ.
+const DIFF_INPUT_LIMIT: usize = 256 * 1024;
+
 fn unified_diff(label: &str, change: &ObjectChange) -> String {
     let old = yaml(change.before.as_ref());
     let new = yaml(change.after.as_ref());
+    if old.len() + new.len() > DIFF_INPUT_LIMIT {
+        return format!(
+            "# {label}: {} bytes of YAML, over the {} KiB a diff is shown for; see its fields\n",
+            old.len() + new.len(),
+            DIFF_INPUT_LIMIT / 1024
+        );
+    }
     similar::TextDiff::from_lines(&old, &new)
         .unified_diff()
         .context_radius(3)
@@ -474,6 +485,23 @@ mod tests {
             object.diff
         );
         assert!(object.diff.contains("   user: (redacted)"));
+    }
+
+    #[test]
+    fn a_huge_object_is_summed_up_not_diffed() {
+        let big = |v: &str| {
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "big"},
+                "data": {"blob": v.repeat(200_000)}})
+        };
+        let change = ObjectChange {
+            phase: "p".into(),
+            hosted: false,
+            before: Some(big("a")),
+            after: Some(big("b")),
+        };
+        let diff = unified_diff("v1 ConfigMap big", &change);
+        assert!(diff.starts_with("# v1 ConfigMap big: 400"), "{diff}");
+        assert!(diff.len() < 200);
     }
 
     proptest! {
