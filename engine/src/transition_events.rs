@@ -167,9 +167,11 @@ pub fn rollout_transition(event: &RolloutEvent) -> Option<TransitionEvent> {
         RolloutEventKind::RolloutResumed => {
             (false, "RolloutResumed", "The rollout resumed.".to_owned())
         }
+        // A preflight raises its own Event (`PreflightPassed`/`PreflightRefused`) when it ends.
         RolloutEventKind::PackageUpdated
         | RolloutEventKind::PackageAvailable
-        | RolloutEventKind::PackagePaused => return None,
+        | RolloutEventKind::PackagePaused
+        | RolloutEventKind::PreflightFinished => return None,
     };
     Some(TransitionEvent {
         warning,

@@ -1,5 +1,5 @@
-//! The rollout event stream (version 2; version 2 added the rollout policy's kinds, from
-//! `groupAwaitingApproval` on): every step of a HostedClusterPackage rollout is published to the
+//! The rollout event stream (version 3; version 2 added the rollout policy's kinds, from
+//! `groupAwaitingApproval` on, version 3 `preflightFinished`): every step of a HostedClusterPackage rollout is published to the
 //! JetStream stream [`STREAM`], so dashboards and other management clusters can follow along.
 //!
 //! Subjects: `pko.v1.rollout.<hcpkg>.<kind>`, where `<hcpkg>` is the HostedClusterPackage's name with dots
@@ -14,7 +14,7 @@ pub const STREAM: &str = "PKO_ROLLOUTS";
 /// Subjects of every rollout event.
 pub const SUBJECT_PREFIX: &str = "pko.v1.rollout";
 /// The version this build writes.
-pub const EVENT_VERSION: u32 = 2;
+pub const EVENT_VERSION: u32 = 3;
 /// How long the stream keeps an event.
 pub const STREAM_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(7 * 24 * 60 * 60);
 /// The most the stream stores; the oldest events go first beyond it.
@@ -68,6 +68,9 @@ pub enum RolloutEventKind {
     RolloutPaused,
     /// `spec.paused` was cleared (version 2).
     RolloutResumed,
+    /// A preflight of the release finished: the message gives its counts, what was refused first, and
+    /// its digest (version 3).
+    PreflightFinished,
 }
 
 impl RolloutEventKind {
@@ -91,6 +94,7 @@ impl RolloutEventKind {
             Self::RollbackFinished => "rollback_finished",
             Self::RolloutPaused => "rollout_paused",
             Self::RolloutResumed => "rollout_resumed",
+            Self::PreflightFinished => "preflight_finished",
         }
     }
 }
@@ -130,8 +134,9 @@ pub struct RolloutEvent {
 impl RolloutEvent {
     /// The `Nats-Msg-Id` of the event: the same step of the same rollout always gets the same id, so
     /// the stream stores it once however often it is published. A `blocked` step names who holds the
-    /// budget, and a `promotionWaiting` step whom the gate waits for; both change within one rollout, so
-    /// their message is part of their id.
+    /// budget, a `promotionWaiting` step whom the gate waits for, and a `preflightFinished` step what a
+    /// preflight found (run again when the targets change); all change within one rollout, so their
+    /// message is part of their id.
     pub fn message_id(&self) -> String {
         let part = |p: &Option<String>| p.clone().unwrap_or_else(|| "-".to_owned());
         let mut id = format!(
@@ -144,7 +149,9 @@ impl RolloutEvent {
         );
         if matches!(
             self.kind,
-            RolloutEventKind::Blocked | RolloutEventKind::PromotionWaiting
+            RolloutEventKind::Blocked
+                | RolloutEventKind::PromotionWaiting
+                | RolloutEventKind::PreflightFinished
         ) {
             id.push('/');
             id.push_str(&self.message);

@@ -260,7 +260,7 @@ impl ConnectorActor {
         let Some(apply) = self.accept::<ApplyPhase>(&request, |m| &m.phase) else {
             return;
         };
-        let span = consumer_span(&request, &apply.phase);
+        let span = consumer_span(&request, &apply.phase.namespace, Some(&apply.phase));
         let _entered = span.enter();
         if self.is_stale(&apply.phase) {
             return self.answer_stale(&apply.phase, request.reply);
@@ -287,7 +287,7 @@ impl ConnectorActor {
         let Some(teardown) = self.accept::<TeardownPhase>(&request, |m| &m.phase) else {
             return;
         };
-        let span = consumer_span(&request, &teardown.phase);
+        let span = consumer_span(&request, &teardown.phase.namespace, Some(&teardown.phase));
         let _entered = span.enter();
         match plan_teardown(&teardown) {
             Ok(plan) => self.submit(
@@ -322,7 +322,7 @@ impl ConnectorActor {
 
 /// The span of handling one request: a consumer span in the manager's trace, its parent taken from the
 /// request's W3C trace-context headers.
-fn consumer_span(request: &NatsMessage, phase: &PhaseRef) -> Span {
+fn consumer_span(request: &NatsMessage, namespace: &str, phase: Option<&PhaseRef>) -> Span {
     let operation = HostedClusterSubjects::operation_of(&request.subject);
     let span = info_span!(
         "connector request",
@@ -331,11 +331,16 @@ fn consumer_span(request: &NatsMessage, phase: &PhaseRef) -> Span {
         messaging.system = "nats",
         messaging.operation = "process",
         messaging.destination.name = %request.subject,
-        k8s.namespace.name = %phase.namespace,
-        pko.phase = %phase.name,
-        pko.object.uid = %phase.uid,
-        generation = phase.generation,
+        k8s.namespace.name = %namespace,
+        pko.phase = tracing::field::Empty,
+        pko.object.uid = tracing::field::Empty,
+        generation = tracing::field::Empty,
     );
+    if let Some(phase) = phase {
+        span.record("pko.phase", phase.name.as_str());
+        span.record("pko.object.uid", phase.uid.as_str());
+        span.record("generation", phase.generation);
+    }
     let headers = request.headers.as_ref();
     CapturedTrace::from_headers(|key| headers.and_then(|h| h.get(key)).map(|v| v.as_str()))
         .parent(&span);
@@ -364,7 +369,7 @@ impl ConnectorActor {
             Err(error) => return self.reject(&request, &error),
         };
         let applier = self.applier.clone();
-        let span = info_span!("preview objects", objects = preview.objects.len());
+        let span = consumer_span(&request, &preview.namespace, None);
         let verdicts = async move {
             let introduced = Introduced::of(&preview.objects);
             let mut verdicts = Vec::with_capacity(preview.objects.len());

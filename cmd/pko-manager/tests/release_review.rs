@@ -262,6 +262,17 @@ async fn an_immutable_change_is_refused_where_it_differs_and_holds_the_rollout_u
         );
     }
 
+    // The rollout event stream tells it too, with the digest.
+    let told = rollout_events(&name).await;
+    assert!(
+        told.iter().any(|e| e["kind"] == "preflightFinished"
+            && e["message"].as_str().unwrap().contains(&format!(
+                "2 refused, 0 unchecked; digest {}",
+                preflight.digest
+            ))),
+        "{told:#?}"
+    );
+
     // Held before the first group: nothing updated, the group says why.
     assert_eq!(status.partitions[0].state, "AwaitingPreflight");
     assert_eq!(status.counts.updated_packages, 0);

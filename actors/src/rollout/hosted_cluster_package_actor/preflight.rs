@@ -8,6 +8,7 @@ use std::time::Instant;
 use actix::prelude::*;
 use pko_proto::core::hosted_cluster_package::HostedClusterPackage;
 use pko_proto::core::rollout_preflight::HostedClusterPackagePreflightStatus;
+use pko_proto::rollout_events::{RolloutEvent, RolloutEventKind, EVENT_VERSION};
 use tracing::{info_span, warn, Instrument};
 
 use super::HostedClusterPackageActor;
@@ -63,7 +64,9 @@ impl HostedClusterPackageActor {
             run: run.clone(),
             targets,
         };
+        // A trace of its own: it outlives the decision that started it.
         let span = info_span!(
+            parent: None,
             "preflight",
             pko.hostedclusterpackage = %self.name(),
             pko.template_hash = %run.template_hash,
@@ -79,6 +82,46 @@ impl HostedClusterPackageActor {
             .instrument(span),
         );
         self.state.preflights.started(run, task.abort_handle());
+    }
+}
+
+/// The rollout event that tells what a preflight found, from `source` (this management cluster).
+fn preflight_event(
+    hcpkg: &HostedClusterPackage,
+    source: &str,
+    status: &HostedClusterPackagePreflightStatus,
+) -> RolloutEvent {
+    let first = status
+        .refusals
+        .first()
+        .map(|r| {
+            format!(
+                " First refused: {}: {}: {}.",
+                r.namespace, r.object, r.message
+            )
+        })
+        .unwrap_or_default();
+    RolloutEvent {
+        version: EVENT_VERSION,
+        kind: RolloutEventKind::PreflightFinished,
+        hosted_cluster_package: hcpkg.metadata.name.clone().unwrap_or_default(),
+        uid: hcpkg.metadata.uid.clone().unwrap_or_default(),
+        generation: hcpkg.metadata.generation.unwrap_or_default(),
+        group: None,
+        namespace: None,
+        message: format!(
+            "Template {}: {} of {} namespaces change, in {} groups; {} refused, {} unchecked; digest {}.{first}",
+            status.template_hash,
+            status.changed,
+            status.namespaces,
+            status.groups.len(),
+            status.refused,
+            status.unchecked,
+            status.digest
+        ),
+        source: source.to_owned(),
+        trace_id: None,
+        traceparent: None,
     }
 }
 
@@ -100,6 +143,13 @@ impl Handler<PreflightEnded> for HostedClusterPackageActor {
                         status.refused, status.unchecked, status.digest
                     );
                     let reference = event_reference("HostedClusterPackage", &hcpkg.metadata);
+                    if let Some(publisher) = &self.context.rollouts.publisher {
+                        publisher.enqueue(vec![preflight_event(
+                            hcpkg,
+                            &self.context.rollouts.source,
+                            &status,
+                        )]);
+                    }
                     self.context.runtime.events.raise_transitions(
                         &reference,
                         vec![TransitionEvent {
