@@ -22,6 +22,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, info, info_span, warn, Span};
 
 use crate::engine::hypershift::hosted_phase::{plan_apply, plan_teardown, refused, report_of_run};
+use crate::engine::objects::object_ref::ObjectKey;
 use crate::engine::objects::phase_plan::PhaseOutcome;
 use crate::engine::objects::phase_plan::PhasePlan;
 use crate::engine::rollout::preflight_diff::Verdict;
@@ -374,7 +375,11 @@ impl ConnectorActor {
             let introduced = Introduced::of(&preview.objects);
             let mut verdicts = Vec::with_capacity(preview.objects.len());
             for object in &preview.objects {
-                let (outcome, message) = match dry_run(&applier, object, None, &introduced).await {
+                let verdict = match ObjectKey::of(object) {
+                    Some(key) => dry_run(&applier, &key, object, &introduced).await,
+                    None => Verdict::Refused("the object has no apiVersion, kind or name".into()),
+                };
+                let (outcome, message) = match verdict {
                     Verdict::Accepted => (PreviewOutcome::Accepted, String::new()),
                     Verdict::Refused(m) => (PreviewOutcome::Refused, m),
                     Verdict::Unchecked(m) => (PreviewOutcome::Unchecked, m),

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeSet;
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::engine::objects::object_ref::ObjectKey;
 use crate::engine::rollout::preflight_diff::Verdict;
@@ -46,43 +46,23 @@ impl Introduced {
     }
 }
 
-/// The dry run of applying `object` (created or updated). `default_namespace`: where an object that
-/// names none goes (a namespaced owner's namespace), if anywhere.
+/// The dry run of applying `body` (created or updated) as `key`.
 pub async fn dry_run(
     applier: &Applier,
-    object: &Value,
-    default_namespace: Option<&str>,
+    key: &ObjectKey,
+    body: &Value,
     introduced: &Introduced,
 ) -> Verdict {
-    let mut object = object.clone();
-    if let Some(ns) = default_namespace.filter(|_| object.pointer("/metadata/namespace").is_none())
-    {
-        object["metadata"]["namespace"] = json!(ns);
-    }
-    let Some(mut key) = ObjectKey::of(&object) else {
-        return Verdict::Refused("the object has no apiVersion, kind or name".into());
-    };
-    match applier.resolve(&key).await {
-        Ok(kind) if !kind.namespaced && default_namespace.is_some() => {
-            // Cluster-scoped: applied without the namespace defaulted above.
-            key.namespace.clear();
-            if let Some(meta) = object["metadata"].as_object_mut() {
-                meta.remove("namespace");
-            }
-        }
-        Ok(_) => {}
+    match applier.dry_run_apply(key, body).await {
+        Ok(()) => Verdict::Accepted,
         Err(ApplyError::UnknownKind { .. })
             if introduced
                 .kinds
                 .contains(&(key.group.clone(), key.kind.clone())) =>
         {
-            return Verdict::Unchecked("its kind is defined by this release's CRD".into());
+            Verdict::Unchecked("its kind is defined by this release's CRD".into())
         }
-        Err(e) => return Verdict::Refused(e.to_string()),
-    }
-    match applier.dry_run_apply(&key, &object).await {
-        Ok(()) => Verdict::Accepted,
-        Err(e) => refusal(&e, &key, introduced),
+        Err(e) => refusal(&e, key, introduced),
     }
 }
 
@@ -106,6 +86,8 @@ fn refusal(error: &ApplyError, key: &ObjectKey, introduced: &Introduced) -> Verd
         Some(s) if (400..500).contains(&s.code) && s.code != 429 => {
             Verdict::Refused(s.message.clone())
         }
+        // The kind is not served, or the namespace does not fit its scope: the apply fails the same.
+        None if error.is_permanent() => Verdict::Refused(error.to_string()),
         _ => Verdict::Unchecked(format!("the dry run failed: {error}")),
     }
 }

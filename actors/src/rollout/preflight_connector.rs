@@ -9,45 +9,41 @@ use pko_proto::connector_wire::{
     HostedClusterSubjects, PreviewObjects, PreviewOutcome, PreviewReport, Reply, WIRE_VERSION,
 };
 
-use crate::engine::rollout::preflight_diff::{Action, ObjectChange, Verdict};
+use crate::engine::objects::desired_object::{DesiredObject, InvalidObject};
+use crate::engine::rollout::preflight_diff::{as_applied, ObjectChange, Verdict};
 use crate::hypershift::connector_link::LinkError;
 use crate::manager::context::ManagerContext;
 
 /// A verdict for each of `changes` (hosted ones of HCP namespace `namespace`, whose HostedCluster has
-/// UID `cluster_uid`), in their order.
+/// UID `cluster_uid`), in their order: the object engine's refusal, or the connector's dry run of the
+/// object as its phase would apply it.
 pub async fn hosted_verdicts(
     context: &ManagerContext,
     namespace: &str,
     cluster_uid: Option<&str>,
     changes: &[&ObjectChange],
 ) -> Vec<Verdict> {
-    let objects: Vec<serde_json::Value> = changes
+    let prepared: Vec<Option<Result<DesiredObject, InvalidObject>>> =
+        changes.iter().map(|c| as_applied(c, namespace)).collect();
+    let objects: Vec<serde_json::Value> = prepared
         .iter()
-        .filter(|c| c.action() != Action::Delete)
-        .filter_map(|c| c.after.clone())
+        .flatten()
+        .flatten()
+        .map(|d| d.object.clone())
         .collect();
     let answers = if objects.is_empty() {
         Ok(Vec::new())
     } else {
         ask_connector(context, namespace, cluster_uid, objects).await
     };
-    let mut answers = match answers {
-        Ok(answers) => answers.into_iter(),
-        Err(why) => {
-            return changes
-                .iter()
-                .map(|c| match c.action() {
-                    Action::Delete => Verdict::Unchecked("a delete is not dry-run".into()),
-                    _ => Verdict::Unchecked(why.clone()),
-                })
-                .collect()
-        }
-    };
-    changes
-        .iter()
-        .map(|c| match c.action() {
-            Action::Delete => Verdict::Unchecked("a delete is not dry-run".into()),
-            _ => answers.next().unwrap_or_else(|| {
+    let mut answers = answers.map(Vec::into_iter);
+    prepared
+        .into_iter()
+        .map(|object| match (object, &mut answers) {
+            (None, _) => Verdict::Unchecked("a delete is not dry-run".into()),
+            (Some(Err(refused)), _) => Verdict::Refused(refused.to_string()),
+            (Some(Ok(_)), Err(why)) => Verdict::Unchecked(why.clone()),
+            (Some(Ok(_)), Ok(answers)) => answers.next().unwrap_or_else(|| {
                 Verdict::Unchecked("the connector answered fewer verdicts than objects".into())
             }),
         })

@@ -32,7 +32,7 @@ use crate::engine::objects::desired_object::FIELD_MANAGER;
 use crate::engine::packages::package_deployment::UnpackOutcome;
 use crate::engine::rollout::hosted_cluster_package::desired_package;
 use crate::engine::rollout::preflight_diff::{
-    object_changes, Action, NamespacePreflight, ObjectChange, PhaseObjects, Verdict,
+    as_applied, object_changes, NamespacePreflight, ObjectChange, PhaseObjects, Verdict,
 };
 use crate::engine::rollout::preflight_gate::PreflightRun;
 use crate::engine::rollout::preflight_report::{preflight_report, preflight_status};
@@ -279,22 +279,20 @@ async fn current_objects(
     Ok(objects)
 }
 
-/// The dry run of one change in the management cluster (a delete is not dry-run).
+/// The dry run of one change in the management cluster, as its phase would apply it (a delete is not
+/// dry-run; an object the object engine refuses is refused here too).
 async fn local_verdict(
     context: &ManagerContext,
     namespace: &str,
     change: &ObjectChange,
     introduced: &Introduced,
 ) -> Verdict {
-    match change
-        .after
-        .as_ref()
-        .filter(|_| change.action() != Action::Delete)
-    {
+    match as_applied(change, namespace) {
         None => Verdict::Unchecked("a delete is not dry-run".into()),
-        Some(object) => {
+        Some(Err(refused)) => Verdict::Refused(refused.to_string()),
+        Some(Ok(desired)) => {
             context.metrics.rollouts.preflight.dry_run();
-            dry_run(&context.applier, object, Some(namespace), introduced).await
+            dry_run(&context.applier, &desired.key, &desired.object, introduced).await
         }
     }
 }

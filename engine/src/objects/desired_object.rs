@@ -73,6 +73,20 @@ pub fn prepare_phase(
         .collect()
 }
 
+/// `object` checked and placed as a phase of `owner` applies it (namespace confined or defaulted), but
+/// without pko's marks: what a preview of the apply (a release's dry run) sends. `field` names it.
+pub fn unmarked_object(
+    owner: &OwnerRef,
+    field: &str,
+    object: &Value,
+) -> Result<DesiredObject, InvalidObject> {
+    let spec = ObjectSetObject {
+        object: object.clone(),
+        ..ObjectSetObject::default()
+    };
+    prepare_object(owner, 0, field, &spec, false)
+}
+
 fn invalid(field: &str, problem: impl Into<String>) -> InvalidObject {
     InvalidObject {
         field: field.to_owned(),

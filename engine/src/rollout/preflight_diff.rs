@@ -11,7 +11,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use pko_proto::{GROUP, VERSION};
 use serde_json::{json, Map, Value};
+
+use crate::objects::desired_object::{unmarked_object, DesiredObject, InvalidObject, OwnerRef};
+use crate::objects::object_ref::ObjectKey;
 
 pub const NAMESPACE_PLACEHOLDER: &str = "$(namespace)";
 pub const HOSTED_CLUSTER_PLACEHOLDER: &str = "$(hostedCluster)";
@@ -108,27 +112,41 @@ pub struct NamespacePreflight {
     pub outcome: Result<Vec<(ObjectChange, Verdict)>, String>,
 }
 
-/// Who an object is across revisions: group, kind, namespace and name (a new version of the same
-/// kind is the same object).
+/// Who an object is across revisions: group, kind, namespace and name, as the object engine keys it
+/// (a new version of the same kind is the same object).
 pub(crate) fn identity(object: &Value) -> (String, String, String, String) {
-    let text = |pointer: &str| {
-        object
-            .pointer(pointer)
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_owned()
+    ObjectKey::of(object)
+        .map(|k| k.without_version())
+        .unwrap_or_default()
+}
+
+/// `change`'s object as its phase would hand it to the apiserver, through the object engine's own
+/// checks (`objects::desired_object`): in a management-cluster phase confined to, or defaulted into,
+/// HCP namespace `namespace`. pko's ownership marks are left out, since the revision that would own it
+/// does not exist yet. `None` for a delete; an object the engine itself refuses says why.
+pub fn as_applied(
+    change: &ObjectChange,
+    namespace: &str,
+) -> Option<Result<DesiredObject, InvalidObject>> {
+    let object = change
+        .after
+        .as_ref()
+        .filter(|_| change.action() != Action::Delete)?;
+    let owner = OwnerRef {
+        api_version: format!("{GROUP}/{VERSION}"),
+        kind: if change.hosted {
+            "ObjectSetPhase"
+        } else {
+            "ObjectSet"
+        }
+        .to_owned(),
+        name: String::new(),
+        uid: String::new(),
+        namespace: Some(namespace.to_owned()),
+        remote: change.hosted,
     };
-    let api_version = text("/apiVersion");
-    let group = api_version
-        .rsplit_once('/')
-        .map_or("", |(g, _)| g)
-        .to_owned();
-    (
-        group,
-        text("/kind"),
-        text("/metadata/namespace"),
-        text("/metadata/name"),
-    )
+    let field = format!("phase {}", change.phase);
+    Some(unmarked_object(&owner, &field, object))
 }
 
 /// The objects that differ between what the current revision holds and what the release renders
@@ -424,6 +442,54 @@ mod tests {
             .collect();
         assert_eq!(seen, [(Action::Create, "new"), (Action::Delete, "gone")]);
     }
+    #[test]
+    fn dry_runs_send_what_the_phase_would_apply_and_nothing_the_engine_refuses() {
+        let cm = |ns: Option<&str>| {
+            let mut o = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}});
+            if let Some(ns) = ns {
+                o["metadata"]["namespace"] = json!(ns);
+            }
+            o
+        };
+        let change = |object: Value, hosted: bool| ObjectChange {
+            phase: "deploy".into(),
+            hosted,
+            before: None,
+            after: Some(object),
+        };
+        let local = as_applied(&change(cm(None), false), "clusters-a")
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            local.object["metadata"]["namespace"], "clusters-a",
+            "defaulted like the phase"
+        );
+        assert_eq!(local.key.namespace, "clusters-a");
+        assert!(
+            local.object["metadata"].get("ownerReferences").is_none(),
+            "no revision owns it yet"
+        );
+        let foreign = as_applied(&change(cm(Some("kube-system")), false), "clusters-a").unwrap();
+        let refused = foreign.unwrap_err().to_string();
+        assert!(
+            refused.contains("outside the owner's namespace"),
+            "{refused}"
+        );
+        let hosted = as_applied(&change(cm(None), true), "clusters-a")
+            .unwrap()
+            .unwrap();
+        assert!(
+            hosted.object["metadata"].get("namespace").is_none(),
+            "a hosted phase keeps it as written"
+        );
+        let gone = ObjectChange {
+            before: Some(cm(None)),
+            after: None,
+            ..change(cm(None), false)
+        };
+        assert!(as_applied(&gone, "clusters-a").is_none());
+    }
+
     #[test]
     fn list_items_with_names_are_matched_by_name() {
         let mut fields = Vec::new();
