@@ -157,6 +157,23 @@ pub fn rollout_transition(event: &RolloutEvent) -> Option<TransitionEvent> {
             "PartitionSoaking",
             format!("Group {group} is updated and live; its soak runs."),
         ),
+        RolloutEventKind::GroupWaitingForWindow => (
+            false,
+            "PartitionWaitingForWindow",
+            format!(
+                "Group {group} waits for maintenance windows. {}",
+                event.message
+            ),
+        ),
+        RolloutEventKind::PackageSkipped => (
+            false,
+            "PackageSkipped",
+            format!(
+                "{} is left out of the rollout. {}",
+                event.namespace.as_deref().unwrap_or_default(),
+                event.message
+            ),
+        ),
         RolloutEventKind::RolloutHalted => (true, "RolloutHalted", event.message.clone()),
         RolloutEventKind::RollbackFinished => (true, "RollbackFinished", event.message.clone()),
         RolloutEventKind::RolloutPaused => (

@@ -1,5 +1,6 @@
-//! The rollout event stream (version 3; version 2 added the rollout policy's kinds, from
-//! `groupAwaitingApproval` on, version 3 `preflightFinished`): every step of a HostedClusterPackage rollout is published to the
+//! The rollout event stream (version 4; version 2 added the rollout policy's kinds, from
+//! `groupAwaitingApproval` on, version 3 `preflightFinished`, version 4 `groupWaitingForWindow` and
+//! `packageSkipped`): every step of a HostedClusterPackage rollout is published to the
 //! JetStream stream [`STREAM`], so dashboards and other management clusters can follow along.
 //!
 //! Subjects: `pko.v1.rollout.<hcpkg>.<kind>`, where `<hcpkg>` is the HostedClusterPackage's name with dots
@@ -14,7 +15,7 @@ pub const STREAM: &str = "PKO_ROLLOUTS";
 /// Subjects of every rollout event.
 pub const SUBJECT_PREFIX: &str = "pko.v1.rollout";
 /// The version this build writes.
-pub const EVENT_VERSION: u32 = 3;
+pub const EVENT_VERSION: u32 = 4;
 /// How long the stream keeps an event.
 pub const STREAM_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(7 * 24 * 60 * 60);
 /// The most the stream stores; the oldest events go first beyond it.
@@ -71,6 +72,12 @@ pub enum RolloutEventKind {
     /// A preflight of the release finished: the message gives its counts, what was refused first, and
     /// its digest (version 3).
     PreflightFinished,
+    /// The group being rolled out waits for its members' maintenance windows: the message says when the
+    /// first opens (version 4).
+    GroupWaitingForWindow,
+    /// A HostedCluster is left out of the rollout (`spec.rolloutPolicy.skip`): the message gives the
+    /// reason and until when (version 4).
+    PackageSkipped,
 }
 
 impl RolloutEventKind {
@@ -95,6 +102,8 @@ impl RolloutEventKind {
             Self::RolloutPaused => "rollout_paused",
             Self::RolloutResumed => "rollout_resumed",
             Self::PreflightFinished => "preflight_finished",
+            Self::GroupWaitingForWindow => "group_waiting_for_window",
+            Self::PackageSkipped => "package_skipped",
         }
     }
 }
@@ -134,9 +143,10 @@ pub struct RolloutEvent {
 impl RolloutEvent {
     /// The `Nats-Msg-Id` of the event: the same step of the same rollout always gets the same id, so
     /// the stream stores it once however often it is published. A `blocked` step names who holds the
-    /// budget, a `promotionWaiting` step whom the gate waits for, and a `preflightFinished` step what a
-    /// preflight found (run again when the targets change); all change within one rollout, so their
-    /// message is part of their id.
+    /// budget, a `promotionWaiting` step whom the gate waits for, a `preflightFinished` step what a
+    /// preflight found (run again when the targets change), a `groupWaitingForWindow` step which window
+    /// opening it waits for, and a `packageSkipped` step until when; all change within one rollout, so
+    /// their message is part of their id.
     pub fn message_id(&self) -> String {
         let part = |p: &Option<String>| p.clone().unwrap_or_else(|| "-".to_owned());
         let mut id = format!(
@@ -152,6 +162,8 @@ impl RolloutEvent {
             RolloutEventKind::Blocked
                 | RolloutEventKind::PromotionWaiting
                 | RolloutEventKind::PreflightFinished
+                | RolloutEventKind::GroupWaitingForWindow
+                | RolloutEventKind::PackageSkipped
         ) {
             id.push('/');
             id.push_str(&self.message);

@@ -78,6 +78,11 @@ pub const ROLLOUT_PREFLIGHT_APPROVAL_ANNOTATION: &str =
 /// On a HostedClusterPackage: asks for a new preflight (any value not seen before).
 pub const ROLLOUT_PREFLIGHT_REQUEST_ANNOTATION: &str = "rollout.package-operator.run/preflight";
 
+/// Label on a HostedCluster: the maintenance window (`spec.rolloutPolicy.maintenanceWindows[].name`)
+/// outside which no HostedClusterPackage creates or updates its Package. Set once by the cluster's owner
+/// for every HostedClusterPackage.
+pub const MAINTENANCE_WINDOW_LABEL: &str = "rollout.package-operator.run/maintenance-window";
+
 /// Annotation naming the phase of an object (required).
 pub const PHASE_ANNOTATION: &str = "package-operator.run/phase";
 

@@ -68,6 +68,8 @@ pub struct RolloutMetrics {
     packages: Family<CountLabels, Gauge>,
     partition_packages: Family<PartitionLabels, Gauge>,
     state: Family<CountLabels, Gauge>,
+    /// Packages held back by the calendar: waiting for a maintenance window, or left out (skipped).
+    held: Family<CountLabels, Gauge>,
     started: Family<NameLabels, Gauge>,
     max_unavailable: Family<NameLabels, Gauge>,
     health_checks: Family<HealthCheckLabels, Counter>,
@@ -97,8 +99,15 @@ impl RolloutMetrics {
         registry.register(
             "pko_hostedclusterpackage_rollout_state",
             "1 for the state the HostedClusterPackage's rollout is in (progressing, finished, \
-             blocked, paused, halted), 0 for the others.",
+             blocked, paused, halted, waiting_for_window), 0 for the others.",
             self.state.clone(),
+        );
+        registry.register(
+            "pko_hostedclusterpackage_held_packages",
+            "HCP namespaces of a HostedClusterPackage held back by its calendar: state \
+             waiting_for_window (to be created or updated once their maintenance window opens) or \
+             skipped (left out by spec.rolloutPolicy.skip until its expiry).",
+            self.held.clone(),
         );
         registry.register(
             "pko_hostedclusterpackage_health_checks",
@@ -190,6 +199,16 @@ impl RolloutMetrics {
                     .set(i64::from(read(&partition.counts)));
             }
         }
+        let waiting: i32 = status.partitions.iter().map(|p| p.waiting_for_window).sum();
+        let skipped = i32::try_from(status.skipped.len()).unwrap_or(i32::MAX);
+        for (state, value) in [("waiting_for_window", waiting), ("skipped", skipped)] {
+            self.held
+                .get_or_create(&CountLabels {
+                    hostedclusterpackage: name.clone(),
+                    state,
+                })
+                .set(i64::from(value));
+        }
         let current = rollout_state(&status);
         for state in RolloutState::ALL {
             self.state
@@ -252,6 +271,12 @@ impl RolloutMetrics {
                 state: state.label(),
             });
         }
+        for state in ["waiting_for_window", "skipped"] {
+            self.held.remove(&CountLabels {
+                hostedclusterpackage: name.to_owned(),
+                state,
+            });
+        }
         for result in ["passing", "failing", "unknown"] {
             self.health_checks.remove(&HealthCheckLabels {
                 hostedclusterpackage: name.to_owned(),
@@ -290,7 +315,9 @@ mod tests {
                 "totalPackages": 3, "updatedPackages": 1, "inFlightPackages": 1,
                 "conditions": [{"type": "Progressing", "status": "True", "reason": "R", "message": "",
                     "lastTransitionTime": "2026-01-01T00:00:00Z"}],
-                "partitions": [{"name": "low", "order": 0, "totalPackages": 2, "updatedPackages": 1}],
+                "partitions": [{"name": "low", "order": 0, "totalPackages": 2, "updatedPackages": 1,
+                    "waitingForWindow": 1}],
+                "skipped": [{"namespace": "clusters-x", "until": "2026-01-02T00:00:00Z", "reason": "r"}],
             },
         }))
         .unwrap_or_else(|e| panic!("{e}"));
@@ -305,6 +332,8 @@ mod tests {
             r#"pko_hostedclusterpackage_partition_packages{hostedclusterpackage="addon",partition="low",state="updated"} 1"#,
             r#"pko_hostedclusterpackage_rollout_state{hostedclusterpackage="addon",state="progressing"} 1"#,
             r#"pko_hostedclusterpackage_rollout_state{hostedclusterpackage="addon",state="finished"} 0"#,
+            r#"pko_hostedclusterpackage_held_packages{hostedclusterpackage="addon",state="waiting_for_window"} 1"#,
+            r#"pko_hostedclusterpackage_held_packages{hostedclusterpackage="addon",state="skipped"} 1"#,
             r#"pko_hostedclusterpackage_rollout_started_timestamp_seconds{hostedclusterpackage="addon"} 1767225600"#,
         ] {
             assert!(text.contains(line), "{line} in {text}");

@@ -272,6 +272,16 @@ fn status_report(
             pc.available_packages,
             pc.total_packages
         ));
+        if p.waiting_for_window > 0 {
+            let next = p
+                .next_window_start
+                .as_deref()
+                .map_or_else(String::new, |at| format!(", the first opens at {at}"));
+            lines.push(format!(
+                "    {} waiting for their maintenance window{next}",
+                p.waiting_for_window
+            ));
+        }
         for check in &p.health_checks {
             lines.push(format!(
                 "    health check {}: {} at {}: {}",
@@ -306,11 +316,17 @@ fn status_report(
             None => lines.push(format!("  in flight: {namespace} ({phase}{age})")),
         }
     }
+    for skipped in &status.skipped {
+        lines.push(format!(
+            "  skipped: {} until {}: {}",
+            skipped.namespace, skipped.until, skipped.reason
+        ));
+    }
     if let Some(progressing) = find_condition(&status.conditions, "Progressing") {
         if status.observed_generation == generation
             && matches!(
                 rollout_state(status),
-                RolloutState::Blocked | RolloutState::Paused
+                RolloutState::Blocked | RolloutState::Paused | RolloutState::WaitingForWindow
             )
         {
             lines.push(format!("  {}: {}", progressing.reason, progressing.message));

@@ -107,16 +107,32 @@ pub fn plan_text(name: &str, decision: &RolloutDecision) -> String {
     let current = plan.current_group.and_then(|i| plan.groups.get(i));
     let mut waiting = Vec::new();
     for target in &input.targets {
+        let group = pko_engine::rollout::rollout_plan::group_key(
+            target.label.as_deref(),
+            input.partition.as_ref(),
+        );
+        if plan.waiting_for_window.contains(&target.namespace) {
+            let opens = step
+                .status
+                .partitions
+                .iter()
+                .find(|p| p.name == group_name(&group))
+                .and_then(|p| p.next_window_start.as_deref())
+                .map_or_else(String::new, |at| {
+                    format!(" (the first of its group's opens at {at})")
+                });
+            waiting.push(format!(
+                "  {}: its maintenance window is closed{opens}",
+                target.namespace
+            ));
+            continue;
+        }
         let Some(state) = target.package else {
             continue;
         };
         if state.updated || plan.update.contains(&target.namespace) {
             continue;
         }
-        let group = pko_engine::rollout::rollout_plan::group_key(
-            target.label.as_deref(),
-            input.partition.as_ref(),
-        );
         let why = if state.paused {
             "paused".to_owned()
         } else if current.is_some_and(|g| g.name != group) {
@@ -150,6 +166,12 @@ pub fn plan_text(name: &str, decision: &RolloutDecision) -> String {
     if !plan.failed.is_empty() {
         lines.push(format!("failing: {}", plan.failed.join(", ")));
     }
+    for skipped in &step.status.skipped {
+        lines.push(format!(
+            "skipped: {} until {}: {}",
+            skipped.namespace, skipped.until, skipped.reason
+        ));
+    }
     lines.extend(policy_lines(&step.status));
     lines.join("\n")
 }
@@ -177,6 +199,7 @@ mod tests {
                 ..PackageState::default()
             }),
             failure: None,
+            in_window: true,
         };
         // a-1 is in flight on the new template; a-2 and b-1 are live on the old one.
         let input = RolloutInput {

@@ -359,6 +359,9 @@ pub fn simulation_text(setup: &SimulationSetup, s: &Simulation) -> String {
         if let Some(when) = g.awaiting_approval {
             moments.push(format!("awaits approval {}", at(Some(when))));
         }
+        if let Some(when) = g.waiting_for_window {
+            moments.push(format!("waits for its window {}", at(Some(when))));
+        }
         moments.push(format!("started {}", at(g.started)));
         if let Some(when) = g.soaking {
             moments.push(format!("soaking {}", at(Some(when))));
@@ -407,6 +410,7 @@ fn simulation_json(setup: &SimulationSetup, s: &Simulation) -> Value {
             "name": g.name,
             "startedSeconds": secs(g.started),
             "awaitingApprovalSeconds": secs(g.awaiting_approval),
+            "waitingForWindowSeconds": secs(g.waiting_for_window),
             "soakingSeconds": secs(g.soaking),
             "finishedSeconds": secs(g.finished),
         })).collect::<Vec<_>>(),

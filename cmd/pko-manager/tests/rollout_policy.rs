@@ -2,8 +2,9 @@
 //! next group for at least its time and an approval given for an older template does not count; a
 //! Package that never gets live trips its progress deadline and, with `maxFailures: 0` and automatic
 //! rollback, the fleet returns to the last good template; a Prometheus health check that goes bad during
-//! a soak halts the rollout, and `kubectl package rollout undo` rolls it back. One manager, pointed at a
-//! real Prometheus that scrapes a gauge this binary serves, is shared by the tests.
+//! a soak halts the rollout, and `kubectl package rollout undo` rolls it back; maintenance windows hold
+//! a group and pause its soak and deadlines, and a skipped cluster holds nothing until its expiry. One
+//! manager, pointed at a real Prometheus that scrapes a gauge this binary serves, is shared by the tests.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -806,4 +807,273 @@ async fn a_retried_write_of_a_rolled_back_release_never_lands() {
         observed.timeline.join("\n")
     );
     observed.assert_within_budget(2);
+}
+
+/// Labels HostedCluster `hc-NN` of the fleet behind HostedClusterPackage `name` with maintenance window
+/// `window`.
+async fn name_window(client: &Client, name: &str, cluster: &str, window: &str) {
+    use pko_proto::hypershift::HostedCluster;
+    let fleet_ns = name.trim_end_matches("-rollout");
+    let patch =
+        json!({"metadata": {"labels": {pko_proto::well_known::MAINTENANCE_WINDOW_LABEL: window}}});
+    Api::<HostedCluster>::namespaced(client.clone(), fleet_ns)
+        .patch(cluster, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+}
+
+/// A new policy and the next greeting in one write.
+async fn set_policy_and_greeting(
+    api: &Api<HostedClusterPackage>,
+    current: &HostedClusterPackage,
+    policy: Value,
+    greeting: &str,
+) {
+    let name = current.metadata.name.as_deref().unwrap();
+    let image = &current.spec.template.spec.image;
+    let patch = json!({"spec": {"rolloutPolicy": policy,
+        "template": {"spec": {"image": image, "config": {"greeting": greeting}}}}});
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+}
+
+/// `at` as a daily six-field schedule (seconds first) in UTC: a window that opens once, at `at`, within
+/// the test.
+fn daily_at(at: Timestamp) -> String {
+    let t = at.to_zoned(k8s_openapi::jiff::tz::TimeZone::UTC);
+    format!("{} {} {} * * *", t.second(), t.minute(), t.hour())
+}
+
+fn partition<'a>(
+    h: &'a HostedClusterPackage,
+    group: &str,
+) -> Option<&'a pko_proto::core::hosted_cluster_package::HostedClusterPackagePartitionStatus> {
+    h.status
+        .as_ref()
+        .and_then(|s| s.partitions.iter().find(|p| p.name == group))
+}
+
+/// Early's window opens 3 s of every 10, late's once, 40 s from now: early's 4 s soak counts only open
+/// time (so it takes at least 10 s of wall time), then late waits for its window, says so with the
+/// window's start, and is updated once it opens.
+#[tokio::test]
+async fn a_group_waits_for_its_window_and_its_soak_counts_only_open_time() {
+    let (api, client, name, members) = rollout(
+        "policy-window",
+        &[("early", 1), ("late", 1)],
+        json!(1),
+        json!({}),
+    )
+    .await;
+    name_window(&client, &name, "hc-00", "short").await;
+    name_window(&client, &name, "hc-01", "later").await;
+    let opens = Timestamp::from_second(Timestamp::now().as_second() + 40).unwrap();
+    let policy = json!({
+        "maintenanceWindows": [
+            {"name": "short", "schedule": "*/10 * * * * *", "duration": "3s"},
+            {"name": "later", "schedule": daily_at(opens), "duration": "1h"},
+        ],
+        "defaults": {"minSuccessTime": "4s"},
+    });
+    let current = api.get(&name).await.unwrap();
+    set_policy_and_greeting(&api, &current, policy, "v2").await;
+
+    let soaking = wait_status(&api, &name, log, "early soaks", |h| {
+        partition(h, "early").is_some_and(|p| p.done_since.is_some())
+    })
+    .await;
+    let done_since = time(
+        partition(&soaking, "early")
+            .unwrap()
+            .done_since
+            .as_deref()
+            .unwrap(),
+    );
+    let waiting = wait_status(&api, &name, log, "late waits for its window", |h| {
+        partition(h, "late").is_some_and(|p| p.state == "WaitingForWindow")
+    })
+    .await;
+    let seen = Timestamp::now();
+    assert!(
+        seen.duration_since(done_since).as_secs() >= 9,
+        "early's 4 s soak ended {}s after it was done at {done_since}: closed time counted",
+        seen.duration_since(done_since).as_secs()
+    );
+    assert_eq!(partition(&waiting, "early").unwrap().state, "Finished");
+    let late = partition(&waiting, "late").unwrap();
+    assert_eq!(late.waiting_for_window, 1);
+    assert_eq!(
+        late.next_window_start.as_deref(),
+        Some(opens.to_string().as_str())
+    );
+    let late_ns = &members.iter().find(|(_, g)| g == "late").unwrap().0;
+    assert_eq!(greeting(&client, late_ns, &name).await, "hi");
+    let status = cli(&["rollout", "status", &format!("hostedclusterpackage/{name}")]);
+    assert!(
+        status.contains(&format!(
+            "1 waiting for their maintenance window, the first opens at {opens}"
+        )),
+        "{status}"
+    );
+    let events = rollout_events(&name).await;
+    assert!(
+        events.iter().any(|e| e["kind"] == "groupWaitingForWindow"
+            && e["group"] == "late"
+            && e["message"]
+                .as_str()
+                .unwrap_or_default()
+                .contains(&opens.to_string())),
+        "no groupWaitingForWindow event among {events:?}"
+    );
+
+    wait_until("late updated in its window", TIMEOUT * 2, || async {
+        match greeting(&client, late_ns, &name).await.as_str() {
+            "v2" => Ok(()),
+            other => Err(other.to_owned()),
+        }
+    })
+    .await
+    .unwrap();
+    assert!(
+        Timestamp::now() >= opens,
+        "late was updated before its window opened at {opens}"
+    );
+    wait_status(&api, &name, log, "the release everywhere", |h| {
+        all_available(h, 2)
+    })
+    .await;
+}
+
+/// A Package that never gets live, in a window open 2 s of every 5: its 3 s progress deadline counts
+/// only open time, so it trips at least 5 s of wall time after the update (before the hanging pull gives
+/// up on its own, after 10 s), which was written while the window was open.
+#[tokio::test]
+async fn a_progress_deadline_counts_only_open_time() {
+    let (api, _client, name, _members) = rollout(
+        "policy-window-deadline",
+        &[("early", 1)],
+        json!(1),
+        json!({}),
+    )
+    .await;
+    let client = env().management().client().await.unwrap();
+    name_window(&client, &name, "hc-00", "brief").await;
+    let hanging = format!("127.0.0.1:{}/never:1", silent_registry());
+    let patch = json!({"spec": {
+        "rolloutPolicy": {
+            "maintenanceWindows": [{"name": "brief", "schedule": "*/5 * * * * *", "duration": "2s"}],
+            "defaults": {"progressDeadline": "3s", "maxFailures": 0},
+        },
+        "template": {"spec": {"image": hanging, "config": {"greeting": "v2"}}},
+    }});
+    api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    let h = wait_status(&api, &name, log, "halted on the deadline", |h| {
+        h.status.as_ref().is_some_and(|s| s.halted.is_some())
+    })
+    .await;
+    let halted = h.status.unwrap().halted.unwrap();
+    assert_eq!(halted.reason, "MaxFailuresExceeded");
+    let updated_at = time(
+        halted
+            .message
+            .split("of its update at ")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .map(|t| t.trim_end_matches(['.', ',', ';', ')']))
+            .unwrap_or_else(|| panic!("no update time in {}", halted.message)),
+    );
+    let second = updated_at
+        .to_zoned(k8s_openapi::jiff::tz::TimeZone::UTC)
+        .second();
+    assert!(
+        second % 5 < 2,
+        "updated at {updated_at}, outside its window"
+    );
+    let wall = time(&halted.halted_at).duration_since(updated_at).as_secs();
+    assert!(
+        wall >= 5,
+        "the 3 s deadline tripped {wall}s after the update: closed time counted"
+    );
+}
+
+/// A cluster left out until a moment 25 s from now: its group finishes without it and the next group
+/// is updated, status lists it with its reason, and once the skip expires it is updated too.
+#[tokio::test]
+async fn a_skipped_cluster_holds_nothing_and_is_updated_after_its_expiry() {
+    let (api, client, name, members) = rollout(
+        "policy-skip",
+        &[("early", 2), ("late", 1)],
+        json!(1),
+        json!({}),
+    )
+    .await;
+    let skipped_ns = members[0].0.clone();
+    let until = Timestamp::from_second(Timestamp::now().as_second() + 25).unwrap();
+    let policy = json!({"skip": [{"namespaces": [skipped_ns], "until": until.to_string(),
+        "reason": "customer freeze"}]});
+    let current = api.get(&name).await.unwrap();
+    let old_hash = last_good_hash(&current);
+    set_policy_and_greeting(&api, &current, policy, "v2").await;
+    let late_ns = &members.iter().find(|(_, g)| g == "late").unwrap().0;
+    let h = wait_status(
+        &api,
+        &name,
+        log,
+        "late updated without the skipped cluster",
+        |h| {
+            h.status.as_ref().is_some_and(|s| {
+                s.counts.updated_packages == 2
+                    && s.counts.available_packages == 2
+                    && s.counts.total_packages == 2
+            })
+        },
+    )
+    .await;
+    assert_eq!(greeting(&client, late_ns, &name).await, "v2");
+    assert_eq!(greeting(&client, &skipped_ns, &name).await, "hi");
+    let status = h.status.unwrap();
+    assert_eq!(status.skipped.len(), 1, "{:?}", status.skipped);
+    assert_eq!(
+        (
+            status.skipped[0].namespace.as_str(),
+            status.skipped[0].reason.as_str()
+        ),
+        (skipped_ns.as_str(), "customer freeze")
+    );
+    assert_eq!(status.counts.failed_packages, 0);
+    assert_eq!(
+        status.last_succeeded.map(|l| l.template_hash),
+        Some(old_hash.clone()),
+        "v2 did not finish everywhere while a cluster left out is on the old template"
+    );
+    assert!(
+        Timestamp::now() < until,
+        "the test was too slow to see the skip hold"
+    );
+    let events = rollout_events(&name).await;
+    assert!(
+        events
+            .iter()
+            .any(|e| e["kind"] == "packageSkipped" && e["namespace"] == skipped_ns.as_str()),
+        "no packageSkipped event among {events:?}"
+    );
+
+    let done = wait_status(
+        &api,
+        &name,
+        log,
+        "the skipped cluster updated after its expiry",
+        |h| {
+            h.status.as_ref().is_some_and(|s| {
+                s.skipped.is_empty() && all_available(h, 3) && s.counts.updated_packages == 3
+            })
+        },
+    )
+    .await;
+    assert!(Timestamp::now() >= until);
+    assert_eq!(greeting(&client, &skipped_ns, &name).await, "v2");
+    assert_ne!(last_good_hash(&done), old_hash);
 }

@@ -21,6 +21,7 @@ use crate::api_time::stamp;
 use crate::conditions::{is_current, is_true_for, set_condition, ConditionUpdate};
 use crate::label_selector::selector_matches;
 use crate::objects::deployment_plan::LATEST_REVISION_UNAVAILABLE;
+use crate::rollout::rollout_calendar::{calendar_policy, CalendarPolicy};
 use crate::rollout::rollout_plan::{
     Counts, PackageState, PartitionOrder, RolloutInput, RolloutPlan, RolloutStrategy, UNKNOWN_GROUP,
 };
@@ -102,6 +103,8 @@ pub struct RolloutSettings {
     pub partition: Option<(String, PartitionOrder)>,
     /// `spec.rolloutPolicy` (empty when unset).
     pub policy: RolloutPolicy,
+    /// Its maintenance windows and skips.
+    pub calendar: CalendarPolicy,
 }
 
 /// Checks the spec; the error names the field and the problem.
@@ -124,6 +127,7 @@ pub fn rollout_settings(hcpkg: &HostedClusterPackage) -> Result<RolloutSettings,
         _ => return Err("spec.strategy: set exactly one of instant and rollingUpgrade".into()),
     };
     let policy = rollout_policy(spec.rollout_policy.as_ref())?;
+    let calendar = calendar_policy(spec.rollout_policy.as_ref())?;
     selector_matches(&spec.hosted_cluster_selector, &BTreeMap::new())
         .map_err(|e| format!("spec.hostedClusterSelector.{e}"))?;
     let partition = match &spec.partition {
@@ -166,6 +170,7 @@ pub fn rollout_settings(hcpkg: &HostedClusterPackage) -> Result<RolloutSettings,
         strategy,
         partition,
         policy,
+        calendar,
     })
 }
 
@@ -296,6 +301,7 @@ pub fn rollout_status(
         last_succeeded: None,
         halted: None,
         preflight: None,
+        skipped: Vec::new(),
         processing: plan
             .processing
             .iter()

@@ -8,31 +8,31 @@ use std::sync::Arc;
 
 use k8s_openapi::jiff::Timestamp;
 use pko_proto::core::hosted_cluster_package::{
-    HostedClusterPackage, HostedClusterPackageHalt, HostedClusterPackageStatus,
-    HostedClusterPackageSucceededTemplate, RolloutApprovals,
+    HostedClusterPackage, HostedClusterPackageHalt, HostedClusterPackageStatus, RolloutApprovals,
 };
 use pko_proto::core::package::{PackageSpec, PackageTemplateSpec};
 use pko_proto::core::rollout_preflight::HostedClusterPackagePreflightStatus;
 use pko_proto::hypershift::HostedCluster;
 
-use crate::api_time::{elapsed, stamp};
-use crate::conditions::set_condition;
 use crate::fleet::promotion_gate::{
     package_template_hash, poisoned_release, promotion_gate, GateVerdict, HubView,
 };
 use crate::rollout::hosted_cluster_package::{
-    invalid_status, package_state, rollout_settings, rollout_status, OwnedPackage, RolloutSettings,
+    invalid_status, rollout_settings, OwnedPackage, RolloutSettings,
 };
 use crate::rollout::preflight_gate::{step_preflight, PreflightRun, PreflightVerdict};
+use crate::rollout::rollout_calendar::RolloutCalendar;
 use crate::rollout::rollout_guard::{
-    annotate_partitions, apply_deadlines, base_rules, carried_halt, failure_halt, guard_conditions,
-    hold, new_halt, soak, GuardReport, HaltCause, HealthObservations, Soak, HALTED,
+    apply_deadlines, base_rules, carried_halt, failure_halt, hold, new_halt, soak, HaltCause,
+    HealthObservations, Soak,
 };
 use crate::rollout::rollout_plan::{
-    group_key, plan_rollout, GroupRules, PackageState, PartitionOrder, RolloutInput, RolloutPlan,
-    RolloutState, RolloutStrategy, Target,
+    group_key, plan_rollout, GroupRules, RolloutInput, RolloutPlan, RolloutState, RolloutStrategy,
+    Target,
 };
 use crate::rollout::rollout_policy::{HealthCheck, RolloutPolicy};
+use crate::rollout::rollout_targets::{rollout_targets, unwanted, FleetView};
+use crate::rollout::step_status::{step_status, StepFacts, StepFleet};
 
 /// What one rollout decision works from.
 #[derive(Debug, Clone)]
@@ -55,6 +55,18 @@ pub struct RolloutSnapshot {
     pub health: HealthObservations,
     /// The newest finished preflight known (the status's, or a newer one not written yet).
     pub preflight: Option<HostedClusterPackagePreflightStatus>,
+}
+
+impl RolloutSnapshot {
+    /// What of it the status reads.
+    fn step_fleet(&self) -> StepFleet<'_> {
+        StepFleet {
+            hcpkg: &self.hcpkg,
+            packages: &self.packages,
+            failures: &self.failures,
+            preflight: self.preflight.as_ref(),
+        }
+    }
 }
 
 /// What a promotion gate is decided on.
@@ -168,19 +180,10 @@ fn guarded_step(
     let rolling_back = rollback_to.is_some();
     let template = rollback_to.map_or(&hcpkg.spec.template, |last| &last.template);
     let effective_hash = rollback_to.map_or(spec_hash, |last| last.template_hash.as_str());
-    let (label_key, order): (Option<&str>, Option<PartitionOrder>) = match &settings.partition {
-        Some((key, order)) => (Some(key.as_str()), Some(order.clone())),
-        None => (None, None),
-    };
-    let (mut targets, wanted) = rollout_targets(snapshot, template, label_key);
-    let since: BTreeMap<String, Timestamp> = previous
-        .processing
-        .iter()
-        .filter_map(|p| Some((p.namespace.clone(), p.since.as_deref()?.parse().ok()?)))
-        .collect();
-    if !rolling_back {
-        apply_deadlines(&mut targets, order.as_ref(), policy, &since, now);
-    }
+    let order = settings.partition.as_ref().map(|(_, order)| order.clone());
+    let since = processing_since(&previous);
+    let (calendar, targets, wanted) =
+        step_targets(snapshot, settings, template, (&since, rolling_back), now);
     let strategy = settings.strategy.resolve(targets.len());
     let approvals: RolloutApprovals = annotations_approvals(hcpkg);
     let mut input = RolloutInput {
@@ -200,17 +203,15 @@ fn guarded_step(
     input.rules.preflight_hold = preflight.hold.is_some();
     let proven_template = proven_template(&previous, spec_hash, rolling_back);
     input.rules.proven_template = proven_template.is_some();
-    // Soak and health are measured on a plan without soaking: which groups have every Package done.
     let soaked = if rolling_back || !matches!(strategy, RolloutStrategy::RollingUpgrade { .. }) {
         Soak::default()
     } else {
-        soak(
-            &plan_rollout(&input),
+        group_soak(
+            &input,
             policy,
-            &previous.partitions,
-            effective_hash,
-            &snapshot.health,
-            now,
+            (&previous, effective_hash),
+            snapshot,
+            &calendar,
         )
     };
     input.rules.soaking = soaked.soaking.clone();
@@ -228,7 +229,7 @@ fn guarded_step(
         hold_at_gate(&mut plan);
     }
     let status = step_status(StepFacts {
-        snapshot,
+        fleet: snapshot.step_fleet(),
         previous: &previous,
         spec_hash,
         effective_hash,
@@ -241,10 +242,17 @@ fn guarded_step(
         held: held.as_deref(),
         preflight: &preflight,
         since: &since,
+        calendar: &calendar,
         now,
     });
-    let deletes = unwanted(snapshot, &wanted);
-    let recheck_after = recheck_after(&input, policy, &since, soaked.recheck_after, now);
+    let deletes = unwanted(&snapshot.packages, &wanted);
+    let recheck_after = recheck_after(
+        (&input, &plan),
+        policy,
+        &since,
+        soaked.recheck_after,
+        &calendar,
+    );
     GuardedStep {
         step: RolloutDecision::Planned(Box::new(RolloutStep {
             input,
@@ -267,6 +275,67 @@ fn guarded_step(
     }
 }
 
+/// The targets of a step with `template`, each with its window open or not, and with the progress
+/// deadlines applied (not while rolling back): missed ones count as failed. Deadlines count only the time
+/// a window was open. Also the calendar of the step, and the namespaces that keep a Package.
+fn step_targets<'s>(
+    snapshot: &RolloutSnapshot,
+    settings: &'s RolloutSettings,
+    template: &PackageTemplateSpec,
+    (since, rolling_back): (&BTreeMap<String, Timestamp>, bool),
+    now: Timestamp,
+) -> (RolloutCalendar<'s>, Vec<Target>, BTreeSet<String>) {
+    let mut calendar = RolloutCalendar::new(&settings.calendar, now);
+    let fleet = FleetView {
+        clusters: &snapshot.clusters,
+        packages: &snapshot.packages,
+        writing: &snapshot.writing,
+    };
+    let label_key = settings.partition.as_ref().map(|(key, _)| key.as_str());
+    let (mut targets, wanted) = rollout_targets(&fleet, template, label_key, &mut calendar);
+    if !rolling_back {
+        let counted = |ns: &str, from: Timestamp| calendar.counted([ns], from);
+        let order = settings.partition.as_ref().map(|(_, order)| order);
+        apply_deadlines(&mut targets, order, &settings.policy, since, &counted);
+    }
+    (calendar, targets, wanted)
+}
+
+/// Since when each Package in flight has been, as the status keeps it.
+fn processing_since(previous: &HostedClusterPackageStatus) -> BTreeMap<String, Timestamp> {
+    previous
+        .processing
+        .iter()
+        .filter_map(|p| Some((p.namespace.clone(), p.since.as_deref()?.parse().ok()?)))
+        .collect()
+}
+
+/// Soak and health, measured on a plan without soaking (which groups have every Package done); a
+/// group's soak counts only the time one of its members' windows was open.
+fn group_soak(
+    input: &RolloutInput,
+    policy: &RolloutPolicy,
+    (previous, effective_hash): (&HostedClusterPackageStatus, &str),
+    snapshot: &RolloutSnapshot,
+    calendar: &RolloutCalendar<'_>,
+) -> Soak {
+    let group_counted = |key: &Option<String>, from: Timestamp| {
+        let members = input
+            .targets
+            .iter()
+            .filter(|t| group_key(t.label.as_deref(), input.partition.as_ref()) == *key);
+        calendar.counted(members.map(|t| t.namespace.as_str()), from)
+    };
+    soak(
+        &plan_rollout(input),
+        policy,
+        &previous.partitions,
+        effective_hash,
+        &snapshot.health,
+        (calendar.now(), &group_counted),
+    )
+}
+
 /// The preflight's say in this decision, from the newest preflight known (the supervisor's, or the
 /// status's).
 fn snapshot_preflight(
@@ -282,16 +351,6 @@ fn snapshot_preflight(
         last,
         rolling_back,
     )
-}
-
-/// The namespaces whose Package goes: their HostedCluster is gone or no longer selected.
-fn unwanted(snapshot: &RolloutSnapshot, wanted: &BTreeSet<String>) -> Vec<String> {
-    snapshot
-        .packages
-        .keys()
-        .filter(|ns| !wanted.contains(*ns))
-        .cloned()
-        .collect()
 }
 
 /// The last template that finished everywhere, when another one is on trial: what a HostedCluster joining
@@ -335,211 +394,15 @@ fn fleet_verdicts(
     }
 }
 
-/// The selected HostedClusters to roll out to, as the planner sees them (their Package's state against
-/// `template`, their partition label), and the namespaces that keep a Package.
-fn rollout_targets(
-    snapshot: &RolloutSnapshot,
-    template: &PackageTemplateSpec,
-    label_key: Option<&str>,
-) -> (Vec<Target>, BTreeSet<String>) {
-    let mut targets = Vec::new();
-    let mut wanted = BTreeSet::new();
-    for cluster in &snapshot.clusters {
-        let Some(namespace) = cluster.hosted_control_plane_namespace() else {
-            continue;
-        };
-        let package = snapshot.packages.get(&namespace);
-        // Not Available yet: no Package until it is; one that has its Package keeps being counted.
-        if !cluster.is_available() && package.is_none() {
-            continue;
-        }
-        wanted.insert(namespace.clone());
-        let (state, failure) = match snapshot.writing.get(&namespace) {
-            Some(spec) if *spec == template.spec => (Some(PackageState::just_updated()), None),
-            // Whatever is observed, that write may still land: not live, and not on this template.
-            Some(_) => (Some(PackageState::default()), None),
-            None => match package.map(|p| package_state(template, p)) {
-                Some((state, failure)) => (Some(state), failure),
-                None => (None, None),
-            },
-        };
-        let label = label_key.and_then(|k| {
-            cluster
-                .metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(k).cloned())
-        });
-        targets.push(Target {
-            namespace,
-            label,
-            package: state,
-            failure,
-        });
-    }
-    (targets, wanted)
-}
-
-/// What one guarded step decided, for the status that says so.
-struct StepFacts<'a> {
-    snapshot: &'a RolloutSnapshot,
-    /// The status the step was decided from.
-    previous: &'a HostedClusterPackageStatus,
-    spec_hash: &'a str,
-    /// The template rolled out: the spec's, or the one rolled back to.
-    effective_hash: &'a str,
-    rolling_back: bool,
-    input: &'a RolloutInput,
-    plan: &'a RolloutPlan,
-    soaked: &'a Soak,
-    gate: &'a GateVerdict,
-    halt: Option<HostedClusterPackageHalt>,
-    /// Why nothing is created or updated (paused, halted), if so.
-    held: Option<&'a str>,
-    preflight: &'a PreflightVerdict,
-    /// Since when each Package in flight has been.
-    since: &'a BTreeMap<String, Timestamp>,
-    now: Timestamp,
-}
-
-/// The status of a guarded step: counts and conditions, the last template that finished everywhere,
-/// the halt, the policy's and the gate's conditions, and why progress is held.
-fn step_status(facts: StepFacts<'_>) -> HostedClusterPackageStatus {
-    let StepFacts {
-        snapshot,
-        previous,
-        spec_hash,
-        effective_hash,
-        rolling_back,
-        input,
-        plan,
-        soaked,
-        gate,
-        halt,
-        held,
-        preflight,
-        since,
-        now,
-    } = facts;
-    let hcpkg = &snapshot.hcpkg;
-    let generation = hcpkg.metadata.generation.unwrap_or_default();
-    let strategy = input.strategy;
-    // An update written now starts its deadline now, even for a Package already in flight with an
-    // earlier template.
-    let mut decided = since.clone();
-    for namespace in &plan.update {
-        decided.remove(namespace);
-    }
-    let mut status = rollout_status(
-        &previous.conditions,
-        generation,
-        input,
-        plan,
-        strategy,
-        &snapshot.packages,
-        &decided,
-        now,
-    );
-    let everything_done = plan.current_group.is_none()
-        && plan.counts.updated == plan.counts.total
-        && plan.processing.is_empty();
-    status.last_succeeded = match &previous.last_succeeded {
-        Some(last) if last.template_hash == spec_hash => Some(last.clone()),
-        _ if everything_done && halt.is_none() && !gate.is_closed() => {
-            Some(HostedClusterPackageSucceededTemplate {
-                template_hash: spec_hash.to_owned(),
-                template: hcpkg.spec.template.clone(),
-                finished_at: stamp(now),
-            })
-        }
-        last => last.clone(),
-    };
-    status.halted = halt.map(|mut h| {
-        if rolling_back && everything_done && h.rolled_back_at.is_none() {
-            h.rolled_back_at = Some(stamp(now));
-        }
-        h
-    });
-    let report = GuardReport {
-        input,
-        plan,
-        memory: &soaked.memory,
-        template_hash: effective_hash,
-        halt: status.halted.as_ref(),
-        paused: hcpkg.spec.paused,
-        strategy,
-    };
-    annotate_partitions(&report, &mut status.partitions);
-    if uses_policy(hcpkg, &status) {
-        for condition in guard_conditions(&report, &status) {
-            set_condition(&mut status.conditions, condition, generation, now);
-        }
-    }
-    if let Some(condition) = gate.condition() {
-        set_condition(&mut status.conditions, condition, generation, now);
-    }
-    status.preflight = snapshot
-        .preflight
-        .clone()
-        .or_else(|| previous.preflight.clone());
-    if let Some(condition) = preflight.condition.clone() {
-        set_condition(&mut status.conditions, condition, generation, now);
-    }
-    status.promotion = match gate {
-        GateVerdict::Ungated => None,
-        GateVerdict::Open {
-            opened: Some(opened),
-        } => Some(opened.clone()),
-        GateVerdict::Open { opened: None } | GateVerdict::Closed(_) => previous.promotion.clone(),
-    };
-    let notes = progress_notes(gate, held.or(preflight.hold.as_deref()), &snapshot.failures);
-    if let Some(c) = status
-        .conditions
-        .iter_mut()
-        .find(|c| c.type_ == "Progressing")
-    {
-        for note in notes {
-            c.message = format!("{} {note}", c.message);
-        }
-    }
-    status
-}
-
-/// What the Progressing condition adds to its message: the gate holding, a pause or halt, and the
-/// namespaces whose Package writes fail.
-fn progress_notes(
-    gate: &GateVerdict,
-    held: Option<&str>,
-    failures: &BTreeMap<String, String>,
-) -> Vec<String> {
-    let mut notes = Vec::new();
-    if let GateVerdict::Closed(closed) = gate {
-        notes.push(format!("Held at the promotion gate: {}", closed.message));
-    }
-    if let Some(why) = held {
-        notes.push(why.to_owned());
-    }
-    if !failures.is_empty() {
-        let failing: Vec<String> = failures
-            .iter()
-            .map(|(ns, e)| format!("{ns}: {e}"))
-            .collect();
-        notes.push(format!(
-            "Failing, retried with backoff: {}.",
-            failing.join("; ")
-        ));
-    }
-    notes
-}
-
-/// When to decide again even if nothing happens: a soak ends, or a Package in flight reaches its
-/// group's progress deadline (at least a second from now).
+/// When to decide again even if nothing happens: a soak ends, a Package in flight reaches its group's
+/// progress deadline, a maintenance window opens or closes, or a skip expires (at least a second from
+/// now).
 fn recheck_after(
-    input: &RolloutInput,
+    (input, plan): (&RolloutInput, &RolloutPlan),
     policy: &RolloutPolicy,
     since: &BTreeMap<String, Timestamp>,
     soak_ends: Option<std::time::Duration>,
-    now: Timestamp,
+    calendar: &RolloutCalendar<'_>,
 ) -> Option<std::time::Duration> {
     let deadline_left = input
         .targets
@@ -552,27 +415,28 @@ fn recheck_after(
             let key = group_key(t.label.as_deref(), input.partition.as_ref());
             let deadline = policy.group(key.as_deref()).progress_deadline?;
             let started = since.get(&t.namespace)?;
-            Some(deadline.saturating_sub(elapsed(*started, now)))
+            Some(deadline.saturating_sub(calendar.counted([t.namespace.as_str()], *started)))
         })
         .min();
-    match (soak_ends, deadline_left) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    }
-    .map(|d| d.max(std::time::Duration::from_secs(1)))
+    // While a group is being rolled out, every window of the fleet may change what is decided.
+    let rolling = plan.current_group.is_some();
+    let calendar_change = calendar.recheck_after(
+        input
+            .targets
+            .iter()
+            .filter(|_| rolling)
+            .map(|t| t.namespace.as_str()),
+    );
+    [soak_ends, deadline_left, calendar_change]
+        .into_iter()
+        .flatten()
+        .min()
+        .map(|d| d.max(std::time::Duration::from_secs(1)))
 }
 
 /// The value of the undo annotation that asks to roll back template `hash` at `generation`.
 pub fn undo_request(hash: &str, generation: i64) -> String {
     format!("{hash}@{generation}")
-}
-
-/// Whether the policy's conditions belong in the status: a policy or pause is set, or was.
-fn uses_policy(hcpkg: &HostedClusterPackage, status: &HostedClusterPackageStatus) -> bool {
-    hcpkg.spec.rollout_policy.is_some()
-        || hcpkg.spec.paused
-        || status.halted.is_some()
-        || status.conditions.iter().any(|c| c.type_ == HALTED)
 }
 
 /// The approvals annotation; an unreadable one approves nothing.

@@ -228,7 +228,8 @@ pub fn story_so_far(next: &RolloutView<'_>) -> Vec<RolloutStep> {
 }
 
 /// The rollout policy's steps between the stored status `previous` and the status about to be written:
-/// groups that start waiting for approval or soaking, a halt, a finished rollback, pause and resume.
+/// groups that start waiting for approval, for a maintenance window or soaking, HostedClusters left out,
+/// a halt, a finished rollback, pause and resume.
 /// Told from status, so a restarted manager does not tell them again.
 pub fn policy_steps(
     previous: &HostedClusterPackageStatus,
@@ -263,8 +264,23 @@ pub fn policy_steps(
                     });
                 }
                 group_state::SOAKING => steps.push(step(GroupSoaking, name, None)),
+                group_state::WAITING_FOR_WINDOW => steps.push(RolloutStep {
+                    message: group.next_window_start.as_ref().map_or_else(
+                        || "No maintenance window of its members opens.".to_owned(),
+                        |at| format!("The first maintenance window of its members opens at {at}."),
+                    ),
+                    ..step(GroupWaitingForWindow, name, None)
+                }),
                 _ => {}
             }
+        }
+    }
+    for skipped in &next.skipped {
+        if !previous.skipped.contains(skipped) {
+            steps.push(RolloutStep {
+                message: format!("Left out until {}: {}", skipped.until, skipped.reason),
+                ..step(PackageSkipped, None, Some(skipped.namespace.clone()))
+            });
         }
     }
     if let Some(now) = &next.halted {
@@ -317,6 +333,7 @@ mod tests {
                         ..PackageState::default()
                     }),
                     failure: None,
+                    in_window: true,
                 })
                 .collect(),
             partition: Some(PartitionOrder::Static(vec!["early".into(), "late".into()])),
@@ -345,6 +362,7 @@ mod tests {
             label: Some("late".into()),
             package: None,
             failure: None,
+            in_window: true,
         });
         a.rules.proven_template = true;
         let pa = plan_rollout(&a);

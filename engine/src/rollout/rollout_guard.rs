@@ -19,7 +19,7 @@ use pko_proto::core::hosted_cluster_package::{
     HostedClusterPackagePartitionStatus, HostedClusterPackageStatus, RolloutApprovals,
 };
 
-use crate::api_time::{elapsed, stamp};
+use crate::api_time::stamp;
 use crate::conditions::ConditionUpdate;
 use crate::rollout::health_check::HealthState;
 use crate::rollout::rollout_plan::{
@@ -42,6 +42,7 @@ pub mod group_state {
     pub const PENDING: &str = "Pending";
     pub const AWAITING_APPROVAL: &str = "AwaitingApproval";
     pub const AWAITING_PREFLIGHT: &str = "AwaitingPreflight";
+    pub const WAITING_FOR_WINDOW: &str = "WaitingForWindow";
     pub const PROGRESSING: &str = "Progressing";
     pub const SOAKING: &str = "Soaking";
     pub const FINISHED: &str = "Finished";
@@ -121,14 +122,15 @@ pub fn carried_halt(
     }
 }
 
-/// Marks in-flight Packages whose update (`since`) is older than their group's progress deadline as
-/// failed, saying so.
+/// Marks in-flight Packages as failed, saying so, whose time since their update (`since`), as `counted`
+/// measures it for their namespace (the open time of their maintenance window), reached their group's
+/// progress deadline.
 pub fn apply_deadlines(
     targets: &mut [Target],
     input_partition: Option<&crate::rollout::rollout_plan::PartitionOrder>,
     policy: &RolloutPolicy,
     since: &BTreeMap<String, Timestamp>,
-    now: Timestamp,
+    counted: &dyn Fn(&str, Timestamp) -> Duration,
 ) {
     for t in targets.iter_mut() {
         let key = group_key(t.label.as_deref(), input_partition);
@@ -144,7 +146,7 @@ pub fn apply_deadlines(
         let Some(updated_at) = since.get(&t.namespace) else {
             continue;
         };
-        if elapsed(*updated_at, now) >= deadline {
+        if counted(&t.namespace, *updated_at) >= deadline {
             state.failed = true;
             t.failure = Some(format!(
                 "not live within progressDeadline {}s of its update at {}",
@@ -229,15 +231,20 @@ pub struct Soak {
     pub failed_check: Option<HaltCause>,
 }
 
+/// How long a group (by key) counts as soaked since an instant.
+pub type GroupClock<'a> = dyn Fn(&Option<String>, Timestamp) -> Duration + 'a;
+
 /// Soak and health of the groups of `plan`. `template_hash` is what the group's Packages are on;
 /// `previous` the stored group states.
+/// `clock` is now and how a group's soak time is counted since an instant (the open time of its members'
+/// maintenance windows).
 pub fn soak(
     plan: &RolloutPlan,
     policy: &RolloutPolicy,
     previous: &[HostedClusterPackagePartitionStatus],
     template_hash: &str,
     health: &HealthObservations,
-    now: Timestamp,
+    (now, counted): (Timestamp, &GroupClock<'_>),
 ) -> Soak {
     let mut out = Soak::default();
     for g in &plan.groups {
@@ -268,7 +275,7 @@ pub fn soak(
             .collect();
         let soak_left = policy
             .min_success_time
-            .saturating_sub(elapsed(done_since, now));
+            .saturating_sub(counted(&g.name, done_since));
         let checks_hold = observed
             .iter()
             .all(|(_, o)| o.as_ref().is_some_and(|o| o.state == HealthState::Passing));
@@ -537,212 +544,10 @@ pub fn guard_conditions(
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::fleet::promotion_gate::package_template_hash;
-    use crate::objects::deployment_plan::LATEST_REVISION_UNAVAILABLE;
-    use crate::rollout::hosted_cluster_package::OwnedPackage;
-    use crate::rollout::preflight_gate::{passed_preflight, preflight_inputs_hash};
-    use crate::rollout::rollout_decision::{
-        decide_rollout, undo_request, GateInput, RolloutDecision, RolloutSnapshot, RolloutStep,
-    };
-    use pko_proto::core::hosted_cluster_package::HostedClusterPackage;
-    use pko_proto::core::rollout_preflight::HostedClusterPackagePreflightStatus;
-    use pko_proto::hypershift::HostedCluster;
+    use crate::rollout::fleet_sim::{spec, Pkg, Sim};
+    use crate::rollout::rollout_decision::undo_request;
     use proptest::prelude::*;
-    use serde_json::{json, Value};
-    use std::sync::Arc;
-
-    /// How a simulated Package stands.
-    #[derive(Debug, Clone, Copy, PartialEq)]
-    enum Pkg {
-        Live,
-        InFlight,
-        Failed,
-    }
-
-    /// A fleet under one HostedClusterPackage, stepped by hand: decisions are applied, Packages settle
-    /// when told.
-    struct Sim {
-        spec: Value,
-        annotations: BTreeMap<String, String>,
-        generation: i64,
-        status: HostedClusterPackageStatus,
-        /// (cluster name, group label)
-        clusters: Vec<(String, String)>,
-        /// By namespace: image and state.
-        packages: BTreeMap<String, (String, Pkg)>,
-        health: HealthObservations,
-        /// The digest every preflight finds.
-        preflight_digest: String,
-        now: Timestamp,
-    }
-
-    fn t0() -> Timestamp {
-        "2026-03-01T00:00:00Z".parse().unwrap()
-    }
-
-    impl Sim {
-        fn new(groups: &[(&str, usize)], spec: Value) -> Self {
-            let clusters = groups
-                .iter()
-                .flat_map(|(g, n)| (0..*n).map(move |i| (format!("{g}{i}"), (*g).to_owned())))
-                .collect();
-            Self {
-                spec,
-                annotations: BTreeMap::new(),
-                generation: 1,
-                status: HostedClusterPackageStatus::default(),
-                clusters,
-                packages: BTreeMap::new(),
-                health: BTreeMap::new(),
-                preflight_digest: String::new(),
-                now: t0(),
-            }
-        }
-
-        fn hcpkg(&self) -> HostedClusterPackage {
-            let mut h: HostedClusterPackage = serde_json::from_value(json!({
-                "apiVersion": "package-operator.run/v1alpha1", "kind": "HostedClusterPackage",
-                "metadata": {"name": "addon", "uid": "u-1", "generation": self.generation,
-                    "annotations": self.annotations},
-                "spec": self.spec,
-            }))
-            .unwrap();
-            h.status = Some(self.status.clone());
-            h
-        }
-
-        fn set_image(&mut self, image: &str) {
-            self.spec["template"]["spec"]["image"] = image.into();
-            self.generation += 1;
-        }
-
-        fn hash(&self) -> String {
-            package_template_hash(&self.hcpkg().spec)
-        }
-
-        fn snapshot(&self) -> RolloutSnapshot {
-            let clusters: Vec<Arc<HostedCluster>> = self
-                .clusters
-                .iter()
-                .map(|(name, group)| {
-                    Arc::new(
-                        serde_json::from_value::<HostedCluster>(json!({
-                            "metadata": {"name": name, "namespace": "clusters",
-                                "labels": {"group": group}},
-                            "status": {"conditions": [{"type": "Available", "status": "True"}]},
-                        }))
-                        .unwrap(),
-                    )
-                })
-                .collect();
-            let packages = self
-                .packages
-                .iter()
-                .map(|(ns, (image, state))| {
-                    let (available, progressing, reason) = match state {
-                        Pkg::Live => ("True", "False", "Idle"),
-                        Pkg::InFlight => ("True", "True", "Progressing"),
-                        Pkg::Failed => ("False", "True", LATEST_REVISION_UNAVAILABLE),
-                    };
-                    let p: pko_proto::core::package::Package = serde_json::from_value(json!({
-                        "apiVersion": "package-operator.run/v1alpha1", "kind": "Package",
-                        "metadata": {"name": "addon", "namespace": ns, "uid": format!("u-{ns}"),
-                            "generation": 1},
-                        "spec": {"image": image},
-                        "status": {"conditions": [
-                            {"type": "Available", "status": available, "reason": "R", "message": "m",
-                             "observedGeneration": 1, "lastTransitionTime": "2026-01-01T00:00:00Z"},
-                            {"type": "Progressing", "status": progressing, "reason": reason,
-                             "message": "probe fails", "observedGeneration": 1,
-                             "lastTransitionTime": "2026-01-01T00:00:00Z"}]},
-                    }))
-                    .unwrap();
-                    (ns.clone(), Arc::new(OwnedPackage::from(p)))
-                })
-                .collect();
-            // Every release passed its preflight on the current fleet: what these tests decide is
-            // the policy's.
-            let preflight = HostedClusterPackagePreflightStatus {
-                inputs_hash: preflight_inputs_hash(&self.hash(), &clusters),
-                digest: self.preflight_digest.clone(),
-                ..passed_preflight(&self.hash())
-            };
-            RolloutSnapshot {
-                hcpkg: self.hcpkg(),
-                packages,
-                writing: BTreeMap::new(),
-                clusters,
-                failures: BTreeMap::new(),
-                gate: GateInput::Preview,
-                health: self.health.clone(),
-                preflight: Some(preflight),
-            }
-        }
-
-        /// Decides and carries the decision out: the status is stored, written Packages are in flight.
-        fn step(&mut self) -> RolloutStep {
-            let RolloutDecision::Planned(step) = decide_rollout(&self.snapshot(), self.now) else {
-                panic!("invalid spec");
-            };
-            self.status = step.status.clone();
-            let image = step.template.spec.image.clone();
-            for ns in step.plan.create.iter().chain(&step.plan.update) {
-                self.packages
-                    .insert(ns.clone(), (image.clone(), Pkg::InFlight));
-            }
-            *step
-        }
-
-        fn settle(&mut self, state: Pkg) {
-            for (_, s) in self.packages.values_mut() {
-                if *s == Pkg::InFlight {
-                    *s = state;
-                }
-            }
-        }
-
-        fn later(&mut self, seconds: i64) {
-            self.now = Timestamp::from_second(self.now.as_second() + seconds).unwrap();
-        }
-
-        fn on(&self, image: &str) -> usize {
-            self.packages.values().filter(|(i, _)| i == image).count()
-        }
-
-        fn condition(&self, type_: &str) -> (String, String, String) {
-            let c = self
-                .status
-                .conditions
-                .iter()
-                .find(|c| c.type_ == type_)
-                .unwrap();
-            (c.status.clone(), c.reason.clone(), c.message.clone())
-        }
-
-        /// Steps until nothing more is written, every Package settling `state` after each step.
-        fn run(&mut self, state: Pkg) {
-            for _ in 0..50 {
-                let step = self.step();
-                self.settle(state);
-                if step.plan.create.is_empty() && step.plan.update.is_empty() {
-                    let again = self.step();
-                    if again.plan.update.is_empty() {
-                        return;
-                    }
-                }
-            }
-            panic!("the rollout did not come to rest");
-        }
-    }
-
-    fn spec(policy: Value, max_unavailable: Value) -> Value {
-        json!({
-            "strategy": {"rollingUpgrade": {"maxUnavailable": max_unavailable}},
-            "partition": {"labelKey": "group", "order": {"static": ["early", "late"]}},
-            "template": {"spec": {"image": "registry/addon:v1"}},
-            "rolloutPolicy": policy,
-        })
-    }
+    use serde_json::json;
 
     #[test]
     fn a_percentage_budget_rounds_down_over_the_selected_packages() {

@@ -113,6 +113,8 @@ pub struct Target {
     pub package: Option<PackageState>,
     /// Why its Package fails, when it does (for status and events; the planner reads `failed`).
     pub failure: Option<String>,
+    /// Its maintenance window is open now (or it has none): only then is its Package created or updated.
+    pub in_window: bool,
 }
 
 /// Everything the planner looks at.
@@ -209,6 +211,8 @@ pub struct RolloutPlan {
     pub blocked: Option<Blocked>,
     /// Updated Packages that fail, by namespace, in rollout order of their groups.
     pub failed: Vec<String>,
+    /// Targets whose Package would be created or updated now but for their closed maintenance window.
+    pub waiting_for_window: Vec<String>,
 }
 
 /// How status, conditions and events name the unknown group (`None` in a plan).
@@ -351,7 +355,7 @@ fn rolling_updates(
     // Free first: outdated Packages that are unavailable or in flight already.
     let (free, costly): (Vec<&&Target>, Vec<&&Target>) = members
         .iter()
-        .filter(|t| outdated(t))
+        .filter(|t| outdated(t) && t.in_window)
         .partition(|t| disrupted.contains(t.namespace.as_str()));
     let mut update: Vec<String> = free.iter().map(|t| t.namespace.clone()).collect();
     let if_unchanged = free
@@ -414,8 +418,11 @@ pub fn plan_rollout(input: &RolloutInput) -> RolloutPlan {
         _ => BTreeSet::new(),
     };
     let (mut create, mut create_proven) = (Vec::new(), Vec::new());
+    let mut waiting_for_window = Vec::new();
     for t in input.targets.iter().filter(|t| t.package.is_none()) {
-        let list = if not_reached.contains(&group_key(t.label.as_deref(), order)) {
+        let list = if !t.in_window {
+            &mut waiting_for_window
+        } else if not_reached.contains(&group_key(t.label.as_deref(), order)) {
             &mut create_proven
         } else {
             &mut create
@@ -426,7 +433,7 @@ pub fn plan_rollout(input: &RolloutInput) -> RolloutPlan {
     let (update, update_if_unchanged, blocked) = match input.strategy {
         RolloutStrategy::Instant if rules.preflight_hold => (Vec::new(), BTreeSet::new(), None),
         RolloutStrategy::Instant => {
-            let all = input.targets.iter().filter(|t| outdated(t));
+            let all = input.targets.iter().filter(|t| outdated(t) && t.in_window);
             let update = all.map(|t| t.namespace.clone()).collect();
             (update, BTreeSet::new(), None)
         }
@@ -446,6 +453,21 @@ pub fn plan_rollout(input: &RolloutInput) -> RolloutPlan {
         }
     };
     processing.extend(update.iter().cloned());
+    // Outdated Packages that would be updated now (in the group being rolled out, or anywhere when
+    // instant) but for their window.
+    let updatable: Vec<&Target> = match (input.strategy, current_group) {
+        (RolloutStrategy::Instant, _) => input.targets.iter().collect(),
+        (RolloutStrategy::RollingUpgrade { .. }, Some(current)) => {
+            grouped[&groups[current].name].clone()
+        }
+        (RolloutStrategy::RollingUpgrade { .. }, None) => Vec::new(),
+    };
+    waiting_for_window.extend(
+        updatable
+            .iter()
+            .filter(|t| outdated(t) && !t.in_window)
+            .map(|t| t.namespace.clone()),
+    );
     let all: Vec<&Target> = input.targets.iter().collect();
     let failed = names
         .iter()
@@ -464,6 +486,7 @@ pub fn plan_rollout(input: &RolloutInput) -> RolloutPlan {
         counts: count(&all),
         blocked,
         failed,
+        waiting_for_window,
     }
 }
 
@@ -489,6 +512,7 @@ mod tests {
             label: label.map(str::to_owned),
             package,
             failure: None,
+            in_window: true,
         }
     }
 
@@ -858,6 +882,7 @@ mod tests {
                             paused: false,
                         }),
                         failure: None,
+                        in_window: true,
                     })
                     .collect();
                 Fleet {

@@ -85,6 +85,8 @@ pub struct GroupStory {
     /// When it first got an update, waited for approval, started soaking, and finished.
     pub started: Option<Duration>,
     pub awaiting_approval: Option<Duration>,
+    /// When it first waited for its members' maintenance windows.
+    pub waiting_for_window: Option<Duration>,
     pub soaking: Option<Duration>,
     pub finished: Option<Duration>,
 }
@@ -347,6 +349,9 @@ impl<'a> Run<'a> {
             match state {
                 group_state::AWAITING_APPROVAL => {
                     story.awaiting_approval.get_or_insert(at);
+                }
+                group_state::WAITING_FOR_WINDOW => {
+                    story.waiting_for_window.get_or_insert(at);
                 }
                 group_state::SOAKING => {
                     story.soaking.get_or_insert(at);
@@ -691,6 +696,39 @@ mod tests {
         assert_eq!((s.peak_unavailable, s.budget), (2, 2));
         let a = &s.groups[0];
         assert_eq!((a.started, a.finished), (Some(secs(0)), Some(secs(60))));
+    }
+
+    /// A group whose windows are closed waits in the simulation as in the manager, and starts when
+    /// the first opens (t0 is Sunday 00:00 UTC; b's window opens at 02:00).
+    #[test]
+    fn a_group_waits_for_its_maintenance_window() {
+        let policy = json!({"maintenanceWindows": [
+            {"name": "night", "schedule": "0 2 * * *", "duration": "1h"}],
+            "groups": []});
+        let mut snapshot = fleet(&[("a", 1), ("b", 2)], policy, 1);
+        for cluster in snapshot.clusters.iter_mut() {
+            let mut c = (**cluster).clone();
+            if c.metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| n.starts_with('b'))
+            {
+                c.metadata.labels.get_or_insert_default().insert(
+                    pko_proto::well_known::MAINTENANCE_WINDOW_LABEL.to_owned(),
+                    "night".to_owned(),
+                );
+            }
+            *cluster = Arc::new(c);
+        }
+        let s = simulate(snapshot, &SimulationModel::default(), t0());
+        assert_eq!(s.ending, Ending::Finished);
+        let b = &s.groups[1];
+        assert_eq!(b.waiting_for_window, Some(secs(30)));
+        assert_eq!(b.started, Some(secs(7200)));
+        assert_eq!(
+            waves(&s)[1..],
+            [(7200, vec!["clusters-b0"]), (7230, vec!["clusters-b1"])]
+        );
     }
 
     #[test]

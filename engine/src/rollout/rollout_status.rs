@@ -128,15 +128,18 @@ pub enum RolloutState {
     Paused,
     /// The rollout policy halted the template (rolling back or not).
     Halted,
+    /// Nothing moves and the group being rolled out waits for its members' maintenance windows.
+    WaitingForWindow,
 }
 
 impl RolloutState {
-    pub const ALL: [RolloutState; 5] = [
+    pub const ALL: [RolloutState; 6] = [
         RolloutState::Progressing,
         RolloutState::Finished,
         RolloutState::Blocked,
         RolloutState::Paused,
         RolloutState::Halted,
+        RolloutState::WaitingForWindow,
     ];
 
     pub fn label(self) -> &'static str {
@@ -146,6 +149,7 @@ impl RolloutState {
             RolloutState::Blocked => "blocked",
             RolloutState::Paused => "paused",
             RolloutState::Halted => "halted",
+            RolloutState::WaitingForWindow => "waiting_for_window",
         }
     }
 }
@@ -168,6 +172,12 @@ pub fn rollout_state(status: &HostedClusterPackageStatus) -> RolloutState {
         RolloutState::Progressing
     } else if holds(HAS_PAUSED_PACKAGE) {
         RolloutState::Paused
+    } else if status
+        .partitions
+        .iter()
+        .any(|p| p.state == crate::rollout::rollout_guard::group_state::WAITING_FOR_WINDOW)
+    {
+        RolloutState::WaitingForWindow
     } else if c.updated_packages < c.total_packages {
         RolloutState::Blocked
     } else {
@@ -236,6 +246,7 @@ mod tests {
                         failed: false,
                     }),
                     failure: None,
+                    in_window: true,
                 })
                 .collect(),
             partition: None,

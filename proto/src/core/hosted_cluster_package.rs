@@ -10,6 +10,10 @@ use super::package::PackageTemplateSpec;
 use super::resource::{
     api_kind, condition_column, integer_column, wide_column, Column, KindInfo, AGE_COLUMN,
 };
+use super::rollout_calendar::{
+    HostedClusterPackageMaintenanceWindow, HostedClusterPackageSkip,
+    HostedClusterPackageSkippedStatus,
+};
 use super::rollout_preflight::{
     HostedClusterPackagePreflightPolicy, HostedClusterPackagePreflightStatus,
 };
@@ -64,6 +68,19 @@ pub struct HostedClusterPackageRolloutPolicy {
     /// What a release the apiserver refuses in its preflight does to the rollout.
     #[serde(default, skip_serializing_if = "crate::schema::is_default")]
     pub preflight: HostedClusterPackagePreflightPolicy,
+    /// Maintenance windows, by name. A HostedCluster names its window in its
+    /// `rollout.package-operator.run/maintenance-window` label; its Package is created and updated only
+    /// while that window is open, and its group's progress deadlines and soak count only open time.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 20))]
+    pub maintenance_windows: Vec<HostedClusterPackageMaintenanceWindow>,
+    /// The window of HostedClusters that name none. Unset: they may be updated at any time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_maintenance_window: Option<String>,
+    /// HostedClusters left out of the rollout until an expiry, with why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 50))]
+    pub skip: Vec<HostedClusterPackageSkip>,
 }
 
 /// What a halted rollout does.
@@ -306,6 +323,9 @@ pub struct HostedClusterPackageStatus {
     /// pko: the last preflight of a release: what changes where, and what the apiserver refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preflight: Option<HostedClusterPackagePreflightStatus>,
+    /// pko: HostedClusters left out of the rollout right now (`spec.rolloutPolicy.skip`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<HostedClusterPackageSkippedStatus>,
 }
 
 /// A template that finished rolling out everywhere.
@@ -383,7 +403,8 @@ pub struct HostedClusterPackagePartitionStatus {
     /// Package counts of the group.
     #[serde(flatten)]
     pub counts: HostedClusterPackageCounts,
-    /// pko: `Pending`, `AwaitingApproval`, `Progressing`, `Soaking`, `Finished`, `Failed` or `RollingBack`.
+    /// pko: `Pending`, `AwaitingApproval`, `AwaitingPreflight`, `WaitingForWindow`, `Progressing`,
+    /// `Soaking`, `Finished`, `Failed` or `RollingBack`.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub state: String,
     /// pko: since when every Package of the group has been updated and live on `templateHash` (RFC 3339);
@@ -399,6 +420,12 @@ pub struct HostedClusterPackagePartitionStatus {
     /// pko: the last result of each health check while the group soaks.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub health_checks: Vec<HostedClusterPackageHealthCheckStatus>,
+    /// pko: members whose Package is to be created or updated and whose maintenance window is closed.
+    #[serde(default, skip_serializing_if = "crate::schema::is_default")]
+    pub waiting_for_window: i32,
+    /// pko: when the first of their windows opens next (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_window_start: Option<String>,
 }
 
 /// The last evaluation of a health check.

@@ -9,6 +9,7 @@ pub mod object_slice;
 pub mod object_template;
 pub mod package;
 pub mod resource;
+pub mod rollout_calendar;
 pub mod rollout_preflight;
 
 pub use common::*;
@@ -20,4 +21,5 @@ pub use object_slice::*;
 pub use object_template::*;
 pub use package::*;
 pub use resource::{crd_for, ApiKind, Column, CrdError, KindInfo};
+pub use rollout_calendar::*;
 pub use rollout_preflight::*;
