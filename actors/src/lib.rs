@@ -13,6 +13,7 @@ pub mod fleet;
 pub mod hypershift;
 pub mod manager;
 pub mod metrics;
+pub mod notifications;
 pub mod objects;
 pub mod packages;
 pub mod rollout;

@@ -3,6 +3,7 @@
 
 pub mod fleet;
 pub mod hypershift;
+pub mod notifications;
 pub mod objects;
 pub mod packages;
 pub mod rollout;

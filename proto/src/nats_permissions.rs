@@ -54,7 +54,7 @@ fn stream_reading(api: &str, stream: &str) -> Vec<String> {
 }
 
 /// The manager's own user on its management cluster's NATS: requests to its connectors and their
-/// reports, its rollout event stream, and, in a fleet whose hub has JetStream domain `hub_domain`, its
+/// reports, its rollout event stream (with the durable consumers its notification sinks read), and, in a fleet whose hub has JetStream domain `hub_domain`, its
 /// own records at the hub and reads of everyone's. `fleet` is (this cluster, hub domain).
 pub fn manager_permissions(fleet: Option<(&str, &str)>) -> NatsPermissions {
     let connectors = format!("{CONNECTOR_PREFIX}.>");
@@ -65,6 +65,12 @@ pub fn manager_permissions(fleet: Option<(&str, &str)>) -> NatsPermissions {
         format!("$JS.API.STREAM.CREATE.{STREAM}"),
         format!("$JS.API.STREAM.UPDATE.{STREAM}"),
         format!("$JS.API.STREAM.INFO.{STREAM}"),
+        // The notification sinks' durable consumers of the stream, and their acknowledgements.
+        format!("$JS.API.CONSUMER.CREATE.{STREAM}.>"),
+        format!("$JS.API.CONSUMER.INFO.{STREAM}.>"),
+        format!("$JS.API.CONSUMER.DELETE.{STREAM}.>"),
+        format!("$JS.API.CONSUMER.MSG.NEXT.{STREAM}.>"),
+        format!("$JS.ACK.{STREAM}.>"),
     ];
     let mut subscribe = vec![connectors];
     match fleet {
@@ -199,6 +205,20 @@ mod tests {
             "$JS.hub.API.$KV.PKO_FLEET.rollout.addon.canary"
         ));
         assert!(!may(&manager.publish, "$JS.API.STREAM.DELETE.PKO_ROLLOUTS"));
+        // Its CloudEvents sinks read the stream through durable consumers, nothing more.
+        for sink in [
+            "$JS.API.CONSUMER.CREATE.PKO_ROLLOUTS.pko-sink-0123456789abcdef.pko.v1.rollout.>",
+            "$JS.API.CONSUMER.MSG.NEXT.PKO_ROLLOUTS.pko-sink-0123456789abcdef",
+            "$JS.API.CONSUMER.DELETE.PKO_ROLLOUTS.pko-sink-0123456789abcdef",
+            "$JS.ACK.PKO_ROLLOUTS.pko-sink-0123456789abcdef.1.2.3.4.5",
+        ] {
+            assert!(may(&manager.publish, sink), "{sink}");
+        }
+        assert!(!may(&manager.publish, "$JS.API.STREAM.PURGE.PKO_ROLLOUTS"));
+        assert!(!may(
+            &manager.publish,
+            "$JS.API.CONSUMER.CREATE.KV_PKO_FLEET.x"
+        ));
         assert!(may(&manager.subscribe, "pko.v1.hc.ns-1_uid.hello"));
         assert!(may(&manager.subscribe, "_INBOX_prod-a.x"));
         assert!(!may(&manager.subscribe, "_INBOX.x"));

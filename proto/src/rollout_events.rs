@@ -28,7 +28,7 @@ pub const STREAM_DUPLICATE_WINDOW: std::time::Duration =
     std::time::Duration::from_secs(24 * 60 * 60);
 
 /// What happened.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum RolloutEventKind {
     /// A new template generation started rolling out.

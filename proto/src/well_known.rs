@@ -83,6 +83,11 @@ pub const ROLLOUT_PREFLIGHT_REQUEST_ANNOTATION: &str = "rollout.package-operator
 /// for every HostedClusterPackage.
 pub const MAINTENANCE_WINDOW_LABEL: &str = "rollout.package-operator.run/maintenance-window";
 
+/// Label on a Secret in the manager's namespace: `"true"` lets HostedClusterPackage notification sinks
+/// (`spec.rolloutPolicy.notifications[].credentialsSecret`) and the manager-wide sink use it. Without it
+/// the manager sends no Secret of its namespace anywhere.
+pub const SINK_CREDENTIALS_LABEL: &str = "rollout.package-operator.run/sink-credentials";
+
 /// Annotation naming the phase of an object (required).
 pub const PHASE_ANNOTATION: &str = "package-operator.run/phase";
 

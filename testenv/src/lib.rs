@@ -68,7 +68,7 @@ cluster_only! {
     };
     pub use manager::{
         fleet_manager_args, sharded_manager_args, ManagerLaunch, ManagerProcess,
-        SHARD_COORDINATOR_LEASE,
+        MANAGER_NAMESPACE, SHARD_COORDINATOR_LEASE,
     };
     pub use configured_nats::FleetNats;
     pub use nats::Nats;

@@ -6,11 +6,13 @@ use std::sync::Arc;
 
 use kube::Client;
 
+use crate::engine::notifications::notification_sink::NotificationSink;
 use crate::fleet::hub_link::{FleetMember, HubLink};
 use crate::hypershift::connector_link::ConnectorLink;
 use crate::metrics::managed_cache::ManagedCacheCollector;
 use crate::metrics::manager_metrics::ManagerMetrics;
 use crate::metrics::package_images::ImageStoreCollector;
+use crate::notifications::notification_sinks::NotificationSinks;
 use crate::objects::applier::Applier;
 use crate::objects::object_cache::ObjectCache;
 use crate::objects::revision_index::RevisionIndex;
@@ -180,6 +182,36 @@ impl ManagerContext {
             ..self.rollouts
         };
         Self { rollouts, ..self }
+    }
+
+    /// This context, delivering rollout events to CloudEvents sinks (those of HostedClusterPackages and,
+    /// if given, `manager_wide`), with credentials from the Secrets of `namespace`. Call after
+    /// [`ManagerContext::with_connectors`]; without NATS there is no stream to deliver from.
+    pub fn with_notifications(
+        self,
+        namespace: &str,
+        manager_wide: Option<NotificationSink>,
+    ) -> Result<Self, String> {
+        let Some(link) = &self.connectors else {
+            return match manager_wide {
+                Some(_) => Err("--cloudevents-sink needs NATS (--nats-url): sinks read the rollout event stream".to_owned()),
+                None => Ok(self),
+            };
+        };
+        let sinks = NotificationSinks::new(
+            link.nats.clone(),
+            self.runtime.client.clone(),
+            namespace,
+            self.metrics.notifications.clone(),
+        )?;
+        if let Some(sink) = manager_wide {
+            sinks.serve_manager_wide(sink);
+        }
+        let rollouts = RolloutShared {
+            sinks: Some(sinks),
+            ..self.rollouts
+        };
+        Ok(Self { rollouts, ..self })
     }
 
     /// This context, evaluating rollout health checks against `prometheus`.

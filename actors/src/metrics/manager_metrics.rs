@@ -12,6 +12,7 @@ use prometheus_client::registry::Metric;
 
 use super::connector_metrics::ConnectorMetrics;
 use super::fleet_metrics::FleetMetrics;
+use super::notification_metrics::NotificationMetrics;
 use super::package_images::ImageFetchMetrics;
 use super::rollout_metrics::RolloutMetrics;
 use super::source_labels::SourceLabels;
@@ -42,6 +43,8 @@ pub struct ManagerMetrics {
     pub fleet: FleetMetrics,
     pub images: ImageFetchMetrics,
     pub leases: LeaseMetrics,
+    /// The CloudEvents notification sinks.
+    pub notifications: NotificationMetrics,
     /// The allocator's heap and its trims (`runtime::heap_trim`).
     pub heap: HeapMetrics,
     /// The reconcile shell's and the watch feeds' own.
@@ -142,6 +145,7 @@ impl ManagerMetrics {
         let fleet = FleetMetrics::default();
         let images = ImageFetchMetrics::default();
         let leases = LeaseMetrics::default();
+        let notifications = NotificationMetrics::default();
         let heap = HeapMetrics::default();
         api.register(&mut registry);
         upstream.register(&mut registry);
@@ -151,6 +155,7 @@ impl ManagerMetrics {
         fleet.register(&mut registry);
         images.register(&mut registry);
         leases.register(&mut registry);
+        notifications.register(&mut registry);
         heap.register(&mut registry);
         Self {
             registry: Arc::new(RwLock::new(registry)),
@@ -161,6 +166,7 @@ impl ManagerMetrics {
             fleet,
             images,
             leases,
+            notifications,
             heap,
             runtime,
             rollout_events,

@@ -10,6 +10,7 @@ pub mod exposition;
 pub mod fleet_metrics;
 pub mod managed_cache;
 pub mod manager_metrics;
+pub mod notification_metrics;
 pub mod package_images;
 pub mod preflight_metrics;
 pub mod rollout_metrics;

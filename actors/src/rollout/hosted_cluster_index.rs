@@ -18,6 +18,7 @@ use actix::prelude::*;
 use crate::engine::hypershift::hosted_teardown::HostedClusterPresence;
 use crate::engine::label_selector::selector_matches;
 use crate::fleet::hub_link::HubLink;
+use crate::notifications::notification_sinks::NotificationSinks;
 use crate::rollout::health_queries::PrometheusQueries;
 use crate::rollout::rollout_publisher::RolloutPublisher;
 
@@ -40,6 +41,8 @@ pub struct RolloutShared {
     pub prometheus: Option<PrometheusQueries>,
     /// How release preflights run.
     pub preflight: PreflightSettings,
+    /// The CloudEvents sinks, when rollout events are published (NATS).
+    pub sinks: Option<Arc<NotificationSinks>>,
 }
 
 /// How release preflights run (`--preflight-*` flags).

@@ -5,7 +5,8 @@
 //!
 //! The rules live in `engine::rollout::rollout_plan`; this actor only gathers inputs and carries out plans. Its
 //! parts are submodules that add to the same actor: the watch of its Packages (`owned_packages`), what a
-//! step tells (`rollout_story`), the health checks (`health_checks`) and the fleet's hub (`fleet_hub`).
+//! step tells (`rollout_story`), the health checks (`health_checks`), the fleet's hub (`fleet_hub`) and
+//! the CloudEvents sinks (`notification_sinks`).
 
 use pko_proto::well_known::HOSTED_CLUSTER_PACKAGE_LABEL;
 use std::collections::{BTreeMap, BTreeSet};
@@ -53,6 +54,7 @@ use pko_proto::well_known::TRACE_PARENT_ANNOTATION;
 // The supervisor's parts, each an `impl` of the same actor.
 mod fleet_hub;
 mod health_checks;
+mod notification_sinks;
 mod owned_packages;
 mod preflight;
 mod rollout_story;
@@ -207,6 +209,7 @@ impl Reconcile for HostedClusterPackageController {
         ctx: &mut Context<HostedClusterPackageActor>,
     ) -> Work<Self> {
         let name = actor.name();
+        actor.serve_sinks(&hcpkg);
         actor.context.rollouts.clusters.set_selector(
             &name,
             &hcpkg.spec.hosted_cluster_selector,
@@ -298,6 +301,7 @@ impl Reconcile for HostedClusterPackageController {
     /// Deleted, or moved to another replica: this one no longer writes its record at the hub (the new
     /// supervisor does, or it ages out).
     fn stopped(actor: &mut HostedClusterPackageActor) {
+        actor.release_sinks();
         if let Some(hub) = &actor.context.rollouts.hub {
             hub.forget(&actor.name());
             hub.metrics().gate(&actor.name(), None);
@@ -315,6 +319,7 @@ impl Reconcile for HostedClusterPackageController {
         actor: &mut HostedClusterPackageActor,
         _: &mut Context<HostedClusterPackageActor>,
     ) -> Option<LocalBoxFuture<'static, ()>> {
+        actor.remove_sinks();
         // Its Packages go with it through their owner references; no writer may make one again.
         actor
             .context

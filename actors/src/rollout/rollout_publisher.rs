@@ -198,7 +198,7 @@ fn retry_delays() -> impl Iterator<Item = Duration> {
 }
 
 /// Creates the stream, or updates its limits to this build's.
-async fn ensure_stream(jetstream: &jetstream::Context) -> Result<(), String> {
+pub(crate) async fn ensure_stream(jetstream: &jetstream::Context) -> Result<(), String> {
     jetstream
         .create_or_update_stream(stream::Config {
             name: STREAM.to_owned(),

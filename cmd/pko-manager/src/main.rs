@@ -17,6 +17,7 @@ use clap::{Parser, ValueEnum};
 use pko_actors::admission::serving_cert::{ServingCert, ServingCertConfig, ServingCertError};
 use pko_actors::admission::webhook_server::{self, ReviewCounts};
 use pko_actors::engine::hypershift::connector_deployment::ConnectorResources;
+use pko_actors::engine::notifications::notification_sink::NotificationSink;
 use pko_actors::fleet::hub_link::FleetMember;
 use pko_actors::hypershift::connector_link::{
     ConnectorLink, LinkSetupError, ManagerNatsUser, DEFAULT_CREDENTIALS_VALIDITY,
@@ -39,6 +40,7 @@ use pko_actors::runtime::shard_coordinator;
 use pko_actors::runtime::shard_membership::{MemberIdentity, MemberNameError, ShardMembership};
 use pko_actors::runtime::write_fence::WriteFence;
 use pko_package::image_limits::ImageLimits;
+use pko_proto::core::rollout_notifications::HostedClusterPackageNotificationSink;
 use pko_proto::fleet::check_cluster_name;
 use pko_proto::nats_credentials::AccountSigner;
 use pko_proto::nats_permissions::{manager_permissions, member_inbox_prefix};
@@ -191,6 +193,21 @@ struct Args {
     /// ends.
     #[arg(long, env = "PKO_PROMETHEUS_URL")]
     prometheus_url: Option<String>,
+    /// An HTTP sink that receives every HostedClusterPackage's rollout events as CloudEvents (binary
+    /// content mode), once and in order, from the rollout event stream. Needs --nats-url.
+    #[arg(long, env = "PKO_CLOUDEVENTS_SINK")]
+    cloudevents_sink: Option<String>,
+    /// A Secret in the manager's namespace, labelled rollout.package-operator.run/sink-credentials=true,
+    /// whose `token` (bearer) or `username` and `password` (basic) the manager-wide sink is sent.
+    #[arg(
+        long,
+        env = "PKO_CLOUDEVENTS_SINK_SECRET",
+        requires = "cloudevents_sink"
+    )]
+    cloudevents_sink_secret: Option<String>,
+    /// The rollout event kinds the manager-wide sink receives (default: every kind).
+    #[arg(long, value_delimiter = ',', requires = "cloudevents_sink")]
+    cloudevents_sink_kinds: Vec<String>,
     /// Rollout events held while NATS does not acknowledge them (about 300 bytes each); beyond it the
     /// newest are dropped and counted in pko_rollout_events_dropped_total.
     #[arg(long, default_value_t = DEFAULT_OUTBOX_CAPACITY)]
@@ -269,6 +286,8 @@ pub enum ManagerError {
         #[source]
         source: std::io::Error,
     },
+    #[error("{0}")]
+    CloudEventsSink(String),
     #[error("waiting for a shutdown signal: {0}")]
     Signal(#[source] std::io::Error),
     #[error("leader election: {0}")]
@@ -478,6 +497,13 @@ async fn run(args: Args) -> Result<(), ManagerError> {
             context = context.in_fleet(member);
         }
     }
+    let manager_sink = manager_wide_sink(&args)?;
+    if let Some(sink) = &manager_sink {
+        info!(url = %sink.url, "every rollout event goes to this CloudEvents sink");
+    }
+    context = context
+        .with_notifications(&args.leader_election_namespace, manager_sink)
+        .map_err(ManagerError::CloudEventsSink)?;
     if let Some(url) = &args.prometheus_url {
         info!(%url, "rollout health checks query this Prometheus");
         context = context.with_health_checks(PrometheusQueries::new(url)?);
@@ -558,6 +584,7 @@ async fn run(args: Args) -> Result<(), ManagerError> {
     };
 
     let publisher = context.rollouts.publisher.clone();
+    let sinks = context.rollouts.sinks.clone();
     health.set(if args.sharding {
         Readiness::ShardMember(context.runtime.feeds.clone())
     } else {
@@ -578,6 +605,13 @@ async fn run(args: Args) -> Result<(), ManagerError> {
             warn!(left, "rollout events not acknowledged at shutdown");
         }
     }
+    if let Some(sinks) = sinks {
+        // Deliveries under way end and are acknowledged; the next manager resumes after them.
+        let left = sinks.drain(Duration::from_secs(12)).await;
+        if left > 0 {
+            warn!(left, "CloudEvents deliveries still under way at shutdown");
+        }
+    }
     if let Some(lease) = lease {
         lease.release().await;
     }
@@ -585,6 +619,21 @@ async fn run(args: Args) -> Result<(), ManagerError> {
         membership.leave().await;
     }
     outcome
+}
+
+/// The manager-wide CloudEvents sink the flags name, checked like a HostedClusterPackage's.
+fn manager_wide_sink(args: &Args) -> Result<Option<NotificationSink>, ManagerError> {
+    let Some(url) = &args.cloudevents_sink else {
+        return Ok(None);
+    };
+    let spec = HostedClusterPackageNotificationSink {
+        url: url.clone(),
+        credentials_secret: args.cloudevents_sink_secret.clone(),
+        kinds: args.cloudevents_sink_kinds.clone(),
+    };
+    NotificationSink::parse(&spec, "--cloudevents-sink")
+        .map(Some)
+        .map_err(ManagerError::CloudEventsSink)
 }
 
 /// `pko-manager/<version> (<identity>[; <role>])`.

@@ -10,7 +10,7 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::PostParams;
 use kube::Api;
 use pko_proto::core::hosted_cluster_package::HostedClusterPackage;
 use pko_proto::rollout_events::{RolloutEvent, RolloutEventKind};
@@ -146,18 +146,11 @@ async fn events_survive_a_nats_outage_and_a_manager_restart_exactly_once() {
     )
     .await;
     wait_finished_in_stream(&name, 1).await;
-    let release = |image: &str| json!({"spec": {"template": {"spec": {"image": image, "config": {"greeting": "hi"}}}}});
 
     // NATS down for the whole of release 2: the Packages roll anyway, the events wait in the outbox.
     env.nats().kill();
     let started = std::time::Instant::now();
-    api.patch(
-        &name,
-        &PatchParams::default(),
-        &Patch::Merge(&release(&images[1])),
-    )
-    .await
-    .unwrap();
+    roll_image(&api, &name, &images[1]).await;
     wait_status(
         &api,
         &name,
@@ -176,13 +169,7 @@ async fn events_survive_a_nats_outage_and_a_manager_restart_exactly_once() {
     wait_finished_in_stream(&name, 2).await;
 
     // Release 3: the manager is killed once the first Package took it; its successor finishes it.
-    api.patch(
-        &name,
-        &PatchParams::default(),
-        &Patch::Merge(&release(&images[2])),
-    )
-    .await
-    .unwrap();
+    roll_image(&api, &name, &images[2]).await;
     wait_status(
         &api,
         &name,

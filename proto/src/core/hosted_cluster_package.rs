@@ -14,6 +14,7 @@ use super::rollout_calendar::{
     HostedClusterPackageMaintenanceWindow, HostedClusterPackageSkip,
     HostedClusterPackageSkippedStatus,
 };
+use super::rollout_notifications::HostedClusterPackageNotificationSink;
 use super::rollout_preflight::{
     HostedClusterPackagePreflightPolicy, HostedClusterPackagePreflightStatus,
 };
@@ -81,6 +82,10 @@ pub struct HostedClusterPackageRolloutPolicy {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 50))]
     pub skip: Vec<HostedClusterPackageSkip>,
+    /// HTTP sinks that receive the rollout's events as CloudEvents.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 5))]
+    pub notifications: Vec<HostedClusterPackageNotificationSink>,
 }
 
 /// What a halted rollout does.

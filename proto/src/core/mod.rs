@@ -10,6 +10,7 @@ pub mod object_template;
 pub mod package;
 pub mod resource;
 pub mod rollout_calendar;
+pub mod rollout_notifications;
 pub mod rollout_preflight;
 
 pub use common::*;
@@ -22,4 +23,5 @@ pub use object_template::*;
 pub use package::*;
 pub use resource::{crd_for, ApiKind, Column, CrdError, KindInfo};
 pub use rollout_calendar::*;
+pub use rollout_notifications::*;
 pub use rollout_preflight::*;

@@ -452,3 +452,16 @@ pub fn hcpkg_over_all(name: &str, image: &str) -> HostedClusterPackage {
     }))
     .unwrap()
 }
+
+/// Rolls HostedClusterPackage `name` to `image` (the `handlebars` example's greeting `hi`).
+pub async fn roll_image(api: &Api<HostedClusterPackage>, name: &str, image: &str) {
+    let release =
+        json!({"spec": {"template": {"spec": {"image": image, "config": {"greeting": "hi"}}}}});
+    api.patch(
+        name,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&release),
+    )
+    .await
+    .unwrap();
+}

@@ -1,0 +1,334 @@
+//! Rollout events as CloudEvents (issue 44): a real HTTP receiver, read with the `cloudevents-sdk`
+//! crate's own binary-mode parser, takes a manager-wide sink (bearer token from a labelled Secret) and a
+//! HostedClusterPackage's sink (only some kinds). Three releases roll out: the second while the receiver
+//! answers 503, which must not hold the rollout back; the manager is then stopped with events still
+//! pending and a successor delivers them. In the end each sink got every event it wants exactly once, in
+//! the stream's order. This binary restarts the manager, so it has its own environment.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::convert::Infallible;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cloudevents::{AttributesReader, Data};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::PostParams;
+use kube::Api;
+use pko_proto::core::hosted_cluster_package::HostedClusterPackage;
+use pko_proto::rollout_events::{RolloutEvent, RolloutEventKind};
+use pko_testenv::{wait_until, ManagerProcess, MANAGER_NAMESPACE};
+use serde_json::json;
+
+use common::rollout::*;
+use common::*;
+
+/// One CloudEvent the receiver took.
+#[derive(Debug, Clone)]
+struct Received {
+    path: String,
+    authorization: Option<String>,
+    event: cloudevents::Event,
+}
+
+/// An HTTP receiver of CloudEvents: answers 503 while `down`, else parses the request as a binary-mode
+/// CloudEvent and answers 202.
+#[derive(Clone, Default)]
+struct Receiver {
+    down: Arc<AtomicBool>,
+    received: Arc<Mutex<Vec<Received>>>,
+    refused: Arc<Mutex<u64>>,
+}
+
+impl Receiver {
+    async fn start(&self) -> u16 {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let receiver = self.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let receiver = receiver.clone();
+                tokio::spawn(async move {
+                    let service = service_fn(move |request| {
+                        let receiver = receiver.clone();
+                        async move { Ok::<_, Infallible>(receiver.take(request).await) }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        port
+    }
+
+    async fn take(&self, request: Request<Incoming>) -> Response<String> {
+        let (parts, body) = request.into_parts();
+        let body = body.collect().await.unwrap().to_bytes().to_vec();
+        if self.down.load(Ordering::SeqCst) {
+            *self.refused.lock().unwrap() += 1;
+            return answer(503, "down for maintenance");
+        }
+        let authorization = parts
+            .headers
+            .get("authorization")
+            .map(|v| v.to_str().unwrap().to_owned());
+        let path = parts.uri.path().to_owned();
+        match cloudevents::binding::http::to_event(&parts.headers, body) {
+            Ok(event) => {
+                self.received.lock().unwrap().push(Received {
+                    path,
+                    authorization,
+                    event,
+                });
+                answer(202, "")
+            }
+            Err(error) => answer(400, &error.to_string()),
+        }
+    }
+
+    fn at(&self, path: &str) -> Vec<Received> {
+        self.received
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|r| r.path == path)
+            .cloned()
+            .collect()
+    }
+}
+
+fn answer(status: u16, body: &str) -> Response<String> {
+    let mut response = Response::new(body.to_owned());
+    *response.status_mut() = hyper::StatusCode::from_u16(status).unwrap();
+    response
+}
+
+/// The rollout event a CloudEvent carries.
+fn carried(r: &Received) -> RolloutEvent {
+    match r.event.data() {
+        Some(Data::Json(value)) => serde_json::from_value(value.clone()).unwrap(),
+        // Binary mode: the body as sent, JSON by its content type.
+        Some(Data::Binary(bytes)) => {
+            assert_eq!(r.event.datacontenttype(), Some("application/json"));
+            serde_json::from_slice(bytes).unwrap()
+        }
+        other => panic!("not JSON data: {other:?}"),
+    }
+}
+
+async fn start_manager(port: u16) -> ManagerProcess {
+    let sink = format!("http://127.0.0.1:{port}/all");
+    env()
+        .start_manager(
+            Path::new(env!("CARGO_BIN_EXE_pko-manager")),
+            &[
+                "--cloudevents-sink",
+                &sink,
+                "--cloudevents-sink-secret",
+                "sink-token",
+            ],
+        )
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn sinks_get_every_event_once_and_in_order_across_an_outage_and_a_restart() {
+    let receiver = Receiver::default();
+    let port = receiver.start().await;
+    let env = env();
+    let first = start_manager(port).await;
+    let client = env.management().client().await.unwrap();
+    let token: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "sink-token",
+            "labels": {pko_proto::well_known::SINK_CREDENTIALS_LABEL: "true"}},
+        "stringData": {"token": "s3cret"},
+    }))
+    .unwrap();
+    Api::<Secret>::namespaced(client.clone(), MANAGER_NAMESPACE)
+        .create(&PostParams::default(), &token)
+        .await
+        .unwrap();
+
+    let risks = [Some("early"), Some("early"), Some("late"), Some("late")];
+    let (ns, _clusters) = fleet("sinks", &risks).await;
+    let images: Vec<String> = (1..=3)
+        .map(|v| build_and_push("handlebars", &format!("sinks:v{v}")))
+        .collect();
+    let api: Api<HostedClusterPackage> = Api::all(client.clone());
+    let name = format!("{ns}-addon");
+    let wanted = [
+        "rolloutStarted",
+        "groupStarted",
+        "groupFinished",
+        "rolloutFinished",
+    ];
+    let mut h = hcpkg(
+        &name,
+        &ns,
+        &images[0],
+        json!({"rollingUpgrade": {"maxUnavailable": 1}}),
+        Some(risk_partition()),
+    );
+    h.spec.rollout_policy = Some(
+        serde_json::from_value(json!({"notifications": [
+            {"url": format!("http://127.0.0.1:{port}/addon"), "kinds": wanted}]}))
+        .unwrap(),
+    );
+    api.create(&PostParams::default(), &h).await.unwrap();
+    wait_status(
+        &api,
+        &name,
+        || first.log_tail(),
+        "4/4 on v1",
+        |h| all_available(h, 4),
+    )
+    .await;
+
+    // The receiver is down for the whole of release 2: the rollout goes on regardless.
+    receiver.down.store(true, Ordering::SeqCst);
+    roll_image(&api, &name, &images[1]).await;
+    wait_status(
+        &api,
+        &name,
+        || first.log_tail(),
+        "4/4 on v2 while the receiver is down",
+        |h| h.metadata.generation == Some(2) && all_available(h, 4),
+    )
+    .await;
+    wait_until(
+        "deliveries retried while the receiver is down",
+        TIMEOUT,
+        || async {
+            let retried = first
+                .metric("pko_cloudevents_deliveries_total{sink=\"manager\",result=\"retried\"}")
+                .await?;
+            let pending = first
+                .metric("pko_cloudevents_pending{sink=\"manager\"}")
+                .await?;
+            if retried > 0 && pending > 0 {
+                Ok(())
+            } else {
+                Err(format!("retried {retried}, pending {pending}"))
+            }
+        },
+    )
+    .await
+    .unwrap();
+
+    // Stopped with events pending; the successor delivers them once the receiver is back.
+    first.terminate(Duration::from_secs(20)).await.unwrap();
+    let second = start_manager(port).await;
+    receiver.down.store(false, Ordering::SeqCst);
+    roll_image(&api, &name, &images[2]).await;
+    wait_status(
+        &api,
+        &name,
+        || second.log_tail(),
+        "4/4 on v3",
+        |h| h.metadata.generation == Some(3) && all_available(h, 4),
+    )
+    .await;
+
+    // Each sink gets what the stream holds of this rollout, as the stream orders it, once.
+    let stored: Vec<RolloutEvent> = rollout_events(&name)
+        .await
+        .into_iter()
+        .map(|e| serde_json::from_value(e).unwrap())
+        .collect();
+    let ids = |events: &mut dyn Iterator<Item = &RolloutEvent>| -> Vec<String> {
+        events.map(RolloutEvent::message_id).collect()
+    };
+    let wanted_kinds: BTreeSet<RolloutEventKind> = wanted
+        .iter()
+        .map(|k| serde_json::from_value(json!(k)).unwrap())
+        .collect();
+    let want_all = ids(&mut stored.iter());
+    let want_addon = ids(&mut stored.iter().filter(|e| wanted_kinds.contains(&e.kind)));
+    assert!(
+        stored
+            .iter()
+            .filter(|e| e.kind == RolloutEventKind::RolloutFinished)
+            .count()
+            == 3,
+        "three releases in the stream: {stored:?}"
+    );
+    wait_until("every event at both sinks", TIMEOUT * 2, || async {
+        let all: Vec<String> = receiver
+            .at("/all")
+            .iter()
+            .map(|r| r.event.id().to_owned())
+            .collect();
+        let addon: Vec<String> = receiver
+            .at("/addon")
+            .iter()
+            .map(|r| r.event.id().to_owned())
+            .collect();
+        if all.len() >= want_all.len() && addon.len() >= want_addon.len() {
+            Ok(())
+        } else {
+            Err(format!(
+                "/all {}/{}, /addon {}/{}",
+                all.len(),
+                want_all.len(),
+                addon.len(),
+                want_addon.len()
+            ))
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\nmanager log:\n{}", second.log_tail()));
+    let all = receiver.at("/all");
+    let got_all: Vec<String> = all.iter().map(|r| r.event.id().to_owned()).collect();
+    let got_addon: Vec<String> = receiver
+        .at("/addon")
+        .iter()
+        .map(|r| r.event.id().to_owned())
+        .collect();
+    assert_eq!(
+        got_all, want_all,
+        "the manager's sink: every event once, in stream order"
+    );
+    assert_eq!(
+        got_addon, want_addon,
+        "the HostedClusterPackage's sink: its kinds once, in order"
+    );
+    assert!(*receiver.refused.lock().unwrap() > 0, "the outage was seen");
+
+    for r in &all {
+        assert_eq!(r.authorization.as_deref(), Some("Bearer s3cret"));
+        let event = carried(r);
+        assert_eq!(r.event.id(), event.message_id());
+        let kind = serde_json::to_value(event.kind).unwrap();
+        assert_eq!(
+            r.event.ty(),
+            format!("run.package-operator.rollout.{}", kind.as_str().unwrap())
+        );
+        assert_eq!(
+            r.event.source().to_string(),
+            format!("/management-clusters/management/hostedclusterpackages/{name}")
+        );
+        assert!(r.event.time().is_some(), "{r:?} has no time");
+    }
+    for r in receiver.at("/addon") {
+        assert_eq!(r.authorization, None);
+    }
+    let delivered = second
+        .metric("pko_cloudevents_deliveries_total{sink=\"manager\",result=\"delivered\"}")
+        .await
+        .unwrap();
+    assert!(delivered > 0);
+}

@@ -1,0 +1,4 @@
+//! Rollout events sent to HTTP sinks as CloudEvents: which sinks a HostedClusterPackage (or the manager)
+//! names, what each wants, and what an HTTP answer means for a delivery. No I/O.
+
+pub mod notification_sink;
