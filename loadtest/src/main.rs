@@ -6,13 +6,17 @@
 //! latency, and the manager's CPU time and memory for a fleet of HostedClusters. `sharding`: the same
 //! rollout under 1, 2 and 4 sharded replicas, take-over time and the write audit. `restart`: a manager
 //! (or one of `--replicas N` sharded replicas) restarting over a settled fleet, and the writes it makes. `chaos`: a seeded
-//! schedule of faults at once under continuous releases, judged by an independent observer.
+//! schedule of faults at once under continuous releases, judged by an independent observer. `calendar`:
+//! what maintenance windows and skips cost a rollout decision. `notifications`: CloudEvents sinks against
+//! the JetStream stream they read.
 
 mod apiserver_requests;
+mod calendar_bench;
 mod chaos;
 mod env_startup;
 mod fleet_bench;
 mod hosted_phase_bench;
+mod notification_bench;
 mod object_set_bench;
 mod package_bench;
 mod process_usage;
@@ -192,6 +196,34 @@ enum Measurement {
         #[arg(long)]
         manager: Option<PathBuf>,
     },
+    /// What maintenance windows and skips cost a rollout decision: `decide_rollout` over fleets of N
+    /// HostedClusters with and without a calendar (no servers).
+    Calendar {
+        /// Fleet sizes, comma-separated.
+        #[arg(long, value_delimiter = ',', default_values_t = [500usize, 2000])]
+        hosted_clusters: Vec<usize>,
+        /// Decisions per case (the median is printed).
+        #[arg(long, default_value_t = 21)]
+        runs: usize,
+    },
+    /// CloudEvents sinks: N rollout events into JetStream through the manager's outbox, against their
+    /// delivery to a local HTTP receiver by the manager's sink, and the catch-up after an outage.
+    Notifications {
+        /// Events per batch.
+        #[arg(long, default_value_t = 2000)]
+        events: usize,
+    },
+}
+
+/// A measurement's outcome as the exit code, printing why it failed.
+fn outcome(result: Result<(), String>) -> std::process::ExitCode {
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("pko-loadtest: {error}");
+            std::process::ExitCode::FAILURE
+        }
+    }
 }
 
 #[tokio::main]
@@ -290,6 +322,11 @@ async fn main() -> std::process::ExitCode {
             })
             .await
         }
+        Measurement::Calendar {
+            hosted_clusters,
+            runs,
+        } => outcome(calendar_bench::run(&hosted_clusters, runs)),
+        Measurement::Notifications { events } => outcome(notification_bench::run(events).await),
     };
     if let Some(spans) = object_set_bench::spans_received() {
         println!("traces: {spans} spans received over OTLP/gRPC");
