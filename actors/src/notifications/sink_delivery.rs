@@ -373,3 +373,22 @@ pub fn sink_http_client() -> Result<reqwest::Client, reqwest::Error> {
         .user_agent(concat!("pko-manager/", env!("CARGO_PKG_VERSION")))
         .build()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An id delivered is recognised when it comes again, for the last `REMEMBERED_IDS` ids.
+    #[test]
+    fn delivered_ids_are_remembered_within_their_bound() {
+        let mut ids = RecentIds::new();
+        for i in 0..=REMEMBERED_IDS {
+            ids.insert(format!("id-{i}"));
+        }
+        ids.insert(format!("id-{REMEMBERED_IDS}"));
+        assert!(ids.contains(&format!("id-{REMEMBERED_IDS}")));
+        assert!(ids.contains("id-1"));
+        assert!(!ids.contains("id-0"), "the oldest made room");
+        assert_eq!(ids.order.len(), REMEMBERED_IDS);
+    }
+}

@@ -6,6 +6,7 @@
 
 use std::collections::BTreeSet;
 
+use crate::objects::apply_identity::is_dns1123_subdomain;
 use pko_package::canonical_hash::value_digest;
 use pko_proto::core::hosted_cluster_package::HostedClusterPackageRolloutPolicy;
 use pko_proto::core::rollout_notifications::HostedClusterPackageNotificationSink;
@@ -67,8 +68,12 @@ impl NotificationSink {
                 "{field}.url: credentials belong in credentialsSecret, not in the URL"
             ));
         }
-        if spec.credentials_secret.as_deref() == Some("") {
-            return Err(format!("{field}.credentialsSecret: must not be empty"));
+        if let Some(secret) = &spec.credentials_secret {
+            if !is_dns1123_subdomain(secret) {
+                return Err(format!(
+                    "{field}.credentialsSecret: {secret:?} is not a Secret name (a DNS-1123 subdomain)"
+                ));
+            }
         }
         let kinds = spec
             .kinds
@@ -193,6 +198,21 @@ mod tests {
         assert_eq!(
             sink("https://example.com", &["packageExploded"]).unwrap_err(),
             format!("{at}.kinds[0]: \"packageExploded\" is not a rollout event kind (rolloutStarted, packageFailed, …)")
+        );
+        let named = |secret: &str| {
+            NotificationSink::parse(
+                &HostedClusterPackageNotificationSink {
+                    url: "https://example.com".into(),
+                    credentials_secret: Some(secret.into()),
+                    kinds: Vec::new(),
+                },
+                at,
+            )
+        };
+        assert!(named("acme-hook").is_ok());
+        assert_eq!(
+            named("../kube-system/x").unwrap_err(),
+            format!("{at}.credentialsSecret: \"../kube-system/x\" is not a Secret name (a DNS-1123 subdomain)")
         );
         let twice: HostedClusterPackageRolloutPolicy = serde_json::from_value(json!({
             "notifications": [{"url": "https://a.example/x"}, {"url": "https://a.example/x"}]

@@ -87,21 +87,25 @@ pub fn apply_identity(inputs: IdentityInputs<'_>) -> Result<ApplyIdentity, Inval
 /// '-' and '.', starting and ending with a letter or digit. Anything else could smuggle another user name
 /// (`a:b`) into the impersonation header.
 pub fn valid_service_account_name(name: &str) -> Result<(), String> {
-    let alphanumeric = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
-    let well_formed = !name.is_empty()
-        && name.len() <= 253
-        && name
-            .chars()
-            .all(|c| alphanumeric(c) || c == '-' || c == '.')
-        && name.starts_with(alphanumeric)
-        && name.ends_with(alphanumeric);
-    if well_formed {
+    if is_dns1123_subdomain(name) {
         Ok(())
     } else {
         Err(format!(
             "{name:?} is not a ServiceAccount name (a DNS-1123 subdomain of at most 253 characters)"
         ))
     }
+}
+
+/// Whether `name` is a DNS-1123 subdomain, as the names of most Kubernetes objects must be.
+pub fn is_dns1123_subdomain(name: &str) -> bool {
+    let alphanumeric = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
+    !name.is_empty()
+        && name.len() <= 253
+        && name
+            .chars()
+            .all(|c| alphanumeric(c) || c == '-' || c == '.')
+        && name.starts_with(alphanumeric)
+        && name.ends_with(alphanumeric)
 }
 
 #[cfg(test)]

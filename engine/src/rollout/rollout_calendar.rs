@@ -589,6 +589,43 @@ mod tests {
         );
     }
 
+    /// A selector leaves out the clusters it matches; of two skips, the later expiry holds.
+    #[test]
+    fn a_skip_by_selector_leaves_out_what_it_matches_until_the_later_expiry() {
+        let mut sim = on_v1_then(
+            &[("early", 2)],
+            json!({"skip": [
+                {"selector": {"matchLabels": {"tier": "migrating"}}, "until": "2026-03-01T02:00:00Z",
+                 "reason": "moving"},
+                {"namespaces": ["clusters-early1"], "until": "2026-03-01T01:00:00Z", "reason": "freeze"}]}),
+            2,
+        );
+        sim.labels
+            .entry("early1".to_owned())
+            .or_default()
+            .insert("tier".to_owned(), "migrating".to_owned());
+        sim.run(Pkg::Live);
+        assert_eq!(sim.packages["clusters-early0"].0, "registry/addon:v2");
+        assert_eq!(sim.packages["clusters-early1"].0, "registry/addon:v1");
+        assert_eq!(
+            sim.status.skipped,
+            [HostedClusterPackageSkippedStatus {
+                namespace: "clusters-early1".into(),
+                until: "2026-03-01T02:00:00Z".into(),
+                reason: "moving".into(),
+            }]
+        );
+        sim.later(3600);
+        sim.run(Pkg::Live);
+        assert_eq!(
+            sim.packages["clusters-early1"].0, "registry/addon:v1",
+            "still moving"
+        );
+        sim.later(3600);
+        sim.run(Pkg::Live);
+        assert_eq!(sim.packages["clusters-early1"].0, "registry/addon:v2");
+    }
+
     #[test]
     fn a_cluster_naming_an_undefined_window_waits_and_says_so() {
         let mut sim = on_v1_then(
