@@ -20,7 +20,7 @@ use serde_json::{json, Value};
 use crate::api_time::stamp;
 use crate::conditions::{is_current, is_true_for, set_condition, ConditionUpdate};
 use crate::label_selector::selector_matches;
-use crate::notifications::notification_sink::{notification_sinks, NotificationSink};
+use crate::notifications::notification_sink::notification_sinks;
 use crate::objects::deployment_plan::LATEST_REVISION_UNAVAILABLE;
 use crate::rollout::rollout_calendar::{calendar_policy, CalendarPolicy};
 use crate::rollout::rollout_plan::{
@@ -106,8 +106,6 @@ pub struct RolloutSettings {
     pub policy: RolloutPolicy,
     /// Its maintenance windows and skips.
     pub calendar: CalendarPolicy,
-    /// Where its rollout events go as CloudEvents.
-    pub sinks: Vec<NotificationSink>,
 }
 
 /// Checks the spec; the error names the field and the problem.
@@ -131,7 +129,8 @@ pub fn rollout_settings(hcpkg: &HostedClusterPackage) -> Result<RolloutSettings,
     };
     let policy = rollout_policy(spec.rollout_policy.as_ref())?;
     let calendar = calendar_policy(spec.rollout_policy.as_ref())?;
-    let sinks = notification_sinks(spec.rollout_policy.as_ref())?;
+    // Checked here so that a bad sink makes the spec invalid; its supervisor serves the sinks.
+    notification_sinks(spec.rollout_policy.as_ref())?;
     selector_matches(&spec.hosted_cluster_selector, &BTreeMap::new())
         .map_err(|e| format!("spec.hostedClusterSelector.{e}"))?;
     let partition = match &spec.partition {
@@ -175,7 +174,6 @@ pub fn rollout_settings(hcpkg: &HostedClusterPackage) -> Result<RolloutSettings,
         partition,
         policy,
         calendar,
-        sinks,
     })
 }
 

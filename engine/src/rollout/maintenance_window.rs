@@ -14,14 +14,12 @@ use jiff::{SignedDuration, Timestamp};
 use jiff_cron::Schedule;
 use pko_proto::core::rollout_calendar::HostedClusterPackageMaintenanceWindow;
 
-use crate::rollout::rollout_policy::parse_duration;
+use crate::api_time::elapsed;
+use crate::rollout::rollout_policy::duration;
 
 /// Starts walked per question at most: a schedule that fires every second over a month would otherwise
 /// make one decision walk millions. Past it the rest of the span counts as open (see [`open_time`]).
 pub const MAX_STARTS: usize = 10_000;
-
-/// A window is at most this long (as other durations of the policy).
-const MAX_WINDOW: Duration = Duration::from_secs(744 * 3600);
 
 /// One checked maintenance window.
 #[derive(Debug, Clone)]
@@ -65,21 +63,10 @@ impl MaintenanceWindow {
         }
         let schedule = cron_schedule(&spec.schedule)
             .map_err(|why| format!("{field}.schedule: {why}, got {:?}", spec.schedule))?;
-        let duration = match parse_duration(&spec.duration) {
-            Some(d) if d.is_zero() => return Err(format!("{field}.duration: must be more than 0")),
-            Some(d) if d <= MAX_WINDOW => d,
-            Some(_) => {
-                return Err(format!(
-                    "{field}.duration: at most 744h (31 days), got {:?}",
-                    spec.duration
-                ))
-            }
-            None => {
-                return Err(format!(
-                    "{field}.duration: want a duration such as 90m or 4h, got {:?}",
-                    spec.duration
-                ))
-            }
+        let field_duration = format!("{field}.duration");
+        let duration = match duration(Some(&spec.duration), &field_duration)? {
+            Some(d) if !d.is_zero() => d,
+            _ => return Err(format!("{field_duration}: must be more than 0")),
         };
         let time_zone_name = match spec.time_zone.as_str() {
             "" => "UTC".to_owned(),
@@ -225,15 +212,12 @@ fn merged(windows: &[&MaintenanceWindow], from: Timestamp, to: Timestamp) -> Vec
 
 /// How long any of `windows` was open within `[from, to]`. No windows: always open, the whole span.
 pub fn open_time(windows: &[&MaintenanceWindow], from: Timestamp, to: Timestamp) -> Duration {
-    if to <= from {
-        return Duration::ZERO;
-    }
-    if windows.is_empty() {
-        return Duration::try_from(to.duration_since(from)).unwrap_or_default();
+    if to <= from || windows.is_empty() {
+        return elapsed(from, to);
     }
     merged(windows, from, to)
         .into_iter()
-        .map(|(start, end)| Duration::try_from(end.duration_since(start)).unwrap_or_default())
+        .map(|(start, end)| elapsed(start, end))
         .sum()
 }
 
@@ -445,7 +429,7 @@ mod tests {
         );
         assert_eq!(
             parse("0 2 * * *", "4 hours", ""),
-            format!("{at}.duration: want a duration such as 90m or 4h, got \"4 hours\"")
+            format!("{at}.duration: want a duration such as 90s, 10m or 1h30m, got \"4 hours\"")
         );
         assert_eq!(
             parse("0 2 * * *", "4h", "Mars/Olympus"),

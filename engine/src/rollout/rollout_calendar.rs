@@ -140,7 +140,8 @@ impl CalendarPolicy {
         cluster: &HostedCluster,
         now: Timestamp,
     ) -> Option<&SkipRule> {
-        let labels = cluster.metadata.labels.clone().unwrap_or_default();
+        let no_labels = BTreeMap::new();
+        let labels = cluster.metadata.labels.as_ref().unwrap_or(&no_labels);
         self.skips
             .iter()
             .filter(|s| now < s.until)
@@ -148,7 +149,7 @@ impl CalendarPolicy {
                 s.namespaces.contains(namespace)
                     || s.selector
                         .as_ref()
-                        .is_some_and(|sel| selector_matches(sel, &labels).unwrap_or(false))
+                        .is_some_and(|sel| selector_matches(sel, labels).unwrap_or(false))
             })
             .max_by_key(|s| s.until)
     }
@@ -159,6 +160,10 @@ impl CalendarPolicy {
 pub struct RolloutCalendar<'a> {
     policy: &'a CalendarPolicy,
     now: Timestamp,
+    /// By window index: whether it is open now, and when it next opens. Worked out once per decision,
+    /// not once per target that names the window.
+    open_now: Vec<bool>,
+    next_starts: Vec<Option<Timestamp>>,
     windows: BTreeMap<String, WindowChoice>,
     /// The HostedClusters left out now, by namespace.
     pub skipped: Vec<HostedClusterPackageSkippedStatus>,
@@ -172,6 +177,12 @@ impl<'a> RolloutCalendar<'a> {
         Self {
             policy,
             now,
+            open_now: policy
+                .windows
+                .iter()
+                .map(|w| w.open_until(now).is_some())
+                .collect(),
+            next_starts: policy.windows.iter().map(|w| w.next_start(now)).collect(),
             windows: BTreeMap::new(),
             skipped: Vec::new(),
             outstanding: 0,
@@ -207,7 +218,7 @@ impl<'a> RolloutCalendar<'a> {
     pub fn is_open(&self, namespace: &str) -> bool {
         match self.choice(namespace) {
             WindowChoice::Always => true,
-            WindowChoice::Window(i) => self.policy.windows[*i].open_until(self.now).is_some(),
+            WindowChoice::Window(i) => self.open_now[*i],
             WindowChoice::Unknown(_) => false,
         }
     }
@@ -252,7 +263,7 @@ impl<'a> RolloutCalendar<'a> {
     /// When `namespace`'s window opens next (`None`: always open, or never).
     pub fn next_start(&self, namespace: &str) -> Option<Timestamp> {
         match self.choice(namespace) {
-            WindowChoice::Window(i) => self.policy.windows[*i].next_start(self.now),
+            WindowChoice::Window(i) => self.next_starts[*i],
             WindowChoice::Always | WindowChoice::Unknown(_) => None,
         }
     }
@@ -304,25 +315,18 @@ pub fn annotate_windows(
     partitions: &mut [HostedClusterPackagePartitionStatus],
 ) {
     let waiting: BTreeSet<&str> = plan.waiting_for_window.iter().map(String::as_str).collect();
+    // By group: its members waiting for their window, and whether any member is being updated.
     let mut by_group: BTreeMap<Option<String>, Vec<&str>> = BTreeMap::new();
-    for t in input
-        .targets
-        .iter()
-        .filter(|t| waiting.contains(t.namespace.as_str()))
-    {
-        by_group
-            .entry(group_key(t.label.as_deref(), input.partition.as_ref()))
-            .or_default()
-            .push(&t.namespace);
+    let mut busy: BTreeSet<Option<String>> = BTreeSet::new();
+    for t in &input.targets {
+        let key = || group_key(t.label.as_deref(), input.partition.as_ref());
+        if waiting.contains(t.namespace.as_str()) {
+            by_group.entry(key()).or_default().push(&t.namespace);
+        }
+        if plan.processing.contains(&t.namespace) {
+            busy.insert(key());
+        }
     }
-    let group_of = |ns: &String| {
-        input
-            .targets
-            .iter()
-            .find(|t| t.namespace == *ns)
-            .map(|t| group_key(t.label.as_deref(), input.partition.as_ref()))
-    };
-    let busy: BTreeSet<Option<String>> = plan.processing.iter().filter_map(group_of).collect();
     for (i, (g, p)) in plan.groups.iter().zip(partitions.iter_mut()).enumerate() {
         let Some(members) = by_group.get(&g.name) else {
             continue;

@@ -129,7 +129,8 @@ impl RolloutPolicy {
     }
 }
 
-fn duration(value: Option<&String>, field: &str) -> Result<Option<Duration>, String> {
+/// A duration of the policy (`field` names it in errors): at most [`MAX_DURATION`]; `None` when unset.
+pub(crate) fn duration(value: Option<&String>, field: &str) -> Result<Option<Duration>, String> {
     let Some(text) = value else {
         return Ok(None);
     };
