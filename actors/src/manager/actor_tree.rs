@@ -25,7 +25,7 @@ use crate::objects::object_set_actor::ObjectSetActor;
 use crate::objects::object_template_actor::ObjectTemplateActor;
 use crate::objects::revision_index::{IndexChange, RevisionIndex};
 use crate::objects::set_object::{SetKind, SetObject};
-use crate::packages::package_actor::{DeploymentChanged, PackageActor};
+use crate::packages::package_actor::{DeploymentChanged, HostedClusterArrived, PackageActor};
 use crate::runtime::kind_feed::{KindFeed, Tap};
 use crate::runtime::registry::Registry;
 use crate::runtime::relations::wake_controller;
@@ -109,6 +109,17 @@ pub fn start(context: ManagerContext) -> ActorTree {
         )
         .start();
     }
+    let packages: Arc<Registry<PackageActor>> = Arc::default();
+    // A Package rendered in an HCP namespace before its HostedCluster was known renders again.
+    let arrivals = packages.clone();
+    context
+        .rollouts
+        .clusters
+        .on_arrival(Arc::new(move |namespace: &str| {
+            for package in arrivals.in_namespace(namespace) {
+                package.do_send(HostedClusterArrived);
+            }
+        }));
     // HostedClusters feed both their connectors and the HostedCluster index.
     let index = context.rollouts.clusters.clone();
     let index_tap: Tap<HostedCluster> =
@@ -116,7 +127,6 @@ pub fn start(context: ManagerContext) -> ActorTree {
     HyperShiftDetector::new(context.clone(), hosted_clusters.clone(), index_tap).start();
     let rollouts: Arc<Registry<HostedClusterPackageActor>> = Arc::default();
     KindFeed::<HostedClusterPackage, _>::new(context.clone(), rollouts.clone(), None).start();
-    let packages: Arc<Registry<PackageActor>> = Arc::default();
     let od_tap = Some(package_tap(packages.clone()));
     KindFeed::<ObjectDeployment, _>::new(context.clone(), deployments.clone(), od_tap.clone())
         .start();

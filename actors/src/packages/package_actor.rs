@@ -39,6 +39,12 @@ use pko_proto::well_known::TRACE_PARENT_ANNOTATION;
 #[rtype(result = "()")]
 pub struct DeploymentChanged(pub Option<DeploymentView>);
 
+/// The HostedCluster of the Package's namespace became known: what the last render read of
+/// `.environment.hyperShift` is stale, so the next reconcile renders again (the image stays cached).
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct HostedClusterArrived;
+
 /// Hash of what an unpack depends on (spec and chunking strategy): a new one means unpacking again.
 fn spec_hash(package: &PackageObject) -> String {
     let input = serde_json::json!({
@@ -384,6 +390,14 @@ impl PackageRun {
             hold,
             held_for,
         })
+    }
+}
+
+impl Handler<HostedClusterArrived> for PackageActor {
+    type Result = ();
+    fn handle(&mut self, _: HostedClusterArrived, ctx: &mut Context<Self>) {
+        self.state.unpacked = None;
+        self.request_reconcile(ctx);
     }
 }
 

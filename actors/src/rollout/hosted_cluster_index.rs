@@ -85,6 +85,10 @@ fn matches(selector: &LabelSelector, cluster: &HostedCluster) -> bool {
     selector_matches(selector, labels).unwrap_or(false)
 }
 
+/// Told the HCP namespace of a HostedCluster the index has just learnt of (from the feed, or the LIST
+/// when the HostedCluster API appears after the manager started).
+pub type ArrivalHook = Arc<dyn Fn(&str) + Send + Sync>;
+
 /// Every HostedCluster, and which HostedClusterPackage selects by what.
 pub struct HostedClusterIndex {
     /// Shared, not copied: every HostedClusterPackage reconcile takes the clusters it selects.
@@ -101,6 +105,9 @@ pub struct HostedClusterIndex {
     ready: watch::Sender<bool>,
     /// Whether the HostedCluster API is served (else packages get no `.environment.hyperShift`).
     api_served: AtomicBool,
+    /// What renders `.environment.hyperShift` again in a namespace whose cluster arrived: a Package
+    /// rendered there before the index knew the cluster was rendered without it.
+    arrival: std::sync::OnceLock<ArrivalHook>,
 }
 
 impl Default for HostedClusterIndex {
@@ -111,11 +118,17 @@ impl Default for HostedClusterIndex {
             selections: DashMap::new(),
             ready: watch::Sender::new(false),
             api_served: AtomicBool::new(false),
+            arrival: std::sync::OnceLock::new(),
         }
     }
 }
 
 impl HostedClusterIndex {
+    /// Sets what is told of each arrival (once; the actor tree sets it before any feed starts).
+    pub fn on_arrival(&self, hook: ArrivalHook) {
+        let _ = self.arrival.set(hook);
+    }
+
     /// A cluster changed (or was deleted): remember it and wake the HostedClusterPackages it concerns.
     pub fn observe(&self, cluster: &HostedCluster, deleted: bool) {
         let key = key(cluster);
@@ -124,8 +137,11 @@ impl HostedClusterIndex {
             self.clusters.remove(&key).map(|(_, c)| c)
         } else {
             self.index_hcp_namespace(&key);
-            self.clusters.insert(key, Arc::new(cluster.clone()))
+            self.clusters.insert(key.clone(), Arc::new(cluster.clone()))
         };
+        if !deleted && previous.is_none() {
+            self.arrived(&key);
+        }
         for entry in self.selections.iter() {
             let selector = &entry.value().selector;
             let concerned = matches(selector, cluster)
@@ -141,15 +157,26 @@ impl HostedClusterIndex {
     /// waiting for it is woken.
     pub fn seed(&self, clusters: Option<Vec<HostedCluster>>) {
         let served = clusters.is_some();
+        // Renders wait for the first seed, so only a later one (the API appeared after the manager
+        // started) has renders to redo.
+        let late = self.is_ready();
+        let mut arrived = Vec::new();
         for cluster in clusters.into_iter().flatten() {
             let key = key(&cluster);
             self.index_hcp_namespace(&key);
-            self.clusters
-                .entry(key)
-                .or_insert_with(|| Arc::new(cluster));
+            if let dashmap::Entry::Vacant(entry) = self.clusters.entry(key.clone()) {
+                entry.insert(Arc::new(cluster));
+                if late {
+                    arrived.push(key);
+                }
+            }
         }
         if served {
             self.api_served.store(true, Ordering::SeqCst);
+        }
+        // After `api_served`: a render the hook starts must see the API.
+        for key in &arrived {
+            self.arrived(key);
         }
         self.ready.send_replace(true);
         for entry in self.selections.iter() {
@@ -185,6 +212,12 @@ impl HostedClusterIndex {
         let keys = self.by_hcp_namespace.get(hcp_namespace)?;
         let cluster = keys.iter().find_map(|key| self.clusters.get(key))?;
         Some(cluster.value().clone())
+    }
+
+    fn arrived(&self, key: &ClusterKey) {
+        if let Some(hook) = self.arrival.get() {
+            hook(&hosted_control_plane_namespace(&key.0, &key.1));
+        }
     }
 
     fn index_hcp_namespace(&self, key: &ClusterKey) {
@@ -334,5 +367,39 @@ mod tests {
         sorted.sort();
         assert_eq!(selected, sorted);
         assert_eq!(selected.len(), names.len());
+    }
+
+    /// The namespaces whose renders are stale are told: a cluster the feed brings, and every cluster of a
+    /// LIST that comes after the index was complete (the API appeared later); the first seed, which
+    /// renders wait for, and a known cluster's update tell nobody.
+    #[actix::test]
+    async fn arrivals_are_told_only_when_a_render_could_have_missed_the_cluster() {
+        let index = HostedClusterIndex::default();
+        let told = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let sink = told.clone();
+        index.on_arrival(Arc::new(move |ns: &str| {
+            sink.lock().unwrap().push(ns.to_owned())
+        }));
+        index.seed(Some(vec![cluster("clusters", "a", "uid-1")]));
+        assert!(told.lock().unwrap().is_empty());
+        index.observe(&cluster("clusters", "a", "uid-1"), false);
+        assert!(told.lock().unwrap().is_empty());
+        index.observe(&cluster("clusters", "b", "uid-2"), false);
+        assert_eq!(*told.lock().unwrap(), ["clusters-b"]);
+
+        let late = HostedClusterIndex::default();
+        let sink = told.clone();
+        late.on_arrival(Arc::new(move |ns: &str| {
+            sink.lock().unwrap().push(ns.to_owned())
+        }));
+        late.seed(None);
+        late.seed(Some(vec![cluster("clusters", "c", "uid-3")]));
+        assert_eq!(*told.lock().unwrap(), ["clusters-b", "clusters-c"]);
+        assert_eq!(
+            late.hosted_cluster_for(Some("clusters-c"))
+                .await
+                .map(|c| c.len()),
+            Some(1)
+        );
     }
 }
