@@ -74,7 +74,12 @@ pub fn rollout_steps(
     let next_current = current(next);
     let previous_current = previous.and_then(current);
     let was_running = previous.is_some_and(|p| p.plan.current_group.is_some()) && !new_generation;
-    if new_generation && next_current.is_some() {
+    // A generation's rollout starts when a group first has work: at once, or, for one first planned
+    // over no clusters (HyperShift installed after pko, a selector nothing matched yet), when they come.
+    let had_started = |p: &RolloutView<'_>| {
+        p.plan.current_group.is_some() || p.plan.groups.iter().any(|g| g.finished)
+    };
+    if next_current.is_some() && (new_generation || previous.is_some_and(|p| !had_started(p))) {
         steps.push(step(RolloutStarted, None, None));
     }
     if let Some(group) = &next_current {
@@ -389,6 +394,35 @@ mod tests {
         assert_eq!(pb.update, ["joined"]);
         let told = rollout_steps(Some(&view(&a, &pa)), &view(&b, &pb));
         assert!(kinds(&told).contains(&(PackageUpdated, Some("joined"))));
+    }
+
+    /// A rollout first planned over no clusters starts, and says so, when its clusters come.
+    #[test]
+    fn a_rollout_planned_over_no_clusters_starts_when_they_come() {
+        use RolloutEventKind::*;
+        let empty = input(&[]);
+        let pe = plan_rollout(&empty);
+        let ve = RolloutView {
+            generation: 1,
+            input: &empty,
+            plan: &pe,
+        };
+        assert!(kinds(&rollout_steps(None, &ve)).is_empty());
+        let a = input(&[("e", "early", false, true)]);
+        let pa = plan_rollout(&a);
+        let va = RolloutView {
+            generation: 1,
+            input: &a,
+            plan: &pa,
+        };
+        let steps = rollout_steps(Some(&ve), &va);
+        let told = kinds(&steps);
+        assert_eq!(
+            told[..2],
+            [(RolloutStarted, None), (GroupStarted, Some("early"))]
+        );
+        // Once started, a later step does not start it again.
+        assert!(!kinds(&rollout_steps(Some(&va), &va)).contains(&(RolloutStarted, None)));
     }
 
     #[test]
