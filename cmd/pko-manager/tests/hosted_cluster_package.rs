@@ -275,3 +275,119 @@ async fn rolling_upgrade_across_risk_groups_keeps_budget_and_order() {
     }
     assert_eq!(updated, [holder], "nothing moves past the failing Package");
 }
+
+/// The CRD's validation rules, not the manager, refuse a malformed HostedClusterPackage: the apiserver
+/// answers 422 naming the field and the rule's message; a well-formed one with every checked field set
+/// is taken (issue 62, item 4).
+#[tokio::test]
+async fn malformed_specs_are_refused_by_the_apiserver_naming_the_field() {
+    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+    manager();
+    let client = env().management().client().await.unwrap();
+    let gvk = GroupVersionKind::gvk("package-operator.run", "v1alpha1", "HostedClusterPackage");
+    let api: Api<DynamicObject> = Api::all_with(
+        client,
+        &ApiResource::from_gvk_with_plural(&gvk, "hostedclusterpackages"),
+    );
+    let object = |name: &str, spec: serde_json::Value| -> DynamicObject {
+        let mut full = json!({
+            "hostedClusterSelector": {"matchLabels": {"fleet": "none"}},
+            "template": {"spec": {"image": "registry.invalid/pkg:v1"}},
+        });
+        for (key, value) in spec.as_object().unwrap() {
+            full[key] = value.clone();
+        }
+        serde_json::from_value(json!({
+            "apiVersion": "package-operator.run/v1alpha1", "kind": "HostedClusterPackage",
+            "metadata": {"name": name}, "spec": full,
+        }))
+        .unwrap()
+    };
+    let window = |name: &str, duration: &str| json!({"name": name, "schedule": "0 2 * * Sat", "duration": duration});
+    let refused = [
+        (
+            json!({"strategy": {"instant": {}, "rollingUpgrade": {"maxUnavailable": 1}}}),
+            "spec.strategy",
+            "set at most one of instant and rollingUpgrade",
+        ),
+        (
+            json!({"strategy": {"rollingUpgrade": {"maxUnavailable": 0}}}),
+            "spec.strategy.rollingUpgrade.maxUnavailable",
+            "must be a number of at least 1",
+        ),
+        (
+            json!({"strategy": {"rollingUpgrade": {"maxUnavailable": "0%"}}}),
+            "spec.strategy.rollingUpgrade.maxUnavailable",
+            "a percentage from 1% to 100%",
+        ),
+        (
+            json!({"partition": {"labelKey": "tier", "order": {"static": ["a"], "alphanumericAsc": {}}}}),
+            "spec.partition.order",
+            "set exactly one of static and alphanumericAsc",
+        ),
+        (
+            json!({"partition": {"labelKey": "tier", "order": {"static": ["a", "a"]}}}),
+            "spec.partition.order.static[1]",
+            "Duplicate value",
+        ),
+        (
+            json!({"rolloutPolicy": {"maintenanceWindows": [window("night", "4h"), window("night", "2h")]}}),
+            "spec.rolloutPolicy.maintenanceWindows[1]",
+            "Duplicate value",
+        ),
+        (
+            json!({"rolloutPolicy": {"maintenanceWindows": [window("night", "four hours")]}}),
+            "spec.rolloutPolicy.maintenanceWindows[0].duration",
+            "should match",
+        ),
+        (
+            json!({"rolloutPolicy": {"groups": [{"name": "prod", "progressDeadline": "10 minutes"}]}}),
+            "spec.rolloutPolicy.groups[0].progressDeadline",
+            "should match",
+        ),
+        (
+            json!({"rolloutPolicy": {"skip": [{"until": "2030-01-01T00:00:00Z", "reason": "freeze"}]}}),
+            "spec.rolloutPolicy.skip[0]",
+            "set namespaces, selector or both",
+        ),
+        (
+            json!({"rolloutPolicy": {"skip": [{"namespaces": ["clusters-a"], "until": "next week", "reason": "freeze"}]}}),
+            "spec.rolloutPolicy.skip[0].until",
+            "date-time",
+        ),
+    ];
+    for (i, (spec, field, words)) in refused.into_iter().enumerate() {
+        let name = format!("malformed-{i}");
+        match api
+            .create(&PostParams::default(), &object(&name, spec.clone()))
+            .await
+        {
+            Err(kube::Error::Api(status)) => {
+                assert_eq!(status.code, 422, "{spec}: {status:?}");
+                assert!(
+                    status.message.contains(&format!("{field}: "))
+                        && status.message.contains(words),
+                    "{spec}: expected {field} and {words:?} in {}",
+                    status.message
+                );
+            }
+            other => panic!("{spec} was not refused: {other:?}"),
+        }
+    }
+    let accepted = object(
+        "well-formed-rules",
+        json!({
+            "strategy": {"rollingUpgrade": {"maxUnavailable": "10%"}},
+            "partition": {"labelKey": "tier", "order": {"static": ["canary", "prod"]}},
+            "rolloutPolicy": {
+                "groups": [{"name": "prod", "minSuccessTime": "1h30m", "progressDeadline": "0"}],
+                "maintenanceWindows": [window("night", "4h"), window("weekend", "48h")],
+                "skip": [{"selector": {"matchLabels": {"freeze": "true"}}, "until": "2030-01-01T00:00:00Z", "reason": "freeze"}],
+            },
+        }),
+    );
+    api.create(&PostParams::default(), &accepted).await.unwrap();
+    api.delete("well-formed-rules", &DeleteParams::default())
+        .await
+        .unwrap();
+}

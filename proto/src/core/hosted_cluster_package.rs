@@ -73,7 +73,11 @@ pub struct HostedClusterPackageRolloutPolicy {
     /// `rollout.package-operator.run/maintenance-window` label; its Package is created and updated only
     /// while that window is open, and its group's progress deadlines and soak count only open time.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 20))]
+    // A map keyed by name: the apiserver refuses a name listed twice ("Duplicate value").
+    #[schemars(
+        length(max = 20),
+        extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"])
+    )]
     pub maintenance_windows: Vec<HostedClusterPackageMaintenanceWindow>,
     /// The window of HostedClusters that name none. Unset: they may be updated at any time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -105,9 +109,11 @@ pub struct HostedClusterPackageGroupPolicy {
     /// How long every Package of the group must stay updated and live before the group counts as
     /// finished and the next one starts (`90s`, `10m`, `1h30m`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^(0|([0-9]+(ms|s|m|h))+)$"))]
     pub min_success_time: Option<String>,
     /// A Package updated and not live within this long counts as failed (`10m`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^(0|([0-9]+(ms|s|m|h))+)$"))]
     pub progress_deadline: Option<String>,
     /// Failed Packages the group tolerates (a number or a percentage of its Packages, rounded down);
     /// one more halts the rollout. Unset: failures wait in their group and never halt.
@@ -183,7 +189,7 @@ pub struct HostedClusterPackagePromotion {
 /// Rollout strategy: exactly one of the fields is set.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
-#[schemars(extend("maxProperties" = 1))]
+#[schemars(extend("x-kubernetes-validations" = [{"rule": "!(has(self.instant) && has(self.rollingUpgrade))", "message": "set at most one of instant and rollingUpgrade"}]))]
 pub struct HostedClusterPackageStrategy {
     /// Update every Package at once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -214,9 +220,12 @@ pub struct HostedClusterPackageStrategyRollingUpgrade {
     /// unavailable: a number (at least 1) or, a pko extension, a percentage of the selected Packages
     /// (rounded down, at least 1). Default 1.
     #[serde(default = "default_max_unavailable")]
-    // `minimum` holds for a number and `pattern` for a string (each applies to its own type only), so
-    // the apiserver refuses 0 and "0%" as it did when only numbers were taken.
-    #[schemars(extend("default" = 1, "minimum" = 1, "pattern" = r"^(100|[1-9][0-9]?)%$"))]
+    #[schemars(extend(
+        "default" = 1,
+        // Bounds the rule's cost: "100%" is the longest text taken.
+        "maxLength" = 4,
+        "x-kubernetes-validations" = [{"rule": "type(self) == int ? self >= 1 : self.matches('^(100|[1-9][0-9]?)%$')", "message": "must be a number of at least 1 or a percentage from 1% to 100%"}]
+    ))]
     pub max_unavailable: IntOrString,
 }
 
@@ -247,7 +256,7 @@ pub struct HostedClusterPackagePartitionSpec {
 /// Order of partition groups: exactly one of the fields is set.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
-#[schemars(extend("minProperties" = 1, "maxProperties" = 1))]
+#[schemars(extend("x-kubernetes-validations" = [{"rule": "has(self.static) != has(self.alphanumericAsc)", "message": "set exactly one of static and alphanumericAsc"}]))]
 pub struct HostedClusterPackagePartitionOrderSpec {
     /// Groups in this order; other values and unlabeled HostedClusters form the unknown group, last.
     #[serde(default, rename = "static", skip_serializing_if = "Vec::is_empty")]

@@ -13,9 +13,17 @@ use super::resource::{
     PHASE_COLUMN,
 };
 
-/// Desired state of an ObjectSet.
+/// Desired state of an ObjectSet. Everything but `lifecycleState` is fixed at creation: the apiserver
+/// refuses a change by the CRD's rules (upstream's), `revision` may only be added to a set without one.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "(has(self.previous) == has(oldSelf.previous)) && (!has(self.previous) || (self.previous == oldSelf.previous))", "message": "previous is immutable"},
+    {"rule": "(has(self.phases) == has(oldSelf.phases)) && (!has(self.phases) || (self.phases == oldSelf.phases))", "message": "phases is immutable"},
+    {"rule": "(has(self.availabilityProbes) == has(oldSelf.availabilityProbes)) && (!has(self.availabilityProbes) || (self.availabilityProbes == oldSelf.availabilityProbes))", "message": "availabilityProbes is immutable"},
+    {"rule": "(has(self.successDelaySeconds) == has(oldSelf.successDelaySeconds)) && (!has(self.successDelaySeconds) || (self.successDelaySeconds == oldSelf.successDelaySeconds))", "message": "successDelaySeconds is immutable"},
+    {"rule": "!has(oldSelf.revision) || (self.revision == oldSelf.revision)", "message": "revision is immutable"},
+]))]
 pub struct ObjectSetSpec {
     /// Active, Paused or Archived (default Active).
     #[serde(default)]

@@ -9,9 +9,16 @@ use super::common::{
 };
 use super::resource::{api_kind, condition_column, integer_column, Column, KindInfo, AGE_COLUMN};
 
-/// Desired state of an ObjectSetPhase. Everything but `paused` is immutable once created.
+/// Desired state of an ObjectSetPhase. Everything but `paused` is fixed at creation; the CRD's rules
+/// (upstream's) make the apiserver refuse a change.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "self.revision == oldSelf.revision", "message": "revision is immutable"},
+    {"rule": "(has(self.previous) == has(oldSelf.previous)) && (!has(self.previous) || (self.previous == oldSelf.previous))", "message": "previous is immutable"},
+    {"rule": "(has(self.availabilityProbes) == has(oldSelf.availabilityProbes)) && (!has(self.availabilityProbes) || (self.availabilityProbes == oldSelf.availabilityProbes))", "message": "availabilityProbes is immutable"},
+    {"rule": "(has(self.objects) == has(oldSelf.objects)) && (!has(self.objects) || (self.objects == oldSelf.objects))", "message": "objects is immutable"},
+]))]
 pub struct ObjectSetPhaseSpec {
     /// When true, only status is reported; objects are not written.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]

@@ -112,8 +112,10 @@ pub fn crd_for<K: ApiKind>() -> Result<CustomResourceDefinition, CrdError> {
         .iter()
         .any(|(name, _)| *name == "objects")
     {
-        // ObjectSlices exist only to carry objects.
+        // ObjectSlices exist only to carry objects, fixed at creation (upstream's rule).
         root["required"] = json!(["objects"]);
+        root["properties"]["objects"]["x-kubernetes-validations"] =
+            json!([{"rule": "self == oldSelf", "message": "objects is immutable"}]);
     }
     let schema: JSONSchemaProps =
         serde_json::from_value(root).map_err(|source| CrdError::Schema {

@@ -17,8 +17,10 @@ pub struct HostedClusterPackageMaintenanceWindow {
     /// with seconds first. The day of week is written by name (`Sat`, `Mon-Fri`), since numbers mean
     /// different days in different cron dialects; a day must match both the day of month and the day of
     /// week.
+    #[schemars(length(max = 256), regex(pattern = r"^\S+( +\S+){4,5}$"))]
     pub schedule: String,
     /// How long it stays open (`4h`, `90m`); at most 744h.
+    #[schemars(regex(pattern = r"^(0|([0-9]+(ms|s|m|h))+)$"))]
     pub duration: String,
     /// The IANA time zone `schedule` is read in (`Europe/Berlin`); default `UTC`. Across a daylight
     /// saving change, a start time that does not exist that day opens an hour later, and one that exists
@@ -32,6 +34,7 @@ pub struct HostedClusterPackageMaintenanceWindow {
 /// HostedCluster either names is left out.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{"rule": "has(self.namespaces) || has(self.selector)", "message": "set namespaces, selector or both"}]))]
 pub struct HostedClusterPackageSkip {
     /// HCP namespaces to leave out.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -40,8 +43,10 @@ pub struct HostedClusterPackageSkip {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selector: Option<LabelSelector>,
     /// When they come back into the rollout (RFC 3339, read against the manager's clock like a window).
+    #[schemars(extend("format" = "date-time"))]
     pub until: String,
     /// Why (shown in status, events and `kubectl package rollout status`).
+    #[schemars(length(min = 1, max = 1024))]
     pub reason: String,
 }
 
