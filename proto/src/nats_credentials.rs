@@ -112,7 +112,9 @@ impl AccountLimits {
             streams: 0,
             consumers: 0,
         });
-        // `data` stays -1: nats-server 2.9 does not enforce it; stored bytes are bounded by JetStream's.
+        // `data` stays -1: nats-server (through 2.12.15, its source read) never reads an account's `data`
+        // claim, so a bound there would promise what no server keeps. Bytes are bounded by `payload`
+        // per message and by the JetStream storage limits below.
         json!({
             "subs": self.subscriptions, "data": -1, "payload": self.payload_bytes,
             "imports": -1, "exports": -1, "wildcards": true,
