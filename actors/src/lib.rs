@@ -5,10 +5,9 @@
 //! plain functions, tested without a server. The domains do the I/O, timers and messages around it:
 //! `objects/` (ObjectSet, phases, ObjectDeployment, ObjectTemplate), `packages/` (Package actors),
 //! `hypershift/` (HostedClusters, connectors, remote phases), `rollout/` (HostedClusterPackage),
-//! `admission/` (the validating webhook), `fleet/` (the hub of management clusters), `metrics/` (what /metrics exposes), all on `runtime/` (context, feeds, shell, gate, Lease), wired together by
+//! `fleet/` (the hub of management clusters), `metrics/` (what /metrics exposes), all on `runtime/` (context, feeds, shell, gate, Lease), wired together by
 //! `manager/` (the composition root).
 
-pub mod admission;
 pub mod fleet;
 pub mod hypershift;
 pub mod manager;

@@ -146,7 +146,7 @@ fn render_times(objects: usize, runs: usize) -> Result<Vec<Duration>, String> {
             json!({
                 "package": {"metadata": {"name": "bench", "namespace": "default", "labels": {}, "annotations": {}}, "image": ""},
                 "config": config,
-                "environment": {"kubernetes": {"version": "v1.20.2"}},
+                "environment": {"kubernetes": {"version": "v1.37.2"}},
             })
         })
         .map_err(|e| e.to_string())?;

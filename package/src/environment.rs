@@ -133,7 +133,7 @@ mod tests {
 
     fn facts() -> EnvironmentFacts {
         EnvironmentFacts {
-            kubernetes_version: "v1.20.2".to_owned(),
+            kubernetes_version: "v1.37.2".to_owned(),
             ..Default::default()
         }
     }
@@ -141,7 +141,7 @@ mod tests {
     #[test]
     fn plain_kubernetes_has_only_the_version() {
         let env = environment_value(&package_environment(&facts(), Some("team")));
-        assert_eq!(env, json!({"kubernetes": {"version": "v1.20.2"}}));
+        assert_eq!(env, json!({"kubernetes": {"version": "v1.37.2"}}));
     }
 
     #[test]

@@ -19,7 +19,7 @@ use serde_json::{json, Value};
 
 fn kubectl(args: &[&str]) -> Result<String, String> {
     let env = pko_testenv::shared().map_err(|error| error.to_string())?;
-    let output = Command::new("kubectl")
+    let output = Command::new(pko_testenv::kubectl())
         .arg(format!(
             "--kubeconfig={}",
             env.management().kubeconfig_path().display()

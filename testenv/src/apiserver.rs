@@ -182,7 +182,6 @@ pub(crate) async fn start(
                 .arg(format!("--etcd-prefix=/pko/{name}"))
                 .arg(format!("--secure-port={port}"))
                 .arg("--bind-address=127.0.0.1")
-                .arg("--insecure-port=0")
                 .arg(format!("--cert-dir={}", dir.join("certs").display()))
                 .arg("--service-account-issuer=https://kubernetes.default.svc")
                 .arg(format!(

@@ -1,14 +1,9 @@
-//! Where the server binaries are: Debian's packages on PATH, kube-apiserver and kube-controller-manager in
-//! the cache directory deploy/install-test-components.sh builds them into.
+//! Where the server binaries are: the platform directory deploy/install-test-components.sh links the
+//! Kubernetes, etcd and nats-server it built into, and Debian's packages on PATH.
 
 use std::path::{Path, PathBuf};
 
 use crate::error::TestEnvError;
-
-/// Kubernetes version the install script builds.
-const KUBE_VERSION: &str = "v1.20.2";
-/// Revision of the build recipe in deploy/install-test-components.sh (its patches); part of the cache path.
-const KUBE_RECIPE: &str = "pko3";
 
 /// Paths of every server binary.
 #[derive(Clone, Debug)]
@@ -28,32 +23,42 @@ pub struct Binaries {
 }
 
 impl Binaries {
-    /// Finds every binary or says which is missing. `PKO_KUBE_BIN_DIR` overrides the kube binaries'
-    /// directory (default `${XDG_CACHE_HOME:-$HOME/.cache}/pko/kube-v1.20.2-pko3`).
+    /// Finds every binary or says which is missing.
     pub fn locate() -> Result<Self, TestEnvError> {
-        let kube_dir = kube_bin_dir();
+        let platform = platform_dir();
         Ok(Self {
-            etcd: on_path("etcd")?,
-            kube_apiserver: in_dir(&kube_dir, "kube-apiserver")?,
-            kube_controller_manager: in_dir(&kube_dir, "kube-controller-manager")?,
-            nats_server: on_path("nats-server")?,
+            etcd: in_dir(&platform, "etcd")?,
+            kube_apiserver: in_dir(&platform, "kube-apiserver")?,
+            kube_controller_manager: in_dir(&platform, "kube-controller-manager")?,
+            nats_server: in_dir(&platform, "nats-server")?,
             registry: on_path("docker-registry")?,
             openssl: on_path("openssl")?,
         })
     }
 }
 
-fn kube_bin_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("PKO_KUBE_BIN_DIR") {
+/// The kubectl of the platform the environment runs (its version matches the apiserver's), for tests and
+/// tools that run kubectl as a user would; `kubectl` on PATH when the platform has none.
+pub fn kubectl() -> PathBuf {
+    let platform = platform_dir().join("kubectl");
+    if platform.is_file() {
+        platform
+    } else {
+        PathBuf::from("kubectl")
+    }
+}
+
+/// `PKO_PLATFORM_DIR`, else `${XDG_CACHE_HOME:-$HOME/.cache}/pko/platform` (the current version the
+/// install script built; `platform-floor` beside it is the floor version).
+pub fn platform_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("PKO_PLATFORM_DIR") {
         return PathBuf::from(dir);
     }
     let cache = std::env::var_os("XDG_CACHE_HOME")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))
         .unwrap_or_else(|| PathBuf::from(".cache"));
-    cache
-        .join("pko")
-        .join(format!("kube-{KUBE_VERSION}-{KUBE_RECIPE}"))
+    cache.join("pko").join("platform")
 }
 
 fn in_dir(dir: &Path, binary: &'static str) -> Result<PathBuf, TestEnvError> {

@@ -30,7 +30,6 @@ pub(crate) async fn start(
         ))
         .arg("--leader-elect=false")
         .arg("--controllers=garbagecollector,namespace,serviceaccount,deployment,replicaset,clusterrole-aggregation")
-        .arg("--port=0")
         .arg("--secure-port=0")
         .arg("--use-service-account-credentials=false");
     let process = ManagedProcess::spawn(

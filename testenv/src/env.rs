@@ -8,11 +8,10 @@ use crate::apiserver::{self, ApiServer};
 use crate::binaries::Binaries;
 use crate::error::{io_error, TestEnvError};
 use crate::nats::{self, Nats};
-use crate::net::free_port;
 use crate::process::ManagedProcess;
 use crate::registry::{self, Registry};
 use crate::workdir::{new_root_dir, start_on_own_runtime, KEPT_MARKER};
-use crate::{controller_manager, etcd, webhook};
+use crate::{controller_manager, etcd};
 
 /// What to start.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -61,7 +60,6 @@ pub struct TestEnv {
     registry: Registry,
     authenticated_registry: Registry,
     etcd: etcd::Etcd,
-    webhook_port: u16,
     timings: StartupTimings,
     /// The admin token every apiserver of the environment accepts.
     token: String,
@@ -91,11 +89,6 @@ impl TestEnv {
         self.keep_files
             .store(true, std::sync::atomic::Ordering::Relaxed);
         Ok(&self.root)
-    }
-
-    /// Loopback port the managers serve the admission webhook on; the management apiserver calls it.
-    pub fn webhook_port(&self) -> u16 {
-        self.webhook_port
     }
 
     /// The management cluster's apiserver.
@@ -279,8 +272,6 @@ async fn start_in(
         .next()
         .ok_or_else(|| TestEnvError::SharedStartFailed("no management apiserver".into()))?;
     let hosted: Vec<ApiServer> = servers.collect();
-    let webhook_port = free_port().map_err(io_error("allocate port", root))?;
-    webhook::register(&management, webhook_port).await?;
 
     let controller_manager = if config.controller_manager {
         let t = Instant::now();
@@ -302,7 +293,6 @@ async fn start_in(
         registry: registry.0,
         authenticated_registry,
         etcd: etcd.0,
-        webhook_port,
         timings,
         token,
         keep_files: std::sync::atomic::AtomicBool::new(false),

@@ -51,7 +51,6 @@ cluster_only! {
     mod otlp_receiver;
     mod prometheus;
     mod stall_proxy;
-    mod webhook;
     mod write_audit;
     pub mod workload;
 
@@ -78,7 +77,7 @@ cluster_only! {
     pub use write_audit::{manager_creates, member_processes, shard_write_audit, WriteAudit};
 }
 
-pub use binaries::Binaries;
+pub use binaries::{kubectl, platform_dir, Binaries};
 pub use command::run_with_input;
 pub use error::TestEnvError;
 pub use net::http_get;

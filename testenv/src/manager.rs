@@ -151,15 +151,14 @@ pub fn fleet_manager_args(cluster: &str, labels: &str) -> Vec<String> {
 pub struct ManagerLaunch<'a> {
     /// Its kubeconfig (a ServiceAccount's, or a proxy's in front of the apiserver); it then installs no CRDs.
     pub kubeconfig: Option<PathBuf>,
-    /// Its namespace (POD_NAMESPACE), where its webhook certificate and Lease live.
+    /// Its namespace (POD_NAMESPACE), where its Lease lives.
     pub namespace: Option<String>,
     /// Another nats-server than the environment's.
     pub nats: Option<&'a Nats>,
     /// More environment variables (`OTEL_*` for trace export).
     pub env: Vec<(String, String)>,
     /// Another apiserver than the management one, as its admin (installing the CRDs): a management
-    /// cluster of a fleet. The environment's webhook is registered only at the management apiserver, so
-    /// a manager of another apiserver serves none.
+    /// cluster of a fleet.
     pub apiserver: Option<&'a ApiServer>,
     /// Its wall clock shifted by libfaketime (`"+30s"`, `"-30s"`): a replica on a machine whose clock is
     /// off. Only the wall clock moves; the monotonic clock, which times its own deadlines, stays true.
@@ -244,16 +243,9 @@ impl TestEnv {
                     .arg("--install-crds");
             }
         }
-        match &launch.namespace {
-            // The webhook certificate and the leader Lease go there (POD_NAMESPACE).
-            Some(namespace) => {
-                command.env("POD_NAMESPACE", namespace);
-            }
-            None => {
-                command
-                    .arg("--webhook-cert-namespace")
-                    .arg(crate::webhook::CERT_NAMESPACE);
-            }
+        if let Some(namespace) = &launch.namespace {
+            // The leader Lease goes there (POD_NAMESPACE).
+            command.env("POD_NAMESPACE", namespace);
         }
         let nats = launch.nats.unwrap_or_else(|| self.nats());
         command
@@ -276,17 +268,6 @@ impl TestEnv {
                 "RUST_LOG",
                 std::env::var("PKO_MANAGER_LOG").unwrap_or_else(|_| "info".into()),
             );
-        let management = launch
-            .apiserver
-            .is_none_or(|server| server.name() == self.management().name());
-        if management {
-            // Every manager serves the webhook the environment registered (one shared port).
-            command
-                .arg("--webhook-addr")
-                .arg(format!("127.0.0.1:{}", self.webhook_port()))
-                .arg("--webhook-cert-names")
-                .arg("127.0.0.1");
-        }
         if let Some(account) = nats.account() {
             command.arg("--nats-account").arg(account);
         }

@@ -248,17 +248,11 @@ pub(crate) async fn launch(
             let probe_user = probe_user.clone();
             async move {
                 let client = connect_as(&url, &probe_user, async_nats::ConnectOptions::new()).await?;
-                // A raw request: async-nats' typed account info needs fields nats-server 2.9 lacks.
-                let reply = client
-                    .request("$JS.API.INFO", Vec::new().into())
+                async_nats::jetstream::new(client)
+                    .query_account()
                     .await
-                    .map_err(|error| format!("JetStream: {error}"))?;
-                let info: serde_json::Value =
-                    serde_json::from_slice(&reply.payload).map_err(|error| format!("JetStream: {error}"))?;
-                match info.get("error") {
-                    None => Ok(()),
-                    Some(error) => Err(format!("JetStream: {error}")),
-                }
+                    .map(drop)
+                    .map_err(|error| format!("JetStream: {error}"))
             }
         })
         .await?;

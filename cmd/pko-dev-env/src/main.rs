@@ -455,7 +455,8 @@ fn write_env_file(
         .map(|server| server.kubeconfig_path().display().to_string())
         .collect();
     let mut text = format!(
-        "# written by pko-dev-env; valid while it runs\nexport KUBECONFIG={}\nexport PKO_HOSTED_KUBECONFIGS={}\nexport PKO_NATS_URL={}\nexport PKO_REGISTRY={}\nexport PKO_PROMETHEUS_URL={}\n",
+        "# written by pko-dev-env; valid while it runs\n# the platform's kubectl first: its version matches the apiservers'\nexport PATH={}:$PATH\nexport KUBECONFIG={}\nexport PKO_HOSTED_KUBECONFIGS={}\nexport PKO_NATS_URL={}\nexport PKO_REGISTRY={}\nexport PKO_PROMETHEUS_URL={}\n",
+        pko_testenv::platform_dir().display(),
         env.management().kubeconfig_path().display(),
         hosted.join(":"),
         fleet

@@ -12,7 +12,7 @@ use std::time::Duration;
 use pko_testenv::{http_get, wait_until};
 
 fn kubectl(kubeconfig: &str, args: &[&str]) -> String {
-    let output = Command::new("kubectl")
+    let output = Command::new(pko_testenv::kubectl())
         .arg(format!("--kubeconfig={kubeconfig}"))
         .args(args)
         .output()

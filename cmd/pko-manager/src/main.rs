@@ -6,16 +6,14 @@ mod crd_install;
 mod fleet_bootstrap;
 mod health;
 mod nats_bootstrap;
+mod platform_version;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
-use pko_actors::admission::serving_cert::{ServingCert, ServingCertConfig, ServingCertError};
-use pko_actors::admission::webhook_server::{self, ReviewCounts};
 use pko_actors::engine::hypershift::connector_deployment::ConnectorResources;
 use pko_actors::engine::notifications::notification_sink::NotificationSink;
 use pko_actors::fleet::hub_link::FleetMember;
@@ -215,23 +213,6 @@ struct Args {
     /// Log format.
     #[arg(long, value_enum, default_value = "text")]
     log_format: LogFormat,
-    /// Serve the validating admission webhook (immutable ObjectSet/ObjectSetPhase fields) over HTTPS on
-    /// this address. Every replica serves it, leader or not.
-    #[arg(long, env = "PKO_WEBHOOK_ADDR")]
-    webhook_addr: Option<SocketAddr>,
-    /// Namespace of the Secret holding the webhook's CA and serving certificate.
-    #[arg(long, env = "POD_NAMESPACE", default_value = "package-operator-system")]
-    webhook_cert_namespace: String,
-    /// Name of that Secret; the replicas share it.
-    #[arg(long, default_value = "pko-webhook-serving-cert")]
-    webhook_cert_secret: String,
-    /// DNS names and IPs the serving certificate is valid for, comma-separated; by default the names of
-    /// the `pko-webhook` Service in the Secret's namespace.
-    #[arg(long, value_delimiter = ',')]
-    webhook_cert_names: Vec<String>,
-    /// ValidatingWebhookConfiguration whose caBundle the manager keeps filled with its CA.
-    #[arg(long, default_value = "pko-object-immutability")]
-    webhook_configuration: String,
     /// Namespaced owners (Package, ObjectDeployment, ObjectSet, ObjectSetPhase, ObjectTemplate) read and
     /// write their objects as this ServiceAccount of their own namespace (impersonated), unless they name
     /// another with the annotation `package-operator.run/service-account`. Cluster-scoped owners and the
@@ -278,14 +259,10 @@ pub enum ManagerError {
     NatsSeedMissing,
     #[error(transparent)]
     Nats(#[from] LinkSetupError),
-    #[error("admission webhook: {0}")]
-    WebhookCert(#[from] ServingCertError),
-    #[error("admission webhook listener {addr}: {source}")]
-    WebhookListen {
-        addr: SocketAddr,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    PlatformVersion(#[from] platform_version::PlatformVersionError),
+    #[error("reading the apiserver's version: {0}")]
+    ApiServerVersion(#[source] kube::Error),
     #[error("{0}")]
     CloudEventsSink(String),
     #[error("waiting for a shutdown signal: {0}")]
@@ -379,47 +356,6 @@ async fn connector_link(
     ))
 }
 
-/// Obtains the serving certificate, starts the listener and keeps the certificate fresh. Runs before
-/// leader election: a standby must answer reviews too.
-async fn serve_webhook(
-    args: &Args,
-    addr: SocketAddr,
-    client: kube::Client,
-    reviews: Arc<ReviewCounts>,
-    metrics: &ManagerMetrics,
-) -> Result<(), ManagerError> {
-    let names = if args.webhook_cert_names.is_empty() {
-        let ns = &args.webhook_cert_namespace;
-        vec![
-            format!("pko-webhook.{ns}.svc"),
-            format!("pko-webhook.{ns}.svc.cluster.local"),
-        ]
-    } else {
-        args.webhook_cert_names.clone()
-    };
-    let cert = ServingCert::ensure(
-        client,
-        ServingCertConfig {
-            namespace: args.webhook_cert_namespace.clone(),
-            secret: args.webhook_cert_secret.clone(),
-            names,
-            webhook_configuration: Some(args.webhook_configuration.clone()),
-        },
-    )
-    .await?;
-    metrics.register(
-        "pko_admission_certificate_reloads",
-        "Webhook serving certificates this replica loaded after its first (renewed, or a re-issued CA).",
-        cert.reloads(),
-    );
-    let bound = webhook_server::serve(addr, cert.tls_config()?, reviews)
-        .await
-        .map_err(|source| ManagerError::WebhookListen { addr, source })?;
-    info!(addr = %bound, path = webhook_server::IMMUTABLE_FIELDS_PATH, "serving the admission webhook");
-    tokio::spawn(cert.keep_fresh(Duration::from_secs(60 * 60)));
-    Ok(())
-}
-
 async fn run(args: Args) -> Result<(), ManagerError> {
     let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "pko-manager".to_owned());
     // A shard member's name is one process's unless it is given (a StatefulSet's pod name): then a
@@ -435,7 +371,7 @@ async fn run(args: Args) -> Result<(), ManagerError> {
     let mut kube_config = cluster_config(args.kubeconfig.as_deref()).await?;
     // Every request names the replica, so the apiserver's audit log tells which one wrote what.
     kube_config.headers.push(user_agent(&identity, None));
-    // What every replica does, leader or not (CRDs, the webhook's certificate), goes unfenced; the
+    // What every replica does, leader or not (CRDs), goes unfenced; the
     // engine's client writes only while this replica's leadership is confirmed.
     let api_requests = ApiRequestMetrics::default();
     let client = limited_client(
@@ -451,6 +387,12 @@ async fn run(args: Args) -> Result<(), ManagerError> {
         &fence,
         &api_requests,
     )?;
+    let version = client
+        .apiserver_version()
+        .await
+        .map_err(ManagerError::ApiServerVersion)?;
+    platform_version::check(&version)?;
+    info!(kubernetes = %version.git_version, "apiserver version supported");
     let metrics = ManagerMetrics::new(api_requests.clone());
     // What a burst of work freed goes back to the system instead of staying in the RSS.
     tokio::spawn(heap_trim::keep_trimmed(metrics.heap.clone()));
@@ -507,11 +449,6 @@ async fn run(args: Args) -> Result<(), ManagerError> {
     if let Some(url) = &args.prometheus_url {
         info!(%url, "rollout health checks query this Prometheus");
         context = context.with_health_checks(PrometheusQueries::new(url)?);
-    }
-    let reviews = Arc::new(ReviewCounts::default());
-    reviews.register_metrics(&metrics);
-    if let Some(addr) = args.webhook_addr {
-        serve_webhook(&args, addr, client.clone(), reviews.clone(), &metrics).await?;
     }
     let health = HealthState::new(metrics.clone());
     let bound = health::serve(args.health_addr, health.clone())

@@ -135,7 +135,7 @@ async fn installed_from_its_manifests_pko_rolls_out_on_its_own_service_account_a
         .unwrap()
         .iter()
         .map(|a| a.as_str().unwrap().to_owned())
-        .filter(|a| !a.starts_with("--health-addr") && !a.starts_with("--webhook-addr"))
+        .filter(|a| !a.starts_with("--health-addr"))
         .collect();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let launch = ManagerLaunch {
@@ -485,7 +485,7 @@ async fn the_manager_role_allows_what_it_needs_and_nothing_more() {
         Some(container["image"].clone())
     );
 
-    // Only the webhook and metrics ports take connections.
+    // Only the metrics port takes connections.
     let policy = kustomize("manager")
         .iter()
         .map(|d| parsed(d))
@@ -502,7 +502,18 @@ async fn the_manager_role_allows_what_it_needs_and_nothing_more() {
         .flat_map(|rule| rule["ports"].as_array().unwrap())
         .map(|p| &p["port"])
         .collect();
-    assert_eq!(ports, ["webhook", "metrics"]);
+    assert_eq!(ports, ["metrics"]);
+    // Drains take one replica at a time.
+    let budget = kustomize("manager")
+        .iter()
+        .map(|d| parsed(d))
+        .find(|d| d["kind"] == "PodDisruptionBudget")
+        .expect("a PodDisruptionBudget for the manager");
+    assert_eq!(budget["spec"]["maxUnavailable"], 1);
+    assert_eq!(
+        budget["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"],
+        "pko-manager"
+    );
 
     install_manifests().await;
     let client = env().management().client().await.unwrap();
@@ -551,20 +562,6 @@ async fn the_manager_role_allows_what_it_needs_and_nothing_more() {
             own,
             Some("pko-manager"),
         ),
-        (
-            "update",
-            "",
-            "secrets",
-            own,
-            Some("pko-webhook-serving-cert"),
-        ),
-        (
-            "update",
-            "admissionregistration.k8s.io",
-            "validatingwebhookconfigurations",
-            None,
-            Some("pko-object-immutability"),
-        ),
     ];
     let denied_cases: &[Access] = &[
         ("patch", "", "secrets", hcp, Some("other")),
@@ -607,7 +604,7 @@ async fn the_manager_role_allows_what_it_needs_and_nothing_more() {
             "admissionregistration.k8s.io",
             "validatingwebhookconfigurations",
             None,
-            Some("other"),
+            None,
         ),
         ("deletecollection", pko, "packages", hcp, None),
     ];
@@ -735,7 +732,7 @@ async fn the_sharded_installs_statefulset_is_accepted_by_the_apiserver() {
         .collect();
     assert_eq!(replicas.len(), 1);
     let out = run_with_input(
-        Command::new("kubectl")
+        Command::new(pko_testenv::kubectl())
             .arg("--kubeconfig")
             .arg(env().management().kubeconfig_path())
             .args(["apply", "--server-side", "--dry-run=server", "-f", "-"]),

@@ -220,7 +220,11 @@ async fn an_immutable_change_is_refused_where_it_differs_and_holds_the_rollout_u
     );
     let refusal = &preflight.refusals[0];
     assert!(
-        refusal.message.contains("Forbidden") && refusal.message.contains("statefulset spec"),
+        // 1.27 says `spec: Forbidden: updates to statefulset spec ...`, 1.37 `spec.volumeClaimTemplates:
+        // Invalid value: ...`: both the apiserver's words about the set's spec.
+        refusal
+            .message
+            .contains("StatefulSet.apps \"db\" is invalid: spec"),
         "the apiserver's own message: {refusal:?}"
     );
     let big: Vec<&String> = clusters

@@ -10,7 +10,7 @@
 mod common;
 
 use std::path::Path;
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use k8s_openapi::api::authorization::v1::{
@@ -50,7 +50,7 @@ async fn start_manager() -> Result<ManagerProcess, String> {
     Ok(manager)
 }
 
-/// A replica as the Deployment runs it (leader election: a second one stands by, serving the webhook).
+/// A replica as the Deployment runs it (leader election: a second one stands by).
 async fn start_replica() -> Result<ManagerProcess, String> {
     let kubeconfig = env()
         .management()
@@ -62,7 +62,7 @@ async fn start_replica() -> Result<ManagerProcess, String> {
         .unwrap()
         .iter()
         .map(|a| a.as_str().unwrap().to_owned())
-        .filter(|a| !a.starts_with("--health-addr") && !a.starts_with("--webhook-addr"))
+        .filter(|a| !a.starts_with("--health-addr"))
         .collect();
     args.push(format!("--default-service-account={DEPLOYER}"));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -74,7 +74,7 @@ async fn start_replica() -> Result<ManagerProcess, String> {
     let manager = env()
         .spawn_manager_with(Path::new(env!("CARGO_BIN_EXE_pko-manager")), &launch, &args)
         .map_err(|e| e.to_string())?;
-    // Serving (a standby too): its webhook listener is up.
+    // Serving (a standby too): its health listener is up.
     pko_testenv::wait_until("the replica serves", Duration::from_secs(60), || async {
         match manager.get("/readyz").await {
             Ok((200, _)) => Ok(()),
@@ -458,130 +458,6 @@ async fn objects_labelled_by_someone_else_are_not_held() {
     .await;
 }
 
-/// A TLS client trusting the CA the managers put into the webhook configuration's caBundle.
-async fn webhook_tls(admin: &Client) -> tokio_rustls::TlsConnector {
-    use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
-    use rustls::pki_types::{pem::PemObject, CertificateDer};
-    let configurations: Api<ValidatingWebhookConfiguration> = Api::all(admin.clone());
-    let bundle = pko_testenv::wait_until("the webhook's caBundle", TIMEOUT, || async {
-        let configuration = configurations
-            .get("pko-object-immutability")
-            .await
-            .map_err(|e| e.to_string())?;
-        configuration
-            .webhooks
-            .into_iter()
-            .flatten()
-            .find_map(|w| w.client_config.ca_bundle)
-            .filter(|b| !b.0.is_empty())
-            .ok_or_else(|| "no caBundle yet".to_owned())
-    })
-    .await
-    .unwrap();
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(&bundle.0) {
-        roots.add(cert.unwrap()).unwrap();
-    }
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::aws_lc_rs::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    tokio_rustls::TlsConnector::from(Arc::new(config))
-}
-
-#[tokio::test]
-async fn slow_webhook_clients_cannot_hold_the_listener() {
-    let _measuring = MEASURING.write().await;
-    use tokio::io::AsyncWriteExt;
-    let (admin, tenant, ns) = tenant("slowloris").await;
-    let manager = tenant_manager();
-    let connector = webhook_tls(&admin).await;
-    let port = env().webhook_port();
-    let before = resident_kib(manager);
-    let timeouts_before = manager
-        .metric("pko_admission_timeouts_total")
-        .await
-        .unwrap();
-    // 200 clients (any pod may reach the port) announce a review of 3 MB and trickle it a byte a second.
-    const SLOW: u64 = 200;
-    let mut trickling = Vec::new();
-    for _ in 0..SLOW {
-        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .unwrap();
-        let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
-        let mut tls = connector.connect(name, tcp).await.unwrap();
-        tls.write_all(
-            b"POST /validate/immutable-fields HTTP/1.1\r\nhost: pko\r\ncontent-type: application/json\r\ncontent-length: 3000000\r\n\r\n{",
-        )
-        .await
-        .unwrap();
-        tls.flush().await.unwrap();
-        trickling.push(tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(1));
-            loop {
-                tick.tick().await;
-                if tls.write_all(b" ").await.is_err() || tls.flush().await.is_err() {
-                    return;
-                }
-            }
-        }));
-    }
-    pko_testenv::wait_until(
-        "the manager holds every slow connection",
-        TIMEOUT,
-        || async {
-            let open = manager.metric("pko_admission_connections").await?;
-            if open >= SLOW {
-                Ok(())
-            } else {
-                Err(format!("{open} open"))
-            }
-        },
-    )
-    .await
-    .unwrap();
-    // A real review, through the apiserver: a change of a mutable field of a set is answered at once.
-    let cm = configmap("reviewed", json!({}));
-    create_set(
-        &tenant,
-        &ns,
-        &object_set("reviewed", &[("p", vec![cm])], json!({})),
-    )
-    .await;
-    let started = std::time::Instant::now();
-    patch_set(
-        &tenant,
-        &ns,
-        "reviewed",
-        json!({"spec": {"lifecycleState": "Paused"}}),
-    )
-    .await;
-    let review = started.elapsed();
-    eprintln!("an admission review took {review:?} with {SLOW} slow connections open");
-    assert!(review < Duration::from_secs(1), "{review:?}");
-    let grown_kib = resident_kib(manager).saturating_sub(before);
-    eprintln!("manager RSS grown by {grown_kib} KiB with {SLOW} slow connections");
-    assert!(grown_kib < 32 * 1024, "grown by {grown_kib} KiB");
-    // Each slow body runs into its deadline and its connection is closed.
-    pko_testenv::wait_until("every slow connection timed out", TIMEOUT, || async {
-        let timed_out = manager.metric("pko_admission_timeouts_total").await? - timeouts_before;
-        if timed_out >= SLOW {
-            Ok(())
-        } else {
-            Err(format!("{timed_out} timed out"))
-        }
-    })
-    .await
-    .unwrap();
-    for task in trickling {
-        task.abort();
-    }
-}
-
 #[tokio::test]
 async fn external_object_watches_end_with_their_last_reader() {
     let _measuring = MEASURING.read().await;
@@ -635,124 +511,4 @@ async fn external_object_watches_end_with_their_last_reader() {
     })
     .await
     .unwrap();
-}
-
-#[tokio::test]
-async fn a_deleted_certificate_secret_is_recovered_by_every_replica_without_a_refused_write() {
-    let _measuring = MEASURING.read().await;
-    use k8s_openapi::api::core::v1::Secret;
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-    let (admin, tenant, ns) = tenant("ca-rotation").await;
-    let leader = tenant_manager();
-    let standby = start_replica().await.unwrap();
-    let metric = "pko_admission_certificate_reloads_total";
-    let reloads_before = [
-        leader.metric(metric).await.unwrap(),
-        standby.metric(metric).await.unwrap(),
-    ];
-    let cm = configmap("written", json!({}));
-    create_set(
-        &tenant,
-        &ns,
-        &object_set("written", &[("p", vec![cm])], json!({})),
-    )
-    .await;
-    // Writes that pass the webhook (it reviews metadata updates too), one after another, throughout.
-    let stop = Arc::new(AtomicBool::new(false));
-    let written = Arc::new(AtomicU64::new(0));
-    let writer = {
-        let (stop, written, tenant, ns) =
-            (stop.clone(), written.clone(), tenant.clone(), ns.clone());
-        tokio::spawn(async move {
-            let sets: Api<pko_proto::core::object_set::ObjectSet> = Api::namespaced(tenant, &ns);
-            let mut refused = Vec::new();
-            while !stop.load(Ordering::SeqCst) {
-                let n = written.load(Ordering::SeqCst);
-                let patch = json!({"metadata": {"labels": {"write": n.to_string()}}});
-                match sets
-                    .patch(
-                        "written",
-                        &Default::default(),
-                        &kube::api::Patch::Merge(&patch),
-                    )
-                    .await
-                {
-                    Ok(_) => {
-                        written.fetch_add(1, Ordering::SeqCst);
-                    }
-                    Err(e) => refused.push(e.to_string()),
-                }
-            }
-            refused
-        })
-    };
-    let secrets: Api<Secret> = Api::namespaced(admin.clone(), MANAGER_NAMESPACE);
-    secrets
-        .delete("pko-webhook-serving-cert", &Default::default())
-        .await
-        .unwrap();
-    pko_testenv::wait_until(
-        "both replicas loaded the re-issued certificate",
-        TIMEOUT,
-        || async {
-            let now = [leader.metric(metric).await?, standby.metric(metric).await?];
-            if now[0] > reloads_before[0] && now[1] > reloads_before[1] {
-                Ok(())
-            } else {
-                Err(format!("reloads {now:?}, before {reloads_before:?}"))
-            }
-        },
-    )
-    .await
-    .unwrap_or_else(|e| {
-        panic!(
-            "{e}\nleader:\n{}\nstandby:\n{}",
-            leader.log_tail(),
-            standby.log_tail()
-        )
-    });
-    // Writes go on after the switch too.
-    let at_switch = written.load(Ordering::SeqCst);
-    pko_testenv::wait_until("writes after the switch", TIMEOUT, || async {
-        let done = written.load(Ordering::SeqCst) - at_switch;
-        if done >= 20 {
-            Ok(())
-        } else {
-            Err(format!("{done} writes since"))
-        }
-    })
-    .await
-    .unwrap();
-    stop.store(true, Ordering::SeqCst);
-    let refused = writer.await.unwrap();
-    assert!(
-        refused.is_empty(),
-        "{} of {} writes refused: {:?}",
-        refused.len(),
-        written.load(Ordering::SeqCst) + refused.len() as u64,
-        refused.first()
-    );
-    // The apiserver trusts the old CA beside the new one while replicas switch.
-    let tls_bundle = {
-        use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
-        let configuration = Api::<ValidatingWebhookConfiguration>::all(admin.clone())
-            .get("pko-object-immutability")
-            .await
-            .unwrap();
-        let bundle = configuration.webhooks.unwrap()[0]
-            .client_config
-            .ca_bundle
-            .clone()
-            .unwrap();
-        String::from_utf8(bundle.0).unwrap()
-    };
-    assert_eq!(
-        tls_bundle.matches("BEGIN CERTIFICATE").count(),
-        2,
-        "{tls_bundle}"
-    );
-    eprintln!(
-        "{} writes through the webhook during the CA re-issue, none refused",
-        written.load(Ordering::SeqCst)
-    );
 }

@@ -8,7 +8,6 @@ pub mod apply_identity;
 pub mod deployment_plan;
 pub mod desired_object;
 pub mod drift;
-pub mod immutable_fields;
 pub mod object_ref;
 pub mod object_set_plan;
 pub mod object_set_status;

@@ -335,7 +335,7 @@ mod tests {
         let owner = json!({"apiVersion": "package-operator.run/v1alpha1", "kind": "ObjectTemplate", "name": "t", "uid": "u1", "controller": true});
         let mut config = Map::new();
         config.insert("host".to_owned(), json!("db.local"));
-        let environment = json!({"kubernetes": {"version": "v1.20.2"}});
+        let environment = json!({"kubernetes": {"version": "v1.37.2"}});
         let object = render_object(
             "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: out\ndata:\n  host: {{ .config.host | upper }}\n  kube: {{ .environment.kubernetes.version }}\n",
             config.clone(),
@@ -348,7 +348,7 @@ mod tests {
         assert_eq!(object["metadata"]["labels"][CACHE_LABEL], "True");
         assert_eq!(object["metadata"]["ownerReferences"][0]["uid"], "u1");
         assert_eq!(object["data"]["host"], "DB.LOCAL");
-        assert_eq!(object["data"]["kube"], "v1.20.2");
+        assert_eq!(object["data"]["kube"], "v1.37.2");
 
         let err = render_object(
             "kind: ConfigMap\nmetadata: {name: x, namespace: elsewhere}\napiVersion: v1\n",

@@ -18,7 +18,7 @@ pub fn deploy_dir() -> PathBuf {
 
 /// `kubectl kustomize deploy/<dir>`, as YAML documents.
 pub fn kustomize(dir: &str) -> Vec<String> {
-    let out = Command::new("kubectl")
+    let out = Command::new(pko_testenv::kubectl())
         .arg("kustomize")
         .arg(deploy_dir().join(dir))
         .output()
@@ -39,22 +39,18 @@ pub fn parsed(document: &str) -> Value {
     serde_saphyr::from_str(document).unwrap()
 }
 
-/// Applies deploy/manager with kubectl (server-side, as for CRDs too large for client-side apply),
-/// except the webhook configuration: the environment registered it with a loopback URL instead of the
-/// Service, which has no pods behind it here. Waits until the managed-objects role is aggregated. Once
-/// per test binary: two applies at once race to create the same objects.
+/// Applies deploy/manager with kubectl (server-side, as for CRDs too large for client-side apply), every
+/// document as shipped. Waits until the managed-objects role is aggregated. Once per test binary: two
+/// applies at once race to create the same objects.
 pub async fn install_manifests() {
     static INSTALLED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
     INSTALLED.get_or_init(apply_manifests).await;
 }
 
 async fn apply_manifests() {
-    let documents: Vec<String> = kustomize("manager")
-        .into_iter()
-        .filter(|d| parsed(d)["kind"] != "ValidatingWebhookConfiguration")
-        .collect();
+    let documents: Vec<String> = kustomize("manager");
     let out = run_with_input(
-        Command::new("kubectl")
+        Command::new(pko_testenv::kubectl())
             .arg("--kubeconfig")
             .arg(env().management().kubeconfig_path())
             .args(["apply", "--server-side", "--force-conflicts", "-f", "-"]),
