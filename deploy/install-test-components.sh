@@ -106,8 +106,13 @@ build_programs() {
   local out=$1 ldflags=$2 name=$3
   shift 3
   mkdir -p "$out.partial"
-  if ! (cd "$work" && go mod tidy >"$work/build.log" 2>&1 \
-        && go build -trimpath -ldflags "$ldflags" -o "$out.partial/$name" "$@" >>"$work/build.log" 2>&1); then
+  # The checksum database has answered 404 for a module it serves a minute later (seen for
+  # k8s.io/legacy-cloud-providers v0.27.16): resolving is tried a second time before the build fails.
+  if ! (cd "$work" && go mod tidy >"$work/build.log" 2>&1); then
+    info "resolving the modules failed ($(grep -m1 -o 'verifying module: [^:]*' "$work/build.log" || echo 'see the log')); once more"
+    (cd "$work" && go mod tidy >"$work/build.log" 2>&1) || { tail -n 30 "$work/build.log" >&2; die "$current_step failed (last lines above)"; }
+  fi
+  if ! (cd "$work" && go build -trimpath -ldflags "$ldflags" -o "$out.partial/$name" "$@" >>"$work/build.log" 2>&1); then
     tail -n 30 "$work/build.log" >&2
     die "$current_step failed (last lines above)"
   fi
