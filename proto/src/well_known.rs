@@ -119,17 +119,6 @@ pub const CHUNKING_ANNOTATION: &str = "packages.package-operator.run/chunking-st
 /// Label on every slice: the deployment it was cut for.
 pub const SLICE_OWNER_LABEL: &str = "slices.package-operator.run/owner";
 
-/// Annotation on the admission webhook's certificate Secret: Unix seconds after which its CA is invalid.
-pub const WEBHOOK_CA_NOT_AFTER_ANNOTATION: &str = "package-operator.run/ca-not-after";
-
-/// Annotation on the admission webhook's certificate Secret: Unix seconds after which the serving
-/// certificate is invalid.
-pub const WEBHOOK_CERT_NOT_AFTER_ANNOTATION: &str = "package-operator.run/serving-cert-not-after";
-
-/// Annotation on the admission webhook's certificate Secret: the names the serving certificate was issued
-/// for, comma-separated.
-pub const WEBHOOK_CERT_NAMES_ANNOTATION: &str = "package-operator.run/serving-cert-names";
-
 /// On every object a sharded manager reconciles: the replica (its member Lease's holder) that works on it.
 pub const SHARD_OWNER_LABEL: &str = "shard.package-operator.run/owner";
 

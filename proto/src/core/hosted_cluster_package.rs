@@ -109,11 +109,11 @@ pub struct HostedClusterPackageGroupPolicy {
     /// How long every Package of the group must stay updated and live before the group counts as
     /// finished and the next one starts (`90s`, `10m`, `1h30m`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(regex(pattern = r"^(0|([0-9]+(ms|s|m|h))+)$"))]
+    #[schemars(regex(pattern = crate::core::rollout_calendar::DURATION_PATTERN))]
     pub min_success_time: Option<String>,
     /// A Package updated and not live within this long counts as failed (`10m`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(regex(pattern = r"^(0|([0-9]+(ms|s|m|h))+)$"))]
+    #[schemars(regex(pattern = crate::core::rollout_calendar::DURATION_PATTERN))]
     pub progress_deadline: Option<String>,
     /// Failed Packages the group tolerates (a number or a percentage of its Packages, rounded down);
     /// one more halts the rollout. Unset: failures wait in their group and never halt.

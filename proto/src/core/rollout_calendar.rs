@@ -6,6 +6,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+/// A duration as the rollout policy takes it (`90s`, `1h30m`, `500ms`, `0`): what
+/// `engine::rollout::rollout_policy::parse_duration` reads, checked by the apiserver first.
+pub const DURATION_PATTERN: &str = r"^(0|([0-9]+(ms|s|m|h))+)$";
+
 /// A recurring maintenance window: it opens at every time `schedule` names, in `timeZone`, and stays
 /// open for `duration`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -20,7 +24,7 @@ pub struct HostedClusterPackageMaintenanceWindow {
     #[schemars(length(max = 256), regex(pattern = r"^\S+( +\S+){4,5}$"))]
     pub schedule: String,
     /// How long it stays open (`4h`, `90m`); at most 744h.
-    #[schemars(regex(pattern = r"^(0|([0-9]+(ms|s|m|h))+)$"))]
+    #[schemars(regex(pattern = DURATION_PATTERN))]
     pub duration: String,
     /// The IANA time zone `schedule` is read in (`Europe/Berlin`); default `UTC`. Across a daylight
     /// saving change, a start time that does not exist that day opens an hour later, and one that exists
