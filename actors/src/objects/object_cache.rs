@@ -12,6 +12,10 @@
 //! request was sent ([`WatchMark`]). A request sent after a watched state was delivered reads at least
 //! that state, so nothing newer is ever replaced by something older; an answer refused that way is
 //! delivered by the watch in its turn.
+//!
+//! An object pko deleted and saw gone is forgotten at once, but the watch may still have states of it to
+//! deliver from before the deletion: those would hold it again, counted for an owner whose objects are all
+//! gone, until the watch's DELETED arrives. A tombstone (the object's UID) refuses them until then.
 
 use pko_proto::well_known::CACHE_LABEL;
 use std::collections::{BTreeMap, HashSet};
@@ -89,6 +93,16 @@ pub struct ObjectCache {
     external: Arc<DashMap<ObjectKey, ExternalWatch>>,
     /// Watched objects carrying pko's label that were not held: no owner running here controls them.
     foreign: Counter,
+    /// Objects pko saw gone while holding a state of them, whose DELETED the watch has not delivered yet:
+    /// the UID of the deleted object and its controller. Bounded by the objects of owners running here.
+    deleted: Arc<DashMap<ObjectKey, Tombstone>>,
+}
+
+/// A deleted object whose earlier states the watch may still deliver.
+#[derive(Debug, Clone)]
+struct Tombstone {
+    uid: String,
+    owner: Option<String>,
 }
 
 impl ObjectCache {
@@ -101,6 +115,7 @@ impl ObjectCache {
             routes: Arc::default(),
             external: Arc::default(),
             foreign: Counter::default(),
+            deleted: Arc::default(),
         }
     }
 
@@ -135,9 +150,30 @@ impl ObjectCache {
         self.tell(key, Some(owner_uid.to_owned()));
     }
 
-    /// Forgets an object pko knows is gone.
+    /// Forgets a state pko decided on that turned out stale; the next look reads the apiserver.
     pub fn forget(&self, key: &ObjectKey) {
         self.objects.remove(key);
+    }
+
+    /// Forgets an object pko saw gone from the apiserver. States of it the watch delivers before its
+    /// DELETED are older than the deletion and are not held again.
+    pub fn forget_deleted(&self, key: &ObjectKey) {
+        let Some((_, held)) = self.objects.remove(key) else {
+            // Nothing held: either the watch delivered the DELETED already, or it never delivered a
+            // state of the object, and then its states come before the DELETED in order and the
+            // DELETED lets go of them.
+            return;
+        };
+        if let Some(uid) = held.state.pointer("/metadata/uid").and_then(Value::as_str) {
+            let owner = controller_of(&held.state).map(|(uid, _, _)| uid);
+            self.deleted.insert(
+                key.clone(),
+                Tombstone {
+                    uid: uid.to_owned(),
+                    owner,
+                },
+            );
+        }
     }
 
     /// Forgets `observed` if it is still the state held for `key` and has been for `held_for`, so the
@@ -162,6 +198,9 @@ impl ObjectCache {
         self.objects.retain(|_, held| {
             controller_of(&held.state).is_none_or(|(uid, _, _)| uid != owner_uid)
         });
+        // With the route gone, nothing of this owner is held again: its tombstones have done their work.
+        self.deleted
+            .retain(|_, tomb| tomb.owner.as_deref() != Some(owner_uid));
         self.release_external(owner_uid, |_| false);
     }
 
@@ -233,7 +272,11 @@ impl ObjectCache {
                     Ok(Event::Delete(o)) => {
                         cache.observe(&id, o, true);
                     }
-                    Ok(Event::Init) => listed.clear(),
+                    Ok(Event::Init) => {
+                        listed.clear();
+                        // A re-list delivers only objects that exist: no state from before a deletion.
+                        cache.forget_tombstones_of(&id);
+                    }
                     Ok(Event::InitDone) => cache.drop_unlisted(&id, &listed),
                     Err(e) => {
                         warn!(kind = %id.2, error = %e, "managed-object watch error; retrying")
@@ -312,9 +355,16 @@ impl ObjectCache {
         let ours = owner
             .as_ref()
             .is_some_and(|uid| self.routes.contains_key(uid));
+        let uid = value.pointer("/metadata/uid").and_then(Value::as_str);
+        let buried = !deleted
+            && uid.is_some_and(|uid| self.deleted.get(&key).is_some_and(|tomb| tomb.uid == uid));
         let former = if deleted {
             self.objects.remove(&key);
+            self.deleted.remove(&key);
             None
+        } else if buried {
+            // A state from before the deletion pko saw: the owner knows the object is gone.
+            return Some(key);
         } else if ours {
             self.hold(&key, value, Source::Watch(delivery))
         } else {
@@ -370,6 +420,12 @@ impl ObjectCache {
                 None
             }
         }
+    }
+
+    /// Drops the tombstones of a kind whose watch starts over.
+    fn forget_tombstones_of(&self, id: &KindId) {
+        self.deleted
+            .retain(|k, _| !(k.group == id.0 && k.version == id.1 && k.kind == id.2));
     }
 
     /// After a re-list, objects of this kind not listed again were deleted while the watch was down.
@@ -513,6 +569,44 @@ mod tests {
         cache.observe(&id, labelled("a", "ours"), false);
         cache.remove_route("ours");
         assert!(cache.get(&ours).is_none());
+    }
+
+    #[tokio::test]
+    async fn a_state_from_before_a_seen_deletion_is_not_held_again() {
+        let cache = cache();
+        let id: KindId = ("".into(), "v1".into(), "ConfigMap".into());
+        let state = |uid: &str, ready: bool| {
+            serde_json::from_value::<DynamicObject>(json!({
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "a", "namespace": "ns", "uid": uid,
+                    "ownerReferences": [{"apiVersion": "package-operator.run/v1alpha1", "kind": "ObjectSet",
+                        "name": "set", "uid": "set", "controller": true}]},
+                "data": {"ready": ready.to_string()}}))
+            .unwrap()
+        };
+        cache.add_route("set", Arc::new(|_| {}));
+        let key = cache.observe(&id, state("first", false), false).unwrap();
+        // Torn down: deleted and seen gone; the watch still has a status write from before to deliver.
+        cache.forget_deleted(&key);
+        cache.observe(&id, state("first", true), false);
+        assert!(cache.get(&key).is_none(), "a state older than the deletion");
+        assert!(cache.census().owners.is_empty());
+        assert_eq!(cache.foreign_objects().get(), 0);
+        // The DELETED ends the tombstone: the object made again (a new UID) is held.
+        cache.observe(&id, state("first", true), true);
+        assert!(cache.deleted.is_empty());
+        cache.observe(&id, state("second", false), false);
+        assert_eq!(cache.get(&key).unwrap()["data"]["ready"], "false");
+        // Forgotten with the DELETED delivered already: nothing held, so no tombstone to outlive it.
+        cache.observe(&id, state("second", false), true);
+        cache.forget_deleted(&key);
+        assert!(cache.deleted.is_empty());
+        // A tombstone whose DELETED never comes goes with its owner's route.
+        cache.observe(&id, state("third", false), false);
+        cache.forget_deleted(&key);
+        assert_eq!(cache.deleted.len(), 1);
+        cache.remove_route("set");
+        assert!(cache.deleted.is_empty());
     }
 
     #[tokio::test]

@@ -482,7 +482,7 @@ pub async fn teardown_phase(
             }
         };
         let Some(observed) = observed else {
-            cache.forget(key);
+            cache.forget_deleted(key);
             continue;
         };
         if controller_of(&observed).is_none_or(|(uid, _, _)| uid != plan.owner_uid) {
@@ -504,7 +504,7 @@ pub async fn teardown_phase(
                 if let Ok(Some(_)) = applier.get(key).await {
                     report.remaining.push(key.clone());
                 } else {
-                    cache.forget(key);
+                    cache.forget_deleted(key);
                 }
             }
             Err(e) if e.is_conflict() => report.remaining.push(key.clone()),
