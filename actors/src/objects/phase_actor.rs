@@ -185,14 +185,15 @@ impl Handler<UpdatePlan> for PhaseActor {
     }
 }
 
-/// Blocked by what others may change without pko hearing of it: its objects' status, or an object
-/// someone else controls (a collision).
+/// Blocked by what others may change without pko hearing of it: its objects' status, a delegated
+/// phase's first report, or an object someone else controls (a collision).
 fn waits_on_others(report: &PhaseReport) -> bool {
     matches!(
         report.progress,
         PhaseProgress::Blocked {
             reason: BlockReason::ProbeFailure
                 | BlockReason::AwaitingStatus
+                | BlockReason::AwaitingReport
                 | BlockReason::CollisionDetected,
             ..
         }

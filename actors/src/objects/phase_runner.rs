@@ -139,8 +139,17 @@ pub async fn reconcile_phase(
                 let result = probed
                     .remove(&key)
                     .unwrap_or_else(|| plan.probes.evaluate(&key, &observed));
-                let finding = probed_finding(&key.to_string(), result, delegated);
-                if matches!(finding, ObjectFinding::ProbeFailed { .. }) {
+                let finding = if plan.delegated && delegated.is_none() {
+                    ObjectFinding::Unreported(format!(
+                        "{key}: no Available condition for its generation yet"
+                    ))
+                } else {
+                    probed_finding(&key.to_string(), result, delegated)
+                };
+                if matches!(
+                    finding,
+                    ObjectFinding::ProbeFailed { .. } | ObjectFinding::Unreported(_)
+                ) {
                     // Should the watch have missed its change, the next look reads the apiserver.
                     cache.forget_if_unchanged_for(&key, &observed, REREAD_AFTER);
                 }
@@ -210,8 +219,6 @@ async fn probe_off_thread(
     })
 }
 
-/// A delegated phase's ObjectSetPhase that says, for its generation, it is still waiting (on its
-/// objects' status, or on its connector's first report), not failing.
 /// (reason, message) of an ObjectSetPhase's `Available` condition, when written for its current
 /// generation.
 fn phase_availability(phase: &Value) -> Option<(String, String)> {

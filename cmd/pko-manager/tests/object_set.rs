@@ -1326,3 +1326,81 @@ async fn immutable_spec_fields_are_refused_by_the_apiserver() {
     wait_gone(&cluster_sets, &cluster_set_name).await;
     wait_gone(&cluster_phases, &cluster_phase_name).await;
 }
+
+/// Upstream's handover scenario with a delegated phase (class `default`): revision 2 takes cm1 over and
+/// its probe fails on it. Every `Available=False` revision 2 ever reports is `ProbeFailure`, as upstream's
+/// test reads it the first time it sees one: the phase's ObjectSetPhase not having reported yet is no
+/// reason of its own.
+#[tokio::test]
+async fn a_delegated_revision_taking_objects_over_reports_its_failing_probe_from_the_first_word() {
+    let (client, ns) = setup("os-handover-probe").await;
+    let probed = |name: &str| {
+        let mut cm = configmap(name, json!({}));
+        cm["metadata"]["labels"] = json!({"test.package-operator.run/test": "True"});
+        cm
+    };
+    let mut rev1 = object_set("rev1", &[("p", vec![probed("cm1")])], json!({}));
+    rev1.spec.template.phases[0].class = "default".into();
+    create_set(&client, &ns, &rev1).await;
+    wait_condition(&client, &ns, "rev1", "Available", "True", None).await;
+
+    let sets = Api::<ObjectSet>::namespaced(client.clone(), &ns);
+    let seen: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+    let record = seen.clone();
+    let watch = tokio::spawn(async move {
+        let config = watcher::Config::default().fields("metadata.name=rev2");
+        let mut events = watcher::watcher(sets, config).boxed();
+        while let Some(Ok(event)) = events.next().await {
+            let (Event::Apply(set) | Event::InitApply(set)) = event else {
+                continue;
+            };
+            let generation = set.metadata.generation;
+            for c in set.status.iter().flat_map(|s| &s.conditions) {
+                if c.type_ == "Available" && c.observed_generation == generation {
+                    record
+                        .lock()
+                        .unwrap()
+                        .push((c.status.clone(), c.reason.clone()));
+                }
+            }
+        }
+    });
+    let mut rev2 = object_set(
+        "rev2",
+        &[("p", vec![probed("cm1"), configmap("cm3", json!({}))])],
+        json!({
+            "previous": [{"name": "rev1"}],
+            "availabilityProbes": [{
+                "selector": {"kind": {"group": "", "kind": "ConfigMap"},
+                             "selector": {"matchLabels": {"test.package-operator.run/test": "True"}}},
+                "probes": [{"fieldsEqual": {"fieldA": ".metadata.name", "fieldB": ".metadata.annotations.name"}}],
+            }],
+        }),
+    );
+    rev2.spec.template.phases[0].class = "default".into();
+    create_set(&client, &ns, &rev2).await;
+    wait_condition(
+        &client,
+        &ns,
+        "rev2",
+        "Available",
+        "False",
+        Some("ProbeFailure"),
+    )
+    .await;
+    wait_condition(&client, &ns, "rev1", "InTransition", "True", None).await;
+    // Controlled by revision 2's ObjectSetPhase, named after it (as upstream's test checks).
+    let cm1 = get_cm(&client, &ns, "cm1").await.unwrap();
+    let controller = controller_ref(&cm1.metadata).map(|r| r.name.clone());
+    assert!(
+        controller.as_deref().is_some_and(|c| c.starts_with("rev2")),
+        "cm1 taken over by rev2: {controller:?}"
+    );
+    watch.abort();
+    let seen = seen.lock().unwrap().clone();
+    assert!(
+        seen.iter()
+            .all(|(status, reason)| status != "False" || reason == "ProbeFailure"),
+        "rev2 reported another reason while its probe failed: {seen:?}"
+    );
+}

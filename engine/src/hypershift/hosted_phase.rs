@@ -96,6 +96,7 @@ pub fn report_of_run(phase: &PhaseRef, outcome: &PhaseOutcome) -> PhaseReport {
                         // A connector's own phases are never undeliverable to it.
                         BlockReason::ProbeFailure
                         | BlockReason::PhaseNotReported
+                        | BlockReason::AwaitingReport
                         | BlockReason::TooLarge => WireOutcome::ProbeFailure,
                     };
                     (outcome, message.clone())

@@ -32,6 +32,10 @@ pub enum BlockReason {
     PreflightError,
     /// A delegated phase whose ObjectSetPhase reported nothing current yet.
     PhaseNotReported,
+    /// A delegated phase whose ObjectSetPhase has no `Available` condition for its generation yet: the
+    /// set has nothing to say of the phase's objects, so it writes no `Available` of its own for it
+    /// (upstream's first word on such a set is the phase's verdict).
+    AwaitingReport,
     /// A hosted-cluster phase larger than a NATS message may be: it cannot be delivered.
     TooLarge,
 }
@@ -45,6 +49,7 @@ impl BlockReason {
             BlockReason::HandedOver => "HandedOver",
             BlockReason::PreflightError => "PreflightError",
             BlockReason::PhaseNotReported => "PhaseNotReported",
+            BlockReason::AwaitingReport => "AwaitingReport",
             BlockReason::TooLarge => "TooLarge",
         }
     }
@@ -165,7 +170,9 @@ pub fn object_set_conditions(
     }
 
     let (all_available, available, in_transition) = availability(obs);
-    set(&mut conditions, available);
+    if let Some(available) = available {
+        set(&mut conditions, available);
+    }
     match in_transition {
         Some(update) => set(&mut conditions, update),
         None => remove_condition(&mut conditions, IN_TRANSITION),
@@ -199,9 +206,10 @@ pub fn object_set_conditions(
     }
 }
 
-/// Whether every phase is available, the Available condition that says so or why not, and the
-/// InTransition condition while the set is not there yet (`None`: remove it).
-fn availability(obs: &SetObservation) -> (bool, ConditionUpdate, Option<ConditionUpdate>) {
+/// Whether every phase is available, the Available condition that says so or why not (`None`: keep the
+/// one written before), and the InTransition condition while the set is not there yet (`None`: remove
+/// it).
+fn availability(obs: &SetObservation) -> (bool, Option<ConditionUpdate>, Option<ConditionUpdate>) {
     let blocked = obs.phases.iter().find_map(|(name, p)| match p {
         PhaseProgress::Blocked { reason, message } => Some((name, *reason, message)),
         PhaseProgress::Available => None,
@@ -219,38 +227,51 @@ fn availability(obs: &SetObservation) -> (bool, ConditionUpdate, Option<Conditio
             let reason = BlockReason::PreflightError.as_str();
             (
                 false,
-                ConditionUpdate::new(AVAILABLE, false, reason, message.clone()),
+                Some(ConditionUpdate::new(
+                    AVAILABLE,
+                    false,
+                    reason,
+                    message.clone(),
+                )),
                 transition("The spec cannot be reconciled; see Available.".to_owned()),
             )
         }
+        (None, Some((name, BlockReason::AwaitingReport, message))) => (
+            false,
+            None,
+            transition(format!(
+                "Phase {name:?} awaits its first report: {}",
+                bounded_message(message)
+            )),
+        ),
         (None, Some((name, reason, message))) => {
             let msg = format!("Phase {name:?} failed: {}", bounded_message(message));
             (
                 false,
-                ConditionUpdate::new(AVAILABLE, false, reason.as_str(), msg),
+                Some(ConditionUpdate::new(AVAILABLE, false, reason.as_str(), msg)),
                 transition(format!("Phase {name:?} has not passed its probes yet.")),
             )
         }
         (None, None) if obs.phases.len() == obs.total_phases => (
             true,
-            ConditionUpdate::new(
+            Some(ConditionUpdate::new(
                 AVAILABLE,
                 true,
                 "Available",
                 "Object is available and passes all probes.",
-            ),
+            )),
             None,
         ),
         // Fewer outcomes than phases without a blocked one: the caller stopped early (e.g. paused
         // mid-way).
         (None, None) => (
             false,
-            ConditionUpdate::new(
+            Some(ConditionUpdate::new(
                 AVAILABLE,
                 false,
                 "Pending",
                 "Not all phases reconciled yet.",
-            ),
+            )),
             transition("Not all phases reconciled yet.".to_owned()),
         ),
     }
@@ -482,6 +503,36 @@ mod tests {
 
     fn at(s: i64) -> Timestamp {
         Timestamp::from_second(s).unwrap()
+    }
+
+    #[test]
+    fn a_delegated_phase_not_reported_yet_writes_no_availability_of_its_own() {
+        let waiting = obs(
+            vec![(
+                "deploy".into(),
+                PhaseProgress::Blocked {
+                    reason: BlockReason::AwaitingReport,
+                    message: "ObjectSetPhase ns/set-deploy: no Available condition".into(),
+                },
+            )],
+            0,
+        );
+        let fresh = object_set_conditions(&[], &waiting, at(10));
+        assert!(find_condition(&fresh.conditions, AVAILABLE).is_none());
+        let transition = find_condition(&fresh.conditions, IN_TRANSITION).unwrap();
+        assert!(transition.message.contains("awaits its first report"));
+        // What was said before stays, with the generation it was said for.
+        let mut reported = waiting.clone();
+        reported.phases[0].1 = PhaseProgress::Blocked {
+            reason: BlockReason::ProbeFailure,
+            message: "cm/a: bad".into(),
+        };
+        let failing = object_set_conditions(&[], &reported, at(11)).conditions;
+        let held = object_set_conditions(&failing, &waiting, at(12)).conditions;
+        assert_eq!(
+            find_condition(&held, AVAILABLE).map(|c| c.reason.as_str()),
+            Some("ProbeFailure")
+        );
     }
 
     #[test]

@@ -19,6 +19,8 @@ pub enum ObjectFinding {
     ProbeFailed { message: String, pending: bool },
     /// Someone else's object the phase reads is missing: nothing of ours is on its way to create it.
     Missing(String),
+    /// A delegated phase's ObjectSetPhase that has not reported for its generation yet.
+    Unreported(String),
 }
 
 /// The finding for an object that is in place, from its probe result. `delegated` is the (reason,
@@ -60,6 +62,7 @@ pub fn phase_progress(findings: &[ObjectFinding]) -> PhaseProgress {
     let mut collisions = Vec::new();
     let mut handed_over = Vec::new();
     let mut probe_failures = Vec::new();
+    let mut unreported = Vec::new();
     let mut probes_pending = true;
     for finding in findings {
         match finding {
@@ -71,6 +74,7 @@ pub fn phase_progress(findings: &[ObjectFinding]) -> PhaseProgress {
                 probe_failures.push(message.as_str());
                 probes_pending &= pending;
             }
+            ObjectFinding::Unreported(m) => unreported.push(m.as_str()),
             ObjectFinding::Missing(m) => {
                 probe_failures.push(m.as_str());
                 probes_pending = false;
@@ -84,6 +88,8 @@ pub fn phase_progress(findings: &[ObjectFinding]) -> PhaseProgress {
     } else if !handed_over.is_empty() {
         // Part of what this revision rolled out belongs to a newer one: it cannot vouch for the whole.
         blocked(BlockReason::HandedOver, &handed_over)
+    } else if !unreported.is_empty() {
+        blocked(BlockReason::AwaitingReport, &unreported)
     } else if !probe_failures.is_empty() && probes_pending {
         blocked(BlockReason::AwaitingStatus, &probe_failures)
     } else if !probe_failures.is_empty() {
@@ -144,6 +150,18 @@ mod tests {
             phase_progress(&[ObjectFinding::Passed]),
             PhaseProgress::Available
         );
+    }
+
+    #[test]
+    fn an_unreported_delegated_phase_awaits_its_report() {
+        let findings = [ObjectFinding::Unreported("phase/p: no report".into())];
+        assert!(matches!(
+            phase_progress(&findings),
+            PhaseProgress::Blocked {
+                reason: BlockReason::AwaitingReport,
+                ..
+            }
+        ));
     }
 
     #[test]
