@@ -752,3 +752,45 @@ async fn the_sharded_installs_statefulset_is_accepted_by_the_apiserver() {
         String::from_utf8_lossy(&out.stdout)
     );
 }
+
+/// The shipped namespace enforces the restricted Pod Security Standard, as upstream's own namespace
+/// does (its restricted-policy test), and the shipped manager meets it: its ReplicaSet's pods are
+/// admitted there while a plain pod is refused.
+#[tokio::test]
+async fn the_shipped_namespace_admits_only_restricted_pods_and_the_manager_is_one() {
+    install_manifests().await;
+    let client = env().management().client().await.unwrap();
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let plain: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "testing-policy-pod"},
+        "spec": {"containers": [{"name": "c", "image": "registry.example/nginx:1"}]},
+    }))
+    .unwrap();
+    let refused = pods
+        .create(&PostParams::default(), &plain)
+        .await
+        .expect_err("a pod that is not restricted");
+    assert!(
+        refused
+            .to_string()
+            .contains(r#"violates PodSecurity "restricted:latest""#),
+        "{refused}"
+    );
+    let listed = ListParams::default().labels("app.kubernetes.io/name=pko-manager");
+    wait_until("the manager's pods admitted", TIMEOUT, || async {
+        let found = pods.list(&listed).await.map_err(|e| e.to_string())?;
+        if found.items.is_empty() {
+            let events = Api::<KubeEvent>::namespaced(client.clone(), NAMESPACE)
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            let notes: Vec<_> = events.items.into_iter().filter_map(|e| e.note).collect();
+            Err(format!("no pod yet; events {notes:?}"))
+        } else {
+            Ok(())
+        }
+    })
+    .await
+    .unwrap();
+}

@@ -684,3 +684,188 @@ async fn the_managed_cache_metric_counts_a_packages_workload_while_it_lives() {
         "the Package is gone, its Widget still counted: {left:?}"
     );
 }
+
+const DEPLOYMENT_MANIFEST: &str = "apiVersion: manifests.package-operator.run/v1alpha1
+kind: PackageManifest
+metadata:
+  name: stub
+spec:
+  scopes: [Cluster]
+  phases:
+  - name: deploy
+  availabilityProbes:
+  - selector:
+      kind:
+        group: apps
+        kind: Deployment
+    probes:
+    - condition:
+        type: Available
+        status: \"True\"
+";
+
+/// Upstream's metrics scenario with a ClusterPackage holding one Deployment: the managed-cache gauge for
+/// `apps/v1, Kind=Deployment` counts it (under its ClusterObjectSet) once the ClusterPackage is
+/// Available, and no longer once the ClusterPackage is gone. No pods run here: with no replicas,
+/// kube-controller-manager itself reports the Deployment Available.
+#[tokio::test]
+async fn the_managed_cache_metric_counts_a_cluster_packages_deployment_while_it_lives() {
+    let (client, ns) = setup("cpkg-cache-metric").await;
+    let deployment = format!(
+        "apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: stub
+  namespace: {ns}
+  annotations:
+    package-operator.run/phase: deploy
+spec:
+  replicas: 0
+  selector:
+    matchLabels: {{app: stub}}
+  template:
+    metadata:
+      labels: {{app: stub}}
+    spec:
+      containers:
+      - name: stub
+        image: registry.example/stub:1
+"
+    );
+    let image = push(
+        &format!("cluster-stub-{ns}:v1"),
+        &[
+            ("manifest.yaml", DEPLOYMENT_MANIFEST),
+            ("deployment.yaml", &deployment),
+        ],
+    )
+    .await;
+    let name = format!("{ns}-stub");
+    let packages = Api::<ClusterPackage>::all(client.clone());
+    let cp: ClusterPackage = serde_json::from_value(json!({
+        "apiVersion": "package-operator.run/v1alpha1", "kind": "ClusterPackage",
+        "metadata": {"name": name}, "spec": {"image": image},
+    }))
+    .unwrap();
+    packages.create(&PostParams::default(), &cp).await.unwrap();
+    wait_object_condition(
+        &package_api(&client, None),
+        &name,
+        "Available",
+        "True",
+        Some("Available"),
+    )
+    .await;
+    // Read once, as soon as the ClusterPackage is Available.
+    let stub = Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(client.clone(), &ns)
+        .get("stub")
+        .await
+        .unwrap();
+    let owner = controller_ref(&stub.metadata).unwrap();
+    assert_eq!(owner.kind, "ClusterObjectSet");
+    let owner_label = format!("owner=\"{}\"", owner.uid);
+    let counted = series(
+        "package_operator_managed_cache_objects_total",
+        &[&owner_label, "gvk=\"apps/v1, Kind=Deployment\""],
+    )
+    .await;
+    assert_eq!(counted.len(), 1, "Available, its Deployment not counted");
+    assert!(counted[0].ends_with(" 1"), "{counted:?}");
+
+    packages
+        .delete(&name, &kube::api::DeleteParams::foreground())
+        .await
+        .unwrap();
+    wait_gone(&packages, &name).await;
+    // Read once, as soon as the ClusterPackage is gone.
+    let left = series(
+        "package_operator_managed_cache_objects_total",
+        &[&owner_label],
+    )
+    .await;
+    assert!(
+        left.is_empty(),
+        "gone, its Deployment still counted: {left:?}"
+    );
+}
+
+const POD_MANIFEST: &str = "apiVersion: manifests.package-operator.run/v1alpha1
+kind: PackageManifest
+metadata:
+  name: restricted-pod
+spec:
+  scopes: [Namespaced]
+  phases:
+  - name: deploy
+";
+
+/// A Pod that meets the restricted Pod Security Standard, as a package ships it.
+const RESTRICTED_POD: &str = "apiVersion: v1
+kind: Pod
+metadata:
+  name: worker
+  annotations:
+    package-operator.run/phase: deploy
+spec:
+  securityContext:
+    runAsNonRoot: true
+    runAsUser: 65532
+    seccompProfile:
+      type: RuntimeDefault
+  containers:
+  - name: worker
+    image: registry.example/worker:1
+    securityContext:
+      allowPrivilegeEscalation: false
+      capabilities:
+        drop: [ALL]
+";
+
+/// A package's Pod in a namespace enforcing the restricted Pod Security Standard is admitted (with the
+/// bound service-account token the apiserver projects into it; no token Secret is needed any more).
+#[tokio::test]
+async fn a_packages_restricted_pod_is_admitted_in_a_restricted_namespace() {
+    let (client, ns) = setup("pkg-restricted").await;
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+        .patch(
+            &ns,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {
+                "pod-security.kubernetes.io/enforce": "restricted",
+                "pod-security.kubernetes.io/enforce-version": "latest"}}})),
+        )
+        .await
+        .unwrap();
+    let image = push(
+        &format!("restricted-pod-{ns}:v1"),
+        &[
+            ("manifest.yaml", POD_MANIFEST),
+            ("pod.yaml", RESTRICTED_POD),
+        ],
+    )
+    .await;
+    create_package(&client, &ns, "worker", &image, json!({})).await;
+    wait_package(&client, &ns, "worker", "Available", "True", "Available").await;
+    let pod = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), &ns)
+        .get("worker")
+        .await
+        .unwrap();
+    let projected = pod
+        .spec
+        .unwrap()
+        .volumes
+        .unwrap_or_default()
+        .into_iter()
+        .any(|v| {
+            v.projected.is_some_and(|p| {
+                p.sources
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|s| s.service_account_token.is_some())
+            })
+        });
+    assert!(
+        projected,
+        "the apiserver projected a bound token into the Pod"
+    );
+}
