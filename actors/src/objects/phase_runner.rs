@@ -21,7 +21,7 @@ use crate::engine::objects::object_ref::ObjectKey;
 use crate::engine::objects::object_set_status::{BlockReason, MappedCondition};
 use crate::engine::objects::phase_plan::{PhasePlan, PhaseReport, TeardownReport};
 use crate::engine::objects::phase_verdict::{
-    blocked, phase_progress, probed_finding, ObjectFinding,
+    blocked, object_finding, phase_progress, ObjectFinding,
 };
 use crate::engine::objects::probe::ProbeResult;
 use crate::objects::applier::{Applier, ApplyError};
@@ -132,20 +132,11 @@ pub async fn reconcile_phase(
                     }
                 }
                 // What a delegated phase's ObjectSetPhase says of itself, for its current generation.
-                let delegated = plan
-                    .delegated
-                    .then(|| phase_availability(&observed))
-                    .flatten();
+                let delegated = plan.delegated.then(|| phase_availability(&observed));
                 let result = probed
                     .remove(&key)
                     .unwrap_or_else(|| plan.probes.evaluate(&key, &observed));
-                let finding = if plan.delegated && delegated.is_none() {
-                    ObjectFinding::Unreported(format!(
-                        "{key}: no Available condition for its generation yet"
-                    ))
-                } else {
-                    probed_finding(&key.to_string(), result, delegated)
-                };
+                let finding = object_finding(&key.to_string(), result, delegated);
                 if matches!(
                     finding,
                     ObjectFinding::ProbeFailed { .. } | ObjectFinding::Unreported(_)

@@ -23,6 +23,23 @@ pub enum ObjectFinding {
     Unreported(String),
 }
 
+/// The finding for an object that is in place. `delegated` is `None` for an inline phase's object, and
+/// for a delegated phase's ObjectSetPhase the (reason, message) of its `Available` for its generation,
+/// `None` inside when it has not reported yet.
+pub fn object_finding(
+    object: &str,
+    probes: ProbeResult,
+    delegated: Option<Option<(String, String)>>,
+) -> ObjectFinding {
+    match delegated {
+        Some(None) => ObjectFinding::Unreported(format!(
+            "{object}: no Available condition for its generation yet"
+        )),
+        Some(report) => probed_finding(object, probes, report),
+        None => probed_finding(object, probes, None),
+    }
+}
+
 /// The finding for an object that is in place, from its probe result. `delegated` is the (reason,
 /// message) of the `Available` condition of a delegated phase's ObjectSetPhase, for its generation.
 pub fn probed_finding(
@@ -154,7 +171,9 @@ mod tests {
 
     #[test]
     fn an_unreported_delegated_phase_awaits_its_report() {
-        let findings = [ObjectFinding::Unreported("phase/p: no report".into())];
+        let finding = object_finding("phase/p", ProbeResult::Passed, Some(None));
+        assert!(matches!(finding, ObjectFinding::Unreported(_)));
+        let findings = [finding];
         assert!(matches!(
             phase_progress(&findings),
             PhaseProgress::Blocked {
