@@ -212,6 +212,7 @@ impl Replica {
             runtime: RuntimeContext {
                 client: client.clone(),
                 watch_client: client.clone(),
+                initial_lists: Default::default(),
                 feeds: Default::default(),
                 events: pko_actors::runtime::event_sink::EventSink::start(client),
                 shard: Some(ShardContext {

@@ -2,7 +2,9 @@
 //! HostedClusterPackage settles; then the manager is stopped as a kubelet stops it and started again. The
 //! report: time to ready, time until every controller has reconciled each object of its kind again, the
 //! manager's CPU for it, and every write the apiserver served meanwhile (Lease renewals aside), which for
-//! a settled fleet should be none, with the reconciles that failed. With `--replicas N`, see
+//! a settled fleet should be none, with the reconciles that failed. The manager restarts four times, its
+//! watches starting with paged lists and with streaming lists (`--initial-lists`), alternated, twice
+//! each, so the two are compared in one run over one fleet; peak RSS (VmHWM) is the start-up's. With `--replicas N`, see
 //! `shard_restart_bench`.
 
 use std::collections::BTreeMap;
@@ -17,7 +19,7 @@ use pko_testenv::{ManagerLaunch, ManagerProcess, TestEnv};
 
 use crate::apiserver_requests::{delta, request_counts};
 use crate::object_set_bench::{manager_path, start_with_manager};
-use crate::process_usage::usage;
+use crate::process_usage::{usage, Usage};
 use crate::rollout_bench::{create_hcpkg, fleet, follow_rollout, wait_connectors, Images};
 
 /// A fleet is settled when the apiserver served no write for this long.
@@ -52,7 +54,26 @@ async fn measure(size: usize, manager: Option<PathBuf>) -> Result<(), String> {
         QUIET.as_secs()
     );
     let objects = object_counts(&client).await?;
-    restart(&env, &manager, pko, &objects).await
+    // Alternated, twice each: one restart of each is too few to tell the two apart from noise.
+    let mut peaks: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+    let mut running = pko;
+    for lists in ["paged", "streaming", "paged", "streaming"] {
+        println!("  restart with --initial-lists {lists}:");
+        let (restarted, peak) = restart(&env, &manager, running, &objects, lists).await?;
+        peaks.entry(lists).or_default().push(peak);
+        running = restarted;
+    }
+    let mean = |lists: &str| {
+        let runs = &peaks[lists];
+        runs.iter().sum::<u64>() as f64 / runs.len().max(1) as f64
+    };
+    println!(
+        "  peak RSS at start-up, mean of two: streaming {:.2}x paged ({:.0} MiB against {:.0} MiB)",
+        mean("streaming") / mean("paged").max(1.0),
+        mean("streaming") / 1024.0,
+        mean("paged") / 1024.0
+    );
+    Ok(())
 }
 
 /// A fleet of `size` HostedClusters with their connectors, and a HostedClusterPackage whose Packages
@@ -186,19 +207,22 @@ fn short_of(
     })
 }
 
+/// Stops `pko` and starts the manager again with `--initial-lists lists`; the restarted manager and its
+/// peak RSS (KiB).
 async fn restart(
     env: &TestEnv,
     manager: &std::path::Path,
     pko: ManagerProcess,
     objects: &BTreeMap<&'static str, usize>,
-) -> Result<(), String> {
+    lists: &str,
+) -> Result<(ManagerProcess, u64), String> {
     let before = writes(&request_counts(&[env.management()]).await?);
     pko.terminate(GRACE).await.map_err(|e| e.to_string())?;
     drop(pko);
     let started = Instant::now();
     let launch = ManagerLaunch::default();
     let pko = env
-        .start_manager_with(manager, &launch, &[])
+        .start_manager_with(manager, &launch, &["--initial-lists", lists])
         .await
         .map_err(|e| e.to_string())?;
     let ready = started.elapsed();
@@ -221,7 +245,11 @@ async fn restart(
     tokio::time::sleep(AFTERMATH).await;
     let after = writes(&request_counts(&[env.management()]).await?);
     let done = reconciles(&pko).await?;
-    let rss = usage(pid)?.rss_kib;
+    let Usage {
+        rss_kib: rss,
+        peak_rss_kib: peak,
+        ..
+    } = usage(pid)?;
     let written = delta(&before, &after);
     let total = written.iter().map(|(_, n)| *n as u64).sum::<u64>();
     let errors: u64 = done
@@ -232,12 +260,13 @@ async fn restart(
     let objects_line: Vec<String> = objects.iter().map(|(c, n)| format!("{n} {c}")).collect();
     println!("  objects: {}", objects_line.join(", "));
     println!(
-        "  restarted manager ready after {:.2} s; every object reconciled again after {:.2} s, manager CPU {:.2} s for it; RSS {} MiB {} s later",
+        "  restarted manager ready after {:.2} s; every object reconciled again after {:.2} s, manager CPU {:.2} s for it; RSS {} MiB {} s later, peak {} MiB",
         ready.as_secs_f64(),
         reobserved.as_secs_f64(),
         cpu_reobserved.as_secs_f64(),
         rss / 1024,
-        AFTERMATH.as_secs()
+        AFTERMATH.as_secs(),
+        peak / 1024
     );
     let by_result: Vec<String> = done
         .iter()
@@ -250,7 +279,7 @@ async fn restart(
         AFTERMATH.as_secs(),
         write_mix(&written)
     );
-    Ok(())
+    Ok((pko, peak))
 }
 
 /// The writes by `verb resource`, as ` (PATCH packages 3, …)`; empty when there were none.

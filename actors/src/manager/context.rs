@@ -23,6 +23,7 @@ use crate::rollout::hosted_cluster_index::{PreflightSettings, RolloutShared};
 use crate::rollout::rollout_publisher::RolloutPublisher;
 use crate::runtime::event_sink::EventSink;
 use crate::runtime::feed_sync::FeedSync;
+use crate::runtime::initial_lists::InitialLists;
 use crate::runtime::runtime_context::{RuntimeContext, ShardContext, SharedContext};
 use crate::runtime::takeover_lists::TakeoverLists;
 use pko_package::image::ImageStore;
@@ -82,6 +83,7 @@ impl ManagerContext {
             runtime: RuntimeContext {
                 events: EventSink::start(client.clone()),
                 watch_client: client.clone(),
+                initial_lists: InitialLists::default(),
                 client,
                 feeds: FeedSync::default(),
                 shard: None,
@@ -115,6 +117,18 @@ impl ManagerContext {
                 watch_client: client,
                 ..self.runtime
             },
+            ..self
+        }
+    }
+
+    /// This context, its watches starting with `lists` (the feeds' and the managed-object cache's).
+    pub fn with_initial_lists(self, lists: InitialLists) -> Self {
+        Self {
+            runtime: RuntimeContext {
+                initial_lists: lists,
+                ..self.runtime
+            },
+            cache: self.cache.with_initial_lists(lists),
             ..self
         }
     }

@@ -35,6 +35,7 @@ use tracing::{debug, warn};
 
 use crate::engine::objects::adoption::{controller_of, without_unread_field_records};
 use crate::objects::applier::ResolvedKind;
+use crate::runtime::initial_lists::InitialLists;
 
 use crate::engine::objects::object_ref::ObjectKey;
 
@@ -96,6 +97,7 @@ pub struct ObjectCache {
     /// Objects pko saw gone while holding a state of them, whose DELETED the watch has not delivered yet:
     /// the UID of the deleted object and its controller. Bounded by the objects of owners running here.
     deleted: Arc<DashMap<ObjectKey, Tombstone>>,
+    initial_lists: InitialLists,
 }
 
 /// A deleted object whose earlier states the watch may still deliver.
@@ -116,6 +118,16 @@ impl ObjectCache {
             external: Arc::default(),
             foreign: Counter::default(),
             deleted: Arc::default(),
+            initial_lists: InitialLists::default(),
+        }
+    }
+
+    /// This cache, its watches starting with `lists`. A streaming list passes objects over one at a
+    /// time; a paged one [`LIST_PAGE`] at a time.
+    pub fn with_initial_lists(self, lists: InitialLists) -> Self {
+        Self {
+            initial_lists: lists,
+            ..self
         }
     }
 
@@ -254,7 +266,9 @@ impl ObjectCache {
             return;
         }
         let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &kind.resource);
-        let config = watcher::Config::default()
+        let config = self
+            .initial_lists
+            .config()
             .labels(&format!("{CACHE_LABEL}=True"))
             .page_size(LIST_PAGE);
         let cache = self.clone();

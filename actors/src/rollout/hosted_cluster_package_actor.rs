@@ -222,9 +222,12 @@ impl Reconcile for HostedClusterPackageController {
             let api: Api<Package> = Api::all(actor.context.runtime.watch_client.clone());
             let owned = format!("{HOSTED_CLUSTER_PACKAGE_LABEL}={name}");
             ctx.add_stream(
-                watcher::watcher(api, watcher::Config::default().labels(&owned))
-                    .default_backoff()
-                    .boxed(),
+                watcher::watcher(
+                    api,
+                    actor.context.runtime.initial_lists.config().labels(&owned),
+                )
+                .default_backoff()
+                .boxed(),
             );
         }
         if !actor.context.rollouts.clusters.is_ready() {

@@ -33,6 +33,7 @@ use tracing::{info, warn};
 
 use crate::engine::sharding::shard_assignment::{Member, ShardView};
 
+use crate::runtime::initial_lists::InitialLists;
 use crate::runtime::registry::{ObjectRef, Registry};
 use crate::runtime::runtime_context::{RuntimeContext, SharedContext};
 
@@ -346,9 +347,9 @@ where
     }
 
     /// (Re)starts the own watch: sharded and not gated, on the objects labelled for this replica. A
-    /// restart lists consistently (`MostRecent`): it follows the end of a take-over, and an object
-    /// relabelled from the departed member to this replica just before must show in the list, or it
-    /// would look deleted.
+    /// restart lists consistently (a paged `MostRecent` list, never a streaming one, which reads the
+    /// watch cache at any age): it follows the end of a take-over, and an object relabelled from the
+    /// departed member to this replica just before must show in the list, or it would look deleted.
     fn watch_own(&mut self, ctx: &mut Context<Self>, restart: bool) {
         if let Some(running) = self.watching.take() {
             ctx.cancel_future(running);
@@ -356,12 +357,17 @@ where
         // What a departure event would have told is in the new list.
         self.released
             .retain(|_, source| *source != WatchSource::Own);
+        let lists = if restart {
+            InitialLists::Paged
+        } else {
+            self.runtime.initial_lists
+        };
         let mut config = match (&self.runtime.shard, self.gated) {
             // Only this replica's share is watched: the cache holds only what it works on.
-            (Some(shard), false) => {
-                watcher::Config::default().labels(&format!("{SHARD_OWNER_LABEL}={}", shard.member))
-            }
-            _ => watcher::Config::default(),
+            (Some(shard), false) => lists
+                .config()
+                .labels(&format!("{SHARD_OWNER_LABEL}={}", shard.member)),
+            _ => lists.config(),
         };
         if restart {
             config.list_semantic = ListSemantic::MostRecent;

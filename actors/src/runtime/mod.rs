@@ -10,6 +10,7 @@ pub mod cluster_client;
 pub mod event_sink;
 pub mod feed_sync;
 pub mod heap_trim;
+pub mod initial_lists;
 pub mod kind_feed;
 pub mod known_objects;
 pub mod leader_lease;

@@ -793,6 +793,7 @@ mod tests {
         crate::runtime::runtime_context::RuntimeContext {
             client: client.clone(),
             watch_client: client.clone(),
+            initial_lists: Default::default(),
             feeds: Default::default(),
             events: crate::runtime::event_sink::EventSink::start(client),
             shard: None,

@@ -9,6 +9,7 @@ use kube::Client;
 use crate::engine::sharding::shard_assignment::ShardView;
 use crate::runtime::event_sink::EventSink;
 use crate::runtime::feed_sync::FeedSync;
+use crate::runtime::initial_lists::InitialLists;
 use crate::runtime::runtime_metrics::RuntimeMetrics;
 use crate::runtime::takeover_lists::TakeoverLists;
 
@@ -19,6 +20,8 @@ pub struct RuntimeContext {
     /// The watch feeds' lists and watches: a queue of their own, so the lists of a take-over never wait
     /// behind the reconciles the objects listed before them start.
     pub watch_client: Client,
+    /// How the watches read what exists when they start.
+    pub initial_lists: InitialLists,
     /// Whether the watch feeds have listed their kinds (readiness).
     pub feeds: FeedSync,
     /// Where the Kubernetes Events the manager raises go.

@@ -32,6 +32,7 @@ use pko_actors::runtime::cluster_client::{
     cluster_config, limited_client, ClientError, DEFAULT_MAX_IN_FLIGHT,
 };
 use pko_actors::runtime::heap_trim;
+use pko_actors::runtime::initial_lists::{self, InitialLists};
 use pko_actors::runtime::leader_lease::{LeaseConfig, LeaseError, LeaseHolder};
 use pko_actors::runtime::process_main::{run_system, shutdown_signal, Telemetry};
 use pko_actors::runtime::shard_coordinator;
@@ -45,6 +46,15 @@ use pko_proto::nats_permissions::{manager_permissions, member_inbox_prefix};
 use tracing::{info, warn};
 
 use crate::health::{HealthState, Readiness};
+
+/// How the watches read what exists when they start (`--initial-lists`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum InitialListsArg {
+    /// Streaming lists where the apiserver serves them (asked once at start), else paged lists.
+    Auto,
+    Paged,
+    Streaming,
+}
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum LogFormat {
@@ -77,6 +87,11 @@ struct Args {
     /// Install or upgrade pko's CRDs before starting.
     #[arg(long)]
     install_crds: bool,
+    /// How the watches read what exists when they start: streaming lists (`sendInitialEvents`, served
+    /// by default from Kubernetes 1.32) hand objects over one at a time from the watch cache; paged
+    /// lists read etcd a page at a time. `auto` asks the apiserver once at start.
+    #[arg(long, env = "PKO_INITIAL_LISTS", value_enum, default_value = "auto")]
+    initial_lists: InitialListsArg,
     /// Only reconcile while holding the leader Lease.
     #[arg(long, conflicts_with = "sharding")]
     leader_election: bool,
@@ -356,6 +371,38 @@ async fn connector_link(
     ))
 }
 
+/// The initial lists the watches make: as told, or (`auto`) streaming where the apiserver answers the
+/// question with a streaming list. A failed question falls back to paged lists, which every apiserver
+/// serves. Shown as `pko_watch_streaming_lists` (1: streaming).
+async fn initial_lists(
+    told: InitialListsArg,
+    client: &kube::Client,
+    metrics: &ManagerMetrics,
+) -> InitialLists {
+    let lists = match told {
+        InitialListsArg::Paged => InitialLists::Paged,
+        InitialListsArg::Streaming => InitialLists::Streaming,
+        InitialListsArg::Auto => match initial_lists::probe(client).await {
+            Ok(lists) => lists,
+            Err(error) => {
+                warn!(%error, "asking the apiserver for a streaming list failed; listing page by page");
+                InitialLists::Paged
+            }
+        },
+    };
+    info!(
+        initial_lists = lists.name(),
+        ?told,
+        "watches start with these lists"
+    );
+    metrics.register(
+        "pko_watch_streaming_lists",
+        "1 when the watches start with streaming lists (sendInitialEvents), 0 with paged lists.",
+        lists.gauge(),
+    );
+    lists
+}
+
 async fn run(args: Args) -> Result<(), ManagerError> {
     let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "pko-manager".to_owned());
     // A shard member's name is one process's unless it is given (a StatefulSet's pod name): then a
@@ -394,6 +441,7 @@ async fn run(args: Args) -> Result<(), ManagerError> {
     platform_version::check(&version)?;
     info!(kubernetes = %version.git_version, "apiserver version supported");
     let metrics = ManagerMetrics::new(api_requests.clone());
+    let initial_lists = initial_lists(args.initial_lists, &client, &metrics).await;
     // What a burst of work freed goes back to the system instead of staying in the RSS.
     tokio::spawn(heap_trim::keep_trimmed(metrics.heap.clone()));
     if args.install_crds {
@@ -419,6 +467,7 @@ async fn run(args: Args) -> Result<(), ManagerError> {
         metrics.clone(),
     )
     .with_default_service_account(args.default_service_account.clone())
+    .with_initial_lists(initial_lists)
     .with_preflight(PreflightSettings {
         // Next to the manager's Lease: a namespace that exists wherever the manager runs.
         report_namespace: args.leader_election_namespace.clone(),

@@ -512,3 +512,26 @@ async fn external_object_watches_end_with_their_last_reader() {
     .await
     .unwrap();
 }
+
+/// The shipped manager, on its own ServiceAccount, starts its watches with streaming lists exactly where
+/// the apiserver serves them: it asks once at start, and the answer follows the apiserver's `WatchList`
+/// feature (on by default in current releases, off on the 1.27 floor), as the apiserver's own
+/// `kubernetes_feature_enabled` reports it.
+#[tokio::test]
+async fn the_manager_streams_its_initial_lists_where_the_apiserver_serves_them() {
+    let manager = tenant_manager();
+    let admin = env().management().client().await.unwrap();
+    let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
+    let apiserver_metrics = admin.request_text(request).await.unwrap();
+    let enabled = apiserver_metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(r#"kubernetes_feature_enabled{name="WatchList",stage=""#))
+        .map(|rest| rest.ends_with(" 1"))
+        .expect("the apiserver reports its WatchList feature");
+    let streaming = manager.metric("pko_watch_streaming_lists").await.unwrap();
+    assert_eq!(
+        streaming,
+        u64::from(enabled),
+        "WatchList enabled on the apiserver: {enabled}"
+    );
+}
