@@ -438,8 +438,7 @@ impl ObjectCache {
 
     /// Drops the tombstones of a kind whose watch starts over.
     fn forget_tombstones_of(&self, id: &KindId) {
-        self.deleted
-            .retain(|k, _| !(k.group == id.0 && k.version == id.1 && k.kind == id.2));
+        self.deleted.retain(|k, _| !is_of_kind(k, id));
     }
 
     /// After a re-list, objects of this kind not listed again were deleted while the watch was down.
@@ -449,7 +448,7 @@ impl ObjectCache {
             .iter()
             .filter(|e| {
                 let k = e.key();
-                k.group == id.0 && k.version == id.1 && k.kind == id.2 && !listed.contains(k)
+                is_of_kind(k, id) && !listed.contains(k)
             })
             .map(|e| {
                 (
@@ -463,6 +462,11 @@ impl ObjectCache {
             self.tell(&key, owner);
         }
     }
+}
+
+/// Whether `key` names an object of the watched kind `id`.
+fn is_of_kind(key: &ObjectKey, id: &KindId) -> bool {
+    key.group == id.0 && key.version == id.1 && key.kind == id.2
 }
 
 /// Where a state comes from.
