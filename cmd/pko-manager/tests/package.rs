@@ -647,19 +647,8 @@ async fn the_managed_cache_metric_counts_a_packages_workload_while_it_lives() {
     .await
     .unwrap();
     let owner = controller_ref(&widget.metadata).unwrap().uid.clone();
-    let owner_label = format!("owner=\"{owner}\"");
-    let gvk = format!("gvk=\"{}/v1, Kind=Widget\"", workload::WIDGET_GROUP);
-    let counted = series(
-        "package_operator_managed_cache_objects_total",
-        &[&owner_label, &gvk],
-    )
-    .await;
-    assert_eq!(
-        counted.len(),
-        1,
-        "the Package is Available, its Widget not counted"
-    );
-    assert!(counted[0].ends_with(" 1"), "{counted:?}");
+    let gvk = format!("{}/v1, Kind=Widget", workload::WIDGET_GROUP);
+    assert_counted_once(&owner, &gvk).await;
 
     let packages = Api::<Package>::namespaced(client.clone(), &ns);
     packages
@@ -674,14 +663,32 @@ async fn the_managed_cache_metric_counts_a_packages_workload_while_it_lives() {
     ];
     wait_gone_explained(&packages, "widget", &ns, &kinds).await;
     // Read once, as soon as the Package is gone.
-    let left = series(
-        "package_operator_managed_cache_objects_total",
-        &[&owner_label],
-    )
-    .await;
+    assert_counted_none(&owner).await;
+}
+
+/// The managed-cache gauge's series of one owner, and of one kind when given.
+async fn managed_cache_series(owner_uid: &str, gvk: Option<&str>) -> Vec<String> {
+    let owner = format!("owner=\"{owner_uid}\"");
+    let kind = gvk.map(|gvk| format!("gvk=\"{gvk}\""));
+    let labels: Vec<&str> = std::iter::once(owner.as_str())
+        .chain(kind.as_deref())
+        .collect();
+    series("package_operator_managed_cache_objects_total", &labels).await
+}
+
+/// The owner's objects of the kind are counted, as one.
+async fn assert_counted_once(owner_uid: &str, gvk: &str) {
+    let counted = managed_cache_series(owner_uid, Some(gvk)).await;
+    assert_eq!(counted.len(), 1, "{gvk} under {owner_uid} not counted");
+    assert!(counted[0].ends_with(" 1"), "{counted:?}");
+}
+
+/// Nothing of the owner is counted any more.
+async fn assert_counted_none(owner_uid: &str) {
+    let left = managed_cache_series(owner_uid, None).await;
     assert!(
         left.is_empty(),
-        "the Package is gone, its Widget still counted: {left:?}"
+        "{owner_uid} is gone, still counted: {left:?}"
     );
 }
 
@@ -763,14 +770,7 @@ spec:
         .unwrap();
     let owner = controller_ref(&stub.metadata).unwrap();
     assert_eq!(owner.kind, "ClusterObjectSet");
-    let owner_label = format!("owner=\"{}\"", owner.uid);
-    let counted = series(
-        "package_operator_managed_cache_objects_total",
-        &[&owner_label, "gvk=\"apps/v1, Kind=Deployment\""],
-    )
-    .await;
-    assert_eq!(counted.len(), 1, "Available, its Deployment not counted");
-    assert!(counted[0].ends_with(" 1"), "{counted:?}");
+    assert_counted_once(&owner.uid, "apps/v1, Kind=Deployment").await;
 
     packages
         .delete(&name, &kube::api::DeleteParams::foreground())
@@ -778,15 +778,7 @@ spec:
         .unwrap();
     wait_gone(&packages, &name).await;
     // Read once, as soon as the ClusterPackage is gone.
-    let left = series(
-        "package_operator_managed_cache_objects_total",
-        &[&owner_label],
-    )
-    .await;
-    assert!(
-        left.is_empty(),
-        "gone, its Deployment still counted: {left:?}"
-    );
+    assert_counted_none(&owner.uid).await;
 }
 
 const POD_MANIFEST: &str = "apiVersion: manifests.package-operator.run/v1alpha1
