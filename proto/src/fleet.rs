@@ -6,7 +6,10 @@
 //! stream [`AGGREGATE_STREAM`] sources every cluster's, so the hub reads them all in one place, in each
 //! cluster's order. The hub's key-value bucket [`STATE_BUCKET`] holds one [`ManagementClusterRecord`] per
 //! cluster and one [`FleetRolloutRecord`] per cluster and HostedClusterPackage: promotion gates and
-//! `kubectl package fleet status` read them. Values are JSON with `version`; readers ignore fields they
+//! `kubectl package fleet status` read them. Nobody writes it directly: each cluster writes its records
+//! to a bucket of its own at the hub ([`member_bucket`], at most [`MEMBER_RECORDS_MAX_BYTES`]), which
+//! [`STATE_BUCKET`] sources, so one cluster's writes can neither fill the hub's store for the others nor
+//! touch their records. Values are JSON with `version`; readers ignore fields they
 //! do not know.
 
 use crate::nats_credentials::{AccountLimits, JetStreamLimits};
@@ -20,6 +23,18 @@ pub const DEFAULT_HUB_DOMAIN: &str = "hub";
 pub const AGGREGATE_STREAM: &str = "PKO_FLEET_ROLLOUTS";
 /// The hub's key-value bucket of cluster and rollout records.
 pub const STATE_BUCKET: &str = "PKO_FLEET";
+/// The most management clusters one hub takes (its leaf links; a records bucket each).
+pub const MAX_MEMBERS: i64 = 1_000;
+/// What one management cluster may keep in its own records bucket at the hub: ≈ 2,000 rollout records
+/// of the half KiB a record takes, and within the hub account's store for [`MAX_MEMBERS`] clusters.
+pub const MEMBER_RECORDS_MAX_BYTES: i64 = 1 << 20;
+
+/// The bucket at the hub that only `cluster` writes its records to (its keys are those of
+/// [`STATE_BUCKET`]); bucket names take `-`, and cluster names are checked by [`check_cluster_name`].
+pub fn member_bucket(cluster: &str) -> String {
+    format!("{STATE_BUCKET}_{cluster}")
+}
+
 /// The version of the records this build writes.
 pub const RECORD_VERSION: u32 = 1;
 /// How long the hub keeps a record nobody writes again: a management cluster gone for good drops out.
@@ -70,17 +85,19 @@ pub fn rollout_key_prefix(hosted_cluster_package: &str) -> String {
 pub const RECORD_MAX_BYTES: i32 = 64 * 1024;
 
 /// What the fleet account may use at the hub: a leaf link per management cluster, a few direct clients
-/// (viewers, the bootstrap), the records bucket and the aggregate stream (at most 1 GiB) with a watch per
-/// manager; within the hub's store (deploy/nats/fleet/hub.conf).
+/// (viewers, the bootstrap), the records bucket sourcing one bucket per cluster and the aggregate stream
+/// (at most 1 GiB) with a watch per manager; within the hub's store (deploy/nats/fleet/hub.conf). The
+/// store holds every cluster's bucket ([`MAX_MEMBERS`] × [`MEMBER_RECORDS_MAX_BYTES`], reserved), the
+/// aggregate stream (reserved) and the records bucket (at most what it sources).
 pub const HUB_ACCOUNT_LIMITS: AccountLimits = AccountLimits {
     connections: 64,
-    leaf_nodes: 1_000,
+    leaf_nodes: MAX_MEMBERS,
     subscriptions: 100_000,
     payload_bytes: 1 << 20,
     jetstream: Some(JetStreamLimits {
         memory_bytes: 64 << 20,
         disk_bytes: 4 << 30,
-        streams: 4,
+        streams: MAX_MEMBERS + 2,
         consumers: 10_000,
     }),
 };

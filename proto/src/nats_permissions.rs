@@ -9,7 +9,7 @@
 //! Plain data built from the subject names; nothing here talks to NATS.
 
 use crate::connector_wire::SUBJECT_PREFIX as CONNECTOR_PREFIX;
-use crate::fleet::{cluster_key, domain_api_prefix, AGGREGATE_STREAM, STATE_BUCKET};
+use crate::fleet::{cluster_key, domain_api_prefix, member_bucket, AGGREGATE_STREAM, STATE_BUCKET};
 use crate::nats_credentials::NatsPermissions;
 use crate::rollout_events::{STREAM, SUBJECT_PREFIX as EVENT_PREFIX};
 
@@ -25,13 +25,15 @@ pub fn source_delivery_prefix(cluster: &str) -> String {
     format!("pko.fleet.source.{cluster}")
 }
 
-/// The subjects `cluster` writes its records to through the hub's domain API `hub` (`$JS.<hub>.API`: a
-/// key-value put from another JetStream domain is published as `<hub>.$KV.<bucket>.<key>`): its
-/// announcement and its rollouts.
+/// What `cluster` may do with its records through the hub's domain API `hub` (`$JS.<hub>.API`: a
+/// key-value put from another JetStream domain is published as `<hub>.$KV.<bucket>.<key>`): look up its
+/// own bucket and put its announcement and its rollouts there. The hub's shared bucket only sources it.
 fn own_record_subjects(hub: &str, cluster: &str) -> Vec<String> {
+    let bucket = member_bucket(cluster);
     vec![
-        format!("{hub}.$KV.{STATE_BUCKET}.{}", cluster_key(cluster)),
-        format!("{hub}.$KV.{STATE_BUCKET}.rollout.*.{cluster}"),
+        format!("{hub}.STREAM.INFO.KV_{bucket}"),
+        format!("{hub}.$KV.{bucket}.{}", cluster_key(cluster)),
+        format!("{hub}.$KV.{bucket}.rollout.*.{cluster}"),
     ]
 }
 
@@ -155,24 +157,41 @@ mod tests {
     fn a_member_link_writes_only_its_own_records() {
         let link = member_link_permissions("prod-a", "hub");
         let own = format!(
-            "$JS.hub.API.$KV.{STATE_BUCKET}.{}",
+            "$JS.hub.API.$KV.PKO_FLEET_prod-a.{}",
             rollout_key("addon", "prod-a")
-        );
-        let canary = format!(
-            "$JS.hub.API.$KV.{STATE_BUCKET}.{}",
-            rollout_key("addon", "canary")
         );
         assert!(may(&link.publish, &own));
         assert!(may(
             &link.publish,
-            "$JS.hub.API.$KV.PKO_FLEET.cluster.prod-a"
+            "$JS.hub.API.$KV.PKO_FLEET_prod-a.cluster.prod-a"
         ));
-        assert!(!may(&link.publish, &canary));
-        assert!(!may(
+        assert!(may(
             &link.publish,
-            "$JS.hub.API.$KV.PKO_FLEET.cluster.canary"
+            "$JS.hub.API.STREAM.INFO.KV_PKO_FLEET_prod-a"
         ));
-        assert!(!may(&link.publish, "$KV.PKO_FLEET.cluster.prod-a"));
+        for foreign in [
+            // Another cluster's keys, in its own bucket or in prod-a's.
+            format!(
+                "$JS.hub.API.$KV.PKO_FLEET_canary.{}",
+                rollout_key("addon", "canary")
+            ),
+            format!(
+                "$JS.hub.API.$KV.PKO_FLEET_prod-a.{}",
+                rollout_key("addon", "canary")
+            ),
+            "$JS.hub.API.$KV.PKO_FLEET_prod-a.cluster.canary".to_owned(),
+            // The shared bucket takes no writes, not even of prod-a's own keys.
+            format!(
+                "$JS.hub.API.$KV.{STATE_BUCKET}.{}",
+                rollout_key("addon", "prod-a")
+            ),
+            "$JS.hub.API.$KV.PKO_FLEET.cluster.prod-a".to_owned(),
+            "$KV.PKO_FLEET.cluster.prod-a".to_owned(),
+            "$JS.hub.API.STREAM.UPDATE.KV_PKO_FLEET_prod-a".to_owned(),
+            "$JS.hub.API.STREAM.PURGE.KV_PKO_FLEET_prod-a".to_owned(),
+        ] {
+            assert!(!may(&link.publish, &foreign), "{foreign}");
+        }
         for forbidden in [
             "$JS.hub.API.STREAM.PURGE.KV_PKO_FLEET",
             "$JS.hub.API.STREAM.DELETE.KV_PKO_FLEET",
@@ -198,12 +217,14 @@ mod tests {
         assert!(may(&manager.publish, "pko.v1.rollout.addon.x"));
         assert!(may(
             &manager.publish,
-            "$JS.hub.API.$KV.PKO_FLEET.rollout.addon.prod-a"
+            "$JS.hub.API.$KV.PKO_FLEET_prod-a.rollout.addon.prod-a"
         ));
-        assert!(!may(
-            &manager.publish,
-            "$JS.hub.API.$KV.PKO_FLEET.rollout.addon.canary"
-        ));
+        for foreign in [
+            "$JS.hub.API.$KV.PKO_FLEET_prod-a.rollout.addon.canary",
+            "$JS.hub.API.$KV.PKO_FLEET.rollout.addon.prod-a",
+        ] {
+            assert!(!may(&manager.publish, foreign), "{foreign}");
+        }
         assert!(!may(&manager.publish, "$JS.API.STREAM.DELETE.PKO_ROLLOUTS"));
         // Its CloudEvents sinks read the stream through durable consumers, nothing more.
         for sink in [

@@ -1,8 +1,8 @@
 //! This manager's link to the fleet's hub NATS, through its own NATS (a leaf node of the hub): it
 //! announces the cluster (name and labels), writes the records of the rollouts it runs, and follows every
-//! cluster's records for the promotion gates. The hub's bucket and aggregate stream belong to the fleet's
+//! cluster's records for the promotion gates. The hub's buckets and aggregate stream belong to the fleet's
 //! administrators (`pko-manager nats-bootstrap fleet`); the hub lets this cluster write only its own
-//! records. Nothing here decides a gate (`engine::fleet::promotion_gate` does) or blocks a rollout on
+//! records, into its own bucket, which the shared bucket it reads sources. Nothing here decides a gate (`engine::fleet::promotion_gate` does) or blocks a rollout on
 //! the hub: readers get a snapshot of what was last read and whether the hub answers now.
 //!
 //! Everything goes through JetStream's domain prefix (`$JS.<hub>.API`), so the manager needs no
@@ -17,7 +17,7 @@ use async_nats::jetstream::{self, kv};
 use futures::StreamExt;
 use k8s_openapi::jiff::Timestamp;
 use pko_proto::fleet::{
-    cluster_key, domain_api_prefix, rollout_key, FleetRecords, FleetRolloutRecord,
+    cluster_key, member_bucket, rollout_key, FleetRecords, FleetRolloutRecord,
     ManagementClusterRecord, RECORD_VERSION, STATE_BUCKET,
 };
 use tokio::sync::{watch, Notify};
@@ -54,8 +54,8 @@ struct HubRecords {
     /// When this manager saw each rollout record written and settled, by (HostedClusterPackage,
     /// cluster): the gates' ages and soaks.
     sightings: BTreeMap<(String, String), RecordSighting>,
-    /// The bucket as the probe last found it; `None` while the hub does not answer. The writer uses it
-    /// rather than looking the bucket up again on every pass.
+    /// This cluster's own bucket as the probe last found it; `None` while the hub does not answer. The
+    /// writer uses it rather than looking the bucket up again on every pass.
     bucket: Option<kv::Store>,
 }
 
@@ -237,21 +237,21 @@ impl HubLink {
 
     /// Probes the hub; while it answers, keeps the aggregate stream's source and follows the records.
     async fn follow(self: Arc<Self>, nats: async_nats::Client) {
-        let hub = jetstream::with_domain(nats.clone(), &self.member.hub_domain);
+        let hub = jetstream::with_domain(nats, &self.member.hub_domain);
         let mut watching: Option<tokio::task::JoinHandle<()>> = None;
         loop {
-            match probe(&nats, &self.member.hub_domain).await {
+            match probe(&hub).await {
                 Ok(()) => {
                     let back = lock(&self.records).state != HubState::Reachable;
                     if back || watching.as_ref().is_none_or(|w| w.is_finished()) {
                         if let Some(old) = watching.take() {
                             old.abort();
                         }
-                        match bucket(&hub).await {
-                            Ok(store) => {
+                        match buckets(&hub, &self.member.cluster).await {
+                            Ok((shared, own)) => {
                                 info!(hub = %self.member.hub_domain, "following the fleet's records at the hub");
-                                self.set_state(HubState::Reachable, Some(store.clone()));
-                                watching = Some(tokio::spawn(self.clone().watch_records(store)));
+                                self.set_state(HubState::Reachable, Some(own));
+                                watching = Some(tokio::spawn(self.clone().watch_records(shared)));
                             }
                             Err(error) => self.unreachable(error),
                         }
@@ -406,31 +406,32 @@ impl HubLink {
     }
 }
 
-/// Asks the hub's JetStream whether it answers (a raw request: the typed account info needs fields older
-/// servers lack).
-async fn probe(nats: &async_nats::Client, hub_domain: &str) -> Result<(), String> {
-    let subject = format!("{}.INFO", domain_api_prefix(hub_domain));
-    let reply = tokio::time::timeout(REQUEST_TIMEOUT, nats.request(subject, Vec::new().into()))
+/// Asks the hub's JetStream whether it answers.
+async fn probe(hub: &jetstream::Context) -> Result<(), String> {
+    tokio::time::timeout(REQUEST_TIMEOUT, hub.query_account())
         .await
         .map_err(|_| "no answer within 2s".to_owned())?
-        .map_err(|e| e.to_string())?;
-    let info: serde_json::Value =
-        serde_json::from_slice(&reply.payload).map_err(|e| format!("answer: {e}"))?;
-    match info.get("error") {
-        None => Ok(()),
-        Some(error) => Err(format!("JetStream: {error}")),
-    }
+        .map(drop)
+        .map_err(|e| e.to_string())
 }
 
-/// The hub's bucket of records. The fleet's administrators make it (`pko-manager nats-bootstrap fleet
-/// member`); a manager may not create or change it.
-async fn bucket(hub: &jetstream::Context) -> Result<kv::Store, String> {
-    tokio::time::timeout(REQUEST_TIMEOUT, hub.get_key_value(STATE_BUCKET))
-        .await
-        .map_err(|_| format!("reading bucket {STATE_BUCKET}: no answer within 2s"))?
-        .map_err(|e| {
-            format!(
-                "bucket {STATE_BUCKET} (made by `pko-manager nats-bootstrap fleet member`): {e}"
-            )
-        })
+/// The hub's shared bucket of every cluster's records and this cluster's own bucket, which the shared
+/// one sources. The fleet's administrators make both (`pko-manager nats-bootstrap fleet member`); a
+/// manager may not create or change either.
+async fn buckets(
+    hub: &jetstream::Context,
+    cluster: &str,
+) -> Result<(kv::Store, kv::Store), String> {
+    let open = |name: String| async move {
+        tokio::time::timeout(REQUEST_TIMEOUT, hub.get_key_value(name.as_str()))
+            .await
+            .map_err(|_| format!("reading bucket {name}: no answer within 2s"))?
+            .map_err(|e| {
+                format!("bucket {name} (made by `pko-manager nats-bootstrap fleet member`): {e}")
+            })
+    };
+    Ok((
+        open(STATE_BUCKET.to_owned()).await?,
+        open(member_bucket(cluster)).await?,
+    ))
 }

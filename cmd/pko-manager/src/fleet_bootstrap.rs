@@ -5,8 +5,9 @@
 //!   `hub-resolver.conf`, which the hub's nats-server includes. Management clusters keep their own
 //!   operators (`pko-manager nats-bootstrap` on each): no cluster holds a key the hub trusts.
 //! - `member --cluster C` issues C's leaf-node credentials for the hub: usable only as a leaf link,
-//!   publishing only C's records and events, expiring; and makes sure the hub has the records bucket and
-//!   the aggregate stream sourcing C's events (managers may not create or change either).
+//!   publishing only C's records (into C's own bucket at the hub, which the shared records bucket
+//!   sources) and events, expiring; and makes sure the hub has those buckets and the aggregate stream
+//!   sourcing C's events (managers may not create or change any of them).
 //! - `viewer` issues read-only credentials for `kubectl package fleet` and dashboards.
 //!
 //! What a compromised management cluster can still do, and what it cannot, is in docs/fleet.md.
@@ -16,9 +17,9 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, stream};
 use pko_proto::fleet::{
-    check_cluster_name, domain_api_prefix, AGGREGATE_STREAM, DEFAULT_HUB_DOMAIN,
-    HUB_ACCOUNT_LIMITS, MEMBER_LINK_PAYLOAD_BYTES, MEMBER_LINK_SUBSCRIPTIONS, RECORD_MAX_AGE,
-    RECORD_MAX_BYTES, STATE_BUCKET,
+    check_cluster_name, cluster_key, domain_api_prefix, member_bucket, AGGREGATE_STREAM,
+    DEFAULT_HUB_DOMAIN, HUB_ACCOUNT_LIMITS, MEMBER_LINK_PAYLOAD_BYTES, MEMBER_LINK_SUBSCRIPTIONS,
+    MEMBER_RECORDS_MAX_BYTES, RECORD_MAX_AGE, RECORD_MAX_BYTES, STATE_BUCKET,
 };
 use pko_proto::nats_credentials::{expiry_after, CredentialsError, OperatorSetup, UserLimits};
 use pko_proto::nats_permissions::{
@@ -230,8 +231,52 @@ pub async fn run(step: &FleetStep) -> Result<(), FleetBootstrapError> {
     Ok(())
 }
 
-/// Makes sure the hub keeps the records bucket and the aggregate stream, and that the stream sources
-/// `cluster`'s rollout events (delivered under the cluster's own prefix, which only its link may use).
+/// The stream of records bucket `bucket`: the last record of each key, none larger than a record may be,
+/// none older than a week; no roll-ups, purges or message deletes, so whoever may put a key can change
+/// only that key.
+fn records_bucket(bucket: &str) -> stream::Config {
+    stream::Config {
+        name: format!("KV_{bucket}"),
+        subjects: vec![format!("$KV.{bucket}.>")],
+        max_messages_per_subject: 1,
+        max_message_size: RECORD_MAX_BYTES,
+        max_age: RECORD_MAX_AGE,
+        storage: stream::StorageType::File,
+        discard: stream::DiscardPolicy::New,
+        allow_rollup: false,
+        deny_purge: true,
+        deny_delete: true,
+        duplicate_window: Duration::from_secs(120),
+        ..Default::default()
+    }
+}
+
+/// How the shared records bucket sources `cluster`'s own bucket: only the keys `cluster` may write,
+/// under the shared bucket's subjects.
+fn member_records_source(cluster: &str) -> stream::Source {
+    let own = member_bucket(cluster);
+    let key = |bucket: &str, key: &str| format!("$KV.{bucket}.{key}");
+    stream::Source {
+        name: format!("KV_{own}"),
+        subject_transforms: vec![
+            stream::SubjectTransform {
+                source: key(&own, &cluster_key(cluster)),
+                destination: key(STATE_BUCKET, &cluster_key(cluster)),
+            },
+            stream::SubjectTransform {
+                source: key(&own, &format!("rollout.*.{cluster}")),
+                destination: key(
+                    STATE_BUCKET,
+                    &format!("rollout.{{{{wildcard(1)}}}}.{cluster}"),
+                ),
+            },
+        ],
+        ..Default::default()
+    }
+}
+
+/// Makes sure the hub keeps `cluster`'s own records bucket, the shared records bucket sourcing it and
+/// the aggregate stream, and that the stream sources `cluster`'s rollout events (delivered under the cluster's own prefix, which only its link may use).
 async fn prepare_hub(url: &str, creds: &str, cluster: &str) -> Result<(), FleetBootstrapError> {
     let hub_error = |message: String| FleetBootstrapError::Hub {
         url: url.to_owned(),
@@ -245,33 +290,70 @@ async fn prepare_hub(url: &str, creds: &str, cluster: &str) -> Result<(), FleetB
         .await
         .map_err(|e| hub_error(e.to_string()))?;
     let hub = jetstream::new(nats);
-    let bucket = stream::Config {
-        name: format!("KV_{STATE_BUCKET}"),
-        subjects: vec![format!("$KV.{STATE_BUCKET}.>")],
-        max_messages_per_subject: 1,
-        max_message_size: RECORD_MAX_BYTES,
-        max_age: RECORD_MAX_AGE,
-        storage: stream::StorageType::File,
-        discard: stream::DiscardPolicy::New,
-        // Roll-ups need purges allowed; only the administrators may call the purge API.
-        allow_rollup: true,
-        deny_delete: true,
-        duplicate_window: Duration::from_secs(120),
-        ..Default::default()
+    // Made as a key-value bucket's stream, by hand: the client's bucket creation always allows roll-ups,
+    // and a roll-up (`Nats-Rollup: all` on any put) would purge the whole bucket.
+    let own = member_bucket(cluster);
+    let own_config = stream::Config {
+        max_bytes: MEMBER_RECORDS_MAX_BYTES,
+        ..records_bucket(&own)
     };
-    // Made as a key-value bucket's stream is: the client's own bucket creation first reads account
-    // limits in a form servers before 2.10 do not answer.
-    match tokio::time::timeout(HUB_TIMEOUT, hub.get_stream(&bucket.name))
+    match tokio::time::timeout(HUB_TIMEOUT, hub.get_stream(&own_config.name))
+        .await
+        .map_err(timed("reading the cluster's records bucket"))?
+    {
+        Ok(_) => {
+            tokio::time::timeout(HUB_TIMEOUT, hub.update_stream(own_config))
+                .await
+                .map_err(timed("updating the cluster's records bucket"))?
+                .map_err(|e| hub_error(format!("updating bucket {own}: {e}")))?;
+            println!("bucket {own}: present");
+        }
+        Err(_) => {
+            tokio::time::timeout(HUB_TIMEOUT, hub.create_stream(own_config))
+                .await
+                .map_err(timed("creating the cluster's records bucket"))?
+                .map_err(|e| hub_error(format!("creating bucket {own}: {e}")))?;
+            println!("bucket {own}: created");
+        }
+    }
+    let records_source = member_records_source(cluster);
+    match tokio::time::timeout(HUB_TIMEOUT, hub.get_stream(format!("KV_{STATE_BUCKET}")))
         .await
         .map_err(timed("reading the records bucket"))?
     {
-        Ok(_) => println!("bucket {STATE_BUCKET}: present"),
+        Ok(shared) => {
+            let mut config = shared.cached_info().config.clone();
+            let sources = config.sources.get_or_insert_with(Vec::new);
+            let sourced = sources.contains(&records_source);
+            if !sourced {
+                sources.retain(|s| s.name != records_source.name);
+                sources.push(records_source);
+            }
+            // A bucket made before roll-ups were denied is brought to the same rules.
+            let guarded = !config.allow_rollup && config.deny_purge && config.deny_delete;
+            if sourced && guarded {
+                println!("bucket {STATE_BUCKET}: sources {own}");
+            } else {
+                config.allow_rollup = false;
+                config.deny_purge = true;
+                config.deny_delete = true;
+                tokio::time::timeout(HUB_TIMEOUT, hub.update_stream(config))
+                    .await
+                    .map_err(timed("updating the records bucket"))?
+                    .map_err(|e| hub_error(format!("updating bucket {STATE_BUCKET}: {e}")))?;
+                println!("bucket {STATE_BUCKET}: now sources {own}, roll-ups and purges denied");
+            }
+        }
         Err(_) => {
-            tokio::time::timeout(HUB_TIMEOUT, hub.create_stream(bucket))
+            let config = stream::Config {
+                sources: Some(vec![records_source]),
+                ..records_bucket(STATE_BUCKET)
+            };
+            tokio::time::timeout(HUB_TIMEOUT, hub.create_stream(config))
                 .await
                 .map_err(timed("creating the records bucket"))?
                 .map_err(|e| hub_error(format!("creating bucket {STATE_BUCKET}: {e}")))?;
-            println!("bucket {STATE_BUCKET}: created");
+            println!("bucket {STATE_BUCKET}: created, sources {own}");
         }
     }
     let source = stream::Source {

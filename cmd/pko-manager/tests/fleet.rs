@@ -9,8 +9,9 @@
 //! the reader's (issue 39, item 1). The hub is killed as soon as prod-a's gate opens: prod-a's rollout goes on, its events
 //! wait in its own stream, and once the hub is back the hub's aggregate stream holds every event of every
 //! cluster exactly once, in each cluster's order. `kubectl package fleet status` shows the three clusters.
-//! Each cluster speaks at the hub only for itself (issue 39, item 2): a compromised prod-a cannot write the
-//! canary's record, purge the records or reach the canary's NATS with users of its own account.
+//! Each cluster speaks at the hub only for itself (issue 39, item 2; issue 63, item 1): a compromised
+//! prod-a cannot write the canary's record, purge or roll up the records, fill the hub's store for the
+//! others or reach the canary's NATS with users of its own account.
 //! This binary kills the hub, so it has its own environment.
 #![allow(clippy::unwrap_used)]
 
@@ -20,13 +21,14 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use async_nats::jetstream;
+use async_nats::jetstream::{self, kv};
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::Api;
 use pko_proto::core::hosted_cluster_package::HostedClusterPackage;
 use pko_proto::core::package::Package;
 use pko_proto::fleet::{
-    cluster_key, rollout_key, FleetRolloutRecord, AGGREGATE_STREAM, STATE_BUCKET,
+    cluster_key, member_bucket, rollout_key, FleetRolloutRecord, AGGREGATE_STREAM,
+    MEMBER_RECORDS_MAX_BYTES, STATE_BUCKET,
 };
 use pko_proto::nats_permissions::member_inbox_prefix;
 use pko_proto::rollout_events::{RolloutEvent, RolloutEventKind, STREAM};
@@ -130,43 +132,64 @@ async fn hub_record(hub: &Nats, name: &str, cluster: &str) -> Option<FleetRollou
     serde_json::from_slice(&value).ok()
 }
 
-/// What a compromised management cluster `attacker` tries at the hub, each refused by nats-server: a
-/// settled record in the canary's name (`canary_record` is the canary's real one), a purge of the
-/// records, and users minted by its own account on the canary's NATS.
-async fn forge_from(
+/// A client of `cluster`'s own NATS as its manager is, and the hub's shared records bucket and the
+/// cluster's own one as it sees them through the hub's domain.
+async fn member_view(
     fleet: &pko_testenv::FleetNats,
-    attacker: &str,
-    name: &str,
-    canary_record: &FleetRolloutRecord,
-) {
-    let own = fleet.leaf(attacker).unwrap();
-    // Replies cross the attacker's link only under its own inbox prefix, as its manager's do.
+    cluster: &str,
+) -> (async_nats::Client, jetstream::Context, kv::Store, kv::Store) {
+    let own = fleet.leaf(cluster).unwrap();
+    // Replies cross the cluster's link only under its own inbox prefix, as its manager's do.
     let nats = own
         .connect(
-            &own.credentials("attacker", None).unwrap(),
-            async_nats::ConnectOptions::new().custom_inbox_prefix(member_inbox_prefix(attacker)),
+            &own.credentials(&format!("{cluster}-user"), None).unwrap(),
+            async_nats::ConnectOptions::new().custom_inbox_prefix(member_inbox_prefix(cluster)),
         )
         .await
         .unwrap();
     let hub = jetstream::with_domain(nats.clone(), "hub");
-    let store = hub.get_key_value(STATE_BUCKET).await.unwrap();
+    let shared = hub.get_key_value(STATE_BUCKET).await.unwrap();
+    let own_bucket = hub.get_key_value(member_bucket(cluster)).await.unwrap();
+    (nats, hub, shared, own_bucket)
+}
+
+/// What a compromised management cluster `attacker` tries at the hub, each refused by nats-server: a
+/// settled record in the canary's name (`canary_record` is the canary's real one), a purge of the
+/// records, a roll-up that would purge them, filling the hub's store, and users minted by its own
+/// account on the canary's NATS.
+async fn forge_from(
+    fleet: &pko_testenv::FleetNats,
+    attacker: &str,
+    bystander: &str,
+    name: &str,
+    canary_record: &FleetRolloutRecord,
+) {
+    let (nats, hub, shared, own) = member_view(fleet, attacker).await;
     // The path works: the cluster's own announcement is taken (the same bytes as the hub holds).
-    let announced = store.get(cluster_key(attacker)).await.unwrap().unwrap();
-    store.put(cluster_key(attacker), announced).await.unwrap();
+    let announced = shared.get(cluster_key(attacker)).await.unwrap().unwrap();
+    own.put(cluster_key(attacker), announced.clone())
+        .await
+        .unwrap();
     let mut forged = canary_record.clone();
     forged.settled = true;
     forged.failed = 0;
     forged.poisoned.clear();
     forged.settled_since = Some(forged.updated_at);
-    let refused = store
-        .put(
-            rollout_key(name, "canary"),
-            serde_json::to_vec(&forged).unwrap().into(),
-        )
-        .await;
+    let forged = serde_json::to_vec(&forged).unwrap();
+    for bucket in [&own, &shared] {
+        let refused = bucket
+            .put(rollout_key(name, "canary"), forged.clone().into())
+            .await;
+        assert!(
+            refused.is_err(),
+            "the hub took a forged canary record: {refused:?}"
+        );
+    }
+    // The shared bucket takes no write of the attacker at all, not even of its own key.
+    let refused = shared.put(cluster_key(attacker), announced.clone()).await;
     assert!(
         refused.is_err(),
-        "the hub took a forged canary record: {refused:?}"
+        "the shared bucket took a put: {refused:?}"
     );
     let purge = tokio::time::timeout(
         std::time::Duration::from_secs(5),
@@ -177,10 +200,61 @@ async fn forge_from(
         !matches!(purge, Ok(Ok(_))),
         "the hub answered a purge of the records: {purge:?}"
     );
+    // A roll-up on a key it may write would purge every other key of the bucket.
+    for bucket in [member_bucket(attacker), STATE_BUCKET.to_owned()] {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Nats-Rollup", "all");
+        let subject = format!("$JS.hub.API.$KV.{bucket}.{}", cluster_key(attacker));
+        let stored = match hub
+            .publish_with_headers(subject, headers, announced.clone())
+            .await
+        {
+            Ok(ack) => ack.await.map(drop).map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        assert!(stored.is_err(), "{bucket} took a roll-up of {attacker}");
+    }
     let kept = hub_record(fleet.hub(), name, "canary").await.unwrap();
     assert!(!kept.settled, "{kept:?}");
+    assert_eq!(kept.poisoned, canary_record.poisoned);
+    // Filling the store: the attacker's own bucket refuses it within its bound, while the other
+    // clusters still write theirs.
+    let flood = vec![b'x'; 60 * 1024];
+    let most = (MEMBER_RECORDS_MAX_BYTES as usize).div_ceil(flood.len());
+    let mut flooded = Vec::new();
+    loop {
+        let key = rollout_key(&format!("flood-{}", flooded.len()), attacker);
+        if own.put(&key, flood.clone().into()).await.is_err() {
+            break;
+        }
+        flooded.push(key);
+        assert!(
+            flooded.len() <= most,
+            "{attacker} stored {} × 60 KiB at the hub",
+            flooded.len()
+        );
+    }
+    let (_, _, bystander_shared, bystander_own) = member_view(fleet, bystander).await;
+    let announced = bystander_shared
+        .get(cluster_key(bystander))
+        .await
+        .unwrap()
+        .unwrap();
+    bystander_own
+        .put(cluster_key(bystander), announced)
+        .await
+        .expect("a bystander's put while the attacker's bucket is full");
+    // What the attacker stored it may remove again (a delete marker replaces each value): its manager
+    // writes its records again.
+    for key in flooded {
+        own.delete(&key).await.unwrap();
+    }
     // A user the attacker's own account signs is a stranger to the canary's NATS.
-    let stolen = own.credentials("pko-connector-stolen", None).unwrap();
+    let stolen = fleet
+        .leaf(attacker)
+        .unwrap()
+        .credentials("pko-connector-stolen", None)
+        .unwrap();
     let canary_nats = fleet.leaf("canary").unwrap();
     let connected = async_nats::ConnectOptions::with_credentials(&stolen.creds_file())
         .unwrap()
@@ -341,7 +415,7 @@ async fn a_release_reaches_prod_only_after_the_canary_finished_and_soaked() {
     // prod-a is compromised: whoever holds it has every key of its own NATS. It forges the canary's record
     // as settled, through the hub's domain as its manager writes its own: the hub refuses it, while the
     // same path takes prod-a's own record. The canary's gate stays closed everywhere.
-    forge_from(&fleet, "prod-a", &name, &poisoned).await;
+    forge_from(&fleet, "prod-a", "prod-b", &name, &poisoned).await;
     for cluster in &clusters[1..] {
         wait_status(
             &cluster.api,
