@@ -12,6 +12,7 @@ use prometheus_client::registry::Metric;
 
 use super::connector_metrics::ConnectorMetrics;
 use super::fleet_metrics::FleetMetrics;
+use super::listener_metrics::ListenerMetrics;
 use super::notification_metrics::NotificationMetrics;
 use super::package_images::ImageFetchMetrics;
 use super::rollout_metrics::RolloutMetrics;
@@ -47,6 +48,8 @@ pub struct ManagerMetrics {
     pub notifications: NotificationMetrics,
     /// The allocator's heap and its trims (`runtime::heap_trim`).
     pub heap: HeapMetrics,
+    /// The health and metrics listener.
+    pub listener: ListenerMetrics,
     /// The reconcile shell's and the watch feeds' own.
     pub runtime: RuntimeMetrics,
     rollout_events: RolloutEventMetrics,
@@ -147,6 +150,7 @@ impl ManagerMetrics {
         let leases = LeaseMetrics::default();
         let notifications = NotificationMetrics::default();
         let heap = HeapMetrics::default();
+        let listener = ListenerMetrics::default();
         api.register(&mut registry);
         upstream.register(&mut registry);
         rollouts.register(&mut registry);
@@ -157,6 +161,7 @@ impl ManagerMetrics {
         leases.register(&mut registry);
         notifications.register(&mut registry);
         heap.register(&mut registry);
+        listener.register(&mut registry);
         Self {
             registry: Arc::new(RwLock::new(registry)),
             upstream,
@@ -168,6 +173,7 @@ impl ManagerMetrics {
             leases,
             notifications,
             heap,
+            listener,
             runtime,
             rollout_events,
             hosted_teardowns_skipped,

@@ -8,6 +8,7 @@
 pub mod connector_metrics;
 pub mod exposition;
 pub mod fleet_metrics;
+pub mod listener_metrics;
 pub mod managed_cache;
 pub mod manager_metrics;
 pub mod notification_metrics;

@@ -1,23 +1,51 @@
-//! `/healthz`, `/readyz` and `/metrics` over HTTP/1.1 (hyper, which the tree carries for the admission
-//! webhook). `/metrics` is the manager's registry in the OpenMetrics text format. `/readyz` is ready for
-//! a standby waiting for the leader Lease (it can take over at once, and a Deployment's rollout must not
-//! wait for it) and for the leader once every watch feed listed its kind; its body says which.
+//! `/healthz`, `/readyz` and `/metrics` over HTTP/1.1 (hyper). `/metrics` is the manager's registry in
+//! the OpenMetrics text format. `/readyz` is ready for a standby waiting for the leader Lease (it can
+//! take over at once, and a Deployment's rollout must not wait for it) and for the leader once every
+//! watch feed listed its kind; its body says which.
+//!
+//! Any pod that reaches the port may connect (the shipped NetworkPolicy narrows who), so everything a
+//! client can hold is bounded: connection slots overall and per peer address, the time to send a
+//! request's head (also the idle limit of a kept-alive connection), a connection's lifetime, the read
+//! buffer, and how many `/metrics` renders run at once. Request bodies are never read.
 
+use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
-use std::net::SocketAddr;
-use std::sync::{Arc, RwLock};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
 
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use pko_actors::metrics::exposition::{
     prometheus_text, wants_openmetrics, OPENMETRICS, PROMETHEUS_TEXT,
 };
+use pko_actors::metrics::listener_metrics::ListenerRefusal;
 use pko_actors::metrics::manager_metrics::ManagerMetrics;
 use pko_actors::runtime::feed_sync::FeedSync;
 use tokio::net::TcpListener;
+use tokio::sync::{Notify, Semaphore};
 use tracing::{debug, warn};
+
+/// Connections open at once, from everyone.
+const MAX_CONNECTIONS: usize = 256;
+/// One peer address's share of them: the kubelet's probes, a Prometheus, an SRE's curl each need one or
+/// two; a flood from one pod cannot take the slots the others need.
+const MAX_CONNECTIONS_PER_PEER: usize = 8;
+/// To send a request's head; also the most a kept-alive connection idles between requests.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// The most one connection lives: a client that keeps asking, or never reads its answer, gives its slot
+/// back anyway (a response under way gets [`HEADER_TIMEOUT`] more).
+const CONNECTION_LIFETIME: Duration = Duration::from_secs(60);
+/// The read buffer of a connection (hyper's least): a request here is a line and a few headers.
+const READ_BUFFER: usize = 8 * 1024;
+/// `/metrics` renders at once (each holds the registry's text); the others wait up to
+/// [`METRICS_WAIT`], then get 503.
+const METRICS_RENDERS: usize = 2;
+const METRICS_WAIT: Duration = Duration::from_secs(10);
+/// After a failed accept (out of file descriptors), a pause before the next, rather than a spin.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 /// Where the process stands, for `/readyz`.
 #[derive(Debug, Clone)]
@@ -37,6 +65,7 @@ pub enum Readiness {
 pub struct HealthState {
     readiness: Arc<RwLock<Readiness>>,
     metrics: ManagerMetrics,
+    renders: Arc<Semaphore>,
 }
 
 impl HealthState {
@@ -44,6 +73,7 @@ impl HealthState {
         Self {
             readiness: Arc::new(RwLock::new(Readiness::Starting)),
             metrics,
+            renders: Arc::new(Semaphore::new(METRICS_RENDERS)),
         }
     }
 
@@ -87,7 +117,27 @@ impl HealthState {
         }
     }
 
-    fn respond(&self, request: &Request<Incoming>) -> Response<Full<Bytes>> {
+    /// The registry's text, rendered off the runtime's workers, at most [`METRICS_RENDERS`] at once.
+    async fn render_metrics(&self, openmetrics: bool) -> Option<String> {
+        let permit = tokio::time::timeout(METRICS_WAIT, self.renders.clone().acquire_owned())
+            .await
+            .ok()?
+            .ok()?;
+        let metrics = self.metrics.clone();
+        tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            let text = metrics.encode();
+            if openmetrics {
+                text
+            } else {
+                prometheus_text(&text)
+            }
+        })
+        .await
+        .ok()
+    }
+
+    async fn respond(&self, request: &Request<Incoming>) -> Response<Full<Bytes>> {
         let (status, content_type, body) = match (request.method(), request.uri().path()) {
             (&Method::GET, "/healthz") => (StatusCode::OK, "text/plain", "ok\n".to_owned()),
             (&Method::GET, "/readyz") => {
@@ -95,25 +145,33 @@ impl HealthState {
                 (status, "text/plain", body)
             }
             (&Method::GET, "/metrics") => {
-                let openmetrics = self.metrics.encode();
                 let accept = request
                     .headers()
                     .get(hyper::header::ACCEPT)
                     .and_then(|v| v.to_str().ok());
-                if wants_openmetrics(accept) {
-                    (StatusCode::OK, OPENMETRICS, openmetrics)
-                } else {
-                    (
-                        StatusCode::OK,
-                        PROMETHEUS_TEXT,
-                        prometheus_text(&openmetrics),
-                    )
+                let openmetrics = wants_openmetrics(accept);
+                match self.render_metrics(openmetrics).await {
+                    Some(text) if openmetrics => (StatusCode::OK, OPENMETRICS, text),
+                    Some(text) => (StatusCode::OK, PROMETHEUS_TEXT, text),
+                    None => {
+                        self.metrics.listener.refused(ListenerRefusal::MetricsBusy);
+                        (
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            "text/plain",
+                            "busy: other scrapes are being rendered\n".to_owned(),
+                        )
+                    }
                 }
             }
-            _ => (
+            (&Method::GET, _) => (
                 StatusCode::NOT_FOUND,
                 "text/plain",
                 "not found\n".to_owned(),
+            ),
+            _ => (
+                StatusCode::METHOD_NOT_ALLOWED,
+                "text/plain",
+                "only GET\n".to_owned(),
             ),
         };
         let mut response = Response::new(Full::new(Bytes::from(body)));
@@ -127,33 +185,259 @@ impl HealthState {
     }
 }
 
+/// The listener's connection slots: [`MAX_CONNECTIONS`] overall, [`MAX_CONNECTIONS_PER_PEER`] per peer
+/// address. When every slot is taken, a newcomer displaces the connection that has waited longest for a
+/// request head (new, or idle between requests): a flood from many addresses then churns through its own
+/// connections, while a probe, which sends its head at once, gets in.
+struct ConnectionSlots {
+    max: usize,
+    per_peer: usize,
+    taken: Mutex<SlotsTaken>,
+}
+
+#[derive(Default)]
+struct SlotsTaken {
+    /// Connections open, displaced ones included until they are gone.
+    total: usize,
+    peers: HashMap<IpAddr, usize>,
+    next: u64,
+    /// Connections waiting for a request head, by when they began to (their number), with the signal
+    /// that displaces them.
+    waiting: BTreeMap<u64, Arc<Notify>>,
+}
+
+/// A connection's slot, given back when it is dropped.
+struct ConnectionSlot {
+    slots: Arc<ConnectionSlots>,
+    peer: IpAddr,
+    number: u64,
+    /// Told when a newcomer displaces this connection.
+    displaced: Arc<Notify>,
+}
+
+impl ConnectionSlots {
+    fn new(max: usize, per_peer: usize) -> Arc<Self> {
+        Arc::new(Self {
+            max,
+            per_peer,
+            taken: Mutex::new(SlotsTaken::default()),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, SlotsTaken> {
+        self.taken
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// A slot for a connection from `peer`, waiting for its head; `Ok` with whether another connection
+    /// was displaced for it.
+    fn take(self: &Arc<Self>, peer: IpAddr) -> Result<(ConnectionSlot, bool), ListenerRefusal> {
+        let peer = peer.to_canonical();
+        let mut taken = self.lock();
+        if taken.peers.get(&peer).copied().unwrap_or(0) >= self.per_peer {
+            return Err(ListenerRefusal::Peer);
+        }
+        let mut displaced_one = false;
+        if taken.total >= self.max {
+            // Displaced connections count until their tasks end; twice the bound is the most open.
+            if taken.total >= 2 * self.max {
+                return Err(ListenerRefusal::Connections);
+            }
+            match taken.waiting.pop_first() {
+                Some((_, displaced)) => {
+                    displaced.notify_one();
+                    displaced_one = true;
+                }
+                None => return Err(ListenerRefusal::Connections),
+            }
+        }
+        *taken.peers.entry(peer).or_default() += 1;
+        taken.total += 1;
+        let number = taken.next;
+        taken.next += 1;
+        let displaced = Arc::new(Notify::new());
+        taken.waiting.insert(number, displaced.clone());
+        Ok((
+            ConnectionSlot {
+                slots: self.clone(),
+                peer,
+                number,
+                displaced,
+            },
+            displaced_one,
+        ))
+    }
+}
+
+impl ConnectionSlot {
+    /// A request is being answered: not to be displaced.
+    fn busy(&self) {
+        self.slots.lock().waiting.remove(&self.number);
+    }
+
+    /// Answered; waiting for the next head again (displaceable, as the longest idle goes first).
+    fn idle(&self) {
+        self.slots
+            .lock()
+            .waiting
+            .insert(self.number, self.displaced.clone());
+    }
+}
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        let mut taken = self.slots.lock();
+        taken.waiting.remove(&self.number);
+        taken.total = taken.total.saturating_sub(1);
+        if let Some(held) = taken.peers.get_mut(&self.peer) {
+            *held = held.saturating_sub(1);
+            if *held == 0 {
+                taken.peers.remove(&self.peer);
+            }
+        }
+    }
+}
+
 /// Binds the listener; serving runs in the background until the process ends.
 pub async fn serve(addr: SocketAddr, state: HealthState) -> std::io::Result<SocketAddr> {
     let listener = TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
+    let slots = ConnectionSlots::new(MAX_CONNECTIONS, MAX_CONNECTIONS_PER_PEER);
     tokio::spawn(async move {
         loop {
-            let stream = match listener.accept().await {
-                Ok((stream, _)) => stream,
+            let (stream, peer) = match listener.accept().await {
+                Ok(accepted) => accepted,
                 Err(error) => {
                     warn!(%error, "health listener accept failed");
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
                     continue;
                 }
             };
-            let state = state.clone();
-            tokio::spawn(async move {
-                let service = hyper::service::service_fn(move |request: Request<Incoming>| {
-                    let response = state.respond(&request);
-                    async move { Ok::<_, Infallible>(response) }
-                });
-                if let Err(error) = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await
-                {
-                    debug!(%error, "health connection failed");
+            let slot = match slots.take(peer.ip()) {
+                Ok((slot, displaced)) => {
+                    if displaced {
+                        state.metrics.listener.refused(ListenerRefusal::Displaced);
+                    }
+                    slot
                 }
-            });
+                Err(refusal) => {
+                    // Closed at once: the kernel's backlog keeps moving for everyone else.
+                    state.metrics.listener.refused(refusal);
+                    drop(stream);
+                    continue;
+                }
+            };
+            tokio::spawn(serve_connection(stream, slot, state.clone()));
         }
     });
     Ok(bound)
+}
+
+async fn serve_connection(stream: tokio::net::TcpStream, slot: ConnectionSlot, state: HealthState) {
+    let listener = state.metrics.listener.clone();
+    listener.opened();
+    let slot = Arc::new(slot);
+    let displaced = slot.displaced.clone();
+    let answering = slot.clone();
+    let service = hyper::service::service_fn(move |request: Request<Incoming>| {
+        let state = state.clone();
+        let slot = answering.clone();
+        async move {
+            slot.busy();
+            let response = state.respond(&request).await;
+            slot.idle();
+            Ok::<_, Infallible>(response)
+        }
+    });
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_TIMEOUT)
+        .max_buf_size(READ_BUFFER);
+    let connection = builder.serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(connection);
+    let served = tokio::select! {
+        served = connection.as_mut() => served,
+        // Dropped: the socket closes with the connection.
+        () = displaced.notified() => Ok(()),
+        () = tokio::time::sleep(CONNECTION_LIFETIME) => {
+            listener.refused(ListenerRefusal::Lifetime);
+            connection.as_mut().graceful_shutdown();
+            tokio::time::timeout(HEADER_TIMEOUT, connection).await.unwrap_or(Ok(()))
+        }
+    };
+    if let Err(error) = served {
+        debug!(%error, "health connection failed");
+    }
+    listener.closed();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(text: &str) -> IpAddr {
+        text.parse().unwrap()
+    }
+
+    #[test]
+    fn a_peer_holds_only_its_share_and_slots_come_back() {
+        let slots = ConnectionSlots::new(3, 2);
+        let (first, _) = slots.take(ip("10.0.0.9")).unwrap();
+        let _second = slots.take(ip("10.0.0.9")).unwrap();
+        assert_eq!(
+            slots.take(ip("10.0.0.9")).err(),
+            Some(ListenerRefusal::Peer)
+        );
+        // The same peer as an IPv4-mapped IPv6 address is the same peer.
+        assert_eq!(
+            slots.take(ip("::ffff:10.0.0.9")).err(),
+            Some(ListenerRefusal::Peer)
+        );
+        drop(first);
+        let (_again, displaced) = slots.take(ip("10.0.0.9")).unwrap();
+        assert!(!displaced);
+    }
+
+    #[tokio::test]
+    async fn a_newcomer_displaces_the_longest_waiting_connection_not_a_busy_one() {
+        let slots = ConnectionSlots::new(2, 2);
+        let (oldest, _) = slots.take(ip("10.0.0.9")).unwrap();
+        let (answering, _) = slots.take(ip("10.0.0.8")).unwrap();
+        answering.busy();
+        let (probe, displaced) = slots.take(ip("10.0.0.1")).unwrap();
+        assert!(displaced);
+        // The oldest waiting connection was told; the busy one was not.
+        assert!(told(&oldest.displaced).await);
+        assert!(!told(&answering.displaced).await);
+        // Nothing waits for a head: nobody to displace.
+        probe.busy();
+        assert_eq!(
+            slots.take(ip("10.0.0.2")).err(),
+            Some(ListenerRefusal::Connections)
+        );
+        drop(oldest);
+        answering.idle();
+        let (third, displaced) = slots.take(ip("10.0.0.3")).unwrap();
+        assert!(displaced && told(&answering.displaced).await);
+        // Displaced connections count until they are gone: at twice the bound nobody else gets in.
+        let (_fourth, displaced) = slots.take(ip("10.0.0.4")).unwrap();
+        assert!(displaced && told(&third.displaced).await);
+        assert_eq!(
+            slots.take(ip("10.0.0.5")).err(),
+            Some(ListenerRefusal::Connections)
+        );
+    }
+
+    /// Whether `notify` was told (holds a permit), without waiting; the permit is kept.
+    async fn told(notify: &Notify) -> bool {
+        let told = tokio::time::timeout(Duration::ZERO, notify.notified())
+            .await
+            .is_ok();
+        if told {
+            notify.notify_one();
+        }
+        told
+    }
 }

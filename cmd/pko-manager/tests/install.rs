@@ -503,6 +503,19 @@ async fn the_manager_role_allows_what_it_needs_and_nothing_more() {
         .map(|p| &p["port"])
         .collect();
     assert_eq!(ports, ["metrics"]);
+    // From the monitoring namespaces only (issue 63, item 2): no rule without `from`.
+    for rule in policy["spec"]["ingress"].as_array().unwrap() {
+        let namespaces = &rule["from"][0]["namespaceSelector"]["matchExpressions"][0];
+        assert_eq!(namespaces["key"], "kubernetes.io/metadata.name", "{rule}");
+        assert!(
+            namespaces["values"]
+                .as_array()
+                .unwrap()
+                .contains(&serde_json::json!("monitoring")),
+            "{rule}"
+        );
+        assert_eq!(rule["from"].as_array().unwrap().len(), 1, "{rule}");
+    }
     // Drains take one replica at a time.
     let budget = kustomize("manager")
         .iter()
