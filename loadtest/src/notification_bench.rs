@@ -12,6 +12,7 @@ use http_body_util::BodyExt;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use pko_actors::engine::notifications::notification_sink::NotificationSink;
+use pko_actors::engine::notifications::sink_address::SinkAddressPolicy;
 use pko_actors::metrics::manager_metrics::ManagerMetrics;
 use pko_actors::notifications::notification_sinks::NotificationSinks;
 use pko_actors::rollout::rollout_publisher::RolloutPublisher;
@@ -121,6 +122,8 @@ pub async fn run(count: usize) -> Result<(), String> {
         client,
         "default",
         metrics.notifications.clone(),
+        // The receiver is on loopback, which sinks reach only when the operator allows it.
+        SinkAddressPolicy::parse(&["127.0.0.1/32".to_owned()])?,
     )?;
     // A HostedClusterPackage's sink: its consumer starts at the object's oldest event, whenever it is
     // made.

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use kube::Client;
 
 use crate::engine::notifications::notification_sink::NotificationSink;
+use crate::engine::notifications::sink_address::SinkAddressPolicy;
 use crate::fleet::hub_link::{FleetMember, HubLink};
 use crate::hypershift::connector_link::ConnectorLink;
 use crate::metrics::managed_cache::ManagedCacheCollector;
@@ -199,12 +200,14 @@ impl ManagerContext {
     }
 
     /// This context, delivering rollout events to CloudEvents sinks (those of HostedClusterPackages and,
-    /// if given, `manager_wide`), with credentials from the Secrets of `namespace`. Call after
-    /// [`ManagerContext::with_connectors`]; without NATS there is no stream to deliver from.
+    /// if given, `manager_wide`), with credentials from the Secrets of `namespace`, reaching only the
+    /// addresses `addresses` allows. Call after [`ManagerContext::with_connectors`]; without NATS there
+    /// is no stream to deliver from.
     pub fn with_notifications(
         self,
         namespace: &str,
         manager_wide: Option<NotificationSink>,
+        addresses: SinkAddressPolicy,
     ) -> Result<Self, String> {
         let Some(link) = &self.connectors else {
             return match manager_wide {
@@ -217,6 +220,7 @@ impl ManagerContext {
             self.runtime.client.clone(),
             namespace,
             self.metrics.notifications.clone(),
+            addresses,
         )?;
         if let Some(sink) = manager_wide {
             sinks.serve_manager_wide(sink);

@@ -59,6 +59,7 @@ impl DeliveryResult {
 pub struct NotificationMetrics {
     deliveries: Family<ResultLabels, Counter>,
     pending: Family<SinkLabels, Gauge>,
+    address_refusals: Family<SinkLabels, Counter>,
 }
 
 impl NotificationMetrics {
@@ -69,6 +70,12 @@ impl NotificationMetrics {
              attempt failed; tried again after a backoff), refused (the sink refused the event \
              itself), skipped (a kind the sink does not want, or an id it already got), malformed.",
             self.deliveries.clone(),
+        );
+        registry.register(
+            "pko_cloudevents_address_refusals",
+            "Delivery attempts not made because the sink's host is, or resolved to, an address the \
+             manager may not reach (loopback, link-local, private, …; --notification-sink-allowed-cidrs).",
+            self.address_refusals.clone(),
         );
         registry.register(
             "pko_cloudevents_pending",
@@ -82,6 +89,15 @@ impl NotificationMetrics {
             .get_or_create(&ResultLabels {
                 sink: sink.to_owned(),
                 result: result.label(),
+            })
+            .inc();
+    }
+
+    /// An attempt was not made: the sink's address is refused.
+    pub fn address_refused(&self, sink: &str) {
+        self.address_refusals
+            .get_or_create(&SinkLabels {
+                sink: sink.to_owned(),
             })
             .inc();
     }
@@ -103,6 +119,9 @@ impl NotificationMetrics {
             });
         }
         self.pending.remove(&SinkLabels {
+            sink: sink.to_owned(),
+        });
+        self.address_refusals.remove(&SinkLabels {
             sink: sink.to_owned(),
         });
     }

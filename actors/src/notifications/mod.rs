@@ -5,5 +5,6 @@
 
 pub mod cloudevent_request;
 pub mod notification_sinks;
+pub mod sink_addresses;
 pub mod sink_credentials;
 pub mod sink_delivery;

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use crate::engine::notifications::notification_sink::{NotificationSink, SinkScope};
+use crate::engine::notifications::sink_address::SinkAddressPolicy;
 use kube::Api;
 use pko_proto::rollout_events::STREAM;
 use tokio::sync::watch;
@@ -33,18 +34,22 @@ pub struct NotificationSinks {
 
 impl NotificationSinks {
     /// Sinks over the rollout event stream of `nats`, reading credentials from the Secrets of
-    /// `namespace` (the manager's) through `client`.
+    /// `namespace` (the manager's) through `client`, reaching only the addresses `addresses` allows.
     pub fn new(
         nats: async_nats::Client,
         client: kube::Client,
         namespace: &str,
         metrics: NotificationMetrics,
+        addresses: SinkAddressPolicy,
     ) -> Result<Arc<Self>, String> {
-        let http = sink_http_client().map_err(|e| format!("making the sinks' HTTP client: {e}"))?;
+        let addresses = Arc::new(addresses);
+        let http = sink_http_client(addresses.clone())
+            .map_err(|e| format!("making the sinks' HTTP client: {e}"))?;
         Ok(Arc::new(Self {
             services: Arc::new(SinkServices {
                 jetstream: async_nats::jetstream::new(nats),
                 http,
+                addresses,
                 secrets: Api::namespaced(client, namespace),
                 metrics,
             }),

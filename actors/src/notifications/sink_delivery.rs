@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use crate::engine::notifications::notification_sink::{
     delivery_verdict, DeliveryVerdict, NotificationSink, SinkScope,
 };
+use crate::engine::notifications::sink_address::SinkAddressPolicy;
 use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy, PullConsumer};
 use async_nats::jetstream::{self, AckKind};
 use futures::StreamExt;
@@ -28,6 +29,7 @@ use tracing::{info, info_span, warn, Instrument};
 
 use crate::metrics::notification_metrics::{DeliveryResult, NotificationMetrics};
 use crate::notifications::cloudevent_request::{cloudevent_request, CloudEventRequest};
+use crate::notifications::sink_addresses::{address_refusal, literal_refusal, SinkResolver};
 use crate::notifications::sink_credentials::{read_credentials, SinkCredentials};
 use crate::rollout::rollout_publisher::ensure_stream;
 use crate::runtime::reconcile_gate::Backoff;
@@ -50,6 +52,8 @@ const CREDENTIALS_TTL: Duration = Duration::from_secs(300);
 pub struct SinkServices {
     pub jetstream: jetstream::Context,
     pub http: reqwest::Client,
+    /// Which addresses sinks may reach (the client's resolver holds it too).
+    pub addresses: Arc<SinkAddressPolicy>,
     /// Secrets of the manager's namespace.
     pub secrets: Api<Secret>,
     pub metrics: NotificationMetrics,
@@ -302,10 +306,15 @@ async fn deliver(
         let _ = message.ack_with(AckKind::Progress).await;
         attempts += 1;
         let outcome = match credentials.get(task, &services.secrets).await {
-            Ok(with) => post(&services.http, &task.sink.url, &request, &with)
+            Ok(with) => post(services, &task.sink.url, &request, &with)
                 .instrument(span.clone())
                 .await
-                .map_err(|e| e.to_string()),
+                .map_err(|failed| {
+                    if failed.address_refused {
+                        metrics.address_refused(&task.label);
+                    }
+                    failed.message
+                }),
             Err(error) => Err(error),
         };
         let verdict = match &outcome {
@@ -344,19 +353,43 @@ async fn deliver(
     }
 }
 
+/// Why a POST got no answer.
+struct PostFailed {
+    message: String,
+    /// The sink's address is one the manager may not reach.
+    address_refused: bool,
+}
+
 /// One POST; the status it was answered with.
 async fn post(
-    http: &reqwest::Client,
+    services: &SinkServices,
     url: &str,
     request: &CloudEventRequest,
     credentials: &SinkCredentials,
-) -> Result<u16, reqwest::Error> {
-    let mut builder = http.post(url).body(request.body.clone());
+) -> Result<u16, PostFailed> {
+    if let Some(refused) = literal_refusal(&services.addresses, url) {
+        return Err(PostFailed {
+            message: refused.to_string(),
+            address_refused: true,
+        });
+    }
+    let mut builder = services.http.post(url).body(request.body.clone());
     for (name, value) in &request.headers {
         builder = builder.header(name.as_str(), value.clone());
     }
-    let response = credentials.apply(builder).send().await?;
-    Ok(response.status().as_u16())
+    match credentials.apply(builder).send().await {
+        Ok(response) => Ok(response.status().as_u16()),
+        Err(error) => Err(match address_refusal(&error) {
+            Some(refused) => PostFailed {
+                message: refused.to_string(),
+                address_refused: true,
+            },
+            None => PostFailed {
+                message: error.to_string(),
+                address_refused: false,
+            },
+        }),
+    }
 }
 
 /// Delays between attempts: 200 ms doubling to 30 s, jittered.
@@ -365,11 +398,16 @@ fn retry_delays() -> impl Iterator<Item = Duration> {
 }
 
 /// The HTTP client of every sink: a time limit per request, redirects not followed (a sink that moved
-/// says so with its answer, and the event is not carried to an address nobody configured).
-pub fn sink_http_client() -> Result<reqwest::Client, reqwest::Error> {
+/// says so with its answer, and the event is not carried to an address nobody configured), hosts
+/// resolved through [`SinkResolver`] under `addresses`, and no proxy.
+pub fn sink_http_client(
+    addresses: Arc<SinkAddressPolicy>,
+) -> Result<reqwest::Client, reqwest::Error> {
     reqwest::Client::builder()
         .timeout(REQUEST_TIMEOUT)
         .redirect(reqwest::redirect::Policy::none())
+        .no_proxy()
+        .dns_resolver(SinkResolver { policy: addresses })
         .user_agent(concat!("pko-manager/", env!("CARGO_PKG_VERSION")))
         .build()
 }

@@ -16,6 +16,7 @@ use std::time::Duration;
 use clap::{Parser, ValueEnum};
 use pko_actors::engine::hypershift::connector_deployment::ConnectorResources;
 use pko_actors::engine::notifications::notification_sink::NotificationSink;
+use pko_actors::engine::notifications::sink_address::SinkAddressPolicy;
 use pko_actors::fleet::hub_link::FleetMember;
 use pko_actors::hypershift::connector_link::{
     ConnectorLink, LinkSetupError, ManagerNatsUser, DEFAULT_CREDENTIALS_VALIDITY,
@@ -221,6 +222,15 @@ struct Args {
     /// The rollout event kinds the manager-wide sink receives (default: every kind).
     #[arg(long, value_delimiter = ',', requires = "cloudevents_sink")]
     cloudevents_sink_kinds: Vec<String>,
+    /// Address ranges CloudEvents sinks may reach although they are not public (`10.0.0.0/8,fd00::/8`).
+    /// By default sinks reach only public addresses: no loopback, link-local, private, shared or
+    /// reserved ones, judged on each address connected to.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        env = "PKO_NOTIFICATION_SINK_ALLOWED_CIDRS"
+    )]
+    notification_sink_allowed_cidrs: Vec<String>,
     /// Rollout events held while NATS does not acknowledge them (about 300 bytes each); beyond it the
     /// newest are dropped and counted in pko_rollout_events_dropped_total.
     #[arg(long, default_value_t = DEFAULT_OUTBOX_CAPACITY)]
@@ -492,8 +502,14 @@ async fn run(args: Args) -> Result<(), ManagerError> {
     if let Some(sink) = &manager_sink {
         info!(url = %sink.url, "every rollout event goes to this CloudEvents sink");
     }
+    let sink_addresses = SinkAddressPolicy::parse(&args.notification_sink_allowed_cidrs)
+        .map_err(ManagerError::CloudEventsSink)?;
     context = context
-        .with_notifications(&args.leader_election_namespace, manager_sink)
+        .with_notifications(
+            &args.leader_election_namespace,
+            manager_sink,
+            sink_addresses,
+        )
         .map_err(ManagerError::CloudEventsSink)?;
     if let Some(url) = &args.prometheus_url {
         info!(%url, "rollout health checks query this Prometheus");

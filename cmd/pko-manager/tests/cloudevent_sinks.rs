@@ -51,7 +51,11 @@ struct Receiver {
 
 impl Receiver {
     async fn start(&self) -> u16 {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        self.start_on("127.0.0.1").await
+    }
+
+    async fn start_on(&self, address: &str) -> u16 {
+        let listener = tokio::net::TcpListener::bind((address, 0)).await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let receiver = self.clone();
         tokio::spawn(async move {
@@ -139,6 +143,9 @@ async fn start_manager(port: u16) -> ManagerProcess {
                 &sink,
                 "--cloudevents-sink-secret",
                 "sink-token",
+                // The receiver is on loopback, which sinks may not reach unless allowed; 127.0.0.2 is not.
+                "--notification-sink-allowed-cidrs",
+                "127.0.0.1/32",
             ],
         )
         .await
@@ -149,6 +156,10 @@ async fn start_manager(port: u16) -> ManagerProcess {
 async fn sinks_get_every_event_once_and_in_order_across_an_outage_and_a_restart() {
     let receiver = Receiver::default();
     let port = receiver.start().await;
+    // A sink pointed at an address inside the cluster's reach that the allow-list does not name (as
+    // `http://prometheus…:9090/-/quit` would be): never connected to.
+    let inside = Receiver::default();
+    let inside_port = inside.start_on("127.0.0.2").await;
     let env = env();
     let first = start_manager(port).await;
     let client = env.management().client().await.unwrap();
@@ -185,7 +196,8 @@ async fn sinks_get_every_event_once_and_in_order_across_an_outage_and_a_restart(
     );
     h.spec.rollout_policy = Some(
         serde_json::from_value(json!({"notifications": [
-            {"url": format!("http://127.0.0.1:{port}/addon"), "kinds": wanted}]}))
+            {"url": format!("http://127.0.0.1:{port}/addon"), "kinds": wanted},
+            {"url": format!("http://127.0.0.2:{inside_port}/-/quit")}]}))
         .unwrap(),
     );
     api.create(&PostParams::default(), &h).await.unwrap();
@@ -197,6 +209,24 @@ async fn sinks_get_every_event_once_and_in_order_across_an_outage_and_a_restart(
         |h| all_available(h, 4),
     )
     .await;
+
+    wait_until(
+        "the sink at 127.0.0.2 refused for its address",
+        TIMEOUT,
+        || async {
+            match first
+                .metric(&format!(
+                    "pko_cloudevents_address_refusals_total{{sink=\"{name}/1\"}}"
+                ))
+                .await?
+            {
+                0 => Err("none yet".to_owned()),
+                refused => Ok(refused),
+            }
+        },
+    )
+    .await
+    .unwrap();
 
     // The receiver is down for the whole of release 2: the rollout goes on regardless.
     receiver.down.store(true, Ordering::SeqCst);
@@ -331,4 +361,8 @@ async fn sinks_get_every_event_once_and_in_order_across_an_outage_and_a_restart(
         .await
         .unwrap();
     assert!(delivered > 0);
+    assert!(
+        inside.received.lock().unwrap().is_empty() && *inside.refused.lock().unwrap() == 0,
+        "the sink inside the cluster's reach was connected to"
+    );
 }

@@ -766,6 +766,41 @@ async fn the_sharded_installs_statefulset_is_accepted_by_the_apiserver() {
     );
 }
 
+/// The network policies (the shipped ingress one, and the egress example for sinks) are ones the
+/// apiserver takes.
+#[tokio::test]
+async fn the_network_policies_are_accepted_by_the_apiserver() {
+    install_manifests().await;
+    let example = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../deploy/manager/examples/egress-network-policy.yaml"),
+    )
+    .unwrap();
+    let shipped = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/manager/network-policy.yaml"),
+    )
+    .unwrap();
+    for (name, policy) in [("pko-manager-egress", example), ("pko-manager", shipped)] {
+        let out = run_with_input(
+            Command::new(pko_testenv::kubectl())
+                .arg("--kubeconfig")
+                .arg(env().management().kubeconfig_path())
+                .args(["apply", "--server-side", "--dry-run=server", "-f", "-"]),
+            &policy,
+        )
+        .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success()
+                && stdout.contains(&format!(
+                    "networkpolicy.networking.k8s.io/{name} serverside-applied (server dry run)"
+                )),
+            "{stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
 /// The shipped namespace enforces the restricted Pod Security Standard, as upstream's own namespace
 /// does (its restricted-policy test), and the shipped manager meets it: its ReplicaSet's pods are
 /// admitted there while a plain pod is refused.
