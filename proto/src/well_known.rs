@@ -87,6 +87,9 @@ pub const MAINTENANCE_WINDOW_LABEL: &str = "rollout.package-operator.run/mainten
 /// (`spec.rolloutPolicy.notifications[].credentialsSecret`) and the manager-wide sink use it. Without it
 /// the manager sends no Secret of its namespace anywhere.
 pub const SINK_CREDENTIALS_LABEL: &str = "rollout.package-operator.run/sink-credentials";
+/// Annotation on a sink credentials Secret: the URL origins (`https://hooks.example.com`, comma-separated)
+/// its credentials may be sent to. A sink at any other origin gets no credentials from it.
+pub const SINK_ORIGINS_ANNOTATION: &str = "rollout.package-operator.run/sink-origins";
 
 /// Annotation naming the phase of an object (required).
 pub const PHASE_ANNOTATION: &str = "package-operator.run/phase";

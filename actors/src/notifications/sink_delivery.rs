@@ -124,7 +124,7 @@ impl CredentialsCache {
                 return Ok(credentials.clone());
             }
         }
-        let credentials = read_credentials(secrets, name).await?;
+        let credentials = read_credentials(secrets, name, &task.sink.url).await?;
         self.read = Some((credentials.clone(), Instant::now()));
         Ok(credentials)
     }

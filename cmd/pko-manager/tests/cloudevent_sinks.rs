@@ -1,6 +1,8 @@
 //! Rollout events as CloudEvents (issue 44): a real HTTP receiver, read with the `cloudevents-sdk`
-//! crate's own binary-mode parser, takes a manager-wide sink (bearer token from a labelled Secret) and a
-//! HostedClusterPackage's sink (only some kinds). Three releases roll out: the second while the receiver
+//! crate's own binary-mode parser, takes a manager-wide sink over HTTPS (bearer token from a labelled
+//! Secret naming the receiver's origin) and a HostedClusterPackage's sink (only some kinds). Another
+//! HostedClusterPackage names the same Secret for a receiver of its own: it never gets the token, and
+//! over plain http its spec is refused (issue 63, items 3 and 4). Three releases roll out: the second while the receiver
 //! answers 503, which must not hold the rollout back; the manager is then stopped with events still
 //! pending and a successor delivers them. In the end each sink got every event it wants exactly once, in
 //! the stream's order. This binary restarts the manager, so it has its own environment.
@@ -10,7 +12,8 @@ mod common;
 
 use std::collections::BTreeSet;
 use std::convert::Infallible;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -28,6 +31,11 @@ use pko_proto::core::hosted_cluster_package::HostedClusterPackage;
 use pko_proto::rollout_events::{RolloutEvent, RolloutEventKind};
 use pko_testenv::{wait_until, ManagerProcess, MANAGER_NAMESPACE};
 use serde_json::json;
+use tokio_rustls::rustls::crypto::aws_lc_rs;
+use tokio_rustls::rustls::pki_types::pem::PemObject;
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio_rustls::rustls::ServerConfig;
+use tokio_rustls::TlsAcceptor;
 
 use common::rollout::*;
 use common::*;
@@ -51,10 +59,11 @@ struct Receiver {
 
 impl Receiver {
     async fn start(&self) -> u16 {
-        self.start_on("127.0.0.1").await
+        self.start_on("127.0.0.1", None).await
     }
 
-    async fn start_on(&self, address: &str) -> u16 {
+    /// Listens on `address` (over TLS with `tls`); the port.
+    async fn start_on(&self, address: &str, tls: Option<TlsAcceptor>) -> u16 {
         let listener = tokio::net::TcpListener::bind((address, 0)).await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let receiver = self.clone();
@@ -64,18 +73,38 @@ impl Receiver {
                     continue;
                 };
                 let receiver = receiver.clone();
+                let tls = tls.clone();
                 tokio::spawn(async move {
-                    let service = service_fn(move |request| {
-                        let receiver = receiver.clone();
-                        async move { Ok::<_, Infallible>(receiver.take(request).await) }
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
+                    match tls {
+                        Some(tls) => {
+                            if let Ok(stream) = tls.accept(stream).await {
+                                receiver.serve(TokioIo::new(stream)).await;
+                            }
+                        }
+                        None => receiver.serve(TokioIo::new(stream)).await,
+                    }
                 });
             }
         });
         port
+    }
+
+    async fn serve<I>(self, io: I)
+    where
+        I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    {
+        let service = service_fn(move |request| {
+            let receiver = self.clone();
+            async move { Ok::<_, Infallible>(receiver.take(request).await) }
+        });
+        let _ = hyper::server::conn::http1::Builder::new()
+            .serve_connection(io, service)
+            .await;
+    }
+
+    /// Every request it got, CloudEvent or not.
+    fn requests(&self) -> usize {
+        self.received.lock().unwrap().len() + *self.refused.lock().unwrap() as usize
     }
 
     async fn take(&self, request: Request<Incoming>) -> Response<String> {
@@ -133,17 +162,110 @@ fn carried(r: &Received) -> RolloutEvent {
     }
 }
 
-async fn start_manager(port: u16) -> ManagerProcess {
-    let sink = format!("http://127.0.0.1:{port}/all");
+/// A CA and a certificate for 127.0.0.1 it signed, made with openssl in `dir`: the CA's file (the
+/// manager trusts it through SSL_CERT_FILE) and an acceptor serving the certificate.
+fn loopback_tls(dir: &Path) -> (PathBuf, TlsAcceptor) {
+    std::fs::create_dir_all(dir).unwrap();
+    let openssl = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let key = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+    ];
+    openssl(
+        &[
+            &["req", "-x509"],
+            &key[..],
+            &[
+                "-keyout",
+                "ca.key",
+                "-out",
+                "ca.crt",
+                "-subj",
+                "/CN=pko test CA",
+                "-days",
+                "1",
+            ],
+        ]
+        .concat(),
+    );
+    openssl(
+        &[
+            &["req"],
+            &key[..],
+            &[
+                "-keyout",
+                "sink.key",
+                "-out",
+                "sink.csr",
+                "-subj",
+                "/CN=127.0.0.1",
+            ],
+        ]
+        .concat(),
+    );
+    std::fs::write(dir.join("san.ext"), "subjectAltName=IP:127.0.0.1\n").unwrap();
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "sink.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "sink.crt",
+        "-days",
+        "1",
+        "-extfile",
+        "san.ext",
+    ]);
+    let chain = CertificateDer::pem_file_iter(dir.join("sink.crt"))
+        .unwrap()
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    let key = PrivateKeyDer::from_pem_file(dir.join("sink.key")).unwrap();
+    let config = ServerConfig::builder_with_provider(Arc::new(aws_lc_rs::default_provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .unwrap();
+    (dir.join("ca.crt"), TlsAcceptor::from(Arc::new(config)))
+}
+
+/// A manager whose manager-wide sink is the HTTPS receiver at `port`, trusting `ca`.
+async fn start_manager(port: u16, ca: &Path) -> ManagerProcess {
+    let sink = format!("https://127.0.0.1:{port}/all");
+    let launch = pko_testenv::ManagerLaunch {
+        env: vec![("SSL_CERT_FILE".to_owned(), ca.display().to_string())],
+        ..Default::default()
+    };
     env()
-        .start_manager(
+        .start_manager_with(
             Path::new(env!("CARGO_BIN_EXE_pko-manager")),
+            &launch,
             &[
                 "--cloudevents-sink",
                 &sink,
                 "--cloudevents-sink-secret",
                 "sink-token",
-                // The receiver is on loopback, which sinks may not reach unless allowed; 127.0.0.2 is not.
+                // The receivers are on loopback, which sinks may not reach unless allowed; 127.0.0.2 is not.
                 "--notification-sink-allowed-cidrs",
                 "127.0.0.1/32",
             ],
@@ -154,18 +276,26 @@ async fn start_manager(port: u16) -> ManagerProcess {
 
 #[tokio::test]
 async fn sinks_get_every_event_once_and_in_order_across_an_outage_and_a_restart() {
+    let env = env();
+    let (ca, tls) = loopback_tls(&env.root_dir().join("sink-tls"));
     let receiver = Receiver::default();
     let port = receiver.start().await;
+    // The same receiver over HTTPS, for the manager-wide sink and its token.
+    let secure_port = receiver.start_on("127.0.0.1", Some(tls.clone())).await;
+    // Another team's receiver, over HTTPS too, naming the token's Secret.
+    let other = Receiver::default();
+    let other_port = other.start_on("127.0.0.1", Some(tls)).await;
     // A sink pointed at an address inside the cluster's reach that the allow-list does not name (as
     // `http://prometheus…:9090/-/quit` would be): never connected to.
     let inside = Receiver::default();
-    let inside_port = inside.start_on("127.0.0.2").await;
-    let env = env();
-    let first = start_manager(port).await;
+    let inside_port = inside.start_on("127.0.0.2", None).await;
+    let first = start_manager(secure_port, &ca).await;
     let client = env.management().client().await.unwrap();
     let token: Secret = serde_json::from_value(json!({
         "metadata": {"name": "sink-token",
-            "labels": {pko_proto::well_known::SINK_CREDENTIALS_LABEL: "true"}},
+            "labels": {pko_proto::well_known::SINK_CREDENTIALS_LABEL: "true"},
+            "annotations": {pko_proto::well_known::SINK_ORIGINS_ANNOTATION:
+                format!("https://127.0.0.1:{secure_port}")}},
         "stringData": {"token": "s3cret"},
     }))
     .unwrap();
@@ -209,6 +339,85 @@ async fn sinks_get_every_event_once_and_in_order_across_an_outage_and_a_restart(
         |h| all_available(h, 4),
     )
     .await;
+
+    // Another team names the token's Secret for a receiver of its own. Over https the Secret's origin
+    // binding keeps the token from it; over http the spec is refused before anything is sent.
+    let thief = format!("{ns}-thief");
+    let mut stealing = hcpkg(
+        &thief,
+        &ns,
+        &images[0],
+        json!({"rollingUpgrade": {"maxUnavailable": 1}}),
+        None,
+    );
+    stealing.spec.rollout_policy = Some(
+        serde_json::from_value(json!({"notifications": [{
+            "url": format!("https://127.0.0.1:{other_port}/steal"),
+            "credentialsSecret": "sink-token"}]}))
+        .unwrap(),
+    );
+    api.create(&PostParams::default(), &stealing).await.unwrap();
+    let plain = format!("{ns}-plain");
+    let mut over_http = hcpkg(
+        &plain,
+        &ns,
+        &images[0],
+        json!({"rollingUpgrade": {"maxUnavailable": 1}}),
+        None,
+    );
+    over_http.spec.rollout_policy = Some(
+        serde_json::from_value(json!({"notifications": [{
+            "url": format!("http://127.0.0.1:{other_port}/steal"),
+            "credentialsSecret": "sink-token"}]}))
+        .unwrap(),
+    );
+    api.create(&PostParams::default(), &over_http)
+        .await
+        .unwrap();
+    wait_status(
+        &api,
+        &plain,
+        || first.log_tail(),
+        "credentials over http refused",
+        |h| {
+            condition(h, "Available").is_some_and(|c| {
+                c.reason == "InvalidSpec"
+                    && c.message.contains(
+                        "spec.rolloutPolicy.notifications[0].credentialsSecret: credentials are sent only over https://",
+                    )
+            })
+        },
+    )
+    .await;
+    wait_status(
+        &api,
+        &thief,
+        || first.log_tail(),
+        "the thief's rollout done, its events held back from its sink",
+        |h| all_available(h, 4),
+    )
+    .await;
+    wait_until(
+        "the thief's sink retrying without the token",
+        TIMEOUT,
+        || async {
+            let retried = first
+                .metric(&format!(
+                    "pko_cloudevents_deliveries_total{{sink=\"{thief}/0\",result=\"retried\"}}"
+                ))
+                .await?;
+            if retried > 0 {
+                Ok(())
+            } else {
+                Err("no attempt yet".to_owned())
+            }
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(other.requests(), 0, "the thief's receiver got a request");
+    api.delete(&thief, &Default::default()).await.unwrap();
+    api.delete(&plain, &Default::default()).await.unwrap();
 
     wait_until(
         "the sink at 127.0.0.2 refused for its address",
@@ -261,7 +470,7 @@ async fn sinks_get_every_event_once_and_in_order_across_an_outage_and_a_restart(
 
     // Stopped with events pending; the successor delivers them once the receiver is back.
     first.terminate(Duration::from_secs(20)).await.unwrap();
-    let second = start_manager(port).await;
+    let second = start_manager(secure_port, &ca).await;
     receiver.down.store(false, Ordering::SeqCst);
     roll_image(&api, &name, &images[2]).await;
     wait_status(
@@ -321,7 +530,12 @@ async fn sinks_get_every_event_once_and_in_order_across_an_outage_and_a_restart(
     })
     .await
     .unwrap_or_else(|e| panic!("{e}\nmanager log:\n{}", second.log_tail()));
-    let all = receiver.at("/all");
+    // The manager-wide sink also got the other HostedClusterPackages' events.
+    let all: Vec<Received> = receiver
+        .at("/all")
+        .into_iter()
+        .filter(|r| carried(r).hosted_cluster_package == name)
+        .collect();
     let got_all: Vec<String> = all.iter().map(|r| r.event.id().to_owned()).collect();
     let got_addon: Vec<String> = receiver
         .at("/addon")
@@ -361,8 +575,10 @@ async fn sinks_get_every_event_once_and_in_order_across_an_outage_and_a_restart(
         .await
         .unwrap();
     assert!(delivered > 0);
-    assert!(
-        inside.received.lock().unwrap().is_empty() && *inside.refused.lock().unwrap() == 0,
+    assert_eq!(
+        inside.requests(),
+        0,
         "the sink inside the cluster's reach was connected to"
     );
+    assert_eq!(other.requests(), 0, "the thief's receiver got a request");
 }

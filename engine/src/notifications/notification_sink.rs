@@ -74,6 +74,13 @@ impl NotificationSink {
                     "{field}.credentialsSecret: {secret:?} is not a Secret name (a DNS-1123 subdomain)"
                 ));
             }
+            // Anyone on the path would read them.
+            if url.scheme() != "https" {
+                return Err(format!(
+                    "{field}.credentialsSecret: credentials are sent only over https://, and the url is {:?}",
+                    spec.url
+                ));
+            }
         }
         let kinds = spec
             .kinds
@@ -210,6 +217,18 @@ mod tests {
             )
         };
         assert!(named("acme-hook").is_ok());
+        let over_http = NotificationSink::parse(
+            &HostedClusterPackageNotificationSink {
+                url: "http://hooks.example.com/x".into(),
+                credentials_secret: Some("acme-hook".into()),
+                kinds: Vec::new(),
+            },
+            at,
+        );
+        assert_eq!(
+            over_http.unwrap_err(),
+            format!("{at}.credentialsSecret: credentials are sent only over https://, and the url is \"http://hooks.example.com/x\"")
+        );
         assert_eq!(
             named("../kube-system/x").unwrap_err(),
             format!("{at}.credentialsSecret: \"../kube-system/x\" is not a Secret name (a DNS-1123 subdomain)")
