@@ -5,6 +5,7 @@
 
 use dashmap::DashMap;
 use pko_proto::core::hosted_cluster_package::{HostedClusterPackage, HostedClusterPackageCounts};
+use pko_proto::core::rollout_calendar::HostedClusterPackageSkippedStatus;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -105,8 +106,9 @@ impl RolloutMetrics {
         registry.register(
             "pko_hostedclusterpackage_held_packages",
             "HCP namespaces of a HostedClusterPackage held back by its calendar: state \
-             waiting_for_window (to be created or updated once their maintenance window opens) or \
-             skipped (left out by spec.rolloutPolicy.skip until its expiry).",
+             waiting_for_window (to be created or updated once their maintenance window opens), \
+             skipped (left out by spec.rolloutPolicy.skip until its expiry) or unknown_window (left \
+             out: the HostedCluster's label names a window the policy does not define).",
             self.held.clone(),
         );
         registry.register(
@@ -200,8 +202,16 @@ impl RolloutMetrics {
             }
         }
         let waiting: i32 = status.partitions.iter().map(|p| p.waiting_for_window).sum();
-        let skipped = i32::try_from(status.skipped.len()).unwrap_or(i32::MAX);
-        for (state, value) in [("waiting_for_window", waiting), ("skipped", skipped)] {
+        let count = |f: fn(&HostedClusterPackageSkippedStatus) -> bool| {
+            i32::try_from(status.skipped.iter().filter(|s| f(s)).count()).unwrap_or(i32::MAX)
+        };
+        let skipped = count(|s| s.until.is_some());
+        let unknown_window = count(|s| s.until.is_none());
+        for (state, value) in [
+            ("waiting_for_window", waiting),
+            ("skipped", skipped),
+            ("unknown_window", unknown_window),
+        ] {
             self.held
                 .get_or_create(&CountLabels {
                     hostedclusterpackage: name.clone(),
@@ -271,7 +281,7 @@ impl RolloutMetrics {
                 state: state.label(),
             });
         }
-        for state in ["waiting_for_window", "skipped"] {
+        for state in ["waiting_for_window", "skipped", "unknown_window"] {
             self.held.remove(&CountLabels {
                 hostedclusterpackage: name.to_owned(),
                 state,
@@ -317,7 +327,8 @@ mod tests {
                     "lastTransitionTime": "2026-01-01T00:00:00Z"}],
                 "partitions": [{"name": "low", "order": 0, "totalPackages": 2, "updatedPackages": 1,
                     "waitingForWindow": 1}],
-                "skipped": [{"namespace": "clusters-x", "until": "2026-01-02T00:00:00Z", "reason": "r"}],
+                "skipped": [{"namespace": "clusters-x", "until": "2026-01-02T00:00:00Z", "reason": "r"},
+                    {"namespace": "clusters-y", "reason": "names window \"never\""}],
             },
         }))
         .unwrap_or_else(|e| panic!("{e}"));
@@ -333,6 +344,8 @@ mod tests {
             r#"pko_hostedclusterpackage_rollout_state{hostedclusterpackage="addon",state="progressing"} 1"#,
             r#"pko_hostedclusterpackage_rollout_state{hostedclusterpackage="addon",state="finished"} 0"#,
             r#"pko_hostedclusterpackage_held_packages{hostedclusterpackage="addon",state="waiting_for_window"} 1"#,
+            r#"pko_hostedclusterpackage_held_packages{hostedclusterpackage="addon",state="skipped"} 1"#,
+            r#"pko_hostedclusterpackage_held_packages{hostedclusterpackage="addon",state="unknown_window"} 1"#,
             r#"pko_hostedclusterpackage_held_packages{hostedclusterpackage="addon",state="skipped"} 1"#,
             r#"pko_hostedclusterpackage_rollout_started_timestamp_seconds{hostedclusterpackage="addon"} 1767225600"#,
         ] {

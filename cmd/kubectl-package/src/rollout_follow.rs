@@ -318,8 +318,10 @@ fn status_report(
     }
     for skipped in &status.skipped {
         lines.push(format!(
-            "  skipped: {} until {}: {}",
-            skipped.namespace, skipped.until, skipped.reason
+            "  skipped: {} {}: {}",
+            skipped.namespace,
+            skipped.comes_back(),
+            skipped.reason
         ));
     }
     if let Some(progressing) = find_condition(&status.conditions, "Progressing") {

@@ -168,8 +168,10 @@ pub fn plan_text(name: &str, decision: &RolloutDecision) -> String {
     }
     for skipped in &step.status.skipped {
         lines.push(format!(
-            "skipped: {} until {}: {}",
-            skipped.namespace, skipped.until, skipped.reason
+            "skipped: {} {}: {}",
+            skipped.namespace,
+            skipped.comes_back(),
+            skipped.reason
         ));
     }
     lines.extend(policy_lines(&step.status));

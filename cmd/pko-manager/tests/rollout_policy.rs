@@ -1077,3 +1077,89 @@ async fn a_skipped_cluster_holds_nothing_and_is_updated_after_its_expiry() {
     assert_eq!(greeting(&client, &skipped_ns, &name).await, "v2");
     assert_ne!(last_good_hash(&done), old_hash);
 }
+
+/// A HostedCluster's owner names a window the policy does not define, and the owners of a group that
+/// needs an approval all leave it (issue 63, item 5): the first cluster is left out and listed, without
+/// holding its group or the next; the emptied group still holds the groups after it until approved.
+#[tokio::test]
+async fn a_clusters_own_labels_neither_hold_nor_open_other_clusters_rollouts() {
+    let (api, client, name, members) = rollout(
+        "policy-unknown-window",
+        &[("early", 2), ("mid", 1), ("late", 1)],
+        json!(1),
+        json!({}),
+    )
+    .await;
+    // hc-00, hc-01 early; hc-02 mid; hc-03 late.
+    name_window(&client, &name, "hc-00", "weekend").await;
+    let policy = json!({
+        "maintenanceWindows": [{"name": "always", "schedule": "* * * * *", "duration": "1h"}],
+        "groups": [{"name": "mid", "requireApproval": true}],
+        "skip": [{"namespaces": [members[2].0.clone()], "until": "2099-01-01T00:00:00Z",
+            "reason": "customer freeze"}],
+    });
+    let current = api.get(&name).await.unwrap();
+    set_policy_and_greeting(&api, &current, policy, "v2").await;
+    let early_ns = &members[1].0;
+    let unknown_ns = &members[0].0;
+    let late_ns = &members[3].0;
+    let h = wait_status(
+        &api,
+        &name,
+        log,
+        "early rolled without the cluster naming an undefined window",
+        |h| {
+            partition(h, "early").is_some_and(|p| p.state == "Finished")
+                && partition(h, "mid").is_some_and(|p| p.state == "AwaitingApproval")
+        },
+    )
+    .await;
+    assert_eq!(greeting(&client, early_ns, &name).await, "v2");
+    assert_eq!(greeting(&client, unknown_ns, &name).await, "hi");
+    assert_eq!(
+        greeting(&client, late_ns, &name).await,
+        "hi",
+        "late started although the emptied group mid awaits its approval"
+    );
+    let status = h.status.clone().unwrap();
+    let unknown = status
+        .skipped
+        .iter()
+        .find(|s| &s.namespace == unknown_ns)
+        .unwrap_or_else(|| panic!("{unknown_ns} not listed: {:?}", status.skipped));
+    assert_eq!(unknown.until, None);
+    assert!(unknown.reason.contains("\"weekend\""), "{}", unknown.reason);
+    let held = shared_env()
+        .manager
+        .metric(&format!(
+            "pko_hostedclusterpackage_held_packages{{hostedclusterpackage=\"{name}\",state=\"unknown_window\"}}"
+        ))
+        .await
+        .unwrap();
+    assert_eq!(held, 1);
+    let events = rollout_events(&name).await;
+    assert!(
+        events
+            .iter()
+            .any(|e| e["kind"] == "packageSkipped" && e["namespace"] == unknown_ns.as_str()),
+        "no packageSkipped event among {events:?}"
+    );
+
+    // Approved: late goes on; the cluster naming the undefined window stays as it is.
+    cli(&[
+        "rollout",
+        "approve",
+        &format!("hostedclusterpackage/{name}"),
+        "--group",
+        "mid",
+    ]);
+    wait_until("late updated once mid is approved", TIMEOUT, || async {
+        match greeting(&client, late_ns, &name).await.as_str() {
+            "v2" => Ok(()),
+            other => Err(other.to_owned()),
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(greeting(&client, unknown_ns, &name).await, "hi");
+}

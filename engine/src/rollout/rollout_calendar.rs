@@ -190,19 +190,31 @@ impl<'a> RolloutCalendar<'a> {
     }
 
     /// Places `cluster` (its HCP namespace `namespace`): `false` when it is left out now (and listed in
-    /// `skipped`), else its window is noted.
+    /// `skipped`), else its window is noted. A cluster naming a window the policy does not define is
+    /// left out as a skip is, not held in its group: its owner's label must not hold other clusters'
+    /// rollout, and the listing (with its alert) tells whoever can fix the label or the policy.
     pub fn place(&mut self, namespace: &str, cluster: &HostedCluster) -> bool {
         if let Some(skip) = self.policy.skip_of(namespace, cluster, self.now) {
             self.skipped.push(HostedClusterPackageSkippedStatus {
                 namespace: namespace.to_owned(),
-                until: stamp(skip.until),
+                until: Some(stamp(skip.until)),
                 reason: skip.reason.clone(),
             });
             return false;
         }
-        self.windows
-            .insert(namespace.to_owned(), self.policy.window_of(cluster));
-        true
+        let choice = self.policy.window_of(cluster);
+        if let WindowChoice::Unknown(name) = &choice {
+            self.skipped.push(HostedClusterPackageSkippedStatus {
+                namespace: namespace.to_owned(),
+                until: None,
+                reason: format!(
+                    "its label {MAINTENANCE_WINDOW_LABEL} names maintenance window {name:?}, which \
+                     spec.rolloutPolicy.maintenanceWindows does not define"
+                ),
+            });
+        }
+        self.windows.insert(namespace.to_owned(), choice);
+        !matches!(self.windows.get(namespace), Some(WindowChoice::Unknown(_)))
     }
 
     /// The instant this calendar is for.
@@ -559,7 +571,7 @@ mod tests {
             sim.status.skipped,
             [HostedClusterPackageSkippedStatus {
                 namespace: "clusters-early0".into(),
-                until: "2026-03-01T01:00:00Z".into(),
+                until: Some("2026-03-01T01:00:00Z".into()),
                 reason: "customer freeze".into(),
             }]
         );
@@ -615,7 +627,7 @@ mod tests {
             sim.status.skipped,
             [HostedClusterPackageSkippedStatus {
                 namespace: "clusters-early1".into(),
-                until: "2026-03-01T02:00:00Z".into(),
+                until: Some("2026-03-01T02:00:00Z".into()),
                 reason: "moving".into(),
             }]
         );
@@ -630,21 +642,96 @@ mod tests {
         assert_eq!(sim.packages["clusters-early1"].0, "registry/addon:v2");
     }
 
+    /// A HostedCluster's owner names a window the policy does not define: the cluster is left out,
+    /// listed, and holds neither its group nor the groups after it (issue 63, item 5).
     #[test]
-    fn a_cluster_naming_an_undefined_window_waits_and_says_so() {
+    fn a_cluster_naming_an_undefined_window_is_left_out_and_holds_no_group() {
         let mut sim = on_v1_then(
-            &[("early", 2)],
+            &[("early", 2), ("late", 1)],
             json!({"maintenanceWindows": [nightly()]}),
             1,
         );
         in_window(&mut sim, "early1", "weekend");
         sim.run(Pkg::Live);
         assert_eq!(sim.packages["clusters-early1"].0, "registry/addon:v1");
+        assert_eq!(sim.packages["clusters-early0"].0, "registry/addon:v2");
+        assert_eq!(
+            sim.packages["clusters-late0"].0, "registry/addon:v2",
+            "the later group was not held"
+        );
+        assert_eq!(sim.status.skipped.len(), 1);
+        let left_out = &sim.status.skipped[0];
+        assert_eq!(left_out.namespace, "clusters-early1");
+        assert_eq!(left_out.until, None);
+        assert!(
+            left_out.reason.contains("\"weekend\""),
+            "{}",
+            left_out.reason
+        );
         let (_, _, message) = sim.condition("Progressing");
         assert!(
             message.contains("clusters-early1 (\"weekend\")"),
             "{message}"
         );
+        assert!(
+            sim.status.last_succeeded.as_ref().map(|l| &l.template_hash) != Some(&sim.hash()),
+            "not finished everywhere while it is left out"
+        );
+    }
+
+    /// Every member of a group that needs an approval is left out: the group stays in the plan, and
+    /// the groups after it wait for that approval as before.
+    #[test]
+    fn a_group_emptied_by_skips_keeps_its_approval() {
+        let mut sim = on_v1_then(
+            &[("early", 2), ("late", 1)],
+            json!({"groups": [{"name": "early", "requireApproval": true}],
+                   "skip": [{"namespaces": ["clusters-early0", "clusters-early1"],
+                             "until": "2026-04-01T00:00:00Z", "reason": "freeze"}]}),
+            1,
+        );
+        sim.run(Pkg::Live);
+        assert_eq!(
+            sim.packages["clusters-late0"].0, "registry/addon:v1",
+            "late started without early's approval"
+        );
+        assert_eq!(
+            partition(&sim, "early").state,
+            group_state::AWAITING_APPROVAL
+        );
+        let hash = sim.hash();
+        sim.annotations.insert(
+            pko_proto::well_known::ROLLOUT_APPROVALS_ANNOTATION.into(),
+            json!({"early": {"templateHash": hash}}).to_string(),
+        );
+        sim.run(Pkg::Live);
+        assert_eq!(sim.packages["clusters-late0"].0, "registry/addon:v2");
+    }
+
+    /// Every member of a soaking group relabels itself away: the group keeps its soak, counted from
+    /// when the rollout reaches it.
+    #[test]
+    fn a_group_emptied_by_relabelling_keeps_its_soak() {
+        let mut sim = on_v1_then(
+            &[("early", 2), ("late", 1)],
+            json!({"groups": [{"name": "early", "minSuccessTime": "1h"}]}),
+            1,
+        );
+        for cluster in ["early0", "early1"] {
+            sim.labels
+                .entry(cluster.to_owned())
+                .or_default()
+                .insert("group".to_owned(), "elsewhere".to_owned());
+        }
+        sim.run(Pkg::Live);
+        assert_eq!(
+            sim.packages["clusters-late0"].0, "registry/addon:v1",
+            "late started without early's soak"
+        );
+        assert_eq!(partition(&sim, "early").state, group_state::SOAKING);
+        sim.later(3600);
+        sim.run(Pkg::Live);
+        assert_eq!(sim.packages["clusters-late0"].0, "registry/addon:v2");
     }
 
     #[test]

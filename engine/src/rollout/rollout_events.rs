@@ -283,7 +283,7 @@ pub fn policy_steps(
     for skipped in &next.skipped {
         if !previous.skipped.contains(skipped) {
             steps.push(RolloutStep {
-                message: format!("Left out until {}: {}", skipped.until, skipped.reason),
+                message: format!("Left out {}: {}", skipped.comes_back(), skipped.reason),
                 ..step(PackageSkipped, None, Some(skipped.namespace.clone()))
             });
         }

@@ -23,8 +23,8 @@ use crate::api_time::stamp;
 use crate::conditions::ConditionUpdate;
 use crate::rollout::health_check::HealthState;
 use crate::rollout::rollout_plan::{
-    group_key, GroupRules, RolloutInput, RolloutPlan, RolloutState, RolloutStrategy, Target,
-    UNKNOWN_GROUP,
+    group_key, GroupRules, PartitionOrder, RolloutInput, RolloutPlan, RolloutState,
+    RolloutStrategy, Target, UNKNOWN_GROUP,
 };
 use crate::rollout::rollout_policy::{HealthCheck, RolloutPolicy};
 
@@ -168,7 +168,7 @@ pub fn base_rules(
     (spec_hash, preflight_digest): (&str, Option<&str>),
     rolling_back: bool,
 ) -> GroupRules {
-    let keys: BTreeSet<Option<String>> = input
+    let mut keys: BTreeSet<Option<String>> = input
         .targets
         .iter()
         .map(|t| group_key(t.label.as_deref(), input.partition.as_ref()))
@@ -179,7 +179,11 @@ pub fn base_rules(
             ..GroupRules::default()
         };
     }
-    let mut rules = GroupRules::default();
+    let mut rules = GroupRules {
+        kept_empty: named_groups(policy, input.partition.as_ref()),
+        ..GroupRules::default()
+    };
+    keys.extend(rules.kept_empty.iter().cloned());
     for key in keys {
         let group = policy.group(key.as_deref());
         if let Some(max) = group.max_failures {
@@ -200,6 +204,30 @@ pub fn base_rules(
         }
     }
     rules
+}
+
+/// The groups a rollout has whatever its members: with a static order every value listed; with either
+/// order every group the policy gives an approval or a soak of its own. A cluster's owner can empty a
+/// group by relabelling or skipping, but not remove its approval and soak from the rollout.
+fn named_groups(
+    policy: &RolloutPolicy,
+    order: Option<&PartitionOrder>,
+) -> BTreeSet<Option<String>> {
+    let Some(order) = order else {
+        return BTreeSet::new();
+    };
+    let mut named: BTreeSet<Option<String>> = BTreeSet::new();
+    if let PartitionOrder::Static(values) = order {
+        named.extend(values.iter().cloned().map(Some));
+    }
+    for (name, group) in &policy.groups {
+        let gating = group.require_approval || !group.min_success_time.is_zero();
+        let key = group_key(Some(name), Some(order));
+        if gating && name != UNKNOWN_GROUP && key.is_some() {
+            named.insert(key);
+        }
+    }
+    named
 }
 
 /// What the guard remembers of one group across steps (kept in `status.partitions`).
@@ -247,6 +275,8 @@ pub fn soak(
     (now, counted): (Timestamp, &GroupClock<'_>),
 ) -> Soak {
     let mut out = Soak::default();
+    // Whether a group before this one has not finished (soak included).
+    let mut earlier_open = false;
     for g in &plan.groups {
         let name = group_name(&g.name).to_owned();
         let policy = policy.group(g.name.as_deref());
@@ -256,6 +286,17 @@ pub fn soak(
             .filter(|p| p.template_hash.as_deref() == Some(template_hash));
         if !g.done {
             out.memory.insert(g.name.clone(), GroupMemory::default());
+            earlier_open = true;
+            continue;
+        }
+        // A group without members is done at once; its soak starts when the rollout reaches it and
+        // its approval is given (planned without soaking, only an approval keeps a done group open).
+        if g.counts.total == 0 && (earlier_open || !g.finished) {
+            out.memory.insert(g.name.clone(), GroupMemory::default());
+            if g.finished {
+                out.soaking.insert(g.name.clone());
+            }
+            earlier_open = true;
             continue;
         }
         let done_since = before
@@ -295,6 +336,7 @@ pub fn soak(
                 });
             }
             out.soaking.insert(g.name.clone());
+            earlier_open = true;
             out.due
                 .extend(observed.iter().map(|(c, _)| (name.clone(), c.clone())));
             if !soak_left.is_zero() {
@@ -423,15 +465,16 @@ pub fn annotate_partitions(
             .plan
             .current_group
             .is_some_and(|i| report.plan.groups.get(i).map(|c| &c.name) == Some(&g.name));
+        // A group without members awaits its approval as one with outdated members does.
         let awaiting = report.input.rules.awaiting_approval.contains(&g.name)
-            && g.counts.updated < g.counts.total;
+            && (g.counts.updated < g.counts.total || g.counts.total == 0);
         p.state = match () {
             _ if g.counts.failed > 0 && report.halt.is_some() && !rolling_back => {
                 group_state::FAILED
             }
             _ if g.finished => group_state::FINISHED,
             _ if current && rolling_back => group_state::ROLLING_BACK,
-            _ if g.done => group_state::SOAKING,
+            _ if g.done && !(awaiting && g.counts.total == 0) => group_state::SOAKING,
             _ if current
                 && report.input.rules.preflight_hold
                 && g.counts.updated < g.counts.total =>

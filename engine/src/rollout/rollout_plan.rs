@@ -148,6 +148,9 @@ pub struct GroupRules {
     /// not reached gets that one (`RolloutPlan::create_proven`), not the template still on trial in an
     /// earlier group.
     pub proven_template: bool,
+    /// Groups the policy names that stay in the plan without a member (every member skipped or
+    /// relabelled away): their approval and soak still hold the groups after them.
+    pub kept_empty: BTreeSet<Option<String>>,
 }
 
 /// Counts of one group or of the whole fleet.
@@ -321,12 +324,14 @@ fn group_statuses(
                 && members
                     .iter()
                     .all(|t| is_done(t) || state(t) == RolloutState::Failed);
+            // A group without members has nothing to update: only its approval can hold it.
+            let held = members.is_empty() && rules.awaiting_approval.contains(name);
             GroupStatus {
                 name: name.clone(),
                 order,
                 counts,
                 done,
-                finished: done && !rules.soaking.contains(name),
+                finished: done && !rules.soaking.contains(name) && !held,
             }
         })
         .collect()
@@ -382,8 +387,11 @@ pub fn plan_rollout(input: &RolloutInput) -> RolloutPlan {
             .or_default()
             .push(t);
     }
-    let mut names: Vec<Option<String>> = grouped.keys().cloned().collect();
     let rules = &input.rules;
+    for kept in &rules.kept_empty {
+        grouped.entry(kept.clone()).or_default();
+    }
+    let mut names: Vec<Option<String>> = grouped.keys().cloned().collect();
     names.sort_by(|a, b| compare_groups(a, b, order, rules.reverse));
     let groups = group_statuses(&names, &grouped, rules);
     let current_group = groups.iter().position(|g| !g.finished);

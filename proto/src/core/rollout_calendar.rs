@@ -60,7 +60,19 @@ pub struct HostedClusterPackageSkip {
 pub struct HostedClusterPackageSkippedStatus {
     /// Its HCP namespace.
     pub namespace: String,
-    /// When it comes back (RFC 3339).
-    pub until: String,
+    /// When it comes back (RFC 3339); absent for a HostedCluster naming a maintenance window the policy
+    /// does not define, which comes back when its label or the policy changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until: Option<String>,
     pub reason: String,
+}
+
+impl HostedClusterPackageSkippedStatus {
+    /// When it comes back, as status, events and the CLI say it.
+    pub fn comes_back(&self) -> String {
+        match &self.until {
+            Some(until) => format!("until {until}"),
+            None => "until its label or the policy changes".to_owned(),
+        }
+    }
 }
