@@ -653,8 +653,10 @@ async fn deployer_account(client: &Client, ns: &str) -> Result<(), String> {
     use k8s_openapi::api::core::v1::ServiceAccount;
     use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
     let error = |e: kube::Error| format!("creating {DEPLOYER} in {ns}: {e}");
-    let account: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": DEPLOYER}}))
-        .map_err(|e| e.to_string())?;
+    // Opted in: owners of the namespace may name it (package-operator.run/service-account).
+    let account: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": DEPLOYER,
+        "labels": {pko_proto::well_known::SERVICE_ACCOUNT_OPT_IN_LABEL: "true"}}}))
+    .map_err(|e| e.to_string())?;
     Api::<ServiceAccount>::namespaced(client.clone(), ns)
         .create(&PostParams::default(), &account)
         .await

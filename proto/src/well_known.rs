@@ -44,6 +44,11 @@ pub const CONNECTOR_CREDENTIALS_SECRET: &str = "pko-connector-nats";
 /// with. Carried down from a Package to its ObjectDeployment and from an ObjectDeployment to its ObjectSets.
 pub const SERVICE_ACCOUNT_ANNOTATION: &str = "package-operator.run/service-account";
 
+/// Label on a ServiceAccount (value `"true"`): owners of its namespace may name it in
+/// [`SERVICE_ACCOUNT_ANNOTATION`]. Without it the manager does not act as it for them, so a tenant
+/// limited to ObjectSets cannot borrow, say, a CI account's rights.
+pub const SERVICE_ACCOUNT_OPT_IN_LABEL: &str = "package-operator.run/owners-may-use";
+
 /// Label on every connector object (value `True`).
 pub const CONNECTOR_LABEL: &str = "package-operator.run/connector";
 

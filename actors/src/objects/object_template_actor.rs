@@ -105,7 +105,7 @@ async fn apply_template(
     // Sources are read and the object written with the template's identity.
     let applier = match owner_applier(context, template.own_namespace(), &template.meta).await {
         Ok((_, applier)) => applier,
-        Err(problem) => return Ok((Some(TemplateProblem::Template(problem)), None)),
+        Err(problem) => return Ok((Some(TemplateProblem::Template(problem.to_string())), None)),
     };
     let config = match read_sources(context, &applier, template).await? {
         Ok(config) => config,

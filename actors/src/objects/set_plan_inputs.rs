@@ -32,9 +32,7 @@ pub async fn gather_plan(
 ) -> Result<GatheredPlan, ReconcileError> {
     let client = context.runtime.client.clone();
     let namespace = set.kind.is_namespaced().then(|| set.namespace().to_owned());
-    let (identity, applier) = owner_applier(&context, namespace.as_deref(), &set.meta)
-        .await
-        .map_err(ReconcileError::Spec)?;
+    let (identity, applier) = owner_applier(&context, namespace.as_deref(), &set.meta).await?;
     let api = set
         .kind
         .revision_kind()

@@ -560,14 +560,6 @@ async fn the_manager_role_allows_what_it_needs_and_nothing_more() {
         ("patch", rbac, "roles", hcp, Some("pko-connector")),
         ("escalate", rbac, "roles", hcp, Some("pko-connector")),
         ("bind", rbac, "roles", hcp, Some("pko-connector")),
-        // Acting as an owner's ServiceAccount (--default-service-account).
-        (
-            "impersonate",
-            "",
-            "serviceaccounts",
-            Some("tenant"),
-            Some("deployer"),
-        ),
         (
             "update",
             "coordination.k8s.io",
@@ -594,6 +586,14 @@ async fn the_manager_role_allows_what_it_needs_and_nothing_more() {
         ("escalate", rbac, "roles", hcp, Some("other")),
         ("patch", rbac, "rolebindings", hcp, Some("other")),
         ("create", rbac, "clusterrolebindings", None, None),
+        // Acting as a ServiceAccount is the tenants install's (deploy/manager-tenants) alone.
+        (
+            "impersonate",
+            "",
+            "serviceaccounts",
+            Some("tenant"),
+            Some("deployer"),
+        ),
         ("impersonate", "", "users", None, Some("admin")),
         ("impersonate", "", "groups", None, Some("system:masters")),
         ("create", "", "pods/exec", hcp, Some("x")),
@@ -763,6 +763,52 @@ async fn the_sharded_installs_statefulset_is_accepted_by_the_apiserver() {
             .contains("statefulset.apps/pko-manager serverside-applied (server dry run)"),
         "{}",
         String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+/// The tenants install grants impersonation of ServiceAccounts, and only it runs the manager with
+/// --default-service-account: the plain install's manager impersonates nobody (issue 63, item 6).
+#[test]
+fn only_the_tenants_install_impersonates() {
+    let impersonates = |dir: &str| {
+        kustomize(dir)
+            .iter()
+            .map(|d| parsed(d))
+            .filter(|d| d["kind"] == "ClusterRole" || d["kind"] == "Role")
+            .flat_map(|d| d["rules"].as_array().cloned().unwrap_or_default())
+            .any(|rule| {
+                rule["verbs"]
+                    .as_array()
+                    .is_some_and(|v| v.iter().any(|v| v == "impersonate" || v == "*"))
+            })
+    };
+    let flagged = |dir: &str| {
+        common::shipped::manager_container_of(dir)["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| {
+                a.as_str()
+                    .unwrap()
+                    .starts_with("--default-service-account=")
+            })
+    };
+    assert!(!impersonates("manager") && !flagged("manager"));
+    assert!(!impersonates("manager-sharded") && !flagged("manager-sharded"));
+    assert!(impersonates("manager-tenants") && flagged("manager-tenants"));
+    let rules: Vec<Value> = kustomize("manager-tenants")
+        .iter()
+        .map(|d| parsed(d))
+        .filter(|d| {
+            d["metadata"]["name"] == "pko-manager-impersonation" && d["kind"] == "ClusterRole"
+        })
+        .flat_map(|d| d["rules"].as_array().cloned().unwrap_or_default())
+        .collect();
+    assert_eq!(
+        rules,
+        [
+            serde_json::json!({"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["impersonate"]})
+        ]
     );
 }
 

@@ -23,7 +23,7 @@ use kube::{Api, Client};
 use pko_testenv::{ManagerLaunch, ManagerProcess};
 use serde_json::{json, Value};
 
-use common::shipped::{install_manifests, manager_container};
+use common::shipped::{install_tenant_manifests, manager_container_of};
 use common::*;
 
 const MANAGER_NAMESPACE: &str = "package-operator-system";
@@ -41,7 +41,7 @@ fn tenant_manager() -> &'static ManagerProcess {
 }
 
 async fn start_manager() -> Result<ManagerProcess, String> {
-    install_manifests().await;
+    install_tenant_manifests().await;
     let manager = start_replica().await?;
     manager
         .wait_ready(Duration::from_secs(60))
@@ -57,14 +57,18 @@ async fn start_replica() -> Result<ManagerProcess, String> {
         .service_account_kubeconfig(MANAGER_NAMESPACE, "pko-manager")
         .await
         .map_err(|e| e.to_string())?;
-    let mut args: Vec<String> = manager_container()["args"]
+    // The tenants install's arguments: --default-service-account=pko-deployer among them.
+    let args: Vec<String> = manager_container_of("manager-tenants")["args"]
         .as_array()
         .unwrap()
         .iter()
         .map(|a| a.as_str().unwrap().to_owned())
         .filter(|a| !a.starts_with("--health-addr"))
         .collect();
-    args.push(format!("--default-service-account={DEPLOYER}"));
+    assert!(
+        args.contains(&format!("--default-service-account={DEPLOYER}")),
+        "{args:?}"
+    );
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let launch = ManagerLaunch {
         kubeconfig: Some(kubeconfig),
@@ -359,7 +363,8 @@ async fn under_the_default_service_account_a_tenant_deploys_only_what_that_accou
     }
     let services: Api<Service> = Api::namespaced(admin.clone(), &ns);
     assert!(services.get_opt("web").await.unwrap().is_none());
-    // An owner naming another account of its namespace acts as that one.
+    // An owner naming another account of its namespace acts as that one once the account opted in;
+    // before, the set is refused naming the label (issue 63, item 6).
     account_with(
         &admin,
         &ns,
@@ -382,6 +387,21 @@ async fn under_the_default_service_account_a_tenant_deploys_only_what_that_accou
         .into(),
     );
     create_set(&tenant, &ns, &named).await;
+    let message = refused(&tenant, &ns, "named").await;
+    assert!(
+        message.contains("is not labelled package-operator.run/owners-may-use=true"),
+        "{message}"
+    );
+    assert!(services.get_opt("web").await.unwrap().is_none());
+    let opt_in = json!({"metadata": {"labels": {"package-operator.run/owners-may-use": "true"}}});
+    Api::<ServiceAccount>::namespaced(admin.clone(), &ns)
+        .patch(
+            "service-deployer",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&opt_in),
+        )
+        .await
+        .unwrap();
     wait_condition(&tenant, &ns, "named", "Available", "True", None).await;
     assert!(services.get_opt("web").await.unwrap().is_some());
 

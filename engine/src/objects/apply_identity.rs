@@ -1,13 +1,17 @@
 //! Whose rights an owner's objects are read and written with: the manager's own, or a ServiceAccount of
 //! the owner's namespace that the manager impersonates (`--default-service-account`, or the owner's
-//! `package-operator.run/service-account` annotation). The apiserver's RBAC then decides what a tenant's
-//! objects may be, as it would for the tenant's own requests.
+//! `package-operator.run/service-account` annotation naming an account that opted in with the label
+//! `package-operator.run/owners-may-use: "true"`). The apiserver's RBAC then decides what a tenant's
+//! objects may be, as it would for the tenant's own requests; only the tenants install grants the
+//! manager `impersonate`.
 //!
 //! Pure; the ObjectSet planner and the ObjectTemplate actor ask it, the applier acts on the answer.
 
 use std::fmt;
 
-use pko_proto::well_known::SERVICE_ACCOUNT_ANNOTATION;
+use std::collections::BTreeMap;
+
+use pko_proto::well_known::{SERVICE_ACCOUNT_ANNOTATION, SERVICE_ACCOUNT_OPT_IN_LABEL};
 
 use crate::objects::desired_object::InvalidObject;
 
@@ -70,16 +74,41 @@ pub fn apply_identity(inputs: IdentityInputs<'_>) -> Result<ApplyIdentity, Inval
         name: name.to_owned(),
     };
     if let Some(requested) = inputs.requested {
+        let invalid = |problem: String| InvalidObject {
+            field: format!("metadata.annotations[{SERVICE_ACCOUNT_ANNOTATION}]"),
+            problem,
+        };
         return valid_service_account_name(requested)
             .map(|()| account(requested))
-            .map_err(|problem| InvalidObject {
-                field: format!("metadata.annotations[{SERVICE_ACCOUNT_ANNOTATION}]"),
-                problem,
-            });
+            .map_err(invalid);
     }
     match inputs.default_service_account {
         Some(name) if !inputs.hosted_control_plane => Ok(account(name)),
         _ => Ok(ApplyIdentity::Manager),
+    }
+}
+
+/// Whether the ServiceAccount an owner's annotation named (with `labels`; `None`: not found) may be acted
+/// as for it. The default account needs no label: the operator chose it.
+pub fn requested_account_allowed(
+    identity: &ApplyIdentity,
+    labels: Option<&BTreeMap<String, String>>,
+) -> Result<(), InvalidObject> {
+    let field = format!("metadata.annotations[{SERVICE_ACCOUNT_ANNOTATION}]");
+    match labels {
+        None => Err(InvalidObject {
+            field,
+            problem: format!("{identity} does not exist"),
+        }),
+        Some(labels) if labels.get(SERVICE_ACCOUNT_OPT_IN_LABEL).map(String::as_str) == Some("true") => {
+            Ok(())
+        }
+        Some(_) => Err(InvalidObject {
+            field,
+            problem: format!(
+                "{identity} is not labelled {SERVICE_ACCOUNT_OPT_IN_LABEL}=true: owners may not act as it"
+            ),
+        }),
     }
 }
 
@@ -172,6 +201,30 @@ mod tests {
             sa("tenant", "other").impersonated_user().as_deref(),
             Some("system:serviceaccount:tenant:other")
         );
+    }
+
+    #[test]
+    fn an_annotation_counts_only_for_an_account_that_opted_in() {
+        let ci = sa("tenant", "ci");
+        let opted_in =
+            BTreeMap::from([(SERVICE_ACCOUNT_OPT_IN_LABEL.to_owned(), "true".to_owned())]);
+        assert_eq!(requested_account_allowed(&ci, Some(&opted_in)), Ok(()));
+        let refused = requested_account_allowed(&ci, Some(&BTreeMap::new())).unwrap_err();
+        assert_eq!(
+            refused.field,
+            "metadata.annotations[package-operator.run/service-account]"
+        );
+        assert_eq!(
+            refused.problem,
+            "ServiceAccount tenant/ci is not labelled package-operator.run/owners-may-use=true: owners may not act as it"
+        );
+        let other_value =
+            BTreeMap::from([(SERVICE_ACCOUNT_OPT_IN_LABEL.to_owned(), "yes".to_owned())]);
+        assert!(requested_account_allowed(&ci, Some(&other_value)).is_err());
+        assert!(requested_account_allowed(&ci, None)
+            .unwrap_err()
+            .problem
+            .contains("does not exist"));
     }
 
     proptest! {

@@ -44,11 +44,19 @@ pub fn parsed(document: &str) -> Value {
 /// applies at once race to create the same objects.
 pub async fn install_manifests() {
     static INSTALLED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
-    INSTALLED.get_or_init(apply_manifests).await;
+    INSTALLED.get_or_init(|| apply_manifests("manager")).await;
 }
 
-async fn apply_manifests() {
-    let documents: Vec<String> = kustomize("manager");
+/// Like [`install_manifests`], the tenants install (deploy/manager-tenants: impersonation granted).
+pub async fn install_tenant_manifests() {
+    static INSTALLED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    INSTALLED
+        .get_or_init(|| apply_manifests("manager-tenants"))
+        .await;
+}
+
+async fn apply_manifests(dir: &str) {
+    let documents: Vec<String> = kustomize(dir);
     let out = run_with_input(
         Command::new(pko_testenv::kubectl())
             .arg("--kubeconfig")
@@ -80,10 +88,18 @@ async fn apply_manifests() {
 
 /// The manager container of the rendered Deployment.
 pub fn manager_container() -> Value {
-    let deployment = kustomize("manager")
+    manager_container_of("manager")
+}
+
+/// The manager's container of the install in deploy/`dir`.
+pub fn manager_container_of(dir: &str) -> Value {
+    let deployment = kustomize(dir)
         .iter()
         .map(|d| parsed(d))
-        .find(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == "pko-manager")
+        .find(|d| {
+            (d["kind"] == "Deployment" || d["kind"] == "StatefulSet")
+                && d["metadata"]["name"] == "pko-manager"
+        })
         .unwrap();
     deployment["spec"]["template"]["spec"]["containers"][0].clone()
 }
