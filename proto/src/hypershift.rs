@@ -104,6 +104,11 @@ impl HostedCluster {
     }
 }
 
+/// Label HyperShift puts on every hosted control plane namespace it makes (value `"true"`; older releases
+/// `""`). A namespace is an HCP namespace only with it: the name pattern alone is anyone's who may create
+/// a HostedCluster of a matching name.
+pub const CONTROL_PLANE_NAMESPACE_LABEL: &str = "hypershift.openshift.io/hosted-control-plane";
+
 /// HyperShift's HCP namespace of the HostedCluster `namespace/name`: `<namespace>-<name>`, with dots in the
 /// name replaced by dashes.
 pub fn hosted_control_plane_namespace(namespace: &str, name: &str) -> String {

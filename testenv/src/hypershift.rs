@@ -88,7 +88,7 @@ impl TestEnv {
                 .await
                 .map_err(kube_error)?;
 
-            apply_namespace(&namespaces, &params, &hcp_namespace)
+            apply_hcp_namespace(&namespaces, &params, &hcp_namespace)
                 .await
                 .map_err(kube_error)?;
             connect_hosted_cluster(management, &hcp_namespace, server).await?;
@@ -175,7 +175,7 @@ pub async fn add_hosted_cluster_to(
         .await
         .map_err(kube_error)?;
     let hcp_namespace = pko_proto::hypershift::hosted_control_plane_namespace(namespace, name);
-    apply_namespace(&namespaces, &params, &hcp_namespace)
+    apply_hcp_namespace(&namespaces, &params, &hcp_namespace)
         .await
         .map_err(kube_error)?;
     Ok(SimulatedHostedCluster {
@@ -224,9 +224,32 @@ pub(crate) async fn apply_namespace(
     params: &PatchParams,
     name: &str,
 ) -> Result<(), kube::Error> {
+    apply_labelled_namespace(api, params, name, None).await
+}
+
+/// A hosted control plane's namespace, labelled as HyperShift labels the namespaces it makes.
+async fn apply_hcp_namespace(
+    api: &Api<Namespace>,
+    params: &PatchParams,
+    name: &str,
+) -> Result<(), kube::Error> {
+    let label = (
+        pko_proto::hypershift::CONTROL_PLANE_NAMESPACE_LABEL.to_owned(),
+        "true".to_owned(),
+    );
+    apply_labelled_namespace(api, params, name, Some([label].into())).await
+}
+
+async fn apply_labelled_namespace(
+    api: &Api<Namespace>,
+    params: &PatchParams,
+    name: &str,
+    labels: Option<std::collections::BTreeMap<String, String>>,
+) -> Result<(), kube::Error> {
     let namespace = Namespace {
         metadata: ObjectMeta {
             name: Some(name.to_owned()),
+            labels,
             ..Default::default()
         },
         ..Default::default()

@@ -551,6 +551,8 @@ async fn the_manager_role_allows_what_it_needs_and_nothing_more() {
             None,
         ),
         ("create", "events.k8s.io", "events", hcp, None),
+        // Whether HyperShift labelled a namespace as a hosted control plane's.
+        ("get", "", "namespaces", None, Some("clusters-a")),
         ("patch", "", "configmaps", Some("anywhere"), Some("x")),
         ("patch", "apps", "deployments", hcp, Some("operator")),
         ("patch", "", "secrets", hcp, Some("pko-connector-nats")),

@@ -42,6 +42,11 @@ fn tenant_manager() -> &'static ManagerProcess {
 
 async fn start_manager() -> Result<ManagerProcess, String> {
     install_tenant_manifests().await;
+    // HostedClusters exist on this management cluster (whoever may create one may name it after a
+    // tenant's namespace).
+    pko_testenv::install_hosted_cluster_crd(env().management())
+        .await
+        .map_err(|e| e.to_string())?;
     let manager = start_replica().await?;
     manager
         .wait_ready(Duration::from_secs(60))
@@ -554,4 +559,79 @@ async fn the_manager_streams_its_initial_lists_where_the_apiserver_serves_them()
         u64::from(enabled),
         "WatchList enabled on the apiserver: {enabled}"
     );
+}
+
+/// Whoever may create a HostedCluster names it so that its HCP namespace (`<namespace>-<name>`) is a
+/// tenant's namespace (issue 63, item 7): owners in an HCP namespace act as the manager, so the tenant
+/// would get the manager's rights. Only a namespace HyperShift labelled is an HCP namespace.
+#[tokio::test]
+async fn a_hosted_cluster_named_after_a_tenant_namespace_does_not_make_it_a_control_plane() {
+    use k8s_openapi::api::core::v1::Namespace;
+    use kube::api::{Patch, PatchParams};
+    use pko_proto::hypershift::{HostedCluster, CONTROL_PLANE_NAMESPACE_LABEL};
+    let _measuring = MEASURING.read().await;
+    let (admin, tenant, ns) = tenant("spoof").await;
+    let (cluster_namespace, cluster_name) = ns.rsplit_once('-').unwrap();
+    let namespaces: Api<Namespace> = Api::all(admin.clone());
+    let _ = namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": cluster_namespace}})).unwrap(),
+        )
+        .await;
+    let cluster: HostedCluster = serde_json::from_value(json!({
+        "apiVersion": "hypershift.openshift.io/v1beta1", "kind": "HostedCluster",
+        "metadata": {"name": cluster_name, "namespace": cluster_namespace},
+        "spec": {"release": {"image": "simulated"}},
+    }))
+    .unwrap();
+    Api::<HostedCluster>::namespaced(admin.clone(), cluster_namespace)
+        .create(&PostParams::default(), &cluster)
+        .await
+        .unwrap();
+    let label = |value: Option<&str>| json!({"metadata": {"labels": {CONTROL_PLANE_NAMESPACE_LABEL: value}}});
+    let service = |name: &str| {
+        object(
+            "v1",
+            "Service",
+            name,
+            json!({"spec": {"ports": [{"port": 80, "protocol": "TCP"}]}}),
+        )
+    };
+    let services: Api<Service> = Api::namespaced(admin.clone(), &ns);
+    // Labelled as HyperShift labels the namespaces it makes: owners there act as the manager, which may
+    // write Services (the deployer may not). This also shows the manager knows the HostedCluster.
+    namespaces
+        .patch(
+            &ns,
+            &PatchParams::default(),
+            &Patch::Merge(&label(Some("true"))),
+        )
+        .await
+        .unwrap();
+    create_set(
+        &tenant,
+        &ns,
+        &object_set("as-hcp", &[("p", vec![service("as-hcp")])], json!({})),
+    )
+    .await;
+    wait_condition(&tenant, &ns, "as-hcp", "Available", "True", None).await;
+    assert!(services.get_opt("as-hcp").await.unwrap().is_some());
+    // Without HyperShift's label the HostedCluster's name alone does not make it one: the deployer acts.
+    namespaces
+        .patch(&ns, &PatchParams::default(), &Patch::Merge(&label(None)))
+        .await
+        .unwrap();
+    create_set(
+        &tenant,
+        &ns,
+        &object_set("spoofed", &[("p", vec![service("spoofed")])], json!({})),
+    )
+    .await;
+    let message = refused(&tenant, &ns, "spoofed").await;
+    assert!(
+        message.contains(&format!("system:serviceaccount:{ns}:{DEPLOYER}")),
+        "{message}"
+    );
+    assert!(services.get_opt("spoofed").await.unwrap().is_none());
 }
