@@ -28,7 +28,8 @@ pub enum DeliveryResult {
     Retried,
     /// The sink refused the event itself; the next one goes.
     Refused,
-    /// Not sent: a kind the sink does not want, or an id it already got.
+    /// Not sent: a kind the sink does not want, another object's event of the same name, or an id it
+    /// already got.
     Skipped,
     /// The stream held something that is not a rollout event; acknowledged and dropped.
     Malformed,

@@ -271,7 +271,7 @@ async fn deliver(
         return Handled::Done;
     };
     let id = event.message_id();
-    if !task.sink.wants(event.kind) || delivered.contains(&id) {
+    if !task.sink.wants(event.kind) || !task.scope.carries(&event.uid) || delivered.contains(&id) {
         metrics.delivery(&task.label, DeliveryResult::Skipped);
         return Handled::Done;
     }

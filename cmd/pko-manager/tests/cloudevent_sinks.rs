@@ -418,6 +418,53 @@ async fn sinks_get_every_event_once_and_in_order_across_an_outage_and_a_restart(
     assert_eq!(other.requests(), 0, "the thief's receiver got a request");
     api.delete(&thief, &Default::default()).await.unwrap();
     api.delete(&plain, &Default::default()).await.unwrap();
+    // A new object of the thief's name (issue 63, item 10): its sink starts at the oldest event of that
+    // name in the stream, and gets only its own object's.
+    wait_until("the thief gone", TIMEOUT, || async {
+        match api.get_opt(&thief).await.map_err(|e| e.to_string())? {
+            None => Ok(()),
+            Some(_) => Err("still there".to_owned()),
+        }
+    })
+    .await
+    .unwrap();
+    let mut reborn = hcpkg(
+        &thief,
+        &ns,
+        &images[0],
+        json!({"rollingUpgrade": {"maxUnavailable": 1}}),
+        None,
+    );
+    reborn.spec.rollout_policy = Some(
+        serde_json::from_value(
+            json!({"notifications": [{"url": format!("http://127.0.0.1:{port}/reborn")}]}),
+        )
+        .unwrap(),
+    );
+    let reborn = api.create(&PostParams::default(), &reborn).await.unwrap();
+    let reborn_uid = reborn.metadata.uid.clone().unwrap();
+    wait_until("the new object's rollout at its sink", TIMEOUT, || async {
+        let got = receiver.at("/reborn");
+        if got
+            .iter()
+            .any(|r| carried(r).kind == RolloutEventKind::RolloutFinished)
+        {
+            Ok(got)
+        } else {
+            Err(format!("{} events", got.len()))
+        }
+    })
+    .await
+    .unwrap();
+    for r in receiver.at("/reborn") {
+        assert_eq!(
+            carried(&r).uid,
+            reborn_uid,
+            "the new object's sink got its predecessor's event {:?}",
+            carried(&r)
+        );
+    }
+    api.delete(&thief, &Default::default()).await.unwrap();
 
     wait_until(
         "the sink at 127.0.0.2 refused for its address",

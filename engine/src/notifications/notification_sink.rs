@@ -43,6 +43,16 @@ impl SinkScope {
         }
     }
 
+    /// Whether an event of the HostedClusterPackage with `uid` is this scope's. The stream's subjects
+    /// name objects by name only, so a new object of an old name finds its predecessor's events there;
+    /// they are not its to send.
+    pub fn carries(&self, uid: &str) -> bool {
+        match self {
+            SinkScope::Manager => true,
+            SinkScope::HostedClusterPackage { uid: own, .. } => own == uid,
+        }
+    }
+
     /// How metrics and logs name a sink of this scope (`index`: its place in the list).
     pub fn label(&self, index: usize) -> String {
         match self {
@@ -241,6 +251,17 @@ mod tests {
             notification_sinks(Some(&twice)).unwrap_err(),
             "spec.rolloutPolicy.notifications[1].url: \"https://a.example/x\" is listed twice"
         );
+    }
+
+    #[test]
+    fn a_scope_carries_only_its_own_objects_events() {
+        let scope = SinkScope::HostedClusterPackage {
+            name: "addon".into(),
+            uid: "new".into(),
+        };
+        assert!(scope.carries("new"));
+        assert!(!scope.carries("old"), "the predecessor of the same name");
+        assert!(SinkScope::Manager.carries("old"));
     }
 
     #[test]
