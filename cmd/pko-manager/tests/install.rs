@@ -768,6 +768,92 @@ async fn the_sharded_installs_statefulset_is_accepted_by_the_apiserver() {
     );
 }
 
+/// With deploy/manager-admission applied (Kubernetes 1.30+), the manager's own token cannot make a
+/// ServiceAccount token Secret, although its RBAC creates Secrets anywhere and reads those named
+/// pko-connector-nats (issue 63, item 11). On an older apiserver (the floor) the policies are not served.
+#[tokio::test]
+async fn the_manager_cannot_mint_a_token_for_another_service_account() {
+    install_manifests().await;
+    let admin = env().management().client().await.unwrap();
+    let served = admin
+        .list_api_group_resources("admissionregistration.k8s.io/v1")
+        .await
+        .is_ok_and(|l| {
+            l.resources
+                .iter()
+                .any(|r| r.name == "validatingadmissionpolicies")
+        });
+    if !served {
+        println!("ValidatingAdmissionPolicy not served here (before 1.30): nothing to check");
+        return;
+    }
+    let out = run_with_input(
+        Command::new(pko_testenv::kubectl())
+            .arg("--kubeconfig")
+            .arg(env().management().kubeconfig_path())
+            .args(["apply", "--server-side", "-f", "-"]),
+        &kustomize("manager-admission").join("\n---\n"),
+    )
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let manager = kube::Client::try_from(
+        kube::Config::from_custom_kubeconfig(
+            kube::config::Kubeconfig::read_from(
+                env()
+                    .management()
+                    .service_account_kubeconfig("package-operator-system", "pko-manager")
+                    .await
+                    .unwrap(),
+            )
+            .unwrap(),
+            &Default::default(),
+        )
+        .await
+        .unwrap(),
+    )
+    .unwrap();
+    let ns = env().management().create_namespace("mint").await.unwrap();
+    let token: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "pko-connector-nats",
+            "annotations": {"kubernetes.io/service-account.name": "default"}},
+        "type": "kubernetes.io/service-account-token",
+    }))
+    .unwrap();
+    let secrets: Api<Secret> = Api::namespaced(manager, &ns);
+    // The policy takes effect once the apiserver has loaded it: dry runs until it refuses.
+    let dry_run = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let refused = pko_testenv::wait_until("the token Secret refused", TIMEOUT, || async {
+        match secrets.create(&dry_run, &token).await {
+            Err(kube::Error::Api(e)) if e.message.contains("pko-manager-no-token-secrets") => {
+                Ok(e.message)
+            }
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await
+    .unwrap();
+    assert!(
+        refused.contains("makes no ServiceAccount token Secrets"),
+        "{refused}"
+    );
+    // The Secret it does make, a plain one of that name, is still taken.
+    let plain: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "pko-connector-nats"}, "stringData": {"creds": "x"},
+    }))
+    .unwrap();
+    secrets
+        .create(&PostParams::default(), &plain)
+        .await
+        .unwrap();
+}
+
 /// The tenants install grants impersonation of ServiceAccounts, and only it runs the manager with
 /// --default-service-account: the plain install's manager impersonates nobody (issue 63, item 6).
 #[test]
