@@ -9,18 +9,17 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use kube::api::{ListParams, PostParams};
 use kube::Api;
 use pko_proto::core::hosted_cluster_package::HostedClusterPackage;
 use pko_proto::core::object_set::ObjectSet;
-use pko_proto::well_known::{SHARD_OWNER_LABEL, SHARD_SUCCESSORS_ANNOTATION};
+use pko_proto::well_known::SHARD_OWNER_LABEL;
 use pko_testenv::wait_until;
 
 use common::rollout::{all_available, fleet, hcpkg, wait_status};
-use common::shard_group::{namespaces_with_a_set, shard_group, wait_coordinating};
+use common::shard_group::{namespaces_with_a_set, recorded_takeovers, shard_group, start_replicas};
 use common::*;
 
 const LEASE_SECONDS: u64 = 6;
@@ -30,23 +29,7 @@ async fn a_coordinator_behind_and_a_member_ahead_keep_every_member() {
     let env = env();
     let client = env.management().client().await.unwrap();
     let (leases, args) = shard_group("shard-clocks", LEASE_SECONDS).await;
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let binary = Path::new(env!("CARGO_BIN_EXE_pko-manager"));
-    let mut replicas = Vec::new();
-    for offset in [Some("-30s"), None, Some("+30s")] {
-        let launch = pko_testenv::ManagerLaunch {
-            clock_offset: offset,
-            ..Default::default()
-        };
-        replicas.push(
-            env.start_manager_with(binary, &launch, &args)
-                .await
-                .unwrap(),
-        );
-        if replicas.len() == 1 {
-            wait_coordinating(&leases, &replicas[0]).await;
-        }
-    }
+    let replicas = start_replicas(&leases, &args, &[Some("-30s"), None, Some("+30s")]).await;
     let namespaces = namespaces_with_a_set("clocks", "shared", 9).await;
     for ns in &namespaces {
         wait_condition(&client, ns, "shared", "Available", "True", None).await;
@@ -104,20 +87,7 @@ async fn a_coordinator_behind_and_a_member_ahead_keep_every_member() {
             .metric("pko_shard_takeover_seconds_count")
             .await
             .unwrap();
-        let recorded: Vec<String> = leases
-            .list(&Default::default())
-            .await
-            .unwrap()
-            .items
-            .into_iter()
-            .filter(|l| {
-                l.metadata
-                    .annotations
-                    .as_ref()
-                    .is_some_and(|a| a.contains_key(SHARD_SUCCESSORS_ANNOTATION))
-            })
-            .filter_map(|l| l.metadata.name)
-            .collect();
+        let recorded = recorded_takeovers(&leases).await;
         assert!(
             takeovers == 0 && recorded.is_empty(),
             "after {:?}: {takeovers} take-overs timed, recorded on {recorded:?}\ncoordinator log:\n{}",

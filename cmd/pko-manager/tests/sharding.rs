@@ -16,14 +16,15 @@ use kube::Api;
 use pko_proto::core::hosted_cluster_package::HostedClusterPackage;
 use pko_proto::core::object_set::ObjectSet;
 use pko_proto::core::package::Package;
+use pko_proto::well_known::SHARD_MEMBER_LABEL;
 use pko_proto::well_known::{HOSTED_CLUSTER_PACKAGE_LABEL, SHARD_OWNER_LABEL};
-use pko_proto::well_known::{SHARD_MEMBER_LABEL, SHARD_SUCCESSORS_ANNOTATION};
 use pko_testenv::{wait_until, SHARD_COORDINATOR_LEASE};
 use serde_json::json;
 
 use common::rollout::{all_available, condition, fleet, hcpkg, wait_status, RolloutObserver};
 use common::shard_group::{
-    a_new_set_becomes_available, namespaces_with_a_set, shard_group, wait_coordinating,
+    a_new_set_becomes_available, namespaces_with_a_set, recorded_takeovers, shard_group,
+    start_replicas,
 };
 use common::*;
 
@@ -56,26 +57,13 @@ async fn owners(client: &kube::Client, namespaces: &[String]) -> BTreeMap<String
 async fn replicas_share_namespaces_and_take_over_a_killed_one() {
     let env = env();
     let client = env.management().client().await.unwrap();
-    let (leases, args) = shard_group("shard-leases", LEASE_SECONDS).await;
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (leases, owned_args) = shard_group("shard-leases", LEASE_SECONDS).await;
+    let args: Vec<&str> = owned_args.iter().map(String::as_str).collect();
     let binary = Path::new(env!("CARGO_BIN_EXE_pko-manager"));
     // Clocks apart (issue 39, item 1): the coordinator's runs 30 s ahead, another replica's 30 s behind.
     // Leases are timed from when each was seen renewed, so every replica stays a member.
-    let mut replicas: Vec<pko_testenv::ManagerProcess> = Vec::new();
-    for offset in [Some("+30s"), None, Some("-30s")] {
-        let launch = pko_testenv::ManagerLaunch {
-            clock_offset: offset,
-            ..Default::default()
-        };
-        replicas.push(
-            env.start_manager_with(binary, &launch, &args)
-                .await
-                .unwrap(),
-        );
-        if replicas.len() == 1 {
-            wait_coordinating(&leases, &replicas[0]).await;
-        }
-    }
+    let mut replicas =
+        start_replicas(&leases, &owned_args, &[Some("+30s"), None, Some("-30s")]).await;
     let namespaces = namespaces_with_a_set("shard", "shared", 12).await;
     for ns in &namespaces {
         wait_condition(&client, ns, "shared", "Available", "True", None).await;
@@ -99,20 +87,7 @@ async fn replicas_share_namespaces_and_take_over_a_killed_one() {
         Ok(0),
         "a take-over while every replica lives"
     );
-    let recorded: Vec<String> = leases
-        .list(&Default::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|l| {
-            l.metadata
-                .annotations
-                .as_ref()
-                .is_some_and(|a| a.contains_key(SHARD_SUCCESSORS_ANNOTATION))
-        })
-        .filter_map(|l| l.metadata.name)
-        .collect();
+    let recorded = recorded_takeovers(&leases).await;
     assert!(recorded.is_empty(), "take-overs recorded: {recorded:?}");
 
     // A replica other than the coordinator (the Lease holder) is killed: its namespaces move after its

@@ -18,6 +18,51 @@ pub async fn shard_group(prefix: &str, lease_seconds: u64) -> (Api<Lease>, Vec<S
     (Api::namespaced(client, &lease_ns), args)
 }
 
+/// Replicas with `args`, one per clock offset (libfaketime), the first the coordinator.
+pub async fn start_replicas(
+    leases: &Api<Lease>,
+    args: &[String],
+    offsets: &[Option<&'static str>],
+) -> Vec<ManagerProcess> {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let binary = std::path::Path::new(env!("CARGO_BIN_EXE_pko-manager"));
+    let mut replicas = Vec::new();
+    for offset in offsets {
+        let launch = pko_testenv::ManagerLaunch {
+            clock_offset: *offset,
+            ..Default::default()
+        };
+        replicas.push(
+            env()
+                .start_manager_with(binary, &launch, &args)
+                .await
+                .unwrap(),
+        );
+        if replicas.len() == 1 {
+            wait_coordinating(leases, &replicas[0]).await;
+        }
+    }
+    replicas
+}
+
+/// The member Leases carrying a take-over record.
+pub async fn recorded_takeovers(leases: &Api<Lease>) -> Vec<String> {
+    leases
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|l| {
+            l.metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key(pko_proto::well_known::SHARD_SUCCESSORS_ANNOTATION))
+        })
+        .filter_map(|l| l.metadata.name)
+        .collect()
+}
+
 /// Waits until `replica` holds the coordinator's Lease.
 pub async fn wait_coordinating(leases: &Api<Lease>, replica: &ManagerProcess) {
     let pid = format!("-{}", replica.pid().unwrap());
