@@ -37,7 +37,7 @@ impl Resolve for SinkResolver {
                 tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
             let (allowed, refused) = judge(&policy, &host, resolved);
             match refused {
-                Some(refused) if allowed.is_empty() => Err(Box::new(refused).into()),
+                Some(refused) if allowed.is_empty() => Err(refused.into()),
                 _ => Ok(Box::new(allowed.into_iter()) as Addrs),
             }
         })
@@ -133,6 +133,25 @@ mod tests {
             .unwrap()
             .collect();
         assert!(addresses.iter().all(|a| a.ip().is_loopback()) && !addresses.is_empty());
+    }
+
+    /// Through the sinks' own client: the refusal is what the request fails with, found in its sources.
+    #[tokio::test]
+    async fn the_sinks_client_fails_a_request_to_a_refused_name_with_the_refusal() {
+        let client = crate::notifications::sink_delivery::sink_http_client(Arc::new(
+            SinkAddressPolicy::default(),
+        ))
+        .unwrap();
+        let error = client
+            .post("http://localhost:9/never")
+            .send()
+            .await
+            .unwrap_err();
+        let refused = address_refusal(&error).unwrap_or_else(|| panic!("{error:?}"));
+        assert_eq!(
+            (refused.host.as_str(), refused.reason),
+            ("localhost", "loopback")
+        );
     }
 
     #[test]
