@@ -24,7 +24,7 @@ use pko_actors::metrics::exposition::{
 use pko_actors::metrics::listener_metrics::ListenerRefusal;
 use pko_actors::metrics::manager_metrics::ManagerMetrics;
 use pko_actors::runtime::feed_sync::FeedSync;
-use tokio::net::TcpListener;
+use tokio::net::TcpSocket;
 use tokio::sync::{Notify, Semaphore};
 use tracing::{debug, warn};
 
@@ -44,6 +44,10 @@ const READ_BUFFER: usize = 8 * 1024;
 /// [`METRICS_WAIT`], then get 503.
 const METRICS_RENDERS: usize = 2;
 const METRICS_WAIT: Duration = Duration::from_secs(10);
+/// The kernel's queue of connections not accepted yet (capped by `net.core.somaxconn`): a burst of
+/// connects beyond it has SYNs dropped, and a probe caught in the drop waits a second for its
+/// retransmission.
+const LISTEN_BACKLOG: u32 = 4096;
 /// After a failed accept (out of file descriptors), a pause before the next, rather than a spin.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
@@ -301,7 +305,14 @@ impl Drop for ConnectionSlot {
 
 /// Binds the listener; serving runs in the background until the process ends.
 pub async fn serve(addr: SocketAddr, state: HealthState) -> std::io::Result<SocketAddr> {
-    let listener = TcpListener::bind(addr).await?;
+    let socket = match addr {
+        SocketAddr::V4(_) => TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => TcpSocket::new_v6()?,
+    };
+    // As TcpListener::bind does: a restarted manager binds at once.
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    let listener = socket.listen(LISTEN_BACKLOG)?;
     let bound = listener.local_addr()?;
     let slots = ConnectionSlots::new(MAX_CONNECTIONS, MAX_CONNECTIONS_PER_PEER);
     tokio::spawn(async move {
