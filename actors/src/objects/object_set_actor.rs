@@ -148,6 +148,12 @@ impl ObjectSetActor {
             return;
         }
         self.state.finalizer_write_pending = true;
+        if !present {
+            // Torn down (or orphaned): nothing of this set is kept from here on, before the set can be
+            // gone. Its owners above it go only after it, so once they are gone its cache entries and
+            // their metrics are too.
+            self.context.cache.remove_route(set.uid());
+        }
         let client = self.context.runtime.client.clone();
         let write = async move { set.set_finalizer(client, TEARDOWN_FINALIZER, present).await };
         self.spawn_write(
