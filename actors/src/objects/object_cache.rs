@@ -152,6 +152,14 @@ impl ObjectCache {
     /// watch delivered meanwhile, and the owner would probe the stale state and, the watch having nothing
     /// more to say, never look again.
     pub fn record(&self, key: &ObjectKey, object: Value, sent: WatchMark) {
+        // Not for a controller that is not running here, as the watch's deliveries are not: an answer
+        // arriving after its owner let go (a teardown's last request) would be held, and counted, for
+        // nobody.
+        let unrouted =
+            controller_of(&object).is_some_and(|(uid, _, _)| !self.routes.contains_key(&uid));
+        if unrouted {
+            return;
+        }
         // Our own apply may take an object over: the revision it left must hear of it.
         let former = self.hold(key, object, Source::Answer(sent));
         self.tell(key, former);
@@ -625,6 +633,10 @@ mod tests {
         assert_eq!(cache.deleted.len(), 1);
         cache.remove_route("set");
         assert!(cache.deleted.is_empty());
+        // An answer arriving after the owner let go is held for nobody.
+        let late = serde_json::to_value(state("late", false)).unwrap();
+        cache.record(&key, late, cache.mark());
+        assert!(cache.get(&key).is_none(), "held after its owner let go");
     }
 
     #[tokio::test]
