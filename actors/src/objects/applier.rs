@@ -71,6 +71,11 @@ impl ApplyError {
         }
     }
 
+    /// True when the object is not there (404).
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, ApplyError::Api { source, .. } if matches!(source.as_ref(), kube::Error::Api(s) if s.code == 404))
+    }
+
     /// True for conflicts and failed preconditions: the object changed under us; re-read and retry.
     pub fn is_conflict(&self) -> bool {
         matches!(self, ApplyError::Api { source, .. } if matches!(source.as_ref(), kube::Error::Api(s) if s.code == 409))

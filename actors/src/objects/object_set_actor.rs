@@ -90,6 +90,10 @@ pub struct ObjectSetController {
     applier: Option<Applier>,
     /// Being orphaned: the objects the plan had, whose reference to this set is taken off.
     orphaned: Option<Vec<ObjectKey>>,
+    /// A pass taking this set's reference off the `orphaned` objects is running (or waits to retry).
+    releasing: bool,
+    /// The set changed while a pass ran: another follows it.
+    release_again: bool,
 }
 
 impl ObjectSetController {
@@ -132,10 +136,13 @@ impl ObjectSetActor {
 
     /// Being deleted with `propagationPolicy: Orphan`: the apiserver adds the `orphan` finalizer with the
     /// deletion timestamp, and the garbage collector takes this set's references off its objects (its
-    /// phases, for a delegated set), which stay. Nothing is torn down.
+    /// phases, for a delegated set), which stay. Nothing is torn down. The collector drops the `orphan`
+    /// finalizer once done, while this set still lets go of its objects: once seen, the orphaning
+    /// holds for the rest of the deletion, or the set's next plan would tear down what it orphans.
     fn orphaning(&self) -> bool {
         self.object.as_ref().is_some_and(|s| {
-            s.meta.deletion_timestamp.is_some() && s.has_finalizer(ORPHAN_FINALIZER)
+            s.meta.deletion_timestamp.is_some()
+                && (s.has_finalizer(ORPHAN_FINALIZER) || self.state.orphaned.is_some())
         })
     }
 

@@ -10,7 +10,7 @@
 mod common;
 
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::DeleteParams;
+use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::Api;
 use pko_proto::core::object_set::ObjectSet;
 use pko_testenv::wait_until;
@@ -32,13 +32,33 @@ fn signal_controller_manager(signal: &str) {
     assert!(status.success(), "kill {signal} {pid}");
 }
 
-/// Lets the controller-manager run again however the test ends.
-struct Stopped;
+/// One test at a time has the controller-manager stopped: another's `-CONT` would let the collector
+/// act in the middle of its steps.
+static CONTROLLER_MANAGER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The controller-manager stopped; it runs again however the test ends.
+struct Stopped(#[allow(dead_code)] tokio::sync::MutexGuard<'static, ()>);
+
+impl Stopped {
+    async fn controller_manager() -> Self {
+        let held = CONTROLLER_MANAGER.lock().await;
+        signal_controller_manager("-STOP");
+        Stopped(held)
+    }
+}
 
 impl Drop for Stopped {
     fn drop(&mut self) {
         signal_controller_manager("-CONT");
     }
+}
+
+/// The finalizers of set `name`, sorted.
+async fn finalizers(sets: &Api<ObjectSet>, name: &str) -> Result<Vec<String>, String> {
+    let set = sets.get(name).await.map_err(|e| e.to_string())?;
+    let mut finalizers = set.metadata.finalizers.unwrap_or_default();
+    finalizers.sort();
+    Ok(finalizers)
 }
 
 #[tokio::test]
@@ -55,21 +75,14 @@ async fn an_orphaned_set_takes_its_reference_off_before_it_goes() {
     let configmaps = Api::<ConfigMap>::namespaced(client.clone(), &ns);
     let kept_uid = configmaps.get("kept").await.unwrap().metadata.uid.unwrap();
 
-    signal_controller_manager("-STOP");
-    let stopped = Stopped;
+    let stopped = Stopped::controller_manager().await;
     let sets = Api::<ObjectSet>::namespaced(client.clone(), &ns);
     sets.delete("orphaned", &DeleteParams::orphan())
         .await
         .unwrap();
     // pko drops its teardown finalizer; the collector's `orphan` one stays while it is stopped.
     wait_until("pko let the orphaned set go", TIMEOUT, || async {
-        let finalizers = sets
-            .get("orphaned")
-            .await
-            .map_err(|e| e.to_string())?
-            .metadata
-            .finalizers
-            .unwrap_or_default();
+        let finalizers = finalizers(&sets, "orphaned").await?;
         if finalizers == ["orphan"] {
             Ok(())
         } else {
@@ -91,6 +104,99 @@ async fn an_orphaned_set_takes_its_reference_off_before_it_goes() {
     );
 
     drop(stopped);
+    wait_gone(&sets, "orphaned").await;
+    let kept = configmaps.get("kept").await.unwrap();
+    assert_eq!(
+        kept.metadata.uid.unwrap(),
+        kept_uid,
+        "the very object stays"
+    );
+}
+
+/// The collector drops its `orphan` finalizer once it took the references off, which can be before pko
+/// let go (chaos seed 839 again: an apply wrote the reference back, the collector finished, and the plan
+/// that followed tore the ConfigMap down as the set's). Here the test plays the late apply and the
+/// collector, with the controller-manager stopped; another finalizer keeps the set. The set must stay
+/// orphaning: take the reference off again and delete nothing.
+#[tokio::test]
+async fn an_orphaning_set_stays_one_after_the_collector_is_done() {
+    const HOLD: &str = "example.com/hold";
+    let (client, ns) = setup("orphaning-done").await;
+    let mut set = object_set(
+        "orphaned",
+        &[("p", vec![configmap("kept", json!({"kept": "yes"}))])],
+        json!({}),
+    );
+    set.metadata.finalizers = Some(vec![HOLD.to_owned()]);
+    let set = create_set(&client, &ns, &set).await;
+    let uid = set.metadata.uid.clone().unwrap();
+    wait_condition(&client, &ns, "orphaned", "Available", "True", None).await;
+    let configmaps = Api::<ConfigMap>::namespaced(client.clone(), &ns);
+    let kept_uid = configmaps.get("kept").await.unwrap().metadata.uid.unwrap();
+
+    let stopped = Stopped::controller_manager().await;
+    let sets = Api::<ObjectSet>::namespaced(client.clone(), &ns);
+    sets.delete("orphaned", &DeleteParams::orphan())
+        .await
+        .unwrap();
+    wait_until("pko let the orphaned set go", TIMEOUT, || async {
+        let finalizers = finalizers(&sets, "orphaned").await?;
+        if finalizers == [HOLD, "orphan"] {
+            Ok(())
+        } else {
+            Err(format!("finalizers {finalizers:?}"))
+        }
+    })
+    .await
+    .unwrap();
+
+    // A late apply writes the set's reference back; then the collector, done, drops its finalizer.
+    let reference = json!({"apiVersion": "package-operator.run/v1alpha1", "kind": "ObjectSet",
+        "name": "orphaned", "uid": uid, "controller": true, "blockOwnerDeletion": true});
+    configmaps
+        .patch(
+            "kept",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"ownerReferences": [reference]}})),
+        )
+        .await
+        .unwrap();
+    sets.patch(
+        "orphaned",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": [HOLD]}})),
+    )
+    .await
+    .unwrap();
+
+    wait_until(
+        "the written-back reference taken off again",
+        TIMEOUT,
+        || async {
+            let kept = configmaps
+                .get_opt("kept")
+                .await
+                .map_err(|e| e.to_string())?
+                .ok_or("the orphaned ConfigMap is gone")?;
+            let refs = kept.metadata.owner_references.unwrap_or_default();
+            if refs.iter().any(|r| r.uid == uid) {
+                return Err(format!("still names the set: {refs:?}"));
+            }
+            Ok(kept.metadata.uid)
+        },
+    )
+    .await
+    .map(|kept| assert_eq!(kept.as_deref(), Some(kept_uid.as_str()), "the very object"))
+    .unwrap();
+
+    drop(stopped);
+    sets.patch(
+        "orphaned",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .unwrap();
     wait_gone(&sets, "orphaned").await;
     let kept = configmaps.get("kept").await.unwrap();
     assert_eq!(
