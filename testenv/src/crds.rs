@@ -16,8 +16,24 @@ pub async fn install_crds(
     client: &Client,
     crds: &[CustomResourceDefinition],
 ) -> Result<(), TestEnvError> {
+    apply_and_wait(client, crds, "pko-testenv").await
+}
+
+/// pko's own CRDs, applied as the manager applies them: its `--install-crds` then finds them as it
+/// would have left them, and writes none.
+pub(crate) async fn install_pko_crds(client: &Client) -> Result<(), TestEnvError> {
+    let crds = pko_proto::crds::all()
+        .map_err(|e| TestEnvError::SharedStartFailed(format!("pko's CRDs: {e}")))?;
+    apply_and_wait(client, &crds, "pko-manager").await
+}
+
+async fn apply_and_wait(
+    client: &Client,
+    crds: &[CustomResourceDefinition],
+    field_manager: &str,
+) -> Result<(), TestEnvError> {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let params = PatchParams::apply("pko-testenv").force();
+    let params = PatchParams::apply(field_manager).force();
     for crd in crds {
         let name = crd.metadata.name.clone().unwrap_or_default();
         api.patch(&name, &params, &Patch::Apply(crd))

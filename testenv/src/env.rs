@@ -275,6 +275,12 @@ async fn start_in(
 
     let controller_manager = if config.controller_manager {
         let t = Instant::now();
+        // The garbage collector learns of new resources on a 30 s discovery tick. CRDs installed after
+        // it started (the manager's `--install-crds`) can land on both sides of one tick, and until the
+        // next the collector knows ObjectDeployments but not their ObjectSets: a foreground deletion
+        // then finds no dependent to wait for and leaves the sets behind (CI, `object_deployment.rs`).
+        // Installed first, every pko kind is in the collector's first discovery.
+        crate::crds::install_pko_crds(&management.client().await?).await?;
         let process =
             controller_manager::start(binaries, &management, &root.join("management")).await?;
         timings.controller_manager = t.elapsed();
