@@ -53,12 +53,21 @@ impl Drop for Stopped {
     }
 }
 
-/// The finalizers of set `name`, sorted.
-async fn finalizers(sets: &Api<ObjectSet>, name: &str) -> Result<Vec<String>, String> {
-    let set = sets.get(name).await.map_err(|e| e.to_string())?;
-    let mut finalizers = set.metadata.finalizers.unwrap_or_default();
-    finalizers.sort();
-    Ok(finalizers)
+/// Waits until set `name` carries exactly the finalizers `expected` (sorted): pko dropped its teardown
+/// finalizer, and what the test or the stopped collector holds stays.
+async fn wait_finalizers(sets: &Api<ObjectSet>, name: &str, expected: &[&str]) {
+    wait_until("pko let the orphaned set go", TIMEOUT, || async {
+        let set = sets.get(name).await.map_err(|e| e.to_string())?;
+        let mut finalizers = set.metadata.finalizers.unwrap_or_default();
+        finalizers.sort();
+        if finalizers == expected {
+            Ok(())
+        } else {
+            Err(format!("finalizers {finalizers:?}"))
+        }
+    })
+    .await
+    .unwrap();
 }
 
 #[tokio::test]
@@ -81,16 +90,7 @@ async fn an_orphaned_set_takes_its_reference_off_before_it_goes() {
         .await
         .unwrap();
     // pko drops its teardown finalizer; the collector's `orphan` one stays while it is stopped.
-    wait_until("pko let the orphaned set go", TIMEOUT, || async {
-        let finalizers = finalizers(&sets, "orphaned").await?;
-        if finalizers == ["orphan"] {
-            Ok(())
-        } else {
-            Err(format!("finalizers {finalizers:?}"))
-        }
-    })
-    .await
-    .unwrap();
+    wait_finalizers(&sets, "orphaned", &["orphan"]).await;
     let refs = configmaps
         .get("kept")
         .await
@@ -139,16 +139,7 @@ async fn an_orphaning_set_stays_one_after_the_collector_is_done() {
     sets.delete("orphaned", &DeleteParams::orphan())
         .await
         .unwrap();
-    wait_until("pko let the orphaned set go", TIMEOUT, || async {
-        let finalizers = finalizers(&sets, "orphaned").await?;
-        if finalizers == [HOLD, "orphan"] {
-            Ok(())
-        } else {
-            Err(format!("finalizers {finalizers:?}"))
-        }
-    })
-    .await
-    .unwrap();
+    wait_finalizers(&sets, "orphaned", &[HOLD, "orphan"]).await;
 
     // A late apply writes the set's reference back; then the collector, done, drops its finalizer.
     let reference = json!({"apiVersion": "package-operator.run/v1alpha1", "kind": "ObjectSet",
