@@ -11,11 +11,9 @@ use prometheus_client::registry::Registry;
 /// Why the listener refused or cut a connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ListenerRefusal {
-    /// Every connection slot was taken.
-    Connections,
     /// The peer address held its share of the slots.
     Peer,
-    /// A newcomer took the slot of a connection that waited longest for a request head.
+    /// Told to go, to make room for a newcomer, after waiting longest for a request head.
     Displaced,
     /// The connection reached its lifetime.
     Lifetime,
@@ -26,7 +24,6 @@ pub enum ListenerRefusal {
 impl ListenerRefusal {
     fn label(self) -> &'static str {
         match self {
-            Self::Connections => "connections",
             Self::Peer => "peer",
             Self::Displaced => "displaced",
             Self::Lifetime => "lifetime",
@@ -57,7 +54,7 @@ impl ListenerMetrics {
         registry.register(
             "pko_http_connections_refused",
             "Connections the health and metrics listener closed or cut because a bound was reached, by \
-             reason: connections, peer, displaced, lifetime, metrics_busy.",
+             reason: peer, displaced, lifetime, metrics_busy.",
             self.refused.clone(),
         );
     }

@@ -8,11 +8,11 @@
 //! request's head (also the idle limit of a kept-alive connection), a connection's lifetime, the read
 //! buffer, and how many `/metrics` renders run at once. Request bodies are never read.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
@@ -33,6 +33,11 @@ const MAX_CONNECTIONS: usize = 256;
 /// One peer address's share of them: the kubelet's probes, a Prometheus, an SRE's curl each need one or
 /// two; a flood from one pod cannot take the slots the others need.
 const MAX_CONNECTIONS_PER_PEER: usize = 8;
+/// The least a connection has waited for a request head before a newcomer may displace it: a probe's
+/// head is read well within it even on a loaded node, so a burst of connects cannot push out a probe
+/// accepted before its task has read what it sent. It also paces the churn of a flood: at most
+/// [`MAX_CONNECTIONS`] displacements per this time.
+const DISPLACE_AFTER: Duration = Duration::from_millis(50);
 /// To send a request's head; also the most a kept-alive connection idles between requests.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 /// The most one connection lives: a client that keeps asking, or never reads its answer, gives its slot
@@ -190,24 +195,50 @@ impl HealthState {
 }
 
 /// The listener's connection slots: [`MAX_CONNECTIONS`] overall, [`MAX_CONNECTIONS_PER_PEER`] per peer
-/// address. When every slot is taken, a newcomer displaces the connection that has waited longest for a
-/// request head (new, or idle between requests): a flood from many addresses then churns through its own
-/// connections, while a probe, which sends its head at once, gets in.
+/// address. When every slot is taken, a newcomer waits in the accept queue while the connection that has
+/// waited longest for a request head (new, or idle between requests), and at least [`DISPLACE_AFTER`],
+/// is told to go; its slot is the newcomer's once it is gone. A flood from many addresses then churns
+/// through its own connections, while a probe, which sends its head at once, gets in and is answered:
+/// the accept loop never runs ahead of the connections it has admitted.
 struct ConnectionSlots {
     max: usize,
     per_peer: usize,
+    displace_after: Duration,
     taken: Mutex<SlotsTaken>,
+    /// Told when a slot is given back or a connection starts waiting for a head again.
+    changed: Notify,
 }
 
 #[derive(Default)]
 struct SlotsTaken {
-    /// Connections open, displaced ones included until they are gone.
+    /// Connections open, the ones told to go included until they are gone.
     total: usize,
+    /// Of them, told to go and not gone yet.
+    leaving: usize,
     peers: HashMap<IpAddr, usize>,
     next: u64,
-    /// Connections waiting for a request head, by when they began to (their number), with the signal
-    /// that displaces them.
-    waiting: BTreeMap<u64, Arc<Notify>>,
+    connections: HashMap<u64, ConnectionState>,
+    /// Connections waiting for a request head, by since when, then by number.
+    waiting: BTreeSet<(Instant, u64)>,
+}
+
+struct ConnectionState {
+    /// Since when it waits for a request head; `None` while a request is answered.
+    waiting_since: Option<Instant>,
+    /// Told to go, to make room for a newcomer.
+    told: bool,
+    displaced: Arc<Notify>,
+}
+
+/// What a newcomer gets.
+enum Admission {
+    Slot(ConnectionSlot),
+    /// Every slot is taken: wait for one to be given back, or until `retry_at` (when the longest-waiting
+    /// connection may be displaced). `displaced` says whether one was just told to go.
+    Full {
+        displaced: bool,
+        retry_at: Option<Instant>,
+    },
 }
 
 /// A connection's slot, given back when it is dropped.
@@ -220,11 +251,13 @@ struct ConnectionSlot {
 }
 
 impl ConnectionSlots {
-    fn new(max: usize, per_peer: usize) -> Arc<Self> {
+    fn new(max: usize, per_peer: usize, displace_after: Duration) -> Arc<Self> {
         Arc::new(Self {
             max,
             per_peer,
+            displace_after,
             taken: Mutex::new(SlotsTaken::default()),
+            changed: Notify::new(),
         })
     }
 
@@ -234,72 +267,135 @@ impl ConnectionSlots {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// A slot for a connection from `peer`, waiting for its head; `Ok` with whether another connection
-    /// was displaced for it.
-    fn take(self: &Arc<Self>, peer: IpAddr) -> Result<(ConnectionSlot, bool), ListenerRefusal> {
+    /// Admission of a connection from `peer` at `now`; refused at once only when its peer holds its
+    /// share.
+    fn take(self: &Arc<Self>, peer: IpAddr, now: Instant) -> Result<Admission, ListenerRefusal> {
         let peer = peer.to_canonical();
         let mut taken = self.lock();
         if taken.peers.get(&peer).copied().unwrap_or(0) >= self.per_peer {
             return Err(ListenerRefusal::Peer);
         }
-        let mut displaced_one = false;
         if taken.total >= self.max {
-            // Displaced connections count until their tasks end; twice the bound is the most open.
-            if taken.total >= 2 * self.max {
-                return Err(ListenerRefusal::Connections);
+            if taken.leaving > 0 {
+                // A slot is on its way.
+                return Ok(Admission::Full {
+                    displaced: false,
+                    retry_at: None,
+                });
             }
-            match taken.waiting.pop_first() {
-                Some((_, displaced)) => {
-                    displaced.notify_one();
-                    displaced_one = true;
-                }
-                None => return Err(ListenerRefusal::Connections),
+            let Some(&(since, number)) = taken.waiting.first() else {
+                return Ok(Admission::Full {
+                    displaced: false,
+                    retry_at: None,
+                });
+            };
+            let displaceable_at = since + self.displace_after;
+            if displaceable_at > now {
+                return Ok(Admission::Full {
+                    displaced: false,
+                    retry_at: Some(displaceable_at),
+                });
             }
+            taken.waiting.remove(&(since, number));
+            taken.leaving += 1;
+            if let Some(state) = taken.connections.get_mut(&number) {
+                state.waiting_since = None;
+                state.told = true;
+                state.displaced.notify_one();
+            }
+            return Ok(Admission::Full {
+                displaced: true,
+                retry_at: None,
+            });
         }
         *taken.peers.entry(peer).or_default() += 1;
         taken.total += 1;
         let number = taken.next;
         taken.next += 1;
         let displaced = Arc::new(Notify::new());
-        taken.waiting.insert(number, displaced.clone());
-        Ok((
-            ConnectionSlot {
-                slots: self.clone(),
-                peer,
-                number,
-                displaced,
+        taken.waiting.insert((now, number));
+        taken.connections.insert(
+            number,
+            ConnectionState {
+                waiting_since: Some(now),
+                told: false,
+                displaced: displaced.clone(),
             },
-            displaced_one,
-        ))
+        );
+        Ok(Admission::Slot(ConnectionSlot {
+            slots: self.clone(),
+            peer,
+            number,
+            displaced,
+        }))
+    }
+
+    /// Until a slot is given back or a connection waits for a head again, or until `retry_at`.
+    async fn wait_for_change(&self, retry_at: Option<Instant>) {
+        match retry_at {
+            Some(at) => {
+                tokio::select! {
+                    () = self.changed.notified() => {}
+                    () = tokio::time::sleep_until(at.into()) => {}
+                }
+            }
+            None => self.changed.notified().await,
+        }
     }
 }
 
 impl ConnectionSlot {
     /// A request is being answered: not to be displaced.
     fn busy(&self) {
-        self.slots.lock().waiting.remove(&self.number);
+        let mut taken = self.slots.lock();
+        let since = taken
+            .connections
+            .get_mut(&self.number)
+            .and_then(|state| state.waiting_since.take());
+        if let Some(since) = since {
+            taken.waiting.remove(&(since, self.number));
+        }
     }
 
-    /// Answered; waiting for the next head again (displaceable, as the longest idle goes first).
+    /// Answered; waiting for the next head again (displaceable, as the longest waiting goes first).
     fn idle(&self) {
-        self.slots
-            .lock()
-            .waiting
-            .insert(self.number, self.displaced.clone());
+        let now = Instant::now();
+        {
+            let mut taken = self.slots.lock();
+            let Some(state) = taken.connections.get_mut(&self.number) else {
+                return;
+            };
+            if state.told {
+                return;
+            }
+            state.waiting_since = Some(now);
+            taken.waiting.insert((now, self.number));
+        }
+        self.slots.changed.notify_one();
     }
 }
 
 impl Drop for ConnectionSlot {
     fn drop(&mut self) {
-        let mut taken = self.slots.lock();
-        taken.waiting.remove(&self.number);
-        taken.total = taken.total.saturating_sub(1);
-        if let Some(held) = taken.peers.get_mut(&self.peer) {
-            *held = held.saturating_sub(1);
-            if *held == 0 {
-                taken.peers.remove(&self.peer);
+        {
+            let mut taken = self.slots.lock();
+            if let Some(state) = taken.connections.remove(&self.number) {
+                if let Some(since) = state.waiting_since {
+                    taken.waiting.remove(&(since, self.number));
+                }
+                if state.told {
+                    taken.leaving = taken.leaving.saturating_sub(1);
+                }
+            }
+            taken.total = taken.total.saturating_sub(1);
+            if let Some(held) = taken.peers.get_mut(&self.peer) {
+                *held = held.saturating_sub(1);
+                if *held == 0 {
+                    taken.peers.remove(&self.peer);
+                }
             }
         }
+        self.slots.changed.notify_one();
     }
 }
 
@@ -314,7 +410,7 @@ pub async fn serve(addr: SocketAddr, state: HealthState) -> std::io::Result<Sock
     socket.bind(addr)?;
     let listener = socket.listen(LISTEN_BACKLOG)?;
     let bound = listener.local_addr()?;
-    let slots = ConnectionSlots::new(MAX_CONNECTIONS, MAX_CONNECTIONS_PER_PEER);
+    let slots = ConnectionSlots::new(MAX_CONNECTIONS, MAX_CONNECTIONS_PER_PEER, DISPLACE_AFTER);
     tokio::spawn(async move {
         loop {
             let (stream, peer) = match listener.accept().await {
@@ -325,19 +421,29 @@ pub async fn serve(addr: SocketAddr, state: HealthState) -> std::io::Result<Sock
                     continue;
                 }
             };
-            let slot = match slots.take(peer.ip()) {
-                Ok((slot, displaced)) => {
-                    if displaced {
-                        state.metrics.listener.refused(ListenerRefusal::Displaced);
+            let slot = loop {
+                match slots.take(peer.ip(), Instant::now()) {
+                    Ok(Admission::Slot(slot)) => break Some(slot),
+                    Ok(Admission::Full {
+                        displaced,
+                        retry_at,
+                    }) => {
+                        if displaced {
+                            state.metrics.listener.refused(ListenerRefusal::Displaced);
+                        }
+                        // The newcomers behind this one wait in the kernel's backlog meanwhile.
+                        slots.wait_for_change(retry_at).await;
                     }
-                    slot
+                    Err(refusal) => {
+                        state.metrics.listener.refused(refusal);
+                        break None;
+                    }
                 }
-                Err(refusal) => {
-                    // Closed at once: the kernel's backlog keeps moving for everyone else.
-                    state.metrics.listener.refused(refusal);
-                    drop(stream);
-                    continue;
-                }
+            };
+            // Refused: closed at once, the backlog keeps moving for everyone else.
+            let Some(slot) = slot else {
+                drop(stream);
+                continue;
             };
             tokio::spawn(serve_connection(stream, slot, state.clone()));
         }
@@ -392,53 +498,81 @@ mod tests {
         text.parse().unwrap()
     }
 
+    const GRACE: Duration = Duration::from_millis(100);
+
+    fn slot(admission: Result<Admission, ListenerRefusal>) -> ConnectionSlot {
+        match admission {
+            Ok(Admission::Slot(slot)) => slot,
+            Ok(Admission::Full { .. }) => panic!("no slot: full"),
+            Err(refusal) => panic!("no slot: {refusal:?}"),
+        }
+    }
+
+    fn full(admission: Result<Admission, ListenerRefusal>) -> (bool, Option<Instant>) {
+        match admission {
+            Ok(Admission::Full {
+                displaced,
+                retry_at,
+            }) => (displaced, retry_at),
+            Ok(Admission::Slot(_)) => panic!("admitted, not full"),
+            Err(refusal) => panic!("refused: {refusal:?}"),
+        }
+    }
+
     #[test]
     fn a_peer_holds_only_its_share_and_slots_come_back() {
-        let slots = ConnectionSlots::new(3, 2);
-        let (first, _) = slots.take(ip("10.0.0.9")).unwrap();
-        let _second = slots.take(ip("10.0.0.9")).unwrap();
+        let slots = ConnectionSlots::new(3, 2, GRACE);
+        let now = Instant::now();
+        let first = slot(slots.take(ip("10.0.0.9"), now));
+        let _second = slot(slots.take(ip("10.0.0.9"), now));
         assert_eq!(
-            slots.take(ip("10.0.0.9")).err(),
+            slots.take(ip("10.0.0.9"), now).err(),
             Some(ListenerRefusal::Peer)
         );
         // The same peer as an IPv4-mapped IPv6 address is the same peer.
         assert_eq!(
-            slots.take(ip("::ffff:10.0.0.9")).err(),
+            slots.take(ip("::ffff:10.0.0.9"), now).err(),
             Some(ListenerRefusal::Peer)
         );
         drop(first);
-        let (_again, displaced) = slots.take(ip("10.0.0.9")).unwrap();
-        assert!(!displaced);
+        let _again = slot(slots.take(ip("10.0.0.9"), now));
     }
 
     #[tokio::test]
-    async fn a_newcomer_displaces_the_longest_waiting_connection_not_a_busy_one() {
-        let slots = ConnectionSlots::new(2, 2);
-        let (oldest, _) = slots.take(ip("10.0.0.9")).unwrap();
-        let (answering, _) = slots.take(ip("10.0.0.8")).unwrap();
+    async fn a_newcomer_waits_for_the_longest_waiting_connection_to_go() {
+        let slots = ConnectionSlots::new(2, 2, GRACE);
+        let start = Instant::now();
+        let oldest = slot(slots.take(ip("10.0.0.9"), start));
+        let answering = slot(slots.take(ip("10.0.0.8"), start));
         answering.busy();
-        let (probe, displaced) = slots.take(ip("10.0.0.1")).unwrap();
-        assert!(displaced);
-        // The oldest waiting connection was told; the busy one was not.
+        // Nobody has waited long enough to be displaced: the newcomer waits until one has.
+        assert_eq!(
+            full(slots.take(ip("10.0.0.1"), start)),
+            (false, Some(start + GRACE))
+        );
+        assert!(!told(&oldest.displaced).await);
+        // Then the longest waiting is told to go, not the busy one; the newcomer waits for it to be gone
+        // and no second connection is told meanwhile.
+        let later = start + GRACE;
+        assert_eq!(full(slots.take(ip("10.0.0.1"), later)), (true, None));
         assert!(told(&oldest.displaced).await);
         assert!(!told(&answering.displaced).await);
-        // Nothing waits for a head: nobody to displace.
-        probe.busy();
-        assert_eq!(
-            slots.take(ip("10.0.0.2")).err(),
-            Some(ListenerRefusal::Connections)
-        );
+        assert_eq!(full(slots.take(ip("10.0.0.1"), later)), (false, None));
         drop(oldest);
+        let probe = slot(slots.take(ip("10.0.0.1"), later));
+        // Every slot busy: nobody to displace, wait for a slot to come back.
+        probe.busy();
+        assert_eq!(full(slots.take(ip("10.0.0.2"), later)), (false, None));
+        // Idle again, the connection that answered waits from now on: the one idle longest goes first.
         answering.idle();
-        let (third, displaced) = slots.take(ip("10.0.0.3")).unwrap();
-        assert!(displaced && told(&answering.displaced).await);
-        // Displaced connections count until they are gone: at twice the bound nobody else gets in.
-        let (_fourth, displaced) = slots.take(ip("10.0.0.4")).unwrap();
-        assert!(displaced && told(&third.displaced).await);
-        assert_eq!(
-            slots.take(ip("10.0.0.5")).err(),
-            Some(ListenerRefusal::Connections)
-        );
+        probe.idle();
+        let much_later = Instant::now() + GRACE;
+        assert_eq!(full(slots.take(ip("10.0.0.2"), much_later)), (true, None));
+        assert!(told(&answering.displaced).await);
+        assert!(!told(&probe.displaced).await);
+        // A connection told to go does not come back as waiting.
+        answering.idle();
+        assert_eq!(full(slots.take(ip("10.0.0.2"), much_later)), (false, None));
     }
 
     /// Whether `notify` was told (holds a permit), without waiting; the permit is kept.
