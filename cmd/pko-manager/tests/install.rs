@@ -768,54 +768,70 @@ async fn the_sharded_installs_statefulset_is_accepted_by_the_apiserver() {
     );
 }
 
+/// Applies deploy/manager-admission once; `None` where ValidatingAdmissionPolicy is not served (before
+/// 1.30, the floor), else a client with the manager's ServiceAccount token.
+async fn manager_under_admission_policies() -> Option<kube::Client> {
+    static APPLIED: tokio::sync::OnceCell<bool> = tokio::sync::OnceCell::const_new();
+    let served = *APPLIED
+        .get_or_init(|| async {
+            install_manifests().await;
+            let admin = env().management().client().await.unwrap();
+            let served = admin
+                .list_api_group_resources("admissionregistration.k8s.io/v1")
+                .await
+                .is_ok_and(|l| {
+                    l.resources
+                        .iter()
+                        .any(|r| r.name == "validatingadmissionpolicies")
+                });
+            if served {
+                let out = run_with_input(
+                    Command::new(pko_testenv::kubectl())
+                        .arg("--kubeconfig")
+                        .arg(env().management().kubeconfig_path())
+                        .args(["apply", "--server-side", "-f", "-"]),
+                    &kustomize("manager-admission").join("\n---\n"),
+                )
+                .unwrap();
+                assert!(
+                    out.status.success(),
+                    "{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            served
+        })
+        .await;
+    if !served {
+        println!("ValidatingAdmissionPolicy not served here (before 1.30): nothing to check");
+        return None;
+    }
+    let kubeconfig = env()
+        .management()
+        .service_account_kubeconfig(NAMESPACE, SERVICE_ACCOUNT)
+        .await
+        .unwrap();
+    Some(
+        kube::Client::try_from(
+            kube::Config::from_custom_kubeconfig(
+                kube::config::Kubeconfig::read_from(kubeconfig).unwrap(),
+                &Default::default(),
+            )
+            .await
+            .unwrap(),
+        )
+        .unwrap(),
+    )
+}
+
 /// With deploy/manager-admission applied (Kubernetes 1.30+), the manager's own token cannot make a
 /// ServiceAccount token Secret, although its RBAC creates Secrets anywhere and reads those named
 /// pko-connector-nats (issue 63, item 11). On an older apiserver (the floor) the policies are not served.
 #[tokio::test]
 async fn the_manager_cannot_mint_a_token_for_another_service_account() {
-    install_manifests().await;
-    let admin = env().management().client().await.unwrap();
-    let served = admin
-        .list_api_group_resources("admissionregistration.k8s.io/v1")
-        .await
-        .is_ok_and(|l| {
-            l.resources
-                .iter()
-                .any(|r| r.name == "validatingadmissionpolicies")
-        });
-    if !served {
-        println!("ValidatingAdmissionPolicy not served here (before 1.30): nothing to check");
+    let Some(manager) = manager_under_admission_policies().await else {
         return;
-    }
-    let out = run_with_input(
-        Command::new(pko_testenv::kubectl())
-            .arg("--kubeconfig")
-            .arg(env().management().kubeconfig_path())
-            .args(["apply", "--server-side", "-f", "-"]),
-        &kustomize("manager-admission").join("\n---\n"),
-    )
-    .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let manager = kube::Client::try_from(
-        kube::Config::from_custom_kubeconfig(
-            kube::config::Kubeconfig::read_from(
-                env()
-                    .management()
-                    .service_account_kubeconfig("package-operator-system", "pko-manager")
-                    .await
-                    .unwrap(),
-            )
-            .unwrap(),
-            &Default::default(),
-        )
-        .await
-        .unwrap(),
-    )
-    .unwrap();
+    };
     let ns = env().management().create_namespace("mint").await.unwrap();
     let token: Secret = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "pko-connector-nats",
@@ -852,6 +868,127 @@ async fn the_manager_cannot_mint_a_token_for_another_service_account() {
         .create(&PostParams::default(), &plain)
         .await
         .unwrap();
+}
+
+/// With sharding's RBAC the manager may patch HostedClusters (its coordinator labels them with their
+/// shard's owner); with deploy/manager-admission applied it changes nothing else on one: not the spec
+/// (a release image for every hosted control plane), not another label, annotation or finalizer
+/// (issue 63, item 11). The coordinator's own writes, a merge patch of both labels and the release's
+/// JSON patch taking them off, still go through.
+#[tokio::test]
+async fn the_sharded_manager_changes_only_the_shard_labels_of_a_hosted_cluster() {
+    use kube::api::{Patch, PatchParams};
+    use pko_actors::runtime::kind_feed::shard_release::{remove_shard_labels, ReleaseOutcome};
+    use pko_proto::hypershift::HostedCluster;
+    let Some(manager) = manager_under_admission_policies().await else {
+        return;
+    };
+    let rbac =
+        std::fs::read_to_string(deploy_dir().join("manager-sharded/rbac-sharding.yaml")).unwrap();
+    let out = run_with_input(
+        Command::new(pko_testenv::kubectl())
+            .arg("--kubeconfig")
+            .arg(env().management().kubeconfig_path())
+            .args(["apply", "--server-side", "-f", "-"]),
+        &rbac,
+    )
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    pko_testenv::install_hosted_cluster_crd(env().management())
+        .await
+        .unwrap();
+    let admin = env().management().client().await.unwrap();
+    let ns = env()
+        .management()
+        .create_namespace("shard-labels")
+        .await
+        .unwrap();
+    let cluster: HostedCluster = serde_json::from_value(serde_json::json!({
+        "apiVersion": "hypershift.openshift.io/v1beta1", "kind": "HostedCluster",
+        "metadata": {"name": "hc", "namespace": ns, "labels": {"tier": "prod"}},
+        "spec": {"release": {"image": "quay.io/openshift-release-dev/ocp-release:4.19.0"}},
+    }))
+    .unwrap();
+    Api::<HostedCluster>::namespaced(admin, &ns)
+        .create(&PostParams::default(), &cluster)
+        .await
+        .unwrap();
+    let manager_client = manager.clone();
+    let clusters: Api<HostedCluster> = Api::namespaced(manager, &ns);
+    let dry_run = PatchParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let refused = |patch: serde_json::Value| {
+        let clusters = clusters.clone();
+        let dry_run = dry_run.clone();
+        async move {
+            match clusters.patch("hc", &dry_run, &Patch::Merge(&patch)).await {
+                Err(kube::Error::Api(e))
+                    if e.message
+                        .contains("pko-manager-hostedcluster-shard-labels-only") =>
+                {
+                    Ok(e.message)
+                }
+                other => Err(format!("{other:?}")),
+            }
+        }
+    };
+    // The policy takes effect once the apiserver has loaded it (and the role once bound): dry runs until
+    // it refuses.
+    let spec = serde_json::json!({"spec": {"release": {"image": "attacker.example/release:evil"}}});
+    let message = wait_until("a spec change refused", TIMEOUT, || refused(spec.clone()))
+        .await
+        .unwrap();
+    assert!(
+        message.contains("changes no HostedCluster spec"),
+        "{message}"
+    );
+    for patch in [
+        serde_json::json!({"metadata": {"labels": {"tier": "canary"}}}),
+        serde_json::json!({"metadata": {"labels": {"tier": null}}}),
+        serde_json::json!({"metadata": {"annotations": {"hypershift.openshift.io/pause": "true"}}}),
+        serde_json::json!({"metadata": {"finalizers": ["attacker.example/hold"]}}),
+    ] {
+        refused(patch.clone())
+            .await
+            .unwrap_or_else(|e| panic!("{patch} was not refused: {e}"));
+    }
+    // The coordinator's writes: both labels by a merge patch, then off again by a tested JSON patch.
+    let owner = "shard.package-operator.run/owner";
+    let drain = "shard.package-operator.run/drain";
+    clusters
+        .patch(
+            "hc",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"labels": {owner: "pko-manager-1", drain: "true"}}})),
+        )
+        .await
+        .unwrap();
+    let (resource, _) = kube::discovery::pinned_kind(
+        &manager_client,
+        &kube::api::GroupVersionKind::gvk("hypershift.openshift.io", "v1beta1", "HostedCluster"),
+    )
+    .await
+    .unwrap();
+    let dynamic: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(manager_client.clone(), &ns, &resource);
+    assert_eq!(
+        remove_shard_labels(&dynamic, "hc", Some("pko-manager-1"))
+            .await
+            .unwrap(),
+        ReleaseOutcome::Released
+    );
+    let after = clusters.get("hc").await.unwrap();
+    let labels = after.metadata.labels.unwrap_or_default();
+    assert_eq!(
+        labels.into_iter().collect::<Vec<_>>(),
+        vec![("tier".to_owned(), "prod".to_owned())]
+    );
 }
 
 /// The tenants install grants impersonation of ServiceAccounts, and only it runs the manager with
