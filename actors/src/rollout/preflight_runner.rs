@@ -35,7 +35,9 @@ use crate::engine::rollout::preflight_diff::{
     as_applied, object_changes, NamespacePreflight, ObjectChange, PhaseObjects, Verdict,
 };
 use crate::engine::rollout::preflight_gate::PreflightRun;
-use crate::engine::rollout::preflight_report::{preflight_report, preflight_status};
+use crate::engine::rollout::preflight_report::{
+    preflight_status, GroupedNamespace, PreflightGroups, REPORT_DIFF_TIME,
+};
 use crate::manager::context::ManagerContext;
 use crate::objects::object_dry_run::{dry_run, Introduced};
 use crate::packages::package_object::PackageObject;
@@ -69,7 +71,7 @@ pub enum PreflightError {
     #[error("reading the current ObjectDeployments: {0}")]
     Deployments(#[source] kube::Error),
     #[error("reading pull secrets or cluster facts: {0}")]
-    Render(#[source] kube::Error),
+    Render(#[from] kube::Error),
     #[error("grouping the changes failed unexpectedly: {0}")]
     Grouping(String),
 }
@@ -98,39 +100,44 @@ pub async fn run_preflight(
     };
     let current = Arc::new(current_deployments(&context, &name).await?);
     let shared = Arc::new((context.clone(), job.clone(), files));
-    let namespaces: Vec<NamespacePreflight> = futures::stream::iter(job.targets.clone())
+    // Each namespace is reduced to its digest as it finishes (on the blocking pool), and only the
+    // first namespace of each distinct change keeps its objects.
+    let mut grouped = futures::stream::iter(job.targets.clone())
         .map(|target| {
             let (shared, current) = (shared.clone(), current.clone());
             async move {
                 let (context, job, files) = &*shared;
                 let outcome = match files {
-                    Err(why) => Ok(Err(format!(
-                        "the image cannot be had: {}",
-                        outcome_message(why)
-                    ))),
+                    Err(why) => Err(format!("the image cannot be had: {}", outcome_message(why))),
                     Ok(files) => {
-                        namespace_preflight(context, job, &target, files.clone(), &current).await
+                        namespace_preflight(context, job, &target, files.clone(), &current).await?
                     }
                 };
-                outcome.map(|outcome| NamespacePreflight {
+                let ns = NamespacePreflight {
                     namespace: target.namespace.clone(),
                     hosted_cluster: Some(target.hosted_cluster.clone()),
                     outcome,
-                })
+                };
+                tokio::task::spawn_blocking(move || GroupedNamespace::of(&ns))
+                    .await
+                    .map_err(|e| PreflightError::Grouping(e.to_string()))
             }
         })
-        .buffer_unordered(NAMESPACES_AT_ONCE)
-        .try_collect()
-        .await
-        .map_err(PreflightError::Render)?;
+        .buffer_unordered(NAMESPACES_AT_ONCE);
+    let mut groups = PreflightGroups::default();
+    while let Some(namespace) = grouped.try_next().await? {
+        groups.insert(namespace);
+    }
+    drop(grouped);
     let run = job.run.clone();
     let finished_at = stamp(Timestamp::now());
+    let diff_deadline = Instant::now() + REPORT_DIFF_TIME;
     let report = tokio::task::spawn_blocking(move || {
-        preflight_report(
+        groups.report(
             &run.template_hash,
             &run.inputs_hash,
             &finished_at,
-            &namespaces,
+            diff_deadline,
         )
     })
     .await

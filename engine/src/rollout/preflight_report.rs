@@ -4,6 +4,7 @@
 //! (written once per group), and the compact form `status.preflight` keeps. Pure.
 
 use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 use pko_package::canonical_hash::value_digest;
 use pko_proto::core::rollout_preflight::{
@@ -39,7 +40,10 @@ fn yaml(value: Option<&Value>) -> String {
 /// a line diff's work grows with the product of the lines that differ.
 const DIFF_INPUT_LIMIT: usize = 256 * 1024;
 
-fn unified_diff(label: &str, change: &ObjectChange) -> String {
+/// How long a report's diffs may take together; the caller sets the deadline from it.
+pub const REPORT_DIFF_TIME: Duration = Duration::from_secs(10);
+
+fn unified_diff(label: &str, change: &ObjectChange, deadline: Instant) -> String {
     let old = yaml(change.before.as_ref());
     let new = yaml(change.after.as_ref());
     if old.len() + new.len() > DIFF_INPUT_LIMIT {
@@ -49,7 +53,9 @@ fn unified_diff(label: &str, change: &ObjectChange) -> String {
             DIFF_INPUT_LIMIT / 1024
         );
     }
-    similar::TextDiff::from_lines(&old, &new)
+    similar::TextDiff::configure()
+        .deadline(deadline)
+        .diff_lines(&old, &new)
         .unified_diff()
         .context_radius(3)
         .header(&format!("a/{label}"), &format!("b/{label}"))
@@ -137,75 +143,131 @@ fn group_summary(changes: &NamespaceChange) -> String {
     cut(&objects.join("; "), SUMMARY_LIMIT)
 }
 
-/// The full report of a preflight: namespaces grouped by identical change, largest group first (then
-/// by digest), each with its objects' fields, verdicts and diffs (written once per group), and the
-/// digest over all groups.
-pub fn preflight_report(
-    template_hash: &str,
-    inputs_hash: &str,
-    finished_at: &str,
-    namespaces: &[NamespacePreflight],
-) -> PreflightReport {
-    let mut groups: BTreeMap<String, (NamespaceChange, Vec<String>)> = BTreeMap::new();
-    for ns in namespaces {
-        let changes = normalized(ns);
-        let digest = group_digest(&changes);
-        groups
-            .entry(digest)
-            .or_insert_with(|| (changes, Vec::new()))
-            .1
-            .push(ns.namespace.clone());
+/// One namespace's preflight reduced to what the fleet's report needs: its name, the digest of its
+/// change, and the change itself (normalized; kept only for a digest not seen before).
+#[derive(Debug, Clone, PartialEq)]
+pub struct GroupedNamespace {
+    namespace: String,
+    digest: String,
+    change: NamespaceChange,
+}
+
+impl GroupedNamespace {
+    /// `ns` normalized and digested (the CPU of the grouping: run it off the actor threads).
+    pub fn of(ns: &NamespacePreflight) -> Self {
+        let change = normalized(ns);
+        Self {
+            namespace: ns.namespace.clone(),
+            digest: group_digest(&change),
+            change,
+        }
     }
-    let digest = hex(&value_digest(&json!({
-        "templateHash": template_hash,
-        "groups": groups.keys().collect::<Vec<_>>(),
-    })));
-    let mut ordered: Vec<_> = groups.into_iter().collect();
-    ordered.sort_by(|(da, (_, a)), (db, (_, b))| b.len().cmp(&a.len()).then(da.cmp(db)));
-    let mut budget = REPORT_DIFF_BUDGET;
-    let mut cut_diffs = 0;
-    let groups = ordered
-        .into_iter()
-        .map(|(digest, (changes, mut members))| {
-            members.sort();
-            let summary = group_summary(&changes);
-            let (objects, unchecked) = match changes {
-                Ok(changes) => (changes, None),
-                Err(why) => (Vec::new(), Some(why)),
-            };
-            let objects = objects
-                .into_iter()
-                .map(|c| {
-                    let mut diff = unified_diff(&c.object, &c.change);
-                    if diff.len() > budget {
-                        cut_diffs += 1;
-                        diff = String::new();
-                    }
-                    budget -= diff.len();
-                    object_change(c, diff)
-                })
-                .collect();
-            PreflightGroup {
-                digest,
-                namespaces: members,
-                summary,
-                objects,
-                unchecked,
-            }
-        })
-        .collect();
-    PreflightReport {
-        template_hash: template_hash.to_owned(),
-        inputs_hash: inputs_hash.to_owned(),
-        digest,
-        finished_at: finished_at.to_owned(),
-        groups,
-        truncated: (cut_diffs > 0).then(|| {
-            format!(
-                "{cut_diffs} objects' diffs are left out: the report keeps at most {} KiB of diffs",
+}
+
+/// The fleet grouped by identical change as namespaces come in: one exemplar change per digest and the
+/// names of the namespaces that share it, so a 500-namespace preflight of a large object holds the
+/// object once per distinct change, not once per namespace.
+#[derive(Debug, Default)]
+pub struct PreflightGroups {
+    groups: BTreeMap<String, (NamespaceChange, Vec<String>)>,
+}
+
+impl PreflightGroups {
+    pub fn insert(&mut self, grouped: GroupedNamespace) {
+        let GroupedNamespace {
+            namespace,
+            digest,
+            change,
+        } = grouped;
+        self.groups
+            .entry(digest)
+            .or_insert_with(|| (change, Vec::new()))
+            .1
+            .push(namespace);
+    }
+
+    /// The full report: groups largest first (then by digest), each with its objects' fields, verdicts
+    /// and diffs (written once per group), and the digest over all groups. Diffs stop once
+    /// [`REPORT_DIFF_BUDGET`] bytes are written or at `diff_deadline` (a line diff's work grows with
+    /// the product of the lines that differ); the groups after that keep everything but their diffs.
+    pub fn report(
+        self,
+        template_hash: &str,
+        inputs_hash: &str,
+        finished_at: &str,
+        diff_deadline: Instant,
+    ) -> PreflightReport {
+        let digest = hex(&value_digest(&json!({
+            "templateHash": template_hash,
+            "groups": self.groups.keys().collect::<Vec<_>>(),
+        })));
+        let mut ordered: Vec<_> = self.groups.into_iter().collect();
+        ordered.sort_by(|(da, (_, a)), (db, (_, b))| b.len().cmp(&a.len()).then(da.cmp(db)));
+        let mut budget = REPORT_DIFF_BUDGET;
+        let (mut over_budget, mut over_time) = (0, 0);
+        let groups = ordered
+            .into_iter()
+            .map(|(digest, (changes, mut members))| {
+                members.sort();
+                let summary = group_summary(&changes);
+                let (objects, unchecked) = match changes {
+                    Ok(changes) => (changes, None),
+                    Err(why) => (Vec::new(), Some(why)),
+                };
+                let objects = objects
+                    .into_iter()
+                    .map(|c| {
+                        // The budget and the clock first: a diff not shown is not computed.
+                        let diff = if budget == 0 {
+                            over_budget += 1;
+                            String::new()
+                        } else if Instant::now() >= diff_deadline {
+                            over_time += 1;
+                            String::new()
+                        } else {
+                            match unified_diff(&c.object, &c.change, diff_deadline) {
+                                diff if diff.len() > budget => {
+                                    over_budget += 1;
+                                    String::new()
+                                }
+                                diff => diff,
+                            }
+                        };
+                        budget -= diff.len();
+                        object_change(c, diff)
+                    })
+                    .collect();
+                PreflightGroup {
+                    digest,
+                    namespaces: members,
+                    summary,
+                    objects,
+                    unchecked,
+                }
+            })
+            .collect();
+        let mut left_out = Vec::new();
+        if over_budget > 0 {
+            left_out.push(format!(
+                "{over_budget} objects' diffs are left out: the report keeps at most {} KiB of diffs",
                 REPORT_DIFF_BUDGET / 1024
-            )
-        }),
+            ));
+        }
+        if over_time > 0 {
+            left_out.push(format!(
+                "{over_time} objects' diffs are left out: diffing took longer than the preflight \
+                 allows ({} s)",
+                REPORT_DIFF_TIME.as_secs()
+            ));
+        }
+        PreflightReport {
+            template_hash: template_hash.to_owned(),
+            inputs_hash: inputs_hash.to_owned(),
+            digest,
+            finished_at: finished_at.to_owned(),
+            groups,
+            truncated: (!left_out.is_empty()).then(|| left_out.join("; ")),
+        }
     }
 }
 
@@ -297,6 +359,23 @@ mod tests {
     use crate::rollout::preflight_diff::{object_changes, PhaseObjects};
     use proptest::prelude::*;
     use std::collections::BTreeSet;
+
+    fn far() -> Instant {
+        Instant::now() + Duration::from_secs(3600)
+    }
+
+    fn preflight_report(
+        template_hash: &str,
+        inputs_hash: &str,
+        finished_at: &str,
+        namespaces: &[NamespacePreflight],
+    ) -> PreflightReport {
+        let mut groups = PreflightGroups::default();
+        for ns in namespaces {
+            groups.insert(GroupedNamespace::of(ns));
+        }
+        groups.report(template_hash, inputs_hash, finished_at, far())
+    }
 
     fn deployment(namespace: &str, image: &str, level: &str) -> Value {
         json!({"apiVersion": "apps/v1", "kind": "Deployment",
@@ -499,7 +578,7 @@ mod tests {
             before: Some(big("a")),
             after: Some(big("b")),
         };
-        let diff = unified_diff("v1 ConfigMap big", &change);
+        let diff = unified_diff("v1 ConfigMap big", &change, far());
         assert!(diff.starts_with("# v1 ConfigMap big: 400"), "{diff}");
         assert!(diff.len() < 200);
     }
@@ -530,5 +609,91 @@ mod tests {
             let kinds: BTreeSet<bool> = grows.iter().copied().collect();
             prop_assert_eq!(a.groups.len(), kinds.len());
         }
+    }
+
+    #[test]
+    fn a_change_shared_by_many_namespaces_is_kept_once() {
+        let mut groups = PreflightGroups::default();
+        for i in 0..50 {
+            groups.insert(GroupedNamespace::of(&namespace(
+                &format!("clusters-n{i}"),
+                i == 7,
+            )));
+        }
+        assert_eq!(groups.groups.len(), 2);
+        let members: Vec<usize> = groups.groups.values().map(|(_, m)| m.len()).collect();
+        assert_eq!(members.iter().sum::<usize>(), 50);
+        assert!(members.contains(&49) && members.contains(&1), "{members:?}");
+    }
+
+    #[test]
+    fn diffs_stop_at_the_budget_and_at_the_deadline() {
+        // Three distinct changes of about 240 KiB of diff each: the third is over the 512 KiB budget.
+        let blob = |n: usize, v: &str| {
+            let data: serde_json::Map<String, Value> = (0..1_800)
+                .map(|i| {
+                    (
+                        format!("k{n}-{i:05}"),
+                        json!(format!("{v}{}", "x".repeat(48))),
+                    )
+                })
+                .collect();
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cfg"},
+                "data": data})
+        };
+        let fleet: Vec<NamespacePreflight> = (0..3)
+            .map(|n| NamespacePreflight {
+                namespace: format!("clusters-n{n}"),
+                hosted_cluster: None,
+                outcome: Ok(vec![(
+                    ObjectChange {
+                        phase: "p".into(),
+                        hosted: false,
+                        before: Some(blob(n, "old")),
+                        after: Some(blob(n, "new")),
+                    },
+                    Verdict::Accepted,
+                )]),
+            })
+            .collect();
+        let report = preflight_report("h", "i", "t", &fleet);
+        let shown = report
+            .groups
+            .iter()
+            .filter(|g| !g.objects[0].diff.is_empty())
+            .count();
+        assert_eq!(shown, 2, "{:?}", report.truncated);
+        let total: usize = report.groups.iter().map(|g| g.objects[0].diff.len()).sum();
+        assert!(total <= REPORT_DIFF_BUDGET, "{total}");
+        assert!(
+            report
+                .truncated
+                .as_deref()
+                .unwrap()
+                .starts_with("1 objects' diffs are left out: the report keeps"),
+            "{:?}",
+            report.truncated
+        );
+        // With the deadline passed nothing is diffed; every group keeps its fields and verdicts.
+        let mut groups = PreflightGroups::default();
+        for ns in &fleet {
+            groups.insert(GroupedNamespace::of(ns));
+        }
+        let late = groups.report("h", "i", "t", Instant::now());
+        assert!(late.groups.iter().all(|g| g.objects[0].diff.is_empty()
+            && g.objects[0].verdict == "Accepted"
+            && !g.objects[0].fields.is_empty()));
+        assert!(
+            late.truncated
+                .as_deref()
+                .unwrap()
+                .contains("3 objects' diffs are left out: diffing took longer"),
+            "{:?}",
+            late.truncated
+        );
+        assert_eq!(
+            late.digest, report.digest,
+            "the digest does not depend on the diffs"
+        );
     }
 }
