@@ -76,10 +76,46 @@ pub enum PreflightError {
     Grouping(String),
 }
 
-/// The ConfigMap a HostedClusterPackage's report is kept in.
+/// The ConfigMap a HostedClusterPackage's report is kept in: `preflight-<name>`, or, where that is
+/// longer than a name may be, the name's start and a digest of all of it (two long names sharing a
+/// start get two ConfigMaps, and the cut never leaves a name ending in `-` or `.`).
 pub fn report_name(hcpkg: &str) -> String {
+    const MAX: usize = 253;
+    const DIGEST: usize = 10;
     let name = format!("preflight-{hcpkg}");
-    name.chars().take(253).collect()
+    if name.len() <= MAX {
+        return name;
+    }
+    let digest: String = pko_package::canonical_hash::value_digest(&json!(hcpkg))
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .take(DIGEST / 2)
+        .collect();
+    // Names are ASCII (DNS subdomains), so bytes are characters.
+    let start = name[..MAX - DIGEST - 1].trim_end_matches(['-', '.']);
+    format!("{start}-{digest}")
+}
+
+/// Whether `config_map` is a report of the HostedClusterPackage named `hcpkg` (this one, or one of
+/// that name deleted before it): only such a ConfigMap is written over.
+fn is_report_of(config_map: &ConfigMap, hcpkg: &str) -> bool {
+    let labelled = config_map
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(HOSTED_CLUSTER_PACKAGE_LABEL))
+        .is_some_and(|v| v == hcpkg);
+    let owned = config_map
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| {
+            o.kind == HostedClusterPackage::kind(&())
+                && o.api_version == HostedClusterPackage::api_version(&())
+                && o.name == hcpkg
+        });
+    labelled && owned
 }
 
 /// Runs the preflight of `job` and returns what the status keeps of it.
@@ -331,6 +367,17 @@ async fn write_report(
         "data": {"report.json": text},
     });
     let api: Api<ConfigMap> = Api::namespaced(context.runtime.client.clone(), namespace);
+    let hcpkg_name = hcpkg.metadata.name.as_deref().unwrap_or_default();
+    let existing = api
+        .get_opt(name)
+        .await
+        .map_err(|e| format!("reading ConfigMap {namespace}/{name}: {e}"))?;
+    if existing.is_some_and(|cm| !is_report_of(&cm, hcpkg_name)) {
+        return Err(format!(
+            "ConfigMap {namespace}/{name} exists and is not a preflight report of \
+             HostedClusterPackage {hcpkg_name}: left as it is, the report is not kept"
+        ));
+    }
     api.patch(
         name,
         &PatchParams::apply(FIELD_MANAGER).force(),
@@ -339,4 +386,58 @@ async fn write_report(
     .await
     .map(|_| ())
     .map_err(|e| format!("writing ConfigMap {namespace}/{name}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use serde_json::Value;
+
+    #[test]
+    fn a_report_name_is_a_valid_name_of_its_own() {
+        assert_eq!(report_name("addon"), "preflight-addon");
+        let fits = "a".repeat(243);
+        assert_eq!(report_name(&fits), format!("preflight-{fits}"));
+        // Two long names with the same start, one cut right after a dot.
+        let (one, other) = (
+            format!("{}.x{}", "a".repeat(231), "b".repeat(30)),
+            format!("{}.x{}", "a".repeat(231), "c".repeat(30)),
+        );
+        let (a, b) = (report_name(&one), report_name(&other));
+        assert_ne!(a, b);
+        for n in [&a, &b] {
+            assert!(n.len() <= 253, "{}", n.len());
+            assert!(n.starts_with("preflight-aaa"));
+            let before_digest = &n[..n.len() - 11];
+            assert!(!before_digest.ends_with(['-', '.']), "{n}");
+        }
+    }
+
+    #[test]
+    fn only_a_report_of_that_name_is_written_over() {
+        let cm = |labels: Value, owners: Value| -> ConfigMap {
+            serde_json::from_value(json!({"metadata": {"name": "preflight-addon",
+                "labels": labels, "ownerReferences": owners}}))
+            .unwrap()
+        };
+        let owner = |name: &str, uid: &str| {
+            json!([{"apiVersion": "package-operator.run/v1alpha1", "kind": "HostedClusterPackage",
+                "name": name, "uid": uid}])
+        };
+        let label = json!({HOSTED_CLUSTER_PACKAGE_LABEL: "addon"});
+        // Its own, or a deleted predecessor's of the same name.
+        assert!(is_report_of(
+            &cm(label.clone(), owner("addon", "u1")),
+            "addon"
+        ));
+        assert!(is_report_of(
+            &cm(label.clone(), owner("addon", "u0")),
+            "addon"
+        ));
+        // Someone else's ConfigMap of that name, or another object's report.
+        assert!(!is_report_of(&cm(json!({}), json!([])), "addon"));
+        assert!(!is_report_of(&cm(label, owner("other", "u2")), "addon"));
+        assert!(!is_report_of(&cm(json!({}), owner("addon", "u1")), "addon"));
+    }
 }

@@ -350,6 +350,60 @@ async fn an_immutable_change_is_refused_where_it_differs_and_holds_the_rollout_u
     );
 }
 
+/// The report's ConfigMap is written only over a report of the same HostedClusterPackage: a ConfigMap
+/// of that name that someone else made in the manager's namespace is left as it is, and the status says
+/// why the report is not kept, while the verdicts stand (issue 63, item 10). On the previous main the
+/// report was force-applied over it.
+#[tokio::test]
+async fn a_foreign_config_map_of_the_reports_name_is_left_alone() {
+    manager();
+    let client = env().management().client().await.unwrap();
+    let (fleet_ns, _clusters) = fleet("preflight-foreign", &[Some("early")]).await;
+    let (v1, v2) = push_releases("preflight-foreign").await;
+    let name = format!("{fleet_ns}-db");
+    let report_ns = "package-operator-system";
+    let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": report_ns}})).unwrap(),
+        )
+        .await;
+    let foreign: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": format!("preflight-{name}"), "namespace": report_ns},
+        "data": {"owner": "someone else"},
+    }))
+    .unwrap();
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), report_ns);
+    config_maps
+        .create(&PostParams::default(), &foreign)
+        .await
+        .unwrap();
+    let api: Api<HostedClusterPackage> = Api::all(client.clone());
+    let spec = hcpkg_spec(&name, json!({"fleet": fleet_ns}), &v1, json!({}));
+    api.create(&PostParams::default(), &spec).await.unwrap();
+    wait_status(&api, &name, log, "v1 everywhere", |h| all_available(h, 1)).await;
+    let v2_hash = set_image(&api, &name, &v2).await;
+    let h = wait_status(&api, &name, log, "the preflight of v2", |h| {
+        preflight_of(h, &v2_hash).is_some()
+    })
+    .await;
+    let preflight = preflight_of(&h, &v2_hash).unwrap();
+    assert_eq!(preflight.report, "", "{preflight:#?}");
+    assert!(
+        preflight.report_error.contains(&format!(
+            "ConfigMap {report_ns}/preflight-{name} exists and is not a preflight report"
+        )),
+        "{preflight:#?}"
+    );
+    assert_eq!(preflight.changed, 1, "the verdicts stand: {preflight:#?}");
+    let after = config_maps.get(&format!("preflight-{name}")).await.unwrap();
+    assert_eq!(
+        after.data.unwrap().into_iter().collect::<Vec<_>>(),
+        vec![("owner".to_owned(), "someone else".to_owned())]
+    );
+    assert!(after.metadata.owner_references.is_none());
+}
+
 async fn wait_until_image(client: &Client, namespace: &str, name: &str, image: &str) {
     pko_testenv::wait_until(
         &format!("{namespace}/{name} on {image}"),
