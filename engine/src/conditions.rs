@@ -76,6 +76,20 @@ pub fn bounded_text(mut text: String, max_bytes: usize) -> String {
     text
 }
 
+/// The most a hosted cluster's own text (a connector's report or dry-run verdict) keeps.
+pub const FOREIGN_TEXT_LIMIT: usize = 1024;
+
+/// Text another party wrote (a connector, a hosted cluster's apiserver or webhooks) as the manager
+/// passes it on into conditions, Events, reports and the fleet: control characters (terminal escapes,
+/// line breaks that fake further lines) become spaces, and it is cut to [`FOREIGN_TEXT_LIMIT`] bytes.
+pub fn foreign_text(text: &str) -> String {
+    let cleaned: String = text
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    bounded_text(cleaned, FOREIGN_TEXT_LIMIT)
+}
+
 /// Whether a condition type is a mapped one (`domain/Type`, copied from an object's own conditions
 /// through a phase's conditionMappings).
 pub fn is_mapped(type_: &str) -> bool {
@@ -203,5 +217,16 @@ mod tests {
         assert!(!is_true_for(&conds, "Available", 3));
         remove_condition(&mut conds, "Available");
         assert!(conds.is_empty());
+    }
+
+    #[test]
+    fn foreign_text_has_no_control_characters_and_a_bound() {
+        assert_eq!(
+            foreign_text("refused\n\u{1b}[2J\u{1b}[31mApproved: yes\r"),
+            "refused  [2J [31mApproved: yes "
+        );
+        let long = foreign_text(&"é".repeat(2_000));
+        assert!(long.len() <= FOREIGN_TEXT_LIMIT && long.ends_with('…'));
+        assert_eq!(foreign_text("fine"), "fine");
     }
 }

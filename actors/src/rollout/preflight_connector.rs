@@ -9,6 +9,7 @@ use pko_proto::connector_wire::{
     HostedClusterSubjects, PreviewObjects, PreviewOutcome, PreviewReport, Reply, WIRE_VERSION,
 };
 
+use crate::engine::conditions::foreign_text;
 use crate::engine::objects::desired_object::{DesiredObject, InvalidObject};
 use crate::engine::rollout::preflight_diff::{as_applied, ObjectChange, Verdict};
 use crate::hypershift::connector_link::LinkError;
@@ -86,11 +87,14 @@ async fn ask_connector(
             .into_iter()
             .map(|v| match v.outcome {
                 PreviewOutcome::Accepted => Verdict::Accepted,
-                PreviewOutcome::Refused => Verdict::Refused(v.message),
-                PreviewOutcome::Unchecked => Verdict::Unchecked(v.message),
+                PreviewOutcome::Refused => Verdict::Refused(foreign_text(&v.message)),
+                PreviewOutcome::Unchecked => Verdict::Unchecked(foreign_text(&v.message)),
             })
             .collect()),
-        Ok(Reply::Refused(e)) => Err(format!("the connector refused the dry run: {}", e.message)),
+        Ok(Reply::Refused(e)) => Err(format!(
+            "the connector refused the dry run: {}",
+            foreign_text(&e.message)
+        )),
         Err(LinkError::NoConnector { .. }) => Err(
             "no connector answered the dry run (none runs, or it is older than this manager)"
                 .into(),

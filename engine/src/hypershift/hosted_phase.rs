@@ -172,7 +172,8 @@ pub fn progress_of_report(report: &PhaseReport) -> PhaseProgress {
     };
     PhaseProgress::Blocked {
         reason,
-        message: report.message.clone(),
+        // The connector's text, passed on into the set's conditions and up to the fleet.
+        message: crate::conditions::foreign_text(&report.message),
     }
 }
 
