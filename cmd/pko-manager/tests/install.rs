@@ -27,7 +27,9 @@ use pko_testenv::{run_with_input, wait_until, Dashboard, ManagerLaunch, Promethe
 use serde_json::Value;
 
 use common::rollout::{all_available, hcpkg_over_all, wait_status};
-use common::shipped::{deploy_dir, install_manifests, kustomize, manager_container, parsed};
+use common::shipped::{
+    deploy_dir, install_manifests, kubectl_apply, kustomize, manager_container, parsed,
+};
 
 use common::*;
 
@@ -746,20 +748,7 @@ async fn the_sharded_installs_statefulset_is_accepted_by_the_apiserver() {
         .filter(|d| parsed(d)["kind"] == "StatefulSet")
         .collect();
     assert_eq!(replicas.len(), 1);
-    let out = run_with_input(
-        Command::new(pko_testenv::kubectl())
-            .arg("--kubeconfig")
-            .arg(env().management().kubeconfig_path())
-            .args(["apply", "--server-side", "--dry-run=server", "-f", "-"]),
-        &replicas[0],
-    )
-    .unwrap();
-    assert!(
-        out.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = kubectl_apply(&["--dry-run=server"], &replicas[0]);
     assert!(
         String::from_utf8_lossy(&out.stdout)
             .contains("statefulset.apps/pko-manager serverside-applied (server dry run)"),
@@ -785,19 +774,7 @@ async fn manager_under_admission_policies() -> Option<kube::Client> {
                         .any(|r| r.name == "validatingadmissionpolicies")
                 });
             if served {
-                let out = run_with_input(
-                    Command::new(pko_testenv::kubectl())
-                        .arg("--kubeconfig")
-                        .arg(env().management().kubeconfig_path())
-                        .args(["apply", "--server-side", "-f", "-"]),
-                    &kustomize("manager-admission").join("\n---\n"),
-                )
-                .unwrap();
-                assert!(
-                    out.status.success(),
-                    "{}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
+                kubectl_apply(&[], &kustomize("manager-admission").join("\n---\n"));
             }
             served
         })
@@ -885,19 +862,7 @@ async fn the_sharded_manager_changes_only_the_shard_labels_of_a_hosted_cluster()
     };
     let rbac =
         std::fs::read_to_string(deploy_dir().join("manager-sharded/rbac-sharding.yaml")).unwrap();
-    let out = run_with_input(
-        Command::new(pko_testenv::kubectl())
-            .arg("--kubeconfig")
-            .arg(env().management().kubeconfig_path())
-            .args(["apply", "--server-side", "-f", "-"]),
-        &rbac,
-    )
-    .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    kubectl_apply(&[], &rbac);
     pko_testenv::install_hosted_cluster_crd(env().management())
         .await
         .unwrap();
@@ -1052,20 +1017,12 @@ async fn the_network_policies_are_accepted_by_the_apiserver() {
     )
     .unwrap();
     for (name, policy) in [("pko-manager-egress", example), ("pko-manager", shipped)] {
-        let out = run_with_input(
-            Command::new(pko_testenv::kubectl())
-                .arg("--kubeconfig")
-                .arg(env().management().kubeconfig_path())
-                .args(["apply", "--server-side", "--dry-run=server", "-f", "-"]),
-            &policy,
-        )
-        .unwrap();
+        let out = kubectl_apply(&["--dry-run=server"], &policy);
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(
-            out.status.success()
-                && stdout.contains(&format!(
-                    "networkpolicy.networking.k8s.io/{name} serverside-applied (server dry run)"
-                )),
+            stdout.contains(&format!(
+                "networkpolicy.networking.k8s.io/{name} serverside-applied (server dry run)"
+            )),
             "{stdout}{}",
             String::from_utf8_lossy(&out.stderr)
         );

@@ -55,21 +55,31 @@ pub async fn install_tenant_manifests() {
         .await;
 }
 
-async fn apply_manifests(dir: &str) {
-    let documents: Vec<String> = kustomize(dir);
+/// `kubectl apply --server-side <flags> -f -` of `documents` on the management apiserver, as an admin;
+/// asserts it succeeded and returns its output.
+pub fn kubectl_apply(flags: &[&str], documents: &str) -> std::process::Output {
     let out = run_with_input(
         Command::new(pko_testenv::kubectl())
             .arg("--kubeconfig")
             .arg(env().management().kubeconfig_path())
-            .args(["apply", "--server-side", "--force-conflicts", "-f", "-"]),
-        &documents.join("\n---\n"),
+            .args(["apply", "--server-side"])
+            .args(flags)
+            .args(["-f", "-"]),
+        documents,
     )
     .unwrap();
     assert!(
         out.status.success(),
-        "{}",
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    out
+}
+
+async fn apply_manifests(dir: &str) {
+    let documents: Vec<String> = kustomize(dir);
+    kubectl_apply(&["--force-conflicts"], &documents.join("\n---\n"));
     let client = env().management().client().await.unwrap();
     let roles: Api<ClusterRole> = Api::all(client);
     wait_until("managed-objects role aggregated", TIMEOUT, || async {
