@@ -6,6 +6,12 @@
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+/// Bytes (a digest, or the first bytes of one) as lowercase hex, as digests are written in names,
+/// annotations and reports.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// What a canonical encoding is fed to.
 trait CanonicalSink {
     fn write(&mut self, bytes: &[u8]);

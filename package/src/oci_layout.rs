@@ -12,6 +12,7 @@ use std::io::Read;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
+use super::canonical_hash::hex;
 use super::files::PackageFiles;
 use super::image::{append_file, image_config, pack, unpack, ImageError};
 
@@ -22,8 +23,7 @@ const REF_NAME_ANNOTATION: &str = "org.opencontainers.image.ref.name";
 
 fn digest(bytes: &[u8]) -> String {
     let hash = Sha256::digest(bytes);
-    let hex: String = hash.iter().map(|b| format!("{b:02x}")).collect();
-    format!("sha256:{hex}")
+    format!("sha256:{}", hex(&hash))
 }
 
 fn descriptor(media_type: &str, bytes: &[u8]) -> Value {

@@ -12,6 +12,7 @@ use serde_json::Value as Json;
 use sha2::{Digest, Sha256};
 
 use super::template_values::{arg, display, fail, from_json, is_empty, string_arg, to_json};
+use crate::canonical_hash::hex;
 use crate::render_budget::check_text;
 
 type Result<T> = std::result::Result<T, gotmpl::TemplateError>;
@@ -259,9 +260,7 @@ fn string_funcs(map: &mut FuncMap) {
     });
     insert(map, "sha256sum", |a| {
         let hash = Sha256::digest(string_arg("sha256sum", a, 0)?.as_bytes());
-        Ok(Value::from(
-            hash.iter().map(|b| format!("{b:02x}")).collect::<String>(),
-        ))
+        Ok(Value::from(hex(&hash)))
     });
     insert(map, "regexMatch", |a| {
         let re = regex::Regex::new(&string_arg("regexMatch", a, 0)?)

@@ -16,6 +16,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, Resource};
+use pko_package::canonical_hash::{hex, value_digest};
 use pko_package::files::PackageFiles;
 use pko_proto::core::common::ObjectSetTemplatePhase;
 use pko_proto::core::hosted_cluster_package::HostedClusterPackage;
@@ -86,11 +87,7 @@ pub fn report_name(hcpkg: &str) -> String {
     if name.len() <= MAX {
         return name;
     }
-    let digest: String = pko_package::canonical_hash::value_digest(&json!(hcpkg))
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .take(DIGEST / 2)
-        .collect();
+    let digest = hex(&value_digest(&json!(hcpkg))[..DIGEST / 2]);
     // Names are ASCII (DNS subdomains), so bytes are characters.
     let start = name[..MAX - DIGEST - 1].trim_end_matches(['-', '.']);
     format!("{start}-{digest}")

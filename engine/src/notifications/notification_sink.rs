@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 
 use crate::objects::apply_identity::is_dns1123_subdomain;
-use pko_package::canonical_hash::value_digest;
+use pko_package::canonical_hash::{hex, value_digest};
 use pko_proto::core::hosted_cluster_package::HostedClusterPackageRolloutPolicy;
 use pko_proto::core::rollout_notifications::HostedClusterPackageNotificationSink;
 use pko_proto::rollout_events::{RolloutEventKind, SUBJECT_PREFIX};
@@ -123,8 +123,7 @@ impl NotificationSink {
             SinkScope::HostedClusterPackage { name, uid } => json!({"name": name, "uid": uid}),
         };
         let digest = value_digest(&json!({"scope": scope, "url": self.url}));
-        let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
-        format!("pko-sink-{hex}")
+        format!("pko-sink-{}", hex(&digest[..8]))
     }
 }
 

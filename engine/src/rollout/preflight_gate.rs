@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use pko_package::canonical_hash::value_digest;
+use pko_package::canonical_hash::{hex, value_digest};
 use pko_proto::core::hosted_cluster_package::{HostedClusterPackage, RolloutApproval};
 use pko_proto::core::package::PackageTemplateSpec;
 use pko_proto::core::rollout_preflight::{HostedClusterPackagePreflightStatus, PreflightOnRefusal};
@@ -41,7 +41,7 @@ pub fn preflight_inputs_hash(template_hash: &str, clusters: &[Arc<HostedCluster>
         })
         .collect();
     let digest = value_digest(&json!({"template": template_hash, "targets": targets}));
-    digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+    hex(&digest[..8])
 }
 
 /// Whether a Package the HostedClusterPackage owns is still to be updated to `template`: only then is

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use pko_package::canonical_hash::value_digest;
+use pko_package::canonical_hash::{hex, value_digest};
 use pko_proto::core::rollout_preflight::{
     HostedClusterPackagePreflightStatus, PreflightGroup, PreflightGroupSummary,
     PreflightObjectChange, PreflightRefusal, PreflightReport,
@@ -60,10 +60,6 @@ fn unified_diff(label: &str, change: &ObjectChange, deadline: Instant) -> String
         .context_radius(3)
         .header(&format!("a/{label}"), &format!("b/{label}"))
         .to_string()
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// What a group's digest covers: each object's identity, action, both sides and verdict, or why the
