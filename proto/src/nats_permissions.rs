@@ -67,6 +67,8 @@ pub fn manager_permissions(fleet: Option<(&str, &str)>) -> NatsPermissions {
         format!("$JS.API.STREAM.CREATE.{STREAM}"),
         format!("$JS.API.STREAM.UPDATE.{STREAM}"),
         format!("$JS.API.STREAM.INFO.{STREAM}"),
+        // Whether a finished rollout's story is stored already (the last message of a subject).
+        format!("$JS.API.STREAM.MSG.GET.{STREAM}"),
         // The notification sinks' durable consumers of the stream, and their acknowledgements.
         format!("$JS.API.CONSUMER.CREATE.{STREAM}.>"),
         format!("$JS.API.CONSUMER.INFO.{STREAM}.>"),
@@ -226,6 +228,11 @@ mod tests {
             assert!(!may(&manager.publish, foreign), "{foreign}");
         }
         assert!(!may(&manager.publish, "$JS.API.STREAM.DELETE.PKO_ROLLOUTS"));
+        assert!(may(&manager.publish, "$JS.API.STREAM.MSG.GET.PKO_ROLLOUTS"));
+        assert!(!may(
+            &manager.publish,
+            "$JS.API.STREAM.MSG.DELETE.PKO_ROLLOUTS"
+        ));
         // Its CloudEvents sinks read the stream through durable consumers, nothing more.
         for sink in [
             "$JS.API.CONSUMER.CREATE.PKO_ROLLOUTS.pko-sink-0123456789abcdef.pko.v1.rollout.>",

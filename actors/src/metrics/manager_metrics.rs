@@ -31,6 +31,17 @@ use prometheus_client::metrics::gauge::Gauge;
 
 use prometheus_client::registry::Registry;
 
+/// What became of a rollout event the publisher's outbox let go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Published {
+    /// The stream stored it.
+    Stored,
+    /// The stream held its message id already.
+    Duplicate,
+    /// Not published: the story it belongs to was told whole before.
+    ToldBefore,
+}
+
 /// The metrics of one manager; cheap to clone.
 #[derive(Clone)]
 pub struct ManagerMetrics {
@@ -201,9 +212,13 @@ impl ManagerMetrics {
             .register_collector(collector);
     }
 
-    /// The stream acknowledged a rollout event (`duplicate`: it held it already).
-    pub fn rollout_event_published(&self, duplicate: bool) {
-        let result = if duplicate { "duplicate" } else { "stored" };
+    /// What became of a rollout event handed to the stream.
+    pub fn rollout_event_published(&self, outcome: Published) {
+        let result = match outcome {
+            Published::Stored => "stored",
+            Published::Duplicate => "duplicate",
+            Published::ToldBefore => "told_before",
+        };
         self.rollout_events
             .published
             .get_or_create(&StoredLabels { result })

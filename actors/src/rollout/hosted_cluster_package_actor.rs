@@ -73,6 +73,10 @@ struct StepToCarry {
     writes: BTreeMap<String, Span>,
     deletes: Vec<String>,
     events: Vec<RolloutEvent>,
+    /// The story so far, told again on taking a rollout over: queued after the first `before_story` of
+    /// `events`, and not at all when it ends in a `rolloutFinished` the stream holds already.
+    story: Vec<RolloutEvent>,
+    before_story: usize,
     /// The Events to raise for the events' transitions.
     transitions: Vec<TransitionEvent>,
     /// The plan the next decision's events are told against.
@@ -90,6 +94,8 @@ impl StepToCarry {
             writes: BTreeMap::new(),
             deletes: Vec::new(),
             events: Vec::new(),
+            story: Vec::new(),
+            before_story: 0,
             transitions: Vec::new(),
             next: None,
             hub: None,
@@ -369,7 +375,7 @@ impl HostedClusterPackageActor {
             RolloutDecision::Invalid(status) => StepToCarry::invalid(*status),
             RolloutDecision::Planned(step) => self.step_to_carry(&hcpkg, &previous_status, *step),
         };
-        if !step.events.is_empty() {
+        if !step.events.is_empty() || !step.story.is_empty() {
             self.state.last_event_at = Some(Timestamp::now());
         }
         let status_changed = step.status != previous_status;
@@ -391,7 +397,9 @@ impl HostedClusterPackageActor {
         let events_sink = self.context.runtime.events.clone();
         // What the write and the publisher take goes with them; the status comes back to `carried`.
         let status = std::mem::take(&mut step.status);
-        let events = std::mem::take(&mut step.events);
+        let mut events = std::mem::take(&mut step.events);
+        let after_story = events.split_off(step.before_story.min(events.len()));
+        let story = std::mem::take(&mut step.story);
         let transitions = std::mem::take(&mut step.transitions);
         let run = async move {
             // The in-flight set (and the rest of the status) goes first: a crash after this point
@@ -405,6 +413,8 @@ impl HostedClusterPackageActor {
             events_sink.raise_transitions(&reference, transitions);
             if let Some(publisher) = publisher {
                 publisher.enqueue(events);
+                publisher.enqueue_unless_stored(story);
+                publisher.enqueue(after_story);
             }
             Ok::<_, StatusWriteError>((status, written_at))
         };
@@ -525,14 +535,21 @@ impl HostedClusterPackageActor {
 /// Whether the stored status says the current generation's rollout was under way: written for this
 /// generation with Progressing=True (by this manager before a restart, or by another replica).
 fn under_way(hcpkg: &HostedClusterPackage) -> bool {
-    let generation = hcpkg.metadata.generation.unwrap_or_default();
-    hcpkg.status.as_ref().is_some_and(|status| {
-        status.observed_generation == generation
-            && status
-                .conditions
-                .iter()
-                .any(|c| c.type_ == PROGRESSING && c.status == "True")
+    status_of_this_generation(hcpkg).is_some_and(|status| {
+        status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == PROGRESSING && c.status == "True")
     })
+}
+
+/// The stored status, when it is of the current generation: a manager before this one planned it.
+fn status_of_this_generation(hcpkg: &HostedClusterPackage) -> Option<&HostedClusterPackageStatus> {
+    let generation = hcpkg.metadata.generation.unwrap_or_default();
+    hcpkg
+        .status
+        .as_ref()
+        .filter(|status| status.observed_generation == generation)
 }
 
 /// Why the status was not written.

@@ -4,6 +4,8 @@
 //! stream acknowledges it before it takes the next. The stream drops what it already holds by message id,
 //! so a retry whose acknowledgement was lost, or a restarted manager telling a rollout's story again, is
 //! stored once. The stream is created, or its limits brought up to date, before the first publish.
+//! A story told again of a rollout that had finished ([`RolloutPublisher::enqueue_unless_stored`]) is
+//! told only if the stream does not hold its end, so a restart long after a rollout does not repeat it.
 //!
 //! It must not decide what to tell; `engine::rollout::rollout_events` does.
 
@@ -12,26 +14,41 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_nats::jetstream::message::PublishMessage;
+use async_nats::jetstream::stream::LastRawMessageErrorKind;
 use async_nats::jetstream::{self, stream};
 use pko_proto::rollout_events::{
-    RolloutEvent, STREAM, STREAM_DUPLICATE_WINDOW, STREAM_MAX_AGE, STREAM_MAX_BYTES,
-    STREAM_MAX_MESSAGE_BYTES, SUBJECT_PREFIX,
+    RolloutEvent, RolloutEventKind, STREAM, STREAM_DUPLICATE_WINDOW, STREAM_MAX_AGE,
+    STREAM_MAX_BYTES, STREAM_MAX_MESSAGE_BYTES, SUBJECT_PREFIX,
 };
 use tokio::sync::Notify;
 use tracing::{info, warn};
 
 use pko_proto::connector_wire::TRACEPARENT_HEADER;
 
-use crate::metrics::manager_metrics::ManagerMetrics;
+use crate::metrics::manager_metrics::{ManagerMetrics, Published};
 use crate::runtime::reconcile_gate::Backoff;
 
 /// Events the outbox holds at most when the manager does not say otherwise (about 3 MB).
 pub const DEFAULT_OUTBOX_CAPACITY: usize = 10_000;
 
+/// Tell the events that carry it only if the stream's last message on `subject` is not `message_id`.
+#[derive(Debug, PartialEq, Eq)]
+pub struct UnlessStored {
+    pub subject: String,
+    pub message_id: String,
+}
+
+/// One event waiting for the stream, with the condition of the batch it came in, if any.
+#[derive(Debug)]
+pub struct QueuedEvent {
+    pub event: RolloutEvent,
+    pub unless: Option<Arc<UnlessStored>>,
+}
+
 /// The events not yet acknowledged by the stream, oldest first, at most `capacity` of them.
 #[derive(Debug)]
 pub struct EventOutbox {
-    events: VecDeque<RolloutEvent>,
+    events: VecDeque<QueuedEvent>,
     capacity: usize,
 }
 
@@ -45,15 +62,19 @@ impl EventOutbox {
 
     /// Queues `events` behind the others; returns how many did not fit and were dropped (the newest:
     /// what is queued keeps its order, and the stream shows no step out of order).
-    pub fn push(&mut self, events: Vec<RolloutEvent>) -> usize {
+    pub fn push(&mut self, events: Vec<RolloutEvent>, unless: Option<Arc<UnlessStored>>) -> usize {
         let room = self.capacity.saturating_sub(self.events.len());
         let dropped = events.len().saturating_sub(room);
-        self.events.extend(events.into_iter().take(room));
+        self.events
+            .extend(events.into_iter().take(room).map(|event| QueuedEvent {
+                event,
+                unless: unless.clone(),
+            }));
         dropped
     }
 
     /// The event to publish next.
-    pub fn next(&self) -> Option<&RolloutEvent> {
+    pub fn next(&self) -> Option<&QueuedEvent> {
         self.events.front()
     }
 
@@ -103,12 +124,32 @@ impl RolloutPublisher {
 
     /// Queues `events` for publishing, in order, without waiting.
     pub fn enqueue(&self, events: Vec<RolloutEvent>) {
+        self.queue(events, None);
+    }
+
+    /// Queues the story of a rollout told again: when it tells the rollout finished, it is published
+    /// only if the stream does not hold that `rolloutFinished` yet, as the last of its subject. A story
+    /// whose end the stream holds was told whole before (events are stored in order).
+    pub fn enqueue_unless_stored(&self, events: Vec<RolloutEvent>) {
+        let unless = events
+            .iter()
+            .find(|e| e.kind == RolloutEventKind::RolloutFinished)
+            .map(|finished| {
+                Arc::new(UnlessStored {
+                    subject: finished.subject(),
+                    message_id: finished.message_id(),
+                })
+            });
+        self.queue(events, unless);
+    }
+
+    fn queue(&self, events: Vec<RolloutEvent>, unless: Option<Arc<UnlessStored>>) {
         if events.is_empty() {
             return;
         }
         let (dropped, pending) = {
             let mut outbox = self.outbox();
-            let dropped = outbox.push(events);
+            let dropped = outbox.push(events, unless);
             (dropped, outbox.len())
         };
         if dropped > 0 {
@@ -145,27 +186,47 @@ impl RolloutPublisher {
         let mut stream_ready = false;
         let mut failures = 0u32;
         let mut backoff = retry_delays();
+        // The condition looked up last and whether the stream held it: one lookup per batch.
+        let mut checked: Option<(Arc<UnlessStored>, bool)> = None;
         loop {
-            let next = self.outbox().next().cloned();
-            let Some(event) = next else {
+            let next = self
+                .outbox()
+                .next()
+                .map(|q| (q.event.clone(), q.unless.clone()));
+            let Some((event, unless)) = next else {
                 self.emptied.notify_waiters();
                 self.queued.notified().await;
                 continue;
             };
             let outcome = if stream_ready {
-                publish(&jetstream, &event).await
+                let told = match &unless {
+                    None => false,
+                    Some(unless) => match &checked {
+                        Some((looked_up, held)) if Arc::ptr_eq(looked_up, unless) => *held,
+                        _ => {
+                            let held = holds_last(&jetstream, unless).await;
+                            checked = Some((unless.clone(), held));
+                            held
+                        }
+                    },
+                };
+                if told {
+                    Ok(Published::ToldBefore)
+                } else {
+                    publish(&jetstream, &event).await
+                }
             } else {
-                ensure_stream(&jetstream).await.map(|()| false)
+                ensure_stream(&jetstream).await.map(|()| Published::Stored)
             };
             match outcome {
                 Ok(_) if !stream_ready => stream_ready = true,
-                Ok(duplicate) => {
+                Ok(published) => {
                     let pending = {
                         let mut outbox = self.outbox();
                         outbox.acknowledged();
                         outbox.len()
                     };
-                    self.metrics.rollout_event_published(duplicate);
+                    self.metrics.rollout_event_published(published);
                     self.metrics.rollout_events_pending(pending);
                     if failures > 0 {
                         info!(
@@ -216,8 +277,37 @@ pub(crate) async fn ensure_stream(jetstream: &jetstream::Context) -> Result<(), 
         .map_err(|e| format!("creating or updating stream {STREAM}: {e}"))
 }
 
-/// Publishes one event with its message id; `Ok(true)` when the stream already held it.
-async fn publish(jetstream: &jetstream::Context, event: &RolloutEvent) -> Result<bool, String> {
+/// Whether the stream's last message on the condition's subject is its message id. Not known (the
+/// lookup failed) counts as not held: the story is told, and the duplicate window keeps it once.
+async fn holds_last(jetstream: &jetstream::Context, unless: &UnlessStored) -> bool {
+    let last = match jetstream.get_stream_no_info(STREAM).await {
+        Ok(stream) => stream
+            .get_last_raw_message_by_subject(&unless.subject)
+            .await
+            .map_err(|e| {
+                let none = matches!(e.kind(), LastRawMessageErrorKind::NoMessageFound);
+                (none, e.to_string())
+            }),
+        Err(e) => Err((false, e.to_string())),
+    };
+    match last {
+        Ok(message) => message
+            .headers
+            .get(async_nats::header::NATS_MESSAGE_ID)
+            .is_some_and(|id| id.as_str() == unless.message_id),
+        Err((true, _)) => false,
+        Err((false, error)) => {
+            warn!(%error, subject = %unless.subject, "could not look up whether a finished rollout's story was told; telling it");
+            false
+        }
+    }
+}
+
+/// Publishes one event with its message id.
+async fn publish(
+    jetstream: &jetstream::Context,
+    event: &RolloutEvent,
+) -> Result<Published, String> {
     let payload = serde_json::to_vec(event).map_err(|e| format!("encoding the event: {e}"))?;
     let mut message = PublishMessage::build()
         .payload(payload.into())
@@ -231,13 +321,17 @@ async fn publish(jetstream: &jetstream::Context, event: &RolloutEvent) -> Result
         .map_err(|e| e.to_string())?
         .await
         .map_err(|e| e.to_string())?;
-    Ok(ack.duplicate)
+    Ok(if ack.duplicate {
+        Published::Duplicate
+    } else {
+        Published::Stored
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pko_proto::rollout_events::{RolloutEventKind, EVENT_VERSION};
+    use pko_proto::rollout_events::EVENT_VERSION;
 
     fn event(namespace: &str) -> RolloutEvent {
         RolloutEvent {
@@ -258,16 +352,19 @@ mod tests {
     #[test]
     fn the_outbox_keeps_order_and_drops_the_newest_when_full() {
         let mut outbox = EventOutbox::new(3);
-        assert_eq!(outbox.push(vec![event("a"), event("b")]), 0);
-        assert_eq!(outbox.push(vec![event("c"), event("d"), event("e")]), 2);
+        assert_eq!(outbox.push(vec![event("a"), event("b")], None), 0);
+        assert_eq!(
+            outbox.push(vec![event("c"), event("d"), event("e")], None),
+            2
+        );
         assert_eq!(outbox.len(), 3);
         let mut published = Vec::new();
         while let Some(next) = outbox.next() {
-            published.push(next.namespace.clone().unwrap());
+            published.push(next.event.namespace.clone().unwrap());
             outbox.acknowledged();
         }
         assert_eq!(published, ["a", "b", "c"]);
         assert!(outbox.is_empty());
-        assert_eq!(outbox.push(vec![event("f")]), 0);
+        assert_eq!(outbox.push(vec![event("f")], None), 0);
     }
 }

@@ -1,8 +1,11 @@
 //! Lossless, deduplicated rollout events (issue 17, item 3). NATS is down for a whole release: the
-//! Packages roll on schedule anyway, and the events reach the stream once NATS is back. Then the manager
-//! is killed in the middle of the next release, and its successor tells that rollout's story again: the
-//! stream stores each step once, by its message id. At the end the stream holds every step of the three
-//! releases exactly once, in order. This binary kills NATS and the manager, so it has its own environment.
+//! Packages roll on schedule anyway, and the manager dies with the release's events in its outbox, its
+//! status already saying finished; its successor tells the finished rollout's story once NATS is back.
+//! Then the manager is killed in the middle of the next release, and its successor tells that rollout's
+//! story again: the stream stores each step once, by its message id. A manager restarted on the settled
+//! rollout finds its end stored and publishes nothing again. At the end the stream holds every step of
+//! the three releases exactly once, in order. This binary kills NATS and the manager, so it has its own
+//! environment.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -14,7 +17,7 @@ use kube::api::PostParams;
 use kube::Api;
 use pko_proto::core::hosted_cluster_package::HostedClusterPackage;
 use pko_proto::rollout_events::{RolloutEvent, RolloutEventKind};
-use pko_testenv::wait_until;
+use pko_testenv::{wait_until, ManagerProcess};
 use serde_json::json;
 
 use common::rollout::*;
@@ -40,7 +43,21 @@ async fn wait_finished_in_stream(name: &str, generation: i64) {
             }) {
                 Ok(())
             } else {
-                Err(format!("{} events", events.len()))
+                let told: Vec<String> = events
+                    .iter()
+                    .filter(|(_, e)| e.generation == generation)
+                    .map(|(_, e)| {
+                        format!(
+                            "{:?} {}",
+                            e.kind,
+                            e.namespace.as_deref().or(e.group.as_deref()).unwrap_or("")
+                        )
+                    })
+                    .collect();
+                Err(format!(
+                    "{} events, of generation {generation}: {told:?}",
+                    events.len()
+                ))
             }
         },
     )
@@ -116,6 +133,12 @@ fn assert_story(events: &[&RolloutEvent], namespaces: &BTreeSet<String>, groups:
     }
 }
 
+/// How many rollout events `manager` let go with `result` (none yet: 0).
+async fn published(manager: &ManagerProcess, result: &str) -> u64 {
+    let series = format!("pko_rollout_events_published_total{{result=\"{result}\"}}");
+    manager.metric(&series).await.unwrap_or(0)
+}
+
 #[tokio::test]
 async fn events_survive_a_nats_outage_and_a_manager_restart_exactly_once() {
     let env = env();
@@ -165,15 +188,20 @@ async fn events_survive_a_nats_outage_and_a_manager_restart_exactly_once() {
     );
     let held = first.metric("pko_rollout_events_pending").await.unwrap();
     assert!(held > 0, "the outbox holds release 2's events");
+    // The manager dies with release 2's end in its outbox: its status says finished, the stream does not.
+    // Its successor tells the story of the finished generation, because the stream lacks its end.
+    first.kill();
     env.nats().restart().await.unwrap();
+    let second = env.start_manager(binary, &[]).await.unwrap();
     wait_finished_in_stream(&name, 2).await;
 
-    // Release 3: the manager is killed once the first Package took it; its successor finishes it.
+    // Release 3: the manager is killed once the first Package took it; its successor finishes it (or,
+    // when the rollout was quicker than the kill, finds its end stored and tells nothing again).
     roll_image(&api, &name, &images[2]).await;
     wait_status(
         &api,
         &name,
-        || first.log_tail(),
+        || second.log_tail(),
         "a Package on v3",
         |h| {
             h.metadata.generation == Some(3)
@@ -183,24 +211,45 @@ async fn events_survive_a_nats_outage_and_a_manager_restart_exactly_once() {
         },
     )
     .await;
-    first.kill();
-    let second = env.start_manager(binary, &[]).await.unwrap();
+    second.kill();
+    let third = env.start_manager(binary, &[]).await.unwrap();
     wait_status(
         &api,
         &name,
-        || second.log_tail(),
+        || third.log_tail(),
         "4/4 on v3",
         |h| all_available(h, 4),
     )
     .await;
     wait_finished_in_stream(&name, 3).await;
-    let retold = second
-        .metric("pko_rollout_events_published_total{result=\"duplicate\"}")
-        .await
-        .unwrap();
+    let retold = published(&third, "duplicate").await + published(&third, "told_before").await;
     assert!(
         retold > 0,
-        "the successor retold the story; the stream kept it once"
+        "the successor retold the story or found it told; the stream kept it once"
+    );
+    third.kill();
+
+    // A manager started on the finished rollout finds its end stored: it publishes nothing of it again.
+    let fourth = env.start_manager(binary, &[]).await.unwrap();
+    wait_until(
+        "the restarted manager found release 3's story told",
+        TIMEOUT,
+        || async {
+            match published(&fourth, "told_before").await {
+                0 => Err("nothing found told yet".to_owned()),
+                n => Ok(n),
+            }
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        (
+            published(&fourth, "stored").await,
+            published(&fourth, "duplicate").await
+        ),
+        (0, 0),
+        "a settled rollout's story was published again after a restart"
     );
 
     // Every step exactly once, each release's story whole and in order.

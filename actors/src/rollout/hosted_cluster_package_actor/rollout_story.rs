@@ -10,7 +10,10 @@ use pko_proto::rollout_events::{RolloutEvent, RolloutEventKind, EVENT_VERSION};
 use tracing::{info_span, Span};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use super::{under_way, Guard, HostedClusterPackageActor, HubReport, LastPlan, StepToCarry};
+use super::{
+    status_of_this_generation, under_way, Guard, HostedClusterPackageActor, HubReport, LastPlan,
+    StepToCarry,
+};
 use crate::engine::fleet::promotion_gate::GateVerdict;
 use crate::engine::rollout::rollout_decision::RolloutStep;
 use crate::engine::rollout::rollout_events::{
@@ -72,17 +75,25 @@ impl HostedClusterPackageActor {
             input: &l.input,
             plan: &l.plan,
         });
-        // Taking over a rollout under way: what was told before is not known here, so the stream gets
-        // the story so far (it drops what it holds) and no Event is raised again.
-        let (mut steps, retold) = match (&gate, previous) {
+        // Taking over a rollout that another manager (or this one before a restart) planned: what was
+        // told before is not known here, so the stream gets the story so far (it drops what it holds)
+        // and no Event is raised again. Also when the stored status says it finished: the manager before
+        // may have died between writing that status and publishing the end. That story is told only if
+        // the stream lacks its `rolloutFinished`, so a restart long after a rollout repeats nothing.
+        let taken_over = under_way(hcpkg)
+            || status_of_this_generation(hcpkg).is_some() && plan.groups.iter().any(|g| g.finished);
+        let (mut steps, story) = match (&gate, previous) {
             // Held at the gate: nothing of the new template happens; the steps are told against the
             // last plan once it opens.
-            (GateVerdict::Closed(_), _) => (Vec::new(), false),
-            (_, Some(previous)) => (rollout_steps(Some(&previous), &view), false),
-            (_, None) if under_way(hcpkg) => (story_so_far(&view), true),
-            (_, None) => (rollout_steps(None, &view), false),
+            (GateVerdict::Closed(_), _) => (Vec::new(), Vec::new()),
+            (_, Some(previous)) => (rollout_steps(Some(&previous), &view), Vec::new()),
+            (_, None) if taken_over => (Vec::new(), story_so_far(&view)),
+            (_, None) => (rollout_steps(None, &view), Vec::new()),
         };
+        let retold = !story.is_empty();
         let gate_step = self.gate_step(&gate, generation);
+        // The gate's step comes before the story it lets happen, the policy's after it.
+        let before_story = usize::from(gate_step.is_some());
         steps.splice(0..0, gate_step);
         steps.extend(policy_steps(previous_status, &status));
         // Each Package update is a trace of its own, from this decision to the hosted cluster.
@@ -111,6 +122,7 @@ impl HostedClusterPackageActor {
             })
             .collect();
         let events = self.rollout_events(hcpkg, steps, &writes);
+        let story = self.rollout_events(hcpkg, story, &writes);
         let partition = plan
             .current_group
             .and_then(|i| plan.groups.get(i))
@@ -136,6 +148,8 @@ impl HostedClusterPackageActor {
             writes,
             deletes,
             events,
+            story,
+            before_story,
             transitions,
             next,
             hub: Some(hub),
