@@ -19,7 +19,7 @@ use oci_client::secrets::RegistryAuth;
 use pko_package::files::PackageFiles;
 use pko_package::image::ImageStore;
 use pko_proto::core::hosted_cluster_package::HostedClusterPackage;
-use pko_proto::fleet::AGGREGATE_STREAM;
+use pko_proto::fleet::{event_origin, AGGREGATE_STREAM};
 use pko_proto::rollout_events::{RolloutEvent, STREAM};
 use pko_testenv::workload::{install_widget_crd, WorkloadSimulator, WIDGET_GROUP};
 use pko_testenv::{
@@ -261,18 +261,15 @@ async fn measure(bench: &FleetBench) -> Result<(), String> {
     tokio::time::sleep(bench.outage.saturating_sub(cut.elapsed())).await;
     let canary_stream = stored(nats.leaf("canary").ok_or("no canary NATS")?, STREAM).await?;
     let cut_at = system_nanos(cut);
-    let buffered = canary_stream
-        .iter()
-        .filter(|(_, t, _)| *t >= cut_at)
-        .count();
-    let local: Vec<String> = canary_stream.into_iter().map(|(id, _, _)| id).collect();
+    let buffered = canary_stream.iter().filter(|m| m.time >= cut_at).count();
+    let local: Vec<String> = canary_stream.into_iter().map(|m| m.id).collect();
     nats.hub().restart().await.map_err(|e| e.to_string())?;
     let back = Instant::now();
     wait_until(
         "the hub's aggregate caught up",
         Duration::from_secs(300),
         || async {
-            let at_hub = stored_ids(nats.hub(), AGGREGATE_STREAM, Some("canary")).await?;
+            let at_hub = stored_ids_from(nats.hub(), "canary").await?;
             if at_hub.len() >= local.len() && at_hub[..local.len()] == local[..] {
                 Ok(())
             } else {
@@ -504,11 +501,19 @@ fn system_nanos(at: Instant) -> i128 {
     now - at.elapsed().as_nanos() as i128
 }
 
-/// Every message of `stream` at `nats`: (message id, stored at, event).
-pub(crate) async fn stored(
-    nats: &Nats,
-    stream: &str,
-) -> Result<Vec<(String, i128, RolloutEvent)>, String> {
+/// One message of a rollout stream.
+pub(crate) struct StoredEvent {
+    pub id: String,
+    /// Unix nanoseconds the stream stored it at.
+    pub time: i128,
+    /// The management cluster the hub took it from, by the subject it filed it under (`None` in a
+    /// cluster's own stream): who sent an event, whatever its `source` says.
+    pub origin: Option<String>,
+    pub event: RolloutEvent,
+}
+
+/// Every message of `stream` at `nats`, in order.
+pub(crate) async fn stored(nats: &Nats, stream: &str) -> Result<Vec<StoredEvent>, String> {
     let js = jetstream::new(nats.client().await.map_err(|e| e.to_string())?);
     let Ok(mut stream) = js.get_stream(stream).await else {
         return Ok(Vec::new());
@@ -535,22 +540,23 @@ pub(crate) async fn stored(
             .unwrap_or_default();
         let event: RolloutEvent =
             serde_json::from_slice(&message.payload).map_err(|e| e.to_string())?;
-        messages.push((id, message.time.unix_timestamp_nanos(), event));
+        messages.push(StoredEvent {
+            id,
+            time: message.time.unix_timestamp_nanos(),
+            origin: event_origin(&message.subject).map(str::to_owned),
+            event,
+        });
     }
     Ok(messages)
 }
 
-/// The message ids of `stream` at `nats`, of management cluster `source` only when given.
-async fn stored_ids(
-    nats: &Nats,
-    stream: &str,
-    source: Option<&str>,
-) -> Result<Vec<String>, String> {
-    Ok(stored(nats, stream)
+/// The message ids the hub's aggregate stream took from management cluster `origin`.
+async fn stored_ids_from(nats: &Nats, origin: &str) -> Result<Vec<String>, String> {
+    Ok(stored(nats, AGGREGATE_STREAM)
         .await?
         .into_iter()
-        .filter(|(_, _, e)| source.is_none_or(|s| e.source == s))
-        .map(|(id, _, _)| id)
+        .filter(|m| m.origin.as_deref() == Some(origin))
+        .map(|m| m.id)
         .collect())
 }
 
@@ -564,22 +570,22 @@ async fn stage_times(
     let canary = stored(nats.leaf("canary").ok_or("no canary NATS")?, STREAM).await?;
     let finished = canary
         .iter()
-        .find(|(_, _, e)| {
-            e.generation == generation
-                && e.kind == pko_proto::rollout_events::RolloutEventKind::RolloutFinished
+        .find(|m| {
+            m.event.generation == generation
+                && m.event.kind == pko_proto::rollout_events::RolloutEventKind::RolloutFinished
         })
-        .map(|(_, t, _)| *t)
+        .map(|m| m.time)
         .ok_or("no rolloutFinished of the canary")?;
     let mut first = i128::MAX;
     for name in &names[1..] {
         let events = stored(nats.leaf(name).ok_or("no NATS")?, STREAM).await?;
         if let Some(t) = events
             .iter()
-            .filter(|(_, _, e)| {
-                e.generation == generation
-                    && e.kind == pko_proto::rollout_events::RolloutEventKind::PackageUpdated
+            .filter(|m| {
+                m.event.generation == generation
+                    && m.event.kind == pko_proto::rollout_events::RolloutEventKind::PackageUpdated
             })
-            .map(|(_, t, _)| *t)
+            .map(|m| m.time)
             .min()
         {
             first = first.min(t);
@@ -597,16 +603,18 @@ async fn hub_lags(
     let at_hub = stored(nats.hub(), AGGREGATE_STREAM).await?;
     let mut local: BTreeMap<(String, String), i128> = BTreeMap::new();
     for name in names {
-        for (id, t, _) in stored(nats.leaf(name).ok_or("no NATS")?, STREAM).await? {
-            local.insert((name.clone(), id), t);
+        for m in stored(nats.leaf(name).ok_or("no NATS")?, STREAM).await? {
+            local.insert((name.clone(), m.id), m.time);
         }
     }
     Ok(at_hub
         .iter()
-        .filter(|(_, _, e)| generation.is_none_or(|g| e.generation == g))
-        .filter_map(|(id, t, e)| {
-            let origin = local.get(&(e.source.clone(), id.clone()))?;
-            Some(Duration::from_nanos(u64::try_from(t - origin).unwrap_or(0)))
+        .filter(|m| generation.is_none_or(|g| m.event.generation == g))
+        .filter_map(|m| {
+            let sent = local.get(&(m.origin.clone()?, m.id.clone()))?;
+            Some(Duration::from_nanos(
+                u64::try_from(m.time - sent).unwrap_or(0),
+            ))
         })
         .collect())
 }

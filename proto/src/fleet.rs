@@ -65,6 +65,38 @@ pub fn domain_api_prefix(domain: &str) -> String {
     format!("$JS.{domain}.API")
 }
 
+/// Where the hub's aggregate stream keeps a management cluster's rollout events: the hub rewrites each
+/// sourced subject `pko.v1.rollout.<hcpkg>.<kind>` to `pko.fleet.from.<cluster>.rollout.<hcpkg>.<kind>`
+/// as it takes it from that cluster's domain. The cluster is the hub's word, not the event's `source`
+/// (which the sending manager writes), so readers attribute events by the subject.
+pub const FLEET_EVENTS_PREFIX: &str = "pko.fleet.from";
+
+/// The subject the hub stores `cluster`'s events under, without the HostedClusterPackage and kind tokens.
+pub fn fleet_events_subject(cluster: &str) -> String {
+    format!("{FLEET_EVENTS_PREFIX}.{cluster}.rollout")
+}
+
+/// A filter on the aggregate stream for one HostedClusterPackage's events (its name as in its rollout
+/// subjects, dots as `_`) from every cluster, or for every event with `None`.
+pub fn fleet_events_filter(hosted_cluster_package: Option<&str>) -> String {
+    match hosted_cluster_package {
+        Some(name) => format!(
+            "{FLEET_EVENTS_PREFIX}.*.rollout.{}.>",
+            name.replace('.', "_")
+        ),
+        None => format!("{FLEET_EVENTS_PREFIX}.*.rollout.>"),
+    }
+}
+
+/// The management cluster the hub took a stored event from, by its subject in the aggregate stream.
+pub fn event_origin(subject: &str) -> Option<&str> {
+    let rest = subject
+        .strip_prefix(FLEET_EVENTS_PREFIX)?
+        .strip_prefix('.')?;
+    let (cluster, rest) = rest.split_once('.')?;
+    rest.starts_with("rollout.").then_some(cluster)
+}
+
 /// The key of a management cluster's record.
 pub fn cluster_key(cluster: &str) -> String {
     format!("cluster.{cluster}")
@@ -272,6 +304,23 @@ pub const POISONED_TEMPLATES: usize = 16;
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn a_stored_events_origin_is_its_subjects_cluster_token() {
+        let stored = format!("{}.addon_x.package_updated", fleet_events_subject("prod-a"));
+        assert_eq!(
+            stored,
+            "pko.fleet.from.prod-a.rollout.addon_x.package_updated"
+        );
+        assert_eq!(event_origin(&stored), Some("prod-a"));
+        assert_eq!(event_origin("pko.v1.rollout.addon_x.package_updated"), None);
+        assert_eq!(event_origin("pko.fleet.from.prod-a.records.x"), None);
+        assert_eq!(
+            fleet_events_filter(Some("addon.x")),
+            "pko.fleet.from.*.rollout.addon_x.>"
+        );
+        assert_eq!(fleet_events_filter(None), "pko.fleet.from.*.rollout.>");
+    }
 
     #[test]
     fn cluster_names_are_domain_and_key_safe() {

@@ -17,15 +17,18 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, stream};
 use pko_proto::fleet::{
-    check_cluster_name, cluster_key, domain_api_prefix, member_bucket, AGGREGATE_STREAM,
-    DEFAULT_HUB_DOMAIN, HUB_ACCOUNT_LIMITS, MEMBER_LINK_PAYLOAD_BYTES, MEMBER_LINK_SUBSCRIPTIONS,
-    MEMBER_RECORDS_MAX_BYTES, RECORD_MAX_AGE, RECORD_MAX_BYTES, STATE_BUCKET,
+    check_cluster_name, cluster_key, domain_api_prefix, fleet_events_subject, member_bucket,
+    AGGREGATE_STREAM, DEFAULT_HUB_DOMAIN, HUB_ACCOUNT_LIMITS, MEMBER_LINK_PAYLOAD_BYTES,
+    MEMBER_LINK_SUBSCRIPTIONS, MEMBER_RECORDS_MAX_BYTES, RECORD_MAX_AGE, RECORD_MAX_BYTES,
+    STATE_BUCKET,
 };
 use pko_proto::nats_credentials::{expiry_after, CredentialsError, OperatorSetup, UserLimits};
 use pko_proto::nats_permissions::{
     fleet_viewer_permissions, member_link_permissions, source_delivery_prefix,
 };
-use pko_proto::rollout_events::{STREAM, STREAM_MAX_AGE, STREAM_MAX_BYTES};
+use pko_proto::rollout_events::{
+    STREAM, STREAM_MAX_AGE, STREAM_MAX_BYTES, SUBJECT_PREFIX as EVENT_PREFIX,
+};
 
 use crate::bootstrap_writes::{write_file, Written};
 
@@ -362,6 +365,12 @@ async fn prepare_hub(url: &str, creds: &str, cluster: &str) -> Result<(), FleetB
             api_prefix: domain_api_prefix(cluster),
             delivery_prefix: Some(source_delivery_prefix(cluster)),
         }),
+        // Stored under the cluster's name, which the hub, not the sender, decides: readers attribute an
+        // event by it, never by the `source` the sending manager wrote.
+        subject_transforms: vec![stream::SubjectTransform {
+            source: format!("{EVENT_PREFIX}.>"),
+            destination: format!("{}.>", fleet_events_subject(cluster)),
+        }],
         ..Default::default()
     };
     let found = tokio::time::timeout(HUB_TIMEOUT, hub.get_stream(AGGREGATE_STREAM))

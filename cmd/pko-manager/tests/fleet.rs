@@ -11,7 +11,8 @@
 //! cluster exactly once, in each cluster's order. `kubectl package fleet status` shows the three clusters.
 //! Each cluster speaks at the hub only for itself (issue 39, item 2; issue 63, item 1): a compromised
 //! prod-a cannot write the canary's record, purge or roll up the records, fill the hub's store for the
-//! others or reach the canary's NATS with users of its own account.
+//! others or reach the canary's NATS with users of its own account; an event it writes in the canary's
+//! name is filed at the hub under prod-a (issue 63, item 10).
 //! This binary kills the hub, so it has its own environment.
 #![allow(clippy::unwrap_used)]
 
@@ -27,7 +28,7 @@ use kube::Api;
 use pko_proto::core::hosted_cluster_package::HostedClusterPackage;
 use pko_proto::core::package::Package;
 use pko_proto::fleet::{
-    cluster_key, member_bucket, rollout_key, FleetRolloutRecord, AGGREGATE_STREAM,
+    cluster_key, event_origin, member_bucket, rollout_key, FleetRolloutRecord, AGGREGATE_STREAM,
     MEMBER_RECORDS_MAX_BYTES, STATE_BUCKET,
 };
 use pko_proto::nats_permissions::member_inbox_prefix;
@@ -156,15 +157,41 @@ async fn member_view(
 /// What a compromised management cluster `attacker` tries at the hub, each refused by nats-server: a
 /// settled record in the canary's name (`canary_record` is the canary's real one), a purge of the
 /// records, a roll-up that would purge them, filling the hub's store, and users minted by its own
-/// account on the canary's NATS.
+/// account on the canary's NATS. It also stores, in its own stream, the canary's `rolloutFinished`
+/// (`source: canary`), which the hub sources as the attacker's: returns that event's message id.
 async fn forge_from(
     fleet: &pko_testenv::FleetNats,
     attacker: &str,
     bystander: &str,
     name: &str,
     canary_record: &FleetRolloutRecord,
-) {
+) -> String {
     let (nats, hub, shared, own) = member_view(fleet, attacker).await;
+    let forged_event = RolloutEvent {
+        version: pko_proto::rollout_events::EVENT_VERSION,
+        kind: RolloutEventKind::RolloutFinished,
+        hosted_cluster_package: name.to_owned(),
+        uid: format!("forged-by-{attacker}"),
+        generation: canary_record.generation,
+        group: None,
+        namespace: None,
+        message: String::new(),
+        source: "canary".to_owned(),
+        trace_id: None,
+        traceparent: None,
+    };
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("Nats-Msg-Id", forged_event.message_id().as_str());
+    jetstream::new(nats.clone())
+        .publish_with_headers(
+            forged_event.subject(),
+            headers,
+            serde_json::to_vec(&forged_event).unwrap().into(),
+        )
+        .await
+        .unwrap()
+        .await
+        .expect("its own stream takes what the attacker publishes");
     // The path works: the cluster's own announcement is taken (the same bytes as the hub holds).
     let announced = shared.get(cluster_key(attacker)).await.unwrap().unwrap();
     own.put(cluster_key(attacker), announced.clone())
@@ -264,6 +291,7 @@ async fn forge_from(
         connected.is_err(),
         "the canary's NATS took a user of {attacker}"
     );
+    forged_event.message_id()
 }
 
 /// One message of a rollout stream.
@@ -273,6 +301,8 @@ struct Stored {
     time: i128,
     /// The sequence in the stream it was sourced from (the aggregate's messages).
     source_sequence: Option<u64>,
+    /// The cluster the hub took it from, by the subject it stored it under (the aggregate's messages).
+    origin: Option<String>,
     event: RolloutEvent,
 }
 
@@ -295,6 +325,7 @@ async fn stored(nats: &Nats, stream: &str) -> Vec<Stored> {
             time: message.time.unix_timestamp_nanos(),
             source_sequence: header("Nats-Stream-Source")
                 .and_then(|s| s.split_whitespace().nth(1)?.parse().ok()),
+            origin: event_origin(&message.subject).map(str::to_owned),
             event: serde_json::from_slice(&message.payload).unwrap(),
         });
     }
@@ -415,7 +446,7 @@ async fn a_release_reaches_prod_only_after_the_canary_finished_and_soaked() {
     // prod-a is compromised: whoever holds it has every key of its own NATS. It forges the canary's record
     // as settled, through the hub's domain as its manager writes its own: the hub refuses it, while the
     // same path takes prod-a's own record. The canary's gate stays closed everywhere.
-    forge_from(&fleet, "prod-a", "prod-b", &name, &poisoned).await;
+    let forged_event = forge_from(&fleet, "prod-a", "prod-b", &name, &poisoned).await;
     for cluster in &clusters[1..] {
         wait_status(
             &cluster.api,
@@ -547,7 +578,7 @@ async fn a_release_reaches_prod_only_after_the_canary_finished_and_soaked() {
                 let local_now: Vec<&str> = now.iter().map(|m| m.id.as_str()).collect();
                 let sourced: Vec<&str> = aggregate
                     .iter()
-                    .filter(|m| m.event.source == cluster)
+                    .filter(|m| m.origin.as_deref() == Some(cluster))
                     .map(|m| m.id.as_str())
                     .collect();
                 if sourced != local_now || !local_now.starts_with(&local) {
@@ -566,7 +597,7 @@ async fn a_release_reaches_prod_only_after_the_canary_finished_and_soaked() {
     for cluster in CLUSTERS {
         let sequences: Vec<u64> = aggregate
             .iter()
-            .filter(|m| m.event.source == cluster)
+            .filter(|m| m.origin.as_deref() == Some(cluster))
             .map(|m| {
                 m.source_sequence
                     .expect("a sourced message names its sequence")
@@ -578,6 +609,18 @@ async fn a_release_reaches_prod_only_after_the_canary_finished_and_soaked() {
             "{cluster}: gap or duplicate at the hub"
         );
     }
+    // Attributed by the hub: every event under the cluster it came from, and the one prod-a wrote in the
+    // canary's name is prod-a's.
+    let misattributed: Vec<(&str, Option<&str>, &str)> = aggregate
+        .iter()
+        .filter(|m| m.origin.as_deref() != Some(m.event.source.as_str()))
+        .map(|m| (m.id.as_str(), m.origin.as_deref(), m.event.source.as_str()))
+        .collect();
+    assert_eq!(
+        misattributed,
+        [(forged_event.as_str(), Some("prod-a"), "canary")],
+        "only the forged event names another cluster than the one it came from"
+    );
 
     // The fleet's status, as an SRE reads it at the hub.
     let out = Command::new(kubectl_package())

@@ -54,13 +54,14 @@ pub async fn event_stream(nats: &FleetNats) -> Result<Vec<String>, String> {
     let mut own = BTreeMap::new();
     for name in CLUSTERS {
         let leaf = nats.leaf(name).ok_or("no NATS leaf")?;
-        let ids = stored(leaf, STREAM).await?.into_iter().map(|(id, _, _)| id);
+        let ids = stored(leaf, STREAM).await?.into_iter().map(|m| m.id);
         own.insert(name.to_owned(), ids.collect::<Vec<_>>());
     }
+    // Filed by the cluster the hub took each from: an event's own `source` is the sender's word.
     let at_hub: Vec<(String, String)> = stored(nats.hub(), AGGREGATE_STREAM)
         .await?
         .into_iter()
-        .map(|(id, _, e)| (e.source, id))
+        .map(|m| (m.origin.unwrap_or_default(), m.id))
         .collect();
     println!(
         "rollout events: {} at the hub, {} in the clusters' own streams",
