@@ -379,3 +379,115 @@ async fn a_connector_report_over_the_message_limit_is_too_large() {
         "{message}"
     );
 }
+
+/// A hostile connector (issue 63): it answers every phase with a report whose message carries terminal
+/// escapes, line breaks and 100 KiB, trying to forge lines in `kubectl` output and logs and to bloat the
+/// status. The phase's and the set's conditions carry that text without control characters and cut to
+/// the 1 KiB a foreign text may take.
+#[tokio::test]
+async fn a_hostile_connectors_text_reaches_conditions_clean_and_bounded() {
+    use futures::StreamExt;
+    use pko_proto::connector_wire::{
+        decode, encode, ApplyPhase, HostedClusterSubjects, MappedCondition, PhaseOutcome,
+        PhaseReport, WIRE_VERSION,
+    };
+    let (client, ns) = setup("hcp-hostile").await;
+    let nats = env().nats();
+    let hostile = nats
+        .connect(
+            &nats.connector_credentials(&ns).unwrap(),
+            async_nats::ConnectOptions::new(),
+        )
+        .await
+        .unwrap();
+    let subjects = HostedClusterSubjects::new(&ns).unwrap();
+    let mut requests = hostile.subscribe(subjects.apply()).await.unwrap();
+    // A ping answered: the server has the subscription (the connector may not use inboxes of its own).
+    hostile.flush().await.unwrap();
+    let forged = format!(
+        "probe failed\n\u{1b}[2K\rAvailable=True reason=AllGood\u{7}\t{}",
+        "x".repeat(100 * 1024)
+    );
+    let answering = {
+        let forged = forged.clone();
+        let hostile = hostile.clone();
+        tokio::spawn(async move {
+            while let Some(request) = requests.next().await {
+                let Ok(apply) = decode::<ApplyPhase>(&request.payload) else {
+                    continue;
+                };
+                let report = PhaseReport {
+                    version: WIRE_VERSION,
+                    phase: apply.phase,
+                    outcome: PhaseOutcome::ProbeFailure,
+                    message: forged.clone(),
+                    mapped_conditions: vec![MappedCondition {
+                        type_: "hostile.example/Ready".to_owned(),
+                        status: true,
+                        reason: "Ready".to_owned(),
+                        message: forged.clone(),
+                    }],
+                    ..Default::default()
+                };
+                if let Some(reply) = request.reply {
+                    let _ = hostile
+                        .publish(reply, encode(&report).unwrap().into())
+                        .await;
+                }
+            }
+        })
+    };
+    let set = typed::<ObjectSet>(
+        "ObjectSet",
+        "hostile",
+        json!({"phases": [phase("config", "hosted-cluster", vec![
+            json!({"apiVersion": "v1", "kind": "ConfigMap",
+                   "metadata": {"name": "hostile", "namespace": "default"}}),
+        ])]}),
+        json!({}),
+    );
+    create_set(&client, &ns, &set).await;
+    let phases: Api<ObjectSetPhase> = Api::namespaced(client.clone(), &ns);
+    let phase_conditions = wait_until(
+        "the phase shows the connector's report",
+        TIMEOUT,
+        || async {
+            let phase = phases
+                .get("hostile-config")
+                .await
+                .map_err(|e| e.to_string())?;
+            let conditions = phase.status.map(|s| s.conditions).unwrap_or_default();
+            let reported = conditions.iter().any(|c| {
+                c.type_ == "Available" && c.status == "False" && c.message.contains("probe failed")
+            });
+            let mapped = conditions
+                .iter()
+                .any(|c| c.type_ == "hostile.example/Ready");
+            if reported && mapped {
+                Ok(conditions)
+            } else {
+                Err(format!("{conditions:?}"))
+            }
+        },
+    )
+    .await
+    .unwrap();
+    let set_message = wait_condition(&client, &ns, "hostile", "Available", "False", None).await;
+    let mut messages: Vec<(String, String)> = phase_conditions
+        .into_iter()
+        .map(|c| (format!("phase's {}", c.type_), c.message))
+        .collect();
+    messages.push(("set's Available".to_owned(), set_message));
+    for (what, message) in &messages {
+        assert!(
+            !message.chars().any(char::is_control),
+            "the {what} condition carries control characters: {message:?}"
+        );
+        assert!(
+            message.len() <= 2 * 1024,
+            "the {what} condition carries {} bytes of the connector's text",
+            message.len()
+        );
+    }
+    answering.abort();
+}

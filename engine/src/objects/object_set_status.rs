@@ -11,7 +11,8 @@ use k8s_openapi::jiff::Timestamp;
 use pko_proto::core::common::LifecycleState;
 
 use crate::conditions::{
-    bounded_text, find_condition, remove_condition, set_condition, ConditionUpdate,
+    find_condition, foreign_text, remove_condition, set_condition, ConditionUpdate,
+    FOREIGN_TEXT_LIMIT,
 };
 
 pub const AVAILABLE: &str = "Available";
@@ -79,13 +80,14 @@ pub struct MappedCondition {
 /// The longest reason a mapped condition carries: whoever may write the mapped object (a tenant, a
 /// hosted cluster's customer) writes its conditions, and each set and its owners repeat them.
 pub const MAX_MAPPED_REASON: usize = 128;
-/// The longest message a mapped condition carries (a longer one ends in `…`).
-pub const MAX_MAPPED_MESSAGE: usize = 1024;
+/// The longest message a mapped condition carries (a longer one ends in `…`): another party's text.
+pub const MAX_MAPPED_MESSAGE: usize = FOREIGN_TEXT_LIMIT;
 
 impl MappedCondition {
     /// A mapped condition with its text bounded: a reason that is not a condition reason (letters,
     /// digits, `_`, `,`, `:`, starting with a letter) or longer than [`MAX_MAPPED_REASON`] becomes
-    /// `Mapped`, and the message is cut to [`MAX_MAPPED_MESSAGE`] bytes.
+    /// `Mapped`, and the message is [`foreign_text`]: without control characters, cut to
+    /// [`MAX_MAPPED_MESSAGE`] bytes.
     pub fn bounded(type_: &str, status: bool, reason: &str, message: &str) -> Self {
         let valid_reason = reason.len() <= MAX_MAPPED_REASON
             && reason.starts_with(|c: char| c.is_ascii_alphabetic())
@@ -97,7 +99,7 @@ impl MappedCondition {
             type_: type_.to_owned(),
             status,
             reason: if valid_reason { reason } else { "Mapped" }.to_owned(),
-            message: bounded_text(message.to_owned(), MAX_MAPPED_MESSAGE),
+            message: foreign_text(message),
         }
     }
 }
@@ -389,6 +391,7 @@ fn bounded_message(message: &str) -> String {
 #[cfg(test)]
 mod mapped_text_tests {
     use super::*;
+    use crate::conditions::bounded_text;
     use proptest::prelude::*;
 
     #[test]
@@ -398,6 +401,8 @@ mod mapped_text_tests {
         assert_eq!(mapped.reason, "Mapped");
         assert!(mapped.message.len() <= MAX_MAPPED_MESSAGE);
         assert!(mapped.message.ends_with('…'));
+        let forged = MappedCondition::bounded("my/Ready", false, "R", "a\n\u{1b}[2KReady=True\r");
+        assert_eq!(forged.message, "a  [2KReady=True ");
         assert_eq!(
             MappedCondition::bounded("t", false, "Ok:1,b", "m").reason,
             "Ok:1,b"
