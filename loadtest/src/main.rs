@@ -10,6 +10,7 @@
 //! what maintenance windows and skips cost a rollout decision. `notifications`: CloudEvents sinks against
 //! the JetStream stream they read.
 
+mod addons_bench;
 mod apiserver_requests;
 mod calendar_bench;
 mod chaos;
@@ -114,6 +115,12 @@ enum Measurement {
         /// a release changes only the image, which renders the same objects.
         #[arg(long)]
         changing_releases: bool,
+        /// Many add-ons on every hosted cluster instead: N HostedClusterPackages of different packages
+        /// over each `--fleet` size, one N per size or one for all (e.g. `--fleet 500,500,1000,2000
+        /// --addons 1,10,10,5`); creation, settled memory per Package, an instant and a rolling
+        /// release, label churn and a restart, then a table.
+        #[arg(long, value_delimiter = ',')]
+        addons: Vec<usize>,
         /// pko-manager binary (default: next to this binary).
         #[arg(long)]
         manager: Option<PathBuf>,
@@ -251,12 +258,22 @@ async fn main() -> std::process::ExitCode {
             manager,
         } => hosted_phase_bench::run(runs, objects, manager).await,
         Measurement::Rollout {
+            fleet,
+            addons,
+            manager,
+            ..
+        } if !addons.is_empty() => match addons_bench::shapes(&fleet, &addons) {
+            Ok(shapes) => outcome(addons_bench::measure(shapes, manager).await),
+            Err(e) => outcome(Err(e)),
+        },
+        Measurement::Rollout {
             handoff_clusters,
             rollouts,
             fleet,
             fleet_releases,
             changing_releases,
             manager,
+            ..
         } => {
             let releases = rollout_bench::Releases {
                 count: fleet_releases,

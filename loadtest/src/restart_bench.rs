@@ -59,9 +59,9 @@ async fn measure(size: usize, manager: Option<PathBuf>) -> Result<(), String> {
     let mut running = pko;
     for lists in ["paged", "streaming", "paged", "streaming"] {
         println!("  restart with --initial-lists {lists}:");
-        let (restarted, peak) = restart(&env, &manager, running, &objects, lists).await?;
-        peaks.entry(lists).or_default().push(peak);
-        running = restarted;
+        let restarted = restart(&env, &manager, running, &objects, lists).await?;
+        peaks.entry(lists).or_default().push(restarted.peak_kib);
+        running = restarted.manager;
     }
     let mean = |lists: &str| {
         let runs = &peaks[lists];
@@ -123,7 +123,9 @@ pub fn writes(counts: &BTreeMap<String, f64>) -> BTreeMap<String, f64> {
 
 /// The kinds the manager reconciles, by the `controller` label of its metrics, and how many objects of
 /// each the apiserver holds.
-async fn object_counts(client: &Client) -> Result<BTreeMap<&'static str, usize>, String> {
+pub(crate) async fn object_counts(
+    client: &Client,
+) -> Result<BTreeMap<&'static str, usize>, String> {
     let kinds = [
         (
             "hosted_cluster",
@@ -207,15 +209,25 @@ fn short_of(
     })
 }
 
-/// Stops `pko` and starts the manager again with `--initial-lists lists`; the restarted manager and its
-/// peak RSS (KiB).
-async fn restart(
+/// A manager started again over a settled fleet.
+pub(crate) struct Restarted {
+    pub(crate) manager: ManagerProcess,
+    /// Its peak RSS.
+    pub(crate) peak_kib: u64,
+    /// From its start until it was ready.
+    pub(crate) ready: Duration,
+    /// Writes the apiserver served from the stop until [`AFTERMATH`] after every object was reconciled.
+    pub(crate) writes: u64,
+}
+
+/// Stops `pko` and starts the manager again with `--initial-lists lists`.
+pub(crate) async fn restart(
     env: &TestEnv,
     manager: &std::path::Path,
     pko: ManagerProcess,
     objects: &BTreeMap<&'static str, usize>,
     lists: &str,
-) -> Result<(ManagerProcess, u64), String> {
+) -> Result<Restarted, String> {
     let before = writes(&request_counts(&[env.management()]).await?);
     pko.terminate(GRACE).await.map_err(|e| e.to_string())?;
     drop(pko);
@@ -279,7 +291,12 @@ async fn restart(
         AFTERMATH.as_secs(),
         write_mix(&written)
     );
-    Ok((pko, peak))
+    Ok(Restarted {
+        manager: pko,
+        peak_kib: peak,
+        ready,
+        writes: total,
+    })
 }
 
 /// The writes by `verb resource`, as ` (PATCH packages 3, …)`; empty when there were none.

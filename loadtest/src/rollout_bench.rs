@@ -147,6 +147,20 @@ impl Images {
 
 /// `count` Available HostedClusters labelled `fleet=<namespace>` in a new namespace.
 pub(crate) async fn fleet(env: &TestEnv, prefix: &str, count: usize) -> Result<String, String> {
+    fleet_with(env, prefix, count, |ns, _| {
+        BTreeMap::from([("fleet".to_owned(), ns.to_owned())])
+    })
+    .await
+}
+
+/// `count` Available HostedClusters `hc-0000`… in a new namespace, the `i`th labelled
+/// `labels(namespace, i)`.
+pub(crate) async fn fleet_with(
+    env: &TestEnv,
+    prefix: &str,
+    count: usize,
+    labels: impl Fn(&str, usize) -> BTreeMap<String, String>,
+) -> Result<String, String> {
     let ns = env
         .management()
         .create_namespace(prefix)
@@ -154,7 +168,7 @@ pub(crate) async fn fleet(env: &TestEnv, prefix: &str, count: usize) -> Result<S
         .map_err(|e| e.to_string())?;
     let created: Vec<Result<(), String>> = stream::iter(0..count)
         .map(|i| {
-            let labels = BTreeMap::from([("fleet".to_owned(), ns.clone())]);
+            let labels = labels(&ns, i);
             let ns = ns.clone();
             async move {
                 env.add_hosted_cluster(&ns, &format!("hc-{i:04}"), labels, true)
@@ -376,7 +390,12 @@ async fn preflight_runs(pko: &ManagerProcess) -> Result<u64, String> {
 }
 
 /// Prints what a step cost the manager: wall time, CPU time, memory after and at peak so far.
-fn step(label: &str, pid: u32, before: &Usage, started: Instant) -> Result<Usage, String> {
+pub(crate) fn step(
+    label: &str,
+    pid: u32,
+    before: &Usage,
+    started: Instant,
+) -> Result<Usage, String> {
     let after = usage(pid)?;
     let wall = started.elapsed();
     let cpu = after.cpu.saturating_sub(before.cpu);
