@@ -118,6 +118,9 @@ pub struct ImageStore {
     clients: DashMap<String, Client>,
     /// Bounds registry operations in flight.
     slots: RegistrySlots,
+    /// Per digest being downloaded, the lock its download holds: fetches of the same image that
+    /// miss the cache while it is pulled wait for it instead of pulling it again.
+    pulling: DashMap<String, Arc<tokio::sync::Mutex<()>>>,
     pulls: AtomicU64,
     cache_hits: AtomicU64,
 }
@@ -145,6 +148,7 @@ impl ImageStore {
             }),
             clients: DashMap::new(),
             slots: RegistrySlots::default(),
+            pulling: DashMap::new(),
             pulls: AtomicU64::new(0),
             cache_hits: AtomicU64::new(0),
         }
@@ -200,7 +204,8 @@ impl ImageStore {
     }
 
     /// The package files of `image` and the image's manifest digest. Resolves the digest first and
-    /// downloads layers only for a digest not seen before.
+    /// downloads layers only for a digest not seen before, once however many fetch it at the same
+    /// time.
     #[instrument(skip(self, auth))]
     pub async fn fetch(
         &self,
@@ -208,23 +213,45 @@ impl ImageStore {
         auth: &RegistryAuth,
     ) -> Result<(String, Arc<PackageFiles>), ImageError> {
         let reference = parse_reference(image)?;
-        let _slot = self.slot(image).await?;
         let client = self.client(auth);
-        let digest = client
-            .fetch_manifest_digest(&reference, auth)
-            .await
-            .map_err(|e| registry_error(image, e))?;
-        if let Some(files) = self.cache().get(&digest) {
-            self.cache_hits.fetch_add(1, Ordering::Relaxed);
+        let digest = {
+            let _slot = self.slot(image).await?;
+            client
+                .fetch_manifest_digest(&reference, auth)
+                .await
+                .map_err(|e| registry_error(image, e))?
+        };
+        if let Some(files) = self.cached(&digest) {
             return Ok((digest, files));
         }
-        let files = Arc::new(
+        // Waiting here holds no registry slot: the download it waits for needs one.
+        let download = self.pulling.entry(digest.clone()).or_default().clone();
+        let _downloading = download.lock().await;
+        if let Some(files) = self.cached(&digest) {
+            return Ok((digest, files));
+        }
+        let pulled = async {
+            let _slot = self.slot(image).await?;
             self.pull_files(image, &reference, PACKAGE_PREFIX, auth)
-                .await?,
-        );
-        self.pulls.fetch_add(1, Ordering::Relaxed);
-        self.cache().insert(digest.clone(), files.clone());
-        Ok((digest, files))
+                .await
+        }
+        .await;
+        let files = pulled.map(Arc::new);
+        if let Ok(files) = &files {
+            self.pulls.fetch_add(1, Ordering::Relaxed);
+            self.cache().insert(digest.clone(), files.clone());
+        }
+        // Gone once cached (or failed: the next waiter tries itself); a fetch that missed the cache
+        // before the insert finds it there once it holds a lock of its own.
+        self.pulling.remove(&digest);
+        Ok((digest, files?))
+    }
+
+    /// The files of `digest` when the cache holds them, counted as a hit.
+    fn cached(&self, digest: &str) -> Option<Arc<PackageFiles>> {
+        let files = self.cache().get(digest)?;
+        self.cache_hits.fetch_add(1, Ordering::Relaxed);
+        Some(files)
     }
 
     /// The files under `prefix` (`""`: all) of `image`, uncached: for images that are not packages (OLM

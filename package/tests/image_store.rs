@@ -45,6 +45,38 @@ async fn an_image_is_downloaded_once_per_digest() {
     assert_eq!(store.cache_hits(), 2);
 }
 
+/// Many Packages of one release ask for its image at once (an instant release over a fleet, ten add-ons
+/// of one package): one download, the others served when it is cached.
+#[tokio::test]
+async fn fetches_of_one_image_at_once_download_it_once() {
+    let host = pko_testenv::shared_registries().unwrap().open.host();
+    let store = ImageStore::new(vec![host.clone()]);
+    let files: PackageFiles = [(
+        "manifest.yaml".to_owned(),
+        b"kind: PackageManifest\n# at once".to_vec(),
+    )]
+    .into();
+    let image = format!("{host}/store/at-once:v1");
+    store
+        .push(&image, &files, &RegistryAuth::Anonymous)
+        .await
+        .unwrap();
+    let fetched =
+        futures::future::join_all((0..16).map(|_| store.fetch(&image, &RegistryAuth::Anonymous)))
+            .await;
+    let fetched: Vec<(String, Arc<PackageFiles>)> =
+        fetched.into_iter().map(Result::unwrap).collect();
+    assert!(fetched
+        .iter()
+        .all(|(digest, f)| *digest == fetched[0].0 && Arc::ptr_eq(f, &fetched[0].1)));
+    assert_eq!(
+        store.pulls(),
+        1,
+        "16 fetches at once downloaded it more than once"
+    );
+    assert_eq!(store.cache_hits(), 15);
+}
+
 #[tokio::test]
 async fn unknown_images_and_bad_references_are_named() {
     let host = pko_testenv::shared_registries().unwrap().open.host();
