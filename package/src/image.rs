@@ -11,7 +11,6 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use dashmap::DashMap;
-use lru::LruCache;
 use oci_client::client::{ClientConfig, ClientProtocol, Config, ImageLayer};
 use oci_client::errors::{OciDistributionError, OciErrorCode};
 use oci_client::manifest::{
@@ -21,6 +20,7 @@ use oci_client::secrets::RegistryAuth;
 use oci_client::{Client, Reference};
 use tracing::instrument;
 
+use super::digest_cache::DigestCache;
 use super::files::{is_hidden, PackageFiles};
 use super::image_limits::{
     check_entry_type, check_path, read_file, BoundedStream, ImageLimits, LimitViolation,
@@ -70,45 +70,6 @@ impl ImageError {
     }
 }
 
-/// Unpacked packages by manifest digest, with their size; least recently used go first past the budget.
-struct DigestCache {
-    entries: LruCache<String, (Arc<PackageFiles>, u64)>,
-    bytes: u64,
-    budget: u64,
-}
-
-impl DigestCache {
-    fn get(&mut self, digest: &str) -> Option<Arc<PackageFiles>> {
-        self.entries.get(digest).map(|(files, _)| files.clone())
-    }
-
-    /// Keeps `files` unless it alone is larger than the budget, dropping the least recently used.
-    fn insert(&mut self, digest: String, files: Arc<PackageFiles>) {
-        let size = files_size(&files);
-        if size > self.budget {
-            return;
-        }
-        if let Some((_, replaced)) = self.entries.put(digest, (files, size)) {
-            self.bytes -= replaced;
-        }
-        self.bytes += size;
-        while self.bytes > self.budget {
-            let Some((_, (_, dropped))) = self.entries.pop_lru() else {
-                break;
-            };
-            self.bytes -= dropped;
-        }
-    }
-}
-
-/// Bytes a package holds in memory (paths and contents).
-fn files_size(files: &PackageFiles) -> u64 {
-    files
-        .iter()
-        .map(|(path, content)| (path.len() + content.len()) as u64)
-        .sum()
-}
-
 /// Pulls, caches and pushes package images; cheap to share.
 pub struct ImageStore {
     protocol: ClientProtocol,
@@ -141,11 +102,7 @@ impl ImageStore {
         Self {
             protocol,
             limits,
-            by_digest: Mutex::new(DigestCache {
-                entries: LruCache::unbounded(),
-                bytes: 0,
-                budget: limits.cache_bytes,
-            }),
+            by_digest: Mutex::new(DigestCache::new(limits.cache_bytes)),
             clients: DashMap::new(),
             slots: RegistrySlots::default(),
             pulling: DashMap::new(),
@@ -163,7 +120,7 @@ impl ImageStore {
 
     /// Bytes of unpacked packages the cache holds now.
     pub fn cached_bytes(&self) -> u64 {
-        self.cache().bytes
+        self.cache().bytes()
     }
 
     /// The registry client for `auth`. oci-client remembers the first credentials it sees per registry
@@ -814,29 +771,6 @@ mod tests {
             refusal(&[(IMAGE_LAYER_GZIP_MEDIA_TYPE, &bomb)], &tight_total)
                 .contains("unpacks to more than the limit of 2097152 bytes")
         );
-    }
-
-    #[test]
-    fn the_digest_cache_keeps_within_its_bytes_dropping_the_least_recently_used() {
-        let mut cache = DigestCache {
-            entries: LruCache::unbounded(),
-            bytes: 0,
-            budget: 100,
-        };
-        let package = |size: usize| Arc::new(files(&[("f", "x".repeat(size - 1).as_str())]));
-        cache.insert("a".into(), package(40));
-        cache.insert("b".into(), package(40));
-        assert!(cache.get("a").is_some(), "a is now the most recently used");
-        cache.insert("c".into(), package(40));
-        assert!(cache.get("b").is_none(), "b was the least recently used");
-        assert!(cache.get("a").is_some() && cache.get("c").is_some());
-        assert_eq!(cache.bytes, 80);
-        cache.insert("huge".into(), package(101));
-        assert!(
-            cache.get("huge").is_none(),
-            "larger than the whole budget: not kept"
-        );
-        assert_eq!(cache.bytes, 80);
     }
 
     #[test]

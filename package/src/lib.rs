@@ -11,6 +11,7 @@ pub mod cel;
 pub mod chunking;
 pub mod components;
 pub mod config;
+mod digest_cache;
 pub mod environment;
 pub mod files;
 pub mod filtering;
