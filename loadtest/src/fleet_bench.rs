@@ -11,7 +11,6 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream;
 use futures::{stream, StreamExt};
 use kube::api::{Patch, PatchParams};
 use kube::Api;
@@ -19,12 +18,12 @@ use oci_client::secrets::RegistryAuth;
 use pko_package::files::PackageFiles;
 use pko_package::image::ImageStore;
 use pko_proto::core::hosted_cluster_package::HostedClusterPackage;
-use pko_proto::fleet::{event_origin, AGGREGATE_STREAM};
-use pko_proto::rollout_events::{RolloutEvent, STREAM};
+use pko_proto::fleet::AGGREGATE_STREAM;
+use pko_proto::rollout_events::STREAM;
 use pko_testenv::workload::{install_widget_crd, WorkloadSimulator, WIDGET_GROUP};
 use pko_testenv::{
     add_hosted_cluster_to, fleet_manager_args, install_hosted_cluster_crd, wait_until, ApiServer,
-    EnvConfig, FleetNats, ManagerLaunch, ManagerProcess, Nats, TestEnv,
+    EnvConfig, FleetNats, ManagerLaunch, ManagerProcess, Nats, StoredEvent, TestEnv,
 };
 use serde_json::json;
 
@@ -501,53 +500,9 @@ fn system_nanos(at: Instant) -> i128 {
     now - at.elapsed().as_nanos() as i128
 }
 
-/// One message of a rollout stream.
-pub(crate) struct StoredEvent {
-    pub id: String,
-    /// Unix nanoseconds the stream stored it at.
-    pub time: i128,
-    /// The management cluster the hub took it from, by the subject it filed it under (`None` in a
-    /// cluster's own stream): who sent an event, whatever its `source` says.
-    pub origin: Option<String>,
-    pub event: RolloutEvent,
-}
-
 /// Every message of `stream` at `nats`, in order.
 pub(crate) async fn stored(nats: &Nats, stream: &str) -> Result<Vec<StoredEvent>, String> {
-    let js = jetstream::new(nats.client().await.map_err(|e| e.to_string())?);
-    let Ok(mut stream) = js.get_stream(stream).await else {
-        return Ok(Vec::new());
-    };
-    let state = stream
-        .info()
-        .await
-        .map_err(|e| e.to_string())?
-        .state
-        .clone();
-    let mut messages = Vec::new();
-    if state.messages == 0 {
-        return Ok(messages);
-    }
-    for sequence in state.first_sequence..=state.last_sequence {
-        let message = stream
-            .get_raw_message(sequence)
-            .await
-            .map_err(|e| e.to_string())?;
-        let id = message
-            .headers
-            .get("Nats-Msg-Id")
-            .map(|v| v.to_string())
-            .unwrap_or_default();
-        let event: RolloutEvent =
-            serde_json::from_slice(&message.payload).map_err(|e| e.to_string())?;
-        messages.push(StoredEvent {
-            id,
-            time: message.time.unix_timestamp_nanos(),
-            origin: event_origin(&message.subject).map(str::to_owned),
-            event,
-        });
-    }
-    Ok(messages)
+    nats.stored_events(stream).await.map_err(|e| e.to_string())
 }
 
 /// The message ids the hub's aggregate stream took from management cluster `origin`.

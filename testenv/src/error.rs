@@ -77,6 +77,14 @@ pub enum TestEnvError {
     /// A name is not usable for NATS subjects.
     #[error(transparent)]
     Subjects(#[from] pko_proto::connector_wire::WireError),
+    /// A JetStream stream could not be read.
+    #[error("reading stream {stream}: {message}")]
+    Stream {
+        /// Which stream.
+        stream: String,
+        /// What failed.
+        message: String,
+    },
     /// The shared environment failed to start earlier in this test binary.
     #[error("shared test environment failed to start: {0}")]
     SharedStartFailed(String),

@@ -70,7 +70,7 @@ cluster_only! {
         MANAGER_NAMESPACE, SHARD_COORDINATOR_LEASE,
     };
     pub use configured_nats::FleetNats;
-    pub use nats::Nats;
+    pub use nats::{Nats, StoredEvent};
     pub use otlp_receiver::{span_tree, OtlpReceiver, ReceivedSpan};
     pub use prometheus::{Prometheus, Sample, Series};
     pub use stall_proxy::{StallLink, StallProxy};

@@ -267,3 +267,60 @@ pub(crate) async fn launch(
         binary: binaries.nats_server.clone(),
     })
 }
+
+/// One message of a rollout event stream, as stored.
+#[derive(Debug, Clone)]
+pub struct StoredEvent {
+    /// Its `Nats-Msg-Id`.
+    pub id: String,
+    /// Unix nanoseconds the stream stored it at.
+    pub time: i128,
+    /// The sequence in the stream it was sourced from (`Nats-Stream-Source`; the hub's aggregate).
+    pub source_sequence: Option<u64>,
+    /// The management cluster the hub took it from, by the subject it filed it under (`None` in a
+    /// cluster's own stream): who sent an event, whatever its `source` says.
+    pub origin: Option<String>,
+    pub event: pko_proto::rollout_events::RolloutEvent,
+}
+
+impl Nats {
+    /// Every message of rollout event stream `stream` on this server (its own domain), in order; none
+    /// when the stream does not exist yet.
+    pub async fn stored_events(&self, stream: &str) -> Result<Vec<StoredEvent>, TestEnvError> {
+        let failed = |message: String| TestEnvError::Stream {
+            stream: stream.to_owned(),
+            message,
+        };
+        let js = async_nats::jetstream::new(self.client().await?);
+        let Ok(mut handle) = js.get_stream(stream).await else {
+            return Ok(Vec::new());
+        };
+        let state = handle
+            .info()
+            .await
+            .map_err(|e| failed(e.to_string()))?
+            .state
+            .clone();
+        let mut messages = Vec::new();
+        if state.messages == 0 {
+            return Ok(messages);
+        }
+        for sequence in state.first_sequence..=state.last_sequence {
+            let message = handle
+                .get_raw_message(sequence)
+                .await
+                .map_err(|e| failed(format!("message {sequence}: {e}")))?;
+            let header = |name: &str| message.headers.get(name).map(|v| v.to_string());
+            messages.push(StoredEvent {
+                id: header("Nats-Msg-Id").unwrap_or_default(),
+                time: message.time.unix_timestamp_nanos(),
+                source_sequence: header("Nats-Stream-Source")
+                    .and_then(|s| s.split_whitespace().nth(1)?.parse().ok()),
+                origin: pko_proto::fleet::event_origin(&message.subject).map(str::to_owned),
+                event: serde_json::from_slice(&message.payload)
+                    .map_err(|e| failed(format!("message {sequence}: {e}")))?,
+            });
+        }
+        Ok(messages)
+    }
+}

@@ -28,14 +28,14 @@ use kube::Api;
 use pko_proto::core::hosted_cluster_package::HostedClusterPackage;
 use pko_proto::core::package::Package;
 use pko_proto::fleet::{
-    cluster_key, event_origin, member_bucket, rollout_key, FleetRolloutRecord, AGGREGATE_STREAM,
+    cluster_key, member_bucket, rollout_key, FleetRolloutRecord, AGGREGATE_STREAM,
     MEMBER_RECORDS_MAX_BYTES, STATE_BUCKET,
 };
 use pko_proto::nats_permissions::member_inbox_prefix;
 use pko_proto::rollout_events::{RolloutEvent, RolloutEventKind, STREAM};
 use pko_testenv::{
     add_hosted_cluster_to, fleet_manager_args, install_hosted_cluster_crd, wait_until, ApiServer,
-    ManagerLaunch, ManagerProcess, Nats,
+    ManagerLaunch, ManagerProcess, Nats, StoredEvent,
 };
 use serde_json::json;
 
@@ -294,46 +294,8 @@ async fn forge_from(
     forged_event.message_id()
 }
 
-/// One message of a rollout stream.
-struct Stored {
-    id: String,
-    /// Unix nanoseconds the stream stored it at.
-    time: i128,
-    /// The sequence in the stream it was sourced from (the aggregate's messages).
-    source_sequence: Option<u64>,
-    /// The cluster the hub took it from, by the subject it stored it under (the aggregate's messages).
-    origin: Option<String>,
-    event: RolloutEvent,
-}
-
-/// Every message of `stream` at `nats` (its own domain), in order.
-async fn stored(nats: &Nats, stream: &str) -> Vec<Stored> {
-    let js = jetstream::new(nats.client().await.unwrap());
-    let Ok(mut stream) = js.get_stream(stream).await else {
-        return Vec::new();
-    };
-    let state = stream.info().await.unwrap().state.clone();
-    let mut messages = Vec::new();
-    if state.messages == 0 {
-        return messages;
-    }
-    for sequence in state.first_sequence..=state.last_sequence {
-        let message = stream.get_raw_message(sequence).await.unwrap();
-        let header = |name: &str| message.headers.get(name).map(|v| v.to_string());
-        messages.push(Stored {
-            id: header("Nats-Msg-Id").unwrap_or_default(),
-            time: message.time.unix_timestamp_nanos(),
-            source_sequence: header("Nats-Stream-Source")
-                .and_then(|s| s.split_whitespace().nth(1)?.parse().ok()),
-            origin: event_origin(&message.subject).map(str::to_owned),
-            event: serde_json::from_slice(&message.payload).unwrap(),
-        });
-    }
-    messages
-}
-
 /// When `cluster`'s own stream stored the first event of `kind` of generation `generation`.
-fn first(messages: &[Stored], kind: RolloutEventKind, generation: i64) -> Option<i128> {
+fn first(messages: &[StoredEvent], kind: RolloutEventKind, generation: i64) -> Option<i128> {
     messages
         .iter()
         .find(|m| m.event.kind == kind && m.event.generation == generation)
@@ -525,9 +487,17 @@ async fn a_release_reaches_prod_only_after_the_canary_finished_and_soaked() {
     // Timestamps from each cluster's own stream: prod opened and updated its first Package only after
     // the canary finished and soaked. (The canary's record is written right after its finishing event is
     // handed to the outbox, so the event may be stored a little after the soak started: 1 s of slack.)
-    let mut own: BTreeMap<&str, Vec<Stored>> = BTreeMap::new();
+    let mut own: BTreeMap<&str, Vec<StoredEvent>> = BTreeMap::new();
     for cluster in CLUSTERS {
-        own.insert(cluster, stored(fleet.leaf(cluster).unwrap(), STREAM).await);
+        own.insert(
+            cluster,
+            fleet
+                .leaf(cluster)
+                .unwrap()
+                .stored_events(STREAM)
+                .await
+                .unwrap(),
+        );
     }
     let finished = first(
         &own["canary"],
@@ -571,10 +541,15 @@ async fn a_release_reaches_prod_only_after_the_canary_finished_and_soaked() {
         "the aggregate holds every cluster's events",
         TIMEOUT,
         || async {
-            let aggregate = stored(fleet.hub(), AGGREGATE_STREAM).await;
+            let aggregate = fleet.hub().stored_events(AGGREGATE_STREAM).await.unwrap();
             for cluster in CLUSTERS {
                 let local: Vec<&str> = own[cluster].iter().map(|m| m.id.as_str()).collect();
-                let now = stored(fleet.leaf(cluster).unwrap(), STREAM).await;
+                let now = fleet
+                    .leaf(cluster)
+                    .unwrap()
+                    .stored_events(STREAM)
+                    .await
+                    .unwrap();
                 let local_now: Vec<&str> = now.iter().map(|m| m.id.as_str()).collect();
                 let sourced: Vec<&str> = aggregate
                     .iter()
