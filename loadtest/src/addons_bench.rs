@@ -26,6 +26,8 @@ use crate::process_usage::usage;
 use crate::restart_bench::{object_counts, restart, settle};
 use crate::rollout_bench::{fleet_with, follow_rollout, set_image, step, wait_connectors, Images};
 
+/// The manager's heap in use, as it counts it every `TRIM_EVERY`.
+const HEAP_IN_USE: &str = "pko_heap_bytes{state=\"in_use\"}";
 /// Label changes a second during the churn windows, and how long each lasts.
 const CHURN_RATE: u32 = 100;
 const CHURN_WINDOW: Duration = Duration::from_secs(60);
@@ -168,7 +170,7 @@ async fn measure_shape(
     let FleetShape { clusters, addons } = shape;
     let pid = pko.pid().ok_or("the manager has no pid")?;
     let start = usage(pid)?;
-    let heap_before = heap_in_use(&pko).await;
+    let heap_before = pko.metric(HEAP_IN_USE).await.ok();
     let images = Images::new(env);
     let fleet = fleet_with(env, "bench-addons", clusters, cluster_labels).await?;
     wait_connectors(client, &fleet, clusters).await?;
@@ -216,7 +218,7 @@ async fn measure_shape(
     let settled = usage(pid)?;
     let packages = (clusters * addons) as f64;
     let per_package_kib = settled.rss_kib.saturating_sub(start.rss_kib) as f64 / packages;
-    let heap_per_package_kib = match (heap_before, heap_in_use(&pko).await) {
+    let heap_per_package_kib = match (heap_before, pko.metric(HEAP_IN_USE).await.ok()) {
         (Some(before), Some(after)) => {
             Some(after.saturating_sub(before) as f64 / 1024.0 / packages)
         }
@@ -241,7 +243,7 @@ async fn measure_shape(
     let instant = release(&under, 0, true).await?;
     // Another rolled with maxUnavailable 10 % (the same add-on again when there is only one).
     let rolling = release(&under, usize::from(addons > 1), false).await?;
-    let pulls = manager_metric_sum(&pko, "pko_package_image_pulls_total").await;
+    let pulls = pko.metric("pko_package_image_pulls_total").await?;
     println!(
         "image pulls by the manager: {pulls} for {} images ({} Packages each)",
         addons + 2,
@@ -422,32 +424,4 @@ async fn churn(
         println!("  (the benchmark reached {rate:.0} changes/s, not {CHURN_RATE})");
     }
     Ok(100.0 * cpu.as_secs_f64() / wall.as_secs_f64())
-}
-
-/// The manager's heap in use (`pko_heap_bytes{kind="in_use"}`), when it reports one.
-async fn heap_in_use(pko: &ManagerProcess) -> Option<u64> {
-    let (_, body) = pko.get("/metrics").await.ok()?;
-    body.lines().find_map(|line| {
-        let rest = line.strip_prefix("pko_heap_bytes{")?;
-        let (labels, value) = rest.split_once("} ")?;
-        labels
-            .contains("in_use")
-            .then(|| value.split_whitespace().next()?.parse::<f64>().ok())
-            .flatten()
-            .map(|v| v as u64)
-    })
-}
-
-/// The sum of every series of manager metric `name` (0 when it has none).
-async fn manager_metric_sum(pko: &ManagerProcess, name: &str) -> u64 {
-    let Ok((_, body)) = pko.get("/metrics").await else {
-        return 0;
-    };
-    body.lines()
-        .filter(|line| {
-            line.strip_prefix(name)
-                .is_some_and(|rest| rest.starts_with(['{', ' ']))
-        })
-        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>() as u64
 }
