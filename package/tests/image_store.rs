@@ -8,20 +8,22 @@ use pko_package::files::PackageFiles;
 use pko_package::image::{ImageError, ImageStore};
 use pko_package::image_limits::ImageLimits;
 
-#[tokio::test]
-async fn an_image_is_downloaded_once_per_digest() {
+/// A store on the open registry, and `manifest` pushed as `store/<repository>:v1` through it.
+async fn pushed(repository: &str, manifest: &[u8]) -> (ImageStore, String, String, PackageFiles) {
     let host = pko_testenv::shared_registries().unwrap().open.host();
     let store = ImageStore::new(vec![host.clone()]);
-    let files: PackageFiles = [(
-        "manifest.yaml".to_owned(),
-        b"kind: PackageManifest".to_vec(),
-    )]
-    .into();
-    let image = format!("{host}/store/cached:v1");
+    let files: PackageFiles = [("manifest.yaml".to_owned(), manifest.to_vec())].into();
+    let image = format!("{host}/store/{repository}:v1");
     store
         .push(&image, &files, &RegistryAuth::Anonymous)
         .await
         .unwrap();
+    (store, host, image, files)
+}
+
+#[tokio::test]
+async fn an_image_is_downloaded_once_per_digest() {
+    let (store, host, image, files) = pushed("cached", b"kind: PackageManifest").await;
 
     let (digest, first) = store.fetch(&image, &RegistryAuth::Anonymous).await.unwrap();
     let (again, second) = store.fetch(&image, &RegistryAuth::Anonymous).await.unwrap();
@@ -49,18 +51,7 @@ async fn an_image_is_downloaded_once_per_digest() {
 /// of one package): one download, the others served when it is cached.
 #[tokio::test]
 async fn fetches_of_one_image_at_once_download_it_once() {
-    let host = pko_testenv::shared_registries().unwrap().open.host();
-    let store = ImageStore::new(vec![host.clone()]);
-    let files: PackageFiles = [(
-        "manifest.yaml".to_owned(),
-        b"kind: PackageManifest\n# at once".to_vec(),
-    )]
-    .into();
-    let image = format!("{host}/store/at-once:v1");
-    store
-        .push(&image, &files, &RegistryAuth::Anonymous)
-        .await
-        .unwrap();
+    let (store, _, image, _) = pushed("at-once", b"kind: PackageManifest\n# at once").await;
     let fetched =
         futures::future::join_all((0..16).map(|_| store.fetch(&image, &RegistryAuth::Anonymous)))
             .await;
