@@ -1,6 +1,7 @@
 //! The HostedClusters that HostedClusterPackages choose from, kept from the HostedCluster feed. A change of
-//! a cluster reaches only the HostedClusterPackages whose selector matches the cluster before or after the
-//! change: the index is not re-evaluated for every package on every event. Packages read their
+//! a cluster reaches only the HostedClusterPackages it concerns: those it joins or leaves, and those that
+//! select it and read what changed (`engine::rollout::cluster_reads`); the index is not re-evaluated for
+//! every package on every event. Packages read their
 //! `.environment.hyperShift` from it too, instead of each listing every HostedCluster.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -17,6 +18,7 @@ use actix::prelude::*;
 
 use crate::engine::hypershift::hosted_teardown::HostedClusterPresence;
 use crate::engine::label_selector::selector_matches;
+use crate::engine::rollout::cluster_reads::ClusterReads;
 use crate::fleet::hub_link::HubLink;
 use crate::notifications::notification_sinks::NotificationSinks;
 use crate::rollout::health_queries::PrometheusQueries;
@@ -64,9 +66,11 @@ impl Default for PreflightSettings {
     }
 }
 
-/// What one supervisor selects, and where to tell it that its selection changed.
+/// What one supervisor selects and reads of what it selects, and where to tell it that its selection
+/// changed.
 struct Selection {
     selector: LabelSelector,
+    reads: ClusterReads,
     supervisor: Recipient<SelectionChanged>,
 }
 
@@ -143,9 +147,15 @@ impl HostedClusterIndex {
             self.arrived(&key);
         }
         for entry in self.selections.iter() {
-            let selector = &entry.value().selector;
-            let concerned = matches(selector, cluster)
-                || previous.as_ref().is_some_and(|p| matches(selector, p));
+            let selection = entry.value();
+            let selected = matches(&selection.selector, cluster);
+            let concerned = match &previous {
+                None => selected,
+                Some(p) => match (matches(&selection.selector, p), selected) {
+                    (true, true) if !deleted => selection.reads.differ(p, cluster),
+                    (was, is) => was || is,
+                },
+            };
             if concerned {
                 entry.value().supervisor.do_send(SelectionChanged);
             }
@@ -259,17 +269,20 @@ impl HostedClusterIndex {
         )
     }
 
-    /// Records what `hcpkg` selects, so changes of matching clusters reach its `supervisor`.
+    /// Records what `hcpkg` selects and what its decisions read of the selected clusters, so the changes
+    /// that concern it reach its `supervisor`.
     pub fn set_selector(
         &self,
         hcpkg: &str,
         selector: &LabelSelector,
+        reads: ClusterReads,
         supervisor: Recipient<SelectionChanged>,
     ) {
         self.selections.insert(
             hcpkg.to_owned(),
             Selection {
                 selector: selector.clone(),
+                reads,
                 supervisor,
             },
         );
@@ -400,6 +413,100 @@ mod tests {
                 .await
                 .map(|c| c.len()),
             Some(1)
+        );
+    }
+
+    /// Counts the wake-ups it is sent; `Count` answers after every wake-up sent before it (one mailbox).
+    #[derive(Default)]
+    struct Woken(usize);
+
+    impl Actor for Woken {
+        type Context = Context<Self>;
+    }
+
+    impl Handler<SelectionChanged> for Woken {
+        type Result = ();
+        fn handle(&mut self, _: SelectionChanged, _: &mut Context<Self>) {
+            self.0 += 1;
+        }
+    }
+
+    #[derive(Message)]
+    #[rtype(result = "usize")]
+    struct Count;
+
+    impl Handler<Count> for Woken {
+        type Result = usize;
+        fn handle(&mut self, _: Count, _: &mut Context<Self>) -> usize {
+            self.0
+        }
+    }
+
+    /// A change reaches a supervisor only when the cluster joins or leaves its selection, or when the
+    /// supervisor reads what changed: an unread label wakes the one that reads everything (its Packages
+    /// are not listed yet) and not the settled one partitioned by `risk`.
+    #[actix::test]
+    async fn a_change_wakes_only_the_supervisors_that_read_it() {
+        use crate::engine::rollout::hosted_cluster_package::OwnedPackage;
+        use pko_proto::core::hosted_cluster_package::HostedClusterPackage;
+        let index = HostedClusterIndex::default();
+        let labelled = |labels: &[(&str, &str)]| {
+            let mut c = cluster("clusters", "a", "uid-1");
+            c.metadata.labels = Some(
+                labels
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            );
+            c
+        };
+        index.seed(Some(vec![labelled(&[("fleet", "x"), ("risk", "early")])]));
+        let hcpkg: HostedClusterPackage = serde_json::from_value(serde_json::json!({
+            "apiVersion": "package-operator.run/v1alpha1", "kind": "HostedClusterPackage",
+            "metadata": {"name": "addon"},
+            "spec": {"template": {"spec": {"image": "registry/addon:v1"}},
+                "strategy": {"instant": {}}, "partition": {"labelKey": "risk"}},
+        }))
+        .unwrap();
+        let selector = LabelSelector {
+            match_labels: Some([("fleet".to_owned(), "x".to_owned())].into()),
+            ..Default::default()
+        };
+        let none = std::collections::BTreeMap::<String, Arc<OwnedPackage>>::new();
+        let supervisors: Vec<Addr<Woken>> = [("settled", Some(&none)), ("unlisted", None)]
+            .into_iter()
+            .map(|(name, packages)| {
+                let woken = Woken::default().start();
+                let reads = ClusterReads::of(&hcpkg, packages);
+                index.set_selector(name, &selector, reads, woken.clone().recipient());
+                woken
+            })
+            .collect();
+        let woken = || async {
+            let mut counts = Vec::new();
+            for s in &supervisors {
+                counts.push(s.send(Count).await.unwrap());
+            }
+            counts
+        };
+        assert_eq!(woken().await, [0, 0]);
+        index.observe(
+            &labelled(&[("fleet", "x"), ("risk", "early"), ("noise", "1")]),
+            false,
+        );
+        assert_eq!(woken().await, [0, 1]);
+        index.observe(
+            &labelled(&[("fleet", "x"), ("risk", "late"), ("noise", "1")]),
+            false,
+        );
+        assert_eq!(woken().await, [1, 2]);
+        index.observe(&labelled(&[("risk", "late")]), false);
+        assert_eq!(woken().await, [2, 3]);
+        index.observe(&labelled(&[("risk", "early")]), false);
+        assert_eq!(
+            woken().await,
+            [2, 3],
+            "a cluster outside both selections wakes neither"
         );
     }
 }

@@ -27,6 +27,7 @@ use tracing::{info_span, Span};
 
 use crate::engine::fleet::promotion_gate::GateVerdict;
 use crate::engine::resource_version::NewestSeen;
+use crate::engine::rollout::cluster_reads::ClusterReads;
 use crate::engine::rollout::hosted_cluster_package::{desired_package, OwnedPackage};
 use crate::engine::rollout::preflight_gate::PreflightRun;
 use crate::engine::rollout::rollout_decision::{
@@ -216,9 +217,12 @@ impl Reconcile for HostedClusterPackageController {
     ) -> Work<Self> {
         let name = actor.name();
         actor.serve_sinks(&hcpkg);
+        // What this decision reads: the Packages it owns, as observed now, say whether the preflight
+        // hashes every cluster's render inputs. A Package event wakes this actor to set it again.
         actor.context.rollouts.clusters.set_selector(
             &name,
             &hcpkg.spec.hosted_cluster_selector,
+            ClusterReads::of(&hcpkg, actor.state.packages.objects()),
             ctx.address().recipient(),
         );
         if !actor.state.watching {

@@ -2,6 +2,7 @@
 //! budget, the rollout policy and its guard (soak, deadline, failures, rollback, health checks), the
 //! status and the rollout events.
 
+pub mod cluster_reads;
 #[cfg(test)]
 mod fleet_sim;
 pub mod health_check;

@@ -53,6 +53,20 @@ pub fn anything_to_update(
     packages.values().any(|p| p.spec != template.spec)
 }
 
+/// Whether a decision hashes what each target's render depends on (`preflight_inputs_hash`): only while
+/// a Package is still to be updated or a preflight is asked for.
+pub fn hashes_targets(
+    hcpkg: &HostedClusterPackage,
+    packages: &BTreeMap<String, Arc<OwnedPackage>>,
+) -> bool {
+    let requested = hcpkg
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(ROLLOUT_PREFLIGHT_REQUEST_ANNOTATION));
+    requested || anything_to_update(&hcpkg.spec.template, packages)
+}
+
 /// What the preflight is asked against in one decision.
 #[derive(Debug, Clone, Copy)]
 pub struct PreflightFacts<'a> {
@@ -195,7 +209,7 @@ pub fn step_preflight(
         .and_then(|text| serde_json::from_str(text).ok());
     let to_update = anything_to_update(&hcpkg.spec.template, packages);
     // Hashing every target's data is skipped when nothing could make a preflight due.
-    let inputs_hash = if to_update || requested.is_some() {
+    let inputs_hash = if hashes_targets(hcpkg, packages) {
         preflight_inputs_hash(&template_hash, clusters)
     } else {
         last.map(|l| l.inputs_hash.clone()).unwrap_or_default()
