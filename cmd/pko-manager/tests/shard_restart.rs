@@ -58,6 +58,29 @@ fn metric_total(metrics: &str, family: &str, labels: &[&str]) -> u64 {
         .sum()
 }
 
+/// Waits until `manager` holds `share` sets, has reconciled each, and has no reconcile under way.
+async fn working_on_its_share(manager: &pko_testenv::ManagerProcess, share: u64, what: &str) {
+    wait_until(what, TIMEOUT, || async {
+        let metrics = manager.get("/metrics").await?.1;
+        let working = metric_total(&metrics, "pko_shard_objects{", &["kind=\"ObjectSet\""]);
+        let reconciled = metric_total(
+            &metrics,
+            "pko_reconcile_total{",
+            &["controller=\"object_set\""],
+        );
+        let active = metric_total(&metrics, "pko_reconcile_active{", &[]);
+        if working == share && reconciled >= share && active == 0 {
+            Ok(())
+        } else {
+            Err(format!(
+                "{working} worked on, {reconciled} reconciled, {active} active of {share}"
+            ))
+        }
+    })
+    .await
+    .unwrap();
+}
+
 #[tokio::test]
 async fn a_replica_restarted_under_its_member_name_takes_its_share_back_without_a_write() {
     let env = env();
@@ -97,6 +120,9 @@ async fn a_replica_restarted_under_its_member_name_takes_its_share_back_without_
     let label_writes = |metrics: &str| metric_total(metrics, "pko_shard_label_writes_total{", &[]);
     let labelled_before = label_writes(&coordinator.get("/metrics").await.unwrap().1);
 
+    // Settled means the replica has worked on its share too: one stopped mid-reconcile leaves a write
+    // for its successor.
+    working_on_its_share(&first, share, "the first replica works on its share").await;
     // A rolling update stops the pod: its Lease stays, released and marked for the restart.
     let stopped = first.terminate(GRACE).await.unwrap();
     assert!(stopped.success(), "{}", first.log_tail());
@@ -112,29 +138,12 @@ async fn a_replica_restarted_under_its_member_name_takes_its_share_back_without_
     assert_eq!(lease.spec.and_then(|s| s.holder_identity), None);
 
     let restarted = env.start_manager(binary, &restarted_args).await.unwrap();
-    wait_until(
+    working_on_its_share(
+        &restarted,
+        share,
         "the restarted replica works on its share",
-        TIMEOUT,
-        || async {
-            let metrics = restarted.get("/metrics").await?.1;
-            let working = metric_total(&metrics, "pko_shard_objects{", &["kind=\"ObjectSet\""]);
-            let reconciled = metric_total(
-                &metrics,
-                "pko_reconcile_total{",
-                &["controller=\"object_set\""],
-            );
-            let active = metric_total(&metrics, "pko_reconcile_active{", &[]);
-            if working == share && reconciled >= share && active == 0 {
-                Ok(())
-            } else {
-                Err(format!(
-                    "{working} worked on, {reconciled} reconciled, {active} active of {share}"
-                ))
-            }
-        },
     )
-    .await
-    .unwrap();
+    .await;
     let lease = leases.get(&shard_member_lease("restart-b")).await.unwrap();
     let holder = lease
         .spec
