@@ -231,6 +231,24 @@ async fn remove_connector(context: &ManagerContext, namespace: &str) -> Result<(
     Ok(())
 }
 
+/// What `ensure_connector` reads of a HostedCluster.
+#[derive(PartialEq)]
+struct ConnectorInputs<'c> {
+    uid: Option<&'c str>,
+    available: bool,
+    deleting: bool,
+}
+
+impl<'c> ConnectorInputs<'c> {
+    fn of(cluster: &'c HostedCluster) -> Self {
+        Self {
+            uid: cluster.metadata.uid.as_deref(),
+            available: cluster.is_available(),
+            deleting: cluster.metadata.deletion_timestamp.is_some(),
+        }
+    }
+}
+
 /// The HostedCluster controller's own state.
 #[derive(Default)]
 pub struct HostedClusterController {
@@ -265,8 +283,15 @@ impl Reconcile for HostedClusterController {
         }
     }
 
-    fn change(_: Option<&HostedCluster>, _: &HostedCluster) -> Change {
-        Change::Respecified
+    /// Only what the connector is made from counts: a relabelled cluster (fleets relabel often, and
+    /// every label change reached here) would otherwise read and compare every connector object again.
+    fn change(previous: Option<&HostedCluster>, current: &HostedCluster) -> Change {
+        match previous {
+            Some(known) if ConnectorInputs::of(known) == ConnectorInputs::of(current) => {
+                Change::Echo
+            }
+            _ => Change::Respecified,
+        }
     }
 
     fn reconcile(
@@ -318,5 +343,54 @@ impl Reconcile for HostedClusterController {
                 }
             }
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use serde_json::json;
+
+    fn cluster(labels: Value, available: &str, deleting: bool) -> HostedCluster {
+        let mut metadata =
+            json!({"name": "a", "namespace": "clusters", "uid": "u1", "labels": labels});
+        if deleting {
+            metadata["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+        }
+        serde_json::from_value(json!({
+            "apiVersion": "hypershift.openshift.io/v1beta1", "kind": "HostedCluster",
+            "metadata": metadata,
+            "status": {"conditions": [{"type": "Available", "status": available, "reason": "R",
+                "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}]},
+        }))
+        .unwrap()
+    }
+
+    /// A relabel is nothing to the connector; availability, deletion and a first sight are.
+    #[test]
+    fn only_what_the_connector_is_made_from_starts_a_reconcile() {
+        let known = cluster(json!({"team": "a"}), "True", false);
+        let change =
+            |current: &HostedCluster| HostedClusterController::change(Some(&known), current);
+        assert_eq!(
+            change(&cluster(json!({"team": "b"}), "True", false)),
+            Change::Echo
+        );
+        assert_eq!(
+            change(&cluster(json!({"team": "a"}), "False", false)),
+            Change::Respecified
+        );
+        assert_eq!(
+            change(&cluster(json!({"team": "a"}), "True", true)),
+            Change::Respecified
+        );
+        let mut replaced = known.clone();
+        replaced.metadata.uid = Some("u2".into());
+        assert_eq!(change(&replaced), Change::Respecified);
+        assert_eq!(
+            HostedClusterController::change(None, &known),
+            Change::Respecified
+        );
     }
 }
