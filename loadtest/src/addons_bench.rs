@@ -244,8 +244,20 @@ async fn measure_shape(
     // Another rolled with maxUnavailable 10 % (the same add-on again when there is only one).
     let rolling = release(&under, usize::from(addons > 1), false).await?;
     let pulls = pko.metric("pko_package_image_pulls_total").await?;
+    let registry = env.registry();
+    let (manifests, blobs) = (
+        registry
+            .requests("manifest", "get")
+            .await
+            .map_err(|e| e.to_string())?,
+        registry
+            .requests("blob", "get")
+            .await
+            .map_err(|e| e.to_string())?,
+    );
     println!(
-        "image pulls by the manager: {pulls} for {} images ({} Packages each)",
+        "image pulls by the manager: {pulls} for {} images ({} Packages each); the registry served \
+         {manifests} manifest and {blobs} blob GETs (every client, pushes included)",
         addons + 2,
         clusters
     );

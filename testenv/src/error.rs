@@ -85,6 +85,9 @@ pub enum TestEnvError {
         /// What failed.
         message: String,
     },
+    /// The registry's own metrics could not be read.
+    #[error("reading the registry's metrics: {0}")]
+    Registry(String),
     /// The shared environment failed to start earlier in this test binary.
     #[error("shared test environment failed to start: {0}")]
     SharedStartFailed(String),

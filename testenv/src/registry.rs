@@ -29,6 +29,8 @@ pub struct Registry {
     #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
     pub(crate) process: ManagedProcess,
     port: u16,
+    /// Its debug listener, which serves its own Prometheus metrics.
+    debug_port: u16,
     authenticated: bool,
     /// The binary and configuration it was started with, to start it again.
     command: (std::path::PathBuf, std::path::PathBuf),
@@ -52,6 +54,31 @@ impl Registry {
         command.arg("serve").arg(config);
         self.process.respawn(command)?;
         wait_serving(&self.process, self.port, self.authenticated).await
+    }
+
+    /// The requests the registry itself counted (`registry_http_requests_total`) of `handler`
+    /// (`manifest`, `blob`, …) and HTTP `method` (`get`, `head`, …), of any status: what a client
+    /// really asked of it, whatever the client counts.
+    pub async fn requests(&self, handler: &str, method: &str) -> Result<u64, TestEnvError> {
+        let (status, text) = http_get(self.debug_port, "/metrics")
+            .await
+            .map_err(TestEnvError::Registry)?;
+        if status != 200 {
+            return Err(TestEnvError::Registry(format!(
+                "/metrics answered {status}"
+            )));
+        }
+        let wanted = [
+            format!("handler=\"{handler}\""),
+            format!("method=\"{method}\""),
+        ];
+        Ok(text
+            .lines()
+            .filter(|l| l.starts_with("registry_http_requests_total{"))
+            .filter(|l| wanted.iter().all(|w| l.contains(w.as_str())))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .map(|v| v as u64)
+            .sum())
     }
 
     /// (user, password) when the registry requires basic auth (`REGISTRY_USER`/`REGISTRY_PASSWORD`).
@@ -105,9 +132,10 @@ pub(crate) async fn start(
     };
     start_with_retries(|attempt| async move {
         let port = free_port().map_err(io_error("allocate port", dir))?;
+        let debug_port = free_port().map_err(io_error("allocate port", dir))?;
         let config = dir.join(format!("{name}.yaml"));
         let mut text = format!(
-            "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: \"{}\"\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\n",
+            "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: \"{}\"\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\n  debug:\n    addr: 127.0.0.1:{debug_port}\n    prometheus:\n      enabled: true\n      path: /metrics\n",
             dir.join(format!("{name}-data-{attempt}")).display()
         );
         if authenticated {
@@ -131,6 +159,7 @@ pub(crate) async fn start(
         Ok(Registry {
             process,
             port,
+            debug_port,
             authenticated,
             command: (binaries.registry.clone(), config),
         })
