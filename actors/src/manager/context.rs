@@ -80,9 +80,15 @@ impl ManagerContext {
             cache.foreign_objects(),
         );
         metrics.add_collector(Box::new(ImageStoreCollector(images.clone())));
+        let events = EventSink::start(client.clone());
+        metrics.register(
+            "pko_events_dropped",
+            "Kubernetes Events dropped because the queue of Events waiting to be published was full.",
+            events.dropped(),
+        );
         Self {
             runtime: RuntimeContext {
-                events: EventSink::start(client.clone()),
+                events,
                 watch_client: client.clone(),
                 initial_lists: InitialLists::default(),
                 client,
